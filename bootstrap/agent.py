@@ -1,0 +1,400 @@
+"""The node agent: one per node, the only long-lived skyward process there.
+
+It listens on 127.0.0.1 only and admits a client that presents the pool's token. Tasks arrive
+as frames on that one connection and are relayed, unopened, to worker processes that it
+starts, watches and replaces (a task that kills its process gets an error, the node keeps
+serving). It holds a lease from the client: when nobody has renewed it for ``ttl`` seconds,
+the agent stops its workers and exits, so a crashed or killed client leaves nothing behind.
+
+Handshake on stdout (one JSON line) so whoever started the agent learns its port:
+``{"port": 41234, "pid": 1234}``. The token comes in the environment, never on argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hmac
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import serialize
+from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+
+PROTOCOL = 1
+
+
+def _log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S"), "agent:", msg, file=sys.stderr, flush=True)
+
+
+@dataclass(eq=False)
+class Conn:
+    sock: socket.socket
+    writer: FrameWriter
+    open: bool = True
+
+
+@dataclass(eq=False)
+class Route:
+    conn: Conn
+    client_tid: int
+    worker: WorkerProc | None = None
+
+
+@dataclass(eq=False)
+class WorkerProc:
+    index: int
+    proc: subprocess.Popen[bytes]
+    writer: FrameWriter
+    sock: socket.socket
+    capacity: int
+    inflight: dict[int, Route] = field(default_factory=dict)
+    retiring: bool = False
+
+
+class Agent:
+    def __init__(self, token: str, ttl: float) -> None:
+        self.token = token.encode()
+        self.ttl = ttl
+        self.lock = threading.RLock()
+        self.conns: list[Conn] = []
+        self.workers: list[WorkerProc] = []
+        self.pending: collections.deque[tuple[int, Route, Frame]] = collections.deque()
+        self.routes: dict[int, Route] = {}
+        self.tids = itertools.count(1)
+        self.renewed = time.monotonic()
+        self.stopping = threading.Event()
+        self.config: dict[str, Any] | None = None
+        self.settings: dict[str, Any] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def serve(self, listener: socket.socket) -> None:
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        threading.Thread(target=self._lease_watchdog, daemon=True).start()
+        self.stopping.wait()
+        listener.close()
+        self._stop_workers()
+        with self.lock:
+            for c in self.conns:
+                _close(c.sock)
+
+    def shutdown(self, why: str) -> None:
+        if not self.stopping.is_set():
+            _log(f"shutting down: {why}")
+            self.stopping.set()
+
+    def _lease_watchdog(self) -> None:
+        while not self.stopping.wait(0.25):
+            if self.ttl > 0 and time.monotonic() - self.renewed > self.ttl:
+                self.shutdown(f"no client renewed the lease for {self.ttl:g} s (ttl)")
+
+    def _stop_workers(self) -> None:
+        with self.lock:
+            workers = list(self.workers)
+            for w in workers:
+                w.retiring = True
+        for w in workers:
+            try:
+                w.writer.send_parts(Kind.SHUTDOWN, 0, 0, b"")
+            except OSError:
+                pass
+        deadline = time.monotonic() + 3
+        for w in workers:
+            try:
+                w.proc.wait(max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(w.proc)
+                w.proc.wait()
+
+    # -- client connections ------------------------------------------------------------------
+    def _accept(self, listener: socket.socket) -> None:
+        while not self.stopping.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            tune(sock)
+            threading.Thread(target=self._serve_conn, args=(sock,), daemon=True).start()
+
+    def _serve_conn(self, sock: socket.socket) -> None:
+        reader, writer = FrameReader(sock), FrameWriter(sock)
+        try:
+            hello = reader.read()
+            info = json.loads(hello.body) if hello.kind == Kind.HELLO else {}
+            if not hmac.compare_digest(str(info.get("token", "")).encode(), self.token):
+                _log("refused a connection with a wrong token")
+                _close(sock)
+                return
+        except (EOFError, OSError, ValueError):
+            _close(sock)
+            return
+        conn = Conn(sock, writer)
+        with self.lock:
+            self.conns.append(conn)
+            if "ttl" in info:
+                self.ttl = float(info["ttl"])
+            self.renewed = time.monotonic()
+        welcome = {
+            "protocol": PROTOCOL,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "cwd": os.getcwd(),
+        }
+        writer.send_parts(Kind.WELCOME, 0, 0, json.dumps(welcome).encode())
+        try:
+            while True:
+                frame = reader.read()
+                self.renewed = time.monotonic()
+                if frame.kind in (Kind.TASK, Kind.MAP):
+                    self._submit(conn, frame)
+                elif frame.kind == Kind.CONFIGURE:
+                    self._configure(json.loads(frame.body))
+                elif frame.kind == Kind.SHUTDOWN:
+                    self.shutdown("the client asked")
+                    return
+        except (EOFError, OSError):
+            pass
+        finally:
+            conn.open = False
+            _close(sock)
+            with self.lock:
+                if conn in self.conns:
+                    self.conns.remove(conn)
+
+    # -- configuration -----------------------------------------------------------------------
+    def _configure(self, config: dict[str, Any]) -> None:
+        with self.lock:
+            first = self.config is None
+            self.config = config
+            if first:
+                self.settings = config["worker"]
+                n = self.settings["processes"]
+                for i in range(n):
+                    self.workers.append(self._spawn(i))
+            else:  # topology changed (resize): tell every live worker
+                for w in self.workers:
+                    self._send_config(w)
+
+    def _topology_for(self, index: int) -> dict[str, Any]:
+        assert self.config is not None
+        return {
+            **self.config["topology"],
+            "worker": index,
+            "workers_per_node": self.settings["processes"],
+        }
+
+    def _send_config(self, w: WorkerProc) -> None:
+        body = json.dumps({"topology": self._topology_for(w.index)}).encode()
+        try:
+            w.writer.send_parts(Kind.CONFIGURE, 0, 0, body)
+        except OSError:
+            pass
+
+    def _spawn(self, index: int) -> WorkerProc:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env.update(
+            SKYWARD_WORKER_FD=str(theirs.fileno()),
+            SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
+            SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "skyward.bootstrap.worker"],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        theirs.close()
+        w = WorkerProc(index, proc, FrameWriter(ours), ours, self.settings["capacity"])
+        self._send_config(w)
+        threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
+        for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
+            threading.Thread(target=self._pump, args=(pipe, stream), daemon=True).start()
+        return w
+
+    # -- tasks -------------------------------------------------------------------------------
+    def _submit(self, conn: Conn, frame: Frame) -> None:
+        route = Route(conn, frame.task_id)
+        with self.lock:
+            tid = next(self.tids)
+            self.routes[tid] = route
+            self.pending.append((tid, route, frame))
+            sends = self._assign()
+        self._send(sends)
+
+    def _assign(self) -> list[tuple[WorkerProc, int, Frame]]:
+        """Hand pending tasks to workers with a free slot (call with the lock held)."""
+        sends = []
+        while self.pending:
+            free = [w for w in self.workers if not w.retiring and len(w.inflight) < w.capacity]
+            if not free:
+                break
+            w = min(free, key=lambda w: len(w.inflight))
+            tid, route, frame = self.pending.popleft()
+            route.worker = w
+            w.inflight[tid] = route
+            sends.append((w, tid, frame))
+        return sends
+
+    def _send(self, sends: list[tuple[WorkerProc, int, Frame]]) -> None:
+        for w, tid, frame in sends:
+            try:
+                w.writer.send_parts(frame.kind, tid, frame.flags, frame.body, frame.buffers)
+            except OSError:
+                pass  # the worker died; its reader thread reports the task as failed
+
+    def _serve_worker(self, w: WorkerProc) -> None:
+        reader = FrameReader(w.sock)
+        while True:
+            try:
+                frame = reader.read()
+            except (EOFError, OSError):
+                break
+            if frame.kind == Kind.RESULT:
+                with self.lock:
+                    route = self.routes.pop(frame.task_id, None)
+                    w.inflight.pop(frame.task_id, None)
+                    if not self.settings.get("reuse", True) and not w.retiring:
+                        self._retire(w)
+                    sends = self._assign()
+                if route is not None:
+                    self._reply(route, frame)
+                self._send(sends)
+            elif frame.kind == Kind.OUTPUT:
+                route = self.routes.get(frame.task_id) if frame.task_id else None
+                if route is not None:
+                    self._reply(route, frame)
+                else:
+                    self._broadcast(frame)
+        rc = w.proc.wait()
+        _close(w.sock)
+        self._worker_exited(w, rc)
+
+    def _retire(self, w: WorkerProc) -> None:
+        """reuse_processes=False: a fresh process for every task (lock held)."""
+        w.retiring = True
+        try:
+            w.writer.send_parts(Kind.SHUTDOWN, 0, 0, b"")
+        except OSError:
+            pass
+        self.workers[self.workers.index(w)] = self._spawn(w.index)
+
+    def _worker_exited(self, w: WorkerProc, rc: int) -> None:
+        with self.lock:
+            lost = list(w.inflight.items())
+            w.inflight.clear()
+            for tid, _ in lost:
+                self.routes.pop(tid, None)
+            replace = not w.retiring and not self.stopping.is_set()
+            if replace:
+                self.workers[self.workers.index(w)] = self._spawn(w.index)
+            sends = self._assign()
+        if lost:
+            from skyward.errors import WorkerDiedError
+
+            how = _describe_exit(rc)
+            err = WorkerDiedError(
+                f"the worker process running this task on {socket.gethostname()} {how} before "
+                f"returning a result (os._exit, a crash in native code, or the out-of-memory "
+                f"killer). A fresh worker process replaced it and the node keeps serving; "
+                f"retry the task, or look for what ends the process."
+            )
+            flags, body, buffers = serialize.dumps_error(err, tb_text="")
+            for _, route in lost:
+                self._reply(route, Frame(Kind.RESULT, 0, body, flags, buffers))
+        self._send(sends)
+
+    def _reply(self, route: Route, frame: Frame) -> None:
+        if not route.conn.open:
+            return
+        try:
+            route.conn.writer.send_parts(
+                frame.kind, route.client_tid, frame.flags, frame.body, frame.buffers
+            )
+        except OSError:
+            route.conn.open = False
+
+    def _broadcast(self, frame: Frame) -> None:
+        with self.lock:
+            conns = list(self.conns)
+        for c in conns:
+            self._reply(Route(c, 0), frame)
+
+    def _pump(self, pipe: Any, stream: int) -> None:
+        """Forward what a worker writes to its fds (C code, subprocesses) as node output."""
+        for line in iter(pipe.readline, b""):
+            self._broadcast(Frame(Kind.OUTPUT, 0, line, stream))
+        pipe.close()
+
+
+def _describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with exit code {rc}"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="skyward-agent")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ttl", type=float, default=600.0)
+    parser.add_argument("--log", default=None, help="file for the agent's own log lines")
+    args = parser.parse_args(argv)
+    token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
+    if not token:
+        raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((args.host, args.port))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
+    # After the handshake, stdout/stderr go to the log (or nowhere): whoever started us may
+    # stop reading, and a write to a closed pipe must never kill the agent.
+    target = os.open(args.log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(target, 1)
+    os.dup2(target, 2)
+    os.close(target)
+    agent = Agent(token, args.ttl)
+    signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
+    _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")
+    agent.serve(listener)
+    _log("stopped")
+
+
+if __name__ == "__main__":
+    main()

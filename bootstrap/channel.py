@@ -1,0 +1,135 @@
+"""The client's end of one node: a single multiplexed connection to the node's agent.
+
+Any thread may submit; one reader thread per channel completes tasks by id. The socket may be
+a plain loopback TCP socket (Local) or anything socket-like that a transport hands over.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from skyward.errors import NodeLostError, ProtocolError
+
+from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+
+Done = Callable[[Frame | BaseException], None]
+OnOutput = Callable[[int, int, int, bytes], None]  # node, task id, stream, text
+
+
+class NodeChannel:
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        node: int,
+        token: str,
+        ttl: float,
+        on_output: OnOutput,
+        label: str = "",
+    ) -> None:
+        self.node = node
+        self.label = label or f"node {node}"
+        self._sock = sock
+        tune(sock)
+        self._reader = FrameReader(sock)
+        self._writer = FrameWriter(sock)
+        self._on_output = on_output
+        self._pending: dict[int, Done] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.lost: BaseException | None = None
+        self._closing = False
+        self._writer.send_parts(
+            Kind.HELLO, 0, 0, json.dumps({"token": token, "ttl": ttl}).encode()
+        )
+        try:
+            welcome = self._reader.read()
+        except (EOFError, OSError) as exc:
+            raise ProtocolError(
+                f"the agent on {self.label} closed the connection during the handshake ({exc}); "
+                f"the pool token was probably refused. Check the agent log on that node."
+            ) from exc
+        if welcome.kind != Kind.WELCOME:
+            raise ProtocolError(f"expected WELCOME from {self.label}, got frame kind {welcome.kind}")
+        self.facts: dict[str, Any] = json.loads(welcome.body)
+        self._thread = threading.Thread(target=self._read_loop, name=f"skyward-{self.label}", daemon=True)
+        self._thread.start()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._pending)
+
+    def submit(self, kind: int, flags: int, body: Any, buffers: list[Any], done: Done) -> int:
+        tid = next(self._ids)
+        with self._lock:
+            if self.lost is not None:
+                raise self._lost_error()
+            self._pending[tid] = done
+        try:
+            self._writer.send_parts(kind, tid, flags, body, buffers)
+        except OSError as exc:
+            with self._lock:
+                self._pending.pop(tid, None)
+            self._mark_lost(exc)
+            raise self._lost_error() from exc
+        return tid
+
+    def send(self, kind: int, body: bytes = b"") -> None:
+        try:
+            self._writer.send_parts(kind, 0, 0, body)
+        except OSError as exc:
+            self._mark_lost(exc)
+
+    def configure(self, config: dict[str, Any]) -> None:
+        self.send(Kind.CONFIGURE, json.dumps(config).encode())
+
+    def ping(self) -> None:
+        self.send(Kind.PING)
+
+    def close(self, shutdown_agent: bool = False) -> None:
+        self._closing = True
+        if shutdown_agent and self.lost is None:
+            self.send(Kind.SHUTDOWN)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                frame = self._reader.read()
+                if frame.kind == Kind.RESULT:
+                    with self._lock:
+                        done = self._pending.pop(frame.task_id, None)
+                    if done is not None:
+                        done(frame)
+                elif frame.kind == Kind.OUTPUT:
+                    self._on_output(self.node, frame.task_id, frame.flags, bytes(frame.body))
+        except (EOFError, OSError) as exc:
+            self._mark_lost(exc)
+
+    def _lost_error(self) -> NodeLostError:
+        return NodeLostError(
+            f"the connection to the agent on {self.label} was lost ({self.lost}); the node or its "
+            f"agent stopped. Tasks that were running there did not return a result."
+        )
+
+    def _mark_lost(self, exc: BaseException) -> None:
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = exc if not self._closing else ConnectionAbortedError("pool closed")
+            pending = list(self._pending.values())
+            self._pending.clear()
+        err = self._lost_error()
+        for done in pending:
+            done(err)

@@ -1,0 +1,174 @@
+"""Length-prefixed frames: the wire format between client, agent and workers.
+
+A frame is a fixed header, the lengths of its out-of-band buffers, a body and the buffers::
+
+    kind:u8 flags:u8 nbufs:u16 task_id:u64 body_len:u64 | nbufs x u64 | body | buf0 | buf1 ...
+
+The top bit of a buffer length marks an lz4-compressed buffer (see ``serialize``). Frames are
+written with one ``sendmsg`` (scatter/gather, no concatenation of large buffers) and read
+through a buffered reader that receives large parts straight into their final bytearray.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+HEADER = struct.Struct("!BBHQQ")
+BUFLEN = struct.Struct("!Q")
+COMPRESSED_BIT = 1 << 63
+MAX_PARTS = 0xFFFF
+# Frames below this size are joined and written with one sendall: one syscall, one packet.
+_JOIN_LIMIT = 64 * 1024
+_READ_CHUNK = 256 * 1024
+
+
+class Kind(IntEnum):
+    HELLO = 1  # client -> agent: token, lease ttl
+    WELCOME = 2  # agent -> client: node facts
+    CONFIGURE = 3  # client -> agent -> worker: cluster topology and worker settings
+    TASK = 4  # one function call
+    MAP = 5  # one chunk of a map
+    RESULT = 6  # value or error of a TASK / MAP
+    OUTPUT = 7  # a piece of a task's stdout/stderr
+    CANCEL = 8  # stop a task
+    PING = 9  # lease renewal
+    SHUTDOWN = 10  # stop serving and exit
+    LOG = 11  # agent/worker diagnostic line for the client
+
+
+@dataclass(slots=True)
+class Frame:
+    kind: int
+    task_id: int = 0
+    body: bytes | bytearray | memoryview = b""
+    flags: int = 0
+    # Each buffer: (compressed, data).
+    buffers: list[tuple[bool, bytes | bytearray | memoryview]] = field(default_factory=list)
+
+
+class FrameWriter:
+    """Writes frames to a socket; safe to share between threads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, frame: Frame) -> None:
+        self.send_parts(frame.kind, frame.task_id, frame.flags, frame.body, frame.buffers)
+
+    def send_parts(
+        self,
+        kind: int,
+        task_id: int,
+        flags: int,
+        body: bytes | bytearray | memoryview,
+        buffers: list[tuple[bool, bytes | bytearray | memoryview]] = (),  # type: ignore[assignment]
+    ) -> None:
+        if len(buffers) > MAX_PARTS:
+            raise ValueError(f"a frame carries at most {MAX_PARTS} buffers, got {len(buffers)}")
+        head = [HEADER.pack(kind, flags, len(buffers), task_id, len(body))]
+        for compressed, data in buffers:
+            n = memoryview(data).nbytes
+            head.append(BUFLEN.pack(n | COMPRESSED_BIT if compressed else n))
+        parts: list[bytes | bytearray | memoryview] = [b"".join(head), body]
+        parts.extend(data for _, data in buffers)
+        total = sum(memoryview(p).nbytes for p in parts)
+        with self._lock:
+            if total <= _JOIN_LIMIT:
+                self._sock.sendall(b"".join(parts))
+            else:
+                _sendmsg_all(self._sock, parts)
+
+
+def _sendmsg_all(sock: socket.socket, parts: list[bytes | bytearray | memoryview]) -> None:
+    views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
+    while views:
+        sent = sock.sendmsg(views[:512])
+        while sent:
+            first = views[0]
+            if sent >= first.nbytes:
+                sent -= first.nbytes
+                views.pop(0)
+            else:
+                views[0] = first[sent:]
+                sent = 0
+
+
+class FrameReader:
+    """Reads frames from a socket. Not thread-safe: one reader thread per socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray(_READ_CHUNK)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def read(self) -> Frame:
+        """Return the next frame; raises EOFError when the peer closed the connection."""
+        head = self._take(HEADER.size, small=True)
+        kind, flags, nbufs, task_id, body_len = HEADER.unpack(head)
+        lengths = []
+        if nbufs:
+            raw = self._take(BUFLEN.size * nbufs, small=True)
+            lengths = [BUFLEN.unpack_from(raw, i * BUFLEN.size)[0] for i in range(nbufs)]
+        body = self._take(body_len)
+        buffers: list[tuple[bool, bytes | bytearray | memoryview]] = []
+        for n in lengths:
+            compressed = bool(n & COMPRESSED_BIT)
+            # Buffers always come back as bytearrays so that arrays rebuilt on them are writable.
+            buffers.append((compressed, self._take(n & ~COMPRESSED_BIT, writable=True)))
+        return Frame(kind, task_id, body, flags, buffers)
+
+    def _take(self, n: int, small: bool = False, writable: bool = False) -> bytes | bytearray:
+        avail = self._end - self._start
+        if n <= avail:
+            out = self._buf[self._start : self._start + n] if writable else bytes(
+                self._view[self._start : self._start + n]
+            )
+            self._start += n
+            return out
+        if n > len(self._buf) // 2 and not small:
+            # Large part: receive straight into its own bytearray, no intermediate copy.
+            out = bytearray(n)
+            mv = memoryview(out)
+            mv[:avail] = self._view[self._start : self._end]
+            self._start = self._end = 0
+            got = avail
+            while got < n:
+                r = self._sock.recv_into(mv[got:], n - got)
+                if not r:
+                    raise EOFError("connection closed in the middle of a frame")
+                got += r
+            return out
+        # Small part: compact, then fill the buffer until it holds n bytes.
+        if self._start:
+            self._view[: avail] = self._view[self._start : self._end]
+            self._start, self._end = 0, avail
+        if n > len(self._buf):
+            self._view.release()
+            self._buf.extend(bytes(n - len(self._buf)))
+            self._view = memoryview(self._buf)
+        while self._end < n:
+            r = self._sock.recv_into(self._view[self._end :])
+            if not r:
+                if self._end == 0:
+                    raise EOFError("connection closed")
+                raise EOFError("connection closed in the middle of a frame")
+            self._end += r
+        return self._take(n, small, writable)
+
+
+def tune(sock: socket.socket) -> None:
+    """Small frames must not wait for Nagle; large ones want big kernel buffers."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
+        except OSError:
+            pass

@@ -1,0 +1,287 @@
+"""A worker process: runs its agent's tasks in a few threads.
+
+The agent starts one worker process per node for the thread executor (``threads`` =
+concurrency + buffer) and one per slot for the process executor (``exclusive``: on a timeout
+the process exits and the agent replaces it, which is the only sure way to stop the task).
+The worker talks to its agent over an inherited socket with the same frames as the client.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from skyward.errors import SerializationError, TaskTimeoutError
+from skyward.runtime import context
+
+from . import serialize
+from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+
+STDOUT, STDERR = 1, 2
+_GRACE = 1.0  # seconds a timed-out thread gets to unwind before it is given up on
+
+
+class _Entry:
+    __slots__ = ("deadline", "ident", "lock", "name", "state", "task_id", "timeout")
+
+    def __init__(self, task_id: int, ident: int) -> None:
+        self.task_id = task_id
+        self.ident = ident
+        self.deadline: float | None = None
+        self.timeout: float | None = None
+        self.name = "task"
+        self.state = "loading"  # loading -> running -> done | timed_out
+        self.lock = threading.Lock()
+
+
+class TaskStream(io.TextIOBase):
+    """sys.stdout / sys.stderr on a node: routes text to the task that wrote it."""
+
+    skyward_task_stream = True
+
+    def __init__(self, worker: Worker, stream: int, fd: int) -> None:
+        self._worker = worker
+        self._stream = stream
+        self._fd = fd
+        self._pending: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, s: str) -> int:
+        if not s:
+            return 0
+        cb = context.redirect.get()
+        if cb is not None:
+            cb(self._stream, s)
+            return len(s)
+        if (context.suppress_stdout if self._stream == STDOUT else context.suppress_stderr).get():
+            return len(s)
+        tid = context.current_task.get()
+        with self._lock:
+            text = self._pending.pop(tid, "") + s
+            cut = text.rfind("\n") + 1
+            if cut < len(text):
+                self._pending[tid] = text[cut:]
+        if cut:
+            self._worker.send_output(tid, self._stream, text[:cut])
+        return len(s)
+
+    def flush(self) -> None:
+        self.flush_task(context.current_task.get())
+
+    def flush_task(self, tid: int) -> None:
+        with self._lock:
+            text = self._pending.pop(tid, "")
+        if text:
+            self._worker.send_output(tid, self._stream, text)
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, threads: int, exclusive: bool) -> None:
+        self.reader = FrameReader(sock)
+        self.writer = FrameWriter(sock)
+        self.threads = threads
+        self.exclusive = exclusive
+        self.queue: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self.running: dict[int, _Entry] = {}
+        self.lock = threading.Lock()
+        self.abandoned: set[int] = set()
+        self.streams = (TaskStream(self, STDOUT, 1), TaskStream(self, STDERR, 2))
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def send_output(self, tid: int, stream: int, text: str) -> None:
+        try:
+            self.writer.send_parts(Kind.OUTPUT, tid, stream, text.encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+    def log(self, text: str) -> None:
+        self.send_output(0, STDERR, text if text.endswith("\n") else text + "\n")
+
+    def _send_result(self, tid: int, payload: tuple[int, Any, serialize.Buffers]) -> None:
+        flags, body, buffers = payload
+        self.writer.send_parts(Kind.RESULT, tid, flags, body, buffers)
+
+    # -- main loop ---------------------------------------------------------------------------
+    def serve(self) -> None:
+        sys.stdout, sys.stderr = self.streams  # type: ignore[assignment]
+        for _ in range(self.threads):
+            self._start_slot()
+        threading.Thread(target=self._watchdog, name="skyward-watchdog", daemon=True).start()
+        while True:
+            try:
+                frame = self.reader.read()
+            except (EOFError, OSError):
+                os._exit(0)  # the agent is gone: nothing left to serve
+            if frame.kind in (Kind.TASK, Kind.MAP):
+                self.queue.put(frame)
+            elif frame.kind == Kind.CONFIGURE:
+                context.configure(json.loads(frame.body)["topology"])
+            elif frame.kind == Kind.SHUTDOWN:
+                for s in self.streams:
+                    s.flush_task(0)
+                os._exit(0)
+
+    def _start_slot(self) -> None:
+        threading.Thread(target=self._slot, name="skyward-slot", daemon=True).start()
+
+    def _slot(self) -> None:
+        while True:
+            frame = self.queue.get()
+            if frame is None:
+                return
+            self._run(frame)
+            if threading.get_ident() in self.abandoned:
+                return  # a replacement slot took this one's place while it was stuck
+
+    # -- running one task --------------------------------------------------------------------
+    def _run(self, frame: Frame) -> None:
+        tid = frame.task_id
+        entry = _Entry(tid, threading.get_ident())
+        with self.lock:
+            self.running[tid] = entry
+        token = context.current_task.set(tid)
+        payload: tuple[int, Any, serialize.Buffers] | None = None
+        try:
+            payload = self._execute(frame, entry)
+        except TaskTimeoutError:
+            payload = None  # injected by the watchdog, which already answered the client
+        finally:
+            context.current_task.reset(token)
+            for s in self.streams:
+                s.flush_task(tid)
+        try:
+            with entry.lock:
+                answer = entry.state != "timed_out"
+                entry.state = "done"
+            with self.lock:
+                self.running.pop(tid, None)
+            if answer and payload is not None:
+                self._send_result(tid, payload)
+        except TaskTimeoutError:  # a late async exception landing in our own code
+            pass
+
+    def _execute(self, frame: Frame, entry: _Entry) -> tuple[int, Any, serialize.Buffers]:
+        try:
+            task = serialize.loads_frame(frame)
+        except Exception as exc:
+            node = context.topology().get("node", "?") if context.on_node() else "?"
+            return serialize.dumps_error(
+                SerializationError(
+                    f"the task could not be unpickled on node {node} ({type(exc).__name__}: {exc}). "
+                    f"Everything the function needs must be importable on the nodes: add missing "
+                    f"packages with Image(pip=[...]) and your own modules with Image(includes=[...])."
+                )
+            )
+        if frame.kind == Kind.TASK:
+            fn, args, kwargs, timeout = task
+            items = None
+        else:
+            fn, items, timeout = task
+            args, kwargs = (), {}
+        entry.name = getattr(fn, "__qualname__", "task")
+        if timeout:
+            entry.timeout = timeout * (len(items) if items is not None else 1)
+            entry.deadline = time.monotonic() + entry.timeout
+        with entry.lock:
+            entry.state = "running"
+        try:
+            if items is None:
+                value = fn(*args, **kwargs)
+            else:
+                value = [fn(item) for item in items]
+        except TaskTimeoutError:
+            raise
+        except BaseException as exc:
+            with entry.lock:
+                entry.state = "returning"
+            if isinstance(exc, SystemExit | KeyboardInterrupt):
+                exc = RuntimeError(f"{entry.name} raised {type(exc).__name__}({exc})")
+            return serialize.dumps_error(exc)
+        with entry.lock:
+            entry.state = "returning"
+        return serialize.dumps_ok(value, entry.name)
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self.lock:
+                late = [e for e in self.running.values() if e.deadline is not None and e.deadline < now]
+            for entry in late:
+                self._time_out(entry)
+
+    def _time_out(self, entry: _Entry) -> None:
+        with entry.lock:
+            if entry.state != "running":
+                return
+            entry.state = "timed_out"
+            node = context.topology().get("node", "?") if context.on_node() else "?"
+            err = TaskTimeoutError(
+                f"{entry.name} ran longer than its timeout of {entry.timeout:g} s on node {node} and "
+                f"was cancelled there. Raise the limit with @sky.function(timeout=...) or "
+                f"pending.with_timeout(seconds), or Options(default_compute_timeout=...)."
+            )
+            self._send_result(entry.task_id, serialize.dumps_error(err, tb_text=""))
+            if self.exclusive:
+                # Process executor: this process exists for this task; the agent starts a new one.
+                os._exit(75)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(entry.ident), ctypes.py_object(TaskTimeoutError)
+            )
+        threading.Thread(target=self._reap, args=(entry,), daemon=True).start()
+
+    def _reap(self, entry: _Entry) -> None:
+        time.sleep(_GRACE)
+        with self.lock:
+            stuck = entry.task_id in self.running
+            if stuck:
+                self.abandoned.add(entry.ident)
+        if stuck:
+            self.log(
+                f"skyward: {entry.name} (task {entry.task_id}) did not stop after its timeout "
+                f"(it is blocked outside Python code); it keeps running in the background and a "
+                f"new slot replaces it. Use Worker(executor='process') to have such tasks killed."
+            )
+            self._start_slot()
+
+
+def main() -> None:
+    fd = int(os.environ.pop("SKYWARD_WORKER_FD"))
+    sock = socket.socket(fileno=fd)
+    tune(sock)
+    worker = Worker(
+        sock,
+        threads=int(os.environ.pop("SKYWARD_WORKER_THREADS", "1")),
+        exclusive=os.environ.pop("SKYWARD_WORKER_EXCLUSIVE", "0") == "1",
+    )
+    first = worker.reader.read()
+    if first.kind != Kind.CONFIGURE:
+        raise SystemExit("skyward worker: expected CONFIGURE first")
+    context.configure(json.loads(first.body)["topology"])
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main()

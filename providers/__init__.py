@@ -1,0 +1,1 @@
+"""Providers: one module per way of getting nodes (Local, SSH, AWS, GCP)."""

@@ -1,0 +1,243 @@
+"""sky.Local(): the nodes are agent processes on this machine.
+
+Each node gets its own working directory under one temporary root per pool. The nodes run
+the client's interpreter with the client's import path, so everything importable here is
+importable there; only Image.pip requirements that are not already met are installed, into a
+cached overlay that goes first on the nodes' PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from skyward.errors import ConfigError, ProviderError
+
+from .base import Cluster, NodeEndpoint, ProviderConfig
+
+if TYPE_CHECKING:
+    from skyward.spec import Image, Spec
+
+log = logging.getLogger("skyward.local")
+_START_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Local(ProviderConfig):
+    """Run the pool's nodes as processes on this machine.
+
+    ``workdir``: where the per-pool folder of node working directories is made (default: the
+    system temp dir). It is removed when the pool closes.
+    """
+
+    workdir: str | None = None
+    kind: ClassVar[str] = "local"
+
+    def check(self, spec: Spec) -> str | None:
+        image = spec.image
+        here = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if image.python not in ("auto", here) and not here.startswith(image.python + "."):
+            return (
+                f"Local nodes run this interpreter (Python {here}), and Image(python={image.python!r}) "
+                f"asks for another; use python='auto' with Local, or a provider that builds environments."
+            )
+        if spec.accelerator is not None:
+            have = _local_gpus()
+            acc = spec.accelerator
+            want = getattr(acc, "count", 1)
+            if have < want:
+                return (
+                    f"Local was asked for accelerator {acc} and this machine has {have} NVIDIA GPU(s) "
+                    f"visible to nvidia-smi; drop accelerator= to run on the CPU, or use a cloud provider."
+                )
+        return None
+
+    def hourly_cost(self, spec: Spec) -> float | None:
+        return 0.0
+
+    def create(self, spec: Spec, pool_id: str) -> LocalCluster:
+        return LocalCluster(self, spec, pool_id)
+
+
+def _local_gpus() -> int:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalCluster(Cluster):
+    def __init__(self, config: Local, spec: Spec, pool_id: str) -> None:
+        self.token = secrets.token_urlsafe(32)
+        self.head_port = _free_port()
+        self.interface = "lo"
+        self._ttl = spec.ttl
+        self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+        try:
+            self._env = self._environment(spec.image)
+        except BaseException:
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise
+
+    # -- environment -------------------------------------------------------------------------
+    def _environment(self, image: Image) -> dict[str, str]:
+        from .local_env import overlay, unsatisfied
+
+        if image.apt:
+            log.warning("Local nodes use this machine as it is: Image(apt=%s) is not installed.", list(image.apt))
+        paths: list[str] = []
+        missing = unsatisfied(image.pip)
+        if missing:
+            paths.append(str(overlay(missing, [ix.url for ix in image.pip_indexes])))
+        if image.includes:
+            paths.append(str(self._copy_includes(image.includes, image.excludes)))
+        # The client's own import path (script folder, cwd, PYTHONPATH), so code importable
+        # here is importable on the nodes; the interpreter adds its own site-packages itself.
+        prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+        for entry in sys.path:
+            entry = entry or os.getcwd()
+            if not any(entry.startswith(p) for p in prefixes) and entry not in paths:
+                paths.append(entry)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env.update(image.env)
+        for name, command in image.shell_vars.items():
+            env[name] = _shell_value(name, command, env)
+        return env
+
+    def _copy_includes(self, includes: tuple[str, ...], excludes: tuple[str, ...]) -> Path:
+        dest = self._root / "includes"
+        dest.mkdir()
+        ignore = shutil.ignore_patterns(*excludes) if excludes else None
+        for item in includes:
+            src = Path(item).expanduser().resolve()
+            if not src.exists():
+                raise ConfigError(
+                    f"Image(includes=[{item!r}]): {src} does not exist. Includes are paths (folders "
+                    f"or .py files) relative to the directory you run from ({os.getcwd()})."
+                )
+            if src.is_dir():
+                shutil.copytree(src, dest / src.name, ignore=ignore)
+            else:
+                shutil.copy2(src, dest / src.name)
+        return dest
+
+    # -- nodes -------------------------------------------------------------------------------
+    def start(self, count: int) -> list[NodeEndpoint]:
+        with self._lock:
+            indices = list(range(self._next, self._next + count))
+            self._next += count
+            started = [(i, self._spawn(i)) for i in indices]
+        endpoints = []
+        for i, proc in started:
+            port = self._handshake(i, proc)
+            endpoints.append(
+                NodeEndpoint(
+                    index=i,
+                    private_ip="127.0.0.1",
+                    public_ip=None,
+                    hostname=socket.gethostname(),
+                    connect=lambda port=port: socket.create_connection(("127.0.0.1", port), timeout=10),
+                )
+            )
+        return endpoints
+
+    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+        node_dir = self._root / f"node-{index}"
+        node_dir.mkdir(exist_ok=True)
+        env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
+        cmd = [sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", str(self._ttl),
+               "--log", str(node_dir / "agent.log")]
+        proc = subprocess.Popen(
+            cmd, cwd=node_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=open(node_dir / "agent.log", "ab"), start_new_session=True,
+        )
+        self._procs[index] = proc
+        return proc
+
+    def _handshake(self, index: int, proc: subprocess.Popen[bytes]) -> int:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT)
+        line = proc.stdout.readline() if ready else b""
+        proc.stdout.close()
+        try:
+            return int(json.loads(line)["port"])
+        except (ValueError, KeyError):
+            log_file = self._root / f"node-{index}" / "agent.log"
+            tail = log_file.read_text(errors="replace").strip().splitlines()[-20:] if log_file.exists() else []
+            raise ProviderError(
+                f"the agent for Local node {index} did not start (exit code {proc.poll()}); its log "
+                f"({log_file}) ends with:\n" + "\n".join(tail)
+            ) from None
+
+    def stop(self, endpoints: list[NodeEndpoint]) -> None:
+        with self._lock:
+            procs = [self._procs.pop(e.index) for e in endpoints if e.index in self._procs]
+        _reap(procs)
+
+    def close(self) -> None:
+        with self._lock:
+            procs = list(self._procs.values())
+            self._procs.clear()
+        _reap(procs)
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _reap(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """Wait for agents that were told to stop; SIGTERM, then SIGKILL the stragglers."""
+    deadline = time.monotonic() + grace
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in procs if p.poll() is None]
+        if not alive:
+            return
+        for p in alive:
+            if sig is not None:
+                try:
+                    os.killpg(p.pid, sig)
+                except OSError:
+                    pass
+        for p in alive:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + 2.0
+    for p in procs:
+        p.wait()
+
+
+def _shell_value(name: str, command: str, env: dict[str, str]) -> str:
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise ConfigError(
+            f"Image(shell_vars={{{name!r}: {command!r}}}): the command failed with exit code "
+            f"{proc.returncode}: {proc.stderr.strip()[-500:]}"
+        )
+    return proc.stdout.strip()

@@ -1,0 +1,522 @@
+"""The accelerator catalogue: what GPU/TPU/NPU a node should carry.
+
+Each catalogue entry has a keyword-only factory of the same name::
+
+    sky.accelerators.A100()                  # 80GB, one per node
+    sky.accelerators.A100(memory="40GB")     # the 40GB variant
+    sky.accelerators.H100(count=8, form_factor="SXM")
+    sky.accelerators.T4(count=0.5)           # half of a shared GPU
+    sky.accelerators.Custom("MyGPU", memory="48GB")   # anything not listed
+
+Naming. The factory name is a Python identifier (``RTX_4090``). The *canonical*
+name stored in ``Accelerator.name`` is the factory name with ``_`` turned into a
+space for the RTX family (``"RTX 4090"``, ``"RTX A6000"``) and identical to the
+factory name for everything else (``"A100"``, ``"TPUv5e"``, ``"Trainium"``).
+Providers match on the canonical name; ``names()`` lists them.
+
+String form (skyward.toml, the CLI, ``parse``)::
+
+    NAME[-MEMORY][:COUNT]
+
+* NAME is matched case-insensitively and with ``_``, ``-`` and spaces ignored, so
+  ``"RTX_4090"``, ``"rtx-4090"``, ``"RTX4090"`` and ``"RTX 4090"`` are one name.
+  A few aliases are accepted too (``"trn1"`` for Trainium, ``"inf2"`` for Inferentia2).
+* MEMORY is a size in GB with its unit, separated from the name: ``"A100-40GB"``.
+* COUNT is a positive number after a colon: ``"H100:8"``, ``"T4:0.5"``.
+
+``str(accelerator)`` writes the same grammar (memory only when it is not the
+catalogue default, count only when it is not 1), so ``parse(str(a)) == a`` for
+catalogue accelerators without a form factor.
+
+Only the standard library is imported here: this module loads on every client
+and every node.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from skyward.errors import AcceleratorError
+
+__all__ = [
+    "A10",
+    "A10G",
+    "A40",
+    "A100",
+    "B200",
+    "GH200",
+    "H100",
+    "H200",
+    "K80",
+    "L4",
+    "L40",
+    "L40S",
+    "MI250X",
+    "MI300X",
+    "P100",
+    "RTX_3090",
+    "RTX_4090",
+    "RTX_5090",
+    "RTX_A4000",
+    "RTX_A5000",
+    "RTX_A6000",
+    "T4",
+    "V100",
+    "Accelerator",
+    "Custom",
+    "Inferentia2",
+    "TPUv4",
+    "TPUv5e",
+    "Trainium",
+    "names",
+    "parse",
+]
+
+_GRAMMAR = "NAME[-MEMORY][:COUNT], e.g. 'H100:8' or 'A100-40GB:2'"
+
+# A size with an optional GB-ish unit. GiB and GB are treated alike on purpose:
+# vendors and clouds use both for the same card ("80GB" A100 is really 80GiB).
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:gb|gib|g)?\s*$", re.IGNORECASE)
+# NAME-MEMORY at the end of a string; the unit is required here so that names that
+# end in digits ("rtx-4090") are never mistaken for a memory size.
+_NAME_MEMORY_RE = re.compile(r"^(.+?)[-_ ](\d+(?:\.\d+)?\s*(?:gb|gib|g))$", re.IGNORECASE)
+
+
+def _format_number(value: float) -> str:
+    # 8.0 -> "8" so that counts and sizes read the way people write them.
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def _normalize_memory(memory: object, *, accelerator: str) -> str | None:
+    if memory is None:
+        return None
+    if isinstance(memory, bool):
+        match = None
+    elif isinstance(memory, int | float):
+        # A bare number is a common slip (memory=40); read it as GB rather than fail.
+        match = _MEMORY_RE.match(str(memory))
+    elif isinstance(memory, str):
+        match = _MEMORY_RE.match(memory)
+    else:
+        match = None
+    if match is None:
+        raise AcceleratorError(
+            f"memory {memory!r} for {accelerator} is not a size in GB: memory is written as a "
+            f'number followed by GB. Use e.g. memory="40GB".'
+        )
+    amount = float(match.group(1))
+    if amount <= 0:
+        raise AcceleratorError(
+            f"memory {memory!r} for {accelerator} must be greater than 0GB. "
+            f'Use e.g. memory="40GB", or leave memory out for the default.'
+        )
+    return f"{_format_number(amount)}GB"
+
+
+def _check_count(count: object, *, where: str) -> None:
+    # `where` places the value for the reader: "for A100" or "in 'H100:0'".
+    if isinstance(count, bool) or not isinstance(count, int | float):
+        raise AcceleratorError(
+            f"accelerator count {count!r} {where} is not a number: count is how many "
+            f"accelerators each node gets. Use e.g. count=8, or count=0.5 to share one."
+        )
+    if not math.isfinite(count) or count <= 0:
+        raise AcceleratorError(
+            f"accelerator count {count!r} {where} must be a finite number greater "
+            f"than 0. Use e.g. count=1, or a fraction such as count=0.5 to share one accelerator."
+        )
+    # Fractions only make sense as a share of a single device; "1.5 GPUs" cannot be rented.
+    if count > 1 and not float(count).is_integer():
+        raise AcceleratorError(
+            f"accelerator count {count!r} {where} is not whole: counts above 1 must be "
+            f"whole numbers (fractions are only for sharing one device). "
+            f"Use count={math.floor(count)} or count={math.ceil(count)}."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Accelerator:
+    """One kind of accelerator and how many of it each node gets.
+
+    Build these with the catalogue factories (``A100()``) or ``Custom(...)``; the
+    constructor normalises ``memory`` to the ``"<n>GB"`` form and checks ``count``.
+    """
+
+    name: str
+    count: float = 1
+    memory: str | None = None  # like "80GB"
+    form_factor: str | None = None
+    manufacturer: str = "NVIDIA"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise AcceleratorError(
+                f"accelerator name {self.name!r} is empty or not a string: every accelerator "
+                f"needs a name. Use a catalogue factory such as sky.accelerators.A100(), or "
+                f'sky.accelerators.Custom("MyGPU", memory="48GB").'
+            )
+        _check_count(self.count, where=f"for {self.name}")
+        # frozen + slots: object.__setattr__ is the sanctioned way to normalise in __post_init__.
+        object.__setattr__(self, "memory", _normalize_memory(self.memory, accelerator=self.name))
+
+    @property
+    def memory_gb(self) -> float | None:
+        """Memory per device in GB, or None when it is not known."""
+        if self.memory is None:
+            return None
+        return float(self.memory[: -len("GB")])
+
+    def __str__(self) -> str:
+        text = self.name
+        entry = _BY_NAME.get(self.name)
+        default_memory = entry.memory if entry is not None else None
+        if self.memory is not None and self.memory != default_memory:
+            text += f"-{self.memory}"
+        if self.count != 1:
+            text += f":{_format_number(self.count)}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One row of the catalogue."""
+
+    factory: str  # the module attribute, a Python identifier
+    memory: str  # the default memory of one device
+    manufacturer: str = "NVIDIA"
+    memory_variants: tuple[str, ...] = ()  # other sizes sold under the same name
+    form_factors: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # extra spellings accepted by parse()
+    description: str = ""
+
+    @property
+    def name(self) -> str:
+        # The RTX family is written with spaces everywhere else (nvidia-smi, cloud
+        # consoles), so that is the canonical form; other names are already single words.
+        if self.factory.startswith("RTX_"):
+            return self.factory.replace("_", " ")
+        return self.factory
+
+    @property
+    def memories(self) -> tuple[str, ...]:
+        return (self.memory, *self.memory_variants)
+
+
+_CATALOGUE: tuple[_Entry, ...] = (
+    # NVIDIA data-centre
+    _Entry("H100", "80GB", memory_variants=("94GB",), form_factors=("SXM", "PCIe", "NVL")),
+    _Entry("H200", "141GB", form_factors=("SXM", "NVL")),
+    _Entry("B200", "192GB", memory_variants=("180GB",)),
+    _Entry("GH200", "96GB", memory_variants=("144GB",)),
+    _Entry("A100", "80GB", memory_variants=("40GB",), form_factors=("SXM", "PCIe")),
+    _Entry("A10G", "24GB", description="the AWS g5 variant of the A10"),
+    _Entry("A10", "24GB"),
+    _Entry("A40", "48GB"),
+    _Entry("L4", "24GB"),
+    _Entry("L40S", "48GB"),
+    _Entry("L40", "48GB"),
+    _Entry("T4", "16GB"),
+    _Entry("V100", "16GB", memory_variants=("32GB",), form_factors=("SXM", "PCIe")),
+    _Entry("P100", "16GB", memory_variants=("12GB",)),
+    _Entry("K80", "12GB", description="memory is per GPU; a K80 board holds two"),
+    # NVIDIA workstation / consumer
+    _Entry("RTX_3090", "24GB"),
+    _Entry("RTX_4090", "24GB"),
+    _Entry("RTX_5090", "32GB"),
+    _Entry("RTX_A4000", "16GB"),
+    _Entry("RTX_A5000", "24GB"),
+    _Entry("RTX_A6000", "48GB"),
+    # AMD
+    _Entry("MI250X", "128GB", manufacturer="AMD"),
+    _Entry("MI300X", "192GB", manufacturer="AMD"),
+    # AWS silicon
+    _Entry(
+        "Trainium",
+        "32GB",
+        manufacturer="AWS",
+        aliases=("trn1", "Trainium1"),
+        description="AWS Trainium (trn1) NeuronCore device",
+    ),
+    _Entry(
+        "Inferentia2",
+        "32GB",
+        manufacturer="AWS",
+        aliases=("inf2",),
+        description="AWS Inferentia2 (inf2) NeuronCore device",
+    ),
+    # Google TPUs (memory is per chip)
+    _Entry("TPUv4", "32GB", manufacturer="Google", aliases=("TPU v4",)),
+    _Entry("TPUv5e", "16GB", manufacturer="Google", aliases=("TPU v5e", "TPUv5lite")),
+)
+
+
+def _key(name: str) -> str:
+    # One spelling for lookups: case, spaces, '_' and '-' do not distinguish names.
+    return re.sub(r"[\s_\-]+", "", name).upper()
+
+
+_BY_FACTORY: dict[str, _Entry] = {entry.factory: entry for entry in _CATALOGUE}
+_BY_NAME: dict[str, _Entry] = {entry.name: entry for entry in _CATALOGUE}
+_BY_KEY: dict[str, _Entry] = {}
+for _entry in _CATALOGUE:
+    for _spelling in (_entry.factory, _entry.name, *_entry.aliases):
+        _existing = _BY_KEY.setdefault(_key(_spelling), _entry)
+        # Two entries folding to one key would make parse() ambiguous; catch it at import.
+        assert _existing is _entry, f"catalogue spelling {_spelling!r} is ambiguous"
+del _entry, _spelling, _existing
+
+
+def _build(
+    entry: _Entry, *, count: float, memory: str | None, form_factor: str | None
+) -> Accelerator:
+    normalized = _normalize_memory(memory, accelerator=entry.name)
+    if normalized is None:
+        normalized = entry.memory
+    elif normalized not in entry.memories:
+        raise AcceleratorError(
+            f"{entry.name} has no {normalized} variant: known memory sizes are "
+            f"{', '.join(entry.memories)}. Use one of those, or "
+            f'sky.accelerators.Custom("{entry.name}", memory="{normalized}") for hardware '
+            f"skyward does not list."
+        )
+    if form_factor is not None:
+        wanted = form_factor.upper() if isinstance(form_factor, str) else None
+        matches = [ff for ff in entry.form_factors if ff.upper() == wanted]
+        if not matches:
+            raise AcceleratorError(
+                f"form factor {form_factor!r} is not one of {entry.name}'s: allowed are "
+                f"{', '.join(entry.form_factors)}. Use one of those, or leave form_factor "
+                f"out to accept any."
+            )
+        form_factor = matches[0]
+    return Accelerator(
+        name=entry.name,
+        count=count,
+        memory=normalized,
+        form_factor=form_factor,
+        manufacturer=entry.manufacturer,
+    )
+
+
+class _Factory(Protocol):
+    __name__: str
+
+    def __call__(self, *, count: float = 1, memory: str | None = None) -> Accelerator: ...
+
+
+class _FormFactorFactory(Protocol):
+    __name__: str
+
+    def __call__(
+        self, *, count: float = 1, form_factor: str | None = None, memory: str | None = None
+    ) -> Accelerator: ...
+
+
+def _describe(entry: _Entry) -> str:
+    lines = [f"{entry.manufacturer} {entry.name}, {entry.memory} by default."]
+    if entry.description:
+        lines[0] = (
+            f"{entry.manufacturer} {entry.name} ({entry.description}), {entry.memory} by default."
+        )
+    if entry.memory_variants:
+        lines.append(f"memory: one of {', '.join(entry.memories)}.")
+    if entry.form_factors:
+        lines.append(f"form_factor: one of {', '.join(entry.form_factors)}, or None for any.")
+    lines.append("count: devices per node; a fraction below 1 shares one device.")
+    return "\n\n".join(lines)
+
+
+def _name_factory(fn: object, entry: _Entry) -> None:
+    # Name the closure after its module attribute so pickle finds it by reference
+    # and help()/repr show the catalogue name.
+    fn.__name__ = entry.factory  # type: ignore[attr-defined]
+    fn.__qualname__ = entry.factory  # type: ignore[attr-defined]
+    fn.__doc__ = _describe(entry)
+
+
+def _factory(factory: str) -> _Factory:
+    entry = _BY_FACTORY[factory]
+    if entry.form_factors:
+        raise AssertionError(f"{factory} has form factors; build it with _form_factor_factory")
+
+    def make(*, count: float = 1, memory: str | None = None) -> Accelerator:
+        return _build(entry, count=count, memory=memory, form_factor=None)
+
+    _name_factory(make, entry)
+    return make
+
+
+def _form_factor_factory(factory: str) -> _FormFactorFactory:
+    entry = _BY_FACTORY[factory]
+    if not entry.form_factors:
+        raise AssertionError(f"{factory} has no form factors; build it with _factory")
+
+    def make(
+        *, count: float = 1, form_factor: str | None = None, memory: str | None = None
+    ) -> Accelerator:
+        return _build(entry, count=count, memory=memory, form_factor=form_factor)
+
+    _name_factory(make, entry)
+    return make
+
+
+# One line per catalogue entry: explicit assignments (rather than writing into
+# globals()) so that type checkers and IDEs see every factory.
+H100 = _form_factor_factory("H100")
+H200 = _form_factor_factory("H200")
+B200 = _factory("B200")
+GH200 = _factory("GH200")
+A100 = _form_factor_factory("A100")
+A10G = _factory("A10G")
+A10 = _factory("A10")
+A40 = _factory("A40")
+L4 = _factory("L4")
+L40S = _factory("L40S")
+L40 = _factory("L40")
+T4 = _factory("T4")
+V100 = _form_factor_factory("V100")
+P100 = _factory("P100")
+K80 = _factory("K80")
+RTX_3090 = _factory("RTX_3090")
+RTX_4090 = _factory("RTX_4090")
+RTX_5090 = _factory("RTX_5090")
+RTX_A4000 = _factory("RTX_A4000")
+RTX_A5000 = _factory("RTX_A5000")
+RTX_A6000 = _factory("RTX_A6000")
+MI250X = _factory("MI250X")
+MI300X = _factory("MI300X")
+Trainium = _factory("Trainium")
+Inferentia2 = _factory("Inferentia2")
+TPUv4 = _factory("TPUv4")
+TPUv5e = _factory("TPUv5e")
+
+# A catalogue row without its factory line (or the reverse) would silently drop an
+# accelerator from sky.accelerators; fail at import instead.
+_missing = [e.factory for e in _CATALOGUE if e.factory not in globals() or e.factory not in __all__]
+assert not _missing, f"catalogue entries without a factory or __all__ entry: {_missing}"
+del _missing
+
+
+def Custom(
+    name: str,
+    *,
+    memory: str | None = None,
+    count: float = 1,
+    form_factor: str | None = None,
+    manufacturer: str = "NVIDIA",
+) -> Accelerator:
+    """An accelerator that is not in the catalogue, taken as given.
+
+    Only the generic rules apply (count > 0, memory written as a GB size); the name,
+    memory and form factor are passed to providers unchecked.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise AcceleratorError(
+            f"custom accelerator name {name!r} is empty or not a string: Custom needs the "
+            f'name the provider uses for the device. Use e.g. Custom("MyGPU", memory="48GB").'
+        )
+    return Accelerator(
+        name=name.strip(),
+        count=count,
+        memory=memory,
+        form_factor=form_factor,
+        manufacturer=manufacturer,
+    )
+
+
+def names() -> list[str]:
+    """Canonical names of every catalogue accelerator, in catalogue order."""
+    return [entry.name for entry in _CATALOGUE]
+
+
+def _parse_count(text: str, original: str) -> float:
+    try:
+        count: float = int(text)
+    except ValueError:
+        try:
+            count = float(text)
+        except ValueError:
+            raise AcceleratorError(
+                f"accelerator count {text!r} in {original!r} is not a number: the form is "
+                f"{_GRAMMAR}. Write the count as a number after the colon."
+            ) from None
+    _check_count(count, where=f"in {original!r}")
+    return count
+
+
+def _unknown(name: str, memory: str | None, count: float | None) -> AcceleratorError:
+    keys = list(_BY_KEY)
+    close = difflib.get_close_matches(_key(name), keys, n=6, cutoff=0.6)
+    suggestions: list[str] = []
+    for key in close:
+        canonical = _BY_KEY[key].name
+        if canonical not in suggestions:
+            suggestions.append(canonical)
+    suggestions = suggestions[:3]
+    hint = ""
+    if suggestions:
+        quoted = [f"'{s}'" for s in suggestions]
+        joined = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        hint = f" Did you mean {joined}?"
+    custom_args = [f'"{name}"']
+    if memory is not None:
+        custom_args.append(f'memory="{memory}"')
+    if count is not None and count != 1:
+        custom_args.append(f"count={_format_number(count)}")
+    return AcceleratorError(
+        f"unknown accelerator {name!r}: not in skyward's catalogue.{hint} See "
+        f"sky.accelerators.names() for the list, or use "
+        f"sky.accelerators.Custom({', '.join(custom_args)})."
+    )
+
+
+def parse(value: str | Accelerator) -> Accelerator:
+    """Turn ``NAME[-MEMORY][:COUNT]`` (or an Accelerator, returned as is) into an Accelerator.
+
+    >>> parse("h100:8")
+    Accelerator(name='H100', count=8, memory='80GB', form_factor=None, manufacturer='NVIDIA')
+    """
+    if isinstance(value, Accelerator):
+        return value
+    if not isinstance(value, str):
+        raise AcceleratorError(
+            f"accelerator {value!r} is a {type(value).__name__}, not a name or an Accelerator: "
+            f"the string form is {_GRAMMAR}. Pass a string or e.g. sky.accelerators.A100()."
+        )
+    text = value.strip()
+    if not text:
+        raise AcceleratorError(
+            f"accelerator {value!r} is empty: the form is {_GRAMMAR}. "
+            f"Leave the accelerator out for CPU-only nodes."
+        )
+    head, sep, count_text = text.partition(":")
+    if ":" in count_text:
+        raise AcceleratorError(
+            f"accelerator {value!r} has more than one ':': the form is {_GRAMMAR}. "
+            f"Put the memory after a '-' and a single count after the ':'."
+        )
+    count: float | None = None
+    if sep:
+        count = _parse_count(count_text.strip(), value)
+    name = head.strip()
+    memory: str | None = None
+    entry = _BY_KEY.get(_key(name))
+    if entry is None:
+        match = _NAME_MEMORY_RE.match(name)
+        if match is not None:
+            name, memory = match.group(1).strip(), match.group(2)
+            entry = _BY_KEY.get(_key(name))
+    if entry is None:
+        raise _unknown(name, memory, count)
+    return _build(
+        entry,
+        count=1 if count is None else count,
+        memory=memory,
+        form_factor=None,
+    )

@@ -1,0 +1,160 @@
+"""Opening pools: sky.Compute (one pool for a `with` block) and sky.Session (several pools)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import warnings
+
+from types import FrameType
+from typing import Any
+
+from .errors import ConfigError, ProviderError
+from .pool import Pool
+from .spec import SPEC_FIELDS, Options, Spec, Worker, unknown_field_error
+
+log = logging.getLogger("skyward")
+
+
+def _select(specs: tuple[Spec, ...], options: Options) -> Spec:
+    """The spec to provision: the first viable one, or the cheapest viable one."""
+    viable: list[tuple[float, int, Spec]] = []
+    reasons = []
+    for order, spec in enumerate(specs):
+        why = spec.provider.check(spec)
+        if why is not None:
+            reasons.append(f"  - {type(spec.provider).__name__}: {why}")
+            continue
+        if options.selection == "first":
+            return spec
+        cost = spec.provider.hourly_cost(spec)
+        viable.append((float("inf") if cost is None else cost, order, spec))
+    if not viable:
+        raise ProviderError("no spec can be provisioned:\n" + "\n".join(reasons))
+    return min(viable, key=lambda v: (v[0], v[1]))[2]
+
+
+def _resolve_worker(options: Options, worker: Worker | None) -> Worker:
+    if worker is not None and not isinstance(worker, Worker):
+        raise ConfigError(f"worker={worker!r} is not valid: pass sky.Worker(...).")
+    if worker is not None and options.worker is not None:
+        raise ConfigError(
+            "worker= was given both to sky.Compute and in sky.Options; give it in one place only."
+        )
+    return worker or options.worker or Worker()
+
+
+def _build_specs(specs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Spec, ...]:
+    for s in specs:
+        if not isinstance(s, Spec):
+            raise ConfigError(
+                f"sky.Compute() takes sky.Spec objects positionally, got {s!r}; pass other settings "
+                f"as keywords (provider=..., nodes=...)."
+            )
+    if specs and kwargs:
+        raise ConfigError(
+            f"sky.Compute() got Spec objects and Spec keywords ({', '.join(sorted(kwargs))}) together; "
+            f"use one form: put the keywords inside each sky.Spec(...), or drop the Spec objects."
+        )
+    if specs:
+        return specs
+    for key in kwargs:
+        if key not in SPEC_FIELDS:
+            raise unknown_field_error(key)
+    return (Spec(**kwargs),)
+
+
+class Compute:
+    """Provision a pool for a ``with`` block and destroy it on the way out.
+
+    ``sky.Compute(nodes=2, ...)`` (Spec fields as keywords) or ``sky.Compute(spec_a, spec_b,
+    options=sky.Options(selection="first"))``. Validation happens here, at the call site;
+    provisioning happens on ``__enter__``.
+    """
+
+    def __init__(
+        self,
+        *specs: Spec,
+        name: str | None = None,
+        options: Options | None = None,
+        worker: Worker | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if name is not None:
+            raise ConfigError(
+                f"sky.Compute(name={name!r}): named pools from skyward.toml are not available in "
+                f"this version yet; describe the pool with keywords (nodes=..., provider=...)."
+            )
+        self.options = options or Options()
+        if not isinstance(self.options, Options):
+            raise ConfigError(f"options={options!r} is not valid: pass sky.Options(...).")
+        self.worker = _resolve_worker(self.options, worker)
+        self.specs = _build_specs(specs, kwargs)
+        self.pool: Pool | None = None
+        self._previous_sigterm: Any = None
+
+    def open(self) -> Pool:
+        spec = _select(self.specs, self.options)
+        if spec.ttl == 0:
+            warnings.warn(
+                "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "
+                "until you stop them yourself.", stacklevel=3,
+            )
+        return Pool(spec, self.options, self.worker)
+
+    def __enter__(self) -> Pool:
+        self.pool = self.open()
+        self._trap_sigterm()
+        return self.pool.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.pool is not None:
+                self.pool.__exit__(*exc)
+        finally:
+            self._restore_sigterm()
+
+    def _trap_sigterm(self) -> None:
+        # SIGTERM would end the process without running `finally`; turn it into SystemExit so
+        # the with-block unwinds and the pool is destroyed.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._previous_sigterm = signal.SIG_DFL
+            signal.signal(signal.SIGTERM, _raise_exit)
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+class Session:
+    """Several pools with one lifetime: ``session.compute(...)`` opens one; all close together."""
+
+    def __init__(self, *, options: Options | None = None) -> None:
+        self.options = options or Options()
+        self.pools: list[Pool] = []
+
+    def compute(self, *specs: Spec, options: Options | None = None, worker: Worker | None = None, **kwargs: Any) -> Pool:
+        pool = Compute(*specs, options=options or self.options, worker=worker, **kwargs).open()
+        self.pools.append(pool)
+        return pool
+
+    def close(self) -> None:
+        while self.pools:
+            self.pools.pop().close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Compute", "Session"]

@@ -1,0 +1,186 @@
+"""Lazy functions and the dispatch operators.
+
+``@sky.function`` turns a function into a factory of PendingFunction snapshots; nothing runs
+until an operator hands the snapshot to a pool:
+
+    f(x) >> pool     one node              f(x) @ pool   every node (list, by node)
+    f(x) > pool      async (a Future)      (f(1) & f(2)) >> pool   a parallel group (tuple)
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from .errors import ConfigError, DispatchError, NoActivePoolError
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigError(f"timeout={timeout!r} is not valid: use a positive number of seconds (or None for the pool default).")
+    return float(timeout)
+
+
+def resolve_pool(target: Any, op: str) -> Pool:
+    """The pool a dispatch operator points at: a Pool, a Compute, or the skyward module."""
+    from .pool import Pool, active_pool
+
+    if isinstance(target, Pool):
+        return target
+    pool = getattr(target, "pool", None)  # a Compute / Session handle
+    if isinstance(pool, Pool):
+        return pool
+    if isinstance(target, types.ModuleType) and target.__name__ == "skyward":
+        found = active_pool()
+        if found is None:
+            raise NoActivePoolError(
+                f"`{op} sky` needs an active pool and there is none here. Dispatch inside "
+                f"`with sky.Compute(...) as pool:` (in the same thread), or use `{op} pool`."
+            )
+        return found
+    raise DispatchError(
+        f"cannot dispatch with {op} to a {type(target).__name__}: the right-hand side must be a "
+        f"pool (from `with sky.Compute(...) as pool`) or the skyward module (`{op} sky`)."
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PendingFunction(Generic[T]):
+    """A call captured for remote execution: fn, args, kwargs and an optional timeout."""
+
+    fn: Callable[..., T]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+    def with_timeout(self, seconds: float) -> PendingFunction[T]:
+        return replace(self, timeout=_check_timeout(seconds))
+
+    def __rshift__(self, target: Any) -> T:
+        return resolve_pool(target, ">>").run(self)
+
+    def __matmul__(self, target: Any) -> list[T]:
+        return resolve_pool(target, "@").broadcast(self)
+
+    def __gt__(self, target: Any) -> Future[T]:  # type: ignore[override]
+        return resolve_pool(target, ">").run_async(self)
+
+    def __and__(self, other: Any) -> PendingFunctionGroup:
+        if isinstance(other, PendingFunction):
+            return PendingFunctionGroup((self, other))
+        if isinstance(other, PendingFunctionGroup):
+            return PendingFunctionGroup((self, *other.items), other.stream, other.ordered)
+        raise DispatchError(_and_error(other))
+
+    def __repr__(self) -> str:
+        return f"<PendingFunction {self.name} args={len(self.args)} kwargs={sorted(self.kwargs)}>"
+
+
+def _and_error(other: Any) -> str:
+    return (
+        f"`&` joins pending functions, got a {type(other).__name__} on the right. Note that `>>` "
+        f"binds tighter than `&`: write `(a() & b()) >> pool`, or sky.gather(a(), b()) >> pool."
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PendingFunctionGroup:
+    """Pending functions that run in parallel; only ``>>`` dispatches a group."""
+
+    items: tuple[PendingFunction[Any], ...]
+    stream: bool = False
+    ordered: bool = True
+
+    def __and__(self, other: Any) -> PendingFunctionGroup:
+        if isinstance(other, PendingFunction):
+            return PendingFunctionGroup((*self.items, other), self.stream, self.ordered)
+        if isinstance(other, PendingFunctionGroup):
+            return PendingFunctionGroup((*self.items, *other.items), self.stream, self.ordered)
+        raise DispatchError(_and_error(other))
+
+    def __rshift__(self, target: Any) -> tuple[Any, ...] | Iterator[Any]:
+        return resolve_pool(target, ">>").run_parallel(self)
+
+    def __matmul__(self, target: Any) -> Any:
+        raise DispatchError(
+            "`@` (broadcast) does not apply to a group: broadcast each function on its own "
+            "(`f() @ pool`), or run the group once with `group >> pool`."
+        )
+
+    def __gt__(self, target: Any) -> Any:
+        raise DispatchError(
+            "`>` (async) does not apply to a group: dispatch each function with `f() > pool` "
+            "and collect the futures, or stream the group with sky.gather(..., stream=True) >> pool."
+        )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def gather(*pendings: PendingFunction[Any], stream: bool = False, ordered: bool = True) -> PendingFunctionGroup:
+    """A parallel group; with ``stream=True`` dispatching yields results as they complete."""
+    for p in pendings:
+        if not isinstance(p, PendingFunction):
+            raise DispatchError(
+                f"sky.gather() takes pending functions (calls of @sky.function functions), got a "
+                f"{type(p).__name__}. Did you call a plain function instead of a @sky.function one?"
+            )
+    return PendingFunctionGroup(tuple(pendings), stream=stream, ordered=ordered)
+
+
+class RemoteFunction(Generic[P, T]):
+    """What ``@sky.function`` returns: calling it captures a PendingFunction."""
+
+    def __init__(self, fn: Callable[P, T], *, timeout: float | None = None) -> None:
+        if isinstance(fn, RemoteFunction):
+            fn = fn.fn
+        if not callable(fn):
+            raise ConfigError(f"@sky.function needs a function, got {fn!r}.")
+        self.fn = fn
+        self.timeout = _check_timeout(timeout)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> PendingFunction[T]:
+        return PendingFunction(self.fn, args, kwargs, self.timeout)
+
+    def local(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the function here, now, without a pool."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<skyward function {getattr(self.fn, '__qualname__', self.fn)}>"
+
+
+@overload
+def function(fn: Callable[P, T], *, timeout: float | None = None) -> RemoteFunction[P, T]: ...
+@overload
+def function(fn: None = None, *, timeout: float | None = None) -> Callable[[Callable[P, T]], RemoteFunction[P, T]]: ...
+
+
+def function(fn: Callable[P, T] | None = None, *, timeout: float | None = None) -> Any:
+    """Mark a function for remote execution; bare (``@sky.function``) or with ``timeout=``."""
+    _check_timeout(timeout)
+    if fn is None:
+        return lambda f: RemoteFunction(f, timeout=timeout)
+    return RemoteFunction(fn, timeout=timeout)
+
+
+def unwrap(fn: Any) -> Callable[..., Any]:
+    """The plain function behind a @sky.function (pool.map accepts both)."""
+    return fn.fn if isinstance(fn, RemoteFunction) else fn

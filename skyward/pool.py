@@ -1,0 +1,354 @@
+"""A live pool: one channel per node and the methods behind the operators."""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+import math
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from typing import Any, TypeVar
+
+from skyward.bootstrap import serialize
+from skyward.bootstrap.channel import NodeChannel
+from skyward.bootstrap.frames import Frame, Kind
+
+from .errors import (
+    ConfigError,
+    PoolClosedError,
+    RemoteError,
+    RemoteTraceback,
+    SerializationError,
+)
+from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, unwrap
+from .spec import Nodes, Options, Spec, Worker
+
+log = logging.getLogger("skyward")
+T = TypeVar("T")
+
+_active: contextvars.ContextVar[Pool | None] = contextvars.ContextVar("skyward_active_pool", default=None)
+
+
+def active_pool() -> Pool | None:
+    return _active.get()
+
+
+class Pool:
+    """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
+
+    def __init__(self, spec: Spec, options: Options, worker: Worker) -> None:
+        self.spec = spec
+        self.options = options
+        self.worker = worker
+        self.id = uuid.uuid4().hex[:8]
+        self._channels: list[NodeChannel] = []
+        self._endpoints: list[Any] = []
+        self._rr = itertools.count()
+        self._lock = threading.RLock()
+        self._print_lock = threading.Lock()
+        self._closed = False
+        self._stop = threading.Event()
+        self._tokens: list[contextvars.Token[Pool | None]] = []
+        self._cluster = spec.provider.create(spec, self.id)
+        try:
+            self._add_nodes(spec.node_spec.desired)
+        except BaseException:
+            self.close()
+            raise
+        ttl = spec.ttl
+        self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
+        self._beat.start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> Pool:
+        self._tokens.append(_active.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tokens:
+            _active.reset(self._tokens.pop())
+        self.close()
+
+    def close(self) -> None:
+        """Stop every node and destroy what the provider created. Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels, self._channels = self._channels, []
+        self._stop.set()
+        for ch in channels:
+            ch.close(shutdown_agent=True)
+        self._cluster.close()
+
+    def _heartbeat(self, ttl: float) -> None:
+        interval = max(0.2, min(2.0, ttl / 4)) if ttl > 0 else 2.0
+        while not self._stop.wait(interval):
+            for ch in list(self._channels):
+                ch.ping()
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _add_nodes(self, count: int) -> None:
+        endpoints = self._cluster.start(count)
+        with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as ex:
+            channels = list(ex.map(self._connect, endpoints))
+        with self._lock:
+            self._endpoints.extend(endpoints)
+            self._channels.extend(channels)
+        self._configure_all()
+
+    def _connect(self, endpoint: Any) -> NodeChannel:
+        return NodeChannel(
+            endpoint.connect(),
+            node=endpoint.index,
+            token=self._cluster.token,
+            ttl=self.spec.ttl,
+            on_output=self._print_output,
+        )
+
+    def _configure_all(self) -> None:
+        with self._lock:
+            pairs = list(zip(self._endpoints, self._channels, strict=True))
+        settings = self.worker.agent_settings()
+        for position, (_, ch) in enumerate(pairs):
+            ch.configure({"topology": self._topology(position, pairs), "worker": settings})
+
+    def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:
+        acc = self.spec.accelerator
+        count = float(getattr(acc, "count", 0) or 0)
+        return {
+            "node": position,
+            "total_nodes": len(pairs),
+            "head_addr": pairs[0][0].private_ip,
+            "head_port": self._cluster.head_port,
+            "job_id": self.id,
+            "peers": [
+                {"node": i, "private_ip": e.private_ip, "public_ip": e.public_ip}
+                for i, (e, _) in enumerate(pairs)
+            ],
+            "accelerators": count,
+            "total_accelerators": count * len(pairs),
+            "accelerator": None if acc is None else {
+                "type": acc.name, "count": count, "memory_gb": acc.memory_gb,
+                "is_trainium": acc.name.lower().startswith("trainium"),
+            },
+            "network": {"interface": self._cluster.interface, "bandwidth_gbps": None},
+        }
+
+    def current_nodes(self) -> int:
+        """How many nodes are connected and ready now."""
+        return sum(1 for ch in self._channels if ch.lost is None)
+
+    def resize(self, nodes: int | Nodes) -> None:
+        """Grow or shrink the pool; removed nodes finish their running tasks first."""
+        target = Nodes.of(nodes).desired
+        self._check_open()
+        with self._lock:
+            current = len(self._channels)
+        if target > current:
+            self._add_nodes(target - current)
+            return
+        if target == current:
+            return
+        with self._lock:
+            leaving = self._channels[target:]
+            endpoints = self._endpoints[target:]
+            self._channels = self._channels[:target]
+            self._endpoints = self._endpoints[:target]
+        deadline = self.options.shutdown_timeout
+        waited = 0.0
+        while any(ch.inflight for ch in leaving) and waited < deadline:
+            self._stop.wait(0.05)
+            waited += 0.05
+        for ch in leaving:
+            ch.close(shutdown_agent=True)
+        self._cluster.stop(endpoints)
+        self._configure_all()
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError(
+                "this pool is closed; dispatch inside its `with` block, or open a new one."
+            )
+
+    def _pick(self, target: int | str | None) -> NodeChannel:
+        self._check_open()
+        channels = self._channels
+        if target is None:
+            live = [ch for ch in channels if ch.lost is None] or channels
+            return live[next(self._rr) % len(live)]
+        if target == "head":
+            return channels[0]
+        if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < len(channels):
+            raise ConfigError(
+                f"target={target!r} is not valid: use 'head' or a node rank from 0 to {len(channels) - 1}."
+            )
+        return channels[target]
+
+    def _timeout(self, pending: PendingFunction[Any]) -> float | None:
+        return pending.timeout if pending.timeout is not None else self.options.default_compute_timeout
+
+    def _encode(self, kind: int, payload: tuple[Any, ...], describe: Callable[[], str]) -> tuple[int, Any, Any]:
+        try:
+            return serialize.dumps(payload)
+        except Exception as exc:
+            raise SerializationError(
+                f"{describe()}. Everything a task receives is pickled to reach the node: pass "
+                f"plain data, or create such objects inside the function."
+            ) from exc
+
+    def _submit(self, ch: NodeChannel, pending: PendingFunction[T]) -> Future[T]:
+        if not isinstance(pending, PendingFunction):
+            raise ConfigError(
+                f"expected a pending function (a call of a @sky.function function), got {type(pending).__name__}."
+            )
+        flags, body, buffers = self._encode(
+            Kind.TASK,
+            (pending.fn, pending.args, pending.kwargs, self._timeout(pending)),
+            lambda: serialize.describe_unpicklable(pending.fn, pending.args, pending.kwargs),
+        )
+        future: Future[T] = Future()
+        future.set_running_or_notify_cancel()
+        name = pending.name
+
+        def done(result: Frame | BaseException) -> None:
+            try:
+                future.set_result(self._decode(result, name, ch.node))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        ch.submit(Kind.TASK, flags, body, buffers, done)
+        return future
+
+    def _decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
+        if isinstance(result, BaseException):
+            raise result
+        try:
+            outcome = serialize.loads_frame(result)
+        except Exception as exc:
+            raise SerializationError(
+                f"the result of {name} from node {node} could not be unpickled here "
+                f"({type(exc).__name__}: {exc}). The client and the nodes must have the same "
+                f"versions of the packages the result is made of."
+            ) from None
+        if outcome[0] == "ok":
+            return outcome[1]
+        if outcome[0] == "err":
+            exc, tb_text = outcome[1], outcome[2]
+            if tb_text:
+                exc.__cause__ = RemoteTraceback(tb_text)
+            exc.add_note(f"(raised by {name} on node {node})")
+            raise exc
+        _, type_name, message, tb_text = outcome
+        raise RemoteError(type_name, message, tb_text)
+
+    def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
+        """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
+        return self._submit(self._pick(target), pending).result()
+
+    def run_async(self, pending: PendingFunction[T], *, target: int | str | None = None) -> Future[T]:
+        """Like ``run`` but returns at once with a Future."""
+        return self._submit(self._pick(target), pending)
+
+    def broadcast(self, pending: PendingFunction[T]) -> list[T]:
+        """Run on every node; results in node order."""
+        self._check_open()
+        futures = [self._submit(ch, pending) for ch in list(self._channels)]
+        return _results(futures)
+
+    def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
+        """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
+        futures = [self.run_async(p) for p in group.items]
+        if not group.stream:
+            return tuple(_results(futures))
+        if group.ordered:
+            return (f.result() for f in futures)
+        return (f.result() for f in as_completed(futures))
+
+    def map(
+        self,
+        fn: Callable[[Any], T] | RemoteFunction[Any, T],
+        items: Iterable[Any],
+        *,
+        chunksize: int | None = None,
+        timeout: float | None = None,
+    ) -> list[T]:
+        """``fn(item)`` for every item, spread over the nodes; results in input order.
+
+        Items travel in chunks (``chunksize``, automatic by default) so that short calls are not
+        dominated by round trips; ``timeout`` is per item (a chunk gets items x timeout).
+        """
+        self._check_open()
+        if timeout is None and isinstance(fn, RemoteFunction):
+            timeout = fn.timeout
+        if timeout is None:
+            timeout = self.options.default_compute_timeout
+        fn = unwrap(fn)
+        data = list(items)
+        if not data:
+            return []
+        channels = [ch for ch in self._channels if ch.lost is None] or list(self._channels)
+        slots = self.worker.slots
+        if chunksize is None:
+            chunksize = max(1, min(1024, math.ceil(len(data) / (len(channels) * slots * 4))))
+        elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ConfigError(f"chunksize={chunksize!r} is not valid: use an int >= 1, or leave it out.")
+        chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]
+        name = getattr(fn, "__qualname__", "map function")
+        window = slots * 2
+        done: queue.SimpleQueue[tuple[int, NodeChannel, Frame | BaseException]] = queue.SimpleQueue()
+        outstanding = dict.fromkeys(channels, 0)
+        results: list[list[Any] | None] = [None] * len(chunks)
+        first_error: tuple[int, BaseException] | None = None
+        sent = 0
+
+        while sent < len(chunks) or any(outstanding.values()):
+            while sent < len(chunks) and first_error is None:
+                ch = min(outstanding, key=outstanding.__getitem__)
+                if outstanding[ch] >= window:
+                    break
+                index = sent
+                flags, body, buffers = self._encode(
+                    Kind.MAP, (fn, chunks[index], timeout),
+                    lambda i=index: serialize.describe_unpicklable(fn, tuple(chunks[i]), {}),
+                )
+                ch.submit(Kind.MAP, flags, body, buffers,
+                          lambda r, i=index, c=ch: done.put((i, c, r)))
+                outstanding[ch] += 1
+                sent += 1
+            index, ch, result = done.get()
+            outstanding[ch] -= 1
+            try:
+                results[index] = self._decode(result, name, ch.node)
+            except BaseException as exc:
+                if first_error is None or index < first_error[0]:
+                    first_error = (index, exc)
+        if first_error is not None:
+            raise first_error[1]
+        return [value for chunk in results for value in chunk]  # type: ignore[union-attr]
+
+    # -- output ------------------------------------------------------------------------------
+    def _print_output(self, node: int, task: int, stream: int, data: bytes) -> None:
+        text = data.decode("utf-8", "replace")
+        lines = text.splitlines()
+        out = sys.stderr if stream == 2 else sys.stdout
+        prefix = f"[node {node}] "
+        with self._print_lock:
+            try:
+                out.write("".join(prefix + line + "\n" for line in lines))
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _results(futures: list[Future[T]]) -> list[T]:
+    """Wait for all; then raise the first error in order, or return the values."""
+    for f in futures:
+        f.exception()  # waits; do not leave tasks running unobserved when an early one fails
+    return [f.result() for f in futures]

@@ -1,0 +1,1 @@
+"""Helpers used inside running tasks: instance_info, shard, output control."""

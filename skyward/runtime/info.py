@@ -1,0 +1,91 @@
+"""InstanceInfo: where the running task sits in the pool."""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import BaseModel, ConfigDict
+
+from . import context
+
+
+class PeerInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    node: int
+    private_ip: str
+    public_ip: str | None = None
+
+
+class AcceleratorInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    count: float
+    memory_gb: float | None = None
+    is_trainium: bool = False
+
+
+class NetworkInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    interface: str
+    bandwidth_gbps: float | None = None
+
+
+class InstanceInfo(BaseModel):
+    """This worker's place in the pool. ``worker`` indexes worker processes on a node: with the
+    thread executor every task of a node runs in worker 0; with the process executor each
+    process is a worker (``workers_per_node`` = concurrency)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: int
+    worker: int = 0
+    total_nodes: int
+    workers_per_node: int = 1
+    accelerators: float = 0
+    total_accelerators: float = 0
+    head_addr: str
+    head_port: int
+    job_id: str
+    peers: list[PeerInfo]
+    accelerator: AcceleratorInfo | None = None
+    network: NetworkInfo
+
+    @property
+    def global_worker_index(self) -> int:
+        return self.node * self.workers_per_node + self.worker
+
+    @property
+    def total_workers(self) -> int:
+        return self.total_nodes * self.workers_per_node
+
+    @property
+    def is_head(self) -> bool:
+        return self.global_worker_index == 0
+
+    @property
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+
+_cache: tuple[int, InstanceInfo] | None = None
+
+
+def instance_info() -> InstanceInfo:
+    """The InstanceInfo of the task running in this thread (raises outside a task)."""
+    global _cache
+    topo = context.topology()
+    version = context.version()
+    if _cache is None or _cache[0] != version:
+        _cache = (version, InstanceInfo.model_validate(topo))
+    return _cache[1]
+
+
+current_instance_info = instance_info
+
+
+def is_head(info: InstanceInfo | None = None) -> bool:
+    """True on exactly one worker of the pool: node 0, worker 0."""
+    return (info or instance_info()).is_head

@@ -1,0 +1,274 @@
+"""What a pool is made of: Spec, Nodes, Image, PipIndex, Worker and Options.
+
+All frozen dataclasses, validated on construction so that a bad value fails at the line that
+wrote it, with the value, the rule and the next step in the message.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .accelerators import Accelerator
+
+Allocation = Literal["spot-if-available", "spot", "on-demand", "cheapest"]
+Selection = Literal["cheapest", "first"]
+ConsoleMode = Literal["rich", "minimal", "log", "silent"]
+Executor = Literal["auto", "thread", "process"]
+
+_ALLOCATIONS = ("spot-if-available", "spot", "on-demand", "cheapest")
+_ARCHITECTURES = ("x86_64", "arm64")
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r} is not valid: it must be an integer >= {minimum}.")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Nodes:
+    """How many nodes: ``desired`` to run, ``min`` needed before work starts, ``max`` to grow to."""
+
+    desired: int
+    max: int | None = None
+    min: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("Nodes.desired", self.desired)
+        if self.min is not None:
+            _positive_int("Nodes.min", self.min)
+            if self.min > self.desired:
+                raise ConfigError(
+                    f"Nodes(min={self.min}, desired={self.desired}) is not valid: min is how many "
+                    f"nodes must be ready before work starts, so it cannot exceed desired."
+                )
+        if self.max is not None:
+            _positive_int("Nodes.max", self.max)
+            if self.max < self.desired:
+                raise ConfigError(
+                    f"Nodes(desired={self.desired}, max={self.max}) is not valid: max is the "
+                    f"ceiling, so it must be >= desired."
+                )
+
+    @classmethod
+    def of(cls, value: int | tuple[int, int] | Nodes) -> Nodes:
+        if isinstance(value, Nodes):
+            return value
+        if isinstance(value, tuple) and len(value) == 2:
+            return cls(desired=value[0], max=value[1])
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(
+                f"nodes={value!r} is not valid: use an int (nodes=4), a (start, max) tuple "
+                f"(nodes=(2, 8)) or sky.Nodes(desired=..., min=..., max=...)."
+            )
+        if value < 1:
+            raise ConfigError(
+                f"nodes={value} is not valid: a pool needs at least 1 node. Use nodes=1 or more."
+            )
+        return cls(desired=value)
+
+
+@dataclass(frozen=True, slots=True)
+class PipIndex:
+    """An extra package index, used only for the packages listed."""
+
+    url: str
+    packages: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packages", tuple(self.packages))
+        if not self.url.startswith(("http://", "https://", "file://")):
+            raise ConfigError(f"PipIndex(url={self.url!r}) is not valid: the url must start with https://, http:// or file://.")
+
+
+@dataclass(frozen=True, slots=True)
+class Image:
+    """The environment on every node."""
+
+    python: str = "auto"
+    pip: tuple[str, ...] = ()
+    pip_indexes: tuple[PipIndex, ...] = ()
+    apt: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    shell_vars: Mapping[str, str] = field(default_factory=dict)
+    includes: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+    skyward_source: str = "auto"
+    metrics: Any = None
+    bootstrap_timeout: int = 300
+
+    def __post_init__(self) -> None:
+        for name in ("pip", "pip_indexes", "apt", "includes", "excludes"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ConfigError(
+                    f"Image({name}={value!r}) is not valid: {name} is a list of strings. "
+                    f"Write {name}=[{value!r}]."
+                )
+            object.__setattr__(self, name, tuple(value))
+        for name in ("env", "shell_vars"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise ConfigError(f"Image({name}=...) must map strings to strings, got {value!r}.")
+            object.__setattr__(self, name, dict(value))
+        if self.python != "auto" and not _is_version(self.python):
+            raise ConfigError(f"Image(python={self.python!r}) is not valid: use 'auto' or a version such as '3.12'.")
+
+    def __hash__(self) -> int:
+        return hash((self.python, self.pip, self.apt, tuple(sorted(self.env.items())), self.includes))
+
+
+def _is_version(value: str) -> bool:
+    parts = value.split(".")
+    return 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """How a node runs tasks: ``concurrency`` slots, ``buffer`` prefetched tasks, the executor."""
+
+    concurrency: int = 1
+    buffer: int = 0
+    executor: Executor = "auto"
+    reuse_processes: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int("Worker.concurrency", self.concurrency)
+        _positive_int("Worker.buffer", self.buffer, minimum=0)
+        if self.executor not in ("auto", "thread", "process"):
+            raise ConfigError(
+                f"Worker(executor={self.executor!r}) is not valid: use 'thread' (default), "
+                f"'process' (CPU-bound Python, hard timeouts) or 'auto'."
+            )
+
+    @property
+    def resolved_executor(self) -> Literal["thread", "process"]:
+        return "process" if self.executor == "process" else "thread"
+
+    def agent_settings(self) -> dict[str, Any]:
+        """What the agent needs to start this node's worker processes."""
+        if self.resolved_executor == "process":
+            return {"processes": self.concurrency, "threads": 1, "capacity": 1,
+                    "exclusive": True, "reuse": self.reuse_processes}
+        return {"processes": 1, "threads": self.concurrency,
+                "capacity": self.concurrency + self.buffer, "exclusive": False, "reuse": True}
+
+    @property
+    def slots(self) -> int:
+        return self.concurrency + self.buffer
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Operational settings of a pool."""
+
+    selection: Selection = "cheapest"
+    worker: Worker | None = None
+    provision_timeout: int | None = None
+    ssh_timeout: int | None = None
+    bootstrap_timeout: int | None = None
+    provision_retry_delay: float | None = None
+    max_provision_attempts: int | None = None
+    ssh_retry_interval: int | None = None
+    default_compute_timeout: float | None = 300.0
+    autoscale_cooldown: float = 30.0
+    autoscale_idle_timeout: float = 60.0
+    reconcile_tick_interval: float = 15.0
+    shutdown_timeout: float = 120.0
+    console: bool | ConsoleMode = True
+    logging: Any = True
+    cluster: bool | None = None
+    retry_on_interruption: int = 3
+    health_checker: Any = None
+
+    def __post_init__(self) -> None:
+        if self.selection not in ("cheapest", "first"):
+            raise ConfigError(f"Options(selection={self.selection!r}) is not valid: use 'cheapest' or 'first'.")
+        if self.worker is not None and not isinstance(self.worker, Worker):
+            raise ConfigError(f"Options(worker={self.worker!r}) is not valid: pass sky.Worker(...).")
+        if self.default_compute_timeout is not None and self.default_compute_timeout <= 0:
+            raise ConfigError(
+                f"Options(default_compute_timeout={self.default_compute_timeout!r}) is not valid: "
+                f"use a positive number of seconds, or None for no limit."
+            )
+        if self.console not in (True, False, "rich", "minimal", "log", "silent"):
+            raise ConfigError(
+                f"Options(console={self.console!r}) is not valid: use 'rich', 'minimal', 'log', 'silent', True or False."
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What to provision: a provider and the shape of its nodes."""
+
+    provider: Any = None
+    accelerator: Accelerator | str | None = None
+    nodes: int | tuple[int, int] | Nodes = 1
+    vcpus: float | None = None
+    memory_gb: float | None = None
+    disk_gb: int | None = None
+    architecture: Literal["x86_64", "arm64"] | None = None
+    allocation: Allocation = "spot-if-available"
+    image: Image = field(default_factory=Image)
+    region: str | None = None
+    max_hourly_cost: float | None = None
+    ttl: int = 600
+    volumes: tuple[Any, ...] = ()
+    plugins: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.provider is None:
+            from skyward.providers.local import Local
+
+            object.__setattr__(self, "provider", Local())
+        elif not getattr(self.provider, "is_skyward_provider", False):
+            raise ConfigError(
+                f"provider={self.provider!r} is not a provider: use sky.Local(), sky.SSH(...), "
+                f"sky.AWS(...) or sky.GCP(...) (note the parentheses)."
+            )
+        if self.accelerator is not None:
+            from .accelerators import parse
+
+            object.__setattr__(self, "accelerator", parse(self.accelerator))
+        object.__setattr__(self, "nodes", Nodes.of(self.nodes))
+        for name in ("vcpus", "memory_gb", "disk_gb", "max_hourly_cost"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+                raise ConfigError(f"{name}={value!r} is not valid: it must be a positive number.")
+        if self.architecture is not None and self.architecture not in _ARCHITECTURES:
+            raise ConfigError(f"architecture={self.architecture!r} is not valid: use 'x86_64' or 'arm64'.")
+        if self.allocation not in _ALLOCATIONS:
+            raise ConfigError(
+                f"allocation={self.allocation!r} is not valid: use one of {', '.join(map(repr, _ALLOCATIONS))}."
+            )
+        if not isinstance(self.image, Image):
+            raise ConfigError(f"image={self.image!r} is not valid: pass sky.Image(...).")
+        if isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or self.ttl < 0:
+            raise ConfigError(f"ttl={self.ttl!r} is not valid: seconds as an int >= 0 (0 disables the watchdog).")
+        object.__setattr__(self, "volumes", tuple(self.volumes))
+        object.__setattr__(self, "plugins", tuple(self.plugins))
+
+    @property
+    def node_spec(self) -> Nodes:
+        assert isinstance(self.nodes, Nodes)
+        return self.nodes
+
+
+SPEC_FIELDS = tuple(f.name for f in fields(Spec))
+
+
+def unknown_field_error(name: str, where: str = "sky.Compute") -> ConfigError:
+    close = difflib.get_close_matches(name, [*SPEC_FIELDS, "options", "worker", "name"], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(
+        f"{where}() got an unexpected keyword {name!r}.{hint} Spec fields are: "
+        f"{', '.join(SPEC_FIELDS)}; pool settings go in options=sky.Options(...)."
+    )

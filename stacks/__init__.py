@@ -1,0 +1,1 @@
+"""Pulumi stacks for cloud pools (arrives with the stacks issue)."""

@@ -130,7 +130,7 @@ class Agent:
         reader, writer = FrameReader(sock), FrameWriter(sock)
         try:
             hello = reader.read()
-            info = json.loads(hello.body) if hello.kind == Kind.HELLO else {}
+            info = json.loads(bytes(hello.body)) if hello.kind == Kind.HELLO else {}
             if not hmac.compare_digest(str(info.get("token", "")).encode(), self.token):
                 _log("refused a connection with a wrong token")
                 _close(sock)
@@ -159,7 +159,7 @@ class Agent:
                 if frame.kind in (Kind.TASK, Kind.MAP):
                     self._submit(conn, frame)
                 elif frame.kind == Kind.CONFIGURE:
-                    self._configure(json.loads(frame.body))
+                    self._configure(json.loads(bytes(frame.body)))
                 elif frame.kind == Kind.SHUTDOWN:
                     self.shutdown("the client asked")
                     return
@@ -274,6 +274,11 @@ class Agent:
                 if route is not None:
                     self._reply(route, frame)
                 self._send(sends)
+            elif frame.kind == Kind.SHUTDOWN:  # the worker is about to exit on purpose
+                with self.lock:
+                    if not w.retiring and not self.stopping.is_set():
+                        w.retiring = True
+                        self.workers[self.workers.index(w)] = self._spawn(w.index)
             elif frame.kind == Kind.OUTPUT:
                 route = self.routes.get(frame.task_id) if frame.task_id else None
                 if route is not None:

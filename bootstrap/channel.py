@@ -35,6 +35,7 @@ class NodeChannel:
         self.node = node
         self.label = label or f"node {node}"
         self._sock = sock
+        sock.settimeout(None)  # connect timeouts must not turn into idle timeouts
         tune(sock)
         self._reader = FrameReader(sock)
         self._writer = FrameWriter(sock)
@@ -56,7 +57,7 @@ class NodeChannel:
             ) from exc
         if welcome.kind != Kind.WELCOME:
             raise ProtocolError(f"expected WELCOME from {self.label}, got frame kind {welcome.kind}")
-        self.facts: dict[str, Any] = json.loads(welcome.body)
+        self.facts: dict[str, Any] = json.loads(bytes(welcome.body))
         self._thread = threading.Thread(target=self._read_loop, name=f"skyward-{self.label}", daemon=True)
         self._thread.start()
 

@@ -124,7 +124,7 @@ class Worker:
 
     # -- main loop ---------------------------------------------------------------------------
     def serve(self) -> None:
-        sys.stdout, sys.stderr = self.streams  # type: ignore[assignment]
+        sys.stdout, sys.stderr = self.streams
         for _ in range(self.threads):
             self._start_slot()
         threading.Thread(target=self._watchdog, name="skyward-watchdog", daemon=True).start()
@@ -136,7 +136,7 @@ class Worker:
             if frame.kind in (Kind.TASK, Kind.MAP):
                 self.queue.put(frame)
             elif frame.kind == Kind.CONFIGURE:
-                context.configure(json.loads(frame.body)["topology"])
+                context.configure(json.loads(bytes(frame.body))["topology"])
             elif frame.kind == Kind.SHUTDOWN:
                 for s in self.streams:
                     s.flush_task(0)
@@ -243,10 +243,13 @@ class Worker:
                 f"was cancelled there. Raise the limit with @sky.function(timeout=...) or "
                 f"pending.with_timeout(seconds), or Options(default_compute_timeout=...)."
             )
-            self._send_result(entry.task_id, serialize.dumps_error(err, tb_text=""))
             if self.exclusive:
-                # Process executor: this process exists for this task; the agent starts a new one.
+                # Process executor: the only sure way to stop the task is to end this process.
+                # Tell the agent first, so it starts a replacement and sends nothing more here.
+                self.writer.send_parts(Kind.SHUTDOWN, 0, 0, b"")
+                self._send_result(entry.task_id, serialize.dumps_error(err, tb_text=""))
                 os._exit(75)
+            self._send_result(entry.task_id, serialize.dumps_error(err, tb_text=""))
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(entry.ident), ctypes.py_object(TaskTimeoutError)
             )
@@ -279,7 +282,7 @@ def main() -> None:
     first = worker.reader.read()
     if first.kind != Kind.CONFIGURE:
         raise SystemExit("skyward worker: expected CONFIGURE first")
-    context.configure(json.loads(first.body)["topology"])
+    context.configure(json.loads(bytes(first.body))["topology"])
     worker.serve()
 
 

@@ -8,6 +8,7 @@ cached overlay that goes first on the nodes' PYTHONPATH.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -164,7 +165,7 @@ class LocalCluster(Cluster):
                     private_ip="127.0.0.1",
                     public_ip=None,
                     hostname=socket.gethostname(),
-                    connect=lambda port=port: socket.create_connection(("127.0.0.1", port), timeout=10),
+                    connect=functools.partial(socket.create_connection, ("127.0.0.1", port), 10),
                 )
             )
         return endpoints
@@ -175,10 +176,11 @@ class LocalCluster(Cluster):
         env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
         cmd = [sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", str(self._ttl),
                "--log", str(node_dir / "agent.log")]
-        proc = subprocess.Popen(
-            cmd, cwd=node_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=open(node_dir / "agent.log", "ab"), start_new_session=True,
-        )
+        with open(node_dir / "agent.log", "ab") as log_file:
+            proc = subprocess.Popen(
+                cmd, cwd=node_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=log_file, start_new_session=True,
+            )
         self._procs[index] = proc
         return proc
 

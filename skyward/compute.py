@@ -6,7 +6,6 @@ import logging
 import signal
 import threading
 import warnings
-
 from types import FrameType
 from typing import Any
 

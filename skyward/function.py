@@ -78,7 +78,7 @@ class PendingFunction(Generic[T]):
     def __matmul__(self, target: Any) -> list[T]:
         return resolve_pool(target, "@").broadcast(self)
 
-    def __gt__(self, target: Any) -> Future[T]:  # type: ignore[override]
+    def __gt__(self, target: Any) -> Future[T]:
         return resolve_pool(target, ">").run_async(self)
 
     def __and__(self, other: Any) -> PendingFunctionGroup:
@@ -147,14 +147,16 @@ def gather(*pendings: PendingFunction[Any], stream: bool = False, ordered: bool 
 class RemoteFunction(Generic[P, T]):
     """What ``@sky.function`` returns: calling it captures a PendingFunction."""
 
+    fn: Callable[P, T]
+
     def __init__(self, fn: Callable[P, T], *, timeout: float | None = None) -> None:
         if isinstance(fn, RemoteFunction):
             fn = fn.fn
         if not callable(fn):
             raise ConfigError(f"@sky.function needs a function, got {fn!r}.")
+        functools.update_wrapper(self, fn)  # first: it copies fn.__dict__ over ours
         self.fn = fn
         self.timeout = _check_timeout(timeout)
-        functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> PendingFunction[T]:
         return PendingFunction(self.fn, args, kwargs, self.timeout)

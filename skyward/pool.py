@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import logging
 import math
@@ -120,6 +121,7 @@ class Pool:
 
     def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:
         acc = self.spec.accelerator
+        assert acc is None or not isinstance(acc, str)  # Spec converts strings
         count = float(getattr(acc, "count", 0) or 0)
         return {
             "node": position,
@@ -240,11 +242,11 @@ class Pool:
         if outcome[0] == "ok":
             return outcome[1]
         if outcome[0] == "err":
-            exc, tb_text = outcome[1], outcome[2]
-            if tb_text:
-                exc.__cause__ = RemoteTraceback(tb_text)
-            exc.add_note(f"(raised by {name} on node {node})")
-            raise exc
+            remote: BaseException = outcome[1]
+            if outcome[2]:
+                remote.__cause__ = RemoteTraceback(outcome[2])
+            remote.add_note(f"(raised by {name} on node {node})")
+            raise remote
         _, type_name, message, tb_text = outcome
         raise RemoteError(type_name, message, tb_text)
 
@@ -308,18 +310,17 @@ class Pool:
         first_error: tuple[int, BaseException] | None = None
         sent = 0
 
-        while sent < len(chunks) or any(outstanding.values()):
+        while any(outstanding.values()) or (sent < len(chunks) and first_error is None):
             while sent < len(chunks) and first_error is None:
                 ch = min(outstanding, key=outstanding.__getitem__)
                 if outstanding[ch] >= window:
                     break
-                index = sent
+                chunk = chunks[sent]
                 flags, body, buffers = self._encode(
-                    Kind.MAP, (fn, chunks[index], timeout),
-                    lambda i=index: serialize.describe_unpicklable(fn, tuple(chunks[i]), {}),
+                    Kind.MAP, (fn, chunk, timeout),
+                    functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
-                ch.submit(Kind.MAP, flags, body, buffers,
-                          lambda r, i=index, c=ch: done.put((i, c, r)))
+                ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
                 outstanding[ch] += 1
                 sent += 1
             index, ch, result = done.get()
@@ -345,6 +346,10 @@ class Pool:
                 out.flush()
             except (OSError, ValueError):
                 pass
+
+
+def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) -> None:
+    q.put((index, ch, result))
 
 
 def _results(futures: list[Future[T]]) -> list[T]:

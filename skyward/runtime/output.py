@@ -23,57 +23,75 @@ Only = Literal["head"] | Callable[[Any], bool]
 STDOUT, STDERR = 1, 2
 
 
-def _predicate(only: Only) -> Callable[[], bool]:
+def _check_only(only: Only) -> None:
     if only != "head" and not callable(only):
         raise ConfigError(
             f"only={only!r} is not valid: pass 'head' or a function taking an InstanceInfo and "
             f"returning True for the workers that should print (e.g. lambda i: i.node < 2)."
         )
 
-    def keep() -> bool:
+
+class _Filtered:
+    """A task function whose stdout/stderr is kept only on some workers.
+
+    A module-level class (not a closure) so that it pickles by reference, with the wrapped
+    function and the predicate as its state.
+    """
+
+    def __init__(self, fn: Callable[..., Any], streams: tuple[str, ...], only: Only) -> None:
+        functools.update_wrapper(self, fn)  # first: it copies fn.__dict__ over ours
+        self.fn = fn
+        self.streams = streams
+        self.only = only
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not context.on_node():
+            return self.fn(*args, **kwargs)
         from .info import instance_info  # pydantic loads on the node, not on the client
 
         info = instance_info()
-        return info.is_head if only == "head" else bool(only(info))  # type: ignore[operator]
+        keep = info.is_head if self.only == "head" else bool(self.only(info))
+        tokens = [(var, var.set(not keep)) for var in self._vars()]
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            for var, token in reversed(tokens):
+                var.reset(token)
 
-    return keep
+    def _vars(self) -> list[Any]:
+        return [context.suppress_stdout if s == "stdout" else context.suppress_stderr for s in self.streams]
 
 
-def _filter(var: Any, only: Only) -> Callable[[F], F]:
-    keep = _predicate(only)
+def _filter(streams: tuple[str, ...], only: Only) -> Callable[[F], F]:
+    _check_only(only)
 
     def decorate(fn: F) -> F:
-        target = getattr(fn, "fn", fn)  # accept both orders of @sky.function and this
+        from skyward.function import RemoteFunction
 
-        @functools.wraps(target)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            token = var.set(not keep()) if context.on_node() else None
-            try:
-                return target(*args, **kwargs)
-            finally:
-                if token is not None:
-                    var.reset(token)
-
-        if target is not fn:  # decorated a RemoteFunction: rebuild it around the wrapper
-            return type(fn)(wrapper, timeout=fn.timeout)  # type: ignore[attr-defined, no-any-return]
-        return wrapper  # type: ignore[return-value]
+        if isinstance(fn, RemoteFunction):  # accept both orders of @sky.function and this
+            return RemoteFunction(_Filtered(fn.fn, streams, only), timeout=fn.timeout)  # type: ignore[return-value]
+        return _Filtered(fn, streams, only)  # type: ignore[return-value]
 
     return decorate
 
 
 def stdout(only: Only = "head") -> Callable[[F], F]:
     """Keep a task's stdout only on the workers selected by ``only``."""
-    return _filter(context.suppress_stdout, only)
+    return _filter(("stdout",), only)
 
 
 def stderr(only: Only = "head") -> Callable[[F], F]:
     """Keep a task's stderr only on the workers selected by ``only``."""
-    return _filter(context.suppress_stderr, only)
+    return _filter(("stderr",), only)
 
 
 def silent(fn: F) -> F:
     """Silence both streams of a task on every worker."""
-    return stdout(lambda _i: False)(stderr(lambda _i: False)(fn))
+    return _filter(("stdout", "stderr"), _never)(fn)
+
+
+def _never(_info: Any) -> bool:
+    return False
 
 
 class CallbackWriter(io.TextIOBase):

@@ -1,0 +1,647 @@
+"""Skyward benchmarks: a 2-node sky.Compute pool against ProcessPoolExecutor and joblib/loky.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--only NAME[,NAME...]] [--json PATH]
+
+Benchmarks (see benchmarks/README.md): roundtrip, map, array, cpu. Every system runs the same
+task functions (benchmarks/_work.py) with 2 workers, in the same run, one after the other;
+each system gets a warm-up before it is timed and is shut down before the next one starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The task functions must be importable as `_work` here and on the nodes; the Local provider
+# hands this process's sys.path to the nodes, so putting this folder on it is enough.
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import _work  # noqa: E402
+import cloudpickle  # noqa: E402
+import joblib  # noqa: E402
+import numpy as np  # noqa: E402
+from joblib.externals.loky import get_reusable_executor  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import skyward as sky  # noqa: E402
+
+WORKERS = 2
+BENCHMARKS = ("roundtrip", "map", "array", "cpu")
+SKY, PPE, LOKY, JOBLIB, SERIAL = "skyward", "PPE", "loky", "joblib/loky", "serial"
+
+sky_noop = sky.function(_work.noop)
+sky_noop1 = sky.function(_work.noop1)
+sky_nbytes = sky.function(_work.nbytes)
+sky_echo = sky.function(_work.echo)
+sky_make = sky.function(_work.make)
+sky_prepare = sky.function(_work.prepare)
+sky_pi = sky.function(_work.pi_count)
+
+
+@sky.function
+def noop_here() -> None:
+    """A no-op defined in this script: when it runs as __main__, cloudpickle ships it by value
+    on every call (what a function defined in a user's script costs)."""
+    return None
+
+
+err = Console(stderr=True, highlight=False)
+
+
+# -- settings -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Settings:
+    roundtrip_calls: int  # timed calls per system
+    roundtrip_warmup: int
+    map_items: int
+    map_reps: int
+    map_chunk1_items: int  # PPE with its default chunksize=1 is slow: fewer items
+    array_floats: int  # float64 elements: 25_000_000 = 200 MB
+    array_reps: int
+    cpu_tasks: int
+    cpu_task_seconds: float
+    cpu_reps: int
+
+
+FULL = Settings(
+    roundtrip_calls=2000, roundtrip_warmup=200,
+    map_items=100_000, map_reps=5, map_chunk1_items=10_000,
+    array_floats=25_000_000, array_reps=5,
+    cpu_tasks=16, cpu_task_seconds=0.2, cpu_reps=3,
+)
+QUICK = Settings(
+    roundtrip_calls=500, roundtrip_warmup=100,
+    map_items=20_000, map_reps=3, map_chunk1_items=2_000,
+    array_floats=6_250_000, array_reps=3,
+    cpu_tasks=8, cpu_task_seconds=0.1, cpu_reps=2,
+)
+
+# Targets for skyward (the figure each skyward row is judged against).
+TARGET_ROUNDTRIP_MS = 0.5
+TARGET_MAP_ITEMS_S = 20_000
+TARGET_ARRAY_GB_S = 1.0
+TARGET_CPU_OVERHEAD = 1.10  # wall time <= 1.10 x ideal (serial time / 2 workers)
+
+
+# -- results --------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = (len(data) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+@dataclass
+class Row:
+    bench: str
+    case: str
+    system: str
+    unit: str  # "ms", "items/s", "GB/s", "s"
+    median: float
+    p90: float | None  # the slow tail (90th percentile of time), in the same unit
+    higher_is_better: bool
+    target: float | None = None
+    note: str = ""
+    times_s: list[float] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool | None:
+        if self.target is None:
+            return None
+        return self.median >= self.target if self.higher_is_better else self.median <= self.target
+
+
+def row_from_times(
+    bench: str, case: str, system: str, times: list[float], *, unit: str,
+    amount: float = 1.0, target: float | None = None, note: str = "", p90: bool = True,
+) -> Row:
+    """Summarise timings (seconds): 'ms' and 's' report time, rates report amount / time."""
+    higher = unit not in ("ms", "s")
+
+    def convert(t: float) -> float:
+        if unit == "ms":
+            return t * 1e3
+        if unit == "s":
+            return t
+        return amount / t
+
+    return Row(
+        bench, case, system, unit,
+        median=convert(percentile(times, 50)),
+        p90=convert(percentile(times, 90)) if p90 and len(times) > 1 else None,
+        higher_is_better=higher, target=target, note=note, times_s=list(times),
+    )
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{value:.3f} ms"
+    if unit == "items/s":
+        return f"{value:,.0f} items/s"
+    if unit == "GB/s":
+        return f"{value:.2f} GB/s"
+    return f"{value:.2f} s"
+
+
+def fmt_target(row: Row) -> str:
+    if row.target is None:
+        return ""
+    return ("≥ " if row.higher_is_better else "≤ ") + fmt(row.target, row.unit)
+
+
+# -- helpers --------------------------------------------------------------------------------
+def status(message: str) -> None:
+    err.print(f"[dim]· {message}[/dim]")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def repeat(fn: Callable[[], Any], reps: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    return [timed(fn) for _ in range(reps)]
+
+
+def latencies(call: Callable[[], Any], n: int) -> list[float]:
+    out = [0.0] * n
+    clock = time.perf_counter
+    for i in range(n):
+        start = clock()
+        call()
+        out[i] = clock() - start
+    return out
+
+
+@contextmanager
+def skyward_pool(startup: list[float]) -> Iterator[Any]:
+    start = time.perf_counter()
+    with sky.Compute(nodes=WORKERS) as pool:
+        startup.append(time.perf_counter() - start)
+        yield pool
+
+
+@contextmanager
+def loky_executor() -> Iterator[Any]:
+    ex = get_reusable_executor(max_workers=WORKERS)
+    try:
+        yield ex
+    finally:
+        ex.shutdown(wait=True)
+
+
+def shutdown_joblib() -> None:
+    """joblib.Parallel keeps loky's reusable executor alive between calls; stop it."""
+    from joblib.externals.loky import reusable_executor
+
+    ex = getattr(reusable_executor, "_executor", None)
+    if ex is not None:
+        ex.shutdown(wait=True)
+
+
+# -- benchmarks -----------------------------------------------------------------------------
+def bench_roundtrip(s: Settings, startup: list[float]) -> list[Row]:
+    n, warm = s.roundtrip_calls, s.roundtrip_warmup
+    case = "no-op call, sequential"
+    note = f"{n:,} calls"
+    rows = []
+
+    status(f"roundtrip: {SKY}, {n:,} x `noop() >> pool`")
+    by_value: list[float] = []
+    with skyward_pool(startup) as pool:
+        latencies(lambda: sky_noop() >> pool, warm)
+        times = latencies(lambda: sky_noop() >> pool, n)
+        if noop_here.fn.__module__ == "__main__":
+            status(f"roundtrip: {SKY}, {n:,} x `noop_here() >> pool` (defined in __main__)")
+            latencies(lambda: noop_here() >> pool, warm)
+            by_value = latencies(lambda: noop_here() >> pool, n)
+    rows.append(row_from_times("roundtrip", case, SKY, times, unit="ms",
+                               target=TARGET_ROUNDTRIP_MS, note=note))
+
+    status(f"roundtrip: {PPE}, {n:,} x `ex.submit(noop).result()`")
+    with ProcessPoolExecutor(max_workers=WORKERS) as ex:
+        latencies(lambda: ex.submit(_work.noop).result(), warm)
+        times = latencies(lambda: ex.submit(_work.noop).result(), n)
+    rows.append(row_from_times("roundtrip", case, PPE, times, unit="ms", note=note))
+
+    status(f"roundtrip: {LOKY}, {n:,} x `ex.submit(noop).result()` (reusable executor)")
+    with loky_executor() as ex:
+        latencies(lambda: ex.submit(_work.noop).result(), warm)
+        times = latencies(lambda: ex.submit(_work.noop).result(), n)
+    rows.append(row_from_times("roundtrip", case, LOKY, times, unit="ms", note=note))
+    if by_value:
+        rows.append(row_from_times(
+            "roundtrip", "no-op from __main__ (pickled by value)", SKY, by_value, unit="ms",
+            note=f"{n:,} calls; skyward only, not judged",
+        ))
+    return rows
+
+
+def bench_map(s: Settings, startup: list[float]) -> list[Row]:
+    n, reps = s.map_items, s.map_reps
+    items = list(range(n))
+    case = "noop1 over range(N)"
+    rows = []
+
+    def check(result: list[Any], size: int) -> None:
+        if len(result) != size or result[:3] != [0, 1, 2] or result[-1] != size - 1:
+            raise AssertionError("map returned wrong results")
+
+    status(f"map: {SKY}, pool.map(noop1, range({n:,})) x {reps}")
+    with skyward_pool(startup) as pool:
+        check(pool.map(sky_noop1, items), n)
+        times = repeat(lambda: pool.map(sky_noop1, items), reps)
+    rows.append(row_from_times("map", case, SKY, times, unit="items/s", amount=n,
+                               target=TARGET_MAP_ITEMS_S,
+                               note=f"N={n:,}, chunksize auto"))
+
+    status(f"map: {PPE}, ex.map(noop1, range({n:,}), chunksize=1024) x {reps}")
+    with ProcessPoolExecutor(max_workers=WORKERS) as ex:
+        check(list(ex.map(_work.noop1, items, chunksize=1024)), n)
+        times = repeat(lambda: list(ex.map(_work.noop1, items, chunksize=1024)), reps)
+        rows.append(row_from_times("map", case, PPE, times, unit="items/s", amount=n,
+                                   note=f"N={n:,}, chunksize=1024"))
+
+        small = items[: s.map_chunk1_items]
+        m = len(small)
+        status(f"map: {PPE}, ex.map(noop1, range({m:,})) (default chunksize=1) x {reps}")
+        check(list(ex.map(_work.noop1, small)), m)
+        times = repeat(lambda: list(ex.map(_work.noop1, small)), reps, warmup=0)
+        rows.append(row_from_times("map", case, PPE, times, unit="items/s", amount=m,
+                                   note=f"N={m:,}, chunksize=1 (default)"))
+
+    status(f"map: {JOBLIB}, Parallel(n_jobs=2, batch_size='auto') over {n:,} x {reps}")
+
+    def run_joblib() -> list[Any]:
+        par = joblib.Parallel(n_jobs=WORKERS, backend="loky", batch_size="auto")
+        return par(joblib.delayed(_work.noop1)(i) for i in items)
+
+    try:
+        check(run_joblib(), n)
+        times = repeat(run_joblib, reps, warmup=0)
+    finally:
+        shutdown_joblib()
+    rows.append(row_from_times("map", case, JOBLIB, times, unit="items/s", amount=n,
+                               note=f"N={n:,}, batch_size=auto"))
+    return rows
+
+
+def bench_array(s: Settings, startup: list[float]) -> list[Row]:
+    n, reps = s.array_floats, s.array_reps
+    arr = np.random.default_rng(12345).random(n)
+    size = arr.nbytes
+    mb = f"{size / 1e6:,.0f} MB float64"
+    rows: list[Row] = []
+
+    def measure(system: str, submit: Callable[..., Any], prepare: Callable[[], None]) -> None:
+        prepare()  # every worker makes and caches its array for `make`
+        sent = submit(_work.echo, arr)
+        if not np.array_equal(sent, arr):
+            raise AssertionError(f"{system}: echo returned a different array")
+        if submit(_work.nbytes, arr) != size or submit(_work.make, n).shape != (n,):
+            raise AssertionError(f"{system}: wrong array results")
+        del sent
+        cases = [
+            ("send: arg -> node, tiny result", size, lambda: submit(_work.nbytes, arr)),
+            ("receive: node -> client, tiny arg", size, lambda: submit(_work.make, n)),
+            ("echo: both ways", 2 * size, lambda: submit(_work.echo, arr)),
+        ]
+        for case, moved, fn in cases:
+            status(f"array: {system}, {case.split(':')[0]} x {reps}")
+            times = repeat(fn, reps)
+            rows.append(row_from_times(
+                "array", case, system, times, unit="GB/s", amount=moved / 1e9,
+                target=TARGET_ARRAY_GB_S if system == SKY else None,
+                note=mb + (", bytes both ways / time" if moved != size else ""),
+            ))
+
+    with skyward_pool(startup) as pool:
+        funcs = {_work.echo: sky_echo, _work.nbytes: sky_nbytes, _work.make: sky_make}
+        measure(
+            SKY,
+            lambda fn, *args: funcs[fn](*args) >> pool,
+            lambda: sky_prepare(n) @ pool,
+        )
+
+    def executor_prepare(ex: Any) -> Callable[[], None]:
+        # Two concurrent calls that hold their worker for a moment land on both workers.
+        return lambda: [f.result() for f in [ex.submit(_work.prepare, n, 0.5) for _ in range(WORKERS)]]
+
+    with ProcessPoolExecutor(max_workers=WORKERS) as ex:
+        measure(PPE, lambda fn, *args: ex.submit(fn, *args).result(), executor_prepare(ex))
+    with loky_executor() as ex:
+        measure(LOKY, lambda fn, *args: ex.submit(fn, *args).result(), executor_prepare(ex))
+
+    status(f"array: reference, raw loopback TCP (one hop, two threads) x {reps}")
+    times = loopback_times(arr, reps)
+    rows.append(row_from_times(
+        "array", "reference: raw loopback TCP, 1 hop", "socket", times, unit="GB/s",
+        amount=size / 1e9, note=mb + "; sendall -> recv_into: one copy",
+    ))
+    return rows
+
+
+def loopback_times(arr: np.ndarray, reps: int) -> list[float]:
+    """Seconds to push arr's bytes once through a loopback TCP connection (4 MiB buffers)."""
+    data = memoryview(arr).cast("B")
+    n = data.nbytes
+    listener = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    listener.close()
+    for sock in (a, b):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
+
+    def receive() -> None:
+        out = memoryview(bytearray(n))
+        got = 0
+        while got < n:
+            got += b.recv_into(out[got:], n - got)
+
+    def once() -> None:
+        reader = threading.Thread(target=receive)
+        reader.start()
+        a.sendall(data)
+        reader.join()
+
+    try:
+        return repeat(once, reps)
+    finally:
+        a.close()
+        b.close()
+
+
+def bench_cpu(s: Settings, startup: list[float]) -> list[Row]:
+    # Calibrate the samples per task so that one task takes about cpu_task_seconds here.
+    probe = 200_000
+    per_sample = min(timed(lambda: _work.pi_count((0, probe))) for _ in range(3)) / probe
+    samples = max(1000, int(s.cpu_task_seconds / per_sample))
+    tasks = [(seed, samples) for seed in range(s.cpu_tasks)]
+    warm = [(seed, 1000) for seed in range(WORKERS * 2)]
+    reps = s.cpu_reps
+    case = f"{s.cpu_tasks} x ~{s.cpu_task_seconds:g} s Monte Carlo pi"
+    rows: list[Row] = []
+
+    status(f"cpu: {SERIAL}, {s.cpu_tasks} tasks of {samples:,} samples in this process")
+    expected: list[int] = []
+    serial = timed(lambda: expected.extend(_work.pi_count(t) for t in tasks))
+    ideal = serial / WORKERS
+    pi = 4 * sum(expected) / (samples * len(tasks))
+    rows.append(row_from_times("cpu", case, SERIAL, [serial], unit="s",
+                               note=f"1 run; ideal on 2 workers = {ideal:.2f} s; pi ~ {pi:.4f}"))
+
+    def check(system: str, result: list[int]) -> None:
+        if list(result) != expected:
+            raise AssertionError(f"{system}: pi counts differ from the serial run")
+
+    def add(system: str, times: list[float], note: str) -> None:
+        eff = ideal / percentile(times, 50)
+        rows.append(row_from_times(
+            "cpu", case, system, times, unit="s",
+            target=ideal * TARGET_CPU_OVERHEAD if system == SKY else None,
+            note=f"{note}; {eff:.0%} of ideal",
+        ))
+
+    status(f"cpu: {SKY}, pool.map(pi_count, tasks) x {reps}")
+    with skyward_pool(startup) as pool:
+        pool.map(sky_pi, warm)
+        check(SKY, pool.map(sky_pi, tasks))
+        times = repeat(lambda: pool.map(sky_pi, tasks), reps, warmup=0)
+    add(SKY, times, "chunksize auto")
+
+    status(f"cpu: {PPE}, ex.map(pi_count, tasks) x {reps}")
+    with ProcessPoolExecutor(max_workers=WORKERS) as ex:
+        list(ex.map(_work.pi_count, warm))
+        check(PPE, list(ex.map(_work.pi_count, tasks)))
+        times = repeat(lambda: list(ex.map(_work.pi_count, tasks)), reps, warmup=0)
+    add(PPE, times, "chunksize=1")
+
+    status(f"cpu: {JOBLIB}, Parallel(n_jobs=2)(delayed(pi_count)(t) ...) x {reps}")
+
+    def run_joblib(work: list[tuple[int, int]]) -> list[int]:
+        par = joblib.Parallel(n_jobs=WORKERS, backend="loky")
+        return par(joblib.delayed(_work.pi_count)(t) for t in work)
+
+    try:
+        run_joblib(warm)
+        check(JOBLIB, run_joblib(tasks))
+        times = repeat(lambda: run_joblib(tasks), reps, warmup=0)
+    finally:
+        shutdown_joblib()
+    add(JOBLIB, times, "batch_size=auto")
+    return rows
+
+
+RUNNERS: dict[str, Callable[[Settings, list[float]], list[Row]]] = {
+    "roundtrip": bench_roundtrip,
+    "map": bench_map,
+    "array": bench_array,
+    "cpu": bench_cpu,
+}
+
+
+# -- report ---------------------------------------------------------------------------------
+def machine_info() -> dict[str, Any]:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "cpu_model": _cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "joblib": joblib.__version__,
+        "cloudpickle": cloudpickle.__version__,
+        "skyward": sky.__version__,
+        "ppe_start_method": multiprocessing.get_context().get_start_method(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def speedup(row: Row, sky_row: Row | None) -> str:
+    """How many times faster skyward is than this row (same benchmark and case)."""
+    if sky_row is None or row is sky_row or row.system == SERIAL:
+        return ""
+    if row.higher_is_better:
+        ratio = sky_row.median / row.median
+    else:
+        ratio = row.median / sky_row.median
+    return f"{ratio:.2f}x"
+
+
+def print_report(console: Console, info: dict[str, Any], mode: str, rows: list[Row],
+                 startup: list[float], elapsed: float) -> None:
+    console.print(
+        f"[bold]skyward {info['skyward']} benchmarks[/bold] ({mode}): "
+        f"{WORKERS}-node sky.Compute (Local) vs ProcessPoolExecutor({WORKERS}) vs joblib/loky({WORKERS})"
+    )
+    console.print(
+        f"CPUs: {info['cpu_count']} ({info['cpus_usable']} usable), {info['cpu_model']} | "
+        f"Python {info['python']} | numpy {info['numpy']} | joblib {info['joblib']} | "
+        f"cloudpickle {info['cloudpickle']} | PPE start method: {info['ppe_start_method']}"
+    )
+    load = ", ".join(f"{x:.2f}" for x in info["load_average_at_start"])
+    console.print(f"{info['platform']} | load average at start: {load}")
+
+    table = Table(show_lines=False, header_style="bold")
+    for name, justify in [("Benchmark", "left"), ("Case", "left"), ("System", "left"),
+                          ("Median", "right"), ("p90 (slow tail)", "right"),
+                          ("Target", "right"), ("Result", "center"),
+                          ("skyward is", "right"), ("Notes", "left")]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    previous: tuple[str, str] | None = None
+    for row in rows:
+        key = (row.bench, row.case)
+        sky_row = next((r for r in rows if (r.bench, r.case) == key and r.system == SKY), None)
+        if previous is not None and previous[0] != row.bench:
+            table.add_section()
+        passed = row.passed
+        result = "" if passed is None else ("[green]PASS[/green]" if passed else "[red]MISS[/red]")
+        table.add_row(
+            row.bench if previous is None or previous[0] != row.bench else "",
+            row.case if previous != key else "",
+            f"[bold]{row.system}[/bold]" if row.system == SKY else row.system,
+            fmt(row.median, row.unit),
+            fmt(row.p90, row.unit),
+            fmt_target(row),
+            result,
+            speedup(row, sky_row),
+            row.note,
+        )
+        previous = key
+    console.print(table)
+    judged = [r for r in rows if r.passed is not None]
+    met = sum(1 for r in judged if r.passed)
+    console.print(
+        "Medians over the timed repetitions after a warm-up; p90 is the 90th percentile of the "
+        "time (for rates: the rate at that time). 'skyward is' = how many times faster skyward "
+        "is than that row (same case). GB = 1e9 bytes."
+    )
+    if startup:
+        console.print(
+            f"skyward pool start-up ({WORKERS} Local nodes, not in any figure): median "
+            f"{percentile(startup, 50):.2f} s over {len(startup)} pools."
+        )
+    console.print(f"Targets met: {met}/{len(judged)}. Total time: {elapsed:.1f} s.")
+
+
+def stray_children() -> list[str]:
+    """Processes still parented by this one (there should be none once everything closed)."""
+    me = str(os.getpid())
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name_end = text.rfind(")")
+        fields = text[name_end + 2 :].split()
+        if len(fields) < 2 or fields[1] != me or fields[0] == "Z":
+            continue
+        try:
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if "resource_tracker" not in cmd:  # those exit with this process, by design
+            found.append(f"{stat.parent.name} ({cmd[:80]})")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    parser.add_argument("--only", metavar="NAME", action="append",
+                        help=f"run only these benchmarks ({', '.join(BENCHMARKS)}); "
+                             f"repeat or comma-separate")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+
+    selected = list(BENCHMARKS)
+    if args.only:
+        wanted = [name.strip() for item in args.only for name in item.split(",") if name.strip()]
+        unknown = [name for name in wanted if name not in BENCHMARKS]
+        if unknown:
+            parser.error(f"unknown benchmark(s): {', '.join(unknown)}; choose from "
+                         f"{', '.join(BENCHMARKS)}")
+        selected = [name for name in BENCHMARKS if name in wanted]
+
+    settings = QUICK if args.quick else FULL
+    mode = "quick" if args.quick else "full"
+    info = machine_info()
+    console = Console(width=None if sys.stdout.isatty() else 200)
+
+    start = time.perf_counter()
+    rows: list[Row] = []
+    startup: list[float] = []
+    for name in selected:
+        rows.extend(RUNNERS[name](settings, startup))
+    elapsed = time.perf_counter() - start
+
+    print_report(console, info, mode, rows, startup, elapsed)
+
+    leftover = stray_children()
+    if leftover:
+        err.print(f"[yellow]warning: child processes still running: {', '.join(leftover)}[/yellow]")
+
+    if args.json:
+        payload = {
+            "mode": mode,
+            "machine": info,
+            "settings": asdict(settings),
+            "targets": {
+                "roundtrip_ms": TARGET_ROUNDTRIP_MS,
+                "map_items_per_s": TARGET_MAP_ITEMS_S,
+                "array_gb_per_s": TARGET_ARRAY_GB_S,
+                "cpu_wall_vs_ideal": TARGET_CPU_OVERHEAD,
+            },
+            "skyward_startup_s": startup,
+            "elapsed_s": elapsed,
+            "results": [dict(asdict(r), passed=r.passed) for r in rows],
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        err.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from skyward.cli import main
+
+raise SystemExit(main())

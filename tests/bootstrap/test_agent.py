@@ -1,0 +1,82 @@
+"""The agent process on its own: handshake, token check, lease watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from skyward.bootstrap.channel import NodeChannel
+from skyward.errors import ProtocolError
+
+
+def start_agent(ttl: float, token: str = "secret-token") -> tuple[subprocess.Popen[bytes], int]:
+    env = dict(os.environ, SKYWARD_AGENT_TOKEN=token)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", str(ttl)],
+        stdout=subprocess.PIPE, env=env,
+    )
+    assert proc.stdout is not None
+    port = json.loads(proc.stdout.readline())["port"]
+    return proc, port
+
+
+def test_listens_on_loopback_only_and_refuses_a_wrong_token() -> None:
+    proc, port = start_agent(ttl=30)
+    try:
+        with pytest.raises(ProtocolError, match="token"):
+            NodeChannel(socket.create_connection(("127.0.0.1", port)), node=0, token="wrong",
+                        ttl=30, on_output=lambda *a: None)
+        ch = NodeChannel(socket.create_connection(("127.0.0.1", port)), node=0,
+                         token="secret-token", ttl=30, on_output=lambda *a: None)
+        assert ch.facts["pid"] == proc.pid
+        ch.close(shutdown_agent=True)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout if _has_ss() else ""
+    assert f":{port} " not in out
+
+
+def _has_ss() -> bool:
+    return subprocess.run(["sh", "-c", "command -v ss"], capture_output=True).returncode == 0
+
+
+def test_refuses_to_start_without_a_token() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SKYWARD_AGENT_TOKEN"}
+    proc = subprocess.run([sys.executable, "-m", "skyward.bootstrap.agent"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and "SKYWARD_AGENT_TOKEN" in proc.stderr
+
+
+def test_exits_when_nobody_renews_the_lease() -> None:
+    proc, _port = start_agent(ttl=1)
+    start = time.monotonic()
+    try:
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - start < 1 + 2
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_lease_renewed_by_pings_then_expires_after_disconnect() -> None:
+    proc, port = start_agent(ttl=1)
+    try:
+        ch = NodeChannel(socket.create_connection(("127.0.0.1", port)), node=0,
+                         token="secret-token", ttl=1, on_output=lambda *a: None)
+        for _ in range(8):  # 2 s of pings: the agent must stay
+            ch.ping()
+            time.sleep(0.25)
+        assert proc.poll() is None
+        ch.close()
+        assert proc.wait(timeout=5) == 0
+    finally:
+        proc.kill()
+        proc.wait()

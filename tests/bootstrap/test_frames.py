@@ -1,0 +1,96 @@
+"""Frame codec and payload encoding over real socket pairs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from skyward.bootstrap import serialize
+from skyward.bootstrap.frames import Frame, FrameReader, FrameWriter, Kind
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _send_async(writer: FrameWriter, frames: list[Frame]) -> threading.Thread:
+    t = threading.Thread(target=lambda: [writer.send(f) for f in frames])
+    t.start()
+    return t
+
+
+def test_small_and_large_frames_round_trip(pair) -> None:
+    a, b = pair
+    big = os.urandom(3 * 1024 * 1024)
+    frames = [
+        Frame(Kind.TASK, 1, b"hello"),
+        Frame(Kind.RESULT, 2**40, b"", 3, [(False, b"x" * 10), (True, big)]),
+        Frame(Kind.OUTPUT, 7, big),
+        *[Frame(Kind.PING, i, bytes([i % 256]) * i) for i in range(200)],
+    ]
+    t = _send_async(FrameWriter(a), frames)
+    reader = FrameReader(b)
+    got = [reader.read() for _ in frames]
+    t.join()
+    for sent, recv in zip(frames, got, strict=True):
+        assert (recv.kind, recv.task_id, recv.flags) == (sent.kind, sent.task_id, sent.flags)
+        assert bytes(recv.body) == bytes(sent.body)
+        assert [(c, bytes(d)) for c, d in recv.buffers] == [(c, bytes(d)) for c, d in sent.buffers]
+
+
+def test_eof_is_reported(pair) -> None:
+    a, b = pair
+    a.close()
+    with pytest.raises(EOFError):
+        FrameReader(b).read()
+
+
+def test_truncated_frame_is_reported(pair) -> None:
+    a, b = pair
+    FrameWriter(a).send(Frame(Kind.TASK, 1, b"x" * 100))
+    data = b.recv(50)
+    c, d = socket.socketpair()
+    c.sendall(data)
+    c.close()
+    with pytest.raises(EOFError, match="middle"):
+        FrameReader(d).read()
+    d.close()
+
+
+def test_arrays_travel_out_of_band_and_come_back_writable(pair) -> None:
+    a, b = pair
+    arr = np.random.default_rng(0).random(1_000_000)
+    flags, body, buffers = serialize.dumps({"x": arr})
+    assert len(body) < 1000  # the array is not inside the pickle
+    assert len(buffers) == 1 and buffers[0][0] is False  # random floats: not compressed
+    t = _send_async(FrameWriter(a), [Frame(Kind.TASK, 1, body, flags, buffers)])
+    out = serialize.loads_frame(FrameReader(b).read())["x"]
+    t.join()
+    np.testing.assert_array_equal(out, arr)
+    out += 1  # writable
+    small = serialize.loads(*serialize.dumps(np.arange(10)))
+    small += 1
+
+
+def test_compression_only_where_it_pays() -> None:
+    flags, body, buffers = serialize.dumps(np.zeros(1_000_000))
+    assert buffers[0][0] is True and len(buffers[0][1]) < 100_000
+    np.testing.assert_array_equal(serialize.loads(flags, body, buffers), np.zeros(1_000_000))
+    text = "abc" * 100_000
+    flags, body, _ = serialize.dumps(text)
+    assert flags & serialize.FLAG_BODY_LZ4 and len(body) < 50_000
+    assert serialize.loads(flags, body, []) == text
+
+
+def test_describe_unpicklable_names_the_argument() -> None:
+    lock = threading.Lock()
+    assert "positional argument 1" in serialize.describe_unpicklable(len, (1, lock), {})
+    assert "keyword argument 'k'" in serialize.describe_unpicklable(len, (), {"k": lock})

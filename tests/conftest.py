@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import skyward as sky
+
+
+@pytest.fixture(autouse=True, scope="session")
+def skyward_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep the suite's caches and logs out of the real ~/.skyward."""
+    home = tmp_path_factory.mktemp("skyward-home")
+    old = os.environ.get("SKYWARD_HOME")
+    os.environ["SKYWARD_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("SKYWARD_HOME", None)
+    else:
+        os.environ["SKYWARD_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[sky.Pool]:
+    """A 2-node Local pool shared by the tests of one module."""
+    with sky.Compute(nodes=2) as p:
+        yield p
+
+
+def alive(pid: int) -> bool:
+    """True while pid is a running (not zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def kill_all(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass

@@ -1,0 +1,117 @@
+"""The Local provider: environment, includes, overlay installs, working directories."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import skyward as sky
+from skyward.providers.local_env import unsatisfied
+
+
+@sky.function
+def read_env(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+@sky.function
+def use_included() -> str:
+    import shipped_mod  # type: ignore[import-not-found]
+
+    return shipped_mod.VALUE
+
+
+@sky.function
+def import_version(module: str, dist: str) -> str:
+    import importlib
+    import importlib.metadata
+
+    importlib.import_module(module)
+    return importlib.metadata.version(dist)
+
+
+def test_image_env_and_shell_vars() -> None:
+    image = sky.Image(env={"GREETING": "hi"}, shell_vars={"COMPUTED": "echo $((6 * 7))"})
+    with sky.Compute(nodes=2, image=image) as pool:
+        assert read_env("GREETING") @ pool == ["hi", "hi"]
+        assert read_env("COMPUTED") >> pool == "42"
+
+
+def test_includes_are_importable_and_excludes_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    (src / "shipped_mod").mkdir(parents=True)
+    (src / "shipped_mod" / "__init__.py").write_text("VALUE = 'shipped'\n")
+    (src / "shipped_mod" / "secret.key").write_text("do not ship")
+    monkeypatch.chdir(tmp_path)
+
+    @sky.function
+    def listing() -> list[str]:
+        import shipped_mod  # type: ignore[import-not-found]
+
+        return sorted(os.listdir(os.path.dirname(shipped_mod.__file__)))
+
+    image = sky.Image(includes=["src/shipped_mod"], excludes=["*.key"])
+    with sky.Compute(nodes=1, image=image) as pool:
+        assert use_included() >> pool == "shipped"
+        assert "secret.key" not in listing() >> pool
+
+
+def test_missing_include_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(sky.ConfigError, match="does not exist"), sky.Compute(image=sky.Image(includes=["nope"])):
+        pass
+
+
+def test_unsatisfied_requirements() -> None:
+    assert unsatisfied(("cloudpickle", "lz4>=1")) == []
+    assert unsatisfied(("cloudpickle<1",)) == ["cloudpickle<1"]
+    assert unsatisfied(("surely-not-installed-pkg-xyz",)) == ["surely-not-installed-pkg-xyz"]
+    with pytest.raises(sky.ConfigError, match="not a valid requirement"):
+        unsatisfied(("numpy>>>1",))
+
+
+@pytest.mark.network
+def test_pip_overlay_installs_missing_package_once(skyward_home: Path) -> None:
+    image = sky.Image(pip=["tomli-w==1.0.0"])
+    with sky.Compute(nodes=2, image=image) as pool:
+        assert import_version("tomli_w", "tomli-w") @ pool == ["1.0.0", "1.0.0"]
+    overlays = list((skyward_home / "cache" / "local-overlays").glob("*/.complete"))
+    assert len(overlays) == 1
+    stamp = overlays[0].stat().st_mtime
+    with sky.Compute(nodes=1, image=image) as pool:  # cached: not rebuilt
+        assert import_version("tomli_w", "tomli-w") >> pool == "1.0.0"
+    assert overlays[0].stat().st_mtime == stamp
+
+
+@pytest.mark.network
+def test_bad_requirement_fails_with_uv_output() -> None:
+    image = sky.Image(pip=["surely-not-a-real-package-skyward-xyz==9.9"])
+    with pytest.raises(sky.ProviderError, match="uv exit code"), sky.Compute(image=image):
+        pass
+
+
+def test_nodes_share_the_client_interpreter(pool: sky.Pool) -> None:
+    exe = sky.function(lambda: sys.executable)
+    assert exe() @ pool == [sys.executable, sys.executable]
+
+
+def test_session_manages_several_pools() -> None:
+    with sky.Session() as session:
+        a = session.compute(nodes=1)
+        b = session.compute(nodes=2)
+        assert read_env("SKYWARD_HOME") >> a == os.environ["SKYWARD_HOME"]
+        assert b.current_nodes() == 2
+    with pytest.raises(sky.PoolClosedError):
+        read_env("X") >> a
+
+
+def test_multi_spec_selection_first_viable() -> None:
+    impossible = sky.Spec(accelerator=sky.accelerators.H100(count=8))
+    fine = sky.Spec(nodes=1)
+    with sky.Compute(impossible, fine, options=sky.Options(selection="first")) as pool:
+        assert pool.current_nodes() == 1
+    with sky.Compute(impossible, fine) as pool:  # cheapest viable
+        assert pool.current_nodes() == 1

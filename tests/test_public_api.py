@@ -1,0 +1,38 @@
+"""The public surface: one sorted __all__, everything reachable, a light import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import skyward as sky
+
+
+def test_all_is_sorted_and_resolvable() -> None:
+    assert sky.__all__ == sorted(sky.__all__)
+    for name in sky.__all__:
+        assert getattr(sky, name) is not None
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, time, json; t = time.perf_counter(); import skyward; "
+        "ms = (time.perf_counter() - t) * 1000; "
+        "heavy = [m for m in ('pulumi', 'fabric', 'paramiko', 'torch', 'pydantic', 'numpy', 'rich') if m in sys.modules]; "
+        "print(json.dumps({'ms': ms, 'heavy': heavy}))"
+    )
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+            for _ in range(3)]
+    assert all(r["heavy"] == [] for r in runs), runs
+    assert min(r["ms"] for r in runs) < 150, runs
+
+
+def test_accelerator_factories_are_public() -> None:
+    assert sky.accelerators.A100().name == "A100"
+    assert sky.accelerators.H100(count=8).count == 8
+
+
+def test_cli_entry_point() -> None:
+    out = subprocess.run([sys.executable, "-m", "skyward", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and sky.__version__ in out.stdout

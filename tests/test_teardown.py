@@ -1,0 +1,161 @@
+"""Nothing is left running: normal exit, exceptions, Ctrl-C, a killed client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import helpers
+import pytest
+from conftest import alive, kill_all, wait_gone
+
+import skyward as sky
+
+agent_pid = sky.function(helpers.agent_pid)
+
+
+def _agents(pool: sky.Pool) -> list[int]:
+    pids = agent_pid() @ pool
+    assert all(alive(p) for p in pids)
+    return pids
+
+
+def test_normal_exit_stops_agents_and_removes_workdirs() -> None:
+    with sky.Compute(nodes=2) as pool:
+        pids = _agents(pool)
+        dirs = sky.function(os.getcwd)() @ pool
+    assert wait_gone(pids, 0) == []
+    assert not any(Path(d).exists() for d in dirs)
+
+
+def test_exception_in_block_stops_agents() -> None:
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="user bug"), sky.Compute(nodes=2) as pool:
+        pids = _agents(pool)
+        raise RuntimeError("user bug")
+    assert wait_gone(pids, 0) == []
+
+
+def test_keyboard_interrupt_stops_agents() -> None:
+    pids: list[int] = []
+    with pytest.raises(KeyboardInterrupt), sky.Compute(nodes=2) as pool:
+        pids = _agents(pool)
+        raise KeyboardInterrupt
+    assert wait_gone(pids, 0) == []
+
+
+def test_sigint_during_a_running_task_stops_agents(tmp_path: Path) -> None:
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        import skyward as sky
+
+        @sky.function
+        def forever():
+            time.sleep(600)
+
+        @sky.function
+        def parent():
+            return os.getppid()
+
+        with sky.Compute(nodes=2) as pool:
+            print(" ".join(map(str, parent() @ pool)), flush=True)
+            forever() >> pool
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    try:
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) != 0
+        assert wait_gone(pids, 10) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_all(pids)
+
+
+def test_sigterm_stops_agents(tmp_path: Path) -> None:
+    script = tmp_path / "terminated.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        import skyward as sky
+
+        with sky.Compute(nodes=1) as pool:
+            print(sky.function(os.getppid)() >> pool, flush=True)
+            time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(proc.stdout.readline())]
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert wait_gone(pids, 10) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_all(pids)
+
+
+# The client is SIGKILLed: nothing in it runs again, so only the agents' lease watchdog can
+# clean up. A small reaper process adopts the orphans (PR_SET_CHILD_SUBREAPER) and exits once
+# every one of them has exited, so its exit time is when the last agent was gone.
+REAPER = """
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+client = subprocess.Popen([sys.executable, sys.argv[1]], stdout=subprocess.PIPE, text=True)
+print(client.stdout.readline().strip(), flush=True)   # the agent pids, from the client
+sys.stdin.readline()                                   # the test says: go
+os.kill(client.pid, 9)
+t0 = time.monotonic()
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+print(f"{time.monotonic() - t0:.2f}", flush=True)
+"""
+
+CLIENT = """
+import os, time
+import skyward as sky
+
+@sky.function
+def parent():
+    return os.getppid()
+
+with sky.Compute(nodes=2, ttl=3) as pool:
+    print(" ".join(map(str, parent() @ pool)), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
+    (tmp_path / "reaper.py").write_text(REAPER)
+    (tmp_path / "client.py").write_text(CLIENT)
+    reaper = subprocess.Popen(
+        [sys.executable, str(tmp_path / "reaper.py"), str(tmp_path / "client.py")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert reaper.stdin is not None and reaper.stdout is not None
+    pids = [int(p) for p in reaper.stdout.readline().split()]
+    try:
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        reaper.stdin.write("go\n")
+        reaper.stdin.flush()
+        elapsed = float(reaper.stdout.readline())
+        assert reaper.wait(timeout=30) == 0
+        print(f"agents exited {elapsed:.2f} s after the client was killed")
+        assert elapsed < 3 + 3, f"agents took {elapsed:.1f} s to exit after the client died (ttl 3 s)"
+        assert not any(alive(p) for p in pids)
+    finally:
+        reaper.kill()
+        reaper.wait()
+        kill_all(pids)

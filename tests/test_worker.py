@@ -1,0 +1,111 @@
+"""Slots, executors, timeouts and dying workers on real nodes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import skyward as sky
+
+
+@sky.function
+def window(seconds: float) -> tuple[float, float]:
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
+
+
+@sky.function
+def pid() -> int:
+    return os.getpid()
+
+
+@sky.function
+def die(code: int) -> None:
+    os._exit(code)
+
+
+@sky.function
+def sleepy(seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+@sky.function
+def spin(seconds: float) -> str:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "spun"
+
+
+def test_concurrency_four_runs_four_tasks_at_once() -> None:
+    with sky.Compute(nodes=1, worker=sky.Worker(concurrency=4)) as pool:
+        spans = pool.map(window, [0.6] * 4, chunksize=1)
+    assert max(s for s, _ in spans) < min(e for _, e in spans), spans
+
+
+def test_default_runs_one_task_at_a_time_per_node() -> None:
+    with sky.Compute(nodes=1) as pool:
+        spans = sky.gather(window(0.3), window(0.3)) >> pool
+    (_, e1), (s2, _) = sorted(spans)
+    assert s2 >= e1 - 0.01
+
+
+def test_process_executor_uses_separate_processes() -> None:
+    opts = sky.Options(worker=sky.Worker(concurrency=2, executor="process"))
+    with sky.Compute(nodes=1, options=opts) as pool:
+        spans = pool.map(window, [0.5, 0.5], chunksize=1)
+        pids = set(pool.map(lambda _: os.getpid(), range(20), chunksize=1))
+        infos = pool.map(lambda _: sky.instance_info().worker, range(20), chunksize=1)
+    assert max(s for s, _ in spans) < min(e for _, e in spans)
+    assert len(pids) == 2
+    assert set(infos) <= {0, 1}
+
+
+def test_process_executor_without_reuse_gets_fresh_processes() -> None:
+    worker = sky.Worker(executor="process", reuse_processes=False)
+    with sky.Compute(nodes=1, worker=worker) as pool:
+        pids = [pid() >> pool for _ in range(3)]
+    assert len(set(pids)) == 3
+
+
+def test_worker_that_exits_is_reported_and_replaced(pool: sky.Pool) -> None:
+    with pytest.raises(sky.WorkerDiedError, match="exit code 3"):
+        pool.run(die(3), target=0)
+    assert pool.run(pid(), target=0) > 0  # the node keeps serving
+    assert pool.current_nodes() == 2
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_timeout_raises_and_node_stays_usable(executor: str) -> None:
+    with sky.Compute(nodes=1, worker=sky.Worker(executor=executor)) as pool:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="timeout of 1 s"):
+            sleepy(30).with_timeout(1) >> pool
+        assert time.monotonic() - start < 1 + 2
+        assert sleepy(0) >> pool == "done"
+
+
+def test_timeout_interrupts_python_code() -> None:
+    with sky.Compute(nodes=1) as pool:
+        with pytest.raises(sky.TaskTimeoutError):
+            spin(30).with_timeout(0.5) >> pool
+        # the spinning thread was interrupted, so the same slot serves the next call at once
+        start = time.monotonic()
+        assert spin(0) >> pool == "spun"
+        assert time.monotonic() - start < 1
+
+
+def test_function_level_timeout_and_pool_default() -> None:
+    @sky.function(timeout=0.5)
+    def capped() -> None:
+        time.sleep(10)
+
+    with sky.Compute(nodes=1, options=sky.Options(default_compute_timeout=0.5)) as pool:
+        with pytest.raises(TimeoutError):
+            capped() >> pool
+        with pytest.raises(TimeoutError):
+            sleepy(10) >> pool

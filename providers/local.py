@@ -56,6 +56,8 @@ class Local(ProviderConfig):
                 f"Local nodes run this interpreter (Python {here}), and Image(python={image.python!r}) "
                 f"asks for another; use python='auto' with Local, or a provider that builds environments."
             )
+        if spec.volumes:
+            return "Local nodes see this machine's files directly; volumes= applies to cloud providers only"
         if spec.accelerator is not None:
             have = _local_gpus()
             acc = spec.accelerator

@@ -95,6 +95,11 @@ class Compute:
 
     def open(self) -> Pool:
         spec = _select(self.specs, self.options)
+        if spec.plugins:
+            raise ConfigError(
+                f"plugins={[getattr(p, 'name', p) for p in spec.plugins]}: plugins are not available "
+                f"in this version of skyward yet. Install what you need with Image(pip=[...]) instead."
+            )
         if spec.ttl == 0:
             warnings.warn(
                 "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "

@@ -117,3 +117,8 @@ def test_errors_share_one_root() -> None:
         obj = getattr(sky, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == "skyward.errors":
             assert issubclass(obj, sky.SkywardError)
+
+
+def test_plugins_are_refused_until_supported() -> None:
+    with pytest.raises(sky.ConfigError, match="plugins"), sky.Compute(plugins=["torch"]):
+        pass

@@ -195,7 +195,10 @@ class Agent:
         }
 
     def _send_config(self, w: WorkerProc) -> None:
-        body = json.dumps({"topology": self._topology_for(w.index)}).encode()
+        assert self.config is not None
+        body = json.dumps(
+            {"topology": self._topology_for(w.index), "spill": self.config.get("spill")}
+        ).encode()
         try:
             w.writer.send_parts(Kind.CONFIGURE, 0, 0, body)
         except OSError:

@@ -15,6 +15,7 @@ from typing import Any
 
 from skyward.errors import NodeLostError, ProtocolError
 
+from . import serialize
 from .frames import Frame, FrameReader, FrameWriter, Kind, tune
 
 Done = Callable[[Frame | BaseException], None]
@@ -69,6 +70,7 @@ class NodeChannel:
         tid = next(self._ids)
         with self._lock:
             if self.lost is not None:
+                serialize.discard(buffers)
                 raise self._lost_error()
             self._pending[tid] = done
         try:
@@ -76,6 +78,7 @@ class NodeChannel:
         except OSError as exc:
             with self._lock:
                 self._pending.pop(tid, None)
+            serialize.discard(buffers)
             self._mark_lost(exc)
             raise self._lost_error() from exc
         return tid

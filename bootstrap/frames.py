@@ -4,7 +4,8 @@ A frame is a fixed header, the lengths of its out-of-band buffers, a body and th
 
     kind:u8 flags:u8 nbufs:u16 task_id:u64 body_len:u64 | nbufs x u64 | body | buf0 | buf1 ...
 
-The top bit of a buffer length marks an lz4-compressed buffer (see ``serialize``). Frames are
+The top two bits of a buffer length are that buffer's flags (lz4-compressed, or spilled to a
+shared-memory file whose path is the data; see ``serialize``). Frames are
 written with one ``sendmsg`` (scatter/gather, no concatenation of large buffers) and read
 through a buffered reader that receives large parts straight into their final bytearray.
 """
@@ -19,7 +20,8 @@ from enum import IntEnum
 
 HEADER = struct.Struct("!BBHQQ")
 BUFLEN = struct.Struct("!Q")
-COMPRESSED_BIT = 1 << 63
+FLAG_SHIFT = 62
+LENGTH_MASK = (1 << FLAG_SHIFT) - 1
 MAX_PARTS = 0xFFFF
 # Frames below this size are joined and written with one sendall: one syscall, one packet.
 _JOIN_LIMIT = 64 * 1024
@@ -46,8 +48,8 @@ class Frame:
     task_id: int = 0
     body: bytes | bytearray | memoryview = b""
     flags: int = 0
-    # Each buffer: (compressed, data).
-    buffers: list[tuple[bool, bytes | bytearray | memoryview]] = field(default_factory=list)
+    # Each buffer: (flags, data); flags are serialize.BUF_LZ4 / serialize.BUF_SPILLED.
+    buffers: list[tuple[int, bytes | bytearray | memoryview]] = field(default_factory=list)
 
 
 class FrameWriter:
@@ -66,14 +68,13 @@ class FrameWriter:
         task_id: int,
         flags: int,
         body: bytes | bytearray | memoryview,
-        buffers: list[tuple[bool, bytes | bytearray | memoryview]] = (),  # type: ignore[assignment]
+        buffers: list[tuple[int, bytes | bytearray | memoryview]] = (),  # type: ignore[assignment]
     ) -> None:
         if len(buffers) > MAX_PARTS:
             raise ValueError(f"a frame carries at most {MAX_PARTS} buffers, got {len(buffers)}")
         head = [HEADER.pack(kind, flags, len(buffers), task_id, len(body))]
-        for compressed, data in buffers:
-            n = memoryview(data).nbytes
-            head.append(BUFLEN.pack(n | COMPRESSED_BIT if compressed else n))
+        for bflags, data in buffers:
+            head.append(BUFLEN.pack(memoryview(data).nbytes | (bflags << FLAG_SHIFT)))
         parts: list[bytes | bytearray | memoryview] = [b"".join(head), body]
         parts.extend(data for _, data in buffers)
         total = sum(memoryview(p).nbytes for p in parts)
@@ -117,11 +118,10 @@ class FrameReader:
             raw = self._take(BUFLEN.size * nbufs, small=True)
             lengths = [BUFLEN.unpack_from(raw, i * BUFLEN.size)[0] for i in range(nbufs)]
         body = self._take(body_len)
-        buffers: list[tuple[bool, bytes | bytearray | memoryview]] = []
+        buffers: list[tuple[int, bytes | bytearray | memoryview]] = []
         for n in lengths:
-            compressed = bool(n & COMPRESSED_BIT)
             # Buffers always come back as bytearrays so that arrays rebuilt on them are writable.
-            buffers.append((compressed, self._take(n & ~COMPRESSED_BIT, writable=True)))
+            buffers.append((n >> FLAG_SHIFT, self._take(n & LENGTH_MASK, writable=True)))
         return Frame(kind, task_id, body, flags, buffers)
 
     def _take(self, n: int, small: bool = False, writable: bool = False) -> bytes | bytearray:

@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from skyward.errors import SerializationError, TaskTimeoutError
@@ -107,6 +108,11 @@ class Worker:
         self.lock = threading.Lock()
         self.abandoned: set[int] = set()
         self.streams = (TaskStream(self, STDOUT, 1), TaskStream(self, STDERR, 2))
+        self.spill: Path | None = None  # where large results go when the client shares this host
+
+    def configure(self, config: dict[str, Any]) -> None:
+        context.configure(config["topology"])
+        self.spill = Path(config["spill"]) if config.get("spill") else None
 
     # -- plumbing ----------------------------------------------------------------------------
     def send_output(self, tid: int, stream: int, text: str) -> None:
@@ -136,7 +142,7 @@ class Worker:
             if frame.kind in (Kind.TASK, Kind.MAP):
                 self.queue.put(frame)
             elif frame.kind == Kind.CONFIGURE:
-                context.configure(json.loads(bytes(frame.body))["topology"])
+                self.configure(json.loads(bytes(frame.body)))
             elif frame.kind == Kind.SHUTDOWN:
                 for s in self.streams:
                     s.flush_task(0)
@@ -220,7 +226,7 @@ class Worker:
             return serialize.dumps_error(exc)
         with entry.lock:
             entry.state = "returning"
-        return serialize.dumps_ok(value, entry.name)
+        return serialize.dumps_ok(value, entry.name, self.spill)
 
     # -- timeouts ----------------------------------------------------------------------------
     def _watchdog(self) -> None:
@@ -282,7 +288,7 @@ def main() -> None:
     first = worker.reader.read()
     if first.kind != Kind.CONFIGURE:
         raise SystemExit("skyward worker: expected CONFIGURE first")
-    context.configure(json.loads(bytes(first.body))["topology"])
+    worker.configure(json.loads(bytes(first.body)))
     worker.serve()
 
 

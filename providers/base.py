@@ -6,6 +6,7 @@ import abc
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ class Cluster(abc.ABC):
     token: str
     head_port: int
     interface: str = "lo"
+    # A directory the client and the nodes both see (Local only): large buffers travel as
+    # files there instead of through the sockets. None for remote nodes.
+    spill_dir: Path | None = None
 
     @abc.abstractmethod
     def start(self, count: int) -> list[NodeEndpoint]:

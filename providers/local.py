@@ -100,6 +100,7 @@ class LocalCluster(Cluster):
         self.interface = "lo"
         self._ttl = spec.ttl
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
+        self.spill_dir = _spill_dir(pool_id, self._root)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._next = 0
         self._lock = threading.Lock()
@@ -212,6 +213,18 @@ class LocalCluster(Cluster):
             self._procs.clear()
         _reap(procs)
         shutil.rmtree(self._root, ignore_errors=True)
+        if self.spill_dir is not None:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+
+def _spill_dir(pool_id: str, fallback: Path) -> Path:
+    """Shared memory when the machine has it (a copy into RAM, no socket hops), else disk."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=shm))
+    path = fallback / "spill"
+    path.mkdir(mode=0o700)
+    return path
 
 
 def _reap(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:

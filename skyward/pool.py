@@ -117,7 +117,11 @@ class Pool:
             pairs = list(zip(self._endpoints, self._channels, strict=True))
         settings = self.worker.agent_settings()
         for position, (_, ch) in enumerate(pairs):
-            ch.configure({"topology": self._topology(position, pairs), "worker": settings})
+            ch.configure({
+                "topology": self._topology(position, pairs),
+                "worker": settings,
+                "spill": str(self._cluster.spill_dir) if self._cluster.spill_dir else None,
+            })
 
     def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:
         acc = self.spec.accelerator
@@ -198,7 +202,7 @@ class Pool:
 
     def _encode(self, kind: int, payload: tuple[Any, ...], describe: Callable[[], str]) -> tuple[int, Any, Any]:
         try:
-            return serialize.dumps(payload)
+            return serialize.dumps(payload, self._cluster.spill_dir)
         except Exception as exc:
             raise SerializationError(
                 f"{describe()}. Everything a task receives is pickled to reach the node: pass "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -109,3 +110,27 @@ def test_function_level_timeout_and_pool_default() -> None:
             capped() >> pool
         with pytest.raises(TimeoutError):
             sleepy(10) >> pool
+
+
+def test_buffer_prefetches_without_adding_concurrency() -> None:
+    with sky.Compute(nodes=1, worker=sky.Worker(concurrency=1, buffer=2)) as pool:
+        spans = sorted(pool.map(window, [0.2] * 3, chunksize=1))
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end - 0.01
+
+
+def test_lost_node_fails_its_tasks_and_the_pool_goes_on() -> None:
+    import signal
+
+    with sky.Compute(nodes=2) as pool:
+        victim = pool.run(sky.function(os.getppid)(), target=1)
+        running = pool.run_async(sleepy(30), target=1)
+        time.sleep(0.3)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(sky.NodeLostError, match="node 1"):
+            running.result(timeout=10)
+        deadline = time.monotonic() + 5
+        while pool.current_nodes() != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.current_nodes() == 1
+        assert [pid() >> pool for _ in range(3)]  # round-robin skips the lost node

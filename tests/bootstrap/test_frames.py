@@ -32,7 +32,7 @@ def test_small_and_large_frames_round_trip(pair) -> None:
     big = os.urandom(3 * 1024 * 1024)
     frames = [
         Frame(Kind.TASK, 1, b"hello"),
-        Frame(Kind.RESULT, 2**40, b"", 3, [(False, b"x" * 10), (True, big)]),
+        Frame(Kind.RESULT, 2**40, b"", 3, [(0, b"x" * 10), (1, big), (2, b"/path")]),
         Frame(Kind.OUTPUT, 7, big),
         *[Frame(Kind.PING, i, bytes([i % 256]) * i) for i in range(200)],
     ]
@@ -70,7 +70,7 @@ def test_arrays_travel_out_of_band_and_come_back_writable(pair) -> None:
     arr = np.random.default_rng(0).random(1_000_000)
     flags, body, buffers = serialize.dumps({"x": arr})
     assert len(body) < 1000  # the array is not inside the pickle
-    assert len(buffers) == 1 and buffers[0][0] is False  # random floats: not compressed
+    assert buffers[0][0] == 0  # random floats: not compressed
     t = _send_async(FrameWriter(a), [Frame(Kind.TASK, 1, body, flags, buffers)])
     out = serialize.loads_frame(FrameReader(b).read())["x"]
     t.join()
@@ -82,7 +82,7 @@ def test_arrays_travel_out_of_band_and_come_back_writable(pair) -> None:
 
 def test_compression_only_where_it_pays() -> None:
     flags, body, buffers = serialize.dumps(np.zeros(1_000_000))
-    assert buffers[0][0] is True and len(buffers[0][1]) < 100_000
+    assert buffers[0][0] == serialize.BUF_LZ4 and len(buffers[0][1]) < 100_000
     np.testing.assert_array_equal(serialize.loads(flags, body, buffers), np.zeros(1_000_000))
     text = "abc" * 100_000
     flags, body, _ = serialize.dumps(text)
@@ -94,3 +94,18 @@ def test_describe_unpicklable_names_the_argument() -> None:
     lock = threading.Lock()
     assert "positional argument 1" in serialize.describe_unpicklable(len, (1, lock), {})
     assert "keyword argument 'k'" in serialize.describe_unpicklable(len, (), {"k": lock})
+
+
+def test_large_buffers_spill_to_files_and_are_removed_on_read(tmp_path) -> None:
+    arr = np.random.default_rng(1).random(500_000)  # 4 MB
+    flags, body, buffers = serialize.dumps((arr, b"small"), spill=tmp_path)
+    assert buffers[0][0] & serialize.BUF_SPILLED
+    assert len(list(tmp_path.iterdir())) == 1
+    out, small = serialize.loads(flags, body, buffers)
+    np.testing.assert_array_equal(out, arr)
+    out[0] = 42.0  # copy-on-write mapping: writable
+    assert small == b"small"
+    assert list(tmp_path.iterdir()) == []  # unlinked once mapped
+    _, _, again = serialize.dumps(arr, spill=tmp_path)
+    serialize.discard(again)
+    assert list(tmp_path.iterdir()) == []

@@ -105,7 +105,7 @@ class Agent:
                 w.retiring = True
         for w in workers:
             try:
-                w.writer.send_parts(Kind.SHUTDOWN, 0, 0, b"")
+                w.proc.terminate()  # a worker busy in tasks reads no frames; SIGTERM reaches it
             except OSError:
                 pass
         deadline = time.monotonic() + 3

@@ -70,6 +70,12 @@ class FrameWriter:
         body: bytes | bytearray | memoryview,
         buffers: list[tuple[int, bytes | bytearray | memoryview]] = (),  # type: ignore[assignment]
     ) -> None:
+        if not buffers and len(body) <= _JOIN_LIMIT:
+            # The common case (a small task or result): one allocation, one syscall.
+            packet = HEADER.pack(kind, flags, 0, task_id, len(body)) + body
+            with self._lock:
+                self._sock.sendall(packet)
+            return
         if len(buffers) > MAX_PARTS:
             raise ValueError(f"a frame carries at most {MAX_PARTS} buffers, got {len(buffers)}")
         head = [HEADER.pack(kind, flags, len(buffers), task_id, len(body))]
@@ -111,6 +117,13 @@ class FrameReader:
 
     def read(self) -> Frame:
         """Return the next frame; raises EOFError when the peer closed the connection."""
+        start = self._start
+        if self._end - start >= HEADER.size:  # fast path: a whole small frame is buffered
+            kind, flags, nbufs, task_id, body_len = HEADER.unpack_from(self._buf, start)
+            end = start + HEADER.size + body_len
+            if not nbufs and end <= self._end:
+                self._start = end
+                return Frame(kind, task_id, bytes(self._view[start + HEADER.size : end]), flags, [])
         head = self._take(HEADER.size, small=True)
         kind, flags, nbufs, task_id, body_len = HEADER.unpack(head)
         lengths = []

@@ -12,7 +12,7 @@ import ctypes
 import io
 import json
 import os
-import queue
+import signal
 import socket
 import sys
 import threading
@@ -103,7 +103,7 @@ class Worker:
         self.writer = FrameWriter(sock)
         self.threads = threads
         self.exclusive = exclusive
-        self.queue: queue.SimpleQueue[Frame | None] = queue.SimpleQueue()
+        self.read_lock = threading.Lock()
         self.running: dict[int, _Entry] = {}
         self.lock = threading.Lock()
         self.abandoned: set[int] = set()
@@ -131,34 +131,45 @@ class Worker:
     # -- main loop ---------------------------------------------------------------------------
     def serve(self) -> None:
         sys.stdout, sys.stderr = self.streams
+        threading.Thread(target=self._watchdog, name="skyward-watchdog", daemon=True).start()
+        # The agent stops a busy worker with SIGTERM (its slots may all be inside tasks, so
+        # nobody would read a SHUTDOWN frame); the main thread waits here to handle it.
+        signal.signal(signal.SIGTERM, lambda *_: self.exit())
         for _ in range(self.threads):
             self._start_slot()
-        threading.Thread(target=self._watchdog, name="skyward-watchdog", daemon=True).start()
+        threading.Event().wait()  # the slots do the work; exit() ends the process
+
+    def exit(self) -> None:
+        for s in self.streams:
+            s.flush_task(0)
+        os._exit(0)
+
+    def _start_slot(self) -> None:
+        threading.Thread(target=self._slot, name="skyward-slot", daemon=True).start()
+
+    def _slot(self) -> None:
+        # Leader/followers: an idle slot takes the socket and reads the next task itself, so
+        # a task reaches the thread that runs it without a hand-off (one wake-up less per
+        # call). Tasks are only sent to free slots, so a busy node has no unread task waiting.
+        while True:
+            with self.read_lock:
+                frame = self._next_task()
+            self._run(frame)
+            if threading.get_ident() in self.abandoned:
+                return  # a replacement slot took this one's place while it was stuck
+
+    def _next_task(self) -> Frame:
         while True:
             try:
                 frame = self.reader.read()
             except (EOFError, OSError):
                 os._exit(0)  # the agent is gone: nothing left to serve
             if frame.kind in (Kind.TASK, Kind.MAP):
-                self.queue.put(frame)
-            elif frame.kind == Kind.CONFIGURE:
+                return frame
+            if frame.kind == Kind.CONFIGURE:
                 self.configure(json.loads(bytes(frame.body)))
             elif frame.kind == Kind.SHUTDOWN:
-                for s in self.streams:
-                    s.flush_task(0)
-                os._exit(0)
-
-    def _start_slot(self) -> None:
-        threading.Thread(target=self._slot, name="skyward-slot", daemon=True).start()
-
-    def _slot(self) -> None:
-        while True:
-            frame = self.queue.get()
-            if frame is None:
-                return
-            self._run(frame)
-            if threading.get_ident() in self.abandoned:
-                return  # a replacement slot took this one's place while it was stuck
+                self.exit()
 
     # -- running one task --------------------------------------------------------------------
     def _run(self, frame: Frame) -> None:

@@ -72,9 +72,11 @@ def test_sigint_during_a_running_task_stops_agents(tmp_path: Path) -> None:
     pids = [int(p) for p in proc.stdout.readline().split()]
     try:
         time.sleep(0.3)
+        start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) != 0
         assert wait_gone(pids, 10) == []
+        assert time.monotonic() - start < 2.5  # a busy worker is stopped, not waited for
     finally:
         proc.kill()
         proc.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import functools
 import itertools
@@ -11,6 +12,7 @@ import queue
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
@@ -39,6 +41,20 @@ def active_pool() -> Pool | None:
     return _active.get()
 
 
+# Pools a program opened and never closed (a Session without `with`, say) are closed when the
+# interpreter exits, instead of leaving their nodes to the lease watchdog.
+_open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_leftovers() -> None:
+    for pool in list(_open_pools):
+        try:
+            pool.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            log.exception("closing pool %s at exit failed", pool.id)
+
+
 class Pool:
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
@@ -56,6 +72,7 @@ class Pool:
         self._stop = threading.Event()
         self._tokens: list[contextvars.Token[Pool | None]] = []
         self._cluster = spec.provider.create(spec, self.id)
+        _open_pools.add(self)
         try:
             self._add_nodes(spec.node_spec.desired)
         except BaseException:
@@ -83,6 +100,7 @@ class Pool:
             self._closed = True
             channels, self._channels = self._channels, []
         self._stop.set()
+        _open_pools.discard(self)
         for ch in channels:
             ch.close(shutdown_agent=True)
         self._cluster.close()

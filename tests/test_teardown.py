@@ -161,3 +161,23 @@ def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
         reaper.kill()
         reaper.wait()
         kill_all(pids)
+
+
+def test_pools_left_open_are_closed_at_exit(tmp_path: Path) -> None:
+    script = tmp_path / "forgetful.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import skyward as sky
+
+        session = sky.Session()
+        pool = session.compute(nodes=2)
+        print(" ".join(map(str, sky.function(os.getppid)() @ pool)), flush=True)
+        # no session.close(): the program just ends
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    try:
+        assert wait_gone(pids, 5) == []
+    finally:
+        kill_all(pids)

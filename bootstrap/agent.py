@@ -113,8 +113,10 @@ class Agent:
             try:
                 w.proc.wait(max(0.05, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _kill_group(w.proc)
-                w.proc.wait()
+                pass
+            # The whole group: processes a task started must not outlive the node either.
+            _kill_group(w.proc)
+            w.proc.wait()
 
     # -- client connections ------------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
@@ -289,6 +291,7 @@ class Agent:
                 else:
                     self._broadcast(frame)
         rc = w.proc.wait()
+        _kill_group(w.proc)  # what the worker's tasks started goes with it
         _close(w.sock)
         self._worker_exited(w, rc)
 

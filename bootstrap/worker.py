@@ -183,6 +183,8 @@ class Worker:
             payload = self._execute(frame, entry)
         except TaskTimeoutError:
             payload = None  # injected by the watchdog, which already answered the client
+        except BaseException as exc:  # our own code failed: still answer, or the client waits forever
+            payload = serialize.dumps_error(exc)
         finally:
             context.current_task.reset(token)
             for s in self.streams:
@@ -227,10 +229,10 @@ class Worker:
                 value = fn(*args, **kwargs)
             else:
                 value = [fn(item) for item in items]
-        except TaskTimeoutError:
-            raise
         except BaseException as exc:
             with entry.lock:
+                if entry.state == "timed_out":  # injected by the watchdog, already answered
+                    raise
                 entry.state = "returning"
             if isinstance(exc, SystemExit | KeyboardInterrupt):
                 exc = RuntimeError(f"{entry.name} raised {type(exc).__name__}({exc})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -181,3 +182,26 @@ def test_pools_left_open_are_closed_at_exit(tmp_path: Path) -> None:
         assert wait_gone(pids, 5) == []
     finally:
         kill_all(pids)
+
+
+def test_processes_started_by_tasks_do_not_outlive_the_pool() -> None:
+    @sky.function
+    def start_child() -> int:
+        return subprocess.Popen(["sleep", "600"]).pid
+
+    libc = ctypes.CDLL(None)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the orphaned child becomes ours to reap
+    child = 0
+    try:
+        with sky.Compute(nodes=1) as pool:
+            child = start_child() >> pool
+            assert alive(child)
+        assert wait_gone([child], 5) == []
+    finally:
+        kill_all([child] if child else [])
+        if child:
+            try:
+                os.waitpid(child, 0)
+            except ChildProcessError:
+                pass
+        libc.prctl(36, 0, 0, 0, 0)

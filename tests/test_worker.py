@@ -134,3 +134,12 @@ def test_lost_node_fails_its_tasks_and_the_pool_goes_on() -> None:
             time.sleep(0.05)
         assert pool.current_nodes() == 1
         assert [pid() >> pool for _ in range(3)]  # round-robin skips the lost node
+
+
+def test_a_task_raising_timeout_itself_is_an_ordinary_error(pool: sky.Pool) -> None:
+    @sky.function
+    def raises_timeout() -> None:
+        raise sky.TaskTimeoutError("raised by the task, not by the watchdog")
+
+    with pytest.raises(sky.TaskTimeoutError, match="raised by the task"):
+        raises_timeout() >> pool

@@ -11,6 +11,7 @@ import math
 import queue
 import sys
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,7 @@ from skyward.bootstrap.frames import Frame, Kind
 
 from .errors import (
     ConfigError,
+    NodeLostError,
     PoolClosedError,
     RemoteError,
     RemoteTraceback,
@@ -71,6 +73,9 @@ class Pool:
         self._closed = False
         self._stop = threading.Event()
         self._tokens: list[contextvars.Token[Pool | None]] = []
+        self._nodes = spec.node_spec
+        self._resize_lock = threading.Lock()
+        self._autoscaler: threading.Thread | None = None
         self._cluster = spec.provider.create(spec, self.id)
         _open_pools.add(self)
         try:
@@ -81,6 +86,7 @@ class Pool:
         ttl = spec.ttl
         self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
         self._beat.start()
+        self._start_autoscaler()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:
@@ -169,30 +175,88 @@ class Pool:
         return sum(1 for ch in self._channels if ch.lost is None)
 
     def resize(self, nodes: int | Nodes) -> None:
-        """Grow or shrink the pool; removed nodes finish their running tasks first."""
-        target = Nodes.of(nodes).desired
+        """Change the pool's size (and, with sky.Nodes, its elastic range) now.
+
+        Removed nodes finish their running tasks first. With ``Nodes(desired, max=...)`` the
+        pool keeps autoscaling between ``desired`` and ``max``.
+        """
         self._check_open()
-        with self._lock:
-            current = len(self._channels)
-        if target > current:
-            self._add_nodes(target - current)
+        target = Nodes.of(nodes)
+        if not isinstance(nodes, Nodes) and self._nodes.max is not None and target.desired <= self._nodes.max:
+            target = Nodes(desired=target.desired, max=self._nodes.max)  # keep the elastic range
+        self._nodes = target
+        self._scale_to(target.desired)
+        self._start_autoscaler()
+
+    def _scale_to(self, target: int) -> None:
+        with self._resize_lock:
+            with self._lock:
+                current = len(self._channels)
+            if target > current:
+                self._add_nodes(target - current)
+                return
+            if target == current:
+                return
+            with self._lock:
+                leaving = self._channels[target:]
+                endpoints = self._endpoints[target:]
+                self._channels = self._channels[:target]
+                self._endpoints = self._endpoints[:target]
+            deadline = time.monotonic() + self.options.shutdown_timeout
+            while any(ch.inflight for ch in leaving) and time.monotonic() < deadline:
+                self._stop.wait(0.05)
+            for ch in leaving:
+                ch.close(shutdown_agent=True)
+            self._cluster.stop(endpoints)
+            self._configure_all()
+
+    # -- elastic pools -----------------------------------------------------------------------
+    def _start_autoscaler(self) -> None:
+        if self._nodes.max is None or self._nodes.max <= self._nodes.desired:
             return
-        if target == current:
-            return
         with self._lock:
-            leaving = self._channels[target:]
-            endpoints = self._endpoints[target:]
-            self._channels = self._channels[:target]
-            self._endpoints = self._endpoints[:target]
-        deadline = self.options.shutdown_timeout
-        waited = 0.0
-        while any(ch.inflight for ch in leaving) and waited < deadline:
-            self._stop.wait(0.05)
-            waited += 0.05
-        for ch in leaving:
-            ch.close(shutdown_agent=True)
-        self._cluster.stop(endpoints)
-        self._configure_all()
+            if self._autoscaler is not None or self._closed:
+                return
+            self._autoscaler = threading.Thread(target=self._autoscale, name="skyward-autoscale", daemon=True)
+        self._autoscaler.start()
+
+    def _autoscale(self) -> None:
+        """Grow while tasks wait for slots, shrink back to ``desired`` once the pool is idle.
+
+        Tasks already queued on a node stay there; new nodes take their share of what is
+        dispatched after they join (round-robin for >>, the next chunks of a running map).
+        """
+        opts = self.options
+        slots = self.worker.slots
+        last_change = time.monotonic()
+        idle_since: float | None = None
+        while not self._stop.wait(min(1.0, opts.reconcile_tick_interval)):
+            nodes = self._nodes
+            if nodes.max is None:
+                return
+            with self._lock:
+                live = [ch for ch in self._channels if ch.lost is None]
+            busy = sum(ch.inflight for ch in live)
+            waiting = busy - len(live) * slots
+            now = time.monotonic()
+            try:
+                if waiting > 0 and len(live) < nodes.max and now - last_change >= opts.autoscale_cooldown:
+                    grow = min(nodes.max - len(live), math.ceil(waiting / slots))
+                    log.info("autoscale: %d task(s) waiting, adding %d node(s)", waiting, grow)
+                    self._scale_to(len(live) + grow)
+                    last_change, idle_since = time.monotonic(), None
+                elif busy == 0 and len(live) > nodes.desired:
+                    idle_since = idle_since or now
+                    if now - idle_since >= opts.autoscale_idle_timeout:
+                        log.info("autoscale: idle, shrinking to %d node(s)", nodes.desired)
+                        self._scale_to(nodes.desired)
+                        last_change, idle_since = time.monotonic(), None
+                else:
+                    idle_since = None
+            except Exception as exc:  # a failed scale step must not end the pool
+                if self._closed:
+                    return
+                log.warning("autoscale step failed: %s", exc)
 
     # -- dispatch ----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -333,8 +397,13 @@ class Pool:
         sent = 0
 
         while any(outstanding.values()) or (sent < len(chunks) and first_error is None):
+            for ch in self._channels:  # nodes that joined meanwhile (elastic pools) take work too
+                outstanding.setdefault(ch, 0)
             while sent < len(chunks) and first_error is None:
-                ch = min(outstanding, key=outstanding.__getitem__)
+                live = [c for c in outstanding if c.lost is None]
+                if not live:
+                    raise NodeLostError("every node of the pool was lost during map(); no node is left to run it.")
+                ch = min(live, key=outstanding.__getitem__)
                 if outstanding[ch] >= window:
                     break
                 chunk = chunks[sent]

@@ -150,3 +150,24 @@ def test_local_function_runs_in_node_working_dir(pool: sky.Pool) -> None:
     cwd = sky.function(os.getcwd)
     dirs = cwd() @ pool
     assert len(set(dirs)) == 2 and all("node-" in d for d in dirs)
+
+
+def test_elastic_pool_grows_under_load_and_shrinks_when_idle() -> None:
+    opts = sky.Options(autoscale_cooldown=0.2, autoscale_idle_timeout=0.5, reconcile_tick_interval=0.1)
+    with sky.Compute(nodes=(1, 3), options=opts) as pool:
+        assert pool.current_nodes() == 1
+        futures = [slow(i, 0.4) > pool for i in range(12)]  # 12 tasks for 1 slot: pressure
+        seen = 1
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and seen < 3:
+            seen = max(seen, pool.current_nodes())
+            time.sleep(0.05)
+        assert seen == 3
+        assert [f.result(timeout=30) for f in futures] == list(range(12))
+        more = pool.map(lambda x: sky.instance_info().node, range(30), chunksize=1)
+        assert set(more) == {0, 1, 2}  # the new nodes take their share
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and pool.current_nodes() > 1:
+            time.sleep(0.1)
+        assert pool.current_nodes() == 1
+        assert node_index() @ pool == [0]

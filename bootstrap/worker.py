@@ -243,8 +243,13 @@ class Worker:
 
     # -- timeouts ----------------------------------------------------------------------------
     def _watchdog(self) -> None:
+        agent = os.getppid()
         while True:
             time.sleep(0.05)
+            if os.getppid() != agent:
+                # The agent is gone (killed outright). Busy slots read no frames, so this is
+                # how a worker notices; it takes what its tasks started with it.
+                os.killpg(0, signal.SIGKILL)
             now = time.monotonic()
             with self.lock:
                 late = [e for e in self.running.values() if e.deadline is not None and e.deadline < now]

@@ -211,8 +211,13 @@ class LocalCluster(Cluster):
         with self._lock:
             procs = list(self._procs.values())
             self._procs.clear()
-        _reap(procs)
-        shutil.rmtree(self._root, ignore_errors=True)
+        try:
+            _reap(procs)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely, but still clean up
+            _reap(procs, grace=0)
+            raise
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
@@ -230,7 +235,7 @@ def _spill_dir(pool_id: str, fallback: Path) -> Path:
 def _reap(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
     """Wait for agents that were told to stop; SIGTERM, then SIGKILL the stragglers."""
     deadline = time.monotonic() + grace
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+    for sig in (None, signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
         alive = [p for p in procs if p.poll() is None]
         if not alive:
             return

@@ -143,3 +143,16 @@ def test_a_task_raising_timeout_itself_is_an_ordinary_error(pool: sky.Pool) -> N
 
     with pytest.raises(sky.TaskTimeoutError, match="raised by the task"):
         raises_timeout() >> pool
+
+
+def test_workers_exit_when_their_agent_is_killed() -> None:
+    import signal
+
+    from conftest import wait_gone
+
+    with sky.Compute(nodes=1) as pool:
+        agent, worker = (sky.function(os.getppid)() >> pool), (pid() >> pool)
+        pool.run_async(sleepy(60))
+        time.sleep(0.2)
+        os.kill(agent, signal.SIGKILL)
+        assert wait_gone([worker], 5) == []

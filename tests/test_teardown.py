@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import helpers
@@ -50,61 +52,57 @@ def test_keyboard_interrupt_stops_agents() -> None:
     assert wait_gone(pids, 0) == []
 
 
+@contextlib.contextmanager
+def client_script(tmp_path: Path, source: str) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """Run a client program that prints its agents' pids on its first line; clean up after."""
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(source))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    try:
+        yield proc, pids
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_all(pids)
+
+
 def test_sigint_during_a_running_task_stops_agents(tmp_path: Path) -> None:
-    script = tmp_path / "interrupted.py"
-    script.write_text(textwrap.dedent("""
-        import os, sys, time
+    source = """
+        import os, time
         import skyward as sky
 
         @sky.function
         def forever():
             time.sleep(600)
 
-        @sky.function
-        def parent():
-            return os.getppid()
-
         with sky.Compute(nodes=2) as pool:
-            print(" ".join(map(str, parent() @ pool)), flush=True)
+            print(" ".join(map(str, sky.function(os.getppid)() @ pool)), flush=True)
             forever() >> pool
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    try:
+    """
+    with client_script(tmp_path, source) as (proc, pids):
         time.sleep(0.3)
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) != 0
         assert wait_gone(pids, 10) == []
         assert time.monotonic() - start < 2.5  # a busy worker is stopped, not waited for
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_all(pids)
 
 
 def test_sigterm_stops_agents(tmp_path: Path) -> None:
-    script = tmp_path / "terminated.py"
-    script.write_text(textwrap.dedent("""
+    source = """
         import os, time
         import skyward as sky
 
         with sky.Compute(nodes=1) as pool:
             print(sky.function(os.getppid)() >> pool, flush=True)
             time.sleep(600)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    pids = [int(proc.stdout.readline())]
-    try:
+    """
+    with client_script(tmp_path, source) as (proc, pids):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
         assert wait_gone(pids, 10) == []
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_all(pids)
 
 
 # The client is SIGKILLed: nothing in it runs again, so only the agents' lease watchdog can

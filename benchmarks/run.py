@@ -44,7 +44,7 @@ from rich.table import Table  # noqa: E402
 import skyward as sky  # noqa: E402
 
 WORKERS = 2
-BENCHMARKS = ("roundtrip", "map", "array", "cpu")
+BENCHMARKS = ("roundtrip", "map", "array", "cpu", "console")
 SKY, PPE, LOKY, JOBLIB, SERIAL = "skyward", "PPE", "loky", "joblib/loky", "serial"
 
 sky_noop = sky.function(_work.noop)
@@ -102,6 +102,8 @@ TARGET_ARRAY_GB_S = 1.0
 # Wall time <= 1.10 x ProcessPoolExecutor's in the same run. Not "x ideal" (serial / 2): two
 # busy processes on a small VM rarely get two full cores, for any system alike.
 TARGET_CPU_VS_PPE = 1.10
+# pool.map throughput with the rich console on must stay within 5 % of the silent console.
+TARGET_CONSOLE_RATIO = 0.95
 
 
 # -- results --------------------------------------------------------------------------------
@@ -234,7 +236,8 @@ def interleaved_latencies(
 @contextmanager
 def skyward_pool(startup: list[float]) -> Iterator[Any]:
     start = time.perf_counter()
-    with sky.Compute(nodes=WORKERS) as pool:
+    # The console is measured on its own (bench_console); here it would only add noise.
+    with sky.Compute(nodes=WORKERS, options=sky.Options(console="silent")) as pool:
         startup.append(time.perf_counter() - start)
         yield pool
 
@@ -506,11 +509,36 @@ def bench_cpu(s: Settings, startup: list[float]) -> list[Row]:
     return rows
 
 
+def bench_console(s: Settings, startup: list[float]) -> list[Row]:
+    """Event emission and the rich console vs a silent pool, on the same map."""
+    n, reps = s.map_items, s.map_reps
+    items = list(range(n))
+    case = "map of noop1 with the console on"
+    status(f"console: pool.map(noop1, range({n:,})) with console='rich' vs 'silent'; {reps} interleaved reps")
+    with ExitStack() as stack:
+        silent = stack.enter_context(sky.Compute(nodes=WORKERS, options=sky.Options(console="silent")))
+        rich = stack.enter_context(sky.Compute(nodes=WORKERS, options=sky.Options(console="rich")))
+        fns: dict[str, Callable[[], Any]] = {
+            "skyward, silent": lambda: silent.map(sky_noop1, items),
+            "skyward, rich": lambda: rich.map(sky_noop1, items),
+        }
+        times = interleaved(fns, reps, warmup=1)
+    quiet = row_from_times("console", case, "skyward, silent", times["skyward, silent"],
+                           unit="items/s", amount=n, note=f"N={n:,}")
+    loud = row_from_times("console", case, "skyward, rich", times["skyward, rich"],
+                          unit="items/s", amount=n, note=f"N={n:,}")
+    ratio = loud.median / quiet.median
+    loud.note += f"; {ratio:.1%} of silent"
+    loud.target = quiet.median * TARGET_CONSOLE_RATIO
+    return [quiet, loud]
+
+
 RUNNERS: dict[str, Callable[[Settings, list[float]], list[Row]]] = {
     "roundtrip": bench_roundtrip,
     "map": bench_map,
     "array": bench_array,
     "cpu": bench_cpu,
+    "console": bench_console,
 }
 
 

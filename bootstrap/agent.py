@@ -76,6 +76,7 @@ class Agent:
         self.stopping = threading.Event()
         self.config: dict[str, Any] | None = None
         self.settings: dict[str, Any] = {}
+        self.collector: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
@@ -83,6 +84,8 @@ class Agent:
         threading.Thread(target=self._lease_watchdog, daemon=True).start()
         self.stopping.wait()
         listener.close()
+        if self.collector is not None:
+            self.collector.stop()
         self._stop_workers()
         with self.lock:
             for c in self.conns:
@@ -184,9 +187,24 @@ class Agent:
                 n = self.settings["processes"]
                 for i in range(n):
                     self.workers.append(self._spawn(i))
+                self._start_metrics(config.get("metrics") or [])
             else:  # topology changed (resize): tell every live worker
                 for w in self.workers:
                     self._send_config(w)
+
+    def _start_metrics(self, specs: list[dict[str, Any]]) -> None:
+        if not specs:
+            return
+        from skyward.metrics import from_config
+
+        from .metrics import Collector
+
+        self.collector = Collector(from_config(specs), self._emit_metric)
+        self.collector.start()
+
+    def _emit_metric(self, name: str, value: float, unit: str) -> None:
+        body = json.dumps({"name": name, "value": value, "unit": unit}).encode()
+        self._broadcast(Frame(Kind.METRIC, 0, body))
 
     def _topology_for(self, index: int) -> dict[str, Any]:
         assert self.config is not None

@@ -31,6 +31,8 @@ class NodeChannel:
         token: str,
         ttl: float,
         on_output: OnOutput,
+        on_lost: Callable[[int, BaseException], None] | None = None,
+        on_metric: Callable[[int, dict[str, Any]], None] | None = None,
         label: str = "",
     ) -> None:
         self.node = node
@@ -41,6 +43,8 @@ class NodeChannel:
         self._reader = FrameReader(sock)
         self._writer = FrameWriter(sock)
         self._on_output = on_output
+        self._on_lost = on_lost
+        self._on_metric = on_metric
         self._pending: dict[int, Done] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -118,6 +122,8 @@ class NodeChannel:
                         done(frame)
                 elif frame.kind == Kind.OUTPUT:
                     self._on_output(self.node, frame.task_id, frame.flags, bytes(frame.body))
+                elif frame.kind == Kind.METRIC and self._on_metric is not None:
+                    self._on_metric(self.node, json.loads(bytes(frame.body)))
         except (EOFError, OSError) as exc:
             self._mark_lost(exc)
 
@@ -137,3 +143,5 @@ class NodeChannel:
         err = self._lost_error()
         for done in pending:
             done(err)
+        if not self._closing and self._on_lost is not None:
+            self._on_lost(self.node, exc)

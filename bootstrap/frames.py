@@ -40,6 +40,7 @@ class Kind(IntEnum):
     PING = 9  # lease renewal
     SHUTDOWN = 10  # stop serving and exit
     LOG = 11  # agent/worker diagnostic line for the client
+    METRIC = 12  # agent -> client: one sample of a node metric (JSON)
 
 
 @dataclass(slots=True)

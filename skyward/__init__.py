@@ -41,6 +41,30 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
+    "metrics": "skyward.metrics",
+    "LogConfig": "skyward.logs",
+    "Secret": "skyward.secrets",
+    "secret": "skyward.secrets",
+    "subscribe": "skyward.events",
+    "Event": "skyward.events",
+    "ClusterRequested": "skyward.events",
+    "ClusterProvisioned": "skyward.events",
+    "ClusterReady": "skyward.events",
+    "ClusterDestroyed": "skyward.events",
+    "InstanceProvisioned": "skyward.events",
+    "BootstrapPhase": "skyward.events",
+    "InstanceBootstrapped": "skyward.events",
+    "InstancePreempted": "skyward.events",
+    "InstanceReplaced": "skyward.events",
+    "InstanceDestroyed": "skyward.events",
+    "ResourceChanged": "skyward.events",
+    "BatchStarted": "skyward.events",
+    "BatchFinished": "skyward.events",
+    "TaskStarted": "skyward.events",
+    "TaskCompleted": "skyward.events",
+    "Metric": "skyward.events",
+    "Log": "skyward.events",
+    "Error": "skyward.events",
     "Compute": "skyward.compute",
     "Session": "skyward.compute",
     "Pool": "skyward.pool",
@@ -60,7 +84,31 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from . import metrics
     from .compute import Compute, Session
+    from .events import (
+        BatchFinished,
+        BatchStarted,
+        BootstrapPhase,
+        ClusterDestroyed,
+        ClusterProvisioned,
+        ClusterReady,
+        ClusterRequested,
+        Error,
+        Event,
+        InstanceBootstrapped,
+        InstanceDestroyed,
+        InstancePreempted,
+        InstanceProvisioned,
+        InstanceReplaced,
+        Log,
+        Metric,
+        ResourceChanged,
+        TaskCompleted,
+        TaskStarted,
+        subscribe,
+    )
+    from .logs import LogConfig
     from .pool import Pool
     from .providers.local import Local
     from .runtime.info import (
@@ -73,13 +121,15 @@ if TYPE_CHECKING:
     )
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
     from .runtime.shard import shard
+    from .secrets import Secret, secret
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'skyward' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    value = mod if mod.__name__ == f"skyward.{name}" else getattr(mod, name)
     globals()[name] = value
     return value
 
@@ -91,13 +141,30 @@ def __dir__() -> list[str]:
 __all__ = [
     "AcceleratorError",
     "AcceleratorInfo",
+    "BatchFinished",
+    "BatchStarted",
+    "BootstrapPhase",
     "CallbackWriter",
+    "ClusterDestroyed",
+    "ClusterProvisioned",
+    "ClusterReady",
+    "ClusterRequested",
     "Compute",
     "ConfigError",
     "DispatchError",
+    "Error",
+    "Event",
     "Image",
+    "InstanceBootstrapped",
+    "InstanceDestroyed",
     "InstanceInfo",
+    "InstancePreempted",
+    "InstanceProvisioned",
+    "InstanceReplaced",
     "Local",
+    "Log",
+    "LogConfig",
+    "Metric",
     "NetworkInfo",
     "NoActivePoolError",
     "NodeLostError",
@@ -113,10 +180,14 @@ __all__ = [
     "ProviderError",
     "RemoteError",
     "RemoteFunction",
+    "ResourceChanged",
+    "Secret",
     "SerializationError",
     "Session",
     "SkywardError",
     "Spec",
+    "TaskCompleted",
+    "TaskStarted",
     "TaskTimeoutError",
     "Worker",
     "WorkerDiedError",
@@ -126,10 +197,13 @@ __all__ = [
     "gather",
     "instance_info",
     "is_head",
+    "metrics",
     "redirect_output",
+    "secret",
     "shard",
     "silent",
     "stderr",
     "stdout",
+    "subscribe",
     "time",
 ]

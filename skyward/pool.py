@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextvars
+import dataclasses
 import functools
 import itertools
 import logging
@@ -22,6 +23,9 @@ from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame, Kind
 
+from . import console, logs, secrets
+from . import events as ev
+from .console import Console
 from .errors import (
     ConfigError,
     NodeLostError,
@@ -31,6 +35,7 @@ from .errors import (
     SerializationError,
 )
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, unwrap
+from .metrics import normalize, to_config
 from .spec import Nodes, Options, Spec, Worker
 
 log = logging.getLogger("skyward")
@@ -76,13 +81,30 @@ class Pool:
         self._nodes = spec.node_spec
         self._resize_lock = threading.Lock()
         self._autoscaler: threading.Thread | None = None
-        self._cluster = spec.provider.create(spec, self.id)
+        self._requested = time.monotonic()
+        self._log = logs.configure(options.logging)
+        secrets.register_env(spec.image.env)  # before anything can log or print them
+        title = f"pool {self.id}"
+        self._event_log = console.EventLog(self.id, title)
+        self._console = Console(console.resolve(options.console), self.id, title).start()
+        provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
+        self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
+        try:
+            self._cluster = spec.provider.create(spec, self.id)
+        except BaseException as exc:
+            self._emit(ev.Error(pool=self.id, message=str(exc)))
+            self._stop_views()
+            raise
         _open_pools.add(self)
         try:
             self._add_nodes(spec.node_spec.desired)
-        except BaseException:
+        except BaseException as exc:
+            self._emit(ev.Error(pool=self.id, message=str(exc)))
             self.close()
             raise
+        self._emit(ev.ClusterReady(
+            pool=self.id, nodes=len(self._channels), seconds=time.monotonic() - self._requested,
+        ))
         ttl = spec.ttl
         self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
         self._beat.start()
@@ -107,9 +129,20 @@ class Pool:
             channels, self._channels = self._channels, []
         self._stop.set()
         _open_pools.discard(self)
-        for ch in channels:
-            ch.close(shutdown_agent=True)
-        self._cluster.close()
+        try:
+            for ch in channels:
+                ch.close(shutdown_agent=True)
+            self._cluster.close()
+        finally:
+            for ch in channels:
+                self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
+            self._emit(ev.ClusterDestroyed(pool=self.id))
+            self._stop_views()
+
+    def _stop_views(self) -> None:
+        self._console.stop()  # flushes the event queue first
+        self._event_log.close()
+        self._log.close()
 
     def _heartbeat(self, ttl: float) -> None:
         interval = max(0.2, min(2.0, ttl / 4)) if ttl > 0 else 2.0
@@ -118,10 +151,22 @@ class Pool:
                 ch.ping()
 
     # -- nodes -------------------------------------------------------------------------------
+    def _emit(self, event: ev.Event) -> None:
+        if isinstance(event, ev.Log | ev.Error):  # free text may quote a secret
+            event = dataclasses.replace(event, message=secrets.redact(event.message))
+        ev.bus.emit(event)
+
     def _add_nodes(self, count: int) -> None:
         endpoints = self._cluster.start(count)
+        for e in endpoints:
+            self._emit(ev.InstanceProvisioned(
+                pool=self.id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,
+            ))
+        self._emit(ev.ClusterProvisioned(pool=self.id, nodes=len(self._channels) + len(endpoints)))
         with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as ex:
             channels = list(ex.map(self._connect, endpoints))
+        for ch in channels:
+            self._emit(ev.InstanceBootstrapped(pool=self.id, node=ch.node))
         with self._lock:
             self._endpoints.extend(endpoints)
             self._channels.extend(channels)
@@ -134,16 +179,31 @@ class Pool:
             token=self._cluster.token,
             ttl=self.spec.ttl,
             on_output=self._print_output,
+            on_lost=self._node_lost,
+            on_metric=self._metric,
         )
+
+    def _metric(self, node: int, sample: dict[str, Any]) -> None:
+        if ev.bus.wants(self.id, ev.Metric):
+            self._emit(ev.Metric(
+                pool=self.id, node=node, name=sample["name"], value=float(sample["value"]),
+                unit=sample.get("unit", ""),
+            ))
+
+    def _node_lost(self, node: int, why: BaseException) -> None:
+        if not self._closed:
+            self._emit(ev.Error(pool=self.id, node=node, message=f"connection to node {node} lost ({why})"))
 
     def _configure_all(self) -> None:
         with self._lock:
             pairs = list(zip(self._endpoints, self._channels, strict=True))
         settings = self.worker.agent_settings()
+        metrics = to_config(normalize(self.spec.image.metrics))
         for position, (_, ch) in enumerate(pairs):
             ch.configure({
                 "topology": self._topology(position, pairs),
                 "worker": settings,
+                "metrics": metrics,
                 "spill": str(self._cluster.spill_dir) if self._cluster.spill_dir else None,
             })
 
@@ -169,6 +229,16 @@ class Pool:
             },
             "network": {"interface": self._cluster.interface, "bandwidth_gbps": None},
         }
+
+    def subscribe(self, callback: Callable[[ev.Event], None]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event of this pool from now on (in order, on
+        skyward's event thread); returns a function that unsubscribes. For the events of a
+        pool from its very start, use ``sky.subscribe`` before opening it."""
+        return ev.bus.subscribe(callback, self.id)
+
+    def events(self) -> Iterator[ev.Event]:
+        """Iterate over this pool's events as they happen; ends once the pool is destroyed."""
+        return ev.stream(self.id, stop=lambda e: isinstance(e, ev.ClusterDestroyed))
 
     def current_nodes(self) -> int:
         """How many nodes are connected and ready now."""
@@ -208,6 +278,8 @@ class Pool:
             for ch in leaving:
                 ch.close(shutdown_agent=True)
             self._cluster.stop(endpoints)
+            for ch in leaving:
+                self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
             self._configure_all()
 
     # -- elastic pools -----------------------------------------------------------------------
@@ -291,7 +363,29 @@ class Pool:
                 f"plain data, or create such objects inside the function."
             ) from exc
 
-    def _submit(self, ch: NodeChannel, pending: PendingFunction[T]) -> Future[T]:
+    def _track(self, ch: NodeChannel, name: str, items: int = 1, batch: int | None = None) -> Callable[[bool], None] | None:
+        """Emit TaskStarted; the function returned emits TaskCompleted. None when nobody listens."""
+        if not ev.bus.wants(self.id, ev.TaskStarted):
+            return None
+        task, node, start = next(ev.bus.task_ids), ch.node, time.monotonic()
+        self._emit(ev.TaskStarted(pool=self.id, task=task, name=name, node=node, items=items, batch=batch))
+
+        def finish(ok: bool) -> None:
+            self._emit(ev.TaskCompleted(
+                pool=self.id, task=task, name=name, node=node, seconds=time.monotonic() - start,
+                ok=ok, items=items, batch=batch,
+            ))
+
+        return finish
+
+    def _batch(self, kind: Any, name: str, total: int) -> int | None:
+        if not ev.bus.wants(self.id, ev.BatchStarted):
+            return None
+        batch = next(ev.bus.batch_ids)
+        self._emit(ev.BatchStarted(pool=self.id, batch=batch, kind=kind, name=name, total=total))
+        return batch
+
+    def _submit(self, ch: NodeChannel, pending: PendingFunction[T], batch: int | None = None) -> Future[T]:
         if not isinstance(pending, PendingFunction):
             raise ConfigError(
                 f"expected a pending function (a call of a @sky.function function), got {type(pending).__name__}."
@@ -304,12 +398,15 @@ class Pool:
         future: Future[T] = Future()
         future.set_running_or_notify_cancel()
         name = pending.name
+        finish = self._track(ch, name, 1, batch)
 
         def done(result: Frame | BaseException) -> None:
             try:
                 future.set_result(self._decode(result, name, ch.node))
             except BaseException as exc:
                 future.set_exception(exc)
+            if finish is not None:
+                finish(future.exception() is None)
 
         ch.submit(Kind.TASK, flags, body, buffers, done)
         return future
@@ -352,12 +449,33 @@ class Pool:
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
         """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
-        futures = [self.run_async(p) for p in group.items]
+        batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
+        futures = [self._submit(self._pick(None), p, batch) for p in group.items]
+        if batch is not None:
+            self._finish_batch_when_done(batch, futures)
         if not group.stream:
             return tuple(_results(futures))
         if group.ordered:
             return (f.result() for f in futures)
         return (f.result() for f in as_completed(futures))
+
+    def _finish_batch_when_done(self, batch: int, futures: list[Future[Any]]) -> None:
+        left, start = [len(futures)], time.monotonic()
+        lock = threading.Lock()
+
+        def one_done(_f: Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done = sum(1 for f in futures if f.exception() is None)
+                self._emit(ev.BatchFinished(
+                    pool=self.id, batch=batch, ok=done == len(futures), done=done,
+                    total=len(futures), seconds=time.monotonic() - start,
+                ))
+
+        for f in futures:
+            f.add_done_callback(one_done)
 
     def map(
         self,
@@ -390,6 +508,9 @@ class Pool:
         chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]
         name = getattr(fn, "__qualname__", "map function")
         window = slots * 2
+        batch = self._batch("map", name, len(data))
+        started = time.monotonic()
+        finishers: dict[int, Callable[[bool], None] | None] = {}
         done: queue.SimpleQueue[tuple[int, NodeChannel, Frame | BaseException]] = queue.SimpleQueue()
         outstanding = dict.fromkeys(channels, 0)
         results: list[list[Any] | None] = [None] * len(chunks)
@@ -411,23 +532,35 @@ class Pool:
                     Kind.MAP, (fn, chunk, timeout),
                     functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
+                finishers[sent] = self._track(ch, name, len(chunk), batch)
                 ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
                 outstanding[ch] += 1
                 sent += 1
             index, ch, result = done.get()
             outstanding[ch] -= 1
+            finish = finishers.pop(index, None)
             try:
                 results[index] = self._decode(result, name, ch.node)
             except BaseException as exc:
                 if first_error is None or index < first_error[0]:
                     first_error = (index, exc)
+            if finish is not None:
+                finish(results[index] is not None)
+        if batch is not None:
+            done_items = sum(len(chunks[i]) for i, r in enumerate(results) if r is not None)
+            self._emit(ev.BatchFinished(
+                pool=self.id, batch=batch, ok=first_error is None, done=done_items,
+                total=len(data), seconds=time.monotonic() - started,
+            ))
         if first_error is not None:
             raise first_error[1]
         return [value for chunk in results for value in chunk]  # type: ignore[union-attr]
 
     # -- output ------------------------------------------------------------------------------
     def _print_output(self, node: int, task: int, stream: int, data: bytes) -> None:
-        text = data.decode("utf-8", "replace")
+        text = secrets.redact(data.decode("utf-8", "replace"))
+        if ev.bus.wants(self.id, ev.Log):
+            self._emit(ev.Log(pool=self.id, level="stderr" if stream == 2 else "stdout", message=text, node=node))
         lines = text.splitlines()
         out = sys.stderr if stream == 2 else sys.stdout
         prefix = f"[node {node}] "

@@ -100,7 +100,9 @@ class Image:
     includes: tuple[str, ...] = ()
     excludes: tuple[str, ...] = ()
     skyward_source: str = "auto"
-    metrics: Any = None
+    # What the agents sample and stream as Metric events: sky.metrics.Default() unless
+    # given; None turns collection off.
+    metrics: Any = field(default_factory=lambda: _default_metrics())
     bootstrap_timeout: int = 300
 
     def __post_init__(self) -> None:
@@ -119,11 +121,20 @@ class Image:
             ):
                 raise ConfigError(f"Image({name}=...) must map strings to strings, got {value!r}.")
             object.__setattr__(self, name, dict(value))
+        from .metrics import normalize
+
+        object.__setattr__(self, "metrics", normalize(self.metrics))
         if self.python != "auto" and not _is_version(self.python):
             raise ConfigError(f"Image(python={self.python!r}) is not valid: use 'auto' or a version such as '3.12'.")
 
     def __hash__(self) -> int:
         return hash((self.python, self.pip, self.apt, tuple(sorted(self.env.items())), self.includes))
+
+
+def _default_metrics() -> Any:
+    from .metrics import Default
+
+    return Default()
 
 
 def _is_version(value: str) -> bool:

@@ -1,0 +1,455 @@
+"""Node-side metric sampling: one daemon thread that samples ``MetricSpec``s and hands each value
+to a callback.
+
+The agent builds one :class:`Collector` per node::
+
+    collector = Collector(from_config(cfg), emit=lambda name, value, unit: send(...))
+    collector.start()
+    ...
+    collector.stop()
+
+Standard library only (this runs inside the agent on bare nodes) and Linux only: values come
+from /proc, ``shutil.disk_usage``, ``nvidia-smi`` and shell commands. Nothing here raises out of
+the thread: a sample that fails is skipped (its metric's first failure is logged at debug level,
+later ones are not, so a broken metric cannot flood the log) and the next one is tried as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from skyward.metrics import GPU_KINDS, MetricSpec
+
+__all__ = ["Collector"]
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[str, float, str], None]
+
+_GiB = float(2**30)
+_MiB = float(2**20)
+
+# Metrics due within this much of each other are sampled in the same wake-up, so GPU metrics
+# with equal intervals share one nvidia-smi call even when float rounding differs by a hair.
+_SLACK = 0.005
+
+# nvidia-smi normally answers in well under a second; a hung driver must not stall the thread.
+_NVIDIA_SMI_TIMEOUT = 5.0
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+class _Sampler(Protocol):
+    def prime(self) -> None:
+        """Take the baseline reading a rate needs; called once when the thread starts."""
+
+    def sample(self, tick: _Tick) -> float | None:
+        """The current value, or None when there is nothing to report this time."""
+
+
+class _Tick:
+    """What the metrics sampled in one wake-up share: one nvidia-smi result at most."""
+
+    __slots__ = ("gpu", "gpu_error")
+
+    def __init__(self) -> None:
+        self.gpu: list[tuple[float, float, float, float]] | None = None
+        # A failed query is failed for every GPU metric of the tick: no second call to retry it.
+        self.gpu_error: Exception | None = None
+
+
+class _Stopped(Exception):
+    """The collector is stopping; abandon the sample in progress."""
+
+
+# --- CPU ---------------------------------------------------------------------------------------
+
+
+def _read_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies summed over all cores, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    if not fields or fields[0] != "cpu":
+        raise ValueError(f"unexpected first line of /proc/stat: {fields!r}")
+    # user nice system idle iowait irq softirq steal [guest guest_nice]; guest time is already
+    # counted in user and nice, so only the first eight add up to the total.
+    values = [int(v) for v in fields[1:9]]
+    total = sum(values)
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return total - idle, total
+
+
+class _CpuSampler:
+    """Share of all CPU time since the last sample that was not idle or iowait, in %.
+
+    100 means every core was busy for the whole interval (not 100 per core as top shows it),
+    so one busy thread on an 8-core node reads about 12.5.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int] | None = None
+
+    def prime(self) -> None:
+        self._last = _read_cpu()
+
+    def sample(self, tick: _Tick) -> float | None:
+        busy, total = _read_cpu()
+        last, self._last = self._last, (busy, total)
+        if last is None:
+            return None
+        d_total = total - last[1]
+        if d_total <= 0:
+            return None  # two reads within one jiffy: no rate to report yet
+        return min(100.0, max(0.0, 100.0 * (busy - last[0]) / d_total))
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def _read_meminfo() -> tuple[int, int]:
+    """(total, available) bytes from /proc/meminfo."""
+    values: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                values[key] = int(parts[0]) * 1024  # meminfo's "kB" are KiB
+    total = values["MemTotal"]
+    available = values.get("MemAvailable")
+    if available is None:
+        # Kernels before 3.14 lack MemAvailable; this is the estimate it replaced.
+        available = values.get("MemFree", 0) + values.get("Buffers", 0) + values.get("Cached", 0)
+    return total, available
+
+
+class _MemorySampler:
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+
+    def prime(self) -> None:
+        pass
+
+    def sample(self, tick: _Tick) -> float | None:
+        total, available = _read_meminfo()
+        used = max(0, total - available)
+        if self._kind == "memory":
+            return 100.0 * used / total if total else None
+        if self._kind == "memory_used":
+            return used / _GiB
+        return total / _GiB
+
+
+# --- disk --------------------------------------------------------------------------------------
+
+
+class _DiskSampler:
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def prime(self) -> None:
+        pass
+
+    def sample(self, tick: _Tick) -> float | None:
+        usage = shutil.disk_usage(self._path)
+        # df's Use%: free here is what unprivileged users may still write (root's reserve is
+        # excluded), so 100 means "full" as users experience it.
+        room = usage.used + usage.free
+        return 100.0 * usage.used / room if room else None
+
+
+# --- network -----------------------------------------------------------------------------------
+
+
+def _read_net(column: int) -> int:
+    """Bytes summed over all interfaces but lo: column 0 is received, 8 is sent."""
+    total = 0
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, sep, rest = line.partition(":")
+            if not sep or name.strip() == "lo":
+                continue  # the two header lines have no colon
+            fields = rest.split()
+            if len(fields) > column and fields[column].isdigit():
+                total += int(fields[column])
+    return total
+
+
+class _NetSampler:
+    """Bytes per second since the last sample, in MB/s (2**20 bytes)."""
+
+    def __init__(self, column: int) -> None:
+        self._column = column
+        self._last: tuple[float, int] | None = None
+
+    def prime(self) -> None:
+        self._last = (time.monotonic(), _read_net(self._column))
+
+    def sample(self, tick: _Tick) -> float | None:
+        now, count = time.monotonic(), _read_net(self._column)
+        last, self._last = self._last, (now, count)
+        if last is None or now <= last[0]:
+            return None
+        # An interface that went away takes its counters with it; report 0, not a negative rate.
+        return max(0, count - last[1]) / (now - last[0]) / _MiB
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+
+def _nvidia_smi() -> str | None:
+    """Path to nvidia-smi, or None where it is not on PATH (tests monkeypatch this or PATH)."""
+    return shutil.which("nvidia-smi")
+
+
+def _query_gpus(exe: str) -> list[tuple[float, float, float, float]]:
+    """(utilisation %, memory used MiB, memory total MiB, temperature C) per GPU."""
+    out = subprocess.run(
+        [
+            exe,
+            "--query-gpu=utilization.gpu,memory.used,memory.total,temperature.gpu",
+            "--format=csv,noheader,nounits",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=_NVIDIA_SMI_TIMEOUT,
+        check=True,
+    ).stdout
+    gpus: list[tuple[float, float, float, float]] = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        fields = [float(v) for v in line.split(",")]  # "[N/A]" raises: the sample is skipped
+        if len(fields) != 4:
+            raise ValueError(f"nvidia-smi printed {line!r}, expected 4 comma-separated numbers")
+        gpus.append((fields[0], fields[1], fields[2], fields[3]))
+    if not gpus:
+        raise ValueError("nvidia-smi listed no GPUs")
+    return gpus
+
+
+class _GpuSampler:
+    def __init__(self, kind: str, exe: str) -> None:
+        self._kind = kind
+        self._exe = exe
+
+    def prime(self) -> None:
+        pass
+
+    def sample(self, tick: _Tick) -> float | None:
+        if tick.gpu_error is not None:
+            raise tick.gpu_error
+        if tick.gpu is None:
+            try:
+                tick.gpu = _query_gpus(self._exe)  # shared by every GPU metric due in this tick
+            except Exception as exc:
+                tick.gpu_error = exc
+                raise
+        gpus = tick.gpu
+        if self._kind == "gpu":
+            return sum(g[0] for g in gpus) / len(gpus)
+        if self._kind == "gpu_memory":
+            return sum(100.0 * g[1] / g[2] if g[2] else 0.0 for g in gpus) / len(gpus)
+        if self._kind == "gpu_memory_total":
+            return sum(g[2] for g in gpus) * _MiB / _GiB
+        return sum(g[3] for g in gpus) / len(gpus)
+
+
+# --- custom ------------------------------------------------------------------------------------
+
+
+class _CustomSampler:
+    """Runs a shell command; the value is the first number in its stdout."""
+
+    def __init__(self, command: str, interval: float, stopping: threading.Event) -> None:
+        self._command = command
+        # A command slower than its interval could never keep up, and while it runs the other
+        # metrics wait (one thread), so the timeout is the interval, clamped to 1..10 s.
+        self._timeout = min(max(interval, 1.0), 10.0)
+        self._stopping = stopping
+
+    def prime(self) -> None:
+        pass
+
+    def sample(self, tick: _Tick) -> float | None:
+        # Popen rather than subprocess.run: the command gets its own process group so a timeout
+        # or stop() kills everything it started (run() kills only the shell, and a grandchild
+        # still holding stdout would keep run() waiting), and stop() need not wait for it.
+        proc = subprocess.Popen(
+            self._command,
+            shell=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self._timeout
+        try:
+            while True:
+                try:
+                    out, _ = proc.communicate(timeout=0.05)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self._stopping.is_set():
+                        raise _Stopped() from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"command {self._command!r} ran longer than {self._timeout:g} s"
+                        ) from None
+        finally:
+            if proc.returncode is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    proc.communicate(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    # Something that left the group (setsid) still holds stdout: stop reading.
+                    if proc.stdout is not None:
+                        proc.stdout.close()
+                    proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(f"command {self._command!r} exited with {proc.returncode}")
+        match = _NUMBER.search(out)
+        if match is None:
+            raise ValueError(f"command {self._command!r} printed no number: {out[:200]!r}")
+        value = float(match.group())
+        return value if math.isfinite(value) else None
+
+
+# --- the collector -----------------------------------------------------------------------------
+
+
+class Collector:
+    """Samples ``specs`` on one daemon thread and calls ``emit(name, value, unit)`` per sample.
+
+    The thread sleeps until the next metric is due, samples every metric due then (metrics on
+    the same interval are sampled together) and goes back to sleep. Each metric keeps its own
+    schedule ``start + k * interval``; a sample that overruns skips the missed slots rather than
+    bursting to catch up. ``emit`` is called on the collector's thread; it should be quick and
+    thread-safe (e.g. put a frame on a queue or a locked writer). An exception from ``emit`` is
+    treated like a failed sample.
+
+    GPU metrics are dropped at construction when nvidia-smi is not on PATH. Rates (CPU,
+    network) take a baseline when the thread starts, so the first value emitted is a real rate
+    over one interval. A Collector runs once: start() it, stop() it, make a new one to restart.
+    """
+
+    def __init__(self, specs: Sequence[MetricSpec], emit: Emit) -> None:
+        self._emit = emit
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: set[str] = set()
+        nvidia_smi = _nvidia_smi()
+        self._metrics: list[tuple[MetricSpec, _Sampler]] = []
+        for spec in specs:
+            if spec.kind in GPU_KINDS and nvidia_smi is None:
+                continue  # documented: GPU metrics are absent where there is no nvidia-smi
+            self._metrics.append((spec, self._sampler(spec, nvidia_smi)))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the metrics this collector will emit (GPU ones dropped without nvidia-smi)."""
+        return tuple(spec.name for spec, _ in self._metrics)
+
+    def _sampler(self, spec: MetricSpec, nvidia_smi: str | None) -> _Sampler:
+        kind = spec.kind
+        if kind == "cpu":
+            return _CpuSampler()
+        if kind in ("memory", "memory_used", "memory_total"):
+            return _MemorySampler(kind)
+        if kind == "disk":
+            return _DiskSampler(spec.param("path"))
+        if kind in ("net_rx", "net_tx"):
+            return _NetSampler(0 if kind == "net_rx" else 8)
+        if kind in GPU_KINDS:
+            assert nvidia_smi is not None
+            return _GpuSampler(kind, nvidia_smi)
+        if kind == "custom":
+            return _CustomSampler(spec.param("command"), spec.interval, self._stopping)
+        raise AssertionError(f"no sampler for metric kind {kind!r}")  # MetricSpec validates kinds
+
+    def start(self) -> None:
+        """Start the sampling thread; returns at once. Does nothing if already started or if
+        there is nothing to sample."""
+        if self._stopping.is_set():
+            raise RuntimeError("this Collector was stopped; create a new one to sample again")
+        if self._thread is not None or not self._metrics:
+            return
+        self._thread = threading.Thread(target=self._run, name="skyward-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop sampling and wait up to ``timeout`` seconds for the thread to end. A Custom
+        command in progress is killed; no ``emit`` happens after this returns (unless the
+        thread outlived the timeout, which only a stuck /proc or nvidia-smi read could cause)."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # the thread must never die loudly; the agent keeps serving
+            log.debug("metrics collector stopped on an unexpected error", exc_info=True)
+
+    def _loop(self) -> None:
+        for spec, sampler in self._metrics:
+            try:
+                sampler.prime()
+            except Exception as exc:
+                self._failure(spec, exc)
+        start = time.monotonic()
+        # per metric: how many intervals after start its next sample is due
+        slots = [1] * len(self._metrics)
+        while not self._stopping.is_set():
+            dues = [
+                start + k * spec.interval for k, (spec, _) in zip(slots, self._metrics, strict=True)
+            ]
+            wait = min(dues) - time.monotonic()
+            if wait > 0 and self._stopping.wait(wait):
+                return
+            now = time.monotonic()
+            tick = _Tick()
+            for i, (spec, sampler) in enumerate(self._metrics):
+                if dues[i] > now + _SLACK:
+                    continue
+                if self._stopping.is_set():
+                    return
+                self._sample(spec, sampler, tick)
+                # next slot strictly in the future: an overrun skips slots, it does not burst.
+                after = time.monotonic()
+                slots[i] = max(slots[i] + 1, math.floor((after - start) / spec.interval) + 1)
+
+    def _sample(self, spec: MetricSpec, sampler: _Sampler, tick: _Tick) -> None:
+        try:
+            value = sampler.sample(tick)
+            if value is not None and not self._stopping.is_set():
+                self._emit(spec.name, float(value), spec.unit)
+        except _Stopped:
+            pass
+        except Exception as exc:
+            self._failure(spec, exc)
+
+    def _failure(self, spec: MetricSpec, exc: Exception) -> None:
+        if spec.name not in self._failed:
+            self._failed.add(spec.name)
+            log.debug(
+                "metric %r failed (%s); skipping failed samples from now on quietly",
+                spec.name,
+                exc,
+                exc_info=exc,
+            )

@@ -1,0 +1,285 @@
+"""The console: a view of a pool's events on the terminal (Options.console).
+
+* ``"rich"`` — a live panel: a line per node (state, tasks, CPU, memory) and a progress bar
+  per map/gather, redrawn in place; task output scrolls above it.
+* ``"log"`` — append-only ``HH:MM:SS message`` lines on stderr (chosen automatically when
+  stderr is not a terminal, so logs and CI output stay readable).
+* ``"minimal"`` — only when the pool is ready, errors, and when it is destroyed.
+* ``"silent"`` — nothing (task output is still printed).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import events as ev
+from .secrets import redact
+
+Mode = Literal["rich", "minimal", "log", "silent"]
+
+_LINE_EVENTS: tuple[type[ev.Event], ...] = (
+    ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed,
+    ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstancePreempted,
+    ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
+)
+
+
+def resolve(option: bool | str) -> Mode:
+    if option is False or option == "silent":
+        return "silent"
+    if option is True:
+        return "rich" if _is_tty(sys.stderr) else "log"
+    return option  # type: ignore[return-value]
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+@dataclass
+class _Node:
+    state: str = "requested"
+    host: str = ""
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    cpu: float | None = None
+    memory: float | None = None
+
+
+@dataclass
+class _Batch:
+    kind: str
+    name: str
+    total: int
+    done: int = 0
+    start: float = field(default_factory=time.monotonic)
+    task_id: Any = None
+
+
+class Console:
+    """Subscribes to one pool's events and renders them in the chosen mode."""
+
+    def __init__(self, mode: Mode, pool: str, title: str) -> None:
+        self.mode = mode
+        self.pool = pool
+        self.title = title
+        self.nodes: dict[int, _Node] = {}
+        self.batches: dict[int, _Batch] = {}
+        self._lock = threading.Lock()
+        self._live: Any = None
+        self._progress: Any = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._started = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Console:
+        if self.mode == "silent":
+            return self
+        if self.mode == "rich":
+            self._start_rich()
+        # The rich view counts tasks and shows metrics; the line modes need only lifecycle and
+        # batch events, so dispatch builds no per-task events for them.
+        kinds = None if self.mode == "rich" else _LINE_EVENTS
+        self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool, kinds)
+        return self
+
+    def stop(self) -> None:
+        if self._unsubscribe is None:
+            return
+        ev.bus.flush()
+        self._unsubscribe()
+        self._unsubscribe = None
+        if self._live is not None:
+            self._live.update(self._render(), refresh=True)
+            self._live.stop()
+            self._live = None
+
+    # -- events ------------------------------------------------------------------------------
+    def _on_event(self, event: ev.Event) -> None:
+        with self._lock:
+            self._apply(event)
+        if self.mode == "log" or (self.mode == "minimal" and self._minimal(event)):
+            line = self._describe(event)
+            if line:
+                _print_line(line)
+
+    def _apply(self, event: ev.Event) -> None:
+        node = getattr(event, "node", None)
+        state = self.nodes.setdefault(node, _Node()) if isinstance(node, int) else None
+        if isinstance(event, ev.InstanceProvisioned) and state:
+            state.state, state.host = "starting", event.hostname
+        elif isinstance(event, ev.BootstrapPhase) and state:
+            state.state = f"{event.phase} {event.status}"
+        elif isinstance(event, ev.InstanceBootstrapped) and state:
+            state.state = "ready"
+        elif isinstance(event, ev.InstanceDestroyed) and state:
+            state.state = "destroyed"
+        elif isinstance(event, ev.Error) and state:
+            state.state = "lost"
+        elif isinstance(event, ev.TaskStarted) and state:
+            state.running += 1
+        elif isinstance(event, ev.TaskCompleted) and state:
+            state.running = max(0, state.running - 1)
+            if event.ok:
+                state.done += event.items
+            else:
+                state.failed += 1
+            batch = self.batches.get(event.batch) if event.batch is not None else None
+            if batch is not None:
+                batch.done += event.items
+                if self._progress is not None:
+                    self._progress.update(batch.task_id, completed=batch.done)
+        elif isinstance(event, ev.Metric) and state:
+            if event.name == "cpu":
+                state.cpu = event.value
+            elif event.name == "memory":
+                state.memory = event.value
+        elif isinstance(event, ev.BatchStarted):
+            batch = _Batch(event.kind, event.name, event.total)
+            if self._progress is not None:
+                batch.task_id = self._progress.add_task(f"{event.kind} {event.name}", total=event.total)
+            self.batches[event.batch] = batch
+        elif isinstance(event, ev.BatchFinished):
+            batch = self.batches.get(event.batch)
+            if batch is not None and self._progress is not None:
+                self._progress.update(batch.task_id, completed=event.done)
+
+    @staticmethod
+    def _minimal(event: ev.Event) -> bool:
+        return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed)
+
+    def _describe(self, event: ev.Event) -> str | None:
+        names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
+        return describe(event, self.title, names)
+
+    # -- rich --------------------------------------------------------------------------------
+    def _start_rich(self) -> None:
+        from rich.console import Console as RichConsole
+        from rich.live import Live
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+            MofNCompleteColumn(), _RateColumn(), TimeElapsedColumn(),
+        )
+        self._live = Live(
+            get_renderable=self._render,
+            console=RichConsole(file=sys.stderr),
+            refresh_per_second=8,
+            transient=False,
+            redirect_stdout=True,
+            redirect_stderr=True,
+        )
+        self._live.start()
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table(title=f"skyward {self.title}", title_justify="left", expand=False)
+        for column in ("node", "host", "state", "running", "done", "cpu", "mem"):
+            table.add_column(column)
+        with self._lock:
+            for index in sorted(self.nodes):
+                n = self.nodes[index]
+                table.add_row(
+                    str(index), n.host, n.state, str(n.running), str(n.done + n.failed),
+                    "" if n.cpu is None else f"{n.cpu:.0f}%",
+                    "" if n.memory is None else f"{n.memory:.0f}%",
+                )
+        return Group(table, self._progress) if self.batches else table
+
+
+def _RateColumn() -> Any:
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if speed is None else f"{speed:,.0f}/s")
+
+    return RateColumn()
+
+
+def _print_line(line: str) -> None:
+    try:
+        sys.stderr.write(time.strftime("%H:%M:%S ") + redact(line) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None) -> str | None:
+    """One line for the events worth a line (tasks and metrics are too many); shared by the
+    log console and the log file."""
+    if isinstance(event, ev.ClusterRequested):
+        return f"{title}: requesting {event.nodes} {event.provider} node(s)"
+    if isinstance(event, ev.InstanceProvisioned):
+        return f"node {event.node}: started on {event.hostname} ({event.private_ip})"
+    if isinstance(event, ev.BootstrapPhase):
+        took = f" in {event.seconds:.1f} s" if event.seconds is not None else ""
+        return f"node {event.node}: {event.phase} {event.status}{took}"
+    if isinstance(event, ev.InstanceBootstrapped):
+        return f"node {event.node}: ready"
+    if isinstance(event, ev.ClusterReady):
+        return f"{title}: ready, {event.nodes} node(s) in {event.seconds:.2f} s"
+    if isinstance(event, ev.BatchStarted):
+        return f"{event.kind} {event.name}: {event.total} item(s)"
+    if isinstance(event, ev.BatchFinished):
+        label = (batches or {}).get(event.batch, f"batch {event.batch}")
+        rate = event.done / event.seconds if event.seconds > 0 else 0.0
+        outcome = "done" if event.ok else "failed"
+        return f"{label}: {outcome}, {event.done}/{event.total} in {event.seconds:.2f} s ({rate:,.0f}/s)"
+    if isinstance(event, ev.Error):
+        where = f"node {event.node}: " if event.node is not None else ""
+        return f"{where}error: {event.message}"
+    if isinstance(event, ev.InstanceDestroyed):
+        return f"node {event.node}: stopped"
+    if isinstance(event, ev.ClusterDestroyed):
+        return f"{title}: destroyed"
+    return None
+
+
+class EventLog:
+    """Writes a pool's lifecycle events to the ``skyward.events`` logger (the log file)."""
+
+    def __init__(self, pool: str, title: str) -> None:
+        self._title = title
+        self._batches: dict[int, str] = {}
+        self._log = logging.getLogger("skyward.events")
+        # At DEBUG the file also keeps the tasks' output, prefixed by node.
+        kinds = (*_LINE_EVENTS, ev.Log) if self._log.isEnabledFor(logging.DEBUG) else _LINE_EVENTS
+        self._unsubscribe = ev.bus.subscribe(self._on_event, pool, kinds)
+
+    def _on_event(self, event: ev.Event) -> None:
+        if isinstance(event, ev.Log):
+            for line in event.message.splitlines():
+                self._log.debug("[node %s] %s", event.node, line)
+            return
+        if isinstance(event, ev.BatchStarted):
+            self._batches[event.batch] = f"{event.kind} {event.name}"
+        line = describe(event, self._title, self._batches)
+        if line:
+            # INFO even for errors: the console already shows them; this is the file's copy.
+            self._log.info("%s", line)
+
+    def close(self) -> None:
+        self._unsubscribe()

@@ -1,0 +1,276 @@
+"""Typed events: everything a pool does is reported here, and the console, the log file and
+user callbacks are all views of this one stream.
+
+Emitting is a queue append (nothing at all when nobody listens); a single dispatcher thread
+delivers events to subscribers in the order they were emitted, so a slow subscriber delays
+other subscribers, never task dispatch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+log = logging.getLogger("skyward.events")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every event: the pool it belongs to and when it happened (epoch seconds)."""
+
+    pool: str
+    time: float = field(default_factory=time.time)
+
+
+# -- cluster lifecycle --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterRequested(Event):
+    provider: str
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterProvisioned(Event):
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterReady(Event):
+    nodes: int
+    seconds: float  # from request to ready
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterDestroyed(Event):
+    pass
+
+
+# -- instances ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceProvisioned(Event):
+    node: int
+    hostname: str
+    private_ip: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BootstrapPhase(Event):
+    node: int
+    phase: str
+    status: Literal["started", "done", "failed", "skipped"]
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceBootstrapped(Event):
+    node: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstancePreempted(Event):
+    node: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceReplaced(Event):
+    node: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceDestroyed(Event):
+    node: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResourceChanged(Event):
+    """A Pulumi resource operation of a cloud pool's stack."""
+
+    resource: str
+    operation: str
+    status: str
+
+
+# -- work ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchStarted(Event):
+    """A map or gather began: ``total`` items under one ``batch`` id (for progress bars)."""
+
+    batch: int
+    kind: Literal["map", "gather", "joblib"]
+    name: str
+    total: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchFinished(Event):
+    batch: int
+    ok: bool
+    done: int  # items that completed successfully
+    total: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStarted(Event):
+    """A task (or a map chunk of ``items`` items) was sent to ``node``."""
+
+    task: int
+    name: str
+    node: int
+    items: int = 1
+    batch: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskCompleted(Event):
+    task: int
+    name: str
+    node: int
+    seconds: float
+    ok: bool
+    items: int = 1
+    batch: int | None = None
+
+
+# -- telemetry ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metric(Event):
+    node: int
+    name: str
+    value: float
+    unit: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Log(Event):
+    level: str
+    message: str
+    node: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(Event):
+    message: str
+    node: int | None = None
+
+
+Callback = Callable[[Event], None]
+
+
+class _Bus:
+    """The process-wide event stream: subscribers see events of one pool or of all pools."""
+
+    def __init__(self) -> None:
+        # key -> (pool or None for all, event types or None for all, callback)
+        self._subs: dict[int, tuple[str | None, tuple[type[Event], ...] | None, Callback]] = {}
+        self._ids = itertools.count(1)
+        self._queue: queue.SimpleQueue[tuple[Event, list[Callback]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.task_ids = itertools.count(1)
+        self.batch_ids = itertools.count(1)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._subs)
+
+    def wants(self, pool: str, kind: type[Event]) -> bool:
+        """Whether anyone listens to this kind of event of this pool; callers skip building
+        events nobody wants, which keeps task dispatch free of event costs when unobserved."""
+        return any(
+            (p is None or p == pool) and (k is None or issubclass(kind, k))
+            for p, k, _ in list(self._subs.values())
+        )
+
+    def subscribe(
+        self, callback: Callback, pool: str | None = None, kinds: tuple[type[Event], ...] | None = None
+    ) -> Callable[[], None]:
+        with self._lock:
+            key = next(self._ids)
+            self._subs[key] = (pool, kinds, callback)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._deliver, name="skyward-events", daemon=True)
+                self._thread.start()
+        return lambda: self._subs.pop(key, None) and None
+
+    def emit(self, event: Event) -> None:
+        targets = [
+            cb for p, k, cb in list(self._subs.values())
+            if (p is None or p == event.pool) and (k is None or isinstance(event, k))
+        ]
+        if targets:
+            self._queue.put((event, targets))
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until everything emitted so far has been delivered."""
+        if self._thread is None:
+            return
+        done = threading.Event()
+        self._queue.put((Log(pool="", level="DEBUG", message="flush"), [lambda _e: done.set()]))
+        done.wait(timeout)
+
+    def _deliver(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            event, targets = item
+            for cb in targets:
+                try:
+                    cb(event)
+                except Exception:
+                    log.exception("an event subscriber raised; it keeps receiving events")
+
+
+bus = _Bus()
+
+
+def subscribe(callback: Callback) -> Callable[[], None]:
+    """Receive the events of every pool opened from now on; returns a function that stops it."""
+    return bus.subscribe(callback)
+
+
+def stream(pool: str | None = None, stop: Callable[[Event], bool] | None = None) -> Iterator[Event]:
+    """Iterate over events as they happen (of one pool, or all); ends after ``stop(event)``."""
+    q: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    unsubscribe = bus.subscribe(q.put, pool)
+    try:
+        while True:
+            event = q.get()
+            yield event
+            if stop is not None and stop(event):
+                return
+    finally:
+        unsubscribe()
+
+
+__all__ = [
+    "BatchFinished",
+    "BatchStarted",
+    "BootstrapPhase",
+    "ClusterDestroyed",
+    "ClusterProvisioned",
+    "ClusterReady",
+    "ClusterRequested",
+    "Error",
+    "Event",
+    "InstanceBootstrapped",
+    "InstanceDestroyed",
+    "InstancePreempted",
+    "InstanceProvisioned",
+    "InstanceReplaced",
+    "Log",
+    "Metric",
+    "ResourceChanged",
+    "TaskCompleted",
+    "TaskStarted",
+    "subscribe",
+]

@@ -1,0 +1,108 @@
+"""The event stream: lifecycle order, tasks, metrics, and subscribers that misbehave."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import skyward as sky
+
+
+@sky.function
+def work(x: int) -> int:
+    return x * 2
+
+
+@sky.function
+def fail() -> None:
+    raise ValueError("nope")
+
+
+
+
+def test_lifecycle_events_in_order_and_one_completion_per_task() -> None:
+    seen: list[sky.Event] = []
+    unsubscribe = sky.subscribe(seen.append)
+    try:
+        with sky.Compute(nodes=2, options=sky.Options(console="silent")) as pool:
+            for i in range(5):
+                work(i) >> pool
+            with pytest.raises(ValueError):
+                fail() >> pool
+            pid = pool.id
+        sky.events.bus.flush()
+    finally:
+        unsubscribe()
+    mine = [e for e in seen if e.pool == pid]
+    kinds = [type(e).__name__ for e in mine if not isinstance(e, sky.TaskStarted | sky.TaskCompleted | sky.Metric | sky.Log)]
+    assert kinds[0] == "ClusterRequested"
+    assert kinds.index("ClusterProvisioned") < kinds.index("ClusterReady") < kinds.index("ClusterDestroyed")
+    assert kinds[-1] == "ClusterDestroyed"
+    assert sorted(e.node for e in mine if isinstance(e, sky.InstanceProvisioned)) == [0, 1]
+    assert sorted(e.node for e in mine if isinstance(e, sky.InstanceBootstrapped)) == [0, 1]
+    assert sorted(e.node for e in mine if isinstance(e, sky.InstanceDestroyed)) == [0, 1]
+    assert kinds.index("InstanceBootstrapped") < kinds.index("ClusterReady")
+    completed = [e for e in mine if isinstance(e, sky.TaskCompleted)]
+    assert len(completed) == 6
+    assert [e.ok for e in completed] == [True] * 5 + [False]
+    assert all(e.seconds >= 0 and e.node in (0, 1) and e.name == "work" for e in completed[:5])
+    started = {e.task for e in mine if isinstance(e, sky.TaskStarted)}
+    assert started == {e.task for e in completed}
+
+
+def test_map_reports_a_batch_with_item_counts() -> None:
+    seen: list[sky.Event] = []
+    with sky.Compute(nodes=2, options=sky.Options(console="silent")) as pool:
+        unsubscribe = pool.subscribe(seen.append)
+        pool.map(work, range(1000), chunksize=100)
+        sky.gather(work(1), work(2)) >> pool
+        sky.events.bus.flush()
+        unsubscribe()
+    batches = [e for e in seen if isinstance(e, sky.BatchStarted)]
+    assert [(b.kind, b.total) for b in batches] == [("map", 1000), ("gather", 2)]
+    map_done = [e for e in seen if isinstance(e, sky.TaskCompleted) and e.batch == batches[0].batch]
+    assert sum(e.items for e in map_done) == 1000 and len(map_done) == 10
+    finished = [e for e in seen if isinstance(e, sky.BatchFinished)]
+    assert [f.batch for f in finished] == [b.batch for b in batches] and all(f.ok for f in finished)
+
+
+def test_metrics_arrive_from_every_node_with_plausible_values() -> None:
+    image = sky.Image(metrics=[sky.metrics.CPU(interval=0.2), sky.metrics.Memory(interval=0.2)])
+    with sky.Compute(nodes=2, image=image, options=sky.Options(console="silent")) as pool:
+        samples = []
+        for event in pool.events():
+            if isinstance(event, sky.Metric):
+                samples.append(event)
+            if {(s.node, s.name) for s in samples} >= {(0, "cpu"), (1, "cpu"), (0, "memory"), (1, "memory")}:
+                break
+    cpu = [s.value for s in samples if s.name == "cpu"]
+    memory = [s.value for s in samples if s.name == "memory"]
+    assert all(0 <= v <= 100 for v in cpu) and all(0 < v < 100 for v in memory)
+
+
+def test_metrics_off() -> None:
+    seen: list[sky.Event] = []
+    with sky.Compute(nodes=1, image=sky.Image(metrics=None), options=sky.Options(console="silent")) as pool:
+        unsubscribe = pool.subscribe(seen.append)
+        time.sleep(1.5)
+        unsubscribe()
+    assert not [e for e in seen if isinstance(e, sky.Metric)]
+
+
+def test_a_raising_subscriber_does_not_break_the_pool() -> None:
+    def bad(_event: sky.Event) -> None:
+        raise RuntimeError("subscriber bug")
+
+    unsubscribe = sky.subscribe(bad)
+    try:
+        with sky.Compute(nodes=1, options=sky.Options(console="silent")) as pool:
+            assert work(2) >> pool == 4
+    finally:
+        unsubscribe()
+
+
+def test_events_are_frozen() -> None:
+    event = sky.TaskCompleted(pool="p", task=1, name="f", node=0, seconds=0.1, ok=True)
+    with pytest.raises(AttributeError):
+        event.ok = False  # type: ignore[misc]

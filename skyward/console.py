@@ -271,8 +271,8 @@ class EventLog:
 
     def _on_event(self, event: ev.Event) -> None:
         if isinstance(event, ev.Log):
-            for line in event.message.splitlines():
-                self._log.debug("[node %s] %s", event.node, line)
+            for text in event.message.splitlines():
+                self._log.debug("[node %s] %s", event.node, text)
             return
         if isinstance(event, ev.BatchStarted):
             self._batches[event.batch] = f"{event.kind} {event.name}"

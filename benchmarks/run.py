@@ -511,7 +511,9 @@ def bench_cpu(s: Settings, startup: list[float]) -> list[Row]:
 
 def bench_console(s: Settings, startup: list[float]) -> list[Row]:
     """Event emission and the rich console vs a silent pool, on the same map."""
-    n, reps = s.map_items, s.map_reps
+    # Each map takes tens of ms, so this needs more repetitions than bench_map to average out
+    # the machine's drift.
+    n, reps = s.map_items, s.map_reps * 6
     items = list(range(n))
     case = "map of noop1 with the console on"
     status(f"console: pool.map(noop1, range({n:,})) with console='rich' vs 'silent'; {reps} interleaved reps")

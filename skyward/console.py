@@ -21,6 +21,7 @@ from typing import Any, Literal
 from . import events as ev
 from .secrets import redact
 
+REFRESH = 8  # redraws per second of the rich view
 Mode = Literal["rich", "minimal", "log", "silent"]
 
 _LINE_EVENTS: tuple[type[ev.Event], ...] = (
@@ -136,9 +137,7 @@ class Console:
                 state.failed += 1
             batch = self.batches.get(event.batch) if event.batch is not None else None
             if batch is not None:
-                batch.done += event.items
-                if self._progress is not None:
-                    self._progress.update(batch.task_id, completed=batch.done)
+                batch.done += event.items  # the bar catches up when the view is redrawn
         elif isinstance(event, ev.Metric) and state:
             if event.name == "cpu":
                 state.cpu = event.value
@@ -151,8 +150,8 @@ class Console:
             self.batches[event.batch] = batch
         elif isinstance(event, ev.BatchFinished):
             batch = self.batches.get(event.batch)
-            if batch is not None and self._progress is not None:
-                self._progress.update(batch.task_id, completed=event.done)
+            if batch is not None:
+                batch.done = event.done
 
     @staticmethod
     def _minimal(event: ev.Event) -> bool:
@@ -182,7 +181,7 @@ class Console:
         self._live = Live(
             get_renderable=self._render,
             console=RichConsole(file=sys.stderr),
-            refresh_per_second=8,
+            refresh_per_second=REFRESH,
             transient=False,
             redirect_stdout=True,
             redirect_stderr=True,
@@ -197,6 +196,9 @@ class Console:
         for column in ("node", "host", "state", "running", "done", "cpu", "mem"):
             table.add_column(column)
         with self._lock:
+            if self._progress is not None:
+                for batch in self.batches.values():
+                    self._progress.update(batch.task_id, completed=batch.done)
             for index in sorted(self.nodes):
                 n = self.nodes[index]
                 table.add_row(

@@ -8,6 +8,7 @@ other subscribers, never task dispatch.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -165,6 +166,12 @@ class Error(Event):
 Callback = Callable[[Event], None]
 
 
+# Frequent events: delivered in bursts (at most ~50 ms late) instead of waking the event
+# thread for each one, which would take the GIL from dispatch hundreds of times per map.
+_BATCHED = (TaskStarted, TaskCompleted, Metric, Log)
+_POLL = 0.05
+
+
 class _Bus:
     """The process-wide event stream: subscribers see events of one pool or of all pools."""
 
@@ -172,15 +179,13 @@ class _Bus:
         # key -> (pool or None for all, event types or None for all, callback)
         self._subs: dict[int, tuple[str | None, tuple[type[Event], ...] | None, Callback]] = {}
         self._ids = itertools.count(1)
-        self._queue: queue.SimpleQueue[tuple[Event, list[Callback]] | None] = queue.SimpleQueue()
+        self._pending: collections.deque[tuple[Event, list[Callback]]] = collections.deque()
+        self._wake = threading.Event()
+        self._idle = True  # the event thread sleeps until woken (no polling while quiet)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.task_ids = itertools.count(1)
         self.batch_ids = itertools.count(1)
-
-    @property
-    def active(self) -> bool:
-        return bool(self._subs)
 
     def wants(self, pool: str, kind: type[Event]) -> bool:
         """Whether anyone listens to this kind of event of this pool; callers skip building
@@ -207,27 +212,31 @@ class _Bus:
             if (p is None or p == event.pool) and (k is None or isinstance(event, k))
         ]
         if targets:
-            self._queue.put((event, targets))
+            self._pending.append((event, targets))
+            if self._idle or not isinstance(event, _BATCHED) or len(self._pending) >= 1024:
+                self._wake.set()
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything emitted so far has been delivered."""
         if self._thread is None:
             return
         done = threading.Event()
-        self._queue.put((Log(pool="", level="DEBUG", message="flush"), [lambda _e: done.set()]))
+        self._pending.append((Log(pool="", level="DEBUG", message="flush"), [lambda _e: done.set()]))
+        self._wake.set()
         done.wait(timeout)
 
     def _deliver(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            event, targets = item
-            for cb in targets:
-                try:
-                    cb(event)
-                except Exception:
-                    log.exception("an event subscriber raised; it keeps receiving events")
+            self._wake.wait(None if self._idle else _POLL)
+            self._wake.clear()
+            self._idle = not self._pending
+            while self._pending:
+                event, targets = self._pending.popleft()
+                for cb in targets:
+                    try:
+                        cb(event)
+                    except Exception:
+                        log.exception("an event subscriber raised; it keeps receiving events")
 
 
 bus = _Bus()

@@ -84,3 +84,13 @@ def test_silent_prints_nothing_but_task_output(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
     assert "[node 0] hello 0" in out.stdout or "[node 1] hello 0" in out.stdout
+
+
+def test_minimal_prints_only_ready_errors_and_destroyed(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM.replace("sky.Compute(nodes=2)", "sky.Compute(nodes=2, options=sky.Options(console='minimal'))"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2, out.stderr
+    assert "ready" in lines[0] and "destroyed" in lines[1]

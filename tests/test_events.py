@@ -68,17 +68,24 @@ def test_map_reports_a_batch_with_item_counts() -> None:
 
 
 def test_metrics_arrive_from_every_node_with_plausible_values() -> None:
-    image = sky.Image(metrics=[sky.metrics.CPU(interval=0.2), sky.metrics.Memory(interval=0.2)])
+    image = sky.Image(metrics=[
+        sky.metrics.CPU(interval=0.2), sky.metrics.Memory(interval=0.2), sky.metrics.MemoryUsed(interval=0.2),
+    ])
+    wanted = {(n, m) for n in (0, 1) for m in ("cpu", "memory", "memory_used")}
     with sky.Compute(nodes=2, image=image, options=sky.Options(console="silent")) as pool:
         samples = []
         for event in pool.events():
             if isinstance(event, sky.Metric):
                 samples.append(event)
-            if {(s.node, s.name) for s in samples} >= {(0, "cpu"), (1, "cpu"), (0, "memory"), (1, "memory")}:
+            if {(s.node, s.name) for s in samples} >= wanted:
                 break
+    total_gb = int(open("/proc/meminfo").read().split()[1]) / 2**20  # MemTotal, kB -> GB
     cpu = [s.value for s in samples if s.name == "cpu"]
     memory = [s.value for s in samples if s.name == "memory"]
+    used = [s.value for s in samples if s.name == "memory_used"]
     assert all(0 <= v <= 100 for v in cpu) and all(0 < v < 100 for v in memory)
+    assert all(0 < v < total_gb for v in used)
+    assert {s.unit for s in samples if s.name == "cpu"} == {"%"}
 
 
 def test_metrics_off() -> None:

@@ -25,6 +25,7 @@ from skyward.bootstrap.frames import Frame, Kind
 
 from . import console, logs, secrets
 from . import events as ev
+from .autoscale import ScaleState, decide
 from .console import Console
 from .errors import (
     ConfigError,
@@ -95,6 +96,7 @@ class Pool:
             self._emit(ev.Error(pool=self.id, message=str(exc)))
             self._stop_views()
             raise
+        secrets.register(self._cluster.token)  # the agents' token never shows in logs either
         _open_pools.add(self)
         try:
             self._add_nodes(spec.node_spec.desired)
@@ -293,38 +295,20 @@ class Pool:
         self._autoscaler.start()
 
     def _autoscale(self) -> None:
-        """Grow while tasks wait for slots, shrink back to ``desired`` once the pool is idle.
-
-        Tasks already queued on a node stay there; new nodes take their share of what is
-        dispatched after they join (round-robin for >>, the next chunks of a running map).
-        """
-        opts = self.options
-        slots = self.worker.slots
-        last_change = time.monotonic()
-        idle_since: float | None = None
-        while not self._stop.wait(min(1.0, opts.reconcile_tick_interval)):
-            nodes = self._nodes
-            if nodes.max is None:
-                return
+        """Tasks already queued on a node stay there; new nodes take their share of what is
+        dispatched after they join (round-robin for >>, the next chunks of a running map)."""
+        state = ScaleState(last_change=time.monotonic())
+        while not self._stop.wait(min(1.0, self.options.reconcile_tick_interval)):
             with self._lock:
                 live = [ch for ch in self._channels if ch.lost is None]
             busy = sum(ch.inflight for ch in live)
-            waiting = busy - len(live) * slots
-            now = time.monotonic()
+            target = decide(self._nodes, len(live), busy, self.worker.slots, time.monotonic(),
+                            state, self.options)
+            if target is None:
+                continue
+            log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)
             try:
-                if waiting > 0 and len(live) < nodes.max and now - last_change >= opts.autoscale_cooldown:
-                    grow = min(nodes.max - len(live), math.ceil(waiting / slots))
-                    log.info("autoscale: %d task(s) waiting, adding %d node(s)", waiting, grow)
-                    self._scale_to(len(live) + grow)
-                    last_change, idle_since = time.monotonic(), None
-                elif busy == 0 and len(live) > nodes.desired:
-                    idle_since = idle_since or now
-                    if now - idle_since >= opts.autoscale_idle_timeout:
-                        log.info("autoscale: idle, shrinking to %d node(s)", nodes.desired)
-                        self._scale_to(nodes.desired)
-                        last_change, idle_since = time.monotonic(), None
-                else:
-                    idle_since = None
+                self._scale_to(target)
             except Exception as exc:  # a failed scale step must not end the pool
                 if self._closed:
                     return

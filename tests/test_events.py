@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_metrics_arrive_from_every_node_with_plausible_values() -> None:
                 samples.append(event)
             if {(s.node, s.name) for s in samples} >= wanted:
                 break
-    total_gb = int(open("/proc/meminfo").read().split()[1]) / 2**20  # MemTotal, kB -> GB
+    total_gb = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20  # MemTotal, kB -> GB
     cpu = [s.value for s in samples if s.name == "cpu"]
     memory = [s.value for s in samples if s.name == "memory"]
     used = [s.value for s in samples if s.name == "memory_used"]

@@ -486,7 +486,9 @@ class Pool:
         channels = [ch for ch in self._channels if ch.lost is None] or list(self._channels)
         slots = self.worker.slots
         if chunksize is None:
-            chunksize = max(1, min(1024, math.ceil(len(data) / (len(channels) * slots * 4))))
+            # ~16 chunks per slot: small enough that uneven items or nodes even out at the
+            # end, large enough (up to 1024 items) that short calls are not all round trips.
+            chunksize = max(1, min(1024, math.ceil(len(data) / (len(channels) * slots * 16))))
         elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
             raise ConfigError(f"chunksize={chunksize!r} is not valid: use an int >= 1, or leave it out.")
         chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]

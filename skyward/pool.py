@@ -386,11 +386,15 @@ class Pool:
 
         def done(result: Frame | BaseException) -> None:
             try:
-                future.set_result(self._decode(result, name, ch.node))
+                value, error = self._decode(result, name, ch.node), None
             except BaseException as exc:
-                future.set_exception(exc)
-            if finish is not None:
-                finish(future.exception() is None)
+                value, error = None, exc
+            if finish is not None:  # before the future completes: a batch ends after its tasks
+                finish(error is None)
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
 
         ch.submit(Kind.TASK, flags, body, buffers, done)
         return future

@@ -64,6 +64,9 @@ def test_map_reports_a_batch_with_item_counts() -> None:
     assert [(b.kind, b.total) for b in batches] == [("map", 1000), ("gather", 2)]
     map_done = [e for e in seen if isinstance(e, sky.TaskCompleted) and e.batch == batches[0].batch]
     assert sum(e.items for e in map_done) == 1000 and len(map_done) == 10
+    gather_done = [i for i, e in enumerate(seen) if isinstance(e, sky.TaskCompleted) and e.batch == batches[1].batch]
+    gather_end = next(i for i, e in enumerate(seen) if isinstance(e, sky.BatchFinished) and e.batch == batches[1].batch)
+    assert len(gather_done) == 2 and max(gather_done) < gather_end  # a batch ends after its tasks
     finished = [e for e in seen if isinstance(e, sky.BatchFinished)]
     assert [f.batch for f in finished] == [b.batch for b in batches] and all(f.ok for f in finished)
 

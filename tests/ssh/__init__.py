@@ -1,0 +1,1 @@
+"""SSH test hosts (a package so its conftest does not shadow tests/conftest.py as `conftest`)."""

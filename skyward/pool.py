@@ -83,7 +83,14 @@ class Pool:
         self._resize_lock = threading.Lock()
         self._autoscaler: threading.Thread | None = None
         self._requested = time.monotonic()
-        self._log = logs.configure(options.logging)
+        try:
+            self._log = logs.configure(options.logging)
+        except ConfigError as exc:
+            if options.logging is not True:
+                raise  # the user asked for this file: tell them it cannot be written
+            # The default log file is a convenience; an unwritable home must not stop the pool.
+            log.warning("not writing the skyward log file: %s", exc)
+            self._log = logs.configure(False)
         secrets.register_env(spec.image.env)  # before anything can log or print them
         title = f"pool {self.id}"
         self._event_log = console.EventLog(self.id, title)

@@ -382,3 +382,17 @@ def test_configure_true_uses_defaults(make: Callable[..., LogHandle], skyward_ho
     assert handle.config == LogConfig()
     assert handle.file == (skyward_home / "logs" / "skyward.log").resolve()
     assert len(handle.handlers) == 2
+
+
+def test_unwritable_default_log_file_does_not_stop_a_pool(tmp_path, monkeypatch) -> None:
+    import skyward as sky
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the logs folder would go")
+    monkeypatch.setenv("SKYWARD_HOME", str(blocker))
+    with sky.Compute(nodes=1, options=sky.Options(console="silent")) as pool:
+        assert sky.function(lambda: 1)() >> pool == 1
+    # ...but an explicit file that cannot be written is an error.
+    explicit = sky.Options(logging=sky.LogConfig(file=str(blocker / "x.log")))
+    with pytest.raises(sky.ConfigError), sky.Compute(nodes=1, options=explicit):
+        pass

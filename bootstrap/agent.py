@@ -18,6 +18,7 @@ import hmac
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,9 +64,11 @@ class WorkerProc:
 
 
 class Agent:
-    def __init__(self, token: str, ttl: float) -> None:
+    def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None) -> None:
         self.token = token.encode()
         self.ttl = ttl
+        self.orphan_cleanup = orphan_cleanup or []
+        self.orphaned = False
         self.lock = threading.RLock()
         self.conns: list[Conn] = []
         self.workers: list[WorkerProc] = []
@@ -90,6 +93,9 @@ class Agent:
         with self.lock:
             for c in self.conns:
                 _close(c.sock)
+        if self.orphaned:
+            for path in self.orphan_cleanup:
+                shutil.rmtree(path, ignore_errors=True)
 
     def shutdown(self, why: str) -> None:
         if not self.stopping.is_set():
@@ -99,6 +105,7 @@ class Agent:
     def _lease_watchdog(self) -> None:
         while not self.stopping.wait(0.25):
             if self.ttl > 0 and time.monotonic() - self.renewed > self.ttl:
+                self.orphaned = True
                 self.shutdown(f"no client renewed the lease for {self.ttl:g} s (ttl)")
 
     def _stop_workers(self) -> None:
@@ -400,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ttl", type=float, default=600.0)
     parser.add_argument("--log", default=None, help="file for the agent's own log lines")
+    parser.add_argument("--orphan-cleanup", action="append", default=[], metavar="PATH",
+                        help="folder to remove when the lease expires (the client is gone)")
     args = parser.parse_args(argv)
     token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
     if not token:
@@ -417,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(target, 1)
     os.dup2(target, 2)
     os.close(target)
-    agent = Agent(token, args.ttl)
+    agent = Agent(token, args.ttl, args.orphan_cleanup)
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")

@@ -107,7 +107,7 @@ class LocalCluster(Cluster):
         try:
             self._env = self._environment(spec.image)
         except BaseException:
-            shutil.rmtree(self._root, ignore_errors=True)
+            self._remove_dirs()
             raise
 
     # -- environment -------------------------------------------------------------------------
@@ -177,8 +177,12 @@ class LocalCluster(Cluster):
         node_dir = self._root / f"node-{index}"
         node_dir.mkdir(exist_ok=True)
         env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
+        # If the client dies without closing the pool, the agents' lease watchdog removes the
+        # pool's folders too (whichever agent gets there first; the others find them gone).
         cmd = [sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", str(self._ttl),
-               "--log", str(node_dir / "agent.log")]
+               "--log", str(node_dir / "agent.log"), "--orphan-cleanup", str(self._root)]
+        if self.spill_dir is not None:
+            cmd += ["--orphan-cleanup", str(self.spill_dir)]
         with open(node_dir / "agent.log", "ab") as log_file:
             proc = subprocess.Popen(
                 cmd, cwd=node_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -217,7 +221,10 @@ class LocalCluster(Cluster):
             _reap(procs, grace=0)
             raise
         finally:
-            shutil.rmtree(self._root, ignore_errors=True)
+            self._remove_dirs()
+
+    def _remove_dirs(self) -> None:
+        shutil.rmtree(self._root, ignore_errors=True)
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 

@@ -115,3 +115,13 @@ def test_multi_spec_selection_first_viable() -> None:
         assert pool.current_nodes() == 1
     with sky.Compute(impossible, fine) as pool:  # cheapest viable
         assert pool.current_nodes() == 1
+
+
+def test_failed_start_leaves_no_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import glob
+
+    before = set(glob.glob("/dev/shm/skyward-*")) | set(glob.glob("/tmp/skyward-*"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(sky.ConfigError), sky.Compute(image=sky.Image(includes=["missing"])):
+        pass
+    assert set(glob.glob("/dev/shm/skyward-*")) | set(glob.glob("/tmp/skyward-*")) == before

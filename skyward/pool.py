@@ -345,7 +345,7 @@ class Pool:
     def _timeout(self, pending: PendingFunction[Any]) -> float | None:
         return pending.timeout if pending.timeout is not None else self.options.default_compute_timeout
 
-    def _encode(self, kind: int, payload: tuple[Any, ...], describe: Callable[[], str]) -> tuple[int, Any, Any]:
+    def _encode(self, payload: tuple[Any, ...], describe: Callable[[], str]) -> tuple[int, Any, Any]:
         try:
             return serialize.dumps(payload, self._cluster.spill_dir)
         except Exception as exc:
@@ -382,7 +382,6 @@ class Pool:
                 f"expected a pending function (a call of a @sky.function function), got {type(pending).__name__}."
             )
         flags, body, buffers = self._encode(
-            Kind.TASK,
             (pending.fn, pending.args, pending.kwargs, self._timeout(pending)),
             lambda: serialize.describe_unpicklable(pending.fn, pending.args, pending.kwargs),
         )
@@ -526,7 +525,7 @@ class Pool:
                     break
                 chunk = chunks[sent]
                 flags, body, buffers = self._encode(
-                    Kind.MAP, (fn, chunk, timeout),
+                    (fn, chunk, timeout),
                     functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
                 finishers[sent] = self._track(ch, name, len(chunk), batch)

@@ -36,10 +36,8 @@ class Kind(IntEnum):
     MAP = 5  # one chunk of a map
     RESULT = 6  # value or error of a TASK / MAP
     OUTPUT = 7  # a piece of a task's stdout/stderr
-    CANCEL = 8  # stop a task
     PING = 9  # lease renewal
     SHUTDOWN = 10  # stop serving and exit
-    LOG = 11  # agent/worker diagnostic line for the client
     METRIC = 12  # agent -> client: one sample of a node metric (JSON)
 
 

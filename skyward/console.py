@@ -80,7 +80,6 @@ class Console:
         self._live: Any = None
         self._progress: Any = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._started = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Console:

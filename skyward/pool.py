@@ -161,8 +161,8 @@ class Pool:
 
     # -- nodes -------------------------------------------------------------------------------
     def _emit(self, event: ev.Event) -> None:
-        if isinstance(event, ev.Log | ev.Error):  # free text may quote a secret
-            event = dataclasses.replace(event, message=secrets.redact(event.message))
+        if isinstance(event, ev.Error):  # an error message may quote a secret (Log events are
+            event = dataclasses.replace(event, message=secrets.redact(event.message))  # built redacted)
         ev.bus.emit(event)
 
     def _add_nodes(self, count: int) -> None:

@@ -50,6 +50,14 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def pool_dirs() -> set[str]:
+    """The working and shared-memory folders of Local pools that exist right now."""
+    import glob
+    import tempfile
+
+    return set(glob.glob("/dev/shm/skyward-*")) | set(glob.glob(f"{tempfile.gettempdir()}/skyward-*"))
+
+
 def kill_all(pids: list[int]) -> None:
     for p in pids:
         try:

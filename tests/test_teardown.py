@@ -15,7 +15,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from conftest import alive, kill_all, wait_gone
+from conftest import alive, kill_all, pool_dirs, wait_gone
 
 import skyward as sky
 
@@ -138,15 +138,8 @@ with sky.Compute(nodes=2, ttl=3) as pool:
 """
 
 
-def _pool_dirs() -> set[str]:
-    import glob
-    import tempfile
-
-    return set(glob.glob("/dev/shm/skyward-*")) | set(glob.glob(f"{tempfile.gettempdir()}/skyward-*"))
-
-
 def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
-    before = _pool_dirs()
+    before = pool_dirs()
     (tmp_path / "reaper.py").write_text(REAPER)
     (tmp_path / "client.py").write_text(CLIENT)
     reaper = subprocess.Popen(
@@ -164,7 +157,7 @@ def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
         print(f"agents exited {elapsed:.2f} s after the client was killed")
         assert elapsed < 3 + 3, f"agents took {elapsed:.1f} s to exit after the client died (ttl 3 s)"
         assert not any(alive(p) for p in pids)
-        assert _pool_dirs() == before  # the agents removed the pool's folders too
+        assert pool_dirs() == before  # the agents removed the pool's folders too
     finally:
         reaper.kill()
         reaper.wait()

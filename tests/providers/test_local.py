@@ -118,10 +118,10 @@ def test_multi_spec_selection_first_viable() -> None:
 
 
 def test_failed_start_leaves_no_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import glob
+    from conftest import pool_dirs
 
-    before = set(glob.glob("/dev/shm/skyward-*")) | set(glob.glob("/tmp/skyward-*"))
+    before = pool_dirs()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(sky.ConfigError), sky.Compute(image=sky.Image(includes=["missing"])):
         pass
-    assert set(glob.glob("/dev/shm/skyward-*")) | set(glob.glob("/tmp/skyward-*")) == before
+    assert pool_dirs() == before

@@ -36,7 +36,7 @@ from .errors import (
     SerializationError,
 )
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, unwrap
-from .metrics import normalize, to_config
+from .metrics import to_config
 from .spec import Nodes, Options, Spec, Worker
 
 log = logging.getLogger("skyward")
@@ -207,7 +207,7 @@ class Pool:
         with self._lock:
             pairs = list(zip(self._endpoints, self._channels, strict=True))
         settings = self.worker.agent_settings()
-        metrics = to_config(normalize(self.spec.image.metrics))
+        metrics = to_config(self.spec.image.metrics)  # Image normalized them already
         for position, (_, ch) in enumerate(pairs):
             ch.configure({
                 "topology": self._topology(position, pairs),

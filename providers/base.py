@@ -7,7 +7,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from skyward.spec import Spec
@@ -46,6 +46,35 @@ class Cluster(abc.ABC):
     def close(self) -> None:
         """Destroy every node and everything created for them."""
 
+    # -- pools that outlive the process that made them (`skyward up`, sky.Compute(name=...)) --
+    def describe(self) -> dict[str, Any]:
+        """Everything another process needs to reach these nodes again, and to destroy them.
+
+        The contract (the pool registry stores this dict as JSON in a 0600 file and hands it
+        back, unchanged, to ``attach`` / ``destroy`` / ``alive`` of the same provider kind):
+
+        * JSON types only (str, int, float, bool, None, lists, dicts with str keys).
+        * ``"provider"``: the provider's ``kind`` (``"local"``, ``"ssh"``, ...).
+        * ``"token"``: the agents' token; ``"head_port"``, ``"interface"``: as on the Cluster.
+        * ``"nodes"``: one dict per running node, in index order, each with at least
+          ``"index"``, ``"private_ip"``, ``"public_ip"`` (or None), ``"hostname"``, and how to
+          open a connection to its agent (Local: ``"port"``; SSH: host, port, user, key path,
+          host key, the agent's port on the node). Optional ``"log"``: the agent log's path on
+          that node (``skyward logs`` reads it there).
+        * whatever ``destroy`` needs to leave nothing behind (process ids, folders, a stack).
+
+        Secrets (token, key paths) may be included: the registry file is private to the user.
+        Called again after a resize, so it must describe the nodes running now.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot describe itself for named pools yet")
+
+    def detach(self) -> None:
+        """Let go of the nodes without stopping them: this process is done with the pool, the
+        pool stays up (the process that ran ``skyward up``, or one that attached). The object
+        is not used afterwards; the agents' lease (``ttl``) now decides when the nodes stop.
+        Default: nothing to release."""
+        return None
+
 
 class ProviderConfig:
     """Base of sky.Local, sky.SSH, sky.AWS, sky.GCP: configuration plus a factory of clusters."""
@@ -63,3 +92,38 @@ class ProviderConfig:
 
     def create(self, spec: Spec, pool_id: str) -> Cluster:
         raise NotImplementedError
+
+    # -- named pools: the other half of Cluster.describe ---------------------------------------
+    def attach(self, description: dict[str, Any]) -> Cluster:
+        """A Cluster for nodes that already run, from another process's ``Cluster.describe()``.
+
+        Provisions nothing and does not stop anything it is given. On the returned cluster:
+
+        * ``start(count)`` hands out the described nodes first, in index order, starting
+          nothing (the pool calls it once with the number of described nodes); a count beyond
+          them starts new nodes (a resize), with indices after the described ones.
+        * ``stop(endpoints)`` stops those nodes (their agents were already told to shut down).
+        * ``detach()`` lets go and leaves every node running (the normal end of an attach).
+        * ``close()`` destroys every node, described or new.
+        * ``describe()`` works again (after a resize the registry stores the new description).
+        * ``token``, ``head_port``, ``interface``, ``spill_dir`` as described.
+
+        Raise ``ProviderError`` (naming the node and what to do) when the nodes cannot be
+        reached; the caller then treats the pool as gone. Keep it quick: attaching to a Local
+        pool and running a first task takes well under a second.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot attach to running pools yet")
+
+    def destroy(self, description: dict[str, Any]) -> None:
+        """Destroy a described cluster that no process holds (``skyward down``, expired pools).
+
+        Idempotent: nodes or folders already gone are fine. When it returns, no agent of the
+        pool runs and nothing created for it remains. Ask the agents to shut down first (so
+        they stop their workers), then make sure. Raise ``ProviderError`` only when something
+        may be left behind, saying what."""
+        raise NotImplementedError(f"{type(self).__name__} cannot destroy described pools yet")
+
+    def alive(self, description: dict[str, Any]) -> bool | None:
+        """Cheaply and without connecting: does any described node still run? ``None`` when
+        that cannot be told without connecting (the registry then goes by the ttl)."""
+        return None

@@ -24,9 +24,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from skyward.errors import ConfigError, ProviderError
+from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig
 
@@ -75,6 +75,18 @@ class Local(ProviderConfig):
     def create(self, spec: Spec, pool_id: str) -> LocalCluster:
         return LocalCluster(self, spec, pool_id)
 
+    # -- named pools (see ProviderConfig for the contract) -------------------------------------
+    def attach(self, description: dict[str, Any]) -> LocalCluster:
+        return LocalCluster.from_description(description)
+
+    def destroy(self, description: dict[str, Any]) -> None:
+        cluster = LocalCluster.from_description(description)
+        cluster.ask_to_shut_down()
+        cluster.close()
+
+    def alive(self, description: dict[str, Any]) -> bool | None:
+        return any(_running(n["pid"], n.get("started")) for n in description["nodes"])
+
 
 def _local_gpus() -> int:
     exe = shutil.which("nvidia-smi")
@@ -102,6 +114,10 @@ class LocalCluster(Cluster):
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
         self.spill_dir = _spill_dir(pool_id, self._root)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        # Running nodes as describe() reports them; those this process did not start (an
+        # attached pool) are waited for and stopped by pid, as they are not our children.
+        self._nodes: dict[int, dict[str, Any]] = {}
+        self._handed: set[int] = set()
         self._next = 0
         self._lock = threading.Lock()
         try:
@@ -109,6 +125,67 @@ class LocalCluster(Cluster):
         except BaseException:
             self._remove_dirs()
             raise
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> LocalCluster:
+        """The cluster another process started (``describe()`` of it); starts nothing."""
+        if description.get("provider") != "local":
+            raise ProviderError(
+                f"this pool's record is for provider {description.get('provider')!r}, not 'local'; "
+                f"it was written by another provider or an older skyward. Remove it with `skyward down`."
+            )
+        self = cls.__new__(cls)
+        self.token = description["token"]
+        self.head_port = int(description["head_port"])
+        self.interface = description.get("interface", "lo")
+        self._ttl = description["ttl"]
+        self._root = Path(description["root"])
+        spill = description.get("spill_dir")
+        self.spill_dir = Path(spill) if spill else None
+        self._procs = {}
+        self._nodes = {int(n["index"]): dict(n) for n in description["nodes"]}
+        self._handed = set()
+        self._next = int(description["next"])
+        self._lock = threading.Lock()
+        # New nodes (a resize of an attached pool) get the environment the pool was made with.
+        self._env = {**os.environ, **description.get("env", {})}
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        with self._lock:
+            nodes = [dict(self._nodes[i]) for i in sorted(self._nodes)]
+        return {
+            "provider": "local",
+            "token": self.token,
+            "head_port": self.head_port,
+            "interface": self.interface,
+            "ttl": self._ttl,
+            "root": str(self._root),
+            "spill_dir": str(self.spill_dir) if self.spill_dir is not None else None,
+            "next": self._next,
+            "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
+            "nodes": nodes,
+        }
+
+    def detach(self) -> None:
+        with self._lock:
+            _DETACHED.extend(self._procs.values())  # no "still running" warnings at exit
+            self._procs.clear()
+            self._nodes.clear()
+
+    def ask_to_shut_down(self) -> None:
+        """Tell every described agent to stop (it then stops its workers); best effort."""
+        from skyward.bootstrap.channel import NodeChannel
+
+        for node in list(self._nodes.values()):
+            if not _running(node["pid"], node.get("started")):
+                continue
+            try:
+                sock = socket.create_connection(("127.0.0.1", node["port"]), 5)
+                NodeChannel(sock, node=node["index"], token=self.token, ttl=self._ttl,
+                            on_output=lambda *_: None).close(shutdown_agent=True)
+            except (OSError, SkywardError):
+                pass  # close() stops it by pid
 
     # -- environment -------------------------------------------------------------------------
     def _environment(self, image: Image) -> dict[str, str]:
@@ -156,21 +233,31 @@ class LocalCluster(Cluster):
     # -- nodes -------------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
         with self._lock:
-            indices = list(range(self._next, self._next + count))
-            self._next += count
+            # An attached cluster hands out the nodes that already run before starting any.
+            known = [n for i, n in sorted(self._nodes.items()) if i not in self._handed][:count]
+            for node in known:
+                if not _running(node["pid"], node.get("started")):
+                    raise ProviderError(
+                        f"Local node {node['index']} of this pool (agent pid {node['pid']}) is not "
+                        f"running any more: the pool expired (no client for its ttl) or was "
+                        f"stopped. `skyward down` removes its record; `skyward up` starts it again."
+                    )
+                self._handed.add(node["index"])
+            indices = list(range(self._next, self._next + count - len(known)))
+            self._next += len(indices)
             started = [(i, self._spawn(i)) for i in indices]
-        endpoints = []
+        endpoints = [_endpoint(n["index"], n["port"]) for n in known]
         for i, proc in started:
             port = self._handshake(i, proc)
-            endpoints.append(
-                NodeEndpoint(
-                    index=i,
-                    private_ip="127.0.0.1",
-                    public_ip=None,
-                    hostname=socket.gethostname(),
-                    connect=functools.partial(socket.create_connection, ("127.0.0.1", port), 10),
-                )
-            )
+            with self._lock:
+                self._nodes[i] = {
+                    "index": i, "private_ip": "127.0.0.1", "public_ip": None,
+                    "hostname": socket.gethostname(), "port": port, "pid": proc.pid,
+                    "started": _start_time(proc.pid),
+                    "log": str(self._root / f"node-{i}" / "agent.log"),
+                }
+                self._handed.add(i)
+            endpoints.append(_endpoint(i, port))
         return endpoints
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
@@ -209,16 +296,23 @@ class LocalCluster(Cluster):
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
         with self._lock:
             procs = [self._procs.pop(e.index) for e in endpoints if e.index in self._procs]
+            gone = [self._nodes.pop(e.index) for e in endpoints if e.index in self._nodes]
         _reap(procs)
+        _stop_foreign([n for n in gone if n["pid"] not in {p.pid for p in procs}])
 
     def close(self) -> None:
         with self._lock:
             procs = list(self._procs.values())
             self._procs.clear()
+            ours = {p.pid for p in procs}
+            foreign = [n for n in self._nodes.values() if n["pid"] not in ours]
+            self._nodes.clear()
         try:
             _reap(procs)
+            _stop_foreign(foreign)
         except KeyboardInterrupt:  # a second Ctrl-C: stop waiting politely, but still clean up
             _reap(procs, grace=0)
+            _stop_foreign(foreign, grace=0)
             raise
         finally:
             self._remove_dirs()
@@ -227,6 +321,67 @@ class LocalCluster(Cluster):
         shutil.rmtree(self._root, ignore_errors=True)
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def _endpoint(index: int, port: int) -> NodeEndpoint:
+    return NodeEndpoint(
+        index=index,
+        private_ip="127.0.0.1",
+        public_ip=None,
+        hostname=socket.gethostname(),
+        connect=functools.partial(socket.create_connection, ("127.0.0.1", port), 10),
+    )
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, it names one process
+    even after the pid is reused. None where /proc is missing."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _running(pid: int, started: int | None) -> bool:
+    """Is this exact process (pid + start time) running? Zombies count as gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if fields[0] == "Z":
+        return False
+    return started is None or int(fields[19]) == started
+
+
+def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:
+    """Stop agents this process did not start (they were asked to shut down already): wait,
+    then SIGTERM, then SIGKILL their process groups. They are not our children, so their
+    exit is watched through /proc; whoever is their parent now reaps them."""
+    deadline = time.monotonic() + grace
+    for sig in (None, signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
+        alive = [n for n in nodes if _running(n["pid"], n.get("started"))]
+        if not alive:
+            return
+        for n in alive:
+            if sig is not None:
+                try:
+                    os.killpg(n["pid"], sig)  # agents lead their own session and group
+                except OSError:
+                    pass
+        while time.monotonic() < deadline and any(_running(n["pid"], n.get("started")) for n in alive):
+            time.sleep(0.02)
+        deadline = time.monotonic() + 2.0
 
 
 def _spill_dir(pool_id: str, fallback: Path) -> Path:

@@ -25,7 +25,7 @@ REFRESH = 8  # redraws per second of the rich view
 Mode = Literal["rich", "minimal", "log", "silent"]
 
 _LINE_EVENTS: tuple[type[ev.Event], ...] = (
-    ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed,
+    ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed, ev.ClusterDetached,
     ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstancePreempted,
     ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
 )
@@ -154,7 +154,7 @@ class Console:
 
     @staticmethod
     def _minimal(event: ev.Event) -> bool:
-        return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed)
+        return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed | ev.ClusterDetached)
 
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
@@ -256,6 +256,8 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None)
         return f"node {event.node}: stopped"
     if isinstance(event, ev.ClusterDestroyed):
         return f"{title}: destroyed"
+    if isinstance(event, ev.ClusterDetached):
+        return f"{title}: detached; its {event.nodes} node(s) keep running"
     return None
 
 

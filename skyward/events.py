@@ -52,6 +52,13 @@ class ClusterDestroyed(Event):
     pass
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterDetached(Event):
+    """This client let go of a named pool; its nodes keep running for the next client."""
+
+    nodes: int
+
+
 # -- instances ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceProvisioned(Event):

@@ -17,7 +17,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
@@ -38,6 +38,9 @@ from .errors import (
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, unwrap
 from .metrics import to_config
 from .spec import Nodes, Options, Spec, Worker
+
+if TYPE_CHECKING:
+    from .providers.base import Cluster
 
 log = logging.getLogger("skyward")
 T = TypeVar("T")
@@ -66,11 +69,20 @@ def _close_leftovers() -> None:
 class Pool:
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
-    def __init__(self, spec: Spec, options: Options, worker: Worker) -> None:
+    def __init__(
+        self, spec: Spec, options: Options, worker: Worker, *,
+        cluster: Cluster | None = None, name: str | None = None,
+    ) -> None:
+        """``cluster``: nodes that already run (a named pool another process started, from
+        ``provider.attach``); the pool then connects to them and, on close, detaches and leaves
+        them running instead of destroying them."""
         self.spec = spec
         self.options = options
         self.worker = worker
         self.id = uuid.uuid4().hex[:8]
+        self.name = name
+        self._owned = cluster is None
+        self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
         self._channels: list[NodeChannel] = []
         self._endpoints: list[Any] = []
         self._rr = itertools.count()
@@ -92,13 +104,14 @@ class Pool:
             log.warning("not writing the skyward log file: %s", exc)
             self._log = logs.configure(False)
         secrets.register_env(spec.image.env)  # before anything can log or print them
-        title = f"pool {self.id}"
+        title = f"pool {name or self.id}"
         self._event_log = console.EventLog(self.id, title)
         self._console = Console(console.resolve(options.console), self.id, title).start()
         provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
-        self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
+        if cluster is None:
+            self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
         try:
-            self._cluster = spec.provider.create(spec, self.id)
+            self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc)))
             self._stop_views()
@@ -130,7 +143,10 @@ class Pool:
         self.close()
 
     def close(self) -> None:
-        """Stop every node and destroy what the provider created. Safe to call twice."""
+        """Stop every node and destroy what the provider created. Safe to call twice.
+
+        A pool that attached to running nodes (a named pool) only disconnects: its nodes keep
+        running for the next client, until their ttl passes with no client or ``skyward down``."""
         with self._lock:
             if self._closed:
                 return
@@ -138,15 +154,33 @@ class Pool:
             channels, self._channels = self._channels, []
         self._stop.set()
         _open_pools.discard(self)
+        owned = self._owned
         try:
             for ch in channels:
-                ch.close(shutdown_agent=True)
-            self._cluster.close()
+                ch.close(shutdown_agent=owned)
+            if owned:
+                self._cluster.close()
+            else:
+                self._cluster.detach()
         finally:
-            for ch in channels:
-                self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
-            self._emit(ev.ClusterDestroyed(pool=self.id))
+            if owned:
+                for ch in channels:
+                    self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
+                self._emit(ev.ClusterDestroyed(pool=self.id))
+            else:
+                self._emit(ev.ClusterDetached(pool=self.id, nodes=len(channels)))
             self._stop_views()
+            for hook in self._on_close:
+                try:
+                    hook()
+                except Exception:  # the trail must not turn a clean exit into a failure
+                    log.exception("pool %s: recording its close failed", self.name or self.id)
+
+    def detach(self) -> None:
+        """Disconnect and leave the nodes running (what ``skyward up`` does once they are
+        ready): they stop when no client has renewed their lease for ``ttl`` seconds."""
+        self._owned = False
+        self.close()
 
     def _stop_views(self) -> None:
         self._console.stop()  # flushes the event queue first
@@ -247,7 +281,7 @@ class Pool:
 
     def events(self) -> Iterator[ev.Event]:
         """Iterate over this pool's events as they happen; ends once the pool is destroyed."""
-        return ev.stream(self.id, stop=lambda e: isinstance(e, ev.ClusterDestroyed))
+        return ev.stream(self.id, stop=lambda e: isinstance(e, ev.ClusterDestroyed | ev.ClusterDetached))
 
     def current_nodes(self) -> int:
         """How many nodes are connected and ready now."""

@@ -6,6 +6,13 @@ starts, watches and replaces (a task that kills its process gets an error, the n
 serving). It holds a lease from the client: when nobody has renewed it for ``ttl`` seconds,
 the agent stops its workers and exits, so a crashed or killed client leaves nothing behind.
 
+Plugins come with the first CONFIGURE (cloudpickled, base64): the agent forwards them to its
+workers and applies their launcher hooks to the worker command. A launched worker (``accelerate
+launch``...) may be several processes; each connects back to the agent on a Unix socket
+instead of inheriting one. A task that submits work to the pool (nested dispatch) sends a
+SUBMIT frame, which the agent relays to the client that sent the task; while it waits, the
+task's slot is lent to other tasks.
+
 Handshake on stdout (one JSON line) so whoever started the agent learns its port:
 ``{"port": 41234, "pid": 1234}``. The token comes in the environment, never on argv.
 """
@@ -13,23 +20,26 @@ Handshake on stdout (one JSON line) so whoever started the agent learns its port
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import hmac
 import itertools
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import serialize
-from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 
 PROTOCOL = 1
 
@@ -50,6 +60,7 @@ class Route:
     conn: Conn
     client_tid: int
     worker: WorkerProc | None = None
+    nested: int = 0  # nested submissions of this task that await their REPLY
 
 
 @dataclass(eq=False)
@@ -61,6 +72,8 @@ class WorkerProc:
     capacity: int
     inflight: dict[int, Route] = field(default_factory=dict)
     retiring: bool = False
+    lent: int = 0  # slots lent by tasks of this worker that wait for nested work
+    launched: bool = False  # started by a plugin launcher: shares its process with others
 
 
 class Agent:
@@ -80,6 +93,9 @@ class Agent:
         self.config: dict[str, Any] | None = None
         self.settings: dict[str, Any] = {}
         self.collector: Any = None
+        self.launchers: list[Any] = []
+        # agent id -> (worker, the worker's id, the submitting task's route) for nested SUBMITs
+        self.nested: dict[int, tuple[WorkerProc, int, Route | None]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
@@ -170,6 +186,10 @@ class Agent:
                 self.renewed = time.monotonic()
                 if frame.kind in (Kind.TASK, Kind.MAP):
                     self._submit(conn, frame)
+                elif frame.kind == Kind.REPLY:
+                    self._nested_reply(frame)
+                elif frame.kind == Kind.CANCEL:
+                    self._cancel(conn, frame.task_id)
                 elif frame.kind == Kind.CONFIGURE:
                     self._configure(json.loads(bytes(frame.body)))
                 elif frame.kind == Kind.SHUTDOWN:
@@ -191,9 +211,14 @@ class Agent:
             self.config = config
             if first:
                 self.settings = config["worker"]
+                self.launchers = _launchers(config.get("plugins"))
                 n = self.settings["processes"]
-                for i in range(n):
-                    self.workers.append(self._spawn(i))
+                command = self._launch_command()
+                if command is None:
+                    for i in range(n):
+                        self.workers.append(self._spawn(i))
+                else:
+                    self._launch(command)
                 self._start_metrics(config.get("metrics") or [])
             else:  # topology changed (resize): tell every live worker
                 for w in self.workers:
@@ -219,13 +244,16 @@ class Agent:
             **self.config["topology"],
             "worker": index,
             "workers_per_node": self.settings["processes"],
+            "slots_per_node": self.settings["capacity"] * self.settings["processes"],
         }
 
     def _send_config(self, w: WorkerProc) -> None:
         assert self.config is not None
-        body = json.dumps(
-            {"topology": self._topology_for(w.index), "spill": self.config.get("spill")}
-        ).encode()
+        body = json.dumps({
+            "topology": self._topology_for(w.index),
+            "spill": self.config.get("spill"),
+            "plugins": self.config.get("plugins"),
+        }).encode()
         try:
             w.writer.send_parts(Kind.CONFIGURE, 0, 0, body)
         except OSError:
@@ -256,6 +284,71 @@ class Agent:
             threading.Thread(target=self._pump, args=(pipe, stream), daemon=True).start()
         return w
 
+    # -- plugin launchers --------------------------------------------------------------------
+    def _launch_command(self) -> str | None:
+        """The worker command rewritten by the plugins' launcher hooks (None: no launcher)."""
+        if not self.launchers:
+            return None
+        from skyward.plugins.plugin import LaunchCommand, LaunchContext
+
+        assert self.config is not None
+        topo = self.config["topology"]
+        node = int(topo["node"])
+        peers = topo.get("peers") or []
+        ctx = LaunchContext(
+            node_id=node,
+            num_nodes=int(topo["total_nodes"]),
+            head_addr=str(topo["head_addr"]),
+            casty_port=int(topo["head_port"]),
+            private_ip=str(peers[node]["private_ip"]) if node < len(peers) else "127.0.0.1",
+            python_bin=sys.executable,
+            venv_dir=sys.prefix,
+            concurrency=int(self.settings["processes"] * self.settings["capacity"]),
+            executor="process" if self.settings["exclusive"] else "thread",
+        )
+        cmd = LaunchCommand(entrypoint=f"{shlex.quote(sys.executable)} -m skyward.bootstrap.worker")
+        for hook in self.launchers:
+            cmd = hook(cmd, ctx)
+        return cmd.render()
+
+    def _launch(self, command: str) -> None:
+        """Start the launcher; every process it starts connects back as one worker."""
+        path = os.path.join(tempfile.mkdtemp(prefix="skyward-launch-"), "agent.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+        env = dict(os.environ)
+        env.update(
+            SKYWARD_WORKER_ADDR=path,
+            SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
+            SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
+        )
+        _log(f"starting workers with a plugin launcher: {command}")
+        proc = subprocess.Popen(
+            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=env, start_new_session=True,
+        )
+        for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
+            threading.Thread(target=self._pump, args=(pipe, stream), daemon=True).start()
+        threading.Thread(target=self._accept_launched, args=(listener, proc), daemon=True).start()
+
+    def _accept_launched(self, listener: socket.socket, proc: subprocess.Popen[bytes]) -> None:
+        index = 0
+        while not self.stopping.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            tune(sock)
+            with self.lock:
+                w = WorkerProc(index, proc, FrameWriter(sock), sock, self.settings["capacity"], launched=True)
+                index += 1
+                self.workers.append(w)
+                self._send_config(w)
+                sends = self._assign()
+            threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
+            self._send(sends)
+
     # -- tasks -------------------------------------------------------------------------------
     def _submit(self, conn: Conn, frame: Frame) -> None:
         route = Route(conn, frame.task_id)
@@ -270,7 +363,7 @@ class Agent:
         """Hand pending tasks to workers with a free slot (call with the lock held)."""
         sends = []
         while self.pending:
-            free = [w for w in self.workers if not w.retiring and len(w.inflight) < w.capacity]
+            free = [w for w in self.workers if not w.retiring and len(w.inflight) < w.capacity + w.lent]
             if not free:
                 break
             w = min(free, key=lambda w: len(w.inflight))
@@ -315,10 +408,79 @@ class Agent:
                     self._reply(route, frame)
                 else:
                     self._broadcast(frame)
-        rc = w.proc.wait()
-        _kill_group(w.proc)  # what the worker's tasks started goes with it
+            elif frame.kind == Kind.SUBMIT:
+                self._relay_nested(w, frame)
+        if w.launched:  # siblings share the launcher's process: leave it to them
+            rc = w.proc.poll() or 0
+        else:
+            rc = w.proc.wait()
+            _kill_group(w.proc)  # what the worker's tasks started goes with it
         _close(w.sock)
         self._worker_exited(w, rc)
+
+    # -- nested dispatch ---------------------------------------------------------------------
+    def _relay_nested(self, w: WorkerProc, frame: Frame) -> None:
+        """A task on worker ``w`` submits work to the pool: pass it to the client that sent
+        the task, and lend the task's slot while it waits."""
+        parent_tid, _ = NESTED.unpack_from(frame.body, 0)
+        with self.lock:
+            route = self.routes.get(parent_tid)
+            conn = route.conn if route is not None and route.conn.open else next(
+                (c for c in self.conns if c.open), None)
+            aid = next(self.tids)
+            if conn is not None:
+                self.nested[aid] = (w, frame.task_id, route)
+                if route is not None:
+                    route.nested += 1
+                    if route.nested == 1:
+                        w.lent += 1
+            sends = self._assign()
+        if conn is None:
+            from skyward.errors import NoActivePoolError
+
+            err = NoActivePoolError("no client is connected to this node; nested work cannot be dispatched")
+            flags, body, buffers = serialize.dumps_error(err, tb_text="")
+            self._to_worker(w, Frame(Kind.REPLY, frame.task_id, body, flags, buffers))
+            return
+        self._reply(Route(conn, aid), frame)
+        self._send(sends)
+
+    def _nested_reply(self, frame: Frame) -> None:
+        with self.lock:
+            entry = self.nested.pop(frame.task_id, None)
+            if entry is None:
+                return
+            w, nid, route = entry
+            if route is not None:
+                route.nested -= 1
+                if route.nested == 0:
+                    w.lent = max(0, w.lent - 1)
+        self._to_worker(w, Frame(Kind.REPLY, nid, frame.body, frame.flags, frame.buffers))
+
+    def _to_worker(self, w: WorkerProc, frame: Frame) -> None:
+        try:
+            w.writer.send_parts(frame.kind, frame.task_id, frame.flags, frame.body, frame.buffers)
+        except OSError:
+            pass
+
+    def _cancel(self, conn: Conn, client_tid: int) -> None:
+        """Drop a task that still waits for a slot; it answers with an error at once."""
+        with self.lock:
+            found = None
+            for item in self.pending:
+                if item[1].conn is conn and item[1].client_tid == client_tid:
+                    found = item
+                    break
+            if found is None:
+                return
+            self.pending.remove(found)
+            self.routes.pop(found[0], None)
+        serialize.discard(found[2].buffers)
+        from skyward.errors import TaskCancelledError
+
+        err = TaskCancelledError("the task was cancelled before it started (joblib aborted the batch)")
+        flags, body, buffers = serialize.dumps_error(err, tb_text="")
+        self._reply(found[1], Frame(Kind.RESULT, 0, body, flags, buffers))
 
     def _retire(self, w: WorkerProc) -> None:
         """reuse_processes=False: a fresh process for every task (lock held)."""
@@ -335,7 +497,11 @@ class Agent:
             w.inflight.clear()
             for tid, _ in lost:
                 self.routes.pop(tid, None)
-            replace = not w.retiring and not self.stopping.is_set()
+            for aid in [a for a, (nw, _, _) in self.nested.items() if nw is w]:
+                del self.nested[aid]
+            if w.launched and w in self.workers:
+                self.workers.remove(w)  # a launcher's processes are not restarted one by one
+            replace = not w.launched and not w.retiring and not self.stopping.is_set()
             if replace:
                 self.workers[self.workers.index(w)] = self._spawn(w.index)
             sends = self._assign()
@@ -375,6 +541,16 @@ class Agent:
         for line in iter(pipe.readline, b""):
             self._broadcast(Frame(Kind.OUTPUT, 0, line, stream))
         pipe.close()
+
+
+def _launchers(blob: str | None) -> list[Any]:
+    """The launcher hooks of the pool's plugins, in plugin order."""
+    if not blob:
+        return []
+    import cloudpickle
+
+    plugins = cloudpickle.loads(base64.b64decode(blob))
+    return [p.launcher for p in plugins if getattr(p, "launcher", None) is not None]
 
 
 def _describe_exit(rc: int) -> str:

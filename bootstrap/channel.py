@@ -33,6 +33,7 @@ class NodeChannel:
         on_output: OnOutput,
         on_lost: Callable[[int, BaseException], None] | None = None,
         on_metric: Callable[[int, dict[str, Any]], None] | None = None,
+        on_submit: Callable[[NodeChannel, Frame], None] | None = None,
         label: str = "",
     ) -> None:
         self.node = node
@@ -45,6 +46,7 @@ class NodeChannel:
         self._on_output = on_output
         self._on_lost = on_lost
         self._on_metric = on_metric
+        self._on_submit = on_submit
         self._pending: dict[int, Done] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -96,6 +98,24 @@ class NodeChannel:
     def configure(self, config: dict[str, Any]) -> None:
         self.send(Kind.CONFIGURE, json.dumps(config).encode())
 
+    def reply(self, agent_tid: int, flags: int, body: Any, buffers: list[Any]) -> None:
+        """Answer a nested SUBMIT from this node (see frames.Kind.SUBMIT)."""
+        try:
+            self._writer.send_parts(Kind.REPLY, agent_tid, flags, body, buffers)
+        except OSError as exc:
+            serialize.discard(buffers)
+            self._mark_lost(exc)
+
+    def cancel(self, tid: int) -> None:
+        """Ask the agent to drop task ``tid`` if it has not started (it then fails with an error)."""
+        self.send_tid(Kind.CANCEL, tid)
+
+    def send_tid(self, kind: int, tid: int) -> None:
+        try:
+            self._writer.send_parts(kind, tid, 0, b"")
+        except OSError as exc:
+            self._mark_lost(exc)
+
     def ping(self) -> None:
         self.send(Kind.PING)
 
@@ -124,6 +144,8 @@ class NodeChannel:
                     self._on_output(self.node, frame.task_id, frame.flags, bytes(frame.body))
                 elif frame.kind == Kind.METRIC and self._on_metric is not None:
                     self._on_metric(self.node, json.loads(bytes(frame.body)))
+                elif frame.kind == Kind.SUBMIT and self._on_submit is not None:
+                    self._on_submit(self, frame)
         except (EOFError, OSError) as exc:
             self._mark_lost(exc)
 

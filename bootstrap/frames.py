@@ -39,6 +39,17 @@ class Kind(IntEnum):
     PING = 9  # lease renewal
     SHUTDOWN = 10  # stop serving and exit
     METRIC = 12  # agent -> client: one sample of a node metric (JSON)
+    # Nested dispatch ("the client is the hub"): a task running on a node submits work to the
+    # pool. SUBMIT goes worker -> agent -> client with a NESTED prefix on its body; the client
+    # runs the payload on a node and answers with REPLY (a RESULT's flags, body and buffers).
+    SUBMIT = 13
+    REPLY = 14
+    CANCEL = 15  # client -> agent: drop a task still waiting for a slot (it gets an error)
+
+
+# Prefix of a SUBMIT body: the agent's id of the task that submits, and the payload's kind
+# (TASK or MAP); the payload (a TASK / MAP body) follows unchanged.
+NESTED = struct.Struct("!QB")
 
 
 @dataclass(slots=True)

@@ -4,12 +4,19 @@ The agent starts one worker process per node for the thread executor (``threads`
 concurrency + buffer) and one per slot for the process executor (``exclusive``: on a timeout
 the process exits and the agent replaces it, which is the only sure way to stop the task).
 The worker talks to its agent over an inherited socket with the same frames as the client.
+
+Plugins (``skyward.runtime.plugins``) arrive with CONFIGURE: their around_app hooks are
+entered when the worker starts serving and exited when it stops; decorators wrap every
+call. The worker is also its tasks' way up to the client (``context.hub``): a task may submit
+work to the pool (the joblib backend does), which goes up this socket as a SUBMIT frame.
 """
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import io
+import itertools
 import json
 import os
 import signal
@@ -17,6 +24,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +32,7 @@ from skyward.errors import SerializationError, TaskTimeoutError
 from skyward.runtime import context
 
 from . import serialize
-from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 
 STDOUT, STDERR = 1, 2
 _GRACE = 1.0  # seconds a timed-out thread gets to unwind before it is given up on
@@ -109,10 +117,33 @@ class Worker:
         self.abandoned: set[int] = set()
         self.streams = (TaskStream(self, STDOUT, 1), TaskStream(self, STDERR, 2))
         self.spill: Path | None = None  # where large results go when the client shares this host
+        self.plugins: Any = None  # skyward.runtime.plugins.NodePlugins when the pool has plugins
+        self._exiting = threading.Lock()
+        # Nested dispatch: our id -> callback for the REPLY; a reader thread while any is out.
+        self._nested: dict[int, Callable[[Frame | BaseException], None]] = {}
+        self._nested_ids = itertools.count(1)
+        self._nested_reader = False
 
     def configure(self, config: dict[str, Any]) -> None:
         context.configure(config["topology"])
         self.spill = Path(config["spill"]) if config.get("spill") else None
+        if config.get("plugins") and self.plugins is None:
+            import cloudpickle
+
+            from skyward.runtime.plugins import NodePlugins
+
+            plugins = cloudpickle.loads(base64.b64decode(config["plugins"]))
+            self.plugins = NodePlugins(plugins, process_executor=self.exclusive)
+
+    def _info(self) -> Any:
+        from skyward.runtime.info import instance_info
+
+        return instance_info()
+
+    def start_plugins(self) -> None:
+        """Enter the around_app hooks now, before the first task (see runtime.plugins)."""
+        if self.plugins is not None:
+            self.plugins.enter_app(self._info())
 
     # -- plumbing ----------------------------------------------------------------------------
     def send_output(self, tid: int, stream: int, text: str) -> None:
@@ -135,11 +166,21 @@ class Worker:
         # The agent stops a busy worker with SIGTERM (its slots may all be inside tasks, so
         # nobody would read a SHUTDOWN frame); the main thread waits here to handle it.
         signal.signal(signal.SIGTERM, lambda *_: self.exit())
+        context.hub = self
+        self.start_plugins()
         for _ in range(self.threads):
             self._start_slot()
         threading.Event().wait()  # the slots do the work; exit() ends the process
 
     def exit(self) -> None:
+        if not self._exiting.acquire(blocking=False):
+            threading.Event().wait()  # another thread is already ending the process
+        if self.plugins is not None:
+            # Exit hooks (a torch barrier...) get a bounded time: the agent kills a worker
+            # that has not exited 3 s after asking.
+            t = threading.Thread(target=self.plugins.exit, name="skyward-plugin-exit", daemon=True)
+            t.start()
+            t.join(2.0)
         for s in self.streams:
             s.flush_task(0)
         os._exit(0)
@@ -163,13 +204,70 @@ class Worker:
             try:
                 frame = self.reader.read()
             except (EOFError, OSError):
-                os._exit(0)  # the agent is gone: nothing left to serve
+                self.exit()  # the agent is gone: nothing left to serve
             if frame.kind in (Kind.TASK, Kind.MAP):
                 return frame
-            if frame.kind == Kind.CONFIGURE:
-                self.configure(json.loads(bytes(frame.body)))
-            elif frame.kind == Kind.SHUTDOWN:
-                self.exit()
+            self._control(frame)
+
+    def _control(self, frame: Frame) -> None:
+        if frame.kind == Kind.REPLY:
+            with self.lock:
+                done = self._nested.pop(frame.task_id, None)
+            if done is not None:
+                done(frame)
+        elif frame.kind == Kind.CONFIGURE:
+            self.configure(json.loads(bytes(frame.body)))
+        elif frame.kind == Kind.SHUTDOWN:
+            self.exit()
+
+    # -- nested dispatch (the client is the hub) ---------------------------------------------
+    def submit_nested(self, kind: int, flags: int, body: Any, buffers: serialize.Buffers,
+                      done: Callable[[Frame | BaseException], None], parent: int = 0) -> None:
+        """Send a TASK/MAP payload up to the client, to run somewhere in the pool; ``done``
+        gets the REPLY frame (a RESULT's content) from whichever thread reads it. ``parent``:
+        the id of the task that waits for it (default: the one this thread runs); its slot
+        is lent meanwhile."""
+        nid = next(self._nested_ids)
+        parent = parent or context.current_task.get()
+        with self.lock:
+            self._nested[nid] = done
+            start_reader = not self._nested_reader
+            self._nested_reader = True
+        try:
+            self.writer.send_parts(Kind.SUBMIT, nid, flags, NESTED.pack(parent, kind) + bytes(body), buffers)
+        except OSError as exc:
+            with self.lock:
+                self._nested.pop(nid, None)
+            done(exc)
+        if start_reader:
+            threading.Thread(target=self._read_replies, name="skyward-nested", daemon=True).start()
+
+    def _read_replies(self) -> None:
+        """Read frames while nested submissions are out. The slots that would read are
+        probably all inside tasks waiting for those very replies; a task that arrives here
+        meanwhile (the agent lends a waiting task's slot) runs in a thread of its own."""
+        while True:
+            with self.lock:
+                if not self._nested:
+                    self._nested_reader = False
+                    return
+            if not self.read_lock.acquire(timeout=0.05):
+                continue  # an idle slot is reading; it handles REPLY frames too
+            try:
+                with self.lock:
+                    if not self._nested:
+                        self._nested_reader = False
+                        return
+                try:
+                    frame = self.reader.read()
+                except (EOFError, OSError):
+                    self.exit()
+            finally:
+                self.read_lock.release()
+            if frame.kind in (Kind.TASK, Kind.MAP):
+                threading.Thread(target=self._run, args=(frame,), name="skyward-lent-slot", daemon=True).start()
+            else:
+                self._control(frame)
 
     # -- running one task --------------------------------------------------------------------
     def _run(self, frame: Frame) -> None:
@@ -219,6 +317,11 @@ class Worker:
             fn, items, timeout = task
             args, kwargs = (), {}
         entry.name = getattr(fn, "__qualname__", "task")
+        if self.plugins is not None:
+            self.plugins.enter_process(self._info())
+            if self.plugins.error is not None:
+                return serialize.dumps_error(self.plugins.error, tb_text="")
+            fn = self.plugins.wrap(fn)
         if timeout:
             entry.timeout = timeout * (len(items) if items is not None else 1)
             entry.deadline = time.monotonic() + entry.timeout
@@ -295,8 +398,12 @@ class Worker:
 
 
 def main() -> None:
-    fd = int(os.environ.pop("SKYWARD_WORKER_FD"))
-    sock = socket.socket(fileno=fd)
+    addr = os.environ.pop("SKYWARD_WORKER_ADDR", "")
+    if addr:  # started by a plugin launcher (possibly one of several processes): call back
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(addr)
+    else:
+        sock = socket.socket(fileno=int(os.environ.pop("SKYWARD_WORKER_FD")))
     tune(sock)
     worker = Worker(
         sock,

@@ -33,6 +33,15 @@ class Cluster(abc.ABC):
     # A directory the client and the nodes both see (Local only): large buffers travel as
     # files there instead of through the sockets. None for remote nodes.
     spill_dir: Path | None = None
+    # The spec the cluster was made for: plugin transforms and bootstrap factories read it
+    # (set by the provider before it calls skyward.plugins.compose.prepare).
+    spec: Spec
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes the pool starts with (``spec.nodes.desired``; 1 without a spec)."""
+        spec = getattr(self, "spec", None)
+        return spec.node_spec.desired if spec is not None else 1
 
     @abc.abstractmethod
     def start(self, count: int) -> list[NodeEndpoint]:

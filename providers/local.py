@@ -120,11 +120,30 @@ class LocalCluster(Cluster):
         self._handed: set[int] = set()
         self._next = 0
         self._lock = threading.Lock()
+        self.spec = spec
         try:
-            self._env = self._environment(spec.image)
+            from skyward.plugins.compose import prepare
+
+            image, ops = prepare(spec, self)  # plugin transforms see this cluster
+            self._env = self._environment(image)
+            self._run_ops(ops)
         except BaseException:
             self._remove_dirs()
             raise
+
+    def _run_ops(self, ops: tuple[str, ...]) -> None:
+        """Plugin bootstrap ops: all nodes share this machine, so they run once, here, in the
+        pool's folder with the nodes' environment; a failing op stops the pool."""
+        for op in ops:
+            proc = subprocess.run(["bash", "-c", op], cwd=self._root, env=self._env,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
+                raise ProviderError(
+                    f"a plugin bootstrap op failed on Local (exit code {proc.returncode}): {op!r}\n"
+                    f"{tail}\nLocal runs plugin ops on this machine as it is; install what the op "
+                    f"needs here, or leave that plugin out for Local pools."
+                )
 
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> LocalCluster:

@@ -25,12 +25,14 @@ from .errors import (
     DispatchError,
     NoActivePoolError,
     NodeLostError,
+    PluginError,
     PoolClosedError,
     ProtocolError,
     ProviderError,
     RemoteError,
     SerializationError,
     SkywardError,
+    TaskCancelledError,
     TaskTimeoutError,
     WorkerDiedError,
 )
@@ -69,6 +71,7 @@ _LAZY = {
     "Compute": "skyward.compute",
     "Session": "skyward.compute",
     "Pool": "skyward.pool",
+    "plugins": "skyward.plugins",
     "Local": "skyward.providers.local",
     "InstanceInfo": "skyward.runtime.info",
     "PeerInfo": "skyward.runtime.info",
@@ -85,7 +88,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import metrics
+    from . import metrics, plugins
     from .compute import Compute, Session
     from .events import (
         BatchFinished,
@@ -177,6 +180,7 @@ __all__ = [
     "PendingFunction",
     "PendingFunctionGroup",
     "PipIndex",
+    "PluginError",
     "Pool",
     "PoolClosedError",
     "ProtocolError",
@@ -189,6 +193,7 @@ __all__ = [
     "Session",
     "SkywardError",
     "Spec",
+    "TaskCancelledError",
     "TaskCompleted",
     "TaskStarted",
     "TaskTimeoutError",
@@ -201,6 +206,7 @@ __all__ = [
     "instance_info",
     "is_head",
     "metrics",
+    "plugins",
     "redirect_output",
     "secret",
     "shard",

@@ -96,10 +96,9 @@ class Compute:
     def open(self) -> Pool:
         spec = _select(self.specs, self.options)
         if spec.plugins:
-            raise ConfigError(
-                f"plugins={[getattr(p, 'name', p) for p in spec.plugins]}: plugins are not available "
-                f"in this version of skyward yet. Install what you need with Image(pip=[...]) instead."
-            )
+            from .plugins.compose import validate
+
+            validate(spec.plugins)  # a wrong item fails here, before anything is provisioned
         if spec.ttl == 0:
             warnings.warn(
                 "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "

@@ -50,6 +50,14 @@ class TaskTimeoutError(SkywardError, TimeoutError):
     """A task ran longer than its timeout and was cancelled on the node."""
 
 
+class TaskCancelledError(SkywardError, RuntimeError):
+    """A task was cancelled before it started (a joblib batch after an abort)."""
+
+
+class PluginError(SkywardError, RuntimeError):
+    """A plugin hook failed, on the client or on a node."""
+
+
 class RemoteError(SkywardError, RuntimeError):
     """A task raised an exception whose type could not be rebuilt on the client."""
 

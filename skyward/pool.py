@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
-from skyward.bootstrap.frames import Frame, Kind
+from skyward.bootstrap.frames import NESTED, Frame, Kind
 
 from . import console, logs, secrets
 from . import events as ev
@@ -135,12 +135,68 @@ class Pool:
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:
         self._tokens.append(_active.set(self))
+        if len(self._tokens) == 1 and self.spec.plugins:
+            self._enter_plugins()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._tokens:
             _active.reset(self._tokens.pop())
+        if not self._tokens:
+            self._exit_plugins()
         self.close()
+
+    # -- plugins (skyward.plugins) -------------------------------------------------------------
+    def _enter_plugins(self) -> None:
+        """around_client hooks, in plugin order, in this (the user's) thread: joblib's backend
+        setting is thread-local. On failure the pool is closed and PluginError raised."""
+        from .plugins.compose import enter_client_hooks
+
+        try:
+            self._client_hooks = enter_client_hooks(self.spec.plugins, self, self._cluster)
+        except BaseException:
+            _active.reset(self._tokens.pop())
+            self.close()
+            raise
+
+    def _exit_plugins(self) -> None:
+        hooks = getattr(self, "_client_hooks", None)
+        self.__dict__.pop("_client_hooks", None)
+        if hooks is not None:
+            hooks.close()  # in reverse order of entry
+
+    def _node_plugins(self) -> str | None:
+        """The plugins' node-side hooks as they travel in CONFIGURE (computed once)."""
+        if not self.spec.plugins:
+            return None
+        if not hasattr(self, "_plugins_blob"):
+            from .plugins.compose import encode_for_nodes
+
+            self._plugins_blob = encode_for_nodes(self.spec.plugins)
+        return self._plugins_blob
+
+    def _route_nested(self, origin: NodeChannel, frame: Frame) -> None:
+        """A task on ``origin`` submitted work (the client is the hub): run it on the node
+        with the fewest tasks in flight and send the result back, neither of them unpickled."""
+        _, kind = NESTED.unpack_from(frame.body, 0)
+        payload = memoryview(frame.body)[NESTED.size:]
+
+        def done(result: Frame | BaseException) -> None:
+            if isinstance(result, BaseException):
+                origin.reply(frame.task_id, *serialize.dumps_error(result, tb_text=""))
+            else:
+                origin.reply(frame.task_id, result.flags, result.body, result.buffers)
+
+        live = [ch for ch in self._channels if ch.lost is None]
+        if self._closed or not live:
+            done(PoolClosedError("the pool is closed or has no node left; nested work cannot run."))
+            return
+        start = next(self._rr) % len(live)  # ties go round-robin
+        target = min(live[start:] + live[:start], key=lambda c: c.inflight)
+        try:
+            target.submit(kind, frame.flags, payload, frame.buffers, done)
+        except Exception as exc:  # the node was lost meanwhile; submit discarded the buffers
+            done(exc)
 
     def close(self) -> None:
         """Stop every node and destroy what the provider created. Safe to call twice.
@@ -224,6 +280,7 @@ class Pool:
             on_output=self._print_output,
             on_lost=self._node_lost,
             on_metric=self._metric,
+            on_submit=self._route_nested,
         )
 
     def _metric(self, node: int, sample: dict[str, Any]) -> None:
@@ -248,6 +305,7 @@ class Pool:
                 "worker": settings,
                 "metrics": metrics,
                 "spill": str(self._cluster.spill_dir) if self._cluster.spill_dir else None,
+                "plugins": self._node_plugins(),
             })
 
     def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:

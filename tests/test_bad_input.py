@@ -119,6 +119,6 @@ def test_errors_share_one_root() -> None:
             assert issubclass(obj, sky.SkywardError)
 
 
-def test_plugins_are_refused_until_supported() -> None:
-    with pytest.raises(sky.ConfigError, match="plugins"), sky.Compute(plugins=["torch"]):
+def test_plugins_must_be_plugin_objects() -> None:
+    with pytest.raises(sky.ConfigError, match=r"plugins=.*sky\.plugins\.torch\(\)"), sky.Compute(plugins=["torch"]):
         pass

@@ -16,6 +16,10 @@ from skyward.errors import NoActivePoolError
 _topology: dict[str, Any] | None = None
 _version = 0
 
+# The worker process's way up to the client for nested dispatch (bootstrap.worker.Worker,
+# set when the worker starts; None outside workers). Used by the joblib backend on nodes.
+hub: Any = None
+
 # Id of the task the current thread is running (0 outside tasks).
 current_task: ContextVar[int] = ContextVar("skyward_current_task", default=0)
 # Output filters set by sky.stdout / sky.stderr / sky.silent for the running task.

@@ -1,0 +1,275 @@
+"""The "skyward" joblib backend: joblib batches become pool tasks.
+
+One backend class serves two places:
+
+* **on the client**, inside a pool's ``with`` block (or given ``pool=``): each batch is sent
+  to the node with the fewest tasks in flight, like any task;
+* **on a node**, inside a running task: the batch travels up the node's own connection to
+  the client (``Kind.SUBMIT``), which forwards it, unopened, to a node of the pool and sends
+  the result back down (``Kind.REPLY``). The client is the hub: no port or address between
+  nodes is needed. While a task waits for its nested batches, its agent lends its slot to
+  them, so a pool whose every slot runs a ``GridSearchCV`` cannot deadlock.
+
+``effective_n_jobs(-1)`` is the pool's total slot count (nodes x (concurrency + buffer)).
+Batches are sized automatically (joblib's AutoBatchingMixin) so that tiny calls share round
+trips. Nested ``Parallel`` calls inside a batch run sequentially where the batch runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from joblib import register_parallel_backend
+from joblib._parallel_backends import AutoBatchingMixin, ParallelBackendBase, SequentialBackend
+
+from skyward.bootstrap import serialize
+from skyward.bootstrap.frames import Frame, Kind
+from skyward.errors import (
+    NoActivePoolError,
+    NodeLostError,
+    RemoteError,
+    RemoteTraceback,
+    SerializationError,
+)
+from skyward.runtime import context
+
+NAME = "skyward"
+# Warning categories that every node can import by name; filters naming anything else (a
+# category from pytest, or from a module only this machine has) are left out of what joblib
+# and scikit-learn pickle along with each batch, or the node could not unpickle it.
+_PORTABLE = ("builtins", "warnings", "sklearn", "joblib", "numpy", "scipy", "pandas")
+_filters_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def portable_warning_filters() -> Iterator[None]:
+    """For the time of a pickling, drop warning filters whose category nodes may not import.
+
+    scikit-learn ships ``warnings.filters`` itself (the list object) with every batch. The
+    list is trimmed in place and restored on the way out, so the caller's filters are the
+    same afterwards (the same list, the same entries, in order).
+    """
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]
+    with _filters_lock:
+        saved = list(filters)
+        keep = [f for f in saved if _portable(f)]
+        if len(keep) == len(saved):
+            yield
+            return
+        filters[:] = keep
+        try:
+            yield
+        finally:
+            filters[:] = saved
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def _portable(entry: tuple[Any, ...]) -> bool:
+    category = entry[2] if len(entry) > 2 else None
+    if category is None:
+        return True
+    module = getattr(category, "__module__", "") or ""
+    return module.split(".")[0] in _PORTABLE or module == "__main__"
+
+
+def decode(result: Frame | BaseException, name: str) -> Any:
+    """A RESULT (or REPLY) frame -> the value, or raise the task's exception."""
+    if isinstance(result, BaseException):
+        raise result
+    try:
+        outcome = serialize.loads_frame(result)
+    except Exception as exc:
+        raise SerializationError(
+            f"the result of a joblib batch ({name}) could not be unpickled here "
+            f"({type(exc).__name__}: {exc}). The client and the nodes need the same versions "
+            f"of the packages the result is made of."
+        ) from None
+    if outcome[0] == "ok":
+        return outcome[1]
+    if outcome[0] == "err":
+        remote: BaseException = outcome[1]
+        if outcome[2]:
+            remote.__cause__ = RemoteTraceback(outcome[2])
+        raise remote
+    _, type_name, message, tb_text = outcome
+    raise RemoteError(type_name, message, tb_text)
+
+
+class _ClientTarget:
+    """Sends batches straight to the pool's nodes."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def slots(self) -> int:
+        live = [ch for ch in self.pool._channels if ch.lost is None]
+        return max(1, len(live)) * self.pool.worker.slots
+
+    def submit(self, payload: tuple[int, Any, Any], done: Callable[[Frame | BaseException], None]) -> Callable[[], None]:
+        self.pool._check_open()
+        live = [ch for ch in self.pool._channels if ch.lost is None]
+        if not live:
+            serialize.discard(payload[2])
+            raise NodeLostError("every node of the pool was lost; no node is left to run joblib batches.")
+        start = next(self.pool._rr) % len(live)  # ties go round-robin
+        ch = min(live[start:] + live[:start], key=lambda c: c.inflight)
+        flags, body, buffers = payload
+        tid = ch.submit(Kind.TASK, flags, body, buffers, done)
+        return lambda: ch.cancel(tid)
+
+    @property
+    def spill(self) -> Any:
+        return self.pool._cluster.spill_dir
+
+
+class _NodeTarget:
+    """Sends batches up this node's connection to the client, which runs them on the pool."""
+
+    def __init__(self) -> None:
+        hub = context.hub
+        if hub is None:
+            raise NoActivePoolError(
+                "the skyward joblib backend runs inside a pool's `with` block, or inside a task "
+                "running on a pool; neither is the case here. Open the pool with "
+                "plugins=[sky.plugins.joblib()] (or sklearn()) around your Parallel call."
+            )
+        self.hub = hub
+        # joblib submits follow-up batches from whichever thread completed one; they all
+        # belong to the task running here, whose slot the agent lends while it waits.
+        self.parent = context.current_task.get()
+
+    def slots(self) -> int:
+        topo = context.topology()
+        return max(1, int(topo.get("total_nodes", 1)) * int(topo.get("slots_per_node", 1)))
+
+    def submit(self, payload: tuple[int, Any, Any], done: Callable[[Frame | BaseException], None]) -> Callable[[], None]:
+        flags, body, buffers = payload
+        self.hub.submit_nested(Kind.TASK, flags, body, buffers, done, parent=self.parent)
+        return lambda: None  # the batch is already with the client; its result is ignored
+
+    @property
+    def spill(self) -> Any:
+        return self.hub.spill
+
+
+class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
+    """joblib backend running each batch as a task of a skyward pool (see module doc).
+
+    ``pool``: the pool to use; by default the active one (the ``with`` block), or, inside a
+    task on a node, the pool that task runs on.
+    """
+
+    supports_retrieve_callback = True
+    supports_timeout = True
+    supports_return_generator = True
+    supports_sharedmem = False
+    uses_threads = False
+    default_n_jobs = -1
+
+    def __init__(self, pool: Any = None, nesting_level: int | None = None,
+                 inner_max_num_threads: int | None = None, **kwargs: Any) -> None:
+        super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads, **kwargs)
+        self._pool = pool
+        self._target: _ClientTarget | _NodeTarget | None = None
+        self._cancels: dict[int, Callable[[], None]] = {}
+        self._ids = 0
+        self._lock = threading.Lock()
+
+    def _resolve(self) -> _ClientTarget | _NodeTarget:
+        if self._pool is not None:
+            return _ClientTarget(self._pool)
+        from skyward.pool import active_pool
+
+        pool = active_pool()
+        if pool is not None:
+            return _ClientTarget(pool)
+        return _NodeTarget()
+
+    def effective_n_jobs(self, n_jobs: int | None) -> int:
+        if n_jobs == 0:
+            raise ValueError("n_jobs == 0 in Parallel has no meaning")
+        total = (self._target or self._resolve()).slots()
+        if n_jobs is None or n_jobs < 0:
+            return max(total + 1 + (n_jobs or -1), 1)
+        return n_jobs
+
+    def configure(self, n_jobs: int = 1, parallel: Any = None, prefer: Any = None,
+                  require: Any = None, **kwargs: Any) -> int:
+        self.parallel = parallel
+        self._target = self._resolve()
+        return self.effective_n_jobs(n_jobs)
+
+    def submit(self, func: Any, callback: Any = None) -> Future[Any]:
+        target = self._target or self._resolve()
+        self._target = target
+        name = getattr(func, "__qualname__", None) or type(func).__name__
+        with portable_warning_filters():
+            try:
+                payload = serialize.dumps((func, (), {}, None), target.spill)
+            except Exception as exc:
+                raise SerializationError(
+                    f"a joblib batch could not be pickled to reach the pool ({type(exc).__name__}: "
+                    f"{exc}). Pass plain data to delayed(...) calls, or create such objects "
+                    f"inside the function."
+                ) from exc
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+        with self._lock:
+            self._ids += 1
+            key = self._ids
+
+        def done(result: Frame | BaseException) -> None:
+            with self._lock:
+                self._cancels.pop(key, None)
+            try:
+                future.set_result(decode(result, name))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        if callback is not None:
+            future.add_done_callback(callback)
+        cancel = target.submit(payload, done)
+        with self._lock:
+            if not future.done():
+                self._cancels[key] = cancel
+        return future
+
+    def retrieve_result_callback(self, out: Future[Any]) -> Any:
+        return out.result()
+
+    def abort_everything(self, ensure_ready: bool = True) -> None:
+        """Batches still waiting for a slot are dropped on their node; running ones finish
+        there and their results are ignored."""
+        with self._lock:
+            cancels, self._cancels = list(self._cancels.values()), {}
+        for cancel in cancels:
+            try:
+                cancel()
+            except Exception:
+                pass
+        self.reset_batch_stats()
+
+    def terminate(self) -> None:
+        self.reset_batch_stats()
+
+    def get_nested_backend(self) -> tuple[ParallelBackendBase, int | None]:
+        return SequentialBackend(nesting_level=(self.nesting_level or 0) + 1), None
+
+
+_registered = False
+
+
+def register() -> None:
+    """Make ``"skyward"`` a joblib backend name (idempotent)."""
+    global _registered
+    if not _registered:
+        register_parallel_backend(NAME, SkywardBackend)
+        _registered = True
+
+
+register()

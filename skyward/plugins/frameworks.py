@@ -1,0 +1,293 @@
+"""torch, jax, keras, huggingface and accelerate.
+
+Rank, on every framework plugin: each worker process is one rank. With the thread executor
+a node has one worker process, so rank = node and world = nodes; with the process executor
+each of a node's ``concurrency`` processes is a rank: rank = ``info.global_worker_index``,
+world = ``info.total_workers``, local rank = ``info.worker``. Rendezvous hooks run when each
+worker starts, so every rank joins even if only one node ever gets a task. The rendezvous
+ports are the pool's ``head_port`` (torch) and ``head_port + 1`` (jax) on the head node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from skyward.errors import ConfigError
+
+from .plugin import AccelerateConfig, LaunchCommand, LaunchContext, Plugin
+
+_RENDEZVOUS_TIMEOUT = 300  # seconds every rank has to join
+
+
+def _pip(image: Any, *packages: str) -> Any:
+    have = {p.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().lower() for p in image.pip}
+    return replace(image, pip=(*image.pip, *(p for p in packages if p.split("[")[0].split("=")[0].lower() not in have)))
+
+
+def _env(image: Any, **values: str) -> Any:
+    return replace(image, env={**image.env, **values})
+
+
+def _has_gpu(cluster: Any) -> bool:
+    spec = getattr(cluster, "spec", None)
+    return spec is not None and spec.accelerator is not None
+
+
+def _threads_per_rank(info: Any) -> int:
+    """Cores per rank among the ranks sharing this host (Local: every node shares it)."""
+    me = info.peers[info.node].private_ip if info.node < len(info.peers) else None
+    nodes_here = sum(1 for p in info.peers if p.private_ip == me) or 1
+    return max(1, (os.cpu_count() or 1) // (nodes_here * info.workers_per_node))
+
+
+def _rank_env(info: Any) -> dict[str, str]:
+    return {
+        "WORLD_SIZE": str(info.total_workers),
+        "RANK": str(info.global_worker_index),
+        "LOCAL_RANK": str(info.worker),
+        "LOCAL_WORLD_SIZE": str(info.workers_per_node),
+        "NODE_RANK": str(info.node),
+    }
+
+
+# -- torch -------------------------------------------------------------------------------------
+def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: str = "latest",
+          vision: bool | str | None = None, audio: bool | str | None = None) -> Plugin:
+    """PyTorch with a process group per pool.
+
+    Installs ``torch`` (``version``: "latest" or a pin such as "2.4.1"; ``vision``/``audio``:
+    True or a version for torchvision/torchaudio) from PyTorch's ``cuda`` wheel index on GPU
+    pools (the CPU index otherwise). On every worker: MASTER_ADDR/PORT, WORLD_SIZE, RANK,
+    LOCAL_RANK, OMP_NUM_THREADS, then ``init_process_group`` once (``backend``: nccl with
+    GPUs, gloo without). Your own ``init_process_group``/``destroy_process_group`` calls
+    become no-ops while the plugin holds the group; it is destroyed when the worker stops.
+    """
+    if backend not in (None, "nccl", "gloo", "mpi", "ucc"):
+        raise ConfigError(f"torch(backend={backend!r}) is not valid: use 'nccl', 'gloo', or None (automatic).")
+
+    def pin(name: str, value: bool | str | None) -> str | None:
+        if value is None or value is False:
+            return None
+        return name if value is True or value == "latest" else f"{name}=={value}"
+
+    def transform(image: Any, cluster: Any) -> Any:
+        from skyward.spec import PipIndex
+
+        packages = [p for p in (pin("torch", version), pin("torchvision", vision), pin("torchaudio", audio)) if p]
+        names = tuple(p.split("=")[0] for p in packages)
+        index = f"https://download.pytorch.org/whl/{cuda}" if _has_gpu(cluster) and cuda else "https://download.pytorch.org/whl/cpu"
+        image = _pip(image, *packages)
+        return replace(image, pip_indexes=(*image.pip_indexes, PipIndex(url=index, packages=names)))
+
+    @contextlib.contextmanager
+    def around_app(info: Any) -> Iterator[None]:
+        threads = _threads_per_rank(info)
+        os.environ.update(_rank_env(info), MASTER_ADDR=info.head_addr, MASTER_PORT=str(info.head_port))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        import torch as _torch
+        import torch.distributed as dist
+
+        _torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        chosen = backend or ("nccl" if _torch.cuda.is_available() else "gloo")
+        if chosen == "nccl":
+            _torch.cuda.set_device(info.worker % max(1, _torch.cuda.device_count()))
+        owned = False
+        if not dist.is_initialized():
+            dist.init_process_group(chosen, init_method="env://", world_size=info.total_workers,
+                                    rank=info.global_worker_index, timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT))
+            owned = True
+        restore = _guard_process_group(dist) if owned else None
+        try:
+            yield
+        finally:
+            if restore is not None:
+                restore()
+            if owned and dist.is_initialized():
+                with contextlib.suppress(Exception):
+                    if chosen == "gloo":
+                        dist.monitored_barrier(timeout=timedelta(seconds=1.5))
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+
+    return Plugin.create("torch").with_image_transform(transform).with_around_app(around_app)
+
+
+def _guard_process_group(dist: Any) -> Any:
+    """While the plugin owns the group, the user's init/destroy calls do nothing (reference
+    examples call ``init_process_group`` themselves; a second call would raise)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    originals = (dist.init_process_group, dist.destroy_process_group)
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            originals[0](*args, **kwargs)
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is not None and group is not c10d.GroupMember.WORLD:
+            originals[1](group)
+
+    modules: tuple[Any, ...] = (dist, c10d)
+    for module in modules:
+        module.init_process_group = init_process_group
+        module.destroy_process_group = destroy_process_group
+
+    def restore() -> None:
+        for module in modules:
+            module.init_process_group, module.destroy_process_group = originals
+
+    return restore
+
+
+# -- jax ---------------------------------------------------------------------------------------
+def jax(*, cuda: str | None = "cu124") -> Plugin:
+    """JAX with ``jax.distributed`` initialised on every worker (before any other JAX call).
+
+    Installs ``jax[cuda12]`` on GPU pools (``cuda``), ``jax`` otherwise; sets
+    JAX_COORDINATOR_ADDRESS (head node, ``head_port + 1``), JAX_NUM_PROCESSES, JAX_PROCESS_ID,
+    and on CPU uses gloo for cross-process collectives. Timeouts are always passed: a peer
+    that never comes makes the hook fail instead of hanging.
+    """
+
+    def transform(image: Any, cluster: Any) -> Any:
+        if _has_gpu(cluster) and cuda:
+            return _pip(image, f"jax[cuda{cuda[2:4]}]")
+        return _pip(image, "jax")
+
+    @contextlib.contextmanager
+    def around_app(info: Any) -> Iterator[None]:
+        address = f"{info.head_addr}:{info.head_port + 1}"
+        os.environ.update(
+            JAX_COORDINATOR_ADDRESS=address,
+            JAX_NUM_PROCESSES=str(info.total_workers),
+            JAX_PROCESS_ID=str(info.global_worker_index),
+        )
+        os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(info)))
+        import jax as _jax
+
+        # Only affects CPU collectives; must be set before initialize, like everything else.
+        _jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        _jax.distributed.initialize(
+            coordinator_address=address, num_processes=info.total_workers,
+            process_id=info.global_worker_index, initialization_timeout=_RENDEZVOUS_TIMEOUT,
+        )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                _jax.distributed.shutdown()
+
+    return Plugin.create("jax").with_image_transform(transform).with_around_app(around_app)
+
+
+# -- keras -------------------------------------------------------------------------------------
+def keras(*, backend: str = "jax") -> Plugin:
+    """Keras 3 on ``backend`` ("jax", "torch" or "tensorflow"): installs keras and sets
+    KERAS_BACKEND on the nodes before anything imports it. With the jax backend on more
+    than one worker, data parallelism over every process's devices is set up
+    (``DataParallel``, shared seed); list ``jax()`` before ``keras()`` so that JAX's
+    distributed runtime exists first (without it, keras initialises it itself)."""
+    if backend not in ("jax", "torch", "tensorflow"):
+        raise ConfigError(f"keras(backend={backend!r}) is not valid: use 'jax', 'torch' or 'tensorflow'.")
+
+    def transform(image: Any, cluster: Any) -> Any:
+        extra = {"jax": "jax", "torch": "torch", "tensorflow": "tensorflow"}[backend]
+        return _env(_pip(image, "keras", extra), KERAS_BACKEND=backend)
+
+    @contextlib.contextmanager
+    def around_app(info: Any) -> Iterator[None]:
+        os.environ["KERAS_BACKEND"] = backend
+        if backend == "jax" and info.total_workers > 1:
+            import jax as _jax
+
+            if not _jax.distributed.is_initialized():
+                import keras as _keras
+
+                _keras.distribution.initialize(
+                    f"{info.head_addr}:{info.head_port + 1}", info.total_workers, info.global_worker_index)
+            import keras as _keras
+
+            _keras.distribution.set_distribution(
+                _keras.distribution.DataParallel(devices=_jax.devices(), auto_shard_dataset=False))
+        yield
+
+    return Plugin.create("keras").with_image_transform(transform).with_around_app(around_app)
+
+
+# -- huggingface -------------------------------------------------------------------------------
+def huggingface(token: str | None = None, *,
+                packages: tuple[str, ...] = ("transformers", "datasets", "tokenizers")) -> Plugin:
+    """HuggingFace: installs ``packages`` and huggingface_hub; with a ``token`` (or HF_TOKEN in
+    your environment) sets HF_TOKEN on the nodes and logs them in during bootstrap. The token
+    is a secret: it is redacted from logs and events, and the login op only names $HF_TOKEN."""
+    from skyward import secrets
+
+    value = token if token is not None else os.environ.get("HF_TOKEN")
+    if value:
+        secrets.register(value)
+
+    def transform(image: Any, cluster: Any) -> Any:
+        image = _pip(image, *packages, "huggingface_hub")
+        return _env(image, HF_TOKEN=value) if value else image
+
+    def bootstrap(cluster: Any) -> tuple[str, ...]:
+        if not value:
+            return ()
+        return ('python -c "import os, huggingface_hub; '
+                "huggingface_hub.login(token=os.environ['HF_TOKEN'], add_to_git_credential=False)\"",)
+
+    return Plugin.create("huggingface").with_image_transform(transform).with_bootstrap(bootstrap)
+
+
+# -- accelerate --------------------------------------------------------------------------------
+_FLAGS = ("mixed_precision", "num_cpu_threads_per_process", "gpu_ids", "rdzv_backend")
+_SWITCHES = ("same_network", "debug", "downcast_bf16")
+
+
+def accelerate(config: AccelerateConfig | None = None) -> Plugin:
+    """Accelerate: installs accelerate and starts each node's workers with
+    ``accelerate launch``, topology filled in (num_machines, machine_rank, main_process_ip,
+    main_process_port; ``num_processes`` is the total over the pool, default one per node).
+    ``config`` mirrors the ``accelerate config`` YAML; distributed_type is FSDP or DEEPSPEED
+    when those sections are given, MULTI_GPU otherwise."""
+    cfg: dict[str, Any] = dict(config or {})
+    unknown = set(cfg) - set(AccelerateConfig.__annotations__)
+    if unknown:
+        raise ConfigError(
+            f"accelerate(config=...) has unknown key(s) {sorted(unknown)}; known keys: "
+            f"{', '.join(sorted(AccelerateConfig.__annotations__))}."
+        )
+
+    def launcher(cmd: LaunchCommand, ctx: LaunchContext) -> LaunchCommand:
+        total = int(cfg.get("num_processes", ctx.num_nodes))
+        if total % ctx.num_nodes:
+            raise ConfigError(
+                f"accelerate(num_processes={total}) is not a multiple of the {ctx.num_nodes} nodes; "
+                f"each node runs the same number of processes."
+            )
+        kind = cfg.get("distributed_type") or ("FSDP" if "fsdp" in cfg else "DEEPSPEED" if "deepspeed" in cfg else "MULTI_GPU")
+        parts = [f"{ctx.python_bin} -m accelerate.commands.launch",
+                 f"--num_machines {ctx.num_nodes}", f"--machine_rank {ctx.node_id}",
+                 f"--main_process_ip {ctx.head_addr}", f"--main_process_port {ctx.casty_port}",
+                 f"--num_processes {total}"]
+        parts.append({"FSDP": "--use_fsdp", "DEEPSPEED": "--use_deepspeed", "MULTI_CPU": "--cpu --multi_gpu",
+                      "NO": "", "XLA": "--tpu"}.get(kind, "--multi_gpu"))
+        parts += [f"--{k} {cfg[k]}" for k in _FLAGS if k in cfg]
+        parts += [f"--{k}" for k in _SWITCHES if cfg.get(k)]
+        for section, prefix in (("fsdp", "fsdp_"), ("deepspeed", "")):
+            for key, val in (cfg.get(section) or {}).items():
+                flag = key if key.startswith(prefix) else prefix + key
+                parts.append(f"--{flag} {str(val).lower() if isinstance(val, bool) else val}")
+        module = cmd.entrypoint.split(" -m ", 1)[1] if " -m " in cmd.entrypoint else None
+        entry = f"-m {module}" if module else cmd.entrypoint
+        return replace(cmd, launcher=" ".join(p for p in parts if p), entrypoint=entry)
+
+    def transform(image: Any, cluster: Any) -> Any:
+        return _env(_pip(image, "accelerate"), ACCELERATE_MIXED_PRECISION=str(cfg.get("mixed_precision", "no")))
+
+    return Plugin.create("accelerate").with_image_transform(transform).with_launcher(launcher)

@@ -1,19 +1,563 @@
-"""The ``skyward`` command. Pool management (up/down/ls/...) arrives with the CLI issue."""
+"""The ``skyward`` command: named pools from the shell.
+
+    skyward up NAME [--provider local --nodes 2 --ttl 600]   start a pool that outlives the command
+    skyward ls | status NAME | history NAME                  what runs, how it is, who did what
+    skyward exec NAME -- CMD | logs NAME                     a shell command on every node; agent logs
+    skyward down NAME | --all | --expired                    stop pools
+    skyward preview NAME | offers                            what a pool would be, what can be had
+
+Exit codes: 0 ok, 1 the command failed, 2 bad usage or configuration. ``--json`` prints
+machine-readable output on stdout; messages and progress go to stderr.
+
+argparse (standard library) is enough here: nine subcommands with a few flags each, and no
+extra dependency for a package that is installed on every node.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import shlex
 import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
+
+if TYPE_CHECKING:
+    from .named import PoolStatus
+    from .pool import Pool
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def main(argv: list[str] | None = None) -> int:
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"skyward: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
     from skyward import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="skyward",
-        description="Run Python functions on pools of machines. See the README for the library API.",
+        description="Run Python functions on pools of machines. These commands manage named "
+        "pools, which a program reaches with sky.Compute(name=...).",
+        epilog="Exit codes: 0 ok, 1 failure, 2 usage or configuration error.",
     )
     parser.add_argument("--version", action="version", version=f"skyward {__version__}")
-    parser.parse_args(sys.argv[1:] if argv is None else argv)
-    parser.print_help()
-    return 0
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        return p
+
+    def pool_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("name", help="the pool's name ([pools.NAME] in skyward.toml)")
+        p.add_argument("--config", type=Path, help="skyward.toml to read (default: nearest one)")
+        p.add_argument("--provider", help="local, ssh, aws or gcp")
+        p.add_argument("--nodes", type=int, help="number of nodes")
+        p.add_argument("--accelerator", help="e.g. A100, H100:8")
+        p.add_argument("--ttl", type=int, help="seconds with no client before the nodes stop; 0 = never")
+        p.add_argument("--region", help="cloud region")
+        p.add_argument("--allocation", help="spot-if-available, spot, on-demand or cheapest")
+        p.add_argument("--max-hourly-cost", type=float, help="USD per node-hour cap")
+
+    p = command("up", "Start a named pool that keeps running after this command.")
+    pool_flags(p)
+    p.add_argument("--console", choices=["rich", "log", "minimal", "silent"],
+                   help="how to show progress (default: rich on a terminal, log otherwise)")
+
+    p = command("down", "Stop named pools and remove their records.")
+    p.add_argument("name", nargs="?", help="the pool to stop")
+    p.add_argument("--all", action="store_true", help="stop every registered pool")
+    p.add_argument("--expired", action="store_true", help="clean up pools whose ttl ran out")
+
+    command("ls", "List the named pools: provider, nodes, state, age, expiry, cost.")
+
+    p = command("status", "One pool's nodes: reachable or not, hostname, agent, clients.")
+    p.add_argument("name")
+
+    p = command("history", "The audit trail of a pool name: who did what, when.")
+    p.add_argument("name")
+
+    p = command("preview", "What `up NAME` would create and what it costs per hour; creates nothing.")
+    pool_flags(p)
+
+    p = command("offers", "What the cloud catalogues sell that fits, cheapest first.")
+    p.add_argument("--provider", help="aws or gcp (default: both)")
+    p.add_argument("--accelerator", help="e.g. A100, H100:8 (default: CPU-only types)")
+    p.add_argument("--vcpus", type=float, help="at least this many vCPUs")
+    p.add_argument("--memory-gb", type=float, help="at least this much memory (GB)")
+    p.add_argument("--region", help="only this region")
+    p.add_argument("--allocation", default="cheapest",
+                   help="price under: cheapest (default), spot, on-demand, spot-if-available")
+    p.add_argument("--max-hourly-cost", type=float, help="USD per node-hour at most")
+    p.add_argument("--limit", type=int, default=20, help="show at most this many (default 20)")
+
+    p = command("exec", "Run a shell command on every node of a pool: one result per node.")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per node (default 60)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command, after --")
+
+    p = command("logs", "The agent logs of a pool's nodes.")
+    p.add_argument("name")
+    p.add_argument("--node", type=int, help="only this node")
+    p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    warnings.showwarning = _show_warning
+    handler = globals()[f"cmd_{args.command}"]
+    try:
+        code: int = handler(args)
+        return code
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_USAGE
+    except SkywardError as exc:
+        _err(f"error: {exc}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:  # `skyward ls | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+# -- output ------------------------------------------------------------------------------------
+def _err(message: str) -> None:
+    print(f"skyward: {message}", file=sys.stderr, flush=True)
+
+
+def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    _err(f"warning: {message}")
+
+
+def _json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
+             for r in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+@contextlib.contextmanager
+def _progress(message: str) -> Iterator[None]:
+    """A spinner on a terminal, one line otherwise."""
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        with Console(stderr=True).status(message):
+            yield
+    else:
+        _err(message)
+        yield
+
+
+def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, Any]:
+    """What listings show of a record: never the token or how to log in."""
+    from .named import _total_cost
+
+    cluster = record.get("cluster") or {}
+    nodes = [{k: n.get(k) for k in ("index", "hostname", "private_ip", "public_ip")}
+             for n in cluster.get("nodes", [])]
+    now = time.time()
+    out = {
+        "name": record["name"],
+        "id": record.get("id"),
+        "provider": record.get("provider"),
+        "nodes": len(nodes),
+        "hosts": nodes,
+        "ttl": record.get("ttl"),
+        "created": record.get("created"),
+        "age_seconds": round(now - float(record.get("created", now)), 1),
+        "hourly_cost": _total_cost(record),
+        "offer": record.get("offer"),
+        "owner": (record.get("owner") or {}).get("who"),
+        "clients": len(record.get("clients", [])),
+        "ephemeral": record.get("ephemeral", False),
+    }
+    if st is not None:
+        out["state"] = st.state
+        out["expires"] = st.expires
+        out["expires_in_seconds"] = None if st.expires is None else round(st.expires - now, 1)
+    return out
+
+
+def _opportunistic_cleanup() -> None:
+    from .named import cleanup_expired
+
+    for st in cleanup_expired():
+        _err(f"removed expired pool {st.name!r} ({st.state})")
+
+
+# -- configuration from flags ------------------------------------------------------------------
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    flags: dict[str, Any] = {}
+    for key in ("provider", "nodes", "accelerator", "ttl", "region", "allocation", "max_hourly_cost"):
+        value = getattr(args, key, None)
+        if value is not None:
+            flags[key] = value
+    return flags
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from .config import load
+
+    if args.config is not None and not args.config.is_file():
+        raise ConfigError(f"--config {args.config}: no such file. Give the path of a skyward.toml.")
+    return load(args.name, project=args.config, flags=_flags(args))
+
+
+# -- commands ----------------------------------------------------------------------------------
+def cmd_up(args: argparse.Namespace) -> int:
+    from .named import provision
+    from .spec import Options
+
+    cfg = _load(args)
+    _opportunistic_cleanup()
+    console: Any = args.console or ("silent" if args.json else True)
+    pool = provision(cfg, Options(console=console), keep=True)
+    from .registry import read
+
+    record = read(cfg.name) or {}
+    nodes = pool.current_nodes()
+    pool.detach()  # the nodes stay; their lease (ttl) decides from now on
+    ttl = int(record.get("ttl", 0))
+    if args.json:
+        _json(_summary(record))
+        return EXIT_OK
+    stops = (f"stops after {ttl} s with no client attached" if ttl
+             else "never stops by itself (ttl 0): run `skyward down` when done")
+    print(f"pool {cfg.name!r} is up: {nodes} {record.get('provider')} node(s), "
+          f"{_money(_summary(record)['hourly_cost'])}/h; it {stops}.")
+    print(f"attach with sky.Compute(name={cfg.name!r}); stop with `skyward down {cfg.name}`.")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from . import named, registry
+
+    if bool(args.name) + args.all + args.expired != 1:
+        raise ConfigError("down takes one of: a pool NAME, --all, or --expired.")
+    if args.expired:
+        with _progress("removing expired pools"):
+            removed = named.cleanup_expired()
+        if args.json:
+            _json([{"name": st.name, "state": st.state} for st in removed])
+        else:
+            print("\n".join(f"removed {st.name} ({st.state})" for st in removed)
+                  or "no expired pools")
+        return EXIT_OK
+    names = registry.names() if args.all else [args.name]
+    done, failed = [], []
+    for name in names:
+        try:
+            with _progress(f"stopping pool {name!r}"):
+                record = named.down(name)
+            done.append(_summary(record))
+            if not args.json:
+                print(f"pool {name!r} destroyed")
+        except PoolNotFoundError:
+            if not args.all:
+                raise
+        except SkywardError as exc:
+            failed.append(name)
+            _err(f"error: {exc}")
+    if args.json:
+        _json(done)
+    elif args.all and not done and not failed:
+        print("no pools")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from .named import statuses
+
+    listed = statuses()
+    rows = [_summary(st.record, st) for st in listed]
+    gone = {st.name for st in listed if st.gone}
+    if gone:
+        _opportunistic_cleanup()
+    for row in rows:
+        row["removed"] = row["name"] in gone
+    if args.json:
+        _json(rows)
+        return EXIT_OK
+    if not rows:
+        print("no pools (start one with `skyward up NAME`)")
+        return EXIT_OK
+    table = []
+    for r in rows:
+        expiry = ("never" if r["ttl"] == 0 else "-" if r["expires_in_seconds"] is None
+                  else "now" if r["expires_in_seconds"] <= 0 else f"in {_duration(r['expires_in_seconds'])}")
+        state = r["state"] + (" (removed)" if r["removed"] else "")
+        if r["state"] == "in use":
+            state += f" ({r['clients']} client(s))"
+        table.append([r["name"], str(r["provider"]), str(r["nodes"]), state,
+                      _duration(r["age_seconds"]), expiry, _money(r["hourly_cost"])])
+    print(_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .named import get, status_of
+
+    record = get(args.name)
+    st = status_of(record)
+    nodes = _probe(record) if not st.gone and st.state != "provisioning" else []
+    out = {**_summary(record, st), "nodes": nodes,
+           "clients": [{k: c.get(k) for k in ("who", "pid", "since")} for c in record.get("clients", [])]}
+    healthy = bool(nodes) and all(n["reachable"] for n in nodes)
+    if args.json:
+        _json(out)
+        return EXIT_OK if healthy else EXIT_FAILED
+    print(f"pool {record['name']!r}: {st.state}, {record.get('provider')}, {len(nodes)} node(s), "
+          f"ttl {record.get('ttl')} s, {len(out['clients'])} client(s) attached")
+    if nodes:
+        rows = [[str(n["index"]), n.get("hostname") or "-", n.get("private_ip") or "-",
+                 "ok" if n["reachable"] else "UNREACHABLE", str(n.get("agent_pid") or "-"),
+                 str(n.get("python") or "-"), "-" if n.get("tasks") is None else str(n["tasks"]),
+                 n.get("error") or ""] for n in nodes]
+        print(_table(["NODE", "HOST", "IP", "HEALTH", "AGENT PID", "PYTHON", "TASKS", ""], rows))
+    return EXIT_OK if healthy else EXIT_FAILED
+
+
+def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Open each node's agent connection, read its handshake, disconnect."""
+    from skyward.bootstrap.channel import NodeChannel
+
+    from .named import provider_from
+
+    description = record["cluster"]
+    base = [{"index": n["index"], "hostname": n.get("hostname"), "private_ip": n.get("private_ip"),
+             "reachable": False} for n in description["nodes"]]
+    try:
+        cluster = provider_from(record["config"]).attach(description)
+        endpoints = cluster.start(len(description["nodes"]))
+    except SkywardError as exc:
+        return [{**b, "error": str(exc)} for b in base]
+    for b, endpoint in zip(base, endpoints, strict=False):
+        try:
+            ch = NodeChannel(endpoint.connect(), node=endpoint.index, token=cluster.token,
+                             ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
+        except (OSError, SkywardError) as exc:
+            b["error"] = str(exc)
+            continue
+        facts = ch.facts
+        ch.close()
+        b.update(reachable=True, hostname=facts.get("hostname", b["hostname"]),
+                 agent_pid=facts.get("pid"), python=facts.get("python"), tasks=facts.get("tasks"))
+    cluster.detach()
+    return base
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from . import audit
+    from .named import check_name
+
+    check_name(args.name)
+    entries = audit.read(args.name)
+    if not entries:
+        raise PoolNotFoundError(
+            f"no history for a pool named {args.name!r}: nothing was ever recorded under that "
+            f"name here (`skyward ls` lists running pools)."
+        )
+    if args.json:
+        _json(entries)
+        return EXIT_OK
+    skip = {"time", "who", "event", "name", "pid", "skyward"}
+    rows = []
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
+        details = ", ".join(f"{k}={e[k]}" for k in sorted(e) if k not in skip)
+        rows.append([when, e.get("who", "?"), e.get("event", "?"), details])
+    print(_table(["WHEN", "WHO", "WHAT", "DETAILS"], rows))
+    return EXIT_OK
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from .named import spec_from
+
+    cfg = _load(args)
+    spec, _ = spec_from(cfg.data)
+    provider = spec.provider
+    why = provider.check(spec)
+    if why is not None:
+        raise ProviderError(f"pool {cfg.name!r} cannot be provisioned: {why}.")
+    preview = getattr(provider, "preview", None)
+    if preview is None and provider.kind not in ("local",):
+        raise ProviderError(
+            f"preview is not available for provider {provider.kind!r} in this version of "
+            f"skyward (the cloud stacks' preview is not installed); `skyward preview` works "
+            f"for local pools."
+        )
+    nodes = spec.node_spec.desired
+    per_node = provider.hourly_cost(spec)
+    if preview is not None:
+        plan: dict[str, Any] = preview(spec)
+    else:
+        plan = {"resources": [{"type": "process", "name": f"agent node-{i}",
+                               "detail": "agent process on this machine, own working directory"}
+                              for i in range(nodes)]}
+    out = {"name": cfg.name, "provider": provider.kind, "nodes": nodes, "ttl": spec.ttl,
+           "accelerator": None if spec.accelerator is None else str(spec.accelerator),
+           "hourly_cost_per_node": per_node,
+           "hourly_cost": None if per_node is None else round(per_node * nodes, 4),
+           "sources": list(cfg.sources), **plan}
+    if args.json:
+        _json(out)
+        return EXIT_OK
+    print(f"pool {cfg.name!r} would be {nodes} {provider.kind} node(s)"
+          + (f" with {spec.accelerator}" if spec.accelerator is not None else "")
+          + f", ttl {spec.ttl} s, {_money(out['hourly_cost'])}/h (nothing was created)")
+    for r in out.get("resources", []):
+        print(f"  + {r.get('type')}  {r.get('name')}  {r.get('detail', '')}".rstrip())
+    return EXIT_OK
+
+
+def cmd_offers(args: argparse.Namespace) -> int:
+    try:
+        from . import catalogue
+        query = catalogue.offers
+    except (ImportError, AttributeError):
+        raise ProviderError(
+            "offers is not available in this version of skyward: the offer catalogue is not "
+            "installed. Local pools cost nothing; SSH pools use the hosts you give them."
+        ) from None
+    found = query(args.accelerator, provider=args.provider, vcpus=args.vcpus,
+                  memory_gb=args.memory_gb, region=args.region, allocation=args.allocation,
+                  max_hourly_cost=args.max_hourly_cost)
+    rows = [_offer_dict(o, args.allocation) for o in list(found)[: args.limit]]
+    if args.json:
+        _json(rows)
+        return EXIT_OK
+    if not rows:
+        print("no offers match; loosen the filters (`skyward offers --help`)")
+        return EXIT_FAILED
+    print(_table(
+        ["PROVIDER", "TYPE", "REGION", "VCPUS", "MEM GB", "ACCELERATOR", "$/H", "SPOT", "ON-DEMAND"],
+        [[r["provider"], r["instance_type"], r["region"], f"{r['vcpus']:g}", f"{r['memory_gb']:g}",
+          f"{r['accelerator_count']:g}x {r['accelerator']}" if r["accelerator"] else "-",
+          _money(r["price"]), _money(r["spot"]), _money(r["on_demand"])] for r in rows],
+    ))
+    return EXIT_OK
+
+
+def _offer_dict(offer: Any, allocation: str) -> dict[str, Any]:
+    keys = ("provider", "instance_type", "region", "vcpus", "memory_gb", "architecture",
+            "accelerator", "accelerator_count", "accelerator_memory_gb", "spot", "on_demand", "as_of")
+    return {**{k: getattr(offer, k, None) for k in keys}, "price": offer.price(allocation)}
+
+
+@contextlib.contextmanager
+def _attached(name: str) -> Iterator[Pool]:
+    from .named import attach, get, status_of
+    from .spec import Options
+
+    record = get(name)
+    st = status_of(record)
+    if st.gone or st.state == "provisioning":
+        raise ProviderError(
+            f"pool {name!r} is {st.state}; `skyward ls` shows the pools that run, "
+            f"`skyward up {name}` starts it again."
+        )
+    pool = attach(record, Options(console="silent", logging=False), audited=False)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from . import audit
+    from .function import function
+    from .nodeops import run_shell
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("exec needs a command after --, e.g. `skyward exec NAME -- hostname`.")
+    command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
+    with _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
+        results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ pool
+    from .registry import read
+
+    record = read(args.name) or {}
+    audit.append(args.name, "exec", record.get("id", ""), command=command,
+                 exit_codes=[r["exit_code"] for r in results])
+    for i, r in enumerate(results):
+        r["node"] = i
+    if args.json:
+        _json(results)
+    else:
+        for r in results:
+            print(f"[node {r['node']} {r['hostname']}] exit {r['exit_code']}")
+            for stream in (r["stdout"], r["stderr"]):
+                if stream:
+                    print(stream.rstrip("\n"))
+    return EXIT_OK if all(r["exit_code"] == 0 for r in results) else EXIT_FAILED
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .function import function
+    from .named import get
+    from .nodeops import tail
+
+    nodes = get(args.name)["cluster"]["nodes"] if get(args.name).get("cluster") else []
+    if args.node is not None and not 0 <= args.node < len(nodes):
+        raise ConfigError(f"--node {args.node}: pool {args.name!r} has nodes 0 to {len(nodes) - 1}.")
+    out = []
+    with _attached(args.name) as pool:
+        for rank, node in enumerate(nodes):
+            if args.node is not None and rank != args.node:
+                continue
+            path = node.get("log")
+            if not path:
+                out.append({"node": rank, "hostname": node.get("hostname"), "path": None, "text": "",
+                            "error": "this provider does not say where its agent log is"})
+                continue
+            found: dict[str, Any] = pool.run(function(tail)(path, args.lines), target=rank)
+            out.append({"node": rank, **found})
+    if args.json:
+        _json(out)
+    else:
+        for r in out:
+            print(f"== node {r['node']} ({r['hostname']}) {r['path'] or ''} ==")
+            print(r["error"] if r["error"] else r["text"].rstrip("\n"))
+    return EXIT_FAILED if any(r["error"] for r in out) else EXIT_OK

@@ -64,6 +64,20 @@ def _build_specs(specs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Spec, 
     return (Spec(**kwargs),)
 
 
+def _check_named(name: str, specs: tuple[Any, ...], kwargs: dict[str, Any],
+                 worker: Worker | None, options: Options) -> None:
+    from .named import check_name
+
+    check_name(name)
+    given = [*(["specs"] if specs else []), *sorted(kwargs), *(["worker"] if worker or options.worker else [])]
+    if given:
+        raise ConfigError(
+            f"sky.Compute(name={name!r}) got {', '.join(given)} too: a named pool's settings come "
+            f"from [pools.{name}] in skyward.toml (or from the running pool). Move them there, "
+            f"or drop name= and describe the pool with keywords."
+        )
+
+
 class Compute:
     """Provision a pool for a ``with`` block and destroy it on the way out.
 
@@ -80,20 +94,22 @@ class Compute:
         worker: Worker | None = None,
         **kwargs: Any,
     ) -> None:
-        if name is not None:
-            raise ConfigError(
-                f"sky.Compute(name={name!r}): named pools from skyward.toml are not available in "
-                f"this version yet; describe the pool with keywords (nodes=..., provider=...)."
-            )
+        self.name = name
         self.options = options or Options()
         if not isinstance(self.options, Options):
             raise ConfigError(f"options={options!r} is not valid: pass sky.Options(...).")
+        if name is not None:
+            _check_named(name, specs, kwargs, worker, self.options)
         self.worker = _resolve_worker(self.options, worker)
         self.specs = _build_specs(specs, kwargs)
         self.pool: Pool | None = None
         self._previous_sigterm: Any = None
 
     def open(self) -> Pool:
+        if self.name is not None:
+            from .named import open_named
+
+            return open_named(self.name, self.options)
         spec = _select(self.specs, self.options)
         if spec.plugins:
             from .plugins.compose import validate
@@ -144,8 +160,9 @@ class Session:
         self.options = options or Options()
         self.pools: list[Pool] = []
 
-    def compute(self, *specs: Spec, options: Options | None = None, worker: Worker | None = None, **kwargs: Any) -> Pool:
-        pool = Compute(*specs, options=options or self.options, worker=worker, **kwargs).open()
+    def compute(self, *specs: Spec, name: str | None = None, options: Options | None = None,
+                worker: Worker | None = None, **kwargs: Any) -> Pool:
+        pool = Compute(*specs, name=name, options=options or self.options, worker=worker, **kwargs).open()
         self.pools.append(pool)
         return pool
 

@@ -38,6 +38,18 @@ class PoolClosedError(SkywardError, RuntimeError):
     """The pool was used after it was closed."""
 
 
+class PoolBusyError(SkywardError, RuntimeError):
+    """Another skyward command is creating, changing or destroying this named pool right now."""
+
+
+class PoolExistsError(SkywardError, RuntimeError):
+    """A named pool of that name is already running."""
+
+
+class PoolNotFoundError(SkywardError, LookupError):
+    """No named pool of that name is registered."""
+
+
 class NodeLostError(SkywardError, RuntimeError):
     """The connection to a node's agent was lost while a task was running."""
 

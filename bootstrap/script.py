@@ -1,0 +1,221 @@
+"""Image -> the one bash script that prepares a node, in phases.
+
+The script is rendered on the client from the final Image (after plugin transforms) and a
+`NodePlan` (what the client shipped and where), sent to the node over SSH on stdin and run
+with bash. It prints one marker line per phase transition, which the client turns into
+`BootstrapPhase` events:
+
+    @@skyward phase NAME started|done|skipped|failed [EXIT_CODE]
+
+Everything else the phases print is ordinary output; the client keeps its last lines for the
+error of a failed phase.
+
+Node layout (``$HOME/.skyward`` unless ``SKYWARD_NODE_HOME`` is set on the node):
+
+    bin/uv                 the client's uv binary
+    wheels/                the shipped wheelhouse (skyward's wheel under wheels/skyward/<hash>/)
+    envs/<key>/            one virtualenv per (python, packages) combination, shared by pools
+    done/<phase>-<key>     markers: a phase whose inputs did not change is skipped
+    pools/<pool id>/       env.sh, includes/, the agent's log and handshake; removed at teardown
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from skyward.spec import Image
+
+MARKER = "@@skyward"
+Install = Literal["wheelhouse", "index"]
+
+# Phase names, in the order they run.
+PHASES = ("env", "apt", "uv", "python", "venv", "deps", "skyward", "includes", "shell_vars", "plugins")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """What the script needs besides the Image."""
+
+    pool_id: str
+    python: str  # "3.11": resolved from Image.python ("auto" = the client's)
+    install: Install = "wheelhouse"
+    skyward_wheel: str = ""  # path relative to the node home, e.g. wheels/skyward/ab12/skyward-0.1.0-...whl
+    skyward_hash: str = ""  # content hash of that wheel: a new build reinstalls
+    agent_requirements: tuple[str, ...] = ()  # pinned: cloudpickle==x, lz4==y
+    includes_archive: bool = False  # pools/<id>/includes.tar was uploaded
+    ops: tuple[str, ...] = ()  # plugin bootstrap ops, run last, in order
+    wheel_names: tuple[str, ...] = field(default=())  # the wheelhouse content (keys the deps phase)
+
+
+def key(*parts: object) -> str:
+    """A short stable hash of a phase's inputs."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def env_key(image: Image, plan: NodePlan) -> str:
+    """The virtualenv a node uses: one per python and package set, shared across pools."""
+    indexes = [(ix.url, list(ix.packages)) for ix in image.pip_indexes]
+    return key(plan.python, sorted(image.pip), indexes, plan.install, sorted(plan.agent_requirements),
+               sorted(plan.wheel_names))
+
+
+def render(image: Image, plan: NodePlan) -> str:
+    q = shlex.quote
+    ek = env_key(image, plan)
+    out = [_PRELUDE.format(pool=q(plan.pool_id), env=q("envs/" + ek))]
+
+    def phase(name: str, body: str, phase_key: str | None = None, check: str = "true") -> None:
+        out.append(f"_p_{name}() {{\n{body.rstrip()}\n}}\n")
+        out.append(f"phase {name} {q(phase_key or '')} {q(check)}\n")
+
+    # env: exported on the node for the agent and every task (0600: values may be secrets).
+    exports = "".join(f"export {k}={q(v)}\n" for k, v in image.env.items())
+    phase("env", f"umask 077\ncat > \"$POOL/env.sh\" <<'SKYWARD_ENV'\n{exports}SKYWARD_ENV")
+    if image.apt:
+        pkgs = " ".join(q(p) for p in image.apt)
+        phase("apt", _APT.format(pkgs=pkgs), key(sorted(image.apt)))
+    phase("uv", '"$UV" --version')
+    py = q(plan.python)
+    find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
+    if plan.install == "index":
+        python_body = (
+            f'PY=$({find})\nif [ -z "$PY" ]; then "$UV" python install {py}; fi\n'
+            f'PY=$("$UV" python find {py})\necho "$PY" > "$SKY/envs/{ek}.python"'
+        )
+    else:
+        python_body = (
+            f'PY=$({find})\nif [ -z "$PY" ]; then\n'
+            f'  echo "no Python {plan.python} on this node, and it has no package index to fetch one '
+            f'from (wheelhouse mode): install python{plan.python} on it, use Image(python=...) with the '
+            f'version it has, or use install=\\"index\\" on a node with internet access" >&2\n  exit 3\nfi\n'
+            f'echo "$PY" > "$SKY/envs/{ek}.python"'
+        )
+    venv_check = '[ -x "$ENV/bin/python" ]'
+    phase("python", python_body, ek, venv_check)
+    phase("venv", f'rm -rf "$ENV"\n"$UV" venv --quiet --python "$(cat "$SKY/envs/{ek}.python")" "$ENV"', ek,
+          venv_check)
+    source = ' --no-index --find-links "$SKY/wheels"' if plan.install == "wheelhouse" else ""
+    deps = _deps(image, plan.install)
+    if deps:
+        phase("deps", deps, key(ek, "deps"), venv_check)
+    agent = " ".join(q(r) for r in plan.agent_requirements)
+    phase(
+        "skyward",
+        f'"$UV" pip install --quiet --python "$ENV/bin/python"{source} {agent}\n'
+        f'"$UV" pip install --quiet --python "$ENV/bin/python" --no-deps --reinstall-package skyward '
+        f'"$SKY/{plan.skyward_wheel}"\n'
+        f'"$ENV/bin/python" -c "import skyward.bootstrap.agent"',
+        key(ek, plan.skyward_hash),
+        venv_check,
+    )
+    if plan.includes_archive:
+        phase("includes", 'rm -rf "$POOL/includes"\nmkdir -p "$POOL/includes"\n'
+              'tar -xf "$POOL/includes.tar" -C "$POOL/includes"\nrm -f "$POOL/includes.tar"')
+    if image.shell_vars:
+        lines = [". \"$POOL/env.sh\""]
+        for name, command in image.shell_vars.items():
+            lines.append(f"_v=$(bash -c {q(command)})")
+            lines.append(f"printf 'export %s=%q\\n' {q(name)} \"$_v\" >> \"$POOL/env.sh\"")
+        phase("shell_vars", "\n".join(lines))
+    if plan.ops:
+        body = ". \"$POOL/env.sh\"\nexport PATH=\"$ENV/bin:$PATH\"\n" + "\n".join(plan.ops)
+        phase("plugins", body, key(ek, list(plan.ops)))
+    out.append(f"echo {MARKER} ready\n")
+    return "".join(out)
+
+
+def _deps(image: Image, install: Install) -> str:
+    """uv pip install lines for Image.pip; packages routed to a PipIndex go in a call of their own."""
+    if not image.pip:
+        return ""
+    base = '"$UV" pip install --quiet --python "$ENV/bin/python"'
+    if install == "wheelhouse":
+        return base + ' --no-index --find-links "$SKY/wheels" ' + _args(image.pip)
+    lines = []
+    scoped: set[str] = set()
+    for ix in image.pip_indexes:
+        reqs = [r for r in image.pip if _name(r) in {_canon(p) for p in ix.packages}]
+        scoped.update(reqs)
+        if reqs:
+            # --index comes before the default index: these packages resolve from it first.
+            lines.append(f"{base} --index {shlex.quote(ix.url)} {_args(reqs)}")
+    rest = [r for r in image.pip if r not in scoped]
+    if rest:
+        lines.append(f"{base} {_args(rest)}")
+    return "\n".join(lines)
+
+
+def _args(reqs: Iterable[str]) -> str:
+    return " ".join(shlex.quote(r) for r in reqs)
+
+
+def _canon(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(".", "-")
+
+
+def _name(requirement: str) -> str:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        return _canon(Requirement(requirement).name)
+    except InvalidRequirement:
+        return _canon(requirement)
+
+
+def parse_marker(line: str) -> tuple[str, str, int | None] | None:
+    """('phase name', 'started'|'done'|'skipped'|'failed', exit code) for a marker line."""
+    parts = line.split()
+    if len(parts) < 4 or parts[0] != MARKER or parts[1] != "phase":
+        return None
+    code = int(parts[4]) if len(parts) > 4 and parts[4].lstrip("-").isdigit() else None
+    return parts[2], parts[3], code
+
+
+_PRELUDE = """\
+#!/usr/bin/env bash
+# Rendered by skyward: prepares this node for pool {pool}.
+set -uo pipefail
+SKY="${{SKYWARD_NODE_HOME:-$HOME/.skyward}}"
+POOL="$SKY/pools/"{pool}
+ENV="$SKY/"{env}
+UV="$SKY/bin/uv"
+export UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=manual UV_COMPILE_BYTECODE=1
+mkdir -p "$SKY/done" "$SKY/envs" "$POOL"
+chmod 700 "$SKY" "$POOL"
+echo "@@skyward pid $$"
+
+# phase NAME KEY CHECK: run _p_NAME unless a marker says it already ran with these inputs (and
+# CHECK still holds); exit with its code when it fails.
+phase() {{
+  local marker="$SKY/done/$1-$2"
+  if [ -n "$2" ] && [ -e "$marker" ] && eval "$3"; then
+    echo "@@skyward phase $1 skipped"
+    return 0
+  fi
+  echo "@@skyward phase $1 started"
+  ( set -e; "_p_$1" ) </dev/null 2>&1
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "@@skyward phase $1 failed $rc"
+    exit "$rc"
+  fi
+  if [ -n "$2" ]; then touch "$marker"; fi
+  echo "@@skyward phase $1 done"
+}}
+
+"""
+
+_APT = """\
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
+# Try with the package lists the machine has; refresh them only when that fails.
+if ! $SUDO apt-get install -y -q --no-install-recommends {pkgs}; then
+  $SUDO apt-get update -q || echo "apt-get update failed; trying the install anyway"
+  $SUDO apt-get install -y -q --no-install-recommends {pkgs}
+fi"""

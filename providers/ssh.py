@@ -1,0 +1,474 @@
+"""sky.SSH(hosts=[...]): machines you already have, reached over SSH.
+
+This is also the last mile of every cloud provider: a stack's outputs become `SSHHost`s and an
+`SSHCluster` bootstraps them exactly like SSH hosts. For each node, in parallel:
+
+1. connect (Fabric, retried while the host boots; host key recorded on first use or given);
+2. upload what is missing: the uv binary, the wheelhouse (skyward's own wheel, always), the
+   `includes` archive;
+3. run the bootstrap script rendered from the final Image, one event per phase;
+4. start the agent detached (token handed over on stdin, never on a command line), read its
+   port back, and reach it through a direct-tcpip channel of the same SSH connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import secrets
+import shlex
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from skyward import events as ev
+from skyward.errors import BootstrapError, ConfigError, ProviderError
+
+from .base import Cluster, NodeEndpoint, ProviderConfig
+
+if TYPE_CHECKING:
+    from skyward.bootstrap.remote import Remote
+    from skyward.spec import Image, Options, Spec
+
+log = logging.getLogger("skyward.ssh")
+Install = Literal["wheelhouse", "index"]
+_AGENT_START_TIMEOUT = 30
+
+
+@dataclass(frozen=True, slots=True)
+class SSHHost:
+    """One machine to bootstrap: where to log in, and how the other nodes reach it."""
+
+    address: str  # where the client connects (a name from ~/.ssh/config works too)
+    port: int | None = None  # None: ~/.ssh/config, else 22
+    user: str | None = None  # None: ~/.ssh/config, else the local user name
+    key: str | None = None  # private key file; None: ~/.ssh/config, the agent, ~/.ssh/id_*
+    private_ip: str | None = None  # the address other nodes use (default: the one we connect to)
+    hostname: str | None = None
+    host_key: str | None = None  # "ssh-ed25519 AAAA...": known in advance, the only one accepted
+
+    @classmethod
+    def parse(cls, text: str) -> SSHHost:
+        """``[user@]host[:port]`` (``[v6addr]:port`` for IPv6)."""
+        m = re.fullmatch(r"(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s]+))(?::(?P<port>\d+))?", text)
+        if not m:
+            raise ConfigError(
+                f"sky.SSH(hosts=[{text!r}]): not a host; write 'host', 'user@host' or 'user@host:port'."
+            )
+        port = int(m["port"]) if m["port"] else None
+        return cls(address=m["v6"] or m["host"], port=port, user=m["user"])
+
+
+@dataclass(frozen=True, slots=True)
+class SSH(ProviderConfig):
+    """Machines you have: ``sky.SSH(hosts=["10.0.0.5", "gpu-box", "me@10.0.0.7:2222"])``.
+
+    ``user``, ``key`` and ``port`` apply to hosts that do not set their own (``~/.ssh/config``
+    is honoured for names defined there). ``install``: ``"wheelhouse"`` (default: the client
+    builds wheels for everything the nodes need and uploads them, so nodes need no index and
+    get exactly the client's versions) or ``"index"`` (nodes install ``Image.pip`` from their
+    own package index; skyward's wheel and uv are still shipped). ``known_hosts``: where host
+    keys are recorded (default ``~/.skyward/known_hosts``).
+    """
+
+    hosts: Sequence[str | SSHHost] = ()
+    user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    install: Install = "wheelhouse"
+    kind: ClassVar[str] = "ssh"
+    _parsed: tuple[SSHHost, ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hosts, str):
+            raise ConfigError(f"sky.SSH(hosts={self.hosts!r}): hosts is a list; write hosts=[{self.hosts!r}].")
+        if not self.hosts:
+            raise ConfigError("sky.SSH(hosts=[]): give at least one host, e.g. hosts=['10.0.0.5'].")
+        if self.install not in ("wheelhouse", "index"):
+            raise ConfigError(f"sky.SSH(install={self.install!r}) is not valid: use 'wheelhouse' or 'index'.")
+        if self.key is not None and not Path(self.key).expanduser().is_file():
+            raise ConfigError(f"sky.SSH(key={self.key!r}): no such file; give the path of a private key.")
+        parsed = []
+        for h in self.hosts:
+            host = SSHHost.parse(h) if isinstance(h, str) else h
+            if not isinstance(host, SSHHost):
+                raise ConfigError(f"sky.SSH(hosts=[..., {h!r}]): a host is a string or sky.SSHHost(...).")
+            parsed.append(SSHHost(
+                address=host.address, port=host.port or self.port, user=host.user or self.user,
+                key=host.key or self.key, private_ip=host.private_ip, hostname=host.hostname,
+                host_key=host.host_key,
+            ))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+        object.__setattr__(self, "_parsed", tuple(parsed))
+
+    def check(self, spec: Spec) -> str | None:
+        want = spec.node_spec.max or spec.node_spec.desired
+        if want > len(self._parsed):
+            return f"{want} node(s) asked for and sky.SSH has {len(self._parsed)} host(s)"
+        if spec.volumes:
+            return "volumes= applies to cloud providers only (SSH hosts keep their own disks)"
+        return None
+
+    def hourly_cost(self, spec: Spec) -> float | None:
+        return 0.0  # machines you already have
+
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> SSHCluster:
+        return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install)
+
+
+@dataclass
+class _Node:
+    index: int
+    host: SSHHost
+    remote: Remote | None = None
+    agent_pid: int | None = None
+    agent_port: int | None = None  # on the node's loopback
+
+
+class SSHCluster(Cluster):
+    """Nodes reached over SSH. ``grow``/``shrink``/``on_close`` let a cloud provider add hosts
+    beyond ``hosts``, release them, and destroy its stack at the end."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        pool_id: str,
+        hosts: Sequence[SSHHost],
+        *,
+        options: Options | None = None,
+        install: Install = "wheelhouse",
+        grow: Callable[[int], list[SSHHost]] | None = None,
+        shrink: Callable[[list[SSHHost]], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.pool_id = pool_id
+        self.token = secrets.token_urlsafe(32)
+        self.head_port = random.randrange(20000, 30000)  # the address of torch/jax rendezvous
+        self.interface = "eth0"
+        self.spill_dir = None
+        self._free = list(hosts)
+        self._install = install
+        self._grow, self._shrink, self._on_close = grow, shrink, on_close
+        self._nodes: dict[int, _Node] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+        self._prepared: tuple[Image, tuple[str, ...]] | None = None
+        self._ship: _Shipment | None = None
+        o = options
+        self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else 60.0
+        self._bootstrap_timeout = float(
+            o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout
+        )
+        self._ttl = spec.ttl
+
+    # -- Cluster API -------------------------------------------------------------------------
+    def start(self, count: int) -> list[NodeEndpoint]:
+        with self._lock:
+            if len(self._free) < count and self._grow is not None:
+                self._free.extend(self._grow(count - len(self._free)))
+            if len(self._free) < count:
+                raise ProviderError(
+                    f"{count} more node(s) asked for and only {len(self._free)} unused host(s) are "
+                    f"left; add hosts to sky.SSH(hosts=[...]) or ask for fewer nodes."
+                )
+            nodes = []
+            for _ in range(count):
+                nodes.append(_Node(self._next, self._free.pop(0)))
+                self._next += 1
+            for n in nodes:
+                self._nodes[n.index] = n
+        self._prepare()
+        with ThreadPoolExecutor(max_workers=min(32, count)) as pool:
+            futures = [pool.submit(self._bring_up, n) for n in nodes]
+            errors: list[BaseException] = []
+            endpoints = []
+            for f in futures:
+                try:
+                    endpoints.append(f.result())
+                except BaseException as exc:
+                    errors.append(exc)
+        if errors:
+            self._release(nodes)  # nothing left running on any host of this start
+            if len(errors) > 1:
+                log.error("%d nodes failed to start; the first error follows", len(errors))
+            raise errors[0]
+        return endpoints
+
+    def stop(self, endpoints: list[NodeEndpoint]) -> None:
+        with self._lock:
+            nodes = [self._nodes[e.index] for e in endpoints if e.index in self._nodes]
+        self._release(nodes)
+
+    def close(self) -> None:
+        with self._lock:
+            nodes = list(self._nodes.values())
+        try:
+            self._release(nodes)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    # -- preparing what every node gets ------------------------------------------------------
+    def _prepare(self) -> None:
+        from skyward.bootstrap import wheelhouse
+
+        with self._lock:
+            if self._ship is not None:
+                return
+            image, ops = self._final_image()
+            python = _python(image)
+            sky = wheelhouse.skyward_wheel()
+            files: dict[str, tuple[Path | bytes, int]] = {
+                "bin/uv": (wheelhouse.uv_binary(), 0o755),
+                f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
+            }
+            reqs = wheelhouse.agent_requirements()
+            wheel_names: list[str] = []
+            if self._install == "wheelhouse":
+                for w in wheelhouse.wheels_for(tuple(image.pip) + reqs, python):
+                    files[f"wheels/{w.name}"] = (w, 0o644)
+                    wheel_names.append(w.name)
+            includes = _includes_archive(image) if image.includes else None
+            self._ship = _Shipment(image, ops, python, sky.digest, f"wheels/skyward/{sky.digest}/{sky.path.name}",
+                                   reqs, tuple(sorted(wheel_names)), files, includes)
+
+    def _final_image(self) -> tuple[Image, tuple[str, ...]]:
+        if not self.spec.plugins:
+            return self.spec.image, ()
+        from skyward.plugins.compose import prepare
+
+        return prepare(self.spec, self)
+
+    # -- one node ----------------------------------------------------------------------------
+    def _bring_up(self, node: _Node) -> NodeEndpoint:
+        from skyward.bootstrap import script
+        from skyward.bootstrap.remote import Remote, Target
+
+        ship = self._ship
+        assert ship is not None
+        h = node.host
+        label = f"node {node.index} ({h.address})"
+        remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
+                        connect_timeout=min(10.0, self._ssh_timeout), retry_for=self._ssh_timeout, label=label)
+        node.remote = remote
+        remote.open()
+        home = _node_home(remote)
+        pool_dir = f"pools/{self.pool_id}"
+        sizes = {p: (src.stat().st_size if isinstance(src, Path) else len(src)) for p, (src, _) in ship.files.items()}
+        missing = remote.missing(sizes, home)
+        uploads: list[tuple[str, Path | bytes, int]] = [(p, *ship.files[p]) for p in missing]
+        if ship.includes is not None:
+            uploads.append((f"{pool_dir}/includes.tar", ship.includes, 0o600))
+        self._phase(node.index, "upload", "started")
+        t0 = time.monotonic()
+        remote.upload(uploads, home)
+        self._phase(node.index, "upload", "done", time.monotonic() - t0)
+
+        plan = script.NodePlan(
+            pool_id=self.pool_id, python=ship.python, install=self._install,
+            skyward_wheel=ship.skyward_wheel, skyward_hash=ship.skyward_hash,
+            agent_requirements=ship.agent_requirements, includes_archive=ship.includes is not None,
+            ops=ship.ops, wheel_names=ship.wheel_names,
+        )
+        text = script.render(ship.image, plan)
+        self._run_script(node, remote, text)
+
+        port, pid, facts = self._start_agent(node, remote, plan)
+        node.agent_pid, node.agent_port = pid, port
+        if node.index == 0 or self.interface == "eth0":
+            self.interface = facts.get("interface") or self.interface
+        return NodeEndpoint(
+            index=node.index,
+            private_ip=h.private_ip or facts.get("ip") or remote.host,
+            public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
+            hostname=h.hostname or facts.get("hostname") or h.address,
+            connect=lambda: remote.tunnel(port),  # type: ignore[arg-type,return-value]
+        )
+
+    def _run_script(self, node: _Node, remote: Remote, text: str) -> None:
+        from skyward.bootstrap.script import parse_marker
+
+        started: dict[str, float] = {}
+        current = [""]
+
+        def on_line(line: str) -> None:
+            parsed = parse_marker(line)
+            if parsed is None:
+                if line.strip() and not line.startswith("@@skyward"):
+                    log.debug("node %d: %s", node.index, line)
+                return
+            name, status, _ = parsed
+            now = time.monotonic()
+            if status == "started":
+                started[name], current[0] = now, name
+                self._phase(node.index, name, "started")
+            else:
+                seconds = now - started[name] if name in started else 0.0
+                self._phase(node.index, name, status, seconds)
+
+        try:
+            remote.run("exec setsid -w bash -s", stdin=text.encode(), timeout=self._bootstrap_timeout,
+                       on_line=on_line, phase="bootstrap")
+        except BootstrapError as exc:
+            phase = current[0] or "bootstrap"
+            if exc.exit_code is None:  # timed out: stop what the script left running
+                self._kill_script(remote, exc.output)
+            raise BootstrapError(
+                host=exc.host, phase=phase, command=_phase_command(text, phase), exit_code=exc.exit_code,
+                output=[line for line in exc.output if not line.startswith("@@skyward")],
+                why=(f"did not finish within bootstrap_timeout={self._bootstrap_timeout:g} s"
+                     if exc.exit_code is None else ""),
+            ) from None
+
+    def _kill_script(self, remote: Remote, output: list[str]) -> None:
+        for line in output:
+            if line.startswith("@@skyward pid "):
+                pid = line.split()[-1]
+                remote.run(f"kill -TERM -- -{pid} 2>/dev/null; sleep 0.5; kill -KILL -- -{pid} 2>/dev/null; true",
+                           check=False)
+
+    def _start_agent(self, node: _Node, remote: Remote, plan: Any) -> tuple[int, int, dict[str, str]]:
+        from skyward.bootstrap.script import env_key
+
+        assert self._ship is not None
+        ek = env_key(self._ship.image, plan)
+        pool = f'"$SKY/pools/{self.pool_id}"'
+        pythonpath = '"$POOL/includes${PYTHONPATH:+:$PYTHONPATH}"' if plan.includes_archive else '"${PYTHONPATH:-}"'
+        peer = shlex.quote(node.host.private_ip or remote.host)
+        command = f"""set -e
+SKY="${{SKYWARD_NODE_HOME:-$HOME/.skyward}}"; POOL={pool}
+IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
+cd "$POOL"; . ./env.sh
+export PYTHONPATH={pythonpath}
+rm -f agent.json
+setsid "$SKY/envs/{ek}/bin/python" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
+  --orphan-cleanup "$POOL" </dev/null >agent.json 2>>agent.log &
+for _ in $(seq 1 {_AGENT_START_TIMEOUT * 20}); do [ -s agent.json ] && break; sleep 0.05; done
+echo "@@port $(head -n1 agent.json)"
+echo "@@hostname $(hostname)"
+echo "@@interface $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p' | head -n1)"
+echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*/\\1/p' | head -n1)"
+"""
+        _, out = remote.run(f"bash -c {shlex.quote(command)}", stdin=(self.token + "\n").encode(),
+                            timeout=_AGENT_START_TIMEOUT + 10, phase="agent")
+        facts: dict[str, str] = {}
+        for line in out.splitlines():
+            if line.startswith("@@"):
+                k, _, v = line[2:].partition(" ")
+                facts[k] = v.strip()
+        import json
+
+        try:
+            hello = json.loads(facts.get("port", ""))
+            return int(hello["port"]), int(hello["pid"]), facts
+        except (ValueError, KeyError, TypeError):
+            log_file = f"{_node_home(remote)}/pools/{self.pool_id}/agent.log"
+            _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
+            raise BootstrapError(host=remote.label, phase="agent", command="python -m skyward.bootstrap.agent",
+                                 exit_code=None, output=tail.splitlines(),
+                                 why=f"did not report its port within {_AGENT_START_TIMEOUT} s") from None
+
+    def _release(self, nodes: list[_Node]) -> None:
+        """Stop the agents (and everything they started) and remove the pools' folders."""
+
+        def one(node: _Node) -> None:
+            remote = node.remote
+            if remote is None or remote.conn is None or not remote.conn.is_connected:
+                return
+            pid = node.agent_pid
+            kill = (f"kill -TERM -- -{pid} 2>/dev/null; for _ in $(seq 1 50); do kill -0 {pid} 2>/dev/null "
+                    f"|| break; sleep 0.1; done; kill -KILL -- -{pid} 2>/dev/null; ") if pid else ""
+            try:
+                remote.run(f'{kill}rm -rf "${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"; true',
+                           check=False, timeout=20)
+            except Exception as exc:
+                log.warning("could not clean up %s: %s (its agent stops by itself after ttl)", remote.label, exc)
+            finally:
+                remote.close()
+
+        with self._lock:
+            for n in nodes:
+                self._nodes.pop(n.index, None)
+        if nodes:
+            with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+                list(pool.map(one, nodes))
+        if self._shrink is not None:
+            self._shrink([n.host for n in nodes])
+
+    def _phase(self, node: int, phase: str, status: Any, seconds: float | None = None) -> None:
+        ev.bus.emit(ev.BootstrapPhase(pool=self.pool_id, node=node, phase=phase, status=status, seconds=seconds))
+
+
+# The name the cloud providers use for the hosts a stack made.
+Host = SSHHost
+
+
+@dataclass(frozen=True, slots=True)
+class _Shipment:
+    image: Image
+    ops: tuple[str, ...]
+    python: str
+    skyward_hash: str
+    skyward_wheel: str
+    agent_requirements: tuple[str, ...]
+    wheel_names: tuple[str, ...]
+    files: dict[str, tuple[Path | bytes, int]]
+    includes: bytes | None
+
+
+def _python(image: Image) -> str:
+    import sys
+
+    if image.python == "auto":
+        return f"{sys.version_info.major}.{sys.version_info.minor}"
+    return ".".join(image.python.split(".")[:2])
+
+
+def _node_home(remote: Remote) -> str:
+    cached = getattr(remote, "_sky_home", None)
+    if cached:
+        return str(cached)
+    _, out = remote.run('echo "${SKYWARD_NODE_HOME:-$HOME/.skyward}"', phase="connect")
+    home = out.strip().splitlines()[-1]
+    remote._sky_home = home  # type: ignore[attr-defined]
+    return home
+
+
+def _includes_archive(image: Image) -> bytes:
+    """Image.includes (folders or .py files, minus excludes) as one tar, built once per pool."""
+    import fnmatch
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for item in image.includes:
+            src = Path(item).expanduser().resolve()
+            if not src.exists():
+                raise ConfigError(
+                    f"Image(includes=[{item!r}]): {src} does not exist. Includes are paths (folders "
+                    f"or .py files) relative to the directory you run from ({os.getcwd()})."
+                )
+
+            def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+                name = Path(info.name).name
+                if name == "__pycache__" or any(fnmatch.fnmatch(name, pat) or fnmatch.fnmatch(info.name, pat)
+                                                for pat in image.excludes):
+                    return None
+                return info
+
+            tar.add(str(src), arcname=src.name, filter=skip)
+    return buf.getvalue()
+
+
+def _phase_command(text: str, phase: str) -> str:
+    """The body of one phase of the rendered script (what ran, for the error message)."""
+    m = re.search(rf"^_p_{re.escape(phase)}\(\) {{\n(.*?)\n}}$", text, re.S | re.M)
+    return m.group(1).strip() if m else phase

@@ -1,0 +1,287 @@
+"""``skyward.toml`` (``[pools.NAME]``) and ``~/.skyward/defaults.toml``, validated with pydantic.
+
+A pool's settings come from three layers, later ones winning: ``defaults.toml`` (the keys of a
+pool table, at top level), the ``[pools.NAME]`` table of the project's ``skyward.toml`` (found in
+the current directory or a parent), and command-line flags. Every layer is checked on its
+own, so an error names the file, the key, the value and the rule it broke.
+
+This module imports pydantic: the CLI and ``sky.Compute(name=...)`` load it when they read
+files, never ``import skyward``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+from .named import PROVIDERS, check_name, provider_class
+from .paths import skyward_home
+
+PROJECT_FILE = "skyward.toml"
+
+
+class _Table(BaseModel):
+    # TOML values are typed already: no "2" -> 2 coercion, no unknown keys.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PipIndexTable(_Table):
+    url: str
+    packages: list[str] = []
+
+
+class ImageTable(_Table):
+    python: str = "auto"
+    pip: list[str] = []
+    pip_indexes: list[PipIndexTable] = []
+    apt: list[str] = []
+    env: dict[str, str] = {}
+    shell_vars: dict[str, str] = {}
+    includes: list[str] = []
+    excludes: list[str] = []
+    metrics: bool = True  # false turns node metrics off
+
+
+class WorkerTable(_Table):
+    concurrency: int = Field(default=1, ge=1)
+    buffer: int = Field(default=0, ge=0)
+    executor: Literal["auto", "thread", "process"] = "auto"
+    reuse_processes: bool = True
+
+
+class NodesTable(_Table):
+    desired: int = Field(ge=1)
+    min: int | None = Field(None, ge=1)
+    max: int | None = Field(None, ge=1)
+
+
+class PoolTable(_Table):
+    """One ``[pools.NAME]`` table (or the whole of defaults.toml)."""
+
+    provider: Literal["local", "ssh", "aws", "gcp"] = "local"
+    nodes: Any = 1
+    accelerator: str | None = None
+    vcpus: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0)
+    disk_gb: int | None = Field(None, gt=0)
+    architecture: Literal["x86_64", "arm64"] | None = None
+    allocation: Literal["spot-if-available", "spot", "on-demand", "cheapest"] = "spot-if-available"
+    region: str | None = None
+    max_hourly_cost: float | None = Field(None, gt=0)
+    ttl: int = Field(600, ge=0)
+    image: ImageTable = ImageTable()
+    worker: WorkerTable = WorkerTable()
+    # Provider settings, in a sub-table named after the provider: [pools.NAME.ssh] hosts = [...]
+    local: dict[str, Any] = {}
+    ssh: dict[str, Any] = {}
+    aws: dict[str, Any] = {}
+    gcp: dict[str, Any] = {}
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        if (isinstance(value, list) and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+                and value[0] <= value[1]):
+            return value
+        if isinstance(value, dict):
+            return NodesTable.model_validate(value).model_dump(exclude_none=True)
+        raise ValueError(
+            "nodes must be an integer >= 1 (nodes = 2), a [start, max] pair (nodes = [2, 8]) "
+            "or a table (nodes = { desired = 4, min = 2, max = 8 })"
+        )
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator(cls, value: str | None) -> str | None:
+        if value is not None:
+            from .accelerators import parse
+
+            parse(value)  # AcceleratorError is a ValueError: pydantic reports it with the key
+        return value
+
+
+# -- where the files are -------------------------------------------------------------------------
+def find_project_file(start: Path | None = None) -> Path | None:
+    """``skyward.toml`` in ``start`` (default: the current directory) or the nearest parent."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / PROJECT_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def defaults_file() -> Path:
+    return skyward_home() / "defaults.toml"
+
+
+# -- reading and checking ------------------------------------------------------------------------
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}). Fix the syntax at that line.") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}).") from None
+
+
+def _explain(exc: ValidationError, source: str, table: str, raw: dict[str, Any]) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+        key = ".".join(loc)
+        where = f"{source}: [{table}] " if table else f"{source}: "
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            close = difflib.get_close_matches(loc[-1], allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            lines.append(f"{where}unknown key {key!r}.{hint} Allowed keys here: {', '.join(allowed)}.")
+            continue
+        rule = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}{key} = {err.get('input')!r}: {rule}.")
+    return ConfigError("\n".join(lines))
+
+
+def _allowed_keys(path: list[str]) -> list[str]:
+    model: Any = PoolTable
+    for part in path:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif part == "pip_indexes":
+            model = PipIndexTable
+        elif part == "nodes":
+            model = NodesTable
+        else:
+            return []
+    return sorted(model.model_fields)
+
+
+def check_table(raw: dict[str, Any], source: str, table: str = "") -> PoolTable:
+    """Validate one layer on its own (a file's pool table, defaults.toml, the flags)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [{table}] must be a table of settings, got {raw!r}.")
+    try:
+        model = PoolTable.model_validate(raw)
+    except ValidationError as exc:
+        raise _explain(exc, source, table, raw) from None
+    for kind in PROVIDERS:
+        options = raw.get(kind)
+        if options:
+            _check_provider_options(kind, options, source, f"{table}.{kind}" if table else kind)
+    return model
+
+
+def _check_provider_options(kind: str, options: dict[str, Any], source: str, table: str) -> None:
+    cls = provider_class(kind)
+    if not is_dataclass(cls):
+        return
+    allowed = sorted(f.name for f in fields(cls))
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{source}: [{table}] unknown key {key!r}.{hint} {cls.__name__} takes: "
+                f"{', '.join(allowed) or 'no settings'}."
+            )
+
+
+def merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; tables (image, worker, provider settings) merge key by key."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "nodes":
+                out[key] = merge(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """A named pool's settings after merging the layers: plain TOML data, kept in the registry."""
+
+    name: str
+    data: dict[str, Any]
+    sources: tuple[str, ...]  # the files it came from, for messages
+
+    @property
+    def table(self) -> PoolTable:
+        return PoolTable.model_validate(self.data)
+
+
+def load(name: str, *, project: Path | None = None, flags: dict[str, Any] | None = None,
+         require: bool = True) -> PoolConfig:
+    """The settings of pool ``name``: defaults.toml < skyward.toml [pools.NAME] < ``flags``.
+
+    With ``require``, a name that no skyward.toml defines (and no flags describe) is an error.
+    """
+    check_name(name)
+    layers: list[dict[str, Any]] = []
+    sources: list[str] = []
+    dfile = defaults_file()
+    if dfile.is_file():
+        raw = _read_toml(dfile)
+        check_table(raw, str(dfile))
+        layers.append(raw)
+        sources.append(str(dfile))
+    pfile = project if project is not None else find_project_file()
+    table: dict[str, Any] | None = None
+    if pfile is not None:
+        doc = _read_toml(pfile)
+        unknown = sorted(set(doc) - {"pools"})
+        if unknown:
+            raise ConfigError(
+                f"{pfile}: unknown top-level key {unknown[0]!r}; skyward.toml holds pool tables "
+                f"only, as [pools.NAME]."
+            )
+        pools = doc.get("pools", {})
+        if not isinstance(pools, dict):
+            raise ConfigError(f"{pfile}: 'pools' must be tables, written [pools.NAME].")
+        for other in pools:
+            check_name(other)
+        table = pools.get(name)
+        if table is not None:
+            check_table(table, str(pfile), f"pools.{name}")
+            layers.append(table)
+            sources.append(str(pfile))
+    if flags:
+        check_table(flags, "command line")
+        layers.append(flags)
+        sources.append("command line")
+    if require and table is None and not flags:
+        where = str(pfile) if pfile is not None else f"no {PROJECT_FILE} in {Path.cwd()} or its parents"
+        raise ConfigError(
+            f"pool {name!r} is not running and not defined ({where}). Add a [pools.{name}] table "
+            f"to {PROJECT_FILE}, or start it with `skyward up {name} --provider local --nodes 2`."
+        )
+    data = merge(*layers)
+    check_table(data, " + ".join(sources) or "defaults")
+    return PoolConfig(name, data, tuple(sources))
+
+
+def defined_pools(project: Path | None = None) -> dict[str, dict[str, Any]]:
+    pfile = project if project is not None else find_project_file()
+    if pfile is None:
+        return {}
+    pools = _read_toml(pfile).get("pools", {})
+    return pools if isinstance(pools, dict) else {}
+
+
+def describe_source(project: Path | None = None) -> str:
+    pfile = project if project is not None else find_project_file()
+    return str(pfile) if pfile else f"(no {PROJECT_FILE} found from {os.getcwd()})"

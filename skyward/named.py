@@ -1,0 +1,480 @@
+"""Named pools: start one that outlives its process, attach to it, find out its state, stop it.
+
+The pieces: ``config`` (what a pool is made of, from skyward.toml), ``registry`` (one record
+per running pool: its settings and ``Cluster.describe()``), ``audit`` (who did what), and the
+provider's ``describe`` / ``attach`` / ``destroy`` / ``alive``. ``sky.Compute(name=...)`` and
+the CLI both come through here.
+
+Attaching reads the record only (no pydantic, no TOML): a program attached to a Local pool
+has its first result in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import audit, registry
+from . import events as ev
+from .errors import (
+    ConfigError,
+    PoolBusyError,
+    PoolExistsError,
+    PoolNotFoundError,
+    ProviderError,
+    SkywardError,
+)
+from .spec import Image, Nodes, Options, PipIndex, Spec, Worker
+
+if TYPE_CHECKING:
+    from .config import PoolConfig
+    from .pool import Pool
+    from .providers.base import ProviderConfig
+
+log = logging.getLogger("skyward")
+
+# provider kind -> (module, class); a module loads only when a pool uses it.
+PROVIDERS: dict[str, tuple[str, str]] = {
+    "local": ("skyward.providers.local", "Local"),
+    "ssh": ("skyward.providers.ssh", "SSH"),
+    "aws": ("skyward.providers.aws", "AWS"),
+    "gcp": ("skyward.providers.gcp", "GCP"),
+}
+NAME_RULE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# A pool the ttl says is over, for providers that cannot tell (alive() is None), gets this
+# much slack before it counts as expired: the agents' own clocks decide, not ours.
+_GRACE = 30.0
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RULE.match(name):
+        raise ConfigError(
+            f"pool name {name!r} is not valid: use 1-63 lowercase letters, digits, '-' or '_', "
+            f"starting with a letter or digit (e.g. 'train-a100')."
+        )
+    return name
+
+
+def provider_class(kind: str) -> type[ProviderConfig]:
+    module, name = PROVIDERS[kind]
+    try:
+        cls: type[ProviderConfig] = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise ConfigError(
+            f"provider {kind!r} is not available in this version of skyward ({module} is "
+            f"missing); use provider = 'local' (or another that `skyward --help` lists)."
+        ) from None
+    return cls
+
+
+def provider_from(data: dict[str, Any]) -> ProviderConfig:
+    kind = data.get("provider", "local")
+    options = data.get(kind) or {}
+    try:
+        return provider_class(kind)(**options)
+    except TypeError as exc:
+        raise ConfigError(f"[{kind}] settings {options!r} are not valid for sky.{kind}: {exc}.") from None
+
+
+def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Worker]:
+    """The Spec and Worker of validated pool settings (``config.PoolTable`` data)."""
+    image = dict(data.get("image") or {})
+    indexes = tuple(PipIndex(url=i["url"], packages=tuple(i.get("packages", ())))
+                    for i in image.pop("pip_indexes", ()))
+    if image.pop("metrics", True) is False:
+        image["metrics"] = None
+    raw_nodes = data.get("nodes", 1)
+    node_spec: int | tuple[int, int] | Nodes
+    if isinstance(raw_nodes, list):
+        node_spec = (raw_nodes[0], raw_nodes[1])
+    elif isinstance(raw_nodes, dict):
+        node_spec = Nodes(**raw_nodes)
+    else:
+        node_spec = raw_nodes
+    if nodes is not None:  # attaching: as many as run now, keeping the elastic ceiling
+        ceiling = Nodes.of(node_spec).max
+        node_spec = Nodes(desired=nodes, max=ceiling if ceiling and ceiling >= nodes else None)
+    keys = ("accelerator", "vcpus", "memory_gb", "disk_gb", "architecture", "allocation",
+            "region", "max_hourly_cost", "ttl")
+    spec = Spec(
+        provider=provider_from(data),
+        nodes=node_spec,
+        image=Image(pip_indexes=indexes, **image),
+        **{k: data[k] for k in keys if k in data},
+    )
+    return spec, Worker(**(data.get("worker") or {}))
+
+
+# -- state ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PoolStatus:
+    name: str
+    record: dict[str, Any]
+    state: str  # provisioning | running | in use | expired | failed
+    expires: float | None  # epoch seconds; None: not while clients are attached / ttl 0
+    alive: bool | None  # what the provider could tell without connecting
+
+    @property
+    def gone(self) -> bool:
+        return self.state in ("expired", "failed")
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _live_clients(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Clients still attached; a client on this host whose process died is not."""
+    here = socket.gethostname()
+    return [c for c in record.get("clients", [])
+            if c.get("host") != here or _pid_running(int(c.get("pid", 0)))]
+
+
+def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
+    now = time.time() if now is None else now
+    name = record["name"]
+    owner = record.get("owner") or {}
+    if record.get("state") == "provisioning":
+        mine = owner.get("host") == socket.gethostname()
+        if mine and not _pid_running(int(owner.get("pid", 0))):
+            return PoolStatus(name, record, "failed", None, None)
+        return PoolStatus(name, record, "provisioning", None, None)
+    alive: bool | None = None
+    cluster = record.get("cluster")
+    if cluster:
+        try:
+            alive = provider_from(record["config"]).alive(cluster)
+        except SkywardError:
+            alive = None
+    if alive is False:
+        return PoolStatus(name, record, "expired", None, False)
+    if _live_clients(record):
+        return PoolStatus(name, record, "in use", None, alive)
+    ttl = int(record.get("ttl", 0))
+    if ttl == 0:
+        return PoolStatus(name, record, "running", None, alive)
+    expires = float(record.get("last_seen", record.get("created", now))) + ttl
+    if alive is None and now > expires + _GRACE:
+        return PoolStatus(name, record, "expired", expires, None)
+    return PoolStatus(name, record, "running", expires, alive)
+
+
+def statuses() -> list[PoolStatus]:
+    out = []
+    for name in registry.names():
+        record = registry.read(name)
+        if record is not None:
+            out.append(status_of(record))
+    return out
+
+
+def get(name: str) -> dict[str, Any]:
+    record = registry.read(name)
+    if record is None:
+        raise PoolNotFoundError(
+            f"no pool named {name!r} is registered; `skyward ls` lists the pools, "
+            f"`skyward up {name}` starts one."
+        )
+    return record
+
+
+# -- start -------------------------------------------------------------------------------------
+def _record(cfg: PoolConfig, spec: Spec, pool_id: str, *, ephemeral: bool) -> dict[str, Any]:
+    from skyward import __version__
+
+    now = time.time()
+    provider = spec.provider
+    cost = provider.hourly_cost(spec)
+    return {
+        "name": cfg.name,
+        "id": pool_id,
+        "state": "provisioning",
+        "provider": getattr(provider, "kind", "?"),
+        "config": cfg.data,
+        "sources": list(cfg.sources),
+        "cluster": None,
+        "owner": {"who": audit.who(), "pid": os.getpid(), "host": socket.gethostname()},
+        "ephemeral": ephemeral,
+        "created": now,
+        "last_seen": now,
+        "ttl": spec.ttl,
+        "clients": [],
+        "hourly_cost": cost,  # per node, USD
+        "offer": _offer(spec),
+        "skyward": __version__,
+    }
+
+
+def _offer(spec: Spec) -> str:
+    acc = spec.accelerator
+    kind = getattr(spec.provider, "kind", "?")
+    return f"{kind}: {spec.node_spec.desired} node(s)" + (f" x {acc}" if acc is not None else "")
+
+
+def _claim(name: str) -> None:
+    """Make room for a new pool ``name`` (call with its lock held)."""
+    existing = registry.read(name)
+    if existing is None:
+        return
+    st = status_of(existing)
+    if not st.gone:
+        owner = existing.get("owner") or {}
+        raise PoolExistsError(
+            f"pool {name!r} is already {st.state} (started by {owner.get('who')}); attach to it "
+            f"with sky.Compute(name={name!r}), or stop it first with `skyward down {name}`."
+        )
+    _destroy_record(existing, reason=f"{st.state}, replaced by a new pool")
+
+
+def provision(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
+    """Start pool ``cfg.name`` and register it. ``keep``: `skyward up` (the nodes stay after
+    this process, until their ttl passes with no client); otherwise the pool is this
+    program's and is destroyed when it closes."""
+    from .compute import _select
+    from .pool import Pool
+
+    spec, worker = spec_from(cfg.data)
+    spec = _select((spec,), options)
+    if spec.ttl == 0:
+        warnings.warn(
+            f"pool {cfg.name!r} has ttl = 0: its nodes never stop by themselves; stop them with "
+            f"`skyward down {cfg.name}` (for a cloud pool, they cost money until you do).",
+            stacklevel=3,
+        )
+    with registry.lock(cfg.name, wait=0):
+        _claim(cfg.name)
+        record = _record(cfg, spec, "", ephemeral=not keep)
+        registry.write(record)
+        try:
+            pool = Pool(spec, options, worker, name=cfg.name)
+        except BaseException:
+            registry.remove(cfg.name)
+            raise
+        try:
+            record.update(id=pool.id, state="running", cluster=pool._cluster.describe(),
+                          last_seen=time.time())
+            if not keep:
+                record["clients"] = [_client(pool.id)]
+            registry.write(record)
+        except BaseException:
+            pool.close()
+            registry.remove(cfg.name)
+            raise
+    audit.append(cfg.name, "provisioned", pool.id, provider=record["provider"],
+                 nodes=spec.node_spec.desired, offer=record["offer"],
+                 hourly_cost=_total_cost(record), ttl=spec.ttl,
+                 by="skyward up" if keep else "sky.Compute(name=...)")
+    if keep:
+        return pool
+    _Recorder(pool, cfg.name).start()
+    pool._on_close.append(lambda: _destroyed_by_owner(cfg.name, pool.id))
+    return pool
+
+
+def _destroyed_by_owner(name: str, pool_id: str) -> None:
+    with contextlib.suppress(PoolBusyError), registry.lock(name):
+        record = registry.read(name)
+        if record is not None and record.get("id") == pool_id:
+            registry.remove(name)
+    audit.append(name, "destroyed", pool_id, reason="its program ended (sky.Compute)")
+
+
+def _total_cost(record: dict[str, Any]) -> float | None:
+    cost = record.get("hourly_cost")
+    cluster = record.get("cluster") or {}
+    nodes = len(cluster.get("nodes", [])) or _desired(record)
+    return None if cost is None else round(float(cost) * nodes, 4)
+
+
+def _desired(record: dict[str, Any]) -> int:
+    raw = (record.get("config") or {}).get("nodes", 1)
+    if isinstance(raw, list):
+        return int(raw[0])
+    if isinstance(raw, dict):
+        return int(raw["desired"])
+    return int(raw)
+
+
+# -- attach ------------------------------------------------------------------------------------
+def _client(pool_id: str) -> dict[str, Any]:
+    return {"id": pool_id, "who": audit.who(), "pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.time()}
+
+
+def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(name=...)",
+           audited: bool = True) -> Pool:
+    """Connect to the running pool of ``record``; closing the pool detaches and leaves it up."""
+    from .pool import Pool
+
+    name = record["name"]
+    cluster_desc = record["cluster"]
+    spec, worker = spec_from(record["config"], nodes=len(cluster_desc["nodes"]))
+    cluster = spec.provider.attach(cluster_desc)
+    client_id = uuid.uuid4().hex[:8]
+
+    def add(r: dict[str, Any]) -> None:
+        r["clients"] = [*_live_clients(r), _client(client_id)]
+
+    registry.update(name, add)
+    try:
+        pool = Pool(spec, options, worker, cluster=cluster, name=name)
+    except BaseException:
+        _detached(name, client_id)
+        raise
+    if audited:
+        audit.append(name, "attached", record["id"], client=pool.id, by=why,
+                     nodes=pool.current_nodes())
+        _Recorder(pool, name).start()
+
+    def on_close() -> None:
+        _detached(name, client_id)
+        if audited:
+            audit.append(name, "detached", record["id"], client=pool.id, by=why)
+
+    pool._on_close.append(on_close)
+    return pool
+
+
+def _detached(name: str, client_id: str) -> None:
+    def drop(r: dict[str, Any]) -> None:
+        r["clients"] = [c for c in _live_clients(r) if c.get("id") != client_id]
+        r["last_seen"] = time.time()  # the ttl counts from the last client leaving
+
+    with contextlib.suppress(PoolBusyError):
+        registry.update(name, drop)
+
+
+def open_named(name: str, options: Options) -> Pool:
+    """``sky.Compute(name=...)``: attach to the running pool, or provision it from
+    skyward.toml for this program (destroyed when it ends)."""
+    check_name(name)
+    record = registry.read(name)
+    if record is not None:
+        st = status_of(record)
+        if st.state == "provisioning":
+            raise PoolBusyError(
+                f"pool {name!r} is being provisioned by {record['owner'].get('who')} (pid "
+                f"{record['owner'].get('pid')}); wait for it to be ready, then run this again."
+            )
+        if not st.gone:
+            try:
+                return attach(record, options)
+            except ProviderError as exc:
+                raise ProviderError(
+                    f"pool {name!r} is registered but its nodes cannot be reached: {exc} "
+                    f"Run `skyward down {name}` to remove it, then try again."
+                ) from exc
+    from .config import load
+
+    cfg = load(name)
+    return provision(cfg, options, keep=False)
+
+
+# -- resize and node loss, while a pool is open ---------------------------------------------------
+class _Recorder:
+    """Writes an attached or owned named pool's resizes and lost nodes to the trail, and keeps
+    the registry's description of its nodes current."""
+
+    def __init__(self, pool: Pool, name: str) -> None:
+        self.pool, self.name = pool, name
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        kinds: tuple[type[ev.Event], ...] = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.Error)
+        lost = getattr(ev, "InstanceLost", None)
+        if lost is not None:
+            kinds = (*kinds, lost)
+        self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
+        self.pool._on_close.insert(0, self.stop)
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+
+    def _on_event(self, event: ev.Event) -> None:
+        if self.pool._closed:
+            return
+        record = registry.read(self.name) or {}
+        pool_id = record.get("id", self.pool.id)
+        if isinstance(event, ev.ClusterProvisioned | ev.InstanceDestroyed):
+            description = self.pool._cluster.describe()
+
+            def store(r: dict[str, Any]) -> None:
+                r["cluster"] = description
+
+            with contextlib.suppress(SkywardError):
+                registry.update(self.name, store)
+            audit.append(self.name, "resized", pool_id, nodes=len(description["nodes"]),
+                         by=self.pool.id)
+        elif type(event).__name__ == "InstanceLost" or (isinstance(event, ev.Error) and event.node is not None):
+            node = getattr(event, "node", None)
+            reason = getattr(event, "reason", None) or getattr(event, "message", "")
+            audit.append(self.name, "node lost", pool_id, node=node, reason=reason)
+
+
+# -- stop ----------------------------------------------------------------------------------------
+def _destroy_record(record: dict[str, Any], reason: str) -> None:
+    """Destroy what a record describes, then forget it (call with the pool's lock held)."""
+    cluster = record.get("cluster")
+    if cluster:
+        provider_from(record["config"]).destroy(cluster)
+    registry.remove(record["name"])
+    audit.append(record["name"], "destroyed", record.get("id", ""), reason=reason,
+                 provider=record.get("provider"))
+
+
+def down(name: str, reason: str = "skyward down") -> dict[str, Any]:
+    get(name)
+    with registry.lock(name):
+        record = get(name)
+        if record.get("state") == "provisioning" and not status_of(record).gone:
+            raise PoolBusyError(registry._busy_message(name))
+        _destroy_record(record, reason)
+    return record
+
+
+def cleanup_expired() -> list[PoolStatus]:
+    """Destroy the pools whose ttl ran out (or whose nodes are gone); skip busy ones."""
+    removed = []
+    for st in statuses():
+        if not st.gone:
+            continue
+        try:
+            with registry.lock(st.name, wait=0):
+                record = registry.read(st.name)
+                if record is None:
+                    continue
+                now = status_of(record)
+                if not now.gone:
+                    continue
+                why = ("its provisioning was interrupted" if now.state == "failed"
+                       else "expired: no client for its ttl, or its nodes are gone")
+                _destroy_record(record, why)
+                removed.append(now)
+        except PoolBusyError:
+            continue
+        except SkywardError as exc:
+            log.warning("could not clean up expired pool %s: %s", st.name, exc)
+    return removed

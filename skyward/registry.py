@@ -1,0 +1,113 @@
+"""The pool registry: one record per named pool under ``SKYWARD_HOME/pools/``.
+
+A record is a JSON file (0600: it holds the agents' token and how to reach the nodes) written
+atomically (temp file + rename), so readers never need a lock. Writers take the pool's lock
+file (``flock``): ``skyward up`` holds it for the whole provisioning, which is what makes a
+second ``up`` of the same name fail at once with a clear error instead of racing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import PoolBusyError
+from .paths import skyward_home
+
+FORMAT = 1
+
+
+def pools_dir() -> Path:
+    path = skyward_home() / "pools"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def _path(name: str) -> Path:
+    return pools_dir() / f"{name}.json"
+
+
+def read(name: str) -> dict[str, Any] | None:
+    try:
+        record: dict[str, Any] = json.loads(_path(name).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None  # a torn or foreign file: treated as no pool (writes are atomic)
+    return record
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in pools_dir().glob("*.json"))
+
+
+def write(record: dict[str, Any]) -> None:
+    """Replace the pool's record atomically; the file is private to the user."""
+    record = {**record, "format": FORMAT}
+    folder = pools_dir()
+    fd, tmp = tempfile.mkstemp(prefix=f".{record['name']}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, _path(record["name"]))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def remove(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _path(name).unlink()
+
+
+@contextlib.contextmanager
+def lock(name: str, wait: float = 10.0) -> Iterator[None]:
+    """Hold the pool's lock. ``wait=0``: fail at once if another command holds it."""
+    path = pools_dir() / f"{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PoolBusyError(_busy_message(name)) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _busy_message(name: str) -> str:
+    record = read(name) or {}
+    owner = record.get("owner") or {}
+    state = record.get("state", "changing")
+    by = f" by {owner.get('who')} (pid {owner.get('pid')})" if owner else ""
+    what = "being provisioned" if state == "provisioning" else "being changed"
+    return (
+        f"pool {name!r} is {what}{by}; another skyward command holds its lock. Wait for that "
+        f"command to finish (then `skyward ls`), or stop it and retry."
+    )
+
+
+def update(name: str, change: Any, wait: float = 10.0) -> dict[str, Any] | None:
+    """Read, ``change(record)`` in place, write; under the lock. None when there is no record."""
+    with lock(name, wait):
+        record = read(name)
+        if record is None:
+            return None
+        change(record)
+        write(record)
+        return record

@@ -1,0 +1,344 @@
+"""sky.SSH end to end against real sshd hosts (tests/sshhosts.py): bootstrap from a shipped
+wheelhouse (the hosts have no route out), the agent through an SSH tunnel, host keys, failures."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sshhosts import SSHHost, SSHHosts
+
+import skyward as sky
+
+pytestmark = pytest.mark.timeout(300)
+QUIET = sky.Options(console=False)
+
+
+def provider(hosts: SSHHosts | list[SSHHost], **kw: Any) -> sky.SSH:
+    return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                          for h in hosts], **kw)
+
+
+def on_host(host: SSHHost, command: str, tmp_known: str = "/dev/null") -> str:
+    argv = [*host.ssh_argv(tmp_known, strict="no"), command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+def open_and_close(**kw: Any) -> None:
+    with sky.Compute(**kw):
+        pass
+
+
+class Recorder:
+    """Collects every event while active."""
+
+    def __init__(self) -> None:
+        self.events: list[sky.Event] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: sky.Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        from skyward import events
+
+        events.bus.flush()
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
+
+    def pool_ids(self) -> set[str]:
+        return {e.pool for e in self.of(sky.ClusterRequested)}
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    rec = Recorder()
+    unsubscribe = sky.subscribe(rec)
+    try:
+        yield rec
+    finally:
+        unsubscribe()
+
+
+def assert_nothing_left(hosts: SSHHosts | list[SSHHost], pool_id: str) -> None:
+    """No process of the pool and no pool folder on any host."""
+    for h in hosts:
+        out = on_host(h, f"pgrep -af {shlex.quote(pool_id)} | grep -v pgrep; "
+                         f"ls -d ~/.skyward/pools/{pool_id} 2>/dev/null; true")
+        assert out.strip() == "", f"{h.name} still has: {out}"
+
+
+# -- a 3-host pool ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ssh_pool(three_hosts: SSHHosts) -> Iterator[sky.Pool]:
+    with sky.Compute(provider=provider(three_hosts), nodes=3, options=QUIET) as pool:
+        yield pool
+
+
+@sky.function
+def whoami() -> dict[str, Any]:
+    import socket
+
+    info = sky.instance_info()
+    return {"hostname": socket.gethostname(), "node": info.node, "ip": info.peers[info.node].private_ip,
+            "peers": [p.private_ip for p in info.peers], "head": (info.head_addr, info.head_port)}
+
+
+def test_broadcast_reaches_three_distinct_hosts(ssh_pool: sky.Pool, three_hosts: SSHHosts) -> None:
+    answers = whoami() @ ssh_pool
+    assert [a["node"] for a in answers] == [0, 1, 2]
+    assert len({a["ip"] for a in answers}) == 3
+    assert {a["ip"] for a in answers} == {h.address for h in three_hosts}
+    if three_hosts.mode == "netns":
+        assert sorted(a["hostname"] for a in answers) == sorted(h.name for h in three_hosts)
+    for a in answers:
+        assert a["peers"] == [h.address for h in three_hosts]
+        assert a["head"] == (three_hosts[0].address, ssh_pool._cluster.head_port)
+
+
+@sky.function
+def listen_on_head_port() -> str:
+    import socket
+
+    info = sky.instance_info()
+    with socket.create_server(("0.0.0.0", info.head_port)) as server:
+        server.settimeout(30)
+        conn, (addr, _) = server.accept()
+        with conn:
+            data = conn.recv(100)
+    return f"{data.decode()} from {addr}"
+
+
+@sky.function
+def dial_head() -> str:
+    import socket
+    import time
+
+    info = sky.instance_info()
+    for _ in range(100):  # the head may not be listening yet
+        try:
+            with socket.create_connection((info.head_addr, info.head_port), timeout=5) as s:
+                s.sendall(f"hello from node {info.node}".encode())
+                return "sent"
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+    return "refused"
+
+
+def test_a_node_reaches_the_head_on_its_private_address(ssh_pool: sky.Pool, three_hosts: SSHHosts) -> None:
+    """The path torch/jax rendezvous take: node -> head's private address, head port."""
+    server = ssh_pool.run_async(listen_on_head_port(), target=0)
+    assert ssh_pool.run(dial_head(), target=2) == "sent"
+    assert server.result(timeout=60) == f"hello from node 2 from {three_hosts[2].address}"
+
+
+def test_only_sshd_listens_outside_loopback_and_the_agent_wants_its_token(
+    ssh_pool: sky.Pool, three_hosts: SSHHosts,
+) -> None:
+    if three_hosts.mode != "netns":
+        pytest.skip("needs one network namespace per host")
+    for host, node in zip(three_hosts, sorted(ssh_pool._cluster._nodes.values(), key=lambda n: n.index),
+                          strict=True):
+        listening = on_host(host, "ss -ltnH").split("\n")
+        exposed = [line.split()[3] for line in listening if line.strip()
+                   and not line.split()[3].startswith(("127.", "[::1]"))]
+        assert exposed == [f"{host.address}:{host.port}"], listening
+        probe = (
+            "import json,socket,struct\n"
+            f"s=socket.create_connection(('127.0.0.1',{node.agent_port}))\n"
+            "body=json.dumps({'token':'wrong','ttl':5}).encode()\n"
+            "s.sendall(struct.pack('!BBHQQ',1,0,0,0,len(body))+body)\n"
+            "s.settimeout(10)\n"
+            "print('closed' if s.recv(100)==b'' else 'answered')\n"
+        )
+        assert on_host(host, f"python3 -c {shlex.quote(probe)}").strip() == "closed"
+    assert len(whoami() @ ssh_pool) == 3  # the real token still works
+
+
+def test_map_and_large_payloads_through_the_tunnel(ssh_pool: sky.Pool) -> None:
+    blob = bytes(range(256)) * (8 * 4096)  # 8 MiB
+
+    @sky.function
+    def echo_len(b: bytes) -> tuple[int, int]:
+        return len(b), sum(b[:1000])
+
+    assert (echo_len(blob) >> ssh_pool) == (len(blob), sum(blob[:1000]))
+    assert ssh_pool.map(lambda x: x * x, range(500)) == [x * x for x in range(500)]
+
+
+# -- bootstrap from the wheelhouse; the warm path ---------------------------------------------
+def test_pip_packages_come_from_the_shipped_wheelhouse_and_phases_are_skipped_next_time(
+    ssh_hosts: Any, recorder: Recorder,
+) -> None:
+    hosts = ssh_hosts(2)
+    # The hosts cannot reach any index: prove it, so the install below can only be the wheelhouse.
+    offline = on_host(hosts[0], "python3 -c \"import urllib.request as u; u.urlopen('https://pypi.org', timeout=3)\" "
+                                "2>&1; echo rc=$?")
+    assert "rc=0" not in offline
+
+    @sky.function
+    def six_version() -> str:
+        import six
+
+        return six.__version__
+
+    image = sky.Image(pip=["six==1.16.0"], env={"GREETING": "hi"})
+    seconds = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        with sky.Compute(provider=provider(hosts), nodes=2, image=image, options=QUIET) as pool:
+            seconds.append(time.monotonic() - t0)
+            assert six_version() @ pool == ["1.16.0", "1.16.0"]
+            assert sky.function(lambda: __import__("os").environ["GREETING"])() >> pool == "hi"
+    first, second = sorted(recorder.pool_ids(), key=lambda p: [e.pool for e in recorder.events].index(p))
+    phases = recorder.of(sky.BootstrapPhase)
+    cold = {(e.node, e.phase): e.status for e in phases if e.pool == first and e.status != "started"}
+    warm = {(e.node, e.phase): e.status for e in phases if e.pool == second and e.status != "started"}
+    for node in (0, 1):
+        for phase in ("python", "venv", "deps", "skyward"):
+            assert cold[(node, phase)] == "done", cold
+            assert warm[(node, phase)] == "skipped", warm
+        assert warm[(node, "env")] == "done"  # per pool, always
+    print(f"bootstrap of 2 hosts: cold {seconds[0]:.2f} s, warm {seconds[1]:.2f} s")
+    for pid in (first, second):
+        assert_nothing_left(hosts, pid)
+
+
+# -- failures ---------------------------------------------------------------------------------
+def test_a_failing_apt_phase_names_host_phase_code_and_output(three_hosts: SSHHosts, recorder: Recorder) -> None:
+    with pytest.raises(sky.BootstrapError) as info:
+        open_and_close(provider=provider(three_hosts[:1]), nodes=1,
+                       image=sky.Image(apt=["skyward-no-such-package"]), options=QUIET)
+    err = info.value
+    assert err.phase == "apt" and err.exit_code not in (None, 0)
+    assert three_hosts[0].address in err.host
+    assert any("skyward-no-such-package" in line for line in err.output)
+    assert "apt-get install" in str(err) and f"exited with code {err.exit_code}" in str(err)
+    print(err)
+    (pool_id,) = recorder.pool_ids()
+    assert_nothing_left(three_hosts[:1], pool_id)
+
+
+def test_a_failing_pip_requirement_fails_the_deps_phase(three_hosts: SSHHosts, recorder: Recorder) -> None:
+    # Nodes installing from their own index (none reachable here) with a requirement that
+    # cannot exist: the deps phase fails on the node.
+    with pytest.raises(sky.BootstrapError) as info:
+        open_and_close(provider=provider(three_hosts[:2], install="index"), nodes=2,
+                       image=sky.Image(pip=["skyward-no-such-package==0.0.1"]), options=QUIET)
+    assert info.value.phase == "deps" and info.value.exit_code not in (None, 0)
+    assert "skyward-no-such-package" in str(info.value)
+    (pool_id,) = recorder.pool_ids()
+    assert_nothing_left(three_hosts[:2], pool_id)
+
+
+def test_one_host_failing_stops_the_others(three_hosts: SSHHosts, recorder: Recorder) -> None:
+    """Host 2 fails its shell_vars phase; hosts 0 and 1 got agents running: all are stopped."""
+    if three_hosts.mode != "netns":
+        pytest.skip("needs hosts with hostnames of their own")
+    probe = f"test $(hostname) != {three_hosts[2].name}"
+    with pytest.raises(sky.BootstrapError) as info:
+        open_and_close(provider=provider(three_hosts), nodes=3, options=QUIET,
+                       image=sky.Image(shell_vars={"PROBE": probe}))
+    assert three_hosts[2].address in info.value.host
+    assert info.value.phase == "shell_vars"
+    (pool_id,) = recorder.pool_ids()
+    assert_nothing_left(three_hosts, pool_id)
+
+
+def test_bootstrap_timeout_stops_the_script(three_hosts: SSHHosts, recorder: Recorder) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(sky.BootstrapError, match="bootstrap_timeout=3") as info:
+        open_and_close(provider=provider(three_hosts[:1]), nodes=1, options=QUIET,
+                       image=sky.Image(shell_vars={"SLOW": "sleep 60; echo late"}, bootstrap_timeout=3))
+    assert time.monotonic() - t0 < 30
+    assert info.value.phase == "shell_vars" and info.value.exit_code is None
+    (pool_id,) = recorder.pool_ids()
+    time.sleep(0.5)
+    assert "sleep 60" not in on_host(three_hosts[0], "ps -eo args")
+    assert_nothing_left(three_hosts[:1], pool_id)
+
+
+def test_a_changed_host_key_is_refused_until_forgotten(ssh_hosts: Any) -> None:
+    hosts = ssh_hosts(1)
+    with sky.Compute(provider=provider(hosts), nodes=1, options=QUIET) as pool:
+        assert whoami() >> pool
+    hosts[0].restart(new_host_key=True)
+    with pytest.raises(sky.HostKeyError, match="changed") as info:
+        open_and_close(provider=provider(hosts), nodes=1, options=QUIET)
+    message = str(info.value)
+    command = next(line.strip() for line in message.splitlines() if line.strip().startswith("ssh-keygen -R"))
+    subprocess.run(command, shell=True, check=True, capture_output=True)  # the documented way out
+    with sky.Compute(provider=provider(hosts), nodes=1, options=QUIET) as pool:
+        assert whoami() >> pool
+
+
+def test_unreachable_host_and_bad_key_give_clear_errors(ssh_hosts: Any, tmp_path: Any) -> None:
+    hosts = ssh_hosts(1)
+    wrong = tmp_path / "id_wrong"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    h = hosts[0]
+    bad_key = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(wrong))])
+    with pytest.raises(sky.ProviderError, match="refused"):
+        open_and_close(provider=bad_key, nodes=1, options=QUIET)
+    hosts[0].stop()
+    with pytest.raises(sky.ProviderError, match="could not connect"):
+        open_and_close(provider=provider(hosts), nodes=1, options=sky.Options(console=False, ssh_timeout=2))
+
+
+def test_a_host_lost_mid_task_moves_its_task_to_another_node(ssh_hosts: Any, recorder: Recorder) -> None:
+    hosts = ssh_hosts(3, mode="netns")  # killing a netns host kills everything on it
+
+    @sky.function
+    def slow(i: int) -> tuple[int, str]:
+        import socket
+        import time
+
+        time.sleep(3)
+        return i, socket.gethostname()
+
+    with sky.Compute(provider=provider(hosts), nodes=3, options=QUIET) as pool:
+        pending = sky.gather(slow(0), slow(1), slow(2))
+        futures = pool.run_async(pending.items[0]), pool.run_async(pending.items[1]), pool.run_async(pending.items[2])
+        time.sleep(1.0)
+        hosts[1].kill()
+        results = [f.result(timeout=60) for f in futures]
+        assert [i for i, _ in results] == [0, 1, 2]
+        assert results[1][1] != hosts[1].name  # ran again elsewhere
+        assert pool.current_nodes() == 2
+        lost = recorder.of(sky.InstanceLost)
+        assert [e.node for e in lost] == [1]
+        # The pool goes on with the nodes it has.
+        assert sorted(pool.map(lambda x: x + 1, range(10))) == list(range(1, 11))
+
+
+def test_ssh_config_errors() -> None:
+    with pytest.raises(sky.ConfigError, match="hosts is a list"):
+        sky.SSH(hosts="10.0.0.1")  # type: ignore[arg-type]
+    with pytest.raises(sky.ConfigError, match="at least one host"):
+        sky.SSH(hosts=[])
+    with pytest.raises(sky.ConfigError, match="install"):
+        sky.SSH(hosts=["a"], install="magic")  # type: ignore[arg-type]
+    with pytest.raises(sky.ConfigError, match="no such file"):
+        sky.SSH(hosts=["a"], key="/nonexistent/key")
+    with pytest.raises(sky.ProviderError, match="3 node"):
+        sky.Compute(provider=sky.SSH(hosts=["a", "b"]), nodes=3).open()
+    parsed = sky.SSH(hosts=["me@h1:2222", "h2", "[::1]:22"], user="you", port=23)._parsed
+    assert [(h.user, h.address, h.port) for h in parsed] == [("me", "h1", 2222), ("you", "h2", 23), ("you", "::1", 22)]
+
+
+def test_known_hosts_file_records_first_contact(ssh_pool: sky.Pool, three_hosts: SSHHosts) -> None:
+    from skyward.bootstrap.remote import known_hosts_path
+
+    text = known_hosts_path().read_text()
+    for h in three_hosts:
+        kind, blob = h.host_public_key.split()
+        assert f"[{h.address}]:{h.port} {kind} {blob}" in text or f"{h.address} {kind} {blob}" in text
+    assert oct(known_hosts_path().stat().st_mode & 0o777) == "0o600"
+    json.dumps(whoami() >> ssh_pool)  # still usable

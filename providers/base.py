@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from skyward.spec import Spec
+    from skyward.spec import Options, Spec
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,13 @@ class ProviderConfig:
         """Estimated cost per node-hour in USD (None when unknown)."""
         return None
 
-    def create(self, spec: Spec, pool_id: str) -> Cluster:
+    def preflight(self, spec: Spec) -> None:
+        """Fail now, before anything is written or created, when this machine lacks what the
+        provider needs (a CLI, an SDK extra); the error says how to install it."""
+        return None
+
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
+        """The cluster for one pool (``options``: the pool's Options, for timeouts)."""
         raise NotImplementedError
 
     # -- named pools: the other half of Cluster.describe ---------------------------------------

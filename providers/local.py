@@ -31,7 +31,7 @@ from skyward.errors import ConfigError, ProviderError, SkywardError
 from .base import Cluster, NodeEndpoint, ProviderConfig
 
 if TYPE_CHECKING:
-    from skyward.spec import Image, Spec
+    from skyward.spec import Image, Options, Spec
 
 log = logging.getLogger("skyward.local")
 _START_TIMEOUT = 30.0
@@ -72,7 +72,7 @@ class Local(ProviderConfig):
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0
 
-    def create(self, spec: Spec, pool_id: str) -> LocalCluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> LocalCluster:
         return LocalCluster(self, spec, pool_id)
 
     # -- named pools (see ProviderConfig for the contract) -------------------------------------

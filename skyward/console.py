@@ -252,6 +252,8 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None)
     if isinstance(event, ev.Error):
         where = f"node {event.node}: " if event.node is not None else ""
         return f"{where}error: {event.message}"
+    if isinstance(event, ev.InstanceLost):
+        return f"node {event.node}: lost ({event.reason}); its tasks move to other nodes"
     if isinstance(event, ev.InstanceDestroyed):
         return f"node {event.node}: stopped"
     if isinstance(event, ev.ClusterDestroyed):

@@ -34,6 +34,27 @@ class ProviderError(SkywardError, RuntimeError):
     """A provider could not create, reach or destroy nodes."""
 
 
+class BootstrapError(ProviderError):
+    """A command preparing a node failed: carries host, phase, command, exit code and output."""
+
+    def __init__(self, *, host: str, phase: str, command: str, exit_code: int | None,
+                 output: list[str], why: str = "") -> None:
+        self.host, self.phase, self.command = host, phase, command
+        self.exit_code, self.output = exit_code, list(output)
+        what = why or f"exited with code {exit_code}"
+        lines = command.strip().splitlines()
+        shown = "\n".join("    " + line for line in lines[:12]) + ("\n    ..." if len(lines) > 12 else "")
+        tail = "\n".join("    " + line for line in self.output) or "    (no output)"
+        super().__init__(
+            f"{host}: bootstrap phase {phase!r} {what}.\n  command:\n{shown}\n  last lines of output:\n"
+            f"{tail}\nFix the Image setting this phase comes from (or the host), then open the pool again."
+        )
+
+
+class HostKeyError(ProviderError):
+    """An SSH host showed a key other than the one recorded or expected for it."""
+
+
 class PoolClosedError(SkywardError, RuntimeError):
     """The pool was used after it was closed."""
 
@@ -82,6 +103,30 @@ class RemoteError(SkywardError, RuntimeError):
 
 class ProtocolError(SkywardError, RuntimeError):
     """A peer sent a frame this side cannot understand (or a wrong token)."""
+
+
+class NoOfferError(ProviderError):
+    """No offer of any spec's provider satisfies it; the message lists the closest ones."""
+
+
+class PulumiNotFoundError(ProviderError):
+    """A cloud pool needs the Pulumi CLI (or the pulumi SDK extra) and it is not installed."""
+
+
+class StackError(ProviderError):
+    """A Pulumi stack operation failed; carries the stack, the operation and the output's tail."""
+
+    def __init__(self, message: str, *, stack: str = "", operation: str = "", output: str = "") -> None:
+        super().__init__(message)
+        self.stack, self.operation, self.output = stack, operation, output
+
+
+class StackLockedError(StackError):
+    """Another update holds the stack's lock, or a killed one left it behind."""
+
+
+class PendingOperationsError(StackError):
+    """An interrupted update left resource operations whose outcome the stack does not know."""
 
 
 class RemoteTraceback(Exception):

@@ -87,6 +87,15 @@ class InstancePreempted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceLost(Event):
+    """The connection to a node's agent broke (host down, network cut, agent killed); its
+    running tasks move to other nodes (Options.retry_on_interruption)."""
+
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceReplaced(Event):
     node: int
     reason: str = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import contextvars
 import dataclasses
 import functools
@@ -111,7 +112,7 @@ class Pool:
         if cluster is None:
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
         try:
-            self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id)
+            self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id, self.options)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc)))
             self._stop_views()
@@ -292,7 +293,8 @@ class Pool:
 
     def _node_lost(self, node: int, why: BaseException) -> None:
         if not self._closed:
-            self._emit(ev.Error(pool=self.id, node=node, message=f"connection to node {node} lost ({why})"))
+            log.warning("pool %s: node %d was lost (%s)", self.id, node, why)
+            self._emit(ev.InstanceLost(pool=self.id, node=node, reason=str(why) or type(why).__name__))
 
     def _configure_all(self) -> None:
         with self._lock:
@@ -434,6 +436,14 @@ class Pool:
             )
         return channels[target]
 
+    def _retries(self, target: int | str | None) -> int:
+        """Tasks pinned to a node stay there; the others move when their node is lost."""
+        return self.options.retry_on_interruption if target is None else 0
+
+    def _live_other_than(self, ch: NodeChannel) -> NodeChannel | None:
+        live = [c for c in self._channels if c.lost is None and c is not ch]
+        return min(live, key=lambda c: c.inflight) if live else None
+
     def _timeout(self, pending: PendingFunction[Any]) -> float | None:
         return pending.timeout if pending.timeout is not None else self.options.default_compute_timeout
 
@@ -468,7 +478,11 @@ class Pool:
         self._emit(ev.BatchStarted(pool=self.id, batch=batch, kind=kind, name=name, total=total))
         return batch
 
-    def _submit(self, ch: NodeChannel, pending: PendingFunction[T], batch: int | None = None) -> Future[T]:
+    def _submit(
+        self, ch: NodeChannel, pending: PendingFunction[T], batch: int | None = None, retries: int = 0,
+    ) -> Future[T]:
+        """Send one task to ``ch``. ``retries``: how many times the task may move to another
+        node if ``ch``'s node is lost while it runs (calls not tied to one node)."""
         if not isinstance(pending, PendingFunction):
             raise ConfigError(
                 f"expected a pending function (a call of a @sky.function function), got {type(pending).__name__}."
@@ -483,6 +497,18 @@ class Pool:
         finish = self._track(ch, name, 1, batch)
 
         def done(result: Frame | BaseException) -> None:
+            if isinstance(result, NodeLostError) and retries > 0 and not self._closed:
+                other = self._live_other_than(ch)
+                if other is not None:
+                    if finish is not None:
+                        finish(False)
+                    log.warning("node %d was lost while running %s; retrying it on node %d (%d retr%s left)",
+                                ch.node, name, other.node, retries - 1, "y" if retries == 2 else "ies")
+                    try:
+                        _chain(self._submit(other, pending, batch, retries - 1), future)
+                    except BaseException as exc:
+                        future.set_exception(exc)
+                    return
             try:
                 value, error = self._decode(result, name, ch.node), None
             except BaseException as exc:
@@ -521,11 +547,11 @@ class Pool:
 
     def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
         """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
-        return self._submit(self._pick(target), pending).result()
+        return self._submit(self._pick(target), pending, retries=self._retries(target)).result()
 
     def run_async(self, pending: PendingFunction[T], *, target: int | str | None = None) -> Future[T]:
         """Like ``run`` but returns at once with a Future."""
-        return self._submit(self._pick(target), pending)
+        return self._submit(self._pick(target), pending, retries=self._retries(target))
 
     def broadcast(self, pending: PendingFunction[T]) -> list[T]:
         """Run on every node; results in node order."""
@@ -536,7 +562,8 @@ class Pool:
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
         """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
         batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
-        futures = [self._submit(self._pick(None), p, batch) for p in group.items]
+        retries = self._retries(None)
+        futures = [self._submit(self._pick(None), p, batch, retries) for p in group.items]
         if batch is not None:
             self._finish_batch_when_done(batch, futures)
         if not group.stream:
@@ -603,18 +630,20 @@ class Pool:
         outstanding = dict.fromkeys(channels, 0)
         results: list[list[Any] | None] = [None] * len(chunks)
         first_error: tuple[int, BaseException] | None = None
-        sent = 0
+        todo = collections.deque(range(len(chunks)))
+        retries = [self.options.retry_on_interruption] * len(chunks)
 
-        while any(outstanding.values()) or (sent < len(chunks) and first_error is None):
+        while any(outstanding.values()) or (todo and first_error is None):
             for ch in self._channels:  # nodes that joined meanwhile (elastic pools) take work too
                 outstanding.setdefault(ch, 0)
-            while sent < len(chunks) and first_error is None:
+            while todo and first_error is None:
                 live = [c for c in outstanding if c.lost is None]
                 if not live:
                     raise NodeLostError("every node of the pool was lost during map(); no node is left to run it.")
                 ch = min(live, key=outstanding.__getitem__)
                 if outstanding[ch] >= window:
                     break
+                sent = todo.popleft()
                 chunk = chunks[sent]
                 flags, body, buffers = self._encode(
                     (fn, chunk, timeout),
@@ -623,10 +652,19 @@ class Pool:
                 finishers[sent] = self._track(ch, name, len(chunk), batch)
                 ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
                 outstanding[ch] += 1
-                sent += 1
             index, ch, result = done.get()
             outstanding[ch] -= 1
             finish = finishers.pop(index, None)
+            if isinstance(result, NodeLostError) and retries[index] > 0 and any(
+                c.lost is None for c in self._channels
+            ):
+                retries[index] -= 1  # the node went away: its chunk runs again elsewhere
+                log.warning("node %d was lost during map(); its chunk of %d item(s) runs again on another node",
+                            ch.node, len(chunks[index]))
+                todo.appendleft(index)
+                if finish is not None:
+                    finish(False)
+                continue
             try:
                 results[index] = self._decode(result, name, ch.node)
             except BaseException as exc:
@@ -662,6 +700,19 @@ class Pool:
 
 def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) -> None:
     q.put((index, ch, result))
+
+
+def _chain(source: Future[T], target: Future[T]) -> None:
+    """Complete ``target`` with whatever ``source`` ends with."""
+
+    def copy(f: Future[T]) -> None:
+        exc = f.exception()
+        if exc is None:
+            target.set_result(f.result())
+        else:
+            target.set_exception(exc)
+
+    source.add_done_callback(copy)
 
 
 def _results(futures: list[Future[T]]) -> list[T]:

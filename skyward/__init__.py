@@ -25,6 +25,8 @@ from .errors import (
     DispatchError,
     NoActivePoolError,
     NodeLostError,
+    NoOfferError,
+    PendingOperationsError,
     PluginError,
     PoolBusyError,
     PoolClosedError,
@@ -32,9 +34,12 @@ from .errors import (
     PoolNotFoundError,
     ProtocolError,
     ProviderError,
+    PulumiNotFoundError,
     RemoteError,
     SerializationError,
     SkywardError,
+    StackError,
+    StackLockedError,
     TaskCancelledError,
     TaskTimeoutError,
     WorkerDiedError,
@@ -74,8 +79,13 @@ _LAZY = {
     "Compute": "skyward.compute",
     "Session": "skyward.compute",
     "Pool": "skyward.pool",
+    "Offer": "skyward.catalogue",
+    "offers": "skyward.catalogue",
+    "Disk": "skyward.volumes",
     "plugins": "skyward.plugins",
     "Local": "skyward.providers.local",
+    "AWS": "skyward.providers.aws",
+    "GCP": "skyward.providers.gcp",
     "InstanceInfo": "skyward.runtime.info",
     "PeerInfo": "skyward.runtime.info",
     "AcceleratorInfo": "skyward.runtime.info",
@@ -92,6 +102,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from . import metrics, plugins
+    from .catalogue import Offer, offers
     from .compute import Compute, Session
     from .events import (
         BatchFinished,
@@ -118,6 +129,8 @@ if TYPE_CHECKING:
     )
     from .logs import LogConfig
     from .pool import Pool
+    from .providers.aws import AWS
+    from .providers.gcp import GCP
     from .providers.local import Local
     from .runtime.info import (
         AcceleratorInfo,
@@ -130,6 +143,7 @@ if TYPE_CHECKING:
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
     from .runtime.shard import shard
     from .secrets import Secret, secret
+    from .volumes import Disk
 
 
 def __getattr__(name: str) -> Any:
@@ -147,6 +161,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AWS",
     "AcceleratorError",
     "AcceleratorInfo",
     "BatchFinished",
@@ -160,9 +175,11 @@ __all__ = [
     "ClusterRequested",
     "Compute",
     "ConfigError",
+    "Disk",
     "DispatchError",
     "Error",
     "Event",
+    "GCP",
     "Image",
     "InstanceBootstrapped",
     "InstanceDestroyed",
@@ -176,12 +193,15 @@ __all__ = [
     "Metric",
     "NetworkInfo",
     "NoActivePoolError",
+    "NoOfferError",
     "NodeLostError",
     "Nodes",
+    "Offer",
     "Options",
     "PeerInfo",
     "PendingFunction",
     "PendingFunctionGroup",
+    "PendingOperationsError",
     "PipIndex",
     "PluginError",
     "Pool",
@@ -191,6 +211,7 @@ __all__ = [
     "PoolNotFoundError",
     "ProtocolError",
     "ProviderError",
+    "PulumiNotFoundError",
     "RemoteError",
     "RemoteFunction",
     "ResourceChanged",
@@ -199,6 +220,8 @@ __all__ = [
     "Session",
     "SkywardError",
     "Spec",
+    "StackError",
+    "StackLockedError",
     "TaskCancelledError",
     "TaskCompleted",
     "TaskStarted",
@@ -212,6 +235,7 @@ __all__ = [
     "instance_info",
     "is_head",
     "metrics",
+    "offers",
     "plugins",
     "redirect_output",
     "secret",

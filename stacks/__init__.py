@@ -1,1 +1,19 @@
-"""Pulumi stacks for cloud pools (arrives with the stacks issue)."""
+"""Pulumi stacks for cloud pools: one ephemeral stack per pool, driven by the automation API.
+
+* ``engine``: PoolStack (preview/up/refresh/destroy/remove/history/outputs/export), events,
+  errors, Ctrl-C, and the ways out (``unlock``, ``clear_pending``, ``open_stack``);
+* ``backend``: project, stack names, backend URL and secrets passphrase;
+* ``cli``: finding (or installing) the Pulumi CLI;
+* ``aws`` / ``gcp``: the stack programs; ``plan``: their input; ``userdata``: what nodes boot
+  with; ``keys``: client and host keys; ``network``: who may reach port 22;
+* ``cloudpool``: a pool's life as stack updates, and its nodes as SSH hosts.
+
+Nothing here imports pulumi until an operation runs.
+"""
+
+from __future__ import annotations
+
+from .cli import install
+from .engine import PoolStack, clear_pending, open_stack, unlock
+
+__all__ = ["PoolStack", "clear_pending", "install", "open_stack", "unlock"]

@@ -1,0 +1,114 @@
+"""sky.AWS(): pools of EC2 instances, each pool one Pulumi stack.
+
+    sky.Compute(provider=sky.AWS(region="us-east-1"), accelerator="A10G", nodes=2)
+
+Selection reads the shipped offer catalogue (no credentials needed); ``create`` brings the
+pool's stack up (stacks/aws.py declares what is in it) and hands the instances to the SSH
+bootstrap like any other hosts. Needs ``pip install 'skyward[aws]'``, the Pulumi CLI and AWS
+credentials (the usual chain: environment, ``profile=``, instance role...).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from skyward.errors import ConfigError, NoOfferError
+
+from .base import Cluster, ProviderConfig
+
+if TYPE_CHECKING:
+    from skyward.catalogue import Offer
+    from skyward.spec import Options, Spec
+
+DEFAULT_REGION = "us-east-1"
+
+
+@dataclass(frozen=True, slots=True)
+class AWS(ProviderConfig):
+    """Amazon EC2.
+
+    ``region``/``zone``: where (default: the spec's region, else AWS_REGION /
+    AWS_DEFAULT_REGION, else us-east-1; a zone picks the default subnet there).
+    ``profile``: the AWS credentials profile. ``subnet``: launch into this subnet (and its VPC)
+    instead of the default VPC. ``ami``: the image (default: latest Ubuntu 24.04 for CPU
+    nodes, the Deep Learning base AMI for GPU nodes). ``instance_type``: skip selection and
+    use this type (it must be in the catalogue). ``user``: the login user of the AMI.
+    ``allow_ssh_from``: CIDRs allowed to reach port 22 besides this machine's address
+    (``detect_address=False`` to not add it). ``max_duration``: seconds after which nodes power
+    off whatever happens. ``workspace``: how stacks are run (default: the Pulumi CLI via the
+    automation API; tests pass a fake).
+    """
+
+    region: str | None = None
+    zone: str | None = None
+    profile: str | None = None
+    subnet: str | None = None
+    ami: str | None = None
+    instance_type: str | None = None
+    user: str = "ubuntu"
+    allow_ssh_from: tuple[str, ...] = ()
+    detect_address: bool = True
+    max_duration: float | None = None
+    workspace: Any = field(default=None, repr=False, compare=False)
+    kind: ClassVar[str] = "aws"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allow_ssh_from, str):
+            raise ConfigError(f"AWS(allow_ssh_from={self.allow_ssh_from!r}) is a list of CIDRs: write [{self.allow_ssh_from!r}].")
+        object.__setattr__(self, "allow_ssh_from", tuple(self.allow_ssh_from))
+        if self.max_duration is not None and self.max_duration <= 0:
+            raise ConfigError(f"AWS(max_duration={self.max_duration!r}) is not valid: seconds > 0, or None for no cap.")
+
+    # -- selection -------------------------------------------------------------------------
+    def region_for(self, spec: Spec) -> str:
+        return spec.region or self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
+
+    def offer(self, spec: Spec) -> Offer:
+        """The cheapest catalogue offer for ``spec`` (NoOfferError listing the closest)."""
+        from skyward.catalogue import Want, select
+
+        if spec.region and self.region and spec.region != self.region:
+            raise NoOfferError(
+                f"Spec(region={spec.region!r}) and AWS(region={self.region!r}) disagree; give the region in one place."
+            )
+        region = self.region_for(spec)
+        if self.zone and not self.zone.startswith(region):
+            raise NoOfferError(f"AWS(zone={self.zone!r}) is not in region {region!r}; pick a zone of that region.")
+        return select("aws", Want.of(spec, region=region, instance_type=self.instance_type))
+
+    def check(self, spec: Spec) -> str | None:
+        if any(type(v).__name__ != "Disk" for v in spec.volumes):
+            return "AWS volumes are sky.Disk(...) block volumes; other volume kinds are not supported yet"
+        try:
+            self.offer(spec)
+        except NoOfferError as exc:
+            return str(exc)
+        return None
+
+    def hourly_cost(self, spec: Spec) -> float | None:
+        return self.offer(spec).price(spec.allocation)
+
+    def preflight(self, spec: Spec) -> None:
+        from .cloud import preflight
+
+        preflight("sky.AWS", "aws", ("pulumi", "pulumi_aws"), fake_workspace=self.workspace is not None)
+
+    # -- provisioning ----------------------------------------------------------------------
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
+        from skyward.stacks import aws as program
+        from skyward.stacks.cloudpool import launch
+
+        from .cloud import plugin_version, ssh_cluster
+
+        self.preflight(spec)
+        offer = self.offer(spec)
+        family = "neuron" if offer.accelerator in ("Trainium", "Inferentia2") else None
+        cloud = launch(
+            "aws", spec, pool_id, offer, program.program, provider=self, zone=self.zone, image=self.ami,
+            user=self.user, settings={"profile": self.profile, "subnet": self.subnet, "family": family},
+            allow_ssh_from=self.allow_ssh_from, detect_address=self.detect_address,
+            max_duration=self.max_duration, plugins=plugin_version("aws", "pulumi-aws"), connect=self.workspace,
+        )
+        return ssh_cluster(spec, pool_id, cloud, options)

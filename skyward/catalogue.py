@@ -1,0 +1,269 @@
+"""Offers: the instance types a cloud sells, with their prices, and choosing one for a Spec.
+
+The catalogues ship as data with skyward (``providers/catalogue/<provider>.json``), each with
+the date its prices were taken (``as_of``): selection never needs credentials or network.
+``sky.offers(...)`` queries them; ``select`` turns a Spec into the cheapest viable offer, or
+raises NoOfferError naming the closest offers and what kept them out.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ConfigError, NoOfferError
+
+if TYPE_CHECKING:
+    from .accelerators import Accelerator
+    from .spec import Spec
+
+PROVIDERS = ("aws", "gcp")
+Market = Literal["spot", "on-demand"]
+_DIR = Path(__file__).resolve().parent / "providers" / "catalogue"
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One instance type in one region, with its hourly prices (USD per node)."""
+
+    provider: str
+    instance_type: str
+    region: str
+    vcpus: float
+    memory_gb: float
+    architecture: str
+    accelerator: str | None = None
+    accelerator_count: float = 0
+    accelerator_memory_gb: float | None = None
+    on_demand: float | None = None
+    spot: float | None = None
+    as_of: str = ""
+    # Provider specifics the stack program needs (GCP: machine_type, accelerator_type, attach).
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def market(self, allocation: str) -> Market | None:
+        """Spot or on-demand under this allocation strategy (None: the offer cannot serve it)."""
+        if allocation == "spot":
+            return "spot" if self.spot is not None else None
+        if allocation == "on-demand":
+            return "on-demand" if self.on_demand is not None else None
+        if allocation == "cheapest":
+            if self.spot is not None and (self.on_demand is None or self.spot <= self.on_demand):
+                return "spot"
+            return "on-demand" if self.on_demand is not None else None
+        # spot-if-available: spot is tried first, on-demand if no spot capacity.
+        return "spot" if self.spot is not None else ("on-demand" if self.on_demand is not None else None)
+
+    def price(self, allocation: str = "cheapest") -> float | None:
+        market = self.market(allocation)
+        return None if market is None else (self.spot if market == "spot" else self.on_demand)
+
+    def __str__(self) -> str:
+        parts = [f"{self.provider} {self.instance_type} ({self.region})"]
+        if self.accelerator:
+            memory = f" {_num(self.accelerator_memory_gb)}GB" if self.accelerator_memory_gb else ""
+            parts.append(f"{_num(self.accelerator_count)}x {self.accelerator}{memory}")
+        parts.append(f"{_num(self.vcpus)} vCPU, {_num(self.memory_gb)} GB, {self.architecture}")
+        prices = []
+        if self.spot is not None:
+            prices.append(f"${self.spot:.4g}/h spot")
+        if self.on_demand is not None:
+            prices.append(f"${self.on_demand:.4g}/h on-demand")
+        parts.append(" / ".join(prices) + (f" (prices as of {self.as_of})" if self.as_of else ""))
+        return ": ".join(parts[:1]) + ": " + ", ".join(parts[1:])
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@functools.cache
+def load(provider: str) -> tuple[Offer, ...]:
+    """Every offer of a provider's shipped catalogue (one per instance type and region)."""
+    if provider not in PROVIDERS:
+        raise ConfigError(f"provider={provider!r} has no offer catalogue: use one of {', '.join(PROVIDERS)}.")
+    data = json.loads((_DIR / f"{provider}.json").read_text())
+    offers = []
+    for row in data["types"]:
+        acc = row.get("accelerator") or {}
+        extra = {k: v for k, v in row.items()
+                 if k not in ("name", "vcpus", "memory_gb", "architecture", "accelerator", "prices")}
+        for region, (on_demand, spot) in row["prices"].items():
+            offers.append(Offer(
+                provider=provider, instance_type=row["name"], region=region, vcpus=row["vcpus"],
+                memory_gb=row["memory_gb"], architecture=row["architecture"],
+                accelerator=acc.get("name"), accelerator_count=acc.get("count", 0),
+                accelerator_memory_gb=acc.get("memory_gb"), on_demand=on_demand, spot=spot,
+                as_of=data["as_of"], extra=extra,
+            ))
+    return tuple(offers)
+
+
+def as_of(provider: str) -> str:
+    return load(provider)[0].as_of
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """The parts of a Spec (or of an offers() query) that decide which offers fit."""
+
+    accelerator: Accelerator | None = None
+    vcpus: float | None = None
+    memory_gb: float | None = None
+    architecture: str | None = None
+    region: str | None = None
+    allocation: str = "cheapest"
+    max_hourly_cost: float | None = None
+    instance_type: str | None = None
+
+    @classmethod
+    def of(cls, spec: Spec, *, region: str | None, instance_type: str | None = None) -> Want:
+        return cls(
+            accelerator=spec.accelerator if not isinstance(spec.accelerator, str) else None,
+            vcpus=spec.vcpus, memory_gb=spec.memory_gb, architecture=spec.architecture,
+            region=region, allocation=spec.allocation, max_hourly_cost=spec.max_hourly_cost,
+            instance_type=instance_type,
+        )
+
+    def misfit(self, offer: Offer) -> str | None:
+        """Why the offer does not fit (None when it does)."""
+        if self.instance_type is not None and offer.instance_type != self.instance_type:
+            return f"not {self.instance_type}"
+        if self.region is not None and offer.region != self.region:
+            return f"not in {self.region}"
+        acc = self.accelerator
+        if acc is None and offer.accelerator is not None and self.instance_type is None:
+            return "has accelerators and none was asked for"
+        if acc is not None:
+            if offer.accelerator != acc.name:
+                return f"has no {acc.name}"
+            if offer.accelerator_count < math.ceil(acc.count):
+                return f"has {_num(offer.accelerator_count)} {acc.name}, fewer than {_num(acc.count)}"
+            wanted = acc.memory_gb
+            if wanted is not None and (offer.accelerator_memory_gb or 0) < wanted:
+                return f"its {acc.name} has {_num(offer.accelerator_memory_gb)}GB, less than {_num(wanted)}GB"
+        if self.vcpus is not None and offer.vcpus < self.vcpus:
+            return f"{_num(offer.vcpus)} vCPUs < {_num(self.vcpus)}"
+        if self.memory_gb is not None and offer.memory_gb < self.memory_gb:
+            return f"{_num(offer.memory_gb)} GB memory < {_num(self.memory_gb)}"
+        if self.architecture is not None and offer.architecture != self.architecture:
+            return f"is {offer.architecture}, not {self.architecture}"
+        price = offer.price(self.allocation)
+        if price is None:
+            return f"has no {self.allocation} price"
+        if self.max_hourly_cost is not None and price > self.max_hourly_cost:
+            return f"${price:.4g}/h is over max_hourly_cost=${self.max_hourly_cost:g}"
+        return None
+
+
+def _sorted(offers: Iterable[Offer], allocation: str) -> list[Offer]:
+    return sorted(offers, key=lambda o: (o.price(allocation) or math.inf, o.vcpus, o.instance_type, o.region))
+
+
+def matching(provider: str, want: Want) -> list[Offer]:
+    """The provider's offers that fit, cheapest first."""
+    return _sorted((o for o in load(provider) if want.misfit(o) is None), want.allocation)
+
+
+# What to give up, in this order, to find the offers closest to a spec that nothing fits.
+_RELAX: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("max_hourly_cost", {"max_hourly_cost": None}),
+    ("region", {"max_hourly_cost": None, "region": None}),
+    ("architecture", {"max_hourly_cost": None, "region": None, "architecture": None}),
+    ("vcpus and memory_gb", {"max_hourly_cost": None, "region": None, "architecture": None,
+                             "vcpus": None, "memory_gb": None}),
+)
+
+
+def closest(provider: str, want: Want, n: int = 3) -> tuple[str, list[Offer]]:
+    """The offers nearest to ``want`` and the constraint that had to be dropped to find them."""
+    for dropped, changes in _RELAX:
+        found = matching(provider, replace(want, **changes))
+        if found:
+            return dropped, found[:n]
+    return "", []
+
+
+def select(provider: str, want: Want) -> Offer:
+    """The cheapest offer that fits; NoOfferError with the closest ones when none does."""
+    found = matching(provider, want)
+    if found:
+        return found[0]
+    raise NoOfferError(no_offer_message(provider, want))
+
+
+def no_offer_message(provider: str, want: Want) -> str:
+    asked = describe(want)
+    dropped, near = closest(provider, want)
+    text = f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)})."
+    if near:
+        text += f" Closest, without the {dropped} limit:\n" + "\n".join(f"      {o}" for o in near)
+        text += f"\n    Change {dropped} (or the accelerator), or try another provider."
+    else:
+        text += " Nothing close either: pick another accelerator, or see sky.offers() for what exists."
+    return text
+
+
+def describe(want: Want) -> str:
+    parts = [str(want.accelerator) if want.accelerator is not None else "no accelerator"]
+    if want.vcpus:
+        parts.append(f">= {_num(want.vcpus)} vCPUs")
+    if want.memory_gb:
+        parts.append(f">= {_num(want.memory_gb)} GB")
+    if want.architecture:
+        parts.append(want.architecture)
+    parts.append(f"allocation={want.allocation!r}")
+    if want.max_hourly_cost is not None:
+        parts.append(f"at most ${want.max_hourly_cost:g}/h")
+    if want.region:
+        parts.append(f"in {want.region}")
+    if want.instance_type:
+        parts.append(f"instance type {want.instance_type}")
+    return ", ".join(parts)
+
+
+def offers(
+    accelerator: Accelerator | str | None = None,
+    *,
+    provider: Any = None,
+    vcpus: float | None = None,
+    memory_gb: float | None = None,
+    architecture: str | None = None,
+    region: str | None = None,
+    allocation: str = "cheapest",
+    max_hourly_cost: float | None = None,
+) -> list[Offer]:
+    """What the shipped catalogues sell that fits, cheapest first (price under ``allocation``).
+
+    ``provider``: ``"aws"``, ``"gcp"``, a provider config (``sky.AWS()``) or None for all.
+    ``accelerator``: an accelerator or its string form (``"H100:8"``); None lists CPU-only
+    types. Prices are per node-hour in USD, as of each catalogue's ``as_of`` date.
+    """
+    from .accelerators import parse
+    from .spec import _ALLOCATIONS
+
+    if allocation not in _ALLOCATIONS:
+        raise ConfigError(f"allocation={allocation!r} is not valid: use one of {', '.join(map(repr, _ALLOCATIONS))}.")
+    kinds = PROVIDERS if provider is None else (getattr(provider, "kind", provider),)
+    for kind in kinds:
+        if kind not in PROVIDERS:
+            raise ConfigError(
+                f"provider={provider!r} has no offer catalogue: use {', '.join(map(repr, PROVIDERS))}, "
+                f"sky.AWS(), sky.GCP() or None for all."
+            )
+    want = Want(
+        accelerator=parse(accelerator) if accelerator is not None else None, vcpus=vcpus,
+        memory_gb=memory_gb, architecture=architecture, region=region, allocation=allocation,
+        max_hourly_cost=max_hourly_cost,
+    )
+    return _sorted((o for kind in kinds for o in matching(kind, want)), allocation)
+
+
+__all__ = ["Offer", "offers"]

@@ -1,0 +1,300 @@
+"""A cloud pool's life as stack updates: create, grow, shrink, destroy.
+
+The provider (sky.AWS, sky.GCP) builds the first PoolPlan and hands it here with its stack
+program. Growing adds nodes to the plan and runs ``up``; shrinking removes them and runs
+``up``; closing refreshes, destroys and removes the stack (its history saved first). Each
+``up`` records the pool's whole description (spec, offer, plan, skyward version) in the stack
+config, so the stack alone says what the pool was and how to make it again.
+
+What comes out is a NodeAddress per node: where to connect, as whom, with which key, and the
+host key the node will present -- the input of the SSH bootstrap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skyward import events as ev
+from skyward.errors import ProviderError, StackError
+
+from . import keys
+from .engine import Connect, PoolStack, local_connect
+from .plan import NodePlan, PoolPlan
+
+if TYPE_CHECKING:
+    from skyward.catalogue import Offer
+    from skyward.spec import Spec
+
+# Cloud errors that mean "no spot capacity (or price) right now", where on-demand may work.
+_NO_SPOT = re.compile(
+    r"InsufficientInstanceCapacity|InsufficientCapacity|SpotMaxPriceTooLow|MaxSpotInstanceCountExceeded|"
+    r"capacity-not-available|UnfulfillableCapacity|ZONE_RESOURCE_POOL_EXHAUSTED|resource pool exhausted|"
+    r"does not have enough resources|stockout",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """One node as its stack's outputs and plan describe it."""
+
+    index: int
+    address: str  # public IP: where the client connects
+    private_ip: str
+    hostname: str
+    host_key: str  # the public host key the node was given (no trust on first use)
+    user: str
+    key: str  # path of the pool's private client key
+    instance_id: str = ""
+
+    def host_fields(self) -> dict[str, Any]:
+        """Keyword arguments of skyward.providers.ssh.Host."""
+        return {"address": self.address, "port": 22, "user": self.user, "key": self.key,
+                "private_ip": self.private_ip, "hostname": self.hostname, "host_key": self.host_key}
+
+
+class CloudPool:
+    """The stack of one cloud pool and the plan it was last brought up with."""
+
+    def __init__(
+        self,
+        plan: PoolPlan,
+        program: Callable[[PoolPlan], Any],
+        *,
+        pool_id: str,
+        key_path: Path,
+        spot: bool,
+        fallback_to_on_demand: bool,
+        record: dict[str, Any] | None = None,
+        secrets: dict[str, str] | None = None,
+        plugins: dict[str, str] | None = None,
+        connect: Connect | None = None,
+    ) -> None:
+        self.plan = plan
+        self.pool_id = pool_id
+        self.key_path = key_path
+        self.spot = spot
+        self.fallback = fallback_to_on_demand
+        self._record = record or {}
+        self._secrets = secrets or {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._by_address: dict[str, int] = {}
+        self.stack = PoolStack(
+            plan.stack, lambda: program(self.plan), pool=pool_id, plugins=plugins or {},
+            connect=connect or local_connect,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, count: int) -> list[NodeAddress]:
+        """The first ``up``; anything it created is destroyed again when it fails."""
+        try:
+            return self.grow(count)
+        except BaseException as exc:
+            self._emit(ev.Log(pool=self.pool_id, level="WARNING",
+                              message=f"stack {self.plan.stack}: creating the pool failed ({exc}); removing what was made"))
+            try:
+                self.close()
+            except Exception as cleanup:  # the first error is the one to show; this one is logged too
+                self._emit(ev.Error(pool=self.pool_id, message=str(cleanup)))
+            raise
+
+    def grow(self, count: int) -> list[NodeAddress]:
+        """Add ``count`` nodes (one stack update) and return them."""
+        with self._lock:
+            before = self.plan
+            new = self._new_nodes(count)
+            self.plan = before.with_nodes(before.nodes + new)
+            try:
+                outputs = self._up()
+            except StackError as exc:
+                if not (self.fallback and any(n.spot for n in new) and _NO_SPOT.search(f"{exc} {exc.output}")):
+                    raise
+                self._emit(ev.Log(pool=self.pool_id, level="WARNING",
+                                  message=f"stack {self.plan.stack}: no spot capacity for {count} node(s); using on-demand"))
+                new = tuple(replace(n, spot=False) for n in new)
+                self.plan = before.with_nodes(before.nodes + new)
+                outputs = self._up()
+            return self._addresses(outputs, [n.index for n in new])
+
+    def shrink(self, nodes: Iterable[Any]) -> None:
+        """Remove these nodes (indices, NodeAddresses or ssh Hosts) from the pool: one stack update."""
+        gone = {self._index_of(n) for n in nodes}
+        with self._lock:
+            self.plan = self.plan.with_nodes(tuple(n for n in self.plan.nodes if n.index not in gone))
+            self._up()
+
+    def close(self) -> None:
+        """Refresh, destroy and remove the stack; forget the pool's client key. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self.stack.destroy()
+            except StackError as exc:
+                raise StackError(
+                    f"{exc}\nThe stack {self.plan.stack} and its resources are still there; destroy them with "
+                    f"skyward.stacks.open_stack({self.plan.stack!r}).destroy() once the cause is fixed.",
+                    stack=exc.stack, operation=exc.operation, output=exc.output,
+                ) from exc
+            self._closed = True
+            self.stack.remove()
+            keys.forget(self.plan.stack)
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _index_of(self, node: Any) -> int:
+        if isinstance(node, int):
+            return node
+        if isinstance(node, NodeAddress):
+            return node.index
+        try:
+            return self._by_address[node.address]
+        except (AttributeError, KeyError):
+            raise ProviderError(f"stack {self.plan.stack}: {node!r} is not one of this pool's nodes") from None
+
+    def _new_nodes(self, count: int) -> tuple[NodePlan, ...]:
+        start = max((n.index for n in self.plan.nodes), default=-1) + 1
+        nodes = []
+        for index in range(start, start + count):
+            host = keys.ed25519(f"{self.plan.stack}-node-{index}")
+            nodes.append(NodePlan(index=index, spot=self.spot, host_key=host.public, host_key_private=host.private))
+        return tuple(nodes)
+
+    def _up(self) -> dict[str, Any]:
+        self.stack.config = {
+            "pool": json.dumps(self._record, default=str),
+            "plan": json.dumps(self.plan.record()),
+            "version": self.plan.version,
+        }
+        self.stack.secrets = {
+            **self._secrets,
+            "host-keys": json.dumps({str(n.index): n.host_key_private for n in self.plan.nodes}),
+        }
+        return self.stack.up()
+
+    def _addresses(self, outputs: dict[str, Any], indices: Sequence[int]) -> list[NodeAddress]:
+        by_index = {int(n["index"]): n for n in outputs.get("nodes") or []}
+        plans = {n.index: n for n in self.plan.nodes}
+        found = []
+        for i in indices:
+            out = by_index.get(i)
+            if out is None or not out.get("public_ip"):
+                raise ProviderError(
+                    f"stack {self.plan.stack}: node {i} has no public address in the stack outputs "
+                    f"({out!r}); the client reaches nodes over their public IP, so use a subnet that "
+                    f"gives instances one (or the default VPC / network)."
+                )
+            self._by_address[str(out["public_ip"])] = i
+            found.append(NodeAddress(
+                index=i, address=str(out["public_ip"]), private_ip=str(out.get("private_ip") or out["public_ip"]),
+                hostname=str(out.get("hostname") or f"node-{i}"), host_key=plans[i].host_key,
+                user=self.plan.ssh_user, key=str(self.key_path), instance_id=str(out.get("id") or ""),
+            ))
+        return found
+
+    def _emit(self, event: ev.Event) -> None:
+        ev.bus.emit(event)
+
+
+def spec_record(spec: Spec, offer: Offer, provider: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the pool's description for the stack config, its secret parts)."""
+    from skyward import __version__
+
+    image = spec.image
+    record = {
+        "skyward": __version__,
+        "provider": _plain(provider),
+        "offer": _plain(offer),
+        "accelerator": str(spec.accelerator) if spec.accelerator is not None else None,
+        "nodes": _plain(spec.nodes),
+        **{name: getattr(spec, name) for name in (
+            "vcpus", "memory_gb", "disk_gb", "architecture", "allocation", "region", "max_hourly_cost", "ttl")},
+        "image": {
+            "python": image.python, "pip": list(image.pip), "apt": list(image.apt),
+            "pip_indexes": [_plain(ix) for ix in image.pip_indexes], "includes": list(image.includes),
+            "excludes": list(image.excludes), "env": sorted(image.env), "shell_vars": dict(image.shell_vars),
+            "skyward_source": image.skyward_source, "bootstrap_timeout": image.bootstrap_timeout,
+            "metrics": repr(image.metrics),
+        },
+        "volumes": [_plain(v) for v in spec.volumes],
+        "plugins": [_plain(p) for p in spec.plugins],
+    }
+    secrets = {"env": json.dumps(dict(image.env))} if image.env else {}
+    return record, secrets
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able view of a dataclass (callables by name), else its repr."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"type": type(value).__name__}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if callable(item):
+                item = getattr(item, "__qualname__", repr(item))
+            elif dataclasses.is_dataclass(item):
+                item = _plain(item)
+            elif not isinstance(item, str | int | float | bool | type(None) | list | tuple | dict):
+                item = repr(item)
+            out[f.name] = item
+        return out
+    return repr(value)
+
+
+def launch(
+    kind: str,
+    spec: Spec,
+    pool_id: str,
+    offer: Offer,
+    program: Callable[[PoolPlan], Any],
+    *,
+    provider: Any,
+    zone: str | None,
+    image: str | None,
+    user: str,
+    settings: dict[str, Any],
+    allow_ssh_from: Sequence[str],
+    detect_address: bool,
+    max_duration: float | None,
+    plugins: dict[str, str],
+    connect: Connect | None,
+    pool_name: str | None = None,
+) -> CloudPool:
+    """The CloudPool of a new pool: its key, plan and stack (nothing is created in the cloud yet)."""
+    import time
+
+    from skyward import __version__
+    from skyward.volumes import Disk
+
+    from .backend import stack_name
+    from .network import client_cidrs
+    from .plan import DiskPlan
+
+    where = f"sky.{kind.upper()}(allow_ssh_from=...)"
+    cidrs = client_cidrs(allow_ssh_from, detect_address, where)
+    stack = stack_name(pool_name, pool_id)
+    key_path, client = keys.client_key(stack)
+    gpu = offer.accelerator is not None
+    now = int(time.time())
+    plan = PoolPlan(
+        pool=pool_name or pool_id, stack=stack, region=offer.region, zone=zone,
+        instance_type=offer.instance_type, nodes=(), ssh_user=user, ssh_public_key=client.public,
+        ssh_cidrs=cidrs, disk_gb=spec.disk_gb or (120 if gpu else 30),
+        disks=tuple(DiskPlan(v.size_gb, v.mount, v.type) for v in spec.volumes if isinstance(v, Disk)),
+        image=image, gpu=gpu, architecture=offer.architecture, ttl=spec.ttl,
+        grace=spec.image.bootstrap_timeout + 600, created=now,
+        expires=now + int(max_duration) if max_duration else None, version=__version__, settings=settings,
+    )
+    record, secrets = spec_record(spec, offer, provider)
+    market = offer.market(spec.allocation)
+    return CloudPool(
+        plan, program, pool_id=pool_id, key_path=key_path, spot=market == "spot",
+        fallback_to_on_demand=spec.allocation in ("spot-if-available", "cheapest") and offer.on_demand is not None,
+        record=record, secrets=secrets, plugins=plugins, connect=connect,
+    )

@@ -1,0 +1,379 @@
+"""One pool's Pulumi stack, driven through the automation API with an inline program.
+
+``PoolStack`` wraps a ``pulumi.automation`` Stack: project ``skyward``, one stack per pool,
+the backend and secrets of ``backend.py``, the pool's description in the stack config. Its
+operations (preview, up, refresh, destroy -- which refreshes first --, remove, history,
+outputs, export) stream engine events into skyward's events and turn the automation API's
+errors into skyward's, with a way out for the two that need a human:
+
+* a locked stack (``StackLockedError``): another update runs, or a killed one left its lock;
+  ``unlock(name)`` removes a file backend's stale lock;
+* pending operations after an interrupted update (``PendingOperationsError``): resources
+  whose creation Pulumi started but never saw finish; ``clear_pending(name)`` drops them from
+  the state and refreshes (then check the cloud for strays tagged with the stack's name).
+
+Ctrl-C during an operation asks the Pulumi CLI to stop gracefully (it finishes the resource
+operations in flight and saves the state), waits for it, then re-raises KeyboardInterrupt; a
+second Ctrl-C stops waiting.
+
+Inline programs share process-global state in the pulumi SDK, so one operation runs at a
+time per process (``_ENGINE``), and operations block: call them from a plain thread, never
+from an event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skyward import events as ev
+from skyward.errors import PendingOperationsError, PulumiNotFoundError, StackError, StackLockedError
+from skyward.paths import skyward_home
+
+from . import backend
+from .events import translate
+
+log = logging.getLogger("skyward.stacks")
+
+Program = Callable[[], None]
+# (stack name, inline program) -> a pulumi.automation.Stack, or anything with the same methods.
+Connect = Callable[[str, Program], Any]
+
+_ENGINE = threading.Lock()
+
+
+def workspace_dir(name: str) -> Path:
+    """Where the stack's Pulumi.yaml / Pulumi.<stack>.yaml live (its settings and salt)."""
+    return skyward_home() / "workspaces" / name
+
+
+def audit_file(name: str) -> Path:
+    return skyward_home() / "audit" / f"{name}.json"
+
+
+def local_connect(name: str, program: Program) -> Any:
+    """The real thing: a LocalWorkspace stack over the pulumi CLI found by stacks.cli."""
+    from pulumi import automation as auto
+
+    from .cli import require_cli
+
+    exe = require_cli(f"stack {name}")
+    env = backend.prepare()
+    work_dir = workspace_dir(name)
+    work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        command = auto.PulumiCommand(root=str(exe.parent.parent))
+    except auto.InvalidVersionError as exc:
+        raise PulumiNotFoundError(
+            f"the Pulumi CLI at {exe} is too old for the installed pulumi SDK ({exc}). Upgrade it: "
+            f"curl -fsSL https://get.pulumi.com | sh"
+        ) from exc
+    opts = auto.LocalWorkspaceOptions(
+        work_dir=str(work_dir),
+        env_vars=env,
+        secrets_provider="passphrase",
+        project_settings=auto.ProjectSettings(
+            name=backend.PROJECT, runtime="python", backend=auto.ProjectBackend(url=env["PULUMI_BACKEND_URL"]),
+        ),
+        pulumi_command=command,
+    )
+    return auto.create_or_select_stack(stack_name=name, project_name=backend.PROJECT, program=program, opts=opts)
+
+
+@dataclass
+class PoolStack:
+    """A pool's stack. ``config``/``secrets`` are written to the stack config before each update."""
+
+    name: str
+    program: Program
+    pool: str = ""  # the pool id its events belong to
+    config: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    plugins: Mapping[str, str] = field(default_factory=dict)  # resource plugin -> version
+    connect: Connect = local_connect
+    _stack: Any = field(default=None, init=False, repr=False)
+    _plugins_ready: bool = field(default=False, init=False, repr=False)
+
+    # -- the automation-API stack ----------------------------------------------------------
+    @property
+    def stack(self) -> Any:
+        if self._stack is None:
+            self._stack = self._guard("select", lambda: self.connect(self.name, self.program))
+        return self._stack
+
+    def _configure(self) -> None:
+        from pulumi import automation as auto
+
+        values = {f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v) for k, v in self.config.items()}
+        values.update({f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v, secret=True) for k, v in self.secrets.items()})
+        if values:
+            self.stack.set_all_config(values)
+        if not self._plugins_ready:
+            for plugin, version in self.plugins.items():
+                self._emit(ev.Log(pool=self.pool, level="INFO", message=f"stack: installing the {plugin} plugin v{version}"))
+                self.stack.workspace.install_plugin(plugin, f"v{version.lstrip('v')}")
+            self._plugins_ready = True
+
+    # -- operations ------------------------------------------------------------------------
+    def preview(self) -> dict[str, int]:
+        """What ``up`` would change: operation -> number of resources."""
+        def run() -> dict[str, int]:
+            self._configure()
+            result = self.stack.preview(on_event=self._on_event, on_output=_debug, color="never")
+            return {getattr(k, "value", str(k)): int(v) for k, v in (result.change_summary or {}).items()}
+        return self._run("preview", run)
+
+    def up(self) -> dict[str, Any]:
+        """Create or update the stack's resources; returns its outputs as plain values."""
+        def run() -> dict[str, Any]:
+            self._configure()
+            result = self.stack.up(on_event=self._on_event, on_output=_debug, color="never")
+            return {k: v.value for k, v in result.outputs.items()}
+        return self._run("up", run)
+
+    def refresh(self) -> None:
+        """Bring the state in line with the cloud (nodes may have terminated themselves)."""
+        self._run("refresh", lambda: self.stack.refresh(on_event=self._on_event, on_output=_debug, color="never"))
+
+    def destroy(self) -> None:
+        """Refresh, then delete every resource of the stack (the stack and its history remain)."""
+        try:
+            self.refresh()
+        except StackError as exc:  # destroy may still succeed; it reports its own failure
+            self._emit(ev.Log(pool=self.pool, level="WARNING", message=f"stack: refresh before destroy failed: {exc}"))
+        self._run("destroy", lambda: self.stack.destroy(on_event=self._on_event, on_output=_debug, color="never"))
+
+    def remove(self) -> None:
+        """Delete the (empty) stack. Its history is copied to the audit trail first."""
+        self.save_history()
+        self._run("remove", lambda: self.stack.workspace.remove_stack(self.name))
+        _rmtree(workspace_dir(self.name))
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every update of the stack (newest first): kind, result, start/end, changes, config."""
+        entries = self._run("history", lambda: self.stack.history(show_secrets=False))
+        return [_summary(e) for e in entries]
+
+    def outputs(self) -> dict[str, Any]:
+        return {k: v.value for k, v in self._run("outputs", self.stack.outputs).items()}
+
+    def export(self) -> dict[str, Any]:
+        """The stack's deployment (its full state) as a dict."""
+        deployment = self._run("export", self.stack.export_stack)
+        return {"version": deployment.version, "deployment": deployment.deployment}
+
+    def clear_pending(self) -> int:
+        """Drop pending operations from the state (after an interrupted update), then refresh."""
+        from pulumi.automation import Deployment
+
+        state = self.export()
+        body = dict(state["deployment"] or {})
+        pending = body.pop("pending_operations", None) or []
+        if pending:
+            self._run("import", lambda: self.stack.import_stack(Deployment(version=state["version"], deployment=body)))
+        self.refresh()
+        return len(pending)
+
+    def save_history(self) -> Path:
+        path = audit_file(self.name)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            entries = self.history()
+        except StackError as exc:
+            entries = [{"kind": "history-unavailable", "message": str(exc)}]
+        path.write_text(json.dumps({"stack": self.name, "saved": time.time(), "history": entries}, indent=1, default=str))
+        return path
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _emit(self, event: ev.Event) -> None:
+        ev.bus.emit(event)
+
+    def _on_event(self, event: Any) -> None:
+        try:
+            translated = translate(self.pool, event)
+        except Exception:  # an event we do not understand must not break the update
+            log.debug("could not translate engine event %r", event, exc_info=True)
+            return
+        if translated is not None:
+            self._emit(translated)
+
+    def _guard(self, operation: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            raise self._error(operation, exc) from exc
+
+    def _run(self, operation: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` alone in this process, in a helper thread so that Ctrl-C can cancel it."""
+        with _ENGINE:
+            outcome: dict[str, Any] = {}
+
+            def target() -> None:
+                try:
+                    outcome["value"] = fn()
+                except BaseException as exc:
+                    outcome["error"] = exc
+
+            worker = threading.Thread(target=target, name=f"skyward-stack-{operation}", daemon=True)
+            worker.start()
+            try:
+                while worker.is_alive():
+                    worker.join(0.1)
+            except KeyboardInterrupt:
+                self._cancel(operation, worker)
+                raise
+        if "error" in outcome:
+            raise self._error(operation, outcome["error"]) from outcome["error"]
+        return outcome.get("value")
+
+    def _cancel(self, operation: str, worker: threading.Thread) -> None:
+        self._emit(ev.Log(
+            pool=self.pool, level="WARNING",
+            message=f"stack {self.name}: Ctrl-C, stopping {operation} after the operations in flight "
+                    f"(Ctrl-C again to stop waiting)",
+        ))
+        _interrupt_cli()
+        try:
+            while worker.is_alive():
+                worker.join(0.1)
+        except KeyboardInterrupt:
+            self._emit(ev.Error(pool=self.pool, message=(
+                f"stack {self.name}: stopped waiting for {operation}; the stack may be locked or have "
+                f"pending operations. {_way_out(self.name)}"
+            )))
+
+    def _error(self, operation: str, exc: BaseException) -> BaseException:
+        from pulumi import automation as auto
+
+        if isinstance(exc, StackError | PulumiNotFoundError) or not isinstance(exc, Exception):
+            return exc
+        text = str(exc)
+        if isinstance(exc, auto.ConcurrentUpdateError) or "currently locked" in text:
+            return StackLockedError(
+                f"stack {self.name}: {operation} cannot start, the stack is locked by another update. "
+                f"If another skyward or pulumi process is working on this pool, wait for it to finish. "
+                f"If none is (an earlier one was killed), release the lock and retry: "
+                f"{_unlock_hint(self.name)}",
+                stack=self.name, operation=operation, output=text,
+            )
+        if "pending operation" in text.lower():
+            return PendingOperationsError(
+                f"stack {self.name}: an earlier update was interrupted and left pending operations -- "
+                f"resources whose creation or deletion Pulumi started but never saw finish, so instances "
+                f"may exist that the stack does not record. {_way_out(self.name)}",
+                stack=self.name, operation=operation, output=text,
+            )
+        if isinstance(exc, auto.CommandError):
+            return StackError(
+                f"stack {self.name}: {operation} failed:\n{_errors_of(text)}\n"
+                f"The full output is in the skyward log; the stack's state is kept, so fixing the cause "
+                f"and opening the pool again resumes from it.",
+                stack=self.name, operation=operation, output=text,
+            )
+        return exc
+
+
+def _debug(line: str) -> None:
+    log.debug("pulumi: %s", line)
+
+
+def _errors_of(text: str, limit: int = 15) -> str:
+    """The lines of a CLI failure that say what went wrong (or its tail)."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return "\n".join("    " + ln.strip() for ln in (errors or lines)[-limit:])
+
+
+def _unlock_hint(name: str) -> str:
+    if backend.local_state_dir() is not None:
+        return f"skyward.stacks.unlock({name!r}) (removes the lock files of the file backend)."
+    return f"`pulumi cancel --stack {name}` (with PULUMI_BACKEND_URL={backend.backend_url()})."
+
+
+def _way_out(name: str) -> str:
+    return (
+        f"Way out: skyward.stacks.clear_pending({name!r}) drops the pending operations from the "
+        f"state and refreshes it (same as `pulumi refresh --clear-pending-creates --stack {name}`); "
+        f"then look in the cloud console for resources tagged skyward-stack={name} that the stack "
+        f"does not list, and delete them."
+    )
+
+
+def _summary(entry: Any) -> dict[str, Any]:
+    return {
+        "kind": entry.kind, "result": entry.result, "message": entry.message,
+        "start": str(entry.start_time), "end": str(entry.end_time) if entry.end_time else None,
+        "version": entry.version, "changes": entry.resource_changes, "config": {
+            k: (v.value if not getattr(v, "secret", False) else "[secret]") for k, v in (entry.config or {}).items()
+        },
+        "environment": dict(entry.environment or {}),
+    }
+
+
+def _interrupt_cli() -> None:
+    """SIGINT the pulumi CLI this process runs, unless the terminal already sent it one.
+
+    A Ctrl-C at a terminal reaches the whole foreground process group, pulumi included, and a
+    second SIGINT would make pulumi abandon its operations rather than finish them.
+    """
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return
+    except OSError:
+        pass
+    for pid in _children():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("pulumi"):
+                os.kill(pid, signal.SIGINT)
+        except OSError:
+            pass
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# -- ways out, usable from a Python prompt -------------------------------------------------------
+def open_stack(name: str, connect: Connect = local_connect) -> PoolStack:
+    """An existing stack by name (with an empty program: for refresh, destroy, history...)."""
+    return PoolStack(name, program=lambda: None, connect=connect)
+
+
+def unlock(name: str) -> list[Path]:
+    """Remove the lock files a killed update left on a file backend (returns what was removed)."""
+    state = backend.local_state_dir()
+    if state is None:
+        raise StackError(
+            f"stack {name} is on {backend.backend_url()}, not a file backend: release its lock with "
+            f"`pulumi cancel --stack {name}`.", stack=name, operation="unlock",
+        )
+    removed = []
+    for lock in (state / ".pulumi" / "locks").glob(f"**/{name}/*.json"):
+        lock.unlink(missing_ok=True)
+        removed.append(lock)
+    return removed
+
+
+def clear_pending(name: str, connect: Connect = local_connect) -> int:
+    """Drop an interrupted update's pending operations from a stack's state and refresh it."""
+    return open_stack(name, connect).clear_pending()

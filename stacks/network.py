@@ -1,0 +1,60 @@
+"""Who may reach a cloud pool's port 22: this machine's public address, plus what the user adds."""
+
+from __future__ import annotations
+
+import ipaddress
+import urllib.request
+from collections.abc import Iterable
+
+from skyward.errors import ConfigError, ProviderError
+
+_ECHO = ("https://checkip.amazonaws.com", "https://api.ipify.org")
+
+
+def check_cidrs(cidrs: Iterable[str], where: str) -> tuple[str, ...]:
+    """Validated CIDRs; the whole internet is refused (the pool's SSH port stays private)."""
+    out = []
+    for cidr in cidrs:
+        try:
+            net = ipaddress.ip_network(str(cidr).strip(), strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"{where}: {cidr!r} is not an address or CIDR; write e.g. '203.0.113.7/32'."
+            ) from None
+        if net.prefixlen == 0:
+            raise ConfigError(
+                f"{where}: {cidr!r} would open the pool's SSH port to the whole internet; list the "
+                f"networks that need it instead (e.g. your CI's egress range)."
+            )
+        out.append(str(net))
+    return tuple(out)
+
+
+def public_address(timeout: float = 5.0) -> str:
+    """This machine's address as the internet sees it (asked of an echo service)."""
+    errors = []
+    for url in _ECHO:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return str(ipaddress.ip_address(response.read().decode().strip()))
+        except (OSError, ValueError) as exc:
+            errors.append(f"{url}: {exc}")
+    raise ProviderError(
+        "could not find this machine's public address to open the pool's SSH port to it ("
+        + "; ".join(errors) + "). Give it yourself: allow_ssh_from=['<your address>/32'] and "
+        "detect_address=False on the provider."
+    )
+
+
+def client_cidrs(extra: Iterable[str], detect: bool, where: str) -> tuple[str, ...]:
+    """The client's own /32 (or /128) when ``detect``, then ``extra``, without duplicates."""
+    cidrs = list(check_cidrs(extra, where))
+    if detect:
+        address = ipaddress.ip_address(public_address())
+        cidrs.insert(0, f"{address}/{address.max_prefixlen}")
+    if not cidrs:
+        raise ConfigError(
+            f"{where}: detect_address=False and allow_ssh_from is empty, so nothing could reach the "
+            f"nodes; list the client's address in allow_ssh_from."
+        )
+    return tuple(dict.fromkeys(cidrs))

@@ -121,9 +121,10 @@ def test_failing_around_app_fails_tasks_with_plugin_error() -> None:
         raise RuntimeError("no framework here")
         yield
 
-    with sky.Compute(nodes=1, plugins=[sky.plugins.around_app("broken", broken)], options=QUIET) as pool:
-        with pytest.raises(sky.PluginError, match=r"'broken'.*around_app.*no framework here"):
-            traced() >> pool
+    plugins = [sky.plugins.around_app("broken", broken)]
+    with sky.Compute(nodes=1, plugins=plugins, options=QUIET) as pool, pytest.raises(
+            sky.PluginError, match=r"'broken'.*around_app.*no framework here"):
+        traced() >> pool
 
 
 def test_failing_around_client_closes_the_pool() -> None:

@@ -36,7 +36,7 @@ def test_parallel_in_the_pool_block_runs_on_the_workers(sk_pool) -> None:
     assert os.getpid() not in pids and len(pids) >= 2
     from joblib.parallel import get_active_backend
 
-    backend, n_jobs = get_active_backend()
+    backend, _n_jobs = get_active_backend()
     assert type(backend).__name__ == "SkywardBackend"
     assert backend.effective_n_jobs(-1) == 2  # 2 nodes x 1 slot
 
@@ -93,7 +93,7 @@ def test_grid_search_nested_in_a_task_fans_out_over_the_pool(sk_pool) -> None:
     from sklearn.model_selection import GridSearchCV
     from sklearn.svm import SVC
 
-    params, score, pids, parent = search_on_a_node() >> sk_pool
+    params, score, pids, _parent = search_on_a_node() >> sk_pool
     X, y = _data()
     with joblib.parallel_config(backend="sequential"):
         local = GridSearchCV(SVC(), {"C": [0.1, 1, 10], "gamma": ["scale", 0.1]}, cv=3).fit(X, y)
@@ -131,12 +131,12 @@ def test_warning_filters_that_nodes_cannot_import_are_left_out(sk_pool, tmp_path
 
 
 def test_backend_outside_a_pool_says_what_to_do() -> None:
-    from skyward.plugins.backend import SkywardBackend
-
     import contextvars
 
+    from skyward.plugins.backend import SkywardBackend
+
     # A fresh context: no pool block is active there (the module's pool is, in this one).
-    with pytest.raises(sky.NoActivePoolError, match="plugins=\\[sky.plugins.joblib"):
+    with pytest.raises(sky.NoActivePoolError, match=r"plugins=\[sky\.plugins\.joblib"):
         contextvars.Context().run(SkywardBackend().effective_n_jobs, -1)
 
 

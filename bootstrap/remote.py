@@ -77,6 +77,7 @@ class Remote:
                           allow_agent=False)
         kwargs["banner_timeout"] = self._connect_timeout
         kwargs["auth_timeout"] = self._connect_timeout
+        kwargs["transport_factory"] = _fast_transport
 
         def attempt() -> fabric.Connection:
             conn = fabric.Connection(
@@ -367,6 +368,23 @@ def _send_all(chan: paramiko.Channel, data: bytes | bytearray | memoryview) -> N
         if sent <= 0:
             raise EOFError("the SSH channel was closed while sending")
         view = view[sent:]
+
+
+# AES-GCM first: one AEAD pass instead of AES-CTR plus a separate HMAC-SHA256, about twice the
+# tunnel throughput in paramiko (which spends its time per 32 KiB packet). The rest of paramiko's
+# list stays as the fallback for servers without GCM.
+_GCM = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    import paramiko
+
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    options.ciphers = tuple(c for c in _GCM if c in options.ciphers) + tuple(
+        c for c in options.ciphers if c not in _GCM
+    )
+    return transport
 
 
 def _transient(exc: BaseException) -> bool:

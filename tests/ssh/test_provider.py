@@ -342,3 +342,44 @@ def test_known_hosts_file_records_first_contact(ssh_pool: sky.Pool, three_hosts:
         assert f"[{h.address}]:{h.port} {kind} {blob}" in text or f"{h.address} {kind} {blob}" in text
     assert oct(known_hosts_path().stat().st_mode & 0o777) == "0o600"
     json.dumps(whoami() >> ssh_pool)  # still usable
+
+
+def test_plugins_transform_the_image_and_run_their_ops_as_the_last_phase(
+    three_hosts: SSHHosts, recorder: Recorder,
+) -> None:
+    import dataclasses
+
+    plugin = (
+        sky.plugins.Plugin.create("probe")
+        .with_image_transform(lambda image, cluster: dataclasses.replace(
+            image, env={**image.env, "PROBE_NODES": str(cluster.node_count)}))
+        .with_bootstrap(lambda cluster: ('echo "op ran with $PROBE_NODES" > "$POOL/probe.txt"',))
+    )
+
+    @sky.function
+    def read_probe() -> tuple[str, str]:
+        import os
+
+        with open("probe.txt") as f:  # the agent runs in the pool's folder
+            return os.environ["PROBE_NODES"], f.read().strip()
+
+    with sky.Compute(provider=provider(three_hosts[:2]), nodes=2, plugins=[plugin], options=QUIET) as pool:
+        assert read_probe() @ pool == [("2", "op ran with 2")] * 2
+    phases = [(e.node, e.phase, e.status) for e in recorder.of(sky.BootstrapPhase)]
+    assert (0, "plugins", "done") in phases and (1, "plugins", "done") in phases
+    last = [p for n, p, s in phases if n == 0 and s == "done"][-1]
+    assert last == "plugins"
+
+
+def test_a_host_alias_from_ssh_config(three_hosts: SSHHosts, tmp_path: Any, monkeypatch: Any) -> None:
+    """sky.SSH(hosts=["alias"]) resolves HostName, Port, User and IdentityFile from ~/.ssh/config."""
+    h = three_hosts[0]
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(
+        f"Host sky-test-alias\n  HostName {h.address}\n  Port {h.port}\n  User {h.user}\n"
+        f"  IdentityFile {h.key_path}\n"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with sky.Compute(provider=sky.SSH(hosts=["sky-test-alias"]), nodes=1, options=QUIET) as pool:
+        answer = whoami() >> pool
+    assert answer["ip"] == h.address

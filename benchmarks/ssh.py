@@ -1,0 +1,117 @@
+"""SSH-provider benchmarks on real sshd hosts (tests/sshhosts.py: one network namespace per host
+when run as root, sshd on loopback addresses otherwise).
+
+    .venv/bin/python benchmarks/ssh.py [--quick] [--json PATH]
+
+* enter -> first result on 4 hosts, cold (fresh hosts: empty home, nothing installed; the
+  client's own caches warm) and warm (the same hosts again: every phase skipped)
+* enter time on 16 hosts vs 4 (cold), the parallel-bootstrap ratio (target <= 2x)
+* no-op `>>` round trip through the SSH tunnel (target <= 1 ms median)
+* 100 MB argument through the tunnel (target >= 200 MB/s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+os.environ.setdefault("SKYWARD_HOME", tempfile.mkdtemp(prefix="skyward-bench-home-"))
+
+from sshhosts import SSHHosts  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import skyward as sky  # noqa: E402
+
+QUIET = sky.Options(console=False)
+
+
+@sky.function
+def noop() -> None:
+    return None
+
+
+@sky.function
+def size_of(data: Any) -> int:
+    return int(data.nbytes)
+
+
+def provider(hosts: SSHHosts) -> sky.SSH:
+    return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                          for h in hosts])
+
+
+def enter_to_first_result(hosts: SSHHosts) -> float:
+    t0 = time.perf_counter()
+    with sky.Compute(provider=provider(hosts), nodes=len(hosts), options=QUIET) as pool:
+        noop() >> pool
+        return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {}
+
+    # Warm the client's caches (wheels, the skyward wheel) on one throwaway host first: the
+    # figures below are about the nodes.
+    with SSHHosts(1) as warmup:
+        enter_to_first_result(warmup)
+
+    with SSHHosts(4) as hosts:
+        results["mode"] = hosts.mode
+        results["enter_4_cold_s"] = enter_to_first_result(hosts)
+        results["enter_4_warm_s"] = statistics.median(enter_to_first_result(hosts) for _ in range(3))
+        numpy = sky.Image(pip=[f"numpy=={np.__version__}"])
+        with sky.Compute(provider=provider(hosts), nodes=1, image=numpy, options=QUIET) as pool:
+            for _ in range(200):
+                noop() >> pool
+            n = 500 if args.quick else 3000
+            lat = []
+            for _ in range(n):
+                t = time.perf_counter()
+                noop() >> pool
+                lat.append(time.perf_counter() - t)
+            lat.sort()
+            results["roundtrip_median_ms"] = lat[len(lat) // 2] * 1e3
+            results["roundtrip_p90_ms"] = lat[int(len(lat) * 0.9)] * 1e3
+            # A NumPy array travels out of band (no copy into the pickle); random bytes do not
+            # compress, so lz4 stays out of the way.
+            blob = np.frombuffer(os.urandom(100 * 1000 * 1000), dtype=np.uint8)
+            size_of(blob) >> pool
+            rates = []
+            for _ in range(2 if args.quick else 5):
+                t = time.perf_counter()
+                assert (size_of(blob) >> pool) == len(blob)
+                rates.append(len(blob) / (time.perf_counter() - t) / 1e6)
+            results["tunnel_100MB_MBps"] = statistics.median(rates)
+
+    if not args.quick:
+        with SSHHosts(4) as four:
+            results["enter_4_cold_again_s"] = enter_to_first_result(four)
+        with SSHHosts(16) as sixteen:
+            results["enter_16_cold_s"] = enter_to_first_result(sixteen)
+        base = min(results["enter_4_cold_s"], results["enter_4_cold_again_s"])
+        results["enter_16_vs_4"] = results["enter_16_cold_s"] / base
+
+    width = max(len(k) for k in results)
+    for k, v in results.items():
+        print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

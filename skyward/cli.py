@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("exec", "Run a shell command on every node of a pool: one result per node.")
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per node (default 60)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command, after --")
+    p.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command, after --")
 
     p = command("logs", "The agent logs of a pool's nodes.")
     p.add_argument("name")
@@ -116,7 +116,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    words = sys.argv[1:] if argv is None else list(argv)
+    command: list[str] = []
+    if "--" in words:  # everything after -- is the command of `exec`, flags included
+        at = words.index("--")
+        words, command = words[:at], words[at + 1:]
+    args = parser.parse_args(words)
+    if command:
+        if args.command != "exec":
+            parser.error("only `skyward exec NAME -- CMD` takes a command after --")
+        args.cmd = [*args.cmd, *command]
     if args.command is None:
         parser.print_help()
         return EXIT_OK
@@ -419,15 +428,19 @@ def cmd_preview(args: argparse.Namespace) -> int:
     why = provider.check(spec)
     if why is not None:
         raise ProviderError(f"pool {cfg.name!r} cannot be provisioned: {why}.")
+    # A provider may offer preview(spec) -> {"resources": [{"type", "name", "detail"}, ...]}:
+    # what `up` would create, creating nothing (a cloud: a Pulumi preview of the stack).
     preview = getattr(provider, "preview", None)
-    if preview is None and provider.kind not in ("local",):
-        raise ProviderError(
-            f"preview is not available for provider {provider.kind!r} in this version of "
-            f"skyward (the cloud stacks' preview is not installed); `skyward preview` works "
-            f"for local pools."
-        )
     nodes = spec.node_spec.desired
     per_node = provider.hourly_cost(spec)
+    if preview is None and provider.kind != "local":
+        offer = getattr(provider, "offer", None)
+        would = f" It would use {offer(spec)}" if offer is not None else ""
+        cost = "" if per_node is None else f", {_money(per_node * nodes)}/h for {nodes} node(s)"
+        raise ProviderError(
+            f"preview of the resources is not available for provider {provider.kind!r} in this "
+            f"version of skyward (sky.{type(provider).__name__} has no preview).{would}{cost}."
+        )
     if preview is not None:
         plan: dict[str, Any] = preview(spec)
     else:
@@ -509,8 +522,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
     from .nodeops import run_shell
 
     cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
     if not cmd:
         raise ConfigError("exec needs a command after --, e.g. `skyward exec NAME -- hostname`.")
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)

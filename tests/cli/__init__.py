@@ -1,0 +1,1 @@
+"""The skyward CLI against real Local pools (a package so its conftest does not shadow tests/conftest.py)."""

@@ -1,0 +1,296 @@
+"""The skyward command on real Local pools: up, attach from a program, ls, exec, status, logs,
+history, down; the ttl; concurrent ups; config errors. Every command: a success and a failure."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import CLI
+
+CLIENT = """
+    import os, time, json
+    import skyward as sky
+
+    start = time.perf_counter()
+    with sky.Compute(name="demo", options=sky.Options(console="silent")) as pool:
+        pids = sky.function(os.getppid)() @ pool   # the agents' pids
+        first = time.perf_counter() - start
+        squares = pool.map(lambda x: x * x, range(10))
+    print(json.dumps({"first": first, "agents": pids, "squares": squares}))
+"""
+
+
+def test_up_attach_exec_history_down_on_local(cli: CLI) -> None:
+    up = cli("up", "demo", "--provider", "local", "--nodes", "2", "--ttl", "120")
+    assert up.code == 0, up
+    assert "stops after 120 s with no client attached" in up.out
+    root = Path(cli.record("demo")["cluster"]["root"])
+    assert root.is_dir()
+
+    client = cli.python(CLIENT)
+    assert client.code == 0, client
+    got = client.json()
+    assert got["squares"] == [x * x for x in range(10)]
+    assert got["first"] < 1.0, got  # attach: no provisioning
+    agents = [n["pid"] for n in cli.record("demo")["cluster"]["nodes"]]
+    assert sorted(got["agents"]) == sorted(agents)
+
+    listed = cli("ls", "--json")
+    assert listed.code == 0, listed
+    (row,) = listed.json()
+    assert (row["name"], row["provider"], row["nodes"], row["state"]) == ("demo", "local", 2, "running")
+    assert row["clients"] == 0 and row["expires_in_seconds"] > 100
+    assert "token" not in listed.out
+
+    ran = cli("exec", "demo", "--json", "--", "hostname")
+    assert ran.code == 0, ran
+    results = ran.json()
+    assert [r["node"] for r in results] == [0, 1]
+    assert all(r["exit_code"] == 0 and r["stdout"].strip() == os.uname().nodename for r in results)
+
+    history = cli("history", "demo", "--json")
+    assert history.code == 0, history
+    events = [e["event"] for e in history.json()]
+    assert events == ["provisioned", "attached", "detached", "exec"]
+    assert all("@" in e["who"] and e["skyward"] for e in history.json())
+    table = cli("history", "demo")
+    assert "provisioned" in table.out and "attached" in table.out and "detached" in table.out
+
+    down = cli("down", "demo")
+    assert down.code == 0, down
+    assert cli.wait_no_processes(5) == []
+    assert not root.exists()
+    assert cli("ls", "--json").json() == []
+    assert cli("history", "demo", "--json").json()[-1]["event"] == "destroyed"
+
+
+def test_registry_and_audit_files_are_private(cli: CLI) -> None:
+    assert cli("up", "priv", "--nodes", "1").code == 0
+    for path in (cli.home / "pools" / "priv.json", cli.home / "audit" / "priv.jsonl"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert stat.S_IMODE((cli.home / "pools").stat().st_mode) == 0o700
+
+
+def test_up_pool_with_short_ttl_is_gone_and_ls_says_so(cli: CLI) -> None:
+    assert cli("up", "short", "--nodes", "1", "--ttl", "5").code == 0
+    record = cli.record("short")
+    folders = [Path(record["cluster"]["root"]), Path(record["cluster"]["spill_dir"])]
+    time.sleep(5)
+    deadline = time.monotonic() + 6
+    while cli.processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cli.processes() == []  # gone within ~10 s of `up` with no client
+    listed = cli("ls", "--json")
+    assert [(r["name"], r["state"], r["removed"]) for r in listed.json()] == [("short", "expired", True)]
+    assert "removed expired pool 'short'" in listed.err
+    assert not any(f.exists() for f in folders)  # the agents cleaned their folders
+    assert cli("ls", "--json").json() == []
+    assert cli("history", "short", "--json").json()[-1]["event"] == "destroyed"
+
+
+def test_ttl_zero_warns_and_never_expires(cli: CLI) -> None:
+    up = cli("up", "forever", "--nodes", "1", "--ttl", "0")
+    assert up.code == 0, up
+    assert "warning" in up.err and "never stop" in up.err
+    assert "ttl 0" in up.out
+    (row,) = cli("ls", "--json").json()
+    assert row["expires"] is None and row["ttl"] == 0
+    assert "never" in cli("ls").out
+
+
+def test_two_concurrent_ups_of_one_name_one_wins(cli: CLI) -> None:
+    procs = [cli.start("up", "race", "--nodes", "1") for _ in range(2)]
+    outcomes = []
+    for p in procs:
+        out, err = p.communicate(timeout=90)
+        outcomes.append((p.returncode, out, err))
+    codes = sorted(code for code, _, _ in outcomes)
+    assert codes == [0, 1], outcomes
+    loser = next(err for code, _, err in outcomes if code == 1)
+    assert "'race'" in loser and ("being provisioned" in loser or "already running" in loser), loser
+    (row,) = cli("ls", "--json").json()
+    assert row["name"] == "race" and row["nodes"] == 1
+
+
+def test_up_of_a_running_name_fails_clearly(cli: CLI) -> None:
+    assert cli("up", "dup", "--nodes", "1").code == 0
+    again = cli("up", "dup", "--nodes", "1")
+    assert again.code == 1, again
+    assert "already running" in again.err and "skyward down dup" in again.err
+
+
+def test_up_with_a_bad_flag_is_a_usage_error(cli: CLI) -> None:
+    bad = cli("up", "x", "--nodes", "0")
+    assert bad.code == 2, bad
+    assert "command line" in bad.err and "nodes" in bad.err
+    assert cli("up", "Bad Name").code == 2
+    assert cli("ls", "--json").json() == []
+
+
+def test_compute_name_provisions_from_toml_and_destroys_on_exit(cli: CLI) -> None:
+    cli.toml("""
+        [pools.eph]
+        provider = "local"
+        nodes = 2
+        ttl = 60
+        [pools.eph.image]
+        env = { GREETING = "hello" }
+    """)
+    client = cli.python("""
+        import os, json, subprocess, sys
+        import skyward as sky
+        with sky.Compute(name="eph", options=sky.Options(console="silent")) as pool:
+            greet = sky.function(lambda: os.environ.get("GREETING"))() @ pool
+            listed = subprocess.run([sys.executable, "-m", "skyward", "ls", "--json"],
+                                    capture_output=True, text=True).stdout
+        print(json.dumps({"greet": greet, "listed": json.loads(listed)}))
+    """)
+    assert client.code == 0, client
+    got = client.json()
+    assert got["greet"] == ["hello", "hello"]
+    assert [(r["name"], r["state"], r["ephemeral"]) for r in got["listed"]] == [("eph", "in use", True)]
+    assert cli("ls", "--json").json() == []
+    assert [e["event"] for e in cli("history", "eph", "--json").json()] == ["provisioned", "destroyed"]
+
+
+def test_compute_name_unknown_pool_says_what_to_do(cli: CLI) -> None:
+    client = cli.python("""
+        import skyward as sky
+        try:
+            sky.Compute(name="nothere").__enter__()
+        except sky.ConfigError as exc:
+            print(exc)
+    """)
+    assert client.code == 0, client
+    assert "'nothere' is not running and not defined" in client.out
+    assert "skyward up nothere" in client.out
+
+
+@pytest.mark.parametrize(("table", "expect"), [
+    ("nodez = 2", ["[pools.bad]", "unknown key 'nodez'", "Did you mean 'nodes'"]),
+    ('nodes = "two"', ["[pools.bad]", "nodes = 'two'", "nodes must be an integer"]),
+    ('provider = "azure"', ["[pools.bad]", "provider = 'azure'", "'local', 'ssh', 'aws' or 'gcp'"]),
+    ("[pools.bad.image]\npip = 'numpy'", ["image.pip = 'numpy'", "valid list"]),
+    ('accelerator = "A1OO"', ["accelerator = 'A1OO'"]),
+])
+def test_broken_skyward_toml_names_file_key_and_rule(cli: CLI, table: str, expect: list[str]) -> None:
+    path = cli.toml(f"[pools.bad]\n{table}\n")
+    for args in (("up", "bad"), ("preview", "bad")):
+        result = cli(*args)
+        assert result.code == 2, result
+        assert str(path) in result.err, result
+        for text in expect:
+            assert text in result.err, result
+    assert cli.processes() == []
+
+
+def test_broken_defaults_toml_is_named(cli: CLI) -> None:
+    cli.home.mkdir(parents=True, exist_ok=True)
+    (cli.home / "defaults.toml").write_text("ttl = -1\n")
+    result = cli("up", "x", "--nodes", "1")
+    assert result.code == 2, result
+    assert str(cli.home / "defaults.toml") in result.err and "ttl = -1" in result.err
+
+
+def test_defaults_and_flags_layer_over_skyward_toml(cli: CLI) -> None:
+    cli.home.mkdir(parents=True, exist_ok=True)
+    (cli.home / "defaults.toml").write_text("ttl = 321\n[worker]\nconcurrency = 3\n")
+    cli.toml("[pools.layered]\nnodes = 1\n")
+    preview = cli("preview", "layered", "--nodes", "2", "--json")
+    assert preview.code == 0, preview
+    got = preview.json()
+    assert (got["nodes"], got["ttl"], got["provider"]) == (2, 321, "local")
+    assert got["hourly_cost"] == 0.0 and len(got["resources"]) == 2
+    assert cli.processes() == []  # preview creates nothing
+    assert cli("ls", "--json").json() == []
+
+
+def test_preview_of_a_cloud_pool_says_what_is_not_available(cli: CLI) -> None:
+    cli.toml('[pools.gpu]\nprovider = "aws"\nnodes = 2\naccelerator = "A100"\n')
+    result = cli("preview", "gpu")
+    # The cloud providers give no resource plan yet: the command says so, with the offer and
+    # its cost, and creates nothing.
+    assert result.code == 1, result
+    assert "preview of the resources is not available for provider 'aws'" in result.err
+    assert "A100" in result.err and "/h for 2 node(s)" in result.err
+    assert cli("ls", "--json").json() == []
+
+
+def test_down_unknown_and_bad_usage(cli: CLI) -> None:
+    missing = cli("down", "ghost")
+    assert missing.code == 1 and "no pool named 'ghost'" in missing.err, missing
+    assert cli("down").code == 2
+    assert cli("down", "ghost", "--all").code == 2
+
+
+def test_down_expired_removes_only_expired(cli: CLI) -> None:
+    assert cli("up", "keep", "--nodes", "1").code == 0
+    result = cli("down", "--expired", "--json")
+    assert result.code == 0 and result.json() == [], result
+    assert [r["name"] for r in cli("ls", "--json").json()] == ["keep"]
+
+
+def test_ls_empty_and_bad_flag(cli: CLI) -> None:
+    empty = cli("ls")
+    assert empty.code == 0 and "no pools" in empty.out
+    assert cli("ls", "--bogus").code == 2
+
+
+def test_status_healthy_then_a_killed_node_is_unreachable(cli: CLI) -> None:
+    assert cli("up", "st", "--nodes", "2").code == 0
+    ok = cli("status", "st", "--json")
+    assert ok.code == 0, ok
+    nodes = ok.json()["nodes"]
+    assert [n["reachable"] for n in nodes] == [True, True]
+    agents = [n["pid"] for n in cli.record("st")["cluster"]["nodes"]]
+    assert [n["agent_pid"] for n in nodes] == agents
+    os.kill(agents[1], 9)
+    deadline = time.monotonic() + 5
+    while agents[1] in cli.processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    bad = cli("status", "st")
+    assert bad.code == 1, bad
+    assert "UNREACHABLE" in bad.out or "not running" in bad.out
+    assert cli("status", "nope").code == 1
+
+
+def test_history_unknown_name_fails(cli: CLI) -> None:
+    result = cli("history", "never-was")
+    assert result.code == 1 and "no history" in result.err, result
+
+
+def test_exec_reports_each_node_and_fails_when_a_node_fails(cli: CLI) -> None:
+    assert cli("up", "ex", "--nodes", "2").code == 0
+    failing = cli("exec", "ex", "--json", "--", "bash", "-c", "echo out; echo err >&2; exit 3")
+    assert failing.code == 1, failing
+    assert [(r["exit_code"], r["stdout"], r["stderr"]) for r in failing.json()] == [(3, "out\n", "err\n")] * 2
+    assert cli("exec", "ex").code == 2  # no command
+    assert cli("exec", "ghost", "--", "true").code == 1
+
+
+def test_logs_show_agent_logs_and_unknown_pool_fails(cli: CLI) -> None:
+    assert cli("up", "lg", "--nodes", "2").code == 0
+    logs = cli("logs", "lg", "--lines", "5")
+    assert logs.code == 0, logs
+    assert logs.out.count("agent: serving on 127.0.0.1") == 2
+    one = cli("logs", "lg", "--node", "1", "--json")
+    assert [r["node"] for r in one.json()] == [1]
+    assert cli("logs", "lg", "--node", "5").code == 2
+    assert cli("logs", "nope").code == 1
+
+
+def test_offers_lists_the_catalogue_and_rejects_unknown_accelerators(cli: CLI) -> None:
+    found = cli("offers", "--accelerator", "A100", "--limit", "3", "--json")
+    if found.code == 1 and "not available" in found.err:
+        pytest.skip("no offer catalogue in this version")
+    assert found.code == 0, found
+    rows = found.json()
+    assert 0 < len(rows) <= 3 and all(r["accelerator"] == "A100" for r in rows)
+    assert [r["price"] for r in rows] == sorted(r["price"] for r in rows)
+    bad = cli("offers", "--accelerator", "A1OO")
+    assert bad.code == 2 and "A1OO" in bad.err, bad

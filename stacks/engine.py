@@ -215,35 +215,41 @@ class PoolStack:
         """Run ``fn`` alone in this process, in a helper thread so that Ctrl-C can cancel it."""
         with _ENGINE:
             outcome: dict[str, Any] = {}
+            # An Event, not Thread.join: a KeyboardInterrupt inside join() can leave the thread
+            # marked as finished while it still runs.
+            done = threading.Event()
 
             def target() -> None:
                 try:
                     outcome["value"] = fn()
                 except BaseException as exc:
                     outcome["error"] = exc
+                finally:
+                    done.set()
 
             worker = threading.Thread(target=target, name=f"skyward-stack-{operation}", daemon=True)
-            worker.start()
             try:
-                while worker.is_alive():
-                    worker.join(0.1)
+                worker.start()
+                while not done.wait(0.1):
+                    pass
             except KeyboardInterrupt:
-                self._cancel(operation, worker)
+                if worker.ident is not None:  # it started: let the CLI stop cleanly first
+                    self._cancel(operation, done)
                 raise
         if "error" in outcome:
             raise self._error(operation, outcome["error"]) from outcome["error"]
         return outcome.get("value")
 
-    def _cancel(self, operation: str, worker: threading.Thread) -> None:
+    def _cancel(self, operation: str, done: threading.Event) -> None:
         self._emit(ev.Log(
             pool=self.pool, level="WARNING",
-            message=f"stack {self.name}: Ctrl-C, stopping {operation} after the operations in flight "
-                    f"(Ctrl-C again to stop waiting)",
+            message=f"stack {self.name}: Ctrl-C: stopping `{operation}` once the resource operations in "
+                    f"flight finish (Ctrl-C again to stop waiting)",
         ))
         _interrupt_cli()
         try:
-            while worker.is_alive():
-                worker.join(0.1)
+            while not done.wait(0.1):
+                pass
         except KeyboardInterrupt:
             self._emit(ev.Error(pool=self.pool, message=(
                 f"stack {self.name}: stopped waiting for {operation}; the stack may be locked or have "
@@ -274,8 +280,9 @@ class PoolStack:
         if isinstance(exc, auto.CommandError):
             return StackError(
                 f"stack {self.name}: {operation} failed:\n{_errors_of(text)}\n"
-                f"The full output is in the skyward log; the stack's state is kept, so fixing the cause "
-                f"and opening the pool again resumes from it.",
+                f"(The CLI's full output is this error's .output.) The stack's state is kept: fix the "
+                f"cause and open the pool again, or destroy what was made with "
+                f"skyward.stacks.open_stack({self.name!r}).destroy().",
                 stack=self.name, operation=operation, output=text,
             )
         return exc

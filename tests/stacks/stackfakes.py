@@ -87,3 +87,188 @@ def cloud_config(user_data: str) -> dict[str, Any]:
     head, body = user_data.split("\n", 1)
     assert head == "#cloud-config"
     return dict(json.loads(body))
+
+
+# -- a fake automation-API workspace ---------------------------------------------------------------
+# It stands where pulumi.automation's LocalWorkspace + Stack stand (the engine's `connect` seam),
+# keeps a stack's state as a deployment dict, streams real EngineEvent objects, and fails the
+# way the CLI does: a CommandResult with the CLI's own wording, classified by the automation
+# API's own create_command_error (so the exception types are the real ones).
+
+LOCK_STDERR = (
+    "error: the stack is currently locked by 1 lock(s). Either wait for the other process(es) to end "
+    "or delete the lock file with `pulumi cancel`.\n"
+    "  file:///home/u/.skyward/stacks/.pulumi/locks/organization/skyward/{name}/8c1f.json: "
+    "created by u@laptop (pid 4242) at 2025-06-01T10:00:00Z"
+)
+PENDING_STDERR = (
+    "error: the current deployment has 1 resource(s) with pending operations:\n"
+    "  * urn:pulumi:{name}::skyward::aws:ec2/instance:Instance::node-0, interrupted while creating\n\n"
+    "These resources are in an unknown state because the Pulumi CLI was interrupted while waiting "
+    "for changes to these resources to complete."
+)
+CAPACITY_STDERR = (
+    "error: 1 error occurred:\n  * creating EC2 Instance: operation error EC2: RunInstances, "
+    "https response error StatusCode: 500, InsufficientInstanceCapacity: There is no Spot capacity "
+    "available that matches your request."
+)
+
+
+def command_error(stderr: str, code: int = 255) -> Exception:
+    from pulumi.automation._cmd import CommandResult
+    from pulumi.automation.errors import create_command_error
+
+    return create_command_error(CommandResult(stdout="Updating (stack):\n", stderr=stderr, code=code))
+
+
+def engine_event(kind: str, op: str, urn: str, typ: str) -> Any:
+    from pulumi.automation.events import EngineEvent
+
+    return EngineEvent.from_json({"sequence": 1, "timestamp": 0, kind: {
+        "metadata": {"op": op, "urn": urn, "type": typ, "provider": ""}}})
+
+
+@dataclass
+class Update:
+    kind: str
+    result: str
+    config: dict[str, Any]
+    start_time: Any = None
+    end_time: Any = None
+    message: str = ""
+    environment: dict[str, str] = field(default_factory=dict)
+    version: int = 0
+    resource_changes: dict[str, int] = field(default_factory=dict)
+
+
+class FakeStack:
+    def __init__(self, ws: FakeWorkspace, name: str, program: Any) -> None:
+        self.workspace, self.name, self.program = ws, name, program
+        self.config: dict[str, Any] = ws.configs.get(name, {})
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.workspace.states.setdefault(self.name, {"resources": [], "pending_operations": []})
+
+    def _op(self, kind: str, on_event: Any = None) -> None:
+        self.workspace.calls.append((kind, self.name))
+        failure = self.workspace.fail.get(kind)
+        if failure:
+            exc = failure.pop(0)
+            if not failure:
+                del self.workspace.fail[kind]
+            self.workspace.history.setdefault(self.name, []).append(Update(kind, "failed", dict(self.config)))
+            raise exc
+        if kind in ("update", "preview") and self.state["pending_operations"]:
+            raise command_error(PENDING_STDERR.format(name=self.name))
+
+    def set_all_config(self, values: dict[str, Any]) -> None:
+        self.workspace.calls.append(("config", self.name))
+        self.config = {**self.config, **values}
+        self.workspace.configs[self.name] = self.config
+
+    def up(self, on_event: Any = None, on_output: Any = None, color: str | None = None) -> Any:
+        self._op("update")
+        block = self.workspace.block_up
+        if block is not None:
+            self.workspace.blocked.set()
+            block.wait(10)
+            self.workspace.block_up = None
+            # What the CLI does on SIGINT in the middle of a create: stop, save, report.
+            self.state["pending_operations"] = [{"resource": {"urn": "node-0"}, "type": "creating"}]
+            raise command_error("error: update canceled")
+        # The program is not run here (test_*_program.py run the real ones under Pulumi's mocks);
+        # like the real stack, what it declares follows the plan recorded in the stack config.
+        self.workspace.plans.setdefault(self.name, []).append(json.loads(self.config["skyward:plan"].value))
+        urn = f"urn:pulumi:{self.name}::skyward::aws:ec2/instance:Instance::node-0"
+        if on_event is not None:
+            on_event(engine_event("resourcePreEvent", "create", urn, "aws:ec2/instance:Instance"))
+            on_event(engine_event("resOutputsEvent", "create", urn, "aws:ec2/instance:Instance"))
+        outputs = self.workspace.outputs(self.name)
+        self.state["resources"] = [{"urn": n["index"]} for n in outputs.get("nodes", [])]
+        self.workspace.history.setdefault(self.name, []).append(Update("update", "succeeded", dict(self.config)))
+        return _Result({k: _Value(v) for k, v in outputs.items()})
+
+    def preview(self, on_event: Any = None, on_output: Any = None, color: str | None = None) -> Any:
+        self._op("preview")
+        return _Result({}, change_summary={"create": 4})
+
+    def refresh(self, on_event: Any = None, on_output: Any = None, color: str | None = None) -> Any:
+        self._op("refresh")
+
+    def destroy(self, on_event: Any = None, on_output: Any = None, color: str | None = None) -> Any:
+        self._op("destroy")
+        self.state["resources"] = []
+        self.workspace.history.setdefault(self.name, []).append(Update("destroy", "succeeded", dict(self.config)))
+
+    def outputs(self) -> dict[str, Any]:
+        return {k: _Value(v) for k, v in self.workspace.outputs(self.name).items()}
+
+    def history(self, show_secrets: bool = True) -> list[Update]:
+        return list(reversed(self.workspace.history.get(self.name, [])))
+
+    def export_stack(self) -> Any:
+        from pulumi.automation import Deployment
+
+        return Deployment(version=3, deployment=json.loads(json.dumps(self.state)))
+
+    def import_stack(self, state: Any) -> None:
+        self.workspace.calls.append(("import", self.name))
+        self.workspace.states[self.name] = {"pending_operations": [], **state.deployment}
+
+
+@dataclass
+class _Value:
+    value: Any
+    secret: bool = False
+
+
+@dataclass
+class _Result:
+    outputs: dict[str, Any]
+    change_summary: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class FakeWorkspace:
+    """``connect`` for PoolStack / sky.AWS(workspace=...): (name, program) -> FakeStack."""
+
+    addresses: list[str] = field(default_factory=lambda: [f"203.0.113.{i}" for i in range(10, 40)])
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    fail: dict[str, list[Exception]] = field(default_factory=dict)
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    history: dict[str, list[Update]] = field(default_factory=dict)
+    plans: dict[str, list[Any]] = field(default_factory=dict)
+    plugins: list[tuple[str, str]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    block_up: Any = None
+    blocked: Any = None
+    node_outputs: Any = None  # (index) -> dict, to point nodes somewhere real
+
+    def __call__(self, name: str, program: Any) -> FakeStack:
+        self.calls.append(("select", name))
+        return FakeStack(self, name, program)
+
+    def install_plugin(self, name: str, version: str, kind: str = "resource") -> None:
+        self.plugins.append((name, version))
+
+    def remove_stack(self, name: str) -> None:
+        self.calls.append(("remove", name))
+        self.removed.append(name)
+        self.states.pop(name, None)
+
+    def outputs(self, name: str) -> dict[str, Any]:
+        plans = self.plans.get(name) or [None]
+        plan = plans[-1]
+        if plan is None:
+            return {}
+        nodes = []
+        for n in plan["nodes"]:
+            i = n["index"]
+            out = {"index": i, "id": f"i-{i:04d}", "public_ip": self.addresses[i],
+                   "private_ip": f"10.0.0.{i + 10}", "hostname": f"ip-10-0-0-{i + 10}"}
+            if self.node_outputs is not None:
+                out.update(self.node_outputs(i))
+            nodes.append(out)
+        return {"nodes": nodes}

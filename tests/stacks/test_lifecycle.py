@@ -1,0 +1,247 @@
+"""A pool's stack through its life, against a fake automation-API workspace that fails the way
+the Pulumi CLI does (real CommandResult text, classified by pulumi.automation itself)."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pulumi")
+
+from pulumi import automation as auto
+from stackfakes import CAPACITY_STDERR, LOCK_STDERR, FakeWorkspace, command_error, make_plan
+
+from skyward import events as ev
+from skyward.errors import PendingOperationsError, StackError, StackLockedError
+from skyward.stacks import backend, engine, keys
+from skyward.stacks.cloudpool import CloudPool
+
+PLUGIN = {"aws": "7.51.1"}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    for name in ("PULUMI_BACKEND_URL", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "home"
+
+
+def cloud_pool(ws: FakeWorkspace, *, spot: bool = False, fallback: bool = False) -> CloudPool:
+    plan = make_plan(nodes=0)
+    key_path, _ = keys.client_key(plan.stack)
+    return CloudPool(
+        plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=spot,
+        fallback_to_on_demand=fallback, record={"skyward": "0.1.0", "offer": {"instance_type": "m7i.large"}},
+        secrets={"env": json.dumps({"TOKEN": "s3cret"})}, plugins=PLUGIN, connect=ws,
+    )
+
+
+def ops(ws: FakeWorkspace) -> list[str]:
+    return [kind for kind, _ in ws.calls]
+
+
+def test_create_configures_the_stack_then_updates_it_and_returns_its_nodes(home: Path) -> None:
+    ws = FakeWorkspace()
+    cloud = cloud_pool(ws)
+    nodes = cloud.start(2)
+
+    assert ops(ws) == ["select", "config", "update"]
+    assert ws.plugins == [("aws", "v7.51.1")]
+    config = ws.configs[cloud.plan.stack]
+    public = {k: v.value for k, v in config.items() if not v.secret}
+    secret = {k for k, v in config.items() if v.secret}
+    assert set(public) == {"skyward:pool", "skyward:plan", "skyward:version"}
+    assert json.loads(public["skyward:pool"])["offer"] == {"instance_type": "m7i.large"}
+    assert secret == {"skyward:env", "skyward:host-keys"}
+    host_keys = json.loads(config["skyward:host-keys"].value)
+    assert "s3cret" not in public["skyward:plan"] and not any(k in public["skyward:plan"] for k in host_keys.values())
+
+    assert [n.index for n in nodes] == [0, 1]
+    assert [n.address for n in nodes] == ["203.0.113.10", "203.0.113.11"]
+    assert [n.host_key for n in nodes] == [p.host_key for p in cloud.plan.nodes]
+    assert all(n.user == "ubuntu" and n.key == str(cloud.key_path) for n in nodes)
+    assert stat.S_IMODE(os.stat(cloud.key_path).st_mode) == 0o600
+    assert nodes[0].host_fields()["host_key"].startswith("ssh-ed25519 ")
+
+
+def test_close_refreshes_before_destroying_and_keeps_the_history(home: Path) -> None:
+    ws = FakeWorkspace()
+    cloud = cloud_pool(ws)
+    cloud.start(1)
+    cloud.close()
+    cloud.close()  # idempotent
+
+    assert ops(ws)[3:] == ["refresh", "destroy", "remove"]
+    audit = json.loads(engine.audit_file(cloud.plan.stack).read_text())
+    assert [h["kind"] for h in audit["history"]] == ["destroy", "update"]
+    assert not keys.key_dir(cloud.plan.stack).exists()
+    assert not engine.workspace_dir(cloud.plan.stack).exists()
+
+
+def test_a_failed_creation_removes_what_it_made(home: Path) -> None:
+    ws = FakeWorkspace(fail={"update": [command_error(
+        "error: creating EC2 Instance: operation error EC2: RunInstances, UnauthorizedOperation: "
+        "You are not authorized to perform this operation.")]})
+    cloud = cloud_pool(ws)
+    with pytest.raises(StackError) as info:
+        cloud.start(1)
+    assert "UnauthorizedOperation" in str(info.value) and "up failed" in str(info.value)
+    assert isinstance(info.value.__cause__, auto.CommandError)
+    assert ops(ws) == ["select", "config", "update", "refresh", "destroy", "remove"]
+    assert not keys.key_dir(cloud.plan.stack).exists()
+
+
+def test_a_locked_stack_says_how_to_release_the_lock(home: Path) -> None:
+    name = "train-ab12cd34"
+    ws = FakeWorkspace(fail={"update": [command_error(LOCK_STDERR.format(name=name))]})
+    stack = engine.PoolStack(name, lambda: None, connect=ws, config={"plan": json.dumps(make_plan(nodes=0).record())})
+    with pytest.raises(StackLockedError) as info:
+        stack.up()
+    assert isinstance(info.value.__cause__, auto.ConcurrentUpdateError)
+    text = str(info.value)
+    assert "locked by another update" in text and "wait for it" in text
+    assert f"skyward.stacks.unlock({name!r})" in text
+
+    # The way out, on a file backend: the stale lock files go, the next update works.
+    backend.prepare()
+    lock = backend.local_state_dir() / ".pulumi" / "locks" / "organization" / "skyward" / name / "8c1f.json"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("{}")
+    assert engine.unlock(name) == [lock] and not lock.exists()
+    assert stack.up() == {"nodes": []}
+
+
+def test_an_interrupted_update_leaves_pending_operations_and_a_way_out(home: Path) -> None:
+    name = "train-ab12cd34"
+    ws = FakeWorkspace(block_up=threading.Event(), blocked=threading.Event())
+    stack = engine.PoolStack(name, lambda: None, pool="ab12cd34", connect=ws,
+                             config={"plan": json.dumps(make_plan(nodes=1).record())})
+    seen: list[ev.Event] = []
+    stop = ev.bus.subscribe(seen.append, pool="ab12cd34")
+
+    def ctrl_c() -> None:
+        ws.blocked.wait(10)
+        _thread.interrupt_main()  # Ctrl-C in the user's thread while `up` runs
+        time.sleep(0.3)
+        ws.block_up.set()  # the CLI finishes what is in flight, saves, and stops
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        stack.up()
+    ev.bus.flush()
+    stop()
+    assert any(isinstance(e, ev.Log) and "Ctrl-C: stopping `up`" in e.message for e in seen), seen
+
+    with pytest.raises(PendingOperationsError) as info:
+        stack.up()
+    text = str(info.value)
+    assert "interrupted" in text and "pending operations" in text
+    assert f"skyward.stacks.clear_pending({name!r})" in text and f"skyward-stack={name}" in text
+
+    assert stack.clear_pending() == 1
+    assert ops(ws)[-2:] == ["import", "refresh"]
+    assert stack.up()["nodes"][0]["index"] == 0
+
+
+def test_no_spot_capacity_falls_back_to_on_demand(home: Path) -> None:
+    ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR)]})
+    cloud = cloud_pool(ws, spot=True, fallback=True)
+    nodes = cloud.start(2)
+    assert len(nodes) == 2
+    assert ops(ws).count("update") == 2
+    tried = json.loads(ws.history[cloud.plan.stack][0].config["skyward:plan"].value)
+    assert [n["spot"] for n in tried["nodes"]] == [True, True]
+    assert [n["spot"] for n in ws.plans[cloud.plan.stack][-1]["nodes"]] == [False, False]
+
+
+def test_spot_only_does_not_fall_back(home: Path) -> None:
+    ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR)]})
+    cloud = cloud_pool(ws, spot=True, fallback=False)
+    with pytest.raises(StackError, match="InsufficientInstanceCapacity"):
+        cloud.start(1)
+    assert ops(ws).count("update") == 1
+
+
+def test_grow_and_shrink_are_stack_updates(home: Path) -> None:
+    ws = FakeWorkspace()
+    cloud = cloud_pool(ws)
+    first = cloud.start(1)
+    more = cloud.grow(2)
+    assert [n.index for n in more] == [1, 2]
+
+    class Host:  # what the SSH provider hands back: it knows nodes by address
+        address = more[0].address
+
+    cloud.shrink([Host()])
+    assert [n["index"] for n in ws.plans[cloud.plan.stack][-1]["nodes"]] == [0, 2]
+    assert ops(ws).count("update") == 3
+    assert first[0].host_key != more[0].host_key != more[1].host_key
+
+
+def test_engine_events_become_skyward_events(home: Path) -> None:
+    ws = FakeWorkspace()
+    seen: list[ev.Event] = []
+    stop = ev.bus.subscribe(seen.append, pool="ab12cd34")
+    cloud_pool(ws).start(1)
+    ev.bus.flush()
+    stop()
+    changes = [(e.resource, e.operation, e.status) for e in seen if isinstance(e, ev.ResourceChanged)]
+    assert changes == [("node-0 (aws:ec2/instance:Instance)", "create", "started"),
+                       ("node-0 (aws:ec2/instance:Instance)", "create", "done")]
+
+
+def test_preview_history_outputs_and_export(home: Path) -> None:
+    ws = FakeWorkspace()
+    cloud = cloud_pool(ws)
+    assert cloud.stack.preview() == {"create": 4}
+    cloud.start(1)
+    assert cloud.stack.outputs()["nodes"][0]["public_ip"] == "203.0.113.10"
+    history = cloud.stack.history()
+    assert history[0]["kind"] == "update" and history[0]["result"] == "succeeded"
+    assert history[0]["config"]["skyward:env"] == "[secret]"
+    assert cloud.stack.export()["deployment"]["resources"] == [{"urn": 0}]
+
+
+def test_backend_defaults_and_overrides(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert backend.backend_url() == (home / "stacks").as_uri()
+    env = backend.prepare()
+    passphrase = Path(env["PULUMI_CONFIG_PASSPHRASE_FILE"])
+    assert stat.S_IMODE(passphrase.stat().st_mode) == 0o600 and len(passphrase.read_text().strip()) >= 32
+    before = passphrase.read_text()
+    assert backend.prepare()["PULUMI_CONFIG_PASSPHRASE_FILE"] == str(passphrase) and passphrase.read_text() == before
+    assert (home / "stacks").is_dir()
+
+    monkeypatch.setenv("PULUMI_BACKEND_URL", "s3://team-bucket/skyward")
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "ours")
+    env = backend.prepare()
+    assert env["PULUMI_BACKEND_URL"] == "s3://team-bucket/skyward" and "PULUMI_CONFIG_PASSPHRASE_FILE" not in env
+    assert backend.local_state_dir() is None
+    assert backend.stack_name("My Training_Run!", "ab12cd34") == "my-training-run-ab12cd34"
+    assert backend.stack_name(None, "ab12cd34") == "pool-ab12cd34"
+
+
+@pytest.mark.pulumi
+@pytest.mark.skipif(shutil.which("pulumi") is None, reason="needs the Pulumi CLI on PATH")
+def test_real_cli_round_trip_on_a_file_backend(home: Path) -> None:
+    """No cloud: a program that only exports a value, through the real CLI and file backend."""
+    import pulumi
+
+    def program() -> None:
+        pulumi.export("answer", 42)
+
+    stack = engine.PoolStack("cli-check-00000000", program, config={"plan": "{}"}, secrets={"s": "x"})
+    assert stack.preview() is not None
+    assert stack.up() == {"answer": 42}
+    assert stack.outputs() == {"answer": 42}
+    stack.destroy()
+    stack.remove()
+    assert engine.audit_file("cli-check-00000000").exists()

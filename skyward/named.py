@@ -254,8 +254,15 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
     program's and is destroyed when it closes."""
     from .compute import _select
     from .pool import Pool
+    from .providers.base import ProviderConfig
 
     spec, worker = spec_from(cfg.data)
+    if type(spec.provider).attach is ProviderConfig.attach:
+        raise ProviderError(
+            f"pool {cfg.name!r}: provider {spec.provider.kind!r} cannot run named pools in this "
+            f"version of skyward (its clusters cannot be described and attached to again); use "
+            f"sky.Compute(provider=...) in your program instead, or provider = 'local'."
+        )
     spec = _select((spec,), options)
     if spec.ttl == 0:
         warnings.warn(

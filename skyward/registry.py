@@ -1,4 +1,4 @@
-"""The pool registry: one record per named pool under ``SKYWARD_HOME/pools/``.
+"""The pool registry: one record per named pool under ``SKYWARD_HOME/registry/``.
 
 A record is a JSON file (0600: it holds the agents' token and how to reach the nodes) written
 atomically (temp file + rename), so readers never need a lock. Writers take the pool's lock
@@ -25,7 +25,7 @@ FORMAT = 1
 
 
 def pools_dir() -> Path:
-    path = skyward_home() / "pools"
+    path = skyward_home() / "registry"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 

@@ -77,7 +77,7 @@ class CLI:
         return path
 
     def record(self, name: str) -> dict[str, Any]:
-        return json.loads((self.home / "pools" / f"{name}.json").read_text())
+        return json.loads((self.home / "registry" / f"{name}.json").read_text())
 
     def _run(self, cmd: list[str], timeout: float) -> Result:
         proc = subprocess.run(cmd, cwd=self.cwd, env=self.env, capture_output=True, text=True,

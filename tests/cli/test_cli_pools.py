@@ -71,9 +71,9 @@ def test_up_attach_exec_history_down_on_local(cli: CLI) -> None:
 
 def test_registry_and_audit_files_are_private(cli: CLI) -> None:
     assert cli("up", "priv", "--nodes", "1").code == 0
-    for path in (cli.home / "pools" / "priv.json", cli.home / "audit" / "priv.jsonl"):
+    for path in (cli.home / "registry" / "priv.json", cli.home / "audit" / "priv.jsonl"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    assert stat.S_IMODE((cli.home / "pools").stat().st_mode) == 0o700
+    assert stat.S_IMODE((cli.home / "registry").stat().st_mode) == 0o700
 
 
 def test_up_pool_with_short_ttl_is_gone_and_ls_says_so(cli: CLI) -> None:
@@ -294,3 +294,11 @@ def test_offers_lists_the_catalogue_and_rejects_unknown_accelerators(cli: CLI) -
     assert [r["price"] for r in rows] == sorted(r["price"] for r in rows)
     bad = cli("offers", "--accelerator", "A1OO")
     assert bad.code == 2 and "A1OO" in bad.err, bad
+
+
+def test_up_with_a_provider_that_cannot_attach_fails_before_creating_anything(cli: CLI) -> None:
+    cli.toml('[pools.cloud]\nprovider = "aws"\nnodes = 1\n')
+    result = cli("up", "cloud")
+    assert result.code == 1, result
+    assert "provider 'aws' cannot run named pools" in result.err
+    assert cli("ls", "--json").json() == []

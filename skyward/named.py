@@ -409,10 +409,7 @@ class _Recorder:
         self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> None:
-        kinds: tuple[type[ev.Event], ...] = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.Error)
-        lost = getattr(ev, "InstanceLost", None)
-        if lost is not None:
-            kinds = (*kinds, lost)
+        kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost)
         self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
         self.pool._on_close.insert(0, self.stop)
 
@@ -435,10 +432,8 @@ class _Recorder:
                 registry.update(self.name, store)
             audit.append(self.name, "resized", pool_id, nodes=len(description["nodes"]),
                          by=self.pool.id)
-        elif type(event).__name__ == "InstanceLost" or (isinstance(event, ev.Error) and event.node is not None):
-            node = getattr(event, "node", None)
-            reason = getattr(event, "reason", None) or getattr(event, "message", "")
-            audit.append(self.name, "node lost", pool_id, node=node, reason=reason)
+        elif isinstance(event, ev.InstanceLost):
+            audit.append(self.name, "node lost", pool_id, node=event.node, reason=event.reason)
 
 
 # -- stop ----------------------------------------------------------------------------------------

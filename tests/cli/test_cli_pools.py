@@ -302,3 +302,25 @@ def test_up_with_a_provider_that_cannot_attach_fails_before_creating_anything(cl
     assert result.code == 1, result
     assert "provider 'aws' cannot run named pools" in result.err
     assert cli("ls", "--json").json() == []
+
+
+def test_a_node_lost_while_attached_is_in_the_history(cli: CLI) -> None:
+    assert cli("up", "lossy", "--nodes", "2").code == 0
+    client = cli.python("""
+        import os, signal, time
+        import skyward as sky
+
+        def kill_my_agent():
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(30)
+
+        with sky.Compute(name="lossy", options=sky.Options(console="silent")) as pool:
+            try:
+                pool.run(sky.function(kill_my_agent)(), target=1)
+            except sky.NodeLostError:
+                print("lost")
+            time.sleep(0.5)  # the event reaches the trail
+    """)
+    assert client.code == 0 and "lost" in client.out, client
+    lost = [e for e in cli("history", "lossy", "--json").json() if e["event"] == "node lost"]
+    assert [e["node"] for e in lost] == [1], lost

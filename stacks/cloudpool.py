@@ -53,10 +53,12 @@ class NodeAddress:
     user: str
     key: str  # path of the pool's private client key
     instance_id: str = ""
+    port: int = 22
+
 
     def host_fields(self) -> dict[str, Any]:
         """Keyword arguments of skyward.providers.ssh.Host."""
-        return {"address": self.address, "port": 22, "user": self.user, "key": self.key,
+        return {"address": self.address, "port": self.port, "user": self.user, "key": self.key,
                 "private_ip": self.private_ip, "hostname": self.hostname, "host_key": self.host_key}
 
 
@@ -128,8 +130,13 @@ class CloudPool:
         """Remove these nodes (indices, NodeAddresses or ssh Hosts) from the pool: one stack update."""
         gone = {self._index_of(n) for n in nodes}
         with self._lock:
+            if not gone or self._closed:
+                return
             self.plan = self.plan.with_nodes(tuple(n for n in self.plan.nodes if n.index not in gone))
-            self._up()
+            if self.plan.nodes:
+                self._up()
+            # else: the pool is closing (SSHCluster.close releases every node, then calls close):
+            # one destroy does it, without an update that terminates the nodes first.
 
     def close(self) -> None:
         """Refresh, destroy and remove the stack; forget the pool's client key. Idempotent."""
@@ -196,6 +203,7 @@ class CloudPool:
                 index=i, address=str(out["public_ip"]), private_ip=str(out.get("private_ip") or out["public_ip"]),
                 hostname=str(out.get("hostname") or f"node-{i}"), host_key=plans[i].host_key,
                 user=self.plan.ssh_user, key=str(self.key_path), instance_id=str(out.get("id") or ""),
+                port=int(out.get("port") or 22),
             ))
         return found
 

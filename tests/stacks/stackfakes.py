@@ -244,7 +244,10 @@ class FakeWorkspace:
     removed: list[str] = field(default_factory=list)
     block_up: Any = None
     blocked: Any = None
-    node_outputs: Any = None  # (index) -> dict, to point nodes somewhere real
+    # (index, plan record, stack config) -> dict: what a "booted" node's outputs say instead,
+    # to point nodes at real hosts (called once per node, like a first boot).
+    node_outputs: Any = None
+    booted: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, name: str, program: Any) -> FakeStack:
         self.calls.append(("select", name))
@@ -269,6 +272,8 @@ class FakeWorkspace:
             out = {"index": i, "id": f"i-{i:04d}", "public_ip": self.addresses[i],
                    "private_ip": f"10.0.0.{i + 10}", "hostname": f"ip-10-0-0-{i + 10}"}
             if self.node_outputs is not None:
-                out.update(self.node_outputs(i))
+                if (name, i) not in self.booted:
+                    self.booted[(name, i)] = self.node_outputs(i, plan, self.configs.get(name, {}))
+                out.update(self.booted[(name, i)])
             nodes.append(out)
         return {"nodes": nodes}

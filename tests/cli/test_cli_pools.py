@@ -324,3 +324,23 @@ def test_a_node_lost_while_attached_is_in_the_history(cli: CLI) -> None:
     assert client.code == 0 and "lost" in client.out, client
     lost = [e for e in cli("history", "lossy", "--json").json() if e["event"] == "node lost"]
     assert [e["node"] for e in lost] == [1], lost
+
+
+def test_an_attached_client_resizes_and_down_stops_every_node(cli: CLI) -> None:
+    assert cli("up", "grow", "--nodes", "1").code == 0
+    client = cli.python("""
+        import time
+        import skyward as sky
+        with sky.Compute(name="grow", options=sky.Options(console="silent")) as pool:
+            pool.resize(2)
+            print(pool.current_nodes())
+            time.sleep(0.5)  # the event reaches the trail and the registry
+    """)
+    assert client.code == 0 and client.out.strip() == "2", client
+    assert len(cli.record("grow")["cluster"]["nodes"]) == 2
+    assert [r["nodes"] for r in cli("ls", "--json").json()] == [2]
+    assert "resized" in [e["event"] for e in cli("history", "grow", "--json").json()]
+    ran = cli("exec", "grow", "--json", "--", "true")
+    assert [r["exit_code"] for r in ran.json()] == [0, 0], ran
+    assert cli("down", "grow").code == 0
+    assert cli.wait_no_processes(5) == []

@@ -26,9 +26,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 os.environ.setdefault("SKYWARD_HOME", tempfile.mkdtemp(prefix="skyward-bench-home-"))
 
-from sshhosts import SSHHosts  # noqa: E402
-
 import numpy as np  # noqa: E402
+from sshhosts import SSHHosts  # noqa: E402
 
 import skyward as sky  # noqa: E402
 

@@ -227,7 +227,7 @@ class SSHCluster(Cluster):
             python = _python(image)
             sky = wheelhouse.skyward_wheel()
             files: dict[str, tuple[Path | bytes, int]] = {
-                "bin/uv": (wheelhouse.uv_binary(), 0o755),
+                "bin/uv.gz": (wheelhouse.uv_binary_gz(), 0o644),
                 f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
             }
             reqs = wheelhouse.agent_requirements()

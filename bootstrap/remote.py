@@ -281,6 +281,13 @@ class Remote:
         )
         return ChannelSocket(chan)
 
+    def relay(self, command: str) -> ChannelSocket:
+        """A socket-like stream over an exec channel's stdin/stdout (``command`` relays them to
+        the agent's port): for nodes whose sshd forbids TCP forwarding."""
+        chan = self.transport.open_session(window_size=_WINDOW)
+        chan.exec_command(command)
+        return ChannelSocket(chan)
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()

@@ -13,6 +13,9 @@ This is also the last mile of every cloud provider: a stack's outputs become `SS
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import functools
 import logging
 import os
 import random
@@ -122,6 +125,25 @@ class SSH(ProviderConfig):
     def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> SSHCluster:
         return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install)
 
+    # -- named pools (see ProviderConfig) --------------------------------------------------------
+    def attach(self, description: dict[str, Any]) -> SSHCluster:
+        return SSHCluster.from_description(description)
+
+    def destroy(self, description: dict[str, Any]) -> None:
+        SSHCluster.from_description(description).close()
+
+    def alive(self, description: dict[str, Any]) -> bool | None:
+        """Not known without connecting: the registry judges SSH pools by their ttl."""
+        return None
+
+    def probe(self, description: dict[str, Any]) -> bool | None:
+        """Ask the hosts whether any agent of a described pool still runs (None: none answered)."""
+        cluster = SSHCluster.from_description(description)
+        try:
+            return cluster.alive()
+        finally:
+            cluster.detach()
+
 
 @dataclass
 class _Node:
@@ -130,6 +152,9 @@ class _Node:
     remote: Remote | None = None
     agent_pid: int | None = None
     agent_port: int | None = None  # on the node's loopback
+    endpoint: NodeEndpoint | None = None
+    home: str = ""  # skyward's folder on the node
+    agent_python: str = ""  # the agent's interpreter, relative to home (for the relay fallback)
 
 
 class SSHCluster(Cluster):
@@ -158,6 +183,7 @@ class SSHCluster(Cluster):
         self._install = install
         self._grow, self._shrink, self._on_close = grow, shrink, on_close
         self._nodes: dict[int, _Node] = {}
+        self._described: list[_Node] = []  # running nodes of an attached pool, not handed out yet
         self._next = 0
         self._lock = threading.Lock()
         self._prepared: tuple[Image, tuple[str, ...]] | None = None
@@ -171,6 +197,15 @@ class SSHCluster(Cluster):
 
     # -- Cluster API -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
+        with self._lock:
+            described, self._described = self._described[:count], self._described[count:]
+        endpoints = self._reconnect(described) if described else []
+        count -= len(described)
+        if count <= 0:
+            return endpoints
+        return endpoints + self._start_new(count)
+
+    def _start_new(self, count: int) -> list[NodeEndpoint]:
         with self._lock:
             if len(self._free) < count and self._grow is not None:
                 self._free.extend(self._grow(count - len(self._free)))
@@ -209,7 +244,8 @@ class SSHCluster(Cluster):
 
     def close(self) -> None:
         with self._lock:
-            nodes = list(self._nodes.values())
+            nodes = [*self._nodes.values(), *self._described]
+            self._described = []
         try:
             self._release(nodes)
         finally:
@@ -282,16 +318,24 @@ class SSHCluster(Cluster):
         self._run_script(node, remote, text)
 
         port, pid, facts = self._start_agent(node, remote, plan)
-        node.agent_pid, node.agent_port = pid, port
+        node.agent_pid, node.agent_port, node.home = pid, port, home
+        node.agent_python = self._agent_python(plan)
         if node.index == 0 or self.interface == "eth0":
             self.interface = facts.get("interface") or self.interface
-        return NodeEndpoint(
+        node.endpoint = NodeEndpoint(
             index=node.index,
             private_ip=h.private_ip or facts.get("ip") or remote.host,
             public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
             hostname=h.hostname or facts.get("hostname") or h.address,
-            connect=lambda: remote.tunnel(port),  # type: ignore[arg-type,return-value]
+            connect=functools.partial(_connect_agent, remote, port, node.agent_python),
         )
+        return node.endpoint
+
+    def _agent_python(self, plan: Any) -> str:
+        from skyward.bootstrap.script import env_key
+
+        assert self._ship is not None
+        return f"envs/{env_key(self._ship.image, plan)}/bin/python"
 
     def _run_script(self, node: _Node, remote: Remote, text: str) -> None:
         from skyward.bootstrap.script import parse_marker
@@ -380,6 +424,13 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         """Stop the agents (and everything they started) and remove the pools' folders."""
 
         def one(node: _Node) -> None:
+            if node.remote is None and node.agent_pid is not None:  # described, never reconnected
+                try:
+                    self._open(node, retry_for=min(10.0, self._ssh_timeout))
+                except Exception as exc:  # a dead host runs nothing
+                    log.warning("could not reach node %d (%s) to stop it: %s; if it is up, its agent "
+                                "stops by itself after ttl=%gs", node.index, node.host.address, exc, self._ttl)
+                    return
             remote = node.remote
             if remote is None or remote.conn is None or not remote.conn.is_connected:
                 return
@@ -403,12 +454,156 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         if self._shrink is not None:
             self._shrink([n.host for n in nodes])
 
+    # -- named pools (see Cluster.describe / ProviderConfig.attach) ----------------------------
+    def describe(self) -> dict[str, Any]:
+        import cloudpickle
+
+        with self._lock:
+            nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
+            free = list(self._free)
+        return {
+            "provider": "ssh",
+            "pool_id": self.pool_id,
+            "token": self.token,
+            "head_port": self.head_port,
+            "interface": self.interface,
+            "ttl": self._ttl,
+            "install": self._install,
+            "ssh_timeout": self._ssh_timeout,
+            "next": self._next,
+            # New nodes of an attached pool (a resize) are bootstrapped from the same spec.
+            "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
+            "free": [_host_record(h) for h in free],
+            "nodes": [
+                {
+                    "index": n.index,
+                    "private_ip": n.endpoint.private_ip if n.endpoint else n.host.private_ip,
+                    "public_ip": n.endpoint.public_ip if n.endpoint else None,
+                    "hostname": n.endpoint.hostname if n.endpoint else n.host.hostname,
+                    "host": _host_record(n.host),
+                    "agent_pid": n.agent_pid,
+                    "agent_port": n.agent_port,
+                    "agent_python": n.agent_python,
+                    "log": f"{n.home}/pools/{self.pool_id}/agent.log" if n.home else None,
+                    "home": n.home,
+                }
+                for n in nodes
+            ],
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> SSHCluster:
+        """The nodes another process started; connects to nothing until ``start``."""
+        import cloudpickle
+
+        if description.get("provider") != "ssh":
+            raise ProviderError(
+                f"this pool's record is for provider {description.get('provider')!r}, not 'ssh'; "
+                f"remove it with `skyward down`."
+            )
+        self = cls.__new__(cls)
+        self.spec = cloudpickle.loads(base64.b64decode(description["spec"]))
+        self.pool_id = description["pool_id"]
+        self.token = description["token"]
+        self.head_port = int(description["head_port"])
+        self.interface = description.get("interface", "eth0")
+        self.spill_dir = None
+        self._free = [SSHHost(**h) for h in description.get("free", [])]
+        self._install = description.get("install", "wheelhouse")
+        self._grow = self._shrink = self._on_close = None
+        self._nodes = {}
+        self._described = [
+            _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),
+                  agent_port=n.get("agent_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
+                  endpoint=NodeEndpoint(index=int(n["index"]), private_ip=n["private_ip"], public_ip=n.get("public_ip"),
+                                        hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected))
+            for n in description["nodes"]
+        ]
+        self._next = int(description.get("next", len(self._described)))
+        self._lock = threading.Lock()
+        self._prepared = None
+        self._ship = None
+        self._ssh_timeout = float(description.get("ssh_timeout", 60.0))
+        self._bootstrap_timeout = float(self.spec.image.bootstrap_timeout)
+        self._ttl = description["ttl"]
+        return self
+
+    def _open(self, node: _Node, retry_for: float | None = None) -> Remote:
+        from skyward.bootstrap.remote import Remote, Target
+
+        h = node.host
+        remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
+                        connect_timeout=min(10.0, self._ssh_timeout),
+                        retry_for=self._ssh_timeout if retry_for is None else retry_for,
+                        label=f"node {node.index} ({h.address})")
+        node.remote = remote
+        remote.open()
+        return remote
+
+    def _reconnect(self, nodes: list[_Node]) -> list[NodeEndpoint]:
+        """Hand out described nodes: one SSH connection each, tunnels to their running agents."""
+
+        def one(node: _Node) -> NodeEndpoint:
+            remote = self._open(node)
+            assert node.endpoint is not None and node.agent_port is not None
+            with self._lock:
+                self._nodes[node.index] = node
+            node.endpoint = dataclasses.replace(
+                node.endpoint, connect=functools.partial(_connect_agent, remote, node.agent_port, node.agent_python))
+            return node.endpoint
+
+        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+            return list(pool.map(one, nodes))
+
+    def detach(self) -> None:
+        with self._lock:
+            nodes = [*self._nodes.values(), *self._described]
+            self._nodes.clear()
+            self._described.clear()
+        for n in nodes:
+            if n.remote is not None:
+                n.remote.close()
+
+    def alive(self) -> bool | None:
+        """Whether any described agent still runs (None: no host could be asked)."""
+        answers: list[bool] = []
+        for node in [*self._described, *self._nodes.values()]:
+            try:
+                remote = node.remote or self._open(node, retry_for=3.0)
+                code, _ = remote.run(f"kill -0 {int(node.agent_pid or 0)} 2>/dev/null", check=False, timeout=10)
+                answers.append(code == 0)
+            except Exception:  # unreachable: cannot tell
+                continue
+        return any(answers) if answers else None
+
     def _phase(self, node: int, phase: str, status: Any, seconds: float | None = None) -> None:
         ev.bus.emit(ev.BootstrapPhase(pool=self.pool_id, node=node, phase=phase, status=status, seconds=seconds))
 
 
 # The name the cloud providers use for the hosts a stack made.
 Host = SSHHost
+
+
+def _host_record(h: SSHHost) -> dict[str, Any]:
+    return {f.name: getattr(h, f.name) for f in dataclasses.fields(h)}
+
+
+def _unconnected() -> Any:
+    raise ProviderError("internal: a described node was used before it was reconnected")
+
+
+def _connect_agent(remote: Remote, port: int, agent_python: str) -> Any:
+    """The agent's port through the SSH connection: a direct-tcpip channel, or, when the node's
+    sshd forbids TCP forwarding, a relay started over an exec channel (frames on its stdio)."""
+    import paramiko
+
+    try:
+        return remote.tunnel(port)
+    except paramiko.ChannelException as exc:
+        if not agent_python:
+            raise ProviderError(f"{remote.label}: cannot reach the agent's port {port}: {exc}") from None
+        log.info("%s: TCP forwarding refused (%s); relaying over an exec channel", remote.label, exc)
+        return remote.relay(f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/{agent_python}" -m skyward.bootstrap.relay {port}')
 
 
 @dataclass(frozen=True, slots=True)

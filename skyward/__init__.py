@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 from . import accelerators, time
 from .errors import (
     AcceleratorError,
+    BootstrapError,
     ConfigError,
     DispatchError,
+    HostKeyError,
     NoActivePoolError,
     NodeLostError,
     NoOfferError,
@@ -65,6 +67,7 @@ _LAZY = {
     "InstanceProvisioned": "skyward.events",
     "BootstrapPhase": "skyward.events",
     "InstanceBootstrapped": "skyward.events",
+    "InstanceLost": "skyward.events",
     "InstancePreempted": "skyward.events",
     "InstanceReplaced": "skyward.events",
     "InstanceDestroyed": "skyward.events",
@@ -86,6 +89,8 @@ _LAZY = {
     "Local": "skyward.providers.local",
     "AWS": "skyward.providers.aws",
     "GCP": "skyward.providers.gcp",
+    "SSH": "skyward.providers.ssh",
+    "SSHHost": "skyward.providers.ssh",
     "InstanceInfo": "skyward.runtime.info",
     "PeerInfo": "skyward.runtime.info",
     "AcceleratorInfo": "skyward.runtime.info",
@@ -117,6 +122,7 @@ if TYPE_CHECKING:
         Event,
         InstanceBootstrapped,
         InstanceDestroyed,
+        InstanceLost,
         InstancePreempted,
         InstanceProvisioned,
         InstanceReplaced,
@@ -132,6 +138,7 @@ if TYPE_CHECKING:
     from .providers.aws import AWS
     from .providers.gcp import GCP
     from .providers.local import Local
+    from .providers.ssh import SSH, SSHHost
     from .runtime.info import (
         AcceleratorInfo,
         InstanceInfo,
@@ -160,12 +167,13 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_api.py)
     "AWS",
     "AcceleratorError",
     "AcceleratorInfo",
     "BatchFinished",
     "BatchStarted",
+    "BootstrapError",
     "BootstrapPhase",
     "CallbackWriter",
     "ClusterDestroyed",
@@ -180,10 +188,12 @@ __all__ = [
     "Error",
     "Event",
     "GCP",
+    "HostKeyError",
     "Image",
     "InstanceBootstrapped",
     "InstanceDestroyed",
     "InstanceInfo",
+    "InstanceLost",
     "InstancePreempted",
     "InstanceProvisioned",
     "InstanceReplaced",
@@ -215,6 +225,8 @@ __all__ = [
     "RemoteError",
     "RemoteFunction",
     "ResourceChanged",
+    "SSH",
+    "SSHHost",
     "Secret",
     "SerializationError",
     "Session",

@@ -383,3 +383,40 @@ def test_a_host_alias_from_ssh_config(three_hosts: SSHHosts, tmp_path: Any, monk
     with sky.Compute(provider=sky.SSH(hosts=["sky-test-alias"]), nodes=1, options=QUIET) as pool:
         answer = whoami() >> pool
     assert answer["ip"] == h.address
+
+
+def test_a_node_whose_sshd_forbids_forwarding_is_reached_through_a_relay(ssh_hosts: Any) -> None:
+    hosts = ssh_hosts(1, sshd_options={"AllowTcpForwarding": "no"})
+    with sky.Compute(provider=provider(hosts), nodes=1, options=QUIET) as pool:
+        assert (whoami() >> pool)["ip"] == hosts[0].address
+        assert pool.map(lambda x: x * 2, range(100)) == [x * 2 for x in range(100)]
+        blob = bytes(3 * 1024 * 1024)
+        assert sky.function(len)(blob) >> pool == len(blob)
+
+
+def test_describe_attach_and_destroy_a_running_ssh_pool(three_hosts: SSHHosts) -> None:
+    """What named pools (`skyward up` / sky.Compute(name=...)) rely on: a second client reaches
+    the running agents from the description, leaves them running, and destroy stops them."""
+    from skyward.pool import Pool
+
+    ssh = provider(three_hosts[:2])
+    spec = sky.Spec(provider=ssh, nodes=2)
+    cluster = ssh.create(spec, "named01")
+    cluster.start(2)
+    description = json.loads(json.dumps(cluster.describe()))  # what the registry stores
+    cluster.detach()
+    assert ssh.probe(description) is True
+
+    for _ in range(2):  # attach twice: the first client leaves the nodes running
+        pool = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))
+        try:
+            answers = whoami() @ pool
+        finally:
+            pool.close()
+        assert [a["ip"] for a in answers] == [h.address for h in three_hosts[:2]]
+    assert ssh.probe(description) is True
+    assert all(n["log"].endswith("/pools/named01/agent.log") for n in description["nodes"])
+
+    ssh.destroy(description)
+    assert ssh.probe(description) is False
+    assert_nothing_left(three_hosts[:2], "named01")

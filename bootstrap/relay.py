@@ -1,0 +1,44 @@
+"""stdin/stdout <-> 127.0.0.1:PORT, for nodes whose sshd forbids TCP forwarding.
+
+The client starts ``python -m skyward.bootstrap.relay PORT`` over an SSH exec channel and
+speaks the agent's frames on the channel; this copies bytes both ways until either side ends.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+_CHUNK = 1 << 20
+
+
+def _pump_in(sock: socket.socket) -> None:
+    fd = sys.stdin.fileno()
+    try:
+        while data := os.read(fd, _CHUNK):
+            sock.sendall(data)
+    finally:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.create_connection(("127.0.0.1", int(args[0])))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    threading.Thread(target=_pump_in, args=(sock,), daemon=True).start()
+    out = sys.stdout.fileno()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    while n := sock.recv_into(buf):
+        written = 0
+        while written < n:
+            written += os.write(out, view[written:n])
+
+
+if __name__ == "__main__":
+    main()

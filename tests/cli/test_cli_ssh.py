@@ -1,0 +1,66 @@
+"""The named-pool flow of test_cli_pools, on real sshd hosts: skyward up / attach / ls / exec /
+history / down with `provider = "ssh"` in skyward.toml."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from sshhosts import SSHHosts, SSHHostsUnavailable
+
+from .conftest import CLI
+
+CLIENT = """
+    import json, socket
+    import skyward as sky
+
+    with sky.Compute(name="lab", options=sky.Options(console="silent")) as pool:
+        names = sky.function(socket.gethostname)() @ pool
+    print(json.dumps(names))
+"""
+
+
+def on_host(host, command: str) -> str:  # type: ignore[no-untyped-def]
+    argv = [*host.ssh_argv("/dev/null", strict="no"), command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+@pytest.mark.timeout(300)
+def test_up_attach_exec_history_down_on_ssh_hosts(cli: CLI) -> None:
+    hosts = SSHHosts(2, mode="netns")
+    try:
+        hosts.start()
+    except SSHHostsUnavailable as exc:
+        pytest.skip(f"SSH test hosts unavailable: {exc}")
+    try:
+        targets = json.dumps([f"{h.user}@{h.address}:{h.port}" for h in hosts])
+        cli.toml(f'[pools.lab]\nprovider = "ssh"\nnodes = 2\nttl = 120\n\n'
+                 f'[pools.lab.ssh]\nhosts = {targets}\nkey = "{hosts[0].key_path}"\n')
+        up = cli("up", "lab", timeout=180)
+        assert up.code == 0, up
+        pids = [n["agent_pid"] for n in cli.record("lab")["cluster"]["nodes"]]
+        assert all(pids)
+
+        client = cli.python(CLIENT)
+        assert client.code == 0, client
+        assert client.json() == [h.name for h in hosts]
+
+        (row,) = cli("ls", "--json").json()
+        assert (row["name"], row["provider"], row["nodes"], row["state"]) == ("lab", "ssh", 2, "running")
+
+        ran = cli("exec", "lab", "--json", "--", "hostname")
+        assert ran.code == 0, ran
+        assert [r["stdout"].strip() for r in ran.json()] == [h.name for h in hosts]
+
+        events = [e["event"] for e in cli("history", "lab", "--json").json()]
+        assert events[:3] == ["provisioned", "attached", "detached"]
+
+        down = cli("down", "lab", timeout=120)
+        assert down.code == 0, down
+        for h in hosts:
+            left = on_host(h, "pgrep -af skyward.bootstrap | grep -v pgrep; ls ~/.skyward/pools; true")
+            assert left.strip() == "", left
+        assert cli("ls", "--json").json() == []
+    finally:
+        hosts.close()

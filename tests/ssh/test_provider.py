@@ -420,3 +420,25 @@ def test_describe_attach_and_destroy_a_running_ssh_pool(three_hosts: SSHHosts) -
     ssh.destroy(description)
     assert ssh.probe(description) is False
     assert_nothing_left(three_hosts[:2], "named01")
+
+
+def test_includes_travel_as_one_archive_minus_excludes(three_hosts: SSHHosts, tmp_path: Any,
+                                                       monkeypatch: Any) -> None:
+    pkg = tmp_path / "shipped_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("VALUE = 42\n")
+    (pkg / "notes.secret").write_text("do not ship\n")
+    monkeypatch.chdir(tmp_path)
+
+    @sky.function
+    def use_it() -> tuple[int, bool]:
+        import os
+
+        import shipped_pkg  # type: ignore[import-not-found]
+
+        here = os.path.dirname(shipped_pkg.__file__)
+        return shipped_pkg.VALUE, os.path.exists(os.path.join(here, "notes.secret"))
+
+    image = sky.Image(includes=["shipped_pkg"], excludes=["*.secret"])
+    with sky.Compute(provider=provider(three_hosts[:1]), nodes=1, image=image, options=QUIET) as pool:
+        assert use_it() >> pool == (42, False)

@@ -277,3 +277,12 @@ class FakeWorkspace:
                 out.update(self.booted[(name, i)])
             nodes.append(out)
         return {"nodes": nodes}
+
+
+
+def fresh_mocks() -> Recorder:
+    """Fresh Pulumi mocks for one test (programs declare resources into them). The program
+    tests wrap it in a `mocks` fixture: a conftest.py here would shadow tests/conftest.py."""
+    recorder = Recorder()
+    pulumi.runtime.set_mocks(recorder, preview=False)
+    return recorder

@@ -13,12 +13,17 @@ import pytest
 
 pulumi = pytest.importorskip("pulumi")
 
-from stackfakes import CLIENT, Recorder, cloud_config, make_plan  # noqa: E402
+from stackfakes import CLIENT, Recorder, cloud_config, fresh_mocks, make_plan  # noqa: E402
 
 from skyward.stacks import aws  # noqa: E402
 from skyward.stacks.plan import DiskPlan  # noqa: E402
 
 INSTANCE = "aws:ec2/instance:Instance"
+
+
+@pytest.fixture
+def mocks() -> Recorder:
+    return fresh_mocks()
 
 
 def _all(declared: aws.Declared, *extra: Any) -> Any:

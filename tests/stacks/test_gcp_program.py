@@ -8,13 +8,18 @@ import pytest
 
 pulumi = pytest.importorskip("pulumi")
 
-from stackfakes import CLIENT, Recorder, cloud_config, make_plan  # noqa: E402
+from stackfakes import CLIENT, Recorder, cloud_config, fresh_mocks, make_plan  # noqa: E402
 
 from skyward.stacks import gcp  # noqa: E402
 from skyward.stacks.plan import DiskPlan  # noqa: E402
 
 T4 = {"project": "proj", "machine_type": "n1-standard-4", "accelerator_type": "nvidia-tesla-t4",
       "attach": True, "accelerator_count": 1}
+
+
+@pytest.fixture
+def mocks() -> Recorder:
+    return fresh_mocks()
 
 
 def _plan(**kw: Any) -> Any:

@@ -51,10 +51,15 @@ class AWS(ProviderConfig):
     allow_ssh_from: tuple[str, ...] = ()
     detect_address: bool = True
     max_duration: float | None = None
+    # How nodes get packages (see sky.SSH): cloud nodes have internet, so from their index;
+    # "wheelhouse" ships wheels the client built (same platform as the client only).
+    install: str = "index"
     workspace: Any = field(default=None, repr=False, compare=False)
     kind: ClassVar[str] = "aws"
 
     def __post_init__(self) -> None:
+        if self.install not in ("index", "wheelhouse"):
+            raise ConfigError(f"{type(self).__name__}(install={self.install!r}) is not valid: use 'index' or 'wheelhouse'.")
         if isinstance(self.allow_ssh_from, str):
             raise ConfigError(f"AWS(allow_ssh_from={self.allow_ssh_from!r}) is a list of CIDRs: write [{self.allow_ssh_from!r}].")
         object.__setattr__(self, "allow_ssh_from", tuple(self.allow_ssh_from))
@@ -111,4 +116,4 @@ class AWS(ProviderConfig):
             allow_ssh_from=self.allow_ssh_from, detect_address=self.detect_address,
             max_duration=self.max_duration, plugins=plugin_version("aws", "pulumi-aws"), connect=self.workspace,
         )
-        return ssh_cluster(spec, pool_id, cloud, options)
+        return ssh_cluster(spec, pool_id, cloud, options, install=self.install)

@@ -11,8 +11,6 @@ import importlib.metadata
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from skyward.errors import ProviderError
-
 if TYPE_CHECKING:
     from skyward.spec import Options, Spec
     from skyward.stacks.cloudpool import CloudPool
@@ -27,11 +25,6 @@ def preflight(what: str, extra: str, modules: tuple[str, ...], *, fake_workspace
     if not fake_workspace:
         require_sdk(what, extra, modules)
         require_cli(f"a {what} pool")
-    if importlib.util.find_spec("skyward.providers.ssh") is None:
-        raise ProviderError(
-            f"{what} pools reach their nodes through the SSH bootstrap (skyward.providers.ssh), which "
-            f"this installation does not have yet; nothing was created. Use sky.Local() meanwhile."
-        )
 
 
 def plugin_version(name: str, package: str) -> dict[str, str]:
@@ -42,7 +35,8 @@ def plugin_version(name: str, package: str) -> dict[str, str]:
         return {}
 
 
-def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | None = None) -> Cluster:
+def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | None = None,
+                install: str = "index") -> Cluster:
     """Bring the stack up and hand its nodes to the SSH bootstrap: stack outputs -> hosts ->
     bootstrap -> agents, the same path as sky.SSH. Closing the cluster destroys the stack."""
     ssh: Any = importlib.import_module("skyward.providers.ssh")
@@ -51,7 +45,7 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
     nodes = cloud.start(spec.node_spec.desired)
     try:
         cluster: Cluster = ssh.SSHCluster(
-            spec, pool_id, [host(**n.host_fields()) for n in nodes], options=options,
+            spec, pool_id, [host(**n.host_fields()) for n in nodes], options=options, install=install,
             grow=lambda count: [host(**n.host_fields()) for n in cloud.grow(count)],
             shrink=cloud.shrink,
             on_close=cloud.close,

@@ -442,3 +442,18 @@ def test_includes_travel_as_one_archive_minus_excludes(three_hosts: SSHHosts, tm
     image = sky.Image(includes=["shipped_pkg"], excludes=["*.secret"])
     with sky.Compute(provider=provider(three_hosts[:1]), nodes=1, image=image, options=QUIET) as pool:
         assert use_it() >> pool == (42, False)
+
+
+def test_connecting_is_retried_while_a_host_boots(ssh_hosts: Any, recorder: Recorder) -> None:
+    hosts = ssh_hosts(1)
+    hosts[0].stop()
+    booting = threading.Timer(2.0, hosts[0].start)
+    booting.start()
+    try:
+        t0 = time.monotonic()
+        with sky.Compute(provider=provider(hosts), nodes=1,
+                         options=sky.Options(console=False, ssh_timeout=30)) as pool:
+            assert (whoami() >> pool)["ip"] == hosts[0].address
+        assert time.monotonic() - t0 >= 2.0
+    finally:
+        booting.join()

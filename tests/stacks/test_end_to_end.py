@@ -66,7 +66,8 @@ def where() -> dict[str, Any]:
 
 def test_stack_outputs_become_hosts_that_bootstrap_and_run_tasks(two_hosts: SSHHosts) -> None:
     ws = FakeWorkspace(node_outputs=boot(two_hosts))
-    provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"])
+    provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"],
+                       install="wheelhouse")  # the test hosts have no index
     with sky.Compute(provider=provider, nodes=2, options=sky.Options(console=False)) as pool:
         answers = where() @ pool
         assert pool.map(lambda x: x * x, range(6)) == [0, 1, 4, 9, 16, 25]
@@ -80,7 +81,8 @@ def test_stack_outputs_become_hosts_that_bootstrap_and_run_tasks(two_hosts: SSHH
 def test_a_node_that_shows_another_host_key_is_refused_and_the_stack_destroyed(two_hosts: SSHHosts) -> None:
     """No trust on first use for cloud nodes: the key the client generated is the only one accepted."""
     ws = FakeWorkspace(node_outputs=boot(two_hosts, install_host_key=False))
-    provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"])
+    provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"],
+                       install="wheelhouse")  # the test hosts have no index
     with pytest.raises(sky.HostKeyError), sky.Compute(provider=provider, nodes=1, options=sky.Options(console=False)):
         pytest.fail("the pool must not open")
     assert [kind for kind, _ in ws.calls][-3:] == ["refresh", "destroy", "remove"]

@@ -172,12 +172,20 @@ class Agent:
             if "ttl" in info:
                 self.ttl = float(info["ttl"])
             self.renewed = time.monotonic()
+            # What this node is doing for every client (`skyward status` shows it).
+            running = sum(len(w.inflight) for w in self.workers)
+            queued = len(self.pending)
+            clients = len(self.conns)
         welcome = {
             "protocol": PROTOCOL,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "python": sys.version.split()[0],
             "cwd": os.getcwd(),
+            "tasks": running + queued,
+            "running": running,
+            "queued": queued,
+            "clients": clients,
         }
         writer.send_parts(Kind.WELCOME, 0, 0, json.dumps(welcome).encode())
         try:

@@ -261,6 +261,33 @@ def test_status_healthy_then_a_killed_node_is_unreachable(cli: CLI) -> None:
     assert cli("status", "nope").code == 1
 
 
+def test_status_counts_the_tasks_a_client_is_running(cli: CLI) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    assert cli("up", "busy", "--nodes", "1").code == 0
+    client = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import time
+            import skyward as sky
+            with sky.Compute(name="busy", options=sky.Options(console="silent")) as pool:
+                print("attached", flush=True)
+                sky.function(time.sleep)(4) >> pool
+        """)], cwd=cli.cwd, env=cli.env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "attached"
+        time.sleep(1.0)
+        status = cli("status", "busy", "--json")
+        assert status.code == 0, status
+        (node,) = status.json()["nodes"]
+        assert node["tasks"] == 1, node
+    finally:
+        client.wait(timeout=60)
+    (node,) = cli("status", "busy", "--json").json()["nodes"]
+    assert node["tasks"] == 0
+
+
 def test_history_unknown_name_fails(cli: CLI) -> None:
     result = cli("history", "never-was")
     assert result.code == 1 and "no history" in result.err, result

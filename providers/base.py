@@ -142,3 +142,14 @@ class ProviderConfig:
         """Cheaply and without connecting: does any described node still run? ``None`` when
         that cannot be told without connecting (the registry then goes by the ttl)."""
         return None
+
+
+def require_kind(description: dict[str, Any], kind: str) -> None:
+    """A pool record handed to the wrong provider (or written by an older skyward)."""
+    from skyward.errors import ProviderError
+
+    if description.get("provider") != kind:
+        raise ProviderError(
+            f"this pool's record is for provider {description.get('provider')!r}, not {kind!r}; "
+            f"it was written by another provider or an older skyward. Remove it with `skyward down`."
+        )

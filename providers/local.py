@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
-from .base import Cluster, NodeEndpoint, ProviderConfig
+from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 
 if TYPE_CHECKING:
     from skyward.spec import Image, Options, Spec
@@ -85,7 +85,7 @@ class Local(ProviderConfig):
         cluster.close()
 
     def alive(self, description: dict[str, Any]) -> bool | None:
-        return any(_running(n["pid"], n.get("started")) for n in description["nodes"])
+        return any(process_running(n["pid"], n.get("started")) for n in description["nodes"])
 
 
 def _local_gpus() -> int:
@@ -148,11 +148,7 @@ class LocalCluster(Cluster):
     @classmethod
     def from_description(cls, description: dict[str, Any]) -> LocalCluster:
         """The cluster another process started (``describe()`` of it); starts nothing."""
-        if description.get("provider") != "local":
-            raise ProviderError(
-                f"this pool's record is for provider {description.get('provider')!r}, not 'local'; "
-                f"it was written by another provider or an older skyward. Remove it with `skyward down`."
-            )
+        require_kind(description, "local")
         self = cls.__new__(cls)
         self.token = description["token"]
         self.head_port = int(description["head_port"])
@@ -197,7 +193,7 @@ class LocalCluster(Cluster):
         from skyward.bootstrap.channel import NodeChannel
 
         for node in list(self._nodes.values()):
-            if not _running(node["pid"], node.get("started")):
+            if not process_running(node["pid"], node.get("started")):
                 continue
             try:
                 sock = socket.create_connection(("127.0.0.1", node["port"]), 5)
@@ -255,7 +251,7 @@ class LocalCluster(Cluster):
             # An attached cluster hands out the nodes that already run before starting any.
             known = [n for i, n in sorted(self._nodes.items()) if i not in self._handed][:count]
             for node in known:
-                if not _running(node["pid"], node.get("started")):
+                if not process_running(node["pid"], node.get("started")):
                     raise ProviderError(
                         f"Local node {node['index']} of this pool (agent pid {node['pid']}) is not "
                         f"running any more: the pool expired (no client for its ttl) or was "
@@ -364,7 +360,7 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def _running(pid: int, started: int | None) -> bool:
+def process_running(pid: int, started: int | None) -> bool:
     """Is this exact process (pid + start time) running? Zombies count as gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -389,7 +385,7 @@ def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:
     exit is watched through /proc; whoever is their parent now reaps them."""
     deadline = time.monotonic() + grace
     for sig in (None, signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
-        alive = [n for n in nodes if _running(n["pid"], n.get("started"))]
+        alive = [n for n in nodes if process_running(n["pid"], n.get("started"))]
         if not alive:
             return
         for n in alive:
@@ -398,7 +394,7 @@ def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:
                     os.killpg(n["pid"], sig)  # agents lead their own session and group
                 except OSError:
                     pass
-        while time.monotonic() < deadline and any(_running(n["pid"], n.get("started")) for n in alive):
+        while time.monotonic() < deadline and any(process_running(n["pid"], n.get("started")) for n in alive):
             time.sleep(0.02)
         deadline = time.monotonic() + 2.0
 

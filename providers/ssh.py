@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from skyward import events as ev
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 
-from .base import Cluster, NodeEndpoint, ProviderConfig
+from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
@@ -496,11 +496,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         """The nodes another process started; connects to nothing until ``start``."""
         import cloudpickle
 
-        if description.get("provider") != "ssh":
-            raise ProviderError(
-                f"this pool's record is for provider {description.get('provider')!r}, not 'ssh'; "
-                f"remove it with `skyward down`."
-            )
+        require_kind(description, "ssh")
         self = cls.__new__(cls)
         self.spec = cloudpickle.loads(base64.b64decode(description["spec"]))
         self.pool_id = description["pool_id"]

@@ -130,19 +130,9 @@ class PoolStatus:
 
 
 def _pid_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+    from skyward.providers.local import process_running
+
+    return process_running(pid, None)
 
 
 def _live_clients(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ credentials (the usual chain: environment, ``profile=``, instance role...).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyward.errors import ConfigError, NoOfferError
@@ -57,6 +57,15 @@ class AWS(ProviderConfig):
     workspace: Any = field(default=None, repr=False, compare=False)
     kind: ClassVar[str] = "aws"
 
+    # The workspace is this process's way of running stacks (tests pass a fake holding threads
+    # and hosts): a pickled spec -- in a named pool's description -- goes without it.
+    def __getstate__(self) -> list[Any]:
+        return [None if f.name == "workspace" else getattr(self, f.name) for f in fields(self)]
+
+    def __setstate__(self, state: list[Any]) -> None:
+        for f, value in zip(fields(self), state, strict=True):
+            object.__setattr__(self, f.name, value)
+
     def __post_init__(self) -> None:
         if self.install not in ("index", "wheelhouse"):
             raise ConfigError(f"{type(self).__name__}(install={self.install!r}) is not valid: use 'index' or 'wheelhouse'.")
@@ -101,6 +110,29 @@ class AWS(ProviderConfig):
         preflight("sky.AWS", "aws", ("pulumi", "pulumi_aws"), fake_workspace=self.workspace is not None)
 
     # -- provisioning ----------------------------------------------------------------------
+    def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
+        """What the stack program is given besides the spec and offer (create and preview)."""
+        family = "neuron" if offer.accelerator in ("Trainium", "Inferentia2") else None
+        return {
+            "zone": self.zone, "image": self.ami, "user": self.user,
+            "settings": {"profile": self.profile, "subnet": self.subnet, "family": family},
+            "allow_ssh_from": self.allow_ssh_from, "detect_address": self.detect_address,
+            "max_duration": self.max_duration,
+        }
+
+    def preview(self, spec: Spec) -> dict[str, Any]:
+        """What a pool of ``spec`` would create, creating nothing: ``{"resources": [{"type",
+        "name", "detail"}], "offer", "stack", "notes"}``. The real stack program runs under
+        Pulumi's mocks: no Pulumi CLI, no credentials, no network. Needs the pulumi SDK."""
+        from skyward.stacks import aws as program
+        from skyward.stacks.preview import preview_pool
+
+        from .cloud import require_preview_sdk
+
+        offer = self.offer(spec)
+        require_preview_sdk("sky.AWS", "aws", ("pulumi", "pulumi_aws"), spec, offer)
+        return preview_pool("aws", spec, offer, program.program, **self._stack_args(spec, offer))
+
     def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
         from skyward.stacks import aws as program
         from skyward.stacks.cloudpool import launch
@@ -109,11 +141,30 @@ class AWS(ProviderConfig):
 
         self.preflight(spec)
         offer = self.offer(spec)
-        family = "neuron" if offer.accelerator in ("Trainium", "Inferentia2") else None
         cloud = launch(
-            "aws", spec, pool_id, offer, program.program, provider=self, zone=self.zone, image=self.ami,
-            user=self.user, settings={"profile": self.profile, "subnet": self.subnet, "family": family},
-            allow_ssh_from=self.allow_ssh_from, detect_address=self.detect_address,
-            max_duration=self.max_duration, plugins=plugin_version("aws", "pulumi-aws"), connect=self.workspace,
+            "aws", spec, pool_id, offer, program.program, provider=self, **self._stack_args(spec, offer),
+            plugins=plugin_version("aws", "pulumi-aws"), connect=self.workspace,
         )
-        return ssh_cluster(spec, pool_id, cloud, options, install=self.install)
+        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind)
+
+    # -- named pools (see ProviderConfig): the SSH description plus the stack's -------------------
+    def attach(self, description: dict[str, Any]) -> Cluster:
+        from skyward.stacks import aws as program
+
+        from .cloud import attach
+
+        return attach(self.kind, description, program.program, connect=self.workspace)
+
+    def destroy(self, description: dict[str, Any]) -> None:
+        from skyward.stacks import aws as program
+
+        from .cloud import destroy, preflight
+
+        preflight("sky.AWS", "aws", ("pulumi", "pulumi_aws"), fake_workspace=self.workspace is not None)
+        destroy(self.kind, description, program.program, connect=self.workspace)
+
+    def stack_history(self, description: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Pulumi update history of a described pool's stack (newest first)."""
+        from .cloud import stack_history
+
+        return stack_history(self.kind, description, connect=self.workspace)

@@ -172,6 +172,8 @@ class SSHCluster(Cluster):
         grow: Callable[[int], list[SSHHost]] | None = None,
         shrink: Callable[[list[SSHHost]], None] | None = None,
         on_close: Callable[[], None] | None = None,
+        kind: str = "ssh",
+        describe_extra: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.spec = spec
         self.pool_id = pool_id
@@ -182,6 +184,8 @@ class SSHCluster(Cluster):
         self._free = list(hosts)
         self._install = install
         self._grow, self._shrink, self._on_close = grow, shrink, on_close
+        # A cloud provider's pools: its kind in the description, plus what reopens its stack.
+        self._kind, self._describe_extra = kind, describe_extra
         self._nodes: dict[int, _Node] = {}
         self._described: list[_Node] = []  # running nodes of an attached pool, not handed out yet
         self._next = 0
@@ -263,9 +267,10 @@ class SSHCluster(Cluster):
             python = _python(image)
             sky = wheelhouse.skyward_wheel()
             files: dict[str, tuple[Path | bytes, int]] = {
-                "bin/uv.gz": (wheelhouse.uv_binary_gz(), 0o644),
                 f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
             }
+            if self._install == "wheelhouse":  # index mode: nodes fetch uv themselves
+                files["bin/uv"] = (wheelhouse.uv_binary(), 0o755)
             reqs = wheelhouse.agent_requirements()
             wheel_names: list[str] = []
             if self._install == "wheelhouse":
@@ -285,7 +290,7 @@ class SSHCluster(Cluster):
 
     # -- one node ----------------------------------------------------------------------------
     def _bring_up(self, node: _Node) -> NodeEndpoint:
-        from skyward.bootstrap import script
+        from skyward.bootstrap import script, wheelhouse
         from skyward.bootstrap.remote import Remote, Target
 
         ship = self._ship
@@ -312,7 +317,7 @@ class SSHCluster(Cluster):
             pool_id=self.pool_id, python=ship.python, install=self._install,
             skyward_wheel=ship.skyward_wheel, skyward_hash=ship.skyward_hash,
             agent_requirements=ship.agent_requirements, includes_archive=ship.includes is not None,
-            ops=ship.ops, wheel_names=ship.wheel_names,
+            ops=ship.ops, wheel_names=ship.wheel_names, uv_version=wheelhouse.uv_version(),
         )
         text = script.render(ship.image, plan)
         self._run_script(node, remote, text)
@@ -462,7 +467,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
             free = list(self._free)
         return {
-            "provider": "ssh",
+            "provider": self._kind,
             "pool_id": self.pool_id,
             "token": self.token,
             "head_port": self.head_port,
@@ -489,14 +494,25 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                 }
                 for n in nodes
             ],
+            **(self._describe_extra() if self._describe_extra is not None else {}),
         }
 
     @classmethod
-    def from_description(cls, description: dict[str, Any]) -> SSHCluster:
-        """The nodes another process started; connects to nothing until ``start``."""
+    def from_description(
+        cls,
+        description: dict[str, Any],
+        *,
+        kind: str = "ssh",
+        grow: Callable[[int], list[SSHHost]] | None = None,
+        shrink: Callable[[list[SSHHost]], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+        describe_extra: Callable[[], dict[str, Any]] | None = None,
+    ) -> SSHCluster:
+        """The nodes another process started; connects to nothing until ``start``. A cloud
+        provider passes its ``kind`` and the hooks of its reopened stack (as in ``__init__``)."""
         import cloudpickle
 
-        require_kind(description, "ssh")
+        require_kind(description, kind)
         self = cls.__new__(cls)
         self.spec = cloudpickle.loads(base64.b64decode(description["spec"]))
         self.pool_id = description["pool_id"]
@@ -506,7 +522,8 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         self.spill_dir = None
         self._free = [SSHHost(**h) for h in description.get("free", [])]
         self._install = description.get("install", "wheelhouse")
-        self._grow = self._shrink = self._on_close = None
+        self._grow, self._shrink, self._on_close = grow, shrink, on_close
+        self._kind, self._describe_extra = kind, describe_extra
         self._nodes = {}
         self._described = [
             _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),

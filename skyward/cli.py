@@ -397,7 +397,7 @@ def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from . import audit
-    from .named import check_name
+    from .named import check_name, stack_history
 
     check_name(args.name)
     entries = audit.read(args.name)
@@ -406,16 +406,28 @@ def cmd_history(args: argparse.Namespace) -> int:
             f"no history for a pool named {args.name!r}: nothing was ever recorded under that "
             f"name here (`skyward ls` lists running pools)."
         )
+    # Cloud pools: each stack's Pulumi updates, on the entry that first names the stack.
+    stacks = stack_history(args.name)
+    for e in entries:
+        if e.get("stack") in stacks and "stack_updates" not in e:
+            e["stack_updates"] = stacks.pop(e["stack"])
     if args.json:
         _json(entries)
         return EXIT_OK
-    skip = {"time", "who", "event", "name", "pid", "skyward"}
+    skip = {"time", "who", "event", "name", "pid", "skyward", "stack_updates"}
     rows = []
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
         details = ", ".join(f"{k}={e[k]}" for k in sorted(e) if k not in skip)
         rows.append([when, e.get("who", "?"), e.get("event", "?"), details])
     print(_table(["WHEN", "WHO", "WHAT", "DETAILS"], rows))
+    for e in entries:
+        if e.get("stack_updates"):
+            print(f"\nstack {e['stack']}: Pulumi updates, newest first")
+            print(_table(["KIND", "RESULT", "START", "END", "CHANGES"], [
+                [str(u.get("kind")), str(u.get("result", u.get("message", ""))), str(u.get("start") or "-"),
+                 str(u.get("end") or "-"), ", ".join(f"{k} {v}" for k, v in (u.get("changes") or {}).items())]
+                for u in e["stack_updates"]]))
     return EXIT_OK
 
 
@@ -458,8 +470,14 @@ def cmd_preview(args: argparse.Namespace) -> int:
     print(f"pool {cfg.name!r} would be {nodes} {provider.kind} node(s)"
           + (f" with {spec.accelerator}" if spec.accelerator is not None else "")
           + f", ttl {spec.ttl} s, {_money(out['hourly_cost'])}/h (nothing was created)")
+    offer = out.get("offer")
+    if offer:  # a cloud pool: the catalogue offer its nodes are priced from, and its stack
+        print(f"  offer {offer['instance_type']} in {offer['zone'] or offer['region']}, {offer['market']}, "
+              f"{_money(offer['hourly_cost_per_node'])}/h per node; stack {out.get('stack')}")
     for r in out.get("resources", []):
         print(f"  + {r.get('type')}  {r.get('name')}  {r.get('detail', '')}".rstrip())
+    for note in out.get("notes", []):
+        print(f"note: {note}")
     return EXIT_OK
 
 

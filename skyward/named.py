@@ -282,7 +282,7 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
     audit.append(cfg.name, "provisioned", pool.id, provider=record["provider"],
                  nodes=spec.node_spec.desired, offer=record["offer"],
                  hourly_cost=_total_cost(record), ttl=spec.ttl,
-                 by="skyward up" if keep else "sky.Compute(name=...)")
+                 by="skyward up" if keep else "sky.Compute(name=...)", stack=_stack_name(record))
     if keep:
         return pool
     _Recorder(pool, cfg.name).start()
@@ -434,7 +434,40 @@ def _destroy_record(record: dict[str, Any], reason: str) -> None:
         provider_from(record["config"]).destroy(cluster)
     registry.remove(record["name"])
     audit.append(record["name"], "destroyed", record.get("id", ""), reason=reason,
-                 provider=record.get("provider"))
+                 provider=record.get("provider"), stack=_stack_name(record))
+
+
+def _stack_name(record: dict[str, Any]) -> str | None:
+    """The Pulumi stack of a cloud pool's record (None for Local and SSH pools)."""
+    stack = (record.get("cluster") or {}).get("stack")
+    return str(stack["name"]) if isinstance(stack, dict) and stack.get("name") else None
+
+
+def stack_history(name: str) -> dict[str, list[dict[str, Any]]]:
+    """{stack: its Pulumi updates, newest first} for every stack pool ``name`` has had (cloud
+    pools): read from the running stack, or from the copy saved when the stack was removed."""
+    import json
+
+    from skyward.stacks.engine import audit_file
+
+    record = registry.read(name) or {}
+    live = _stack_name(record)
+    stacks = [e["stack"] for e in audit.read(name) if e.get("stack")] + ([live] if live else [])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for stack in dict.fromkeys(stacks):
+        saved = audit_file(stack)
+        try:
+            reader = getattr(provider_from(record["config"]), "stack_history", None) if stack == live else None
+            if reader is not None:
+                out[stack] = reader(record["cluster"])
+            elif saved.exists():
+                out[stack] = list(json.loads(saved.read_text()).get("history") or [])
+            else:
+                out[stack] = [{"kind": "history-unavailable",
+                               "message": f"stack {stack} is gone and its history was not saved in {saved}"}]
+        except (SkywardError, ValueError, OSError) as exc:
+            out[stack] = [{"kind": "history-unavailable", "message": str(exc)}]
+    return out
 
 
 def down(name: str, reason: str = "skyward down") -> dict[str, Any]:

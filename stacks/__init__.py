@@ -6,7 +6,9 @@
 * ``cli``: finding (or installing) the Pulumi CLI;
 * ``aws`` / ``gcp``: the stack programs; ``plan``: their input; ``userdata``: what nodes boot
   with; ``keys``: client and host keys; ``network``: who may reach port 22;
-* ``cloudpool``: a pool's life as stack updates, and its nodes as SSH hosts.
+* ``cloudpool``: a pool's life as stack updates, and its nodes as SSH hosts (and their
+  description, to reopen a named pool's stack in another process);
+* ``preview``: what a pool's stack would create, from the real program under Pulumi's mocks.
 
 Nothing here imports pulumi until an operation runs.
 """

@@ -26,9 +26,9 @@ def backend_url() -> str:
     return os.environ.get("PULUMI_BACKEND_URL") or (skyward_home() / "stacks").as_uri()
 
 
-def local_state_dir() -> Path | None:
+def local_state_dir(backend: str | None = None) -> Path | None:
     """The folder of a file backend (None for bucket and cloud backends)."""
-    url = urlparse(backend_url())
+    url = urlparse(backend or backend_url())
     if url.scheme != "file":
         return None
     return Path(url.path or "/").expanduser() if url.netloc in ("", "localhost") else Path(url.netloc + url.path)
@@ -56,12 +56,14 @@ def secrets_env() -> dict[str, str]:
     return {"PULUMI_CONFIG_PASSPHRASE_FILE": str(path)}
 
 
-def prepare() -> dict[str, str]:
-    """Make the file backend's folder (if that is the backend) and return the CLI's environment."""
-    state = local_state_dir()
+def prepare(backend: str | None = None) -> dict[str, str]:
+    """Make the file backend's folder (if that is the backend) and return the CLI's environment
+    (``backend``: a stack's recorded backend, else the current one)."""
+    url = backend or backend_url()
+    state = local_state_dir(url)
     if state is not None:
         state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return {"PULUMI_BACKEND_URL": backend_url(), "PULUMI_SKIP_UPDATE_CHECK": "true", **secrets_env()}
+    return {"PULUMI_BACKEND_URL": url, "PULUMI_SKIP_UPDATE_CHECK": "true", **secrets_env()}
 
 
 def stack_name(pool_name: str | None, pool_id: str) -> str:

@@ -78,8 +78,12 @@ class CloudPool:
         secrets: dict[str, str] | None = None,
         plugins: dict[str, str] | None = None,
         connect: Connect | None = None,
+        backend: str | None = None,
     ) -> None:
+        from .backend import backend_url
+
         self.plan = plan
+        self.backend = backend or backend_url()  # where the stack lives (PULUMI_BACKEND_URL at creation)
         self.pool_id = pool_id
         self.key_path = key_path
         self.spot = spot
@@ -154,6 +158,40 @@ class CloudPool:
             self._closed = True
             self.stack.remove()
             keys.forget(self.plan.stack)
+
+    # -- named pools: what another process needs to reopen this stack -----------------------
+    def describe(self) -> dict[str, Any]:
+        """JSON-able: the stack's name, project and backend, the plan with the nodes' private
+        host keys (an update must not change a running node's user data, which would replace
+        it), the pool's record and secrets for the stack config, and node addresses."""
+        from .backend import PROJECT
+
+        with self._lock:
+            return {
+                "name": self.plan.stack, "project": PROJECT, "backend": self.backend,
+                "pool_id": self.pool_id, "plan": dataclasses.asdict(self.plan),
+                "key_path": str(self.key_path), "spot": self.spot, "fallback": self.fallback,
+                "record": json.loads(json.dumps(self._record, default=str)), "secrets": dict(self._secrets),
+                "plugins": dict(self.stack.plugins), "addresses": dict(self._by_address),
+            }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any], program: Callable[[PoolPlan], Any],
+                         connect: Connect | None = None) -> CloudPool:
+        """The CloudPool of a described stack (its resources exist; nothing is run here).
+        Without ``connect``, the stack is reopened on the backend it was made on."""
+        import functools
+
+        backend = str(description["backend"])
+        cloud = cls(
+            PoolPlan.from_dict(description["plan"]), program, pool_id=str(description["pool_id"]),
+            key_path=Path(description["key_path"]), spot=bool(description["spot"]),
+            fallback_to_on_demand=bool(description["fallback"]), record=dict(description.get("record") or {}),
+            secrets=dict(description.get("secrets") or {}), plugins=dict(description.get("plugins") or {}),
+            connect=connect or functools.partial(local_connect, backend_url=backend), backend=backend,
+        )
+        cloud._by_address = {str(a): int(i) for a, i in (description.get("addresses") or {}).items()}
+        return cloud
 
     # -- plumbing --------------------------------------------------------------------------
     def _index_of(self, node: Any) -> int:
@@ -255,6 +293,50 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+def new_plan(
+    spec: Spec,
+    offer: Offer,
+    *,
+    stack: str,
+    pool: str,
+    zone: str | None,
+    image: str | None,
+    user: str,
+    settings: dict[str, Any],
+    cidrs: tuple[str, ...],
+    public_key: str,
+    max_duration: float | None,
+) -> PoolPlan:
+    """The PoolPlan of a new pool, with no nodes yet (``launch`` and ``preview`` share it)."""
+    import time
+
+    from skyward import __version__
+    from skyward.volumes import Disk
+
+    from .plan import DiskPlan
+
+    gpu = offer.accelerator is not None
+    now = int(time.time())
+    return PoolPlan(
+        pool=pool, stack=stack, region=offer.region, zone=zone,
+        instance_type=offer.instance_type, nodes=(), ssh_user=user, ssh_public_key=public_key,
+        ssh_cidrs=cidrs, disk_gb=spec.disk_gb or (120 if gpu else 30),
+        disks=tuple(DiskPlan(v.size_gb, v.mount, v.type) for v in spec.volumes if isinstance(v, Disk)),
+        image=image, gpu=gpu, architecture=offer.architecture, ttl=spec.ttl,
+        grace=spec.image.bootstrap_timeout + 600, created=now,
+        expires=now + int(max_duration) if max_duration else None, version=__version__, settings=settings,
+    )
+
+
+def placeholder_nodes(count: int, *, spot: bool) -> tuple[NodePlan, ...]:
+    """Nodes with throwaway host keys (for a preview: the real ones are made at ``up``)."""
+    out = []
+    for index in range(count):
+        host = keys.ed25519(f"preview-node-{index}")
+        out.append(NodePlan(index=index, spot=spot, host_key=host.public, host_key_private=host.private))
+    return tuple(out)
+
+
 def launch(
     kind: str,
     spec: Spec,
@@ -275,29 +357,16 @@ def launch(
     pool_name: str | None = None,
 ) -> CloudPool:
     """The CloudPool of a new pool: its key, plan and stack (nothing is created in the cloud yet)."""
-    import time
-
-    from skyward import __version__
-    from skyward.volumes import Disk
-
     from .backend import stack_name
     from .network import client_cidrs
-    from .plan import DiskPlan
 
     where = f"sky.{kind.upper()}(allow_ssh_from=...)"
     cidrs = client_cidrs(allow_ssh_from, detect_address, where)
     stack = stack_name(pool_name, pool_id)
     key_path, client = keys.client_key(stack)
-    gpu = offer.accelerator is not None
-    now = int(time.time())
-    plan = PoolPlan(
-        pool=pool_name or pool_id, stack=stack, region=offer.region, zone=zone,
-        instance_type=offer.instance_type, nodes=(), ssh_user=user, ssh_public_key=client.public,
-        ssh_cidrs=cidrs, disk_gb=spec.disk_gb or (120 if gpu else 30),
-        disks=tuple(DiskPlan(v.size_gb, v.mount, v.type) for v in spec.volumes if isinstance(v, Disk)),
-        image=image, gpu=gpu, architecture=offer.architecture, ttl=spec.ttl,
-        grace=spec.image.bootstrap_timeout + 600, created=now,
-        expires=now + int(max_duration) if max_duration else None, version=__version__, settings=settings,
+    plan = new_plan(
+        spec, offer, stack=stack, pool=pool_name or pool_id, zone=zone, image=image, user=user,
+        settings=settings, cidrs=cidrs, public_key=client.public, max_duration=max_duration,
     )
     record, secrets = spec_record(spec, offer, provider)
     market = offer.market(spec.allocation)

@@ -59,14 +59,15 @@ def audit_file(name: str) -> Path:
     return skyward_home() / "audit" / f"{name}.json"
 
 
-def local_connect(name: str, program: Program) -> Any:
-    """The real thing: a LocalWorkspace stack over the pulumi CLI found by stacks.cli."""
+def local_connect(name: str, program: Program, backend_url: str | None = None) -> Any:
+    """The real thing: a LocalWorkspace stack over the pulumi CLI found by stacks.cli
+    (``backend_url``: where the stack lives, when not the current PULUMI_BACKEND_URL)."""
     from pulumi import automation as auto
 
     from .cli import require_cli
 
     exe = require_cli(f"stack {name}")
-    env = backend.prepare()
+    env = backend.prepare(backend_url)
     work_dir = workspace_dir(name)
     work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:

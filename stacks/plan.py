@@ -71,6 +71,14 @@ class PoolPlan:
             "managed-by": "skyward",
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolPlan:
+        """The plan of ``dataclasses.asdict(plan)`` (a named pool's description keeps it)."""
+        data = dict(data)
+        nodes = tuple(NodePlan(**n) for n in data.pop("nodes"))
+        disks = tuple(DiskPlan(**d) for d in data.pop("disks", ()))
+        return cls(nodes=nodes, disks=disks, ssh_cidrs=tuple(data.pop("ssh_cidrs")), **data)
+
     def record(self) -> dict[str, Any]:
         """The plan without secrets, for the stack config."""
         data = asdict(self)

@@ -212,15 +212,24 @@ def test_defaults_and_flags_layer_over_skyward_toml(cli: CLI) -> None:
     assert cli("ls", "--json").json() == []
 
 
-def test_preview_of_a_cloud_pool_says_what_is_not_available(cli: CLI) -> None:
-    cli.toml('[pools.gpu]\nprovider = "aws"\nnodes = 2\naccelerator = "A100"\n')
-    result = cli("preview", "gpu")
-    # The cloud providers give no resource plan yet: the command says so, with the offer and
-    # its cost, and creates nothing.
-    assert result.code == 1, result
-    assert "preview of the resources is not available for provider 'aws'" in result.err
-    assert "A100" in result.err and "/h for 2 node(s)" in result.err
-    assert cli("ls", "--json").json() == []
+def test_preview_of_a_cloud_pool_lists_its_stack_and_cost_creating_nothing(cli: CLI) -> None:
+    pytest.importorskip("pulumi_aws")
+    cli.toml('[pools.gpu]\nprovider = "aws"\nnodes = 2\naccelerator = "A100"\n'
+             '[pools.gpu.aws]\nallow_ssh_from = ["10.1.0.0/16"]\n')
+    result = cli("preview", "gpu", "--json")
+    assert result.code == 0, result
+    got = result.json()
+    types = [r["type"] for r in got["resources"]]
+    assert types.count("aws:ec2/instance:Instance") == 2
+    assert types.count("aws:ec2/securityGroup:SecurityGroup") == 1 and "aws:ec2/keyPair:KeyPair" in types
+    group = next(r for r in got["resources"] if r["type"].endswith("SecurityGroup"))
+    assert "tcp 22 from <this machine's public address>/32, 10.1.0.0/16" in group["detail"], group
+    assert got["offer"]["hourly_cost_per_node"] == got["hourly_cost_per_node"] > 0
+    assert got["hourly_cost"] == round(got["hourly_cost_per_node"] * 2, 4)
+    text = cli("preview", "gpu")
+    assert text.code == 0 and "(nothing was created)" in text.out and "+ aws:ec2/instance:Instance  node-1" in text.out
+    # Nothing was made: no key, no stack, no registry record (SKYWARD_HOME was never created).
+    assert not cli.home.exists() or not any((cli.home / d).exists() for d in ("keys", "stacks", "registry"))
 
 
 def test_down_unknown_and_bad_usage(cli: CLI) -> None:
@@ -325,12 +334,17 @@ def test_offers_lists_the_catalogue_and_rejects_unknown_accelerators(cli: CLI) -
     assert bad.code == 2 and "A1OO" in bad.err, bad
 
 
-def test_up_with_a_provider_that_cannot_attach_fails_before_creating_anything(cli: CLI) -> None:
+def test_up_of_a_cloud_pool_without_the_pulumi_cli_fails_before_creating_anything(cli: CLI) -> None:
+    from skyward.stacks.cli import find
+
+    if find() is not None:
+        pytest.skip("the Pulumi CLI is installed here")
     cli.toml('[pools.cloud]\nprovider = "aws"\nnodes = 1\n')
     result = cli("up", "cloud")
     assert result.code == 1, result
-    assert "provider 'aws' cannot run named pools" in result.err
+    assert "Pulumi" in result.err and "install" in result.err.lower(), result
     assert cli("ls", "--json").json() == []
+    assert not (cli.home / "keys").exists() and not (cli.home / "stacks").exists()
 
 
 def test_a_node_lost_while_attached_is_in_the_history(cli: CLI) -> None:

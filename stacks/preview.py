@@ -1,0 +1,308 @@
+"""What a cloud pool's stack would create, without the Pulumi engine, the CLI or credentials.
+
+The real stack program (``aws.program`` / ``gcp.program``) runs against Pulumi's own mocks
+(``pulumi.runtime.set_mocks``): every resource it declares reaches ``new_resource`` with its
+type token, name and inputs, and each becomes one line of the preview, with a short detail
+(instance type and market, ports and CIDRs of each ingress rule, disk sizes...). Lookups
+the program makes (default VPC, subnet, newest AMI) are answered with placeholders that say
+what ``up`` would look up. Nothing is created and nothing is written.
+
+The pulumi SDK keeps its runtime settings in context variables, with one leak: setting a
+value where none was set also becomes the default every *other* thread sees (pulumi's
+``ContextProperty.fset``). So the program runs in a thread of its own, in an empty context,
+with its own event loop, under the engine's lock (``engine._ENGINE``: one Pulumi program at a
+time per process), and the settings' defaults are put back afterwards: a later real ``up`` in
+the same process, or a test's own mocks, see what they saw before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from skyward.errors import ProviderError
+
+from . import engine
+
+if TYPE_CHECKING:
+    from skyward.catalogue import Offer
+    from skyward.spec import Spec
+
+    from .plan import PoolPlan
+
+# Shown in place of this machine's public address: preview does not ask the internet for it.
+THIS_MACHINE = "<this machine's public address>/32"
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """One resource the program declared: Pulumi type token, logical name, inputs as sent."""
+
+    type: str
+    name: str
+    inputs: dict[str, Any]
+
+
+def declared(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[Declared]:
+    """Run ``program(plan)`` under recording mocks, isolated from the rest of the process."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = contextvars.Context().run(_run, program, plan)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    with engine._ENGINE, _settings_defaults_kept():
+        worker = threading.Thread(target=target, name="skyward-stack-preview", daemon=True)
+        worker.start()
+        worker.join()
+    if "error" in outcome:
+        exc = outcome["error"]
+        raise ProviderError(
+            f"stack {plan.stack}: its program failed under preview ({type(exc).__name__}: {exc}); "
+            f"this is a bug in skyward's stack program, please report it with this message."
+        ) from exc
+    found: list[Declared] = outcome["value"]
+    return found
+
+
+def resources(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[dict[str, str]]:
+    """``[{"type", "name", "detail"}]``, one per resource ``up`` would create, in declaration order."""
+    order = list(_DETAILS)
+    found = sorted(declared(program, plan), key=lambda r: (
+        order.index(r.type) if r.type in order else len(order), _natural(r.name)))
+    return [{"type": r.type, "name": r.name, "detail": detail(r)} for r in found]
+
+
+def _natural(name: str) -> list[Any]:
+    """node-2 before node-10 (registration order depends on when outputs resolve)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def preview_pool(
+    kind: str,
+    spec: Spec,
+    offer: Offer,
+    program: Callable[[PoolPlan], Any],
+    *,
+    zone: str | None,
+    image: str | None,
+    user: str,
+    settings: dict[str, Any],
+    allow_ssh_from: Sequence[str],
+    detect_address: bool,
+    max_duration: float | None,
+    pool_name: str | None = None,
+) -> dict[str, Any]:
+    """A provider's ``preview(spec)``: the plan ``up`` would make (with throwaway keys and the
+    client address left as a placeholder), its resources, the offer and its price."""
+    from .backend import stack_name
+    from .cli import find, install_instructions
+    from .cloudpool import new_plan, placeholder_nodes
+    from .keys import ed25519
+    from .network import check_cidrs
+
+    where = f"sky.{kind.upper()}(allow_ssh_from=...)"
+    cidrs = ([THIS_MACHINE] if detect_address else []) + list(check_cidrs(allow_ssh_from, where))
+    if not cidrs:
+        raise ProviderError(
+            f"{where}: detect_address=False and allow_ssh_from is empty, so nothing could reach the "
+            f"nodes; list the client's address in allow_ssh_from."
+        )
+    stack = stack_name(pool_name, "<id>")
+    plan = new_plan(
+        spec, offer, stack=stack, pool=pool_name or "pool", zone=zone, image=image, user=user,
+        settings=settings, cidrs=tuple(cidrs), public_key=ed25519("preview").public, max_duration=max_duration,
+    )
+    market = offer.market(spec.allocation)
+    plan = plan.with_nodes(placeholder_nodes(spec.node_spec.desired, spot=market == "spot"))
+    notes = []
+    if find() is None:
+        notes.append(f"`up` needs the Pulumi CLI, which is not installed here. {install_instructions()}")
+    if detect_address:
+        notes.append("port 22 opens to this machine's public address, looked up when the pool starts")
+    price = offer.price(spec.allocation)
+    return {
+        "stack": plan.stack,
+        "offer": {"provider": kind, "instance_type": offer.instance_type, "region": offer.region,
+                  "zone": plan.zone, "market": market, "hourly_cost_per_node": price},
+        "resources": resources(program, plan),
+        "notes": notes,
+    }
+
+
+# -- running the program ---------------------------------------------------------------------------
+def _run(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[Declared]:
+    import pulumi
+    from pulumi.runtime.stack import run_pulumi_func
+
+    from .backend import PROJECT
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    recorder = _recorder(plan)
+    try:
+        pulumi.runtime.set_mocks(recorder, project=PROJECT, stack=plan.stack, preview=True)
+        loop.run_until_complete(run_pulumi_func(lambda: program(plan)))
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(task)
+        loop.close()
+        asyncio.set_event_loop(None)
+    found: list[Declared] = recorder.found
+    return found
+
+
+def _recorder(plan: PoolPlan) -> Any:
+    from pulumi.runtime import Mocks
+
+    class Recorder(Mocks):
+        def __init__(self) -> None:
+            self.found: list[Declared] = []
+
+        def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
+            self.found.append(Declared(str(args.typ), str(args.name), dict(args.inputs)))
+            return str(args.name), dict(args.inputs)
+
+        def call(self, args: Any) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+            return _lookup(str(args.token), dict(args.args or {}), plan), []
+
+    return Recorder()
+
+
+def _lookup(token: str, args: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
+    """What ``up`` would look up in the cloud, as placeholders that say so."""
+    zone = args.get("availabilityZone") or plan.zone
+    if token == "aws:ec2/getVpc:getVpc":
+        return {"id": "the default VPC"}
+    if token == "aws:ec2/getSubnets:getSubnets":
+        return {"ids": ["the default subnet"]}
+    if token == "aws:ec2/getSubnet:getSubnet":
+        return {"id": args.get("id") or "the default subnet", "vpcId": "its VPC",
+                "availabilityZone": zone or f"a zone of {plan.region}"}
+    if token == "aws:ec2/getAmi:getAmi":
+        owners = ",".join(args.get("owners") or [])
+        names = [f["values"][0] for f in args.get("filters") or [] if f.get("name") == "name" and f.get("values")]
+        return {"id": f"newest {names[0] if names else 'AMI'!r} of {owners}"}
+    return {}
+
+
+@contextlib.contextmanager
+def _settings_defaults_kept() -> Any:
+    """Put back the defaults of pulumi's settings properties (see the module docstring)."""
+    from pulumi.runtime import settings
+
+    props = [v for cls in type(settings.SETTINGS).__mro__ for v in vars(cls).values()
+             if type(v).__name__ == "ContextProperty"]
+    saved = [(p, getattr(p, _DEFAULT)) for p in props if hasattr(p, _DEFAULT)]
+    try:
+        yield
+    finally:
+        for prop, default in saved:
+            setattr(prop, _DEFAULT, default)
+
+
+_DEFAULT = "_ContextProperty__default"  # ContextProperty.__default, name-mangled
+
+
+# -- one line per resource -------------------------------------------------------------------------
+def detail(r: Declared) -> str:
+    describe = _DETAILS.get(r.type)
+    if describe is None:
+        return ""
+    try:
+        return describe(r.inputs)
+    except (KeyError, TypeError, ValueError, IndexError):  # a shape we did not expect: no detail
+        return ""
+
+
+def _n(value: Any) -> str:
+    return f"{float(value):g}" if isinstance(value, int | float) else str(value)
+
+
+def _aws_rule(rule: dict[str, Any], direction: str) -> str:
+    proto = rule.get("protocol")
+    lo, hi = rule.get("fromPort"), rule.get("toPort")
+    what = "all traffic" if proto in ("-1", "all") else (
+        f"{proto} {_n(lo)}" if lo == hi else f"{proto} {_n(lo)}-{_n(hi)}")
+    peers = [*(rule.get("cidrBlocks") or []), *(rule.get("ipv6CidrBlocks") or [])]
+    if rule.get("self"):
+        peers.append("the group's own members")
+    return f"{what} {direction} {', '.join(peers) or 'nowhere'}"
+
+
+def _aws_group(i: dict[str, Any]) -> str:
+    ins = "; ".join(_aws_rule(r, "from") for r in i.get("ingress") or [])
+    outs = "; ".join(_aws_rule(r, "to") for r in i.get("egress") or [])
+    return f"in: {ins or 'nothing'}. out: {outs or 'nothing'}"
+
+
+def _aws_instance(i: dict[str, Any]) -> str:
+    market = i.get("instanceMarketOptions") or {}
+    if market.get("marketType") == "spot":
+        spot = market.get("spotOptions") or {}
+        how = f"spot ({spot.get('spotInstanceType')}, {spot.get('instanceInterruptionBehavior')} on interruption)"
+    else:
+        how = "on-demand"
+    root = i.get("rootBlockDevice") or {}
+    parts = [str(i["instanceType"]), how, f"root {_n(root.get('volumeSize'))} GB {root.get('volumeType', '')}".rstrip(),
+             f"image: {i.get('ami')}"]
+    if i.get("instanceInitiatedShutdownBehavior") == "terminate":
+        parts.append("terminated when it shuts down")
+    return ", ".join(parts)
+
+
+def _aws_provider(i: dict[str, Any]) -> str:
+    return f"region {i.get('region')}" + (f", profile {i['profile']}" if i.get("profile") else "")
+
+
+def _gcp_firewall(i: dict[str, Any]) -> str:
+    allows = ", ".join(
+        a["protocol"] if a.get("protocol") == "all" or not a.get("ports") else f"{a['protocol']} {','.join(a['ports'])}"
+        for a in i.get("allows") or [])
+    sources = [*(i.get("sourceRanges") or []), *(f"tag {t}" for t in i.get("sourceTags") or [])]
+    targets = ", ".join(f"tag {t}" for t in i.get("targetTags") or []) or "every instance"
+    return f"{str(i.get('direction', 'INGRESS')).lower()}: {allows} from {', '.join(sources) or 'nowhere'} to {targets}"
+
+
+def _gcp_instance(i: dict[str, Any]) -> str:
+    sched = i.get("scheduling") or {}
+    model = sched.get("provisioningModel", "STANDARD")
+    parts = [str(i["machineType"]), "spot" if model == "SPOT" else "on-demand"]
+    parts += [f"{_n(a.get('count', 1))}x {a.get('type')}" for a in i.get("guestAccelerators") or []]
+    boot = (i.get("bootDisk") or {}).get("initializeParams") or {}
+    parts.append(f"boot {_n(boot.get('size'))} GB {boot.get('type', '')} from {boot.get('image')}".replace("  ", " "))
+    if sched.get("instanceTerminationAction") == "DELETE":
+        parts.append("deleted when stopped or preempted")
+    run = sched.get("maxRunDuration") or {}
+    if run.get("seconds"):
+        parts.append(f"runs at most {_n(run['seconds'])} s")
+    return ", ".join(parts)
+
+
+def _gcp_provider(i: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {i[k]}" for k in ("project", "region", "zone") if i.get(k))
+
+
+_DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {  # also the order resources are listed in
+    "pulumi:providers:aws": _aws_provider,
+    "pulumi:providers:gcp": _gcp_provider,
+    "aws:ec2/securityGroup:SecurityGroup": _aws_group,
+    "gcp:compute/firewall:Firewall": _gcp_firewall,
+    "aws:ec2/keyPair:KeyPair": lambda i: f"{i.get('keyName')}: the pool's ed25519 client key (public half)",
+    "aws:ebs/volume:Volume": lambda i: f"{_n(i.get('size'))} GB {i.get('type')} in {i.get('availabilityZone')}",
+    "gcp:compute/disk:Disk": lambda i: f"{_n(i.get('size'))} GB {i.get('type')} in {i.get('zone')}",
+    "aws:ec2/instance:Instance": _aws_instance,
+    "gcp:compute/instance:Instance": _gcp_instance,
+    "aws:ec2/volumeAttachment:VolumeAttachment":
+        lambda i: f"{i.get('volumeId')} on {i.get('instanceId')} as {i.get('deviceName')}",
+}

@@ -1,0 +1,136 @@
+"""Preview of a cloud pool: the real stack program under Pulumi's mocks, run by production code
+(stacks/preview.py), with no engine, no CLI, no credentials -- and no mocks left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pulumi = pytest.importorskip("pulumi")
+pytest.importorskip("pulumi_aws")
+pytest.importorskip("pulumi_gcp")
+
+from stackfakes import Recorder, fresh_mocks, make_plan  # noqa: E402
+
+import skyward as sky  # noqa: E402
+from skyward.errors import PulumiNotFoundError  # noqa: E402
+from skyward.stacks import aws  # noqa: E402
+from skyward.stacks.preview import THIS_MACHINE  # noqa: E402
+
+INSTANCE = "aws:ec2/instance:Instance"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _of(out: dict[str, Any], typ: str) -> list[dict[str, str]]:
+    return [r for r in out["resources"] if r["type"] == typ]
+
+
+def test_aws_preview_lists_every_resource_with_its_detail_and_the_offer_price(home: Path) -> None:
+    spec = sky.Spec(provider=sky.AWS(allow_ssh_from=["10.1.0.0/16"]), nodes=2, accelerator="A10G",
+                    allocation="spot", volumes=[sky.Disk(200, mount="/data")])
+    out = spec.provider.preview(spec)
+
+    instances = _of(out, INSTANCE)
+    assert [r["name"] for r in instances] == ["node-0", "node-1"]
+    assert all("spot (one-time, terminate on interruption)" in r["detail"] for r in instances), instances
+    assert all("terminated when it shuts down" in r["detail"] and "Deep Learning" in r["detail"] for r in instances)
+    (group,) = _of(out, "aws:ec2/securityGroup:SecurityGroup")
+    ingress = group["detail"].split(". out:")[0]
+    assert ingress == (f"in: tcp 22 from {THIS_MACHINE}, 10.1.0.0/16; all traffic from the group's own members")
+    assert "0.0.0.0/0" not in ingress
+    assert [r["detail"] for r in _of(out, "aws:ebs/volume:Volume")] == ["200 GB gp3 in a zone of us-east-1"] * 2
+    assert len(_of(out, "aws:ec2/volumeAttachment:VolumeAttachment")) == 2
+    assert len(_of(out, "aws:ec2/keyPair:KeyPair")) == 1
+
+    offer = spec.provider.offer(spec)
+    assert out["offer"]["instance_type"] == offer.instance_type
+    assert out["offer"]["hourly_cost_per_node"] == offer.price("spot") == spec.provider.hourly_cost(spec)
+    assert out["offer"]["market"] == "spot"
+    assert not home.exists()  # no key, no stack, no passphrase: nothing was created
+
+
+def test_aws_on_demand_cpu_preview_has_no_spot_and_no_volumes() -> None:
+    spec = sky.Spec(provider=sky.AWS(detect_address=False, allow_ssh_from=["203.0.113.9/32"]), nodes=1,
+                    allocation="on-demand")
+    out = spec.provider.preview(spec)
+    (inst,) = _of(out, INSTANCE)
+    assert ", on-demand," in inst["detail"] and "spot" not in inst["detail"]
+    assert "ubuntu-noble-24.04" in inst["detail"]
+    assert not _of(out, "aws:ebs/volume:Volume")
+    (group,) = _of(out, "aws:ec2/securityGroup:SecurityGroup")
+    assert "tcp 22 from 203.0.113.9/32;" in group["detail"] and THIS_MACHINE not in group["detail"]
+
+
+def test_gcp_preview_shows_firewalls_market_accelerators_and_the_run_cap() -> None:
+    spec = sky.Spec(provider=sky.GCP(project="p", max_duration=3600, allow_ssh_from=["10.2.0.0/16"]),
+                    nodes=2, accelerator="T4", allocation="spot", volumes=[sky.Disk(50, mount="/d")])
+    out = spec.provider.preview(spec)
+    ssh, internal = (next(r for r in out["resources"] if r["name"] == n) for n in ("ssh", "internal"))
+    assert ssh["detail"].startswith(f"ingress: tcp 22 from {THIS_MACHINE}, 10.2.0.0/16 to tag sky-")
+    assert internal["detail"].startswith("ingress: all from tag sky-")
+    instances = _of(out, "gcp:compute/instance:Instance")
+    assert len(instances) == 2
+    for r in instances:
+        assert ", spot," in r["detail"] and "deleted when stopped or preempted" in r["detail"], r
+        assert "runs at most 3600 s" in r["detail"]
+        assert "nvidia-tesla-t4" in r["detail"] or "T4" in r["detail"].upper(), r
+    assert [r["detail"].split(" in ")[0] for r in _of(out, "gcp:compute/disk:Disk")] == ["50 GB pd-balanced"] * 2
+
+
+def _view_from_a_new_thread() -> dict[str, Any]:
+    from pulumi.runtime.settings import SETTINGS
+
+    seen: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: seen.update(
+        monitor=SETTINGS.monitor, dry_run=SETTINGS.dry_run, stack=SETTINGS.stack, project=SETTINGS.project))
+    t.start()
+    t.join()
+    return seen
+
+
+def test_preview_leaves_no_mocks_behind_in_this_or_other_threads() -> None:
+    """pulumi's ContextProperty makes a first value set in a fresh context the default of every
+    other thread; preview must put the defaults back (else a later `up` thread sees its mocks)."""
+    from pulumi.runtime import settings
+
+    here = (settings.SETTINGS.monitor, settings.SETTINGS.dry_run, settings.SETTINGS.stack, settings.get_root_resource())
+    elsewhere = _view_from_a_new_thread()
+    spec = sky.Spec(provider=sky.AWS(detect_address=False, allow_ssh_from=["10.0.0.0/8"]), nodes=1)
+    spec.provider.preview(spec)
+    assert (settings.SETTINGS.monitor, settings.SETTINGS.dry_run, settings.SETTINGS.stack,
+            settings.get_root_resource()) == here
+    assert _view_from_a_new_thread() == elsewhere
+
+
+@pulumi.runtime.test
+def test_a_programs_own_mocks_still_work_after_a_preview() -> Any:
+    spec = sky.Spec(provider=sky.AWS(detect_address=False, allow_ssh_from=["10.0.0.0/8"]), nodes=1)
+    spec.provider.preview(spec)
+    recorder: Recorder = fresh_mocks()
+    declared = aws.program(make_plan(nodes=3))
+
+    def check(_: Any) -> None:
+        assert len(recorder.of_type(INSTANCE)) == 3
+
+    return pulumi.Output.all(*[i.id for i in declared.instances.values()]).apply(check)
+
+
+def test_without_the_sdk_preview_says_what_it_would_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pulumi_aws" else real(name, *a))
+    spec = sky.Spec(provider=sky.AWS(), nodes=2, accelerator="A100")
+    with pytest.raises(PulumiNotFoundError) as info:
+        spec.provider.preview(spec)
+    text = str(info.value)
+    assert "pip install 'skyward[aws]'" in text and "pulumi_aws" in text
+    assert "A100" in text and "/h for 2 node(s)" in text  # it still says what it would be and cost

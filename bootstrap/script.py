@@ -50,6 +50,7 @@ class NodePlan:
     includes_archive: bool = False  # pools/<id>/includes.tar was uploaded
     ops: tuple[str, ...] = ()  # plugin bootstrap ops, run last, in order
     wheel_names: tuple[str, ...] = field(default=())  # the wheelhouse content (keys the deps phase)
+    uv_version: str = ""  # index mode: the uv release a node fetches when it has none
 
 
 def key(*parts: object) -> str:
@@ -76,12 +77,18 @@ def render(image: Image, plan: NodePlan) -> str:
     # env: exported on the node for the agent and every task (0600: values may be secrets).
     exports = "".join(f"export {k}={q(v)}\n" for k, v in image.env.items())
     phase("env", f"umask 077\ncat > \"$POOL/env.sh\" <<'SKYWARD_ENV'\n{exports}SKYWARD_ENV")
+    # The rest of the bootstrap sees Image.env too: an index (UV_INDEX_URL), a proxy, ...
+    out.append('. "$POOL/env.sh"\n')
     if image.apt:
         pkgs = " ".join(q(p) for p in image.apt)
         phase("apt", _APT.format(pkgs=pkgs), key(sorted(image.apt)))
-    # uv travels gzipped (a third of its size); unpacked once per node.
-    phase("uv", 'if ! "$UV" --version >/dev/null 2>&1; then\n'
-                '  gunzip -c "$UV.gz" > "$UV.tmp" && chmod 755 "$UV.tmp" && mv "$UV.tmp" "$UV"\nfi\n"$UV" --version')
+    if plan.install == "index":
+        # Nodes with an index fetch uv themselves (nothing to upload): the client's version.
+        phase("uv", f'if ! "$UV" --version >/dev/null 2>&1; then\n'
+                    f'  python3 - "$SKY/bin" {q(plan.uv_version)} <<\'SKYWARD_PY\'\n{_FETCH_UV}SKYWARD_PY\nfi\n'
+                    f'"$UV" --version')
+    else:
+        phase("uv", '"$UV" --version')
     py = q(plan.python)
     find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
     if plan.install == "index":
@@ -109,8 +116,7 @@ def render(image: Image, plan: NodePlan) -> str:
     phase(
         "skyward",
         f'"$UV" pip install --quiet --python "$ENV/bin/python"{source} --reinstall-package skyward '
-        f'"$SKY/{plan.skyward_wheel}"\n'
-        f'"$ENV/bin/python" -c "import skyward.bootstrap.agent"',
+        f'"$SKY/{plan.skyward_wheel}"',
         key(ek, plan.skyward_hash),
         venv_check,
     )
@@ -221,3 +227,39 @@ if ! $SUDO apt-get install -y -q --no-install-recommends {pkgs}; then
   $SUDO apt-get update -q || echo "apt-get update failed; trying the install anyway"
   $SUDO apt-get install -y -q --no-install-recommends {pkgs}
 fi"""
+
+# Index mode, a node without uv: its wheel from the node's package index (PEP 503 simple API:
+# SKYWARD_UV_INDEX, UV_INDEX_URL or PIP_INDEX_URL from Image.env, else PyPI), checksum
+# verified, binary unpacked. Standard library only.
+_FETCH_UV = """\
+import hashlib, html, io, os, platform, re, sys, urllib.parse, urllib.request, zipfile
+dest, version = sys.argv[1], sys.argv[2]
+index = (os.environ.get("SKYWARD_UV_INDEX") or os.environ.get("UV_INDEX_URL")
+         or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/") + "/uv/"
+arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+try:
+    page = urllib.request.urlopen(index, timeout=30).read().decode()
+except OSError as exc:
+    sys.exit(f"cannot fetch uv: {index} is not reachable from this node ({exc}); give the nodes an "
+             f"index in Image(env={{'UV_INDEX_URL': ...}}) or use install='wheelhouse'")
+for href in re.findall(r'href="([^"]+)"', page):
+    url = urllib.parse.urljoin(index, html.unescape(href))
+    name = url.split("#")[0].rsplit("/", 1)[-1]
+    if name.startswith(f"uv-{version}-py3-none-manylinux") and name.endswith(f"_{arch}.whl"):
+        break
+else:
+    sys.exit(f"no uv {version} wheel for {arch} at {index}")
+data = urllib.request.urlopen(url.split("#")[0], timeout=300).read()
+fragment = url.partition("#")[2]
+if fragment.startswith("sha256=") and hashlib.sha256(data).hexdigest() != fragment[7:]:
+    sys.exit(f"checksum mismatch for {name} from {index}")
+with zipfile.ZipFile(io.BytesIO(data)) as wheel:
+    binary = wheel.read(next(n for n in wheel.namelist() if n.endswith(".data/scripts/uv")))
+os.makedirs(dest, exist_ok=True)
+tmp = os.path.join(dest, "uv.tmp")
+with open(tmp, "wb") as f:
+    f.write(binary)
+os.chmod(tmp, 0o755)
+os.replace(tmp, os.path.join(dest, "uv"))
+print(f"fetched uv {version} from {index}")
+"""

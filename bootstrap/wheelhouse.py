@@ -47,20 +47,9 @@ def uv_binary() -> Path:
     return Path(find_uv_bin())
 
 
-def uv_binary_gz() -> Path:
-    """uv, gzipped once per uv version (38 MB -> ~15 MB to upload to every new node)."""
-    import gzip
-    import shutil
-
-    src = uv_binary()
-    digest = hashlib.sha256(f"{src}:{src.stat().st_size}:{src.stat().st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_dir("uv", digest) / "uv.gz"
-    if not out.exists():
-        tmp = out.with_suffix(".tmp")
-        with open(src, "rb") as f, gzip.open(tmp, "wb", compresslevel=6) as g:
-            shutil.copyfileobj(f, g, 1 << 20)
-        tmp.replace(out)
-    return out
+def uv_version() -> str:
+    """The uv release the client runs (index-mode nodes fetch the same one)."""
+    return importlib.metadata.version("uv")
 
 
 def agent_requirements() -> tuple[str, ...]:

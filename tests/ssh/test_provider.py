@@ -226,12 +226,13 @@ def test_a_failing_apt_phase_names_host_phase_code_and_output(three_hosts: SSHHo
     assert_nothing_left(three_hosts[:1], pool_id)
 
 
-def test_a_failing_pip_requirement_fails_the_deps_phase(three_hosts: SSHHosts, recorder: Recorder) -> None:
-    # Nodes installing from their own index (none reachable here) with a requirement that
-    # cannot exist: the deps phase fails on the node.
+def test_a_failing_pip_requirement_fails_the_deps_phase(three_hosts: SSHHosts, local_index: str,
+                                                         recorder: Recorder) -> None:
+    # Nodes installing from their own index with a requirement it does not have: the deps
+    # phase fails on the node.
     with pytest.raises(sky.BootstrapError) as info:
-        open_and_close(provider=provider(three_hosts[:2], install="index"), nodes=2,
-                       image=sky.Image(pip=["skyward-no-such-package==0.0.1"]), options=QUIET)
+        open_and_close(provider=provider(three_hosts[:2], install="index"), nodes=2, options=QUIET,
+                       image=sky.Image(pip=["skyward-no-such-package==0.0.1"], env={"UV_INDEX_URL": local_index}))
     assert info.value.phase == "deps" and info.value.exit_code not in (None, 0)
     assert "skyward-no-such-package" in str(info.value)
     (pool_id,) = recorder.pool_ids()
@@ -457,3 +458,63 @@ def test_connecting_is_retried_while_a_host_boots(ssh_hosts: Any, recorder: Reco
         assert time.monotonic() - t0 >= 2.0
     finally:
         booting.join()
+
+
+def _simple_index(root: Any, requirements: list[str]) -> Any:
+    """A PEP 503 index of real wheels (downloaded by this machine's pip) under root/simple."""
+    import hashlib
+    import re
+    import sys
+
+    files = root / "files"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--no-deps",
+                    "-d", str(files), f"uv=={__import__('importlib.metadata').metadata.version('uv')}"],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(files), *requirements],
+                   check=True, capture_output=True)
+    projects: dict[str, list[str]] = {}
+    for wheel in sorted(files.glob("*.whl")):
+        name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        projects.setdefault(name, []).append(f'<a href="../../files/{wheel.name}#sha256={digest}">{wheel.name}</a>')
+    for name, links in projects.items():
+        (root / "simple" / name).mkdir(parents=True)
+        (root / "simple" / name / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_index(three_hosts: SSHHosts, tmp_path_factory: Any) -> Iterator[str]:
+    """A package index served on the hosts' network (they reach nothing else)."""
+    import functools
+    import http.server
+
+    from skyward.bootstrap import wheelhouse
+
+    root = _simple_index(tmp_path_factory.mktemp("index"), ["six==1.16.0", *wheelhouse.agent_requirements()])
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((three_hosts.client_address or "127.0.0.1", 0),
+                                             functools.partial(Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{server.server_address[0]}:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_index_mode_nodes_fetch_uv_and_packages_from_their_index(three_hosts: SSHHosts, local_index: str) -> None:
+    """install="index" (the cloud default): nothing but skyward's own wheel is uploaded; the node
+    fetches uv and every package from its index (here one this test serves on the hosts' network)."""
+    host = three_hosts[2]
+    on_host(host, "rm -rf ~/.skyward/bin/uv")  # a node that never had uv
+    image = sky.Image(pip=["six==1.16.0"], env={"UV_INDEX_URL": local_index})
+    with sky.Compute(provider=provider([host], install="index"), nodes=1, image=image, options=QUIET) as pool:
+        assert sky.function(lambda: __import__("six").__version__)() >> pool == "1.16.0"
+    assert on_host(host, "~/.skyward/bin/uv --version").startswith("uv ")

@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyward.errors import ConfigError, NoOfferError
 
-from .base import Cluster, ProviderConfig
+from .cloud import CloudProvider
 
 if TYPE_CHECKING:
     from skyward.catalogue import Offer
-    from skyward.spec import Options, Spec
+    from skyward.spec import Spec
 
 DEFAULT_REGION = "us-east-1"
 
 
 @dataclass(frozen=True, slots=True)
-class AWS(ProviderConfig):
+class AWS(CloudProvider):
     """Amazon EC2.
 
     ``region``/``zone``: where (default: the spec's region, else AWS_REGION /
@@ -56,6 +56,11 @@ class AWS(ProviderConfig):
     install: str = "index"
     workspace: Any = field(default=None, repr=False, compare=False)
     kind: ClassVar[str] = "aws"
+    label: ClassVar[str] = "sky.AWS"
+    extra: ClassVar[str] = "aws"
+    sdk: ClassVar[tuple[str, ...]] = ("pulumi", "pulumi_aws")
+    plugin_package: ClassVar[str] = "pulumi-aws"
+    volume_kind: ClassVar[str] = "block volumes"
 
     # The workspace is this process's way of running stacks (tests pass a fake holding threads
     # and hosts): a pickled spec -- in a named pool's description -- goes without it.
@@ -92,23 +97,6 @@ class AWS(ProviderConfig):
             raise NoOfferError(f"AWS(zone={self.zone!r}) is not in region {region!r}; pick a zone of that region.")
         return select("aws", Want.of(spec, region=region, instance_type=self.instance_type))
 
-    def check(self, spec: Spec) -> str | None:
-        if any(type(v).__name__ != "Disk" for v in spec.volumes):
-            return "AWS volumes are sky.Disk(...) block volumes; other volume kinds are not supported yet"
-        try:
-            self.offer(spec)
-        except NoOfferError as exc:
-            return str(exc)
-        return None
-
-    def hourly_cost(self, spec: Spec) -> float | None:
-        return self.offer(spec).price(spec.allocation)
-
-    def preflight(self, spec: Spec) -> None:
-        from .cloud import preflight
-
-        preflight("sky.AWS", "aws", ("pulumi", "pulumi_aws"), fake_workspace=self.workspace is not None)
-
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
@@ -119,52 +107,3 @@ class AWS(ProviderConfig):
             "allow_ssh_from": self.allow_ssh_from, "detect_address": self.detect_address,
             "max_duration": self.max_duration,
         }
-
-    def preview(self, spec: Spec) -> dict[str, Any]:
-        """What a pool of ``spec`` would create, creating nothing: ``{"resources": [{"type",
-        "name", "detail"}], "offer", "stack", "notes"}``. The real stack program runs under
-        Pulumi's mocks: no Pulumi CLI, no credentials, no network. Needs the pulumi SDK."""
-        from skyward.stacks import aws as program
-        from skyward.stacks.preview import preview_pool
-
-        from .cloud import require_preview_sdk
-
-        offer = self.offer(spec)
-        require_preview_sdk("sky.AWS", "aws", ("pulumi", "pulumi_aws"), spec, offer)
-        return preview_pool("aws", spec, offer, program.program, **self._stack_args(spec, offer))
-
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
-        from skyward.stacks import aws as program
-        from skyward.stacks.cloudpool import launch
-
-        from .cloud import plugin_version, ssh_cluster
-
-        self.preflight(spec)
-        offer = self.offer(spec)
-        cloud = launch(
-            "aws", spec, pool_id, offer, program.program, provider=self, **self._stack_args(spec, offer),
-            plugins=plugin_version("aws", "pulumi-aws"), connect=self.workspace,
-        )
-        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind)
-
-    # -- named pools (see ProviderConfig): the SSH description plus the stack's -------------------
-    def attach(self, description: dict[str, Any]) -> Cluster:
-        from skyward.stacks import aws as program
-
-        from .cloud import attach
-
-        return attach(self.kind, description, program.program, connect=self.workspace)
-
-    def destroy(self, description: dict[str, Any]) -> None:
-        from skyward.stacks import aws as program
-
-        from .cloud import destroy, preflight
-
-        preflight("sky.AWS", "aws", ("pulumi", "pulumi_aws"), fake_workspace=self.workspace is not None)
-        destroy(self.kind, description, program.program, connect=self.workspace)
-
-    def stack_history(self, description: dict[str, Any]) -> list[dict[str, Any]]:
-        """The Pulumi update history of a described pool's stack (newest first)."""
-        from .cloud import stack_history
-
-        return stack_history(self.kind, description, connect=self.workspace)

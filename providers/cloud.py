@@ -10,14 +10,14 @@ import importlib
 import importlib.metadata
 import importlib.util
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .base import Cluster, ProviderConfig
 
 if TYPE_CHECKING:
     from skyward.catalogue import Offer
     from skyward.spec import Options, Spec
     from skyward.stacks.cloudpool import CloudPool
-
-    from .base import Cluster
 
 
 def preflight(what: str, extra: str, modules: tuple[str, ...], *, fake_workspace: bool = False) -> None:
@@ -122,3 +122,76 @@ def destroy(kind: str, description: dict[str, Any], program: Callable[[Any], Any
 def stack_history(kind: str, description: dict[str, Any], connect: Any) -> list[dict[str, Any]]:
     """The update history of a described pool's stack (newest first)."""
     return _reopen(kind, description, lambda plan: None, connect).stack.history()
+
+
+class CloudProvider(ProviderConfig):
+    """What sky.AWS and sky.GCP do alike once each has said how to pick an offer (``offer``)
+    and what its stack program is given (``_stack_args``): checks, costs, preview, stacks, named
+    pools. The class attributes name the cloud's SDK extra and its stack program."""
+
+    label: ClassVar[str] = "?"  # "sky.AWS"
+    extra: ClassVar[str] = "?"  # pip extra: skyward[aws]
+    sdk: ClassVar[tuple[str, ...]] = ()  # modules the SDK extra provides
+    plugin_package: ClassVar[str] = "?"  # the Python package matching the Pulumi resource plugin
+    volume_kind: ClassVar[str] = "block volumes"
+    workspace: Any
+    install: str
+
+    def offer(self, spec: Spec) -> Offer:
+        raise NotImplementedError
+
+    def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _program(self) -> Callable[[Any], Any]:
+        return importlib.import_module(f"skyward.stacks.{self.kind}").program
+
+    def check(self, spec: Spec) -> str | None:
+        from skyward.errors import NoOfferError
+
+        if any(type(v).__name__ != "Disk" for v in spec.volumes):
+            return f"{self.kind.upper()} volumes are sky.Disk(...) {self.volume_kind}; other volume kinds are not supported yet"
+        try:
+            self.offer(spec)
+        except NoOfferError as exc:
+            return str(exc)
+        return None
+
+    def hourly_cost(self, spec: Spec) -> float | None:
+        return self.offer(spec).price(spec.allocation)
+
+    def preflight(self, spec: Spec) -> None:
+        preflight(self.label, self.extra, self.sdk, fake_workspace=self.workspace is not None)
+
+    def preview(self, spec: Spec) -> dict[str, Any]:
+        """What a pool of ``spec`` would create, creating nothing: ``{"resources": [{"type",
+        "name", "detail"}], "offer", "stack", "notes"}``. The real stack program runs under
+        Pulumi's mocks: no Pulumi CLI, no credentials, no network. Needs the pulumi SDK."""
+        from skyward.stacks.preview import preview_pool
+
+        offer = self.offer(spec)
+        require_preview_sdk(self.label, self.extra, self.sdk, spec, offer)
+        return preview_pool(self.kind, spec, offer, self._program(), **self._stack_args(spec, offer))
+
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
+        from skyward.stacks.cloudpool import launch
+
+        self.preflight(spec)
+        offer = self.offer(spec)
+        cloud = launch(
+            self.kind, spec, pool_id, offer, self._program(), provider=self, **self._stack_args(spec, offer),
+            plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace,
+        )
+        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind)
+
+    # -- named pools (see ProviderConfig): the SSH description plus the stack's ---------------
+    def attach(self, description: dict[str, Any]) -> Cluster:
+        return attach(self.kind, description, self._program(), connect=self.workspace)
+
+    def destroy(self, description: dict[str, Any]) -> None:
+        preflight(self.label, self.extra, self.sdk, fake_workspace=self.workspace is not None)
+        destroy(self.kind, description, self._program(), connect=self.workspace)
+
+    def stack_history(self, description: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Pulumi update history of a described pool's stack (newest first)."""
+        return stack_history(self.kind, description, connect=self.workspace)

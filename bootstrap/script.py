@@ -88,7 +88,8 @@ def render(image: Image, plan: NodePlan) -> str:
                     f'  python3 - "$SKY/bin" {q(plan.uv_version)} <<\'SKYWARD_PY\'\n{_FETCH_UV}SKYWARD_PY\nfi\n'
                     f'"$UV" --version')
     else:
-        phase("uv", '"$UV" --version')
+        phase("uv", 'if ! "$UV" --version >/dev/null 2>&1; then\n'
+                    '  gunzip -c "$UV.gz" > "$UV.tmp" && chmod 755 "$UV.tmp" && mv "$UV.tmp" "$UV"\nfi\n"$UV" --version')
     py = q(plan.python)
     find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
     if plan.install == "index":

@@ -52,6 +52,22 @@ def uv_version() -> str:
     return importlib.metadata.version("uv")
 
 
+def uv_binary_gz() -> Path:
+    """uv, gzipped once per uv version (38 MB -> 17 MB to upload to every new node)."""
+    import gzip
+    import shutil
+
+    src = uv_binary()
+    digest = hashlib.sha256(f"{src}:{src.stat().st_size}:{src.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_dir("uv", digest) / "uv.gz"
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        with open(src, "rb") as f, gzip.open(tmp, "wb", compresslevel=6) as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+        tmp.replace(out)
+    return out
+
+
 def agent_requirements() -> tuple[str, ...]:
     """The agent's dependencies pinned to the client's versions (one pickle format end to end)."""
     return tuple(f"{name}=={importlib.metadata.version(name)}" for name in AGENT_PACKAGES)

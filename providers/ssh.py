@@ -270,7 +270,7 @@ class SSHCluster(Cluster):
                 f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
             }
             if self._install == "wheelhouse":  # index mode: nodes fetch uv themselves
-                files["bin/uv"] = (wheelhouse.uv_binary(), 0o755)
+                files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
             reqs = wheelhouse.agent_requirements()
             wheel_names: list[str] = []
             if self._install == "wheelhouse":

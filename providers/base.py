@@ -104,8 +104,9 @@ class ProviderConfig:
         provider needs (a CLI, an SDK extra); the error says how to install it."""
         return None
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
-        """The cluster for one pool (``options``: the pool's Options, for timeouts)."""
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> Cluster:
+        """The cluster for one pool (``options``: the pool's Options, for timeouts; ``name``: a
+        named pool's name, which cloud stacks carry in theirs)."""
         raise NotImplementedError
 
     # -- named pools: the other half of Cluster.describe ---------------------------------------

@@ -173,14 +173,14 @@ class CloudProvider(ProviderConfig):
         require_preview_sdk(self.label, self.extra, self.sdk, spec, offer)
         return preview_pool(self.kind, spec, offer, self._program(), **self._stack_args(spec, offer))
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> Cluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> Cluster:
         from skyward.stacks.cloudpool import launch
 
         self.preflight(spec)
         offer = self.offer(spec)
         cloud = launch(
             self.kind, spec, pool_id, offer, self._program(), provider=self, **self._stack_args(spec, offer),
-            plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace,
+            plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace, pool_name=name,
         )
         return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind)
 

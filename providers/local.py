@@ -72,7 +72,7 @@ class Local(ProviderConfig):
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> LocalCluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> LocalCluster:
         return LocalCluster(self, spec, pool_id)
 
     # -- named pools (see ProviderConfig for the contract) -------------------------------------

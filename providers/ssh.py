@@ -122,7 +122,7 @@ class SSH(ProviderConfig):
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0  # machines you already have
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None) -> SSHCluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> SSHCluster:
         return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install)
 
     # -- named pools (see ProviderConfig) --------------------------------------------------------

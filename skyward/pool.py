@@ -112,7 +112,7 @@ class Pool:
         if cluster is None:
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
         try:
-            self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id, self.options)
+            self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc)))
             self._stop_views()

@@ -145,6 +145,7 @@ def test_a_named_cloud_pool_from_the_cli_up_attach_history_down(
     trail = json.loads(capsys.readouterr().out)
     assert [e["event"] for e in trail] == ["provisioned", "attached", "detached"]
     stack = trail[0]["stack"]
+    assert stack.startswith("cloud-")  # the stack carries the pool's name
     assert [(u["kind"], u["result"]) for u in trail[0]["stack_updates"]] == [("update", "succeeded")]
 
     assert cli.main(["down", "cloud"]) == 0

@@ -186,6 +186,7 @@ class Agent:
             "running": running,
             "queued": queued,
             "clients": clients,
+            "pong": True,  # answers PING: the client may treat a silent node as lost
         }
         writer.send_parts(Kind.WELCOME, 0, 0, json.dumps(welcome).encode())
         try:
@@ -200,6 +201,8 @@ class Agent:
                     self._cancel(conn, frame.task_id)
                 elif frame.kind == Kind.CONFIGURE:
                     self._configure(json.loads(bytes(frame.body)))
+                elif frame.kind == Kind.PING:
+                    writer.send_parts(Kind.PONG, 0, 0, b"")
                 elif frame.kind == Kind.SHUTDOWN:
                     self.shutdown("the client asked")
                     return

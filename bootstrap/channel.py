@@ -10,6 +10,7 @@ import itertools
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,10 @@ class NodeChannel:
         self._sock = sock
         sock.settimeout(None)  # connect timeouts must not turn into idle timeouts
         tune(sock)
-        self._reader = FrameReader(sock)
+        # Every byte received counts as a sign of life (a large result can take a while).
+        self.heard = time.monotonic()
+        self._reader = FrameReader(_Listening(sock, self))  # type: ignore[arg-type]
+        self._ping_at: float | None = None  # when the oldest unanswered PING was sent
         self._writer = FrameWriter(sock)
         self._on_output = on_output
         self._on_lost = on_lost
@@ -65,6 +69,7 @@ class NodeChannel:
         if welcome.kind != Kind.WELCOME:
             raise ProtocolError(f"expected WELCOME from {self.label}, got frame kind {welcome.kind}")
         self.facts: dict[str, Any] = json.loads(bytes(welcome.body))
+        self._answers_pings = bool(self.facts.get("pong"))  # agents of older versions do not
         self._thread = threading.Thread(target=self._read_loop, name=f"skyward-{self.label}", daemon=True)
         self._thread.start()
 
@@ -117,7 +122,28 @@ class NodeChannel:
             self._mark_lost(exc)
 
     def ping(self) -> None:
+        if self._ping_at is None:
+            self._ping_at = time.monotonic()
         self.send(Kind.PING)
+
+    def check_silence(self, limit: float) -> bool:
+        """Mark the node lost when a PING has gone unanswered and nothing at all has arrived
+        for ``limit`` seconds: a host that vanished without closing its connections (a network
+        cut, a spot instance powered off) sends no FIN, and TCP alone would wait many minutes.
+        Returns True when it did."""
+        sent = self._ping_at
+        if not self._answers_pings or sent is None or self.lost is not None or self._closing:
+            return False
+        silent = time.monotonic() - max(sent, self.heard)
+        if silent <= limit:
+            return False
+        self._mark_lost(TimeoutError(f"no answer from its agent for {silent:.0f} s"))
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # unblock the reader thread
+        except OSError:
+            pass
+        self._sock.close()
+        return True
 
     def close(self, shutdown_agent: bool = False) -> None:
         self._closing = True
@@ -146,6 +172,8 @@ class NodeChannel:
                     self._on_metric(self.node, json.loads(bytes(frame.body)))
                 elif frame.kind == Kind.SUBMIT and self._on_submit is not None:
                     self._on_submit(self, frame)
+                elif frame.kind == Kind.PONG:
+                    self._ping_at = None
         except (EOFError, OSError) as exc:
             self._mark_lost(exc)
 
@@ -167,3 +195,15 @@ class NodeChannel:
             done(err)
         if not self._closing and self._on_lost is not None:
             self._on_lost(self.node, exc)
+
+
+class _Listening:
+    """The socket as the frame reader sees it, noting when bytes last arrived."""
+
+    def __init__(self, sock: Any, channel: NodeChannel) -> None:
+        self._sock, self._channel = sock, channel
+
+    def recv_into(self, buf: Any, nbytes: int = 0) -> int:
+        n = int(self._sock.recv_into(buf, nbytes))
+        self._channel.heard = time.monotonic()
+        return n

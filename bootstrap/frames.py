@@ -45,6 +45,7 @@ class Kind(IntEnum):
     SUBMIT = 13
     REPLY = 14
     CANCEL = 15  # client -> agent: drop a task still waiting for a slot (it gets an error)
+    PONG = 16  # agent -> client: answer to a PING, so the client notices a node gone silent
 
 
 # Prefix of a SUBMIT body: the agent's id of the task that submits, and the payload's kind

@@ -55,6 +55,12 @@ class Cluster(abc.ABC):
     def close(self) -> None:
         """Destroy every node and everything created for them."""
 
+    def node_lost(self, index: int) -> None:
+        """The pool lost its connection to node ``index`` (it stays in the pool's records until
+        stopped). Providers let go of what would only hang now; its agent stops by itself when
+        its lease runs out. Default: nothing to do."""
+        return None
+
     # -- pools that outlive the process that made them (`skyward up`, sky.Compute(name=...)) --
     def describe(self) -> dict[str, Any]:
         """Everything another process needs to reach these nodes again, and to destroy them.

@@ -459,6 +459,16 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         if self._shrink is not None:
             self._shrink([n.host for n in nodes])
 
+    def node_lost(self, index: int) -> None:
+        """Drop the SSH connection of a node the pool lost: cleaning up over a connection to a
+        host that vanished would only hang. Its agent stops when its lease (ttl) runs out."""
+        with self._lock:
+            node = self._nodes.get(index)
+        if node is not None and node.remote is not None:
+            log.warning("node %d (%s) was lost; its agent stops by itself within ttl=%gs if the host "
+                        "is still up", index, node.host.address, self._ttl)
+            threading.Thread(target=node.remote.close, name="skyward-ssh-drop", daemon=True).start()
+
     # -- named pools (see Cluster.describe / ProviderConfig.attach) ----------------------------
     def describe(self) -> dict[str, Any]:
         import cloudpickle

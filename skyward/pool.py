@@ -246,9 +246,13 @@ class Pool:
 
     def _heartbeat(self, ttl: float) -> None:
         interval = max(0.2, min(2.0, ttl / 4)) if ttl > 0 else 2.0
+        # A node silent this long (no answer to a ping, no byte at all) is lost: its tasks move.
+        limit = max(10.0, 5 * interval)
         while not self._stop.wait(interval):
             for ch in list(self._channels):
                 ch.ping()
+            for ch in list(self._channels):
+                ch.check_silence(limit)
 
     # -- nodes -------------------------------------------------------------------------------
     def _emit(self, event: ev.Event) -> None:
@@ -295,6 +299,10 @@ class Pool:
         if not self._closed:
             log.warning("pool %s: node %d was lost (%s)", self.id, node, why)
             self._emit(ev.InstanceLost(pool=self.id, node=node, reason=str(why) or type(why).__name__))
+            try:
+                self._cluster.node_lost(node)
+            except Exception:  # the provider's bookkeeping must not break the pool
+                log.exception("pool %s: the provider failed to drop lost node %d", self.id, node)
 
     def _configure_all(self) -> None:
         with self._lock:

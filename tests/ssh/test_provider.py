@@ -518,3 +518,35 @@ def test_index_mode_nodes_fetch_uv_and_packages_from_their_index(three_hosts: SS
     with sky.Compute(provider=provider([host], install="index"), nodes=1, image=image, options=QUIET) as pool:
         assert sky.function(lambda: __import__("six").__version__)() >> pool == "1.16.0"
     assert on_host(host, "~/.skyward/bin/uv --version").startswith("uv ")
+
+
+def test_a_host_cut_off_the_network_is_noticed_and_its_task_moves(ssh_hosts: Any, recorder: Recorder) -> None:
+    """No FIN, no RST: the host just goes silent (a spot instance powered off, a network cut).
+    The client notices from unanswered pings well before TCP would give up."""
+    hosts = ssh_hosts(2, mode="netns")
+
+    @sky.function
+    def slow(i: int) -> tuple[int, str]:
+        import socket
+        import time
+
+        time.sleep(4)
+        return i, socket.gethostname()
+
+    with sky.Compute(provider=provider(hosts), nodes=2, options=QUIET) as pool:
+        futures = [pool.run_async(slow(i)) for i in range(2)]  # round robin: nodes 0 and 1
+        time.sleep(1.0)
+        hosts[1].disconnect()
+        try:
+            t0 = time.monotonic()
+            results = [f.result(timeout=90) for f in futures]
+            waited = time.monotonic() - t0
+        finally:
+            hosts[1].reconnect()
+        assert [i for i, _ in results] == [0, 1]
+        assert results[1][1] == hosts[0].name  # ran again on the node still there
+        (lost,) = recorder.of(sky.InstanceLost)
+        assert lost.node == 1 and "no answer" in lost.reason
+        assert waited < 40, waited
+        print(f"lost node noticed, task moved: {waited:.1f} s")
+        assert pool.current_nodes() == 1

@@ -11,7 +11,7 @@ credentials (the usual chain: environment, ``profile=``, instance role...).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyward.errors import ConfigError, NoOfferError
@@ -62,18 +62,12 @@ class AWS(CloudProvider):
     plugin_package: ClassVar[str] = "pulumi-aws"
     volume_kind: ClassVar[str] = "block volumes"
 
-    # The workspace is this process's way of running stacks (tests pass a fake holding threads
-    # and hosts): a pickled spec -- in a named pool's description -- goes without it.
-    def __getstate__(self) -> list[Any]:
-        return [None if f.name == "workspace" else getattr(self, f.name) for f in fields(self)]
-
-    def __setstate__(self, state: list[Any]) -> None:
-        for f, value in zip(fields(self), state, strict=True):
-            object.__setattr__(self, f.name, value)
+    # dataclass(slots=True) would write its own pickling methods over the base's.
+    __getstate__ = CloudProvider.__getstate__
+    __setstate__ = CloudProvider.__setstate__
 
     def __post_init__(self) -> None:
-        if self.install not in ("index", "wheelhouse"):
-            raise ConfigError(f"{type(self).__name__}(install={self.install!r}) is not valid: use 'index' or 'wheelhouse'.")
+        self._check_common()
         if isinstance(self.allow_ssh_from, str):
             raise ConfigError(f"AWS(allow_ssh_from={self.allow_ssh_from!r}) is a list of CIDRs: write [{self.allow_ssh_from!r}].")
         object.__setattr__(self, "allow_ssh_from", tuple(self.allow_ssh_from))

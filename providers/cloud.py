@@ -6,6 +6,7 @@ Not a provider itself; ``aws.py`` and ``gcp.py`` use it so that neither imports 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -136,6 +137,21 @@ class CloudProvider(ProviderConfig):
     volume_kind: ClassVar[str] = "block volumes"
     workspace: Any
     install: str
+
+    def _check_common(self) -> None:
+        from skyward.errors import ConfigError
+
+        if self.install not in ("index", "wheelhouse"):
+            raise ConfigError(f"{type(self).__name__}(install={self.install!r}) is not valid: use 'index' or 'wheelhouse'.")
+
+    # The workspace is this process's way of running stacks (tests pass a fake holding threads
+    # and hosts): a pickled spec -- in a named pool's description -- goes without it.
+    def __getstate__(self) -> list[Any]:
+        return [None if f.name == "workspace" else getattr(self, f.name) for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+    def __setstate__(self, state: list[Any]) -> None:
+        for f, value in zip(dataclasses.fields(self), state, strict=True):  # type: ignore[arg-type]
+            object.__setattr__(self, f.name, value)
 
     def offer(self, spec: Spec) -> Offer:
         raise NotImplementedError

@@ -532,26 +532,8 @@ class Pool:
         return future
 
     def _decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
-        if isinstance(result, BaseException):
-            raise result
-        try:
-            outcome = serialize.loads_frame(result)
-        except Exception as exc:
-            raise SerializationError(
-                f"the result of {name} from node {node} could not be unpickled here "
-                f"({type(exc).__name__}: {exc}). The client and the nodes must have the same "
-                f"versions of the packages the result is made of."
-            ) from None
-        if outcome[0] == "ok":
-            return outcome[1]
-        if outcome[0] == "err":
-            remote: BaseException = outcome[1]
-            if outcome[2]:
-                remote.__cause__ = RemoteTraceback(outcome[2])
-            remote.add_note(f"(raised by {name} on node {node})")
-            raise remote
-        _, type_name, message, tb_text = outcome
-        raise RemoteError(type_name, message, tb_text)
+        return decode_result(result, f"the result of {name} from node {node}",
+                             note=f"(raised by {name} on node {node})")
 
     def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
         """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
@@ -708,6 +690,32 @@ class Pool:
 
 def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) -> None:
     q.put((index, ch, result))
+
+
+def decode_result(result: Frame | BaseException, what: str, note: str | None = None) -> Any:
+    """A RESULT (or REPLY) frame -> the task's value, or raise its exception (the same type
+    when it can be rebuilt here, with the remote traceback as ``__cause__``); ``what`` names the
+    result in errors, ``note`` is added to the task's exception."""
+    if isinstance(result, BaseException):
+        raise result
+    try:
+        outcome = serialize.loads_frame(result)
+    except Exception as exc:
+        raise SerializationError(
+            f"{what} could not be unpickled here ({type(exc).__name__}: {exc}). The client and the "
+            f"nodes must have the same versions of the packages the result is made of."
+        ) from None
+    if outcome[0] == "ok":
+        return outcome[1]
+    if outcome[0] == "err":
+        remote: BaseException = outcome[1]
+        if outcome[2]:
+            remote.__cause__ = RemoteTraceback(outcome[2])
+        if note:
+            remote.add_note(note)
+        raise remote
+    _, type_name, message, tb_text = outcome
+    raise RemoteError(type_name, message, tb_text)
 
 
 def _chain(source: Future[T], target: Future[T]) -> None:

@@ -32,8 +32,6 @@ from skyward.bootstrap.frames import Frame, Kind
 from skyward.errors import (
     NoActivePoolError,
     NodeLostError,
-    RemoteError,
-    RemoteTraceback,
     SerializationError,
 )
 from skyward.runtime import context
@@ -79,25 +77,9 @@ def _portable(entry: tuple[Any, ...]) -> bool:
 
 def decode(result: Frame | BaseException, name: str) -> Any:
     """A RESULT (or REPLY) frame -> the value, or raise the task's exception."""
-    if isinstance(result, BaseException):
-        raise result
-    try:
-        outcome = serialize.loads_frame(result)
-    except Exception as exc:
-        raise SerializationError(
-            f"the result of a joblib batch ({name}) could not be unpickled here "
-            f"({type(exc).__name__}: {exc}). The client and the nodes need the same versions "
-            f"of the packages the result is made of."
-        ) from None
-    if outcome[0] == "ok":
-        return outcome[1]
-    if outcome[0] == "err":
-        remote: BaseException = outcome[1]
-        if outcome[2]:
-            remote.__cause__ = RemoteTraceback(outcome[2])
-        raise remote
-    _, type_name, message, tb_text = outcome
-    raise RemoteError(type_name, message, tb_text)
+    from skyward.pool import decode_result
+
+    return decode_result(result, f"the result of a joblib batch ({name})")
 
 
 class _ClientTarget:

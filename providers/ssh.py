@@ -269,14 +269,22 @@ class SSHCluster(Cluster):
             files: dict[str, tuple[Path | bytes, int]] = {
                 f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
             }
-            if self._install == "wheelhouse":  # index mode: nodes fetch uv themselves
-                files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
             reqs = wheelhouse.agent_requirements()
             wheel_names: list[str] = []
-            if self._install == "wheelhouse":
-                for w in wheelhouse.wheels_for(tuple(image.pip) + reqs, python):
-                    files[f"wheels/{w.name}"] = (w, 0o644)
-                    wheel_names.append(w.name)
+            if self._install == "wheelhouse":  # index mode: nodes fetch uv and packages themselves
+                # Built once and cached, but the first time can take a while: say so (node -1:
+                # this machine).
+                self._phase(-1, "wheelhouse", "started")
+                t0 = time.monotonic()
+                try:
+                    files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
+                    for w in wheelhouse.wheels_for(tuple(image.pip) + reqs, python):
+                        files[f"wheels/{w.name}"] = (w, 0o644)
+                        wheel_names.append(w.name)
+                except BaseException:
+                    self._phase(-1, "wheelhouse", "failed", time.monotonic() - t0)
+                    raise
+                self._phase(-1, "wheelhouse", "done", time.monotonic() - t0)
             includes = _includes_archive(image) if image.includes else None
             self._ship = _Shipment(image, ops, python, sky.digest, f"wheels/skyward/{sky.digest}/{sky.path.name}",
                                    reqs, tuple(sorted(wheel_names)), files, includes)

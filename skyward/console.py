@@ -237,7 +237,8 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None)
         return f"node {event.node}: started on {event.hostname} ({event.private_ip})"
     if isinstance(event, ev.BootstrapPhase):
         took = f" in {event.seconds:.1f} s" if event.seconds is not None else ""
-        return f"node {event.node}: {event.phase} {event.status}{took}"
+        where = "this machine" if event.node < 0 else f"node {event.node}"
+        return f"{where}: {event.phase} {event.status}{took}"
     if isinstance(event, ev.InstanceBootstrapped):
         return f"node {event.node}: ready"
     if isinstance(event, ev.ClusterReady):

@@ -69,7 +69,7 @@ class InstanceProvisioned(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BootstrapPhase(Event):
-    node: int
+    node: int  # -1: work on this machine for every node (building the wheelhouse)
     phase: str
     status: Literal["started", "done", "failed", "skipped"]
     seconds: float | None = None

@@ -206,6 +206,7 @@ def test_pip_packages_come_from_the_shipped_wheelhouse_and_phases_are_skipped_ne
             assert cold[(node, phase)] == "done", cold
             assert warm[(node, phase)] == "skipped", warm
         assert warm[(node, "env")] == "done"  # per pool, always
+    assert cold[(-1, "wheelhouse")] == "done"  # this machine's part, shown as progress too
     print(f"bootstrap of 2 hosts: cold {seconds[0]:.2f} s, warm {seconds[1]:.2f} s")
     for pid in (first, second):
         assert_nothing_left(hosts, pid)

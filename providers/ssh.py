@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import json
 import logging
 import os
 import random
@@ -190,7 +191,6 @@ class SSHCluster(Cluster):
         self._described: list[_Node] = []  # running nodes of an attached pool, not handed out yet
         self._next = 0
         self._lock = threading.Lock()
-        self._prepared: tuple[Image, tuple[str, ...]] | None = None
         self._ship: _Shipment | None = None
         o = options
         self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else 60.0
@@ -258,7 +258,7 @@ class SSHCluster(Cluster):
 
     # -- preparing what every node gets ------------------------------------------------------
     def _prepare(self) -> None:
-        from skyward.bootstrap import wheelhouse
+        from skyward.bootstrap import script, wheelhouse
 
         with self._lock:
             if self._ship is not None:
@@ -286,8 +286,18 @@ class SSHCluster(Cluster):
                     raise
                 self._phase(-1, "wheelhouse", "done", time.monotonic() - t0)
             includes = _includes_archive(image) if image.includes else None
-            self._ship = _Shipment(image, ops, python, sky.digest, f"wheels/skyward/{sky.digest}/{sky.path.name}",
-                                   reqs, tuple(sorted(wheel_names)), files, includes)
+            plan = script.NodePlan(
+                pool_id=self.pool_id, python=python, install=self._install,
+                skyward_wheel=f"wheels/skyward/{sky.digest}/{sky.path.name}", skyward_hash=sky.digest,
+                agent_requirements=reqs, includes_archive=includes is not None, ops=ops,
+                wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(),
+            )
+            sizes = {p: src.stat().st_size if isinstance(src, Path) else len(src) for p, (src, _) in files.items()}
+            # The same for every node: rendered once.
+            self._ship = _Shipment(
+                script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
+                files, sizes, includes,
+            )
 
     def _final_image(self) -> tuple[Image, tuple[str, ...]]:
         if not self.spec.plugins:
@@ -298,41 +308,25 @@ class SSHCluster(Cluster):
 
     # -- one node ----------------------------------------------------------------------------
     def _bring_up(self, node: _Node) -> NodeEndpoint:
-        from skyward.bootstrap import script, wheelhouse
-        from skyward.bootstrap.remote import Remote, Target
-
         ship = self._ship
         assert ship is not None
         h = node.host
-        label = f"node {node.index} ({h.address})"
-        remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
-                        connect_timeout=min(10.0, self._ssh_timeout), retry_for=self._ssh_timeout, label=label)
-        node.remote = remote
-        remote.open()
-        home = _node_home(remote)
-        pool_dir = f"pools/{self.pool_id}"
-        sizes = {p: (src.stat().st_size if isinstance(src, Path) else len(src)) for p, (src, _) in ship.files.items()}
-        missing = remote.missing(sizes, home)
-        uploads: list[tuple[str, Path | bytes, int]] = [(p, *ship.files[p]) for p in missing]
+        remote = self._open(node)
+        node.home = home = _node_home(remote)
+        uploads: list[tuple[str, Path | bytes, int]] = [
+            (p, *ship.files[p]) for p in remote.missing(ship.sizes, home)
+        ]
         if ship.includes is not None:
-            uploads.append((f"{pool_dir}/includes.tar", ship.includes, 0o600))
+            uploads.append((f"pools/{self.pool_id}/includes.tar", ship.includes, 0o600))
         self._phase(node.index, "upload", "started")
         t0 = time.monotonic()
         remote.upload(uploads, home)
         self._phase(node.index, "upload", "done", time.monotonic() - t0)
 
-        plan = script.NodePlan(
-            pool_id=self.pool_id, python=ship.python, install=self._install,
-            skyward_wheel=ship.skyward_wheel, skyward_hash=ship.skyward_hash,
-            agent_requirements=ship.agent_requirements, includes_archive=ship.includes is not None,
-            ops=ship.ops, wheel_names=ship.wheel_names, uv_version=wheelhouse.uv_version(),
-        )
-        text = script.render(ship.image, plan)
-        self._run_script(node, remote, text)
-
-        port, pid, facts = self._start_agent(node, remote, plan)
-        node.agent_pid, node.agent_port, node.home = pid, port, home
-        node.agent_python = self._agent_python(plan)
+        self._run_script(node, remote, ship.script)
+        node.agent_python = ship.agent_python
+        port, pid, facts = self._start_agent(node, remote)
+        node.agent_pid, node.agent_port = pid, port
         if node.index == 0 or self.interface == "eth0":
             self.interface = facts.get("interface") or self.interface
         node.endpoint = NodeEndpoint(
@@ -343,12 +337,6 @@ class SSHCluster(Cluster):
             connect=functools.partial(_connect_agent, remote, port, node.agent_python),
         )
         return node.endpoint
-
-    def _agent_python(self, plan: Any) -> str:
-        from skyward.bootstrap.script import env_key
-
-        assert self._ship is not None
-        return f"envs/{env_key(self._ship.image, plan)}/bin/python"
 
     def _run_script(self, node: _Node, remote: Remote, text: str) -> None:
         from skyward.bootstrap.script import parse_marker
@@ -392,13 +380,10 @@ class SSHCluster(Cluster):
                 remote.run(f"kill -TERM -- -{pid} 2>/dev/null; sleep 0.5; kill -KILL -- -{pid} 2>/dev/null; true",
                            check=False)
 
-    def _start_agent(self, node: _Node, remote: Remote, plan: Any) -> tuple[int, int, dict[str, str]]:
-        from skyward.bootstrap.script import env_key
-
-        assert self._ship is not None
-        ek = env_key(self._ship.image, plan)
+    def _start_agent(self, node: _Node, remote: Remote) -> tuple[int, int, dict[str, str]]:
         pool = f'"$SKY/pools/{self.pool_id}"'
-        pythonpath = '"$POOL/includes${PYTHONPATH:+:$PYTHONPATH}"' if plan.includes_archive else '"${PYTHONPATH:-}"'
+        shipped = self._ship is not None and self._ship.includes is not None
+        pythonpath = '"$POOL/includes${PYTHONPATH:+:$PYTHONPATH}"' if shipped else '"${PYTHONPATH:-}"'
         peer = shlex.quote(node.host.private_ip or remote.host)
         command = f"""set -e
 SKY="${{SKYWARD_NODE_HOME:-$HOME/.skyward}}"; POOL={pool}
@@ -406,7 +391,7 @@ IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
 cd "$POOL"; . ./env.sh
 export PYTHONPATH={pythonpath}
 rm -f agent.json
-setsid "$SKY/envs/{ek}/bin/python" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
+setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
   --orphan-cleanup "$POOL" </dev/null >agent.json 2>>agent.log &
 for _ in $(seq 1 {_AGENT_START_TIMEOUT * 20}); do [ -s agent.json ] && break; sleep 0.05; done
 echo "@@port $(head -n1 agent.json)"
@@ -421,13 +406,11 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             if line.startswith("@@"):
                 k, _, v = line[2:].partition(" ")
                 facts[k] = v.strip()
-        import json
-
         try:
             hello = json.loads(facts.get("port", ""))
             return int(hello["port"]), int(hello["pid"]), facts
         except (ValueError, KeyError, TypeError):
-            log_file = f"{_node_home(remote)}/pools/{self.pool_id}/agent.log"
+            log_file = f"{node.home}/pools/{self.pool_id}/agent.log"
             _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
             raise BootstrapError(host=remote.label, phase="agent", command="python -m skyward.bootstrap.agent",
                                  exit_code=None, output=tail.splitlines(),
@@ -552,7 +535,6 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         ]
         self._next = int(description.get("next", len(self._described)))
         self._lock = threading.Lock()
-        self._prepared = None
         self._ship = None
         self._ssh_timeout = float(description.get("ssh_timeout", 60.0))
         self._bootstrap_timeout = float(self.spec.image.bootstrap_timeout)
@@ -639,14 +621,12 @@ def _connect_agent(remote: Remote, port: int, agent_python: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class _Shipment:
-    image: Image
-    ops: tuple[str, ...]
-    python: str
-    skyward_hash: str
-    skyward_wheel: str
-    agent_requirements: tuple[str, ...]
-    wheel_names: tuple[str, ...]
-    files: dict[str, tuple[Path | bytes, int]]
+    """What every node of the pool gets: prepared once, before the first node starts."""
+
+    script: str  # the rendered bootstrap
+    agent_python: str  # the agent's interpreter, relative to the node's skyward folder
+    files: dict[str, tuple[Path | bytes, int]]  # relative path -> (source, mode)
+    sizes: dict[str, int]  # of those files: what a node already has is not sent again
     includes: bytes | None
 
 
@@ -659,13 +639,8 @@ def _python(image: Image) -> str:
 
 
 def _node_home(remote: Remote) -> str:
-    cached = getattr(remote, "_sky_home", None)
-    if cached:
-        return str(cached)
     _, out = remote.run('echo "${SKYWARD_NODE_HOME:-$HOME/.skyward}"', phase="connect")
-    home = out.strip().splitlines()[-1]
-    remote._sky_home = home  # type: ignore[attr-defined]
-    return home
+    return out.strip().splitlines()[-1]
 
 
 def _includes_archive(image: Image) -> bytes:

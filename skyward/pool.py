@@ -532,8 +532,7 @@ class Pool:
         return future
 
     def _decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
-        return decode_result(result, f"the result of {name} from node {node}",
-                             note=f"(raised by {name} on node {node})")
+        return decode_result(result, name, node)
 
     def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
         """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
@@ -692,18 +691,19 @@ def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) ->
     q.put((index, ch, result))
 
 
-def decode_result(result: Frame | BaseException, what: str, note: str | None = None) -> Any:
+def decode_result(result: Frame | BaseException, name: str, node: int | None = None) -> Any:
     """A RESULT (or REPLY) frame -> the task's value, or raise its exception (the same type
-    when it can be rebuilt here, with the remote traceback as ``__cause__``); ``what`` names the
-    result in errors, ``note`` is added to the task's exception."""
+    when it can be rebuilt here, with the remote traceback as ``__cause__``). ``name`` (and the
+    ``node``, when known) appear in errors; messages are built only on those paths."""
     if isinstance(result, BaseException):
         raise result
     try:
         outcome = serialize.loads_frame(result)
     except Exception as exc:
+        where = f" from node {node}" if node is not None else ""
         raise SerializationError(
-            f"{what} could not be unpickled here ({type(exc).__name__}: {exc}). The client and the "
-            f"nodes must have the same versions of the packages the result is made of."
+            f"the result of {name}{where} could not be unpickled here ({type(exc).__name__}: {exc}). "
+            f"The client and the nodes must have the same versions of the packages the result is made of."
         ) from None
     if outcome[0] == "ok":
         return outcome[1]
@@ -711,8 +711,8 @@ def decode_result(result: Frame | BaseException, what: str, note: str | None = N
         remote: BaseException = outcome[1]
         if outcome[2]:
             remote.__cause__ = RemoteTraceback(outcome[2])
-        if note:
-            remote.add_note(note)
+        if node is not None:
+            remote.add_note(f"(raised by {name} on node {node})")
         raise remote
     _, type_name, message, tb_text = outcome
     raise RemoteError(type_name, message, tb_text)

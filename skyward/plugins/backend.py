@@ -79,7 +79,7 @@ def decode(result: Frame | BaseException, name: str) -> Any:
     """A RESULT (or REPLY) frame -> the value, or raise the task's exception."""
     from skyward.pool import decode_result
 
-    return decode_result(result, f"the result of a joblib batch ({name})")
+    return decode_result(result, f"a joblib batch ({name})")
 
 
 class _ClientTarget:

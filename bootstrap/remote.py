@@ -9,8 +9,10 @@ refused with `HostKeyError`, whose message says how to accept the new key.
 
 from __future__ import annotations
 
+import base64
 import io
 import logging
+import shlex
 import socket
 import tarfile
 import threading
@@ -148,7 +150,7 @@ class Remote:
         if self.target.host_key:
             # Cloud nodes: we know the key before the first contact; nothing else is accepted.
             kind, blob = self.target.host_key.split()[:2]
-            client.get_host_keys().add(name, kind, paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(blob)))
+            client.get_host_keys().add(name, kind, paramiko.PKey.from_type_string(kind, base64.b64decode(blob)))
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
             return
         if path.exists():
@@ -231,7 +233,7 @@ class Remote:
         """Which of ``files`` (relative path -> size) are absent or of another size under base."""
         if not files:
             return []
-        names = " ".join(_q(p) for p in files)
+        names = " ".join(shlex.quote(p) for p in files)
         _, out = self.run(f"cd {base} 2>/dev/null && stat -c '%s %n' {names} 2>/dev/null; true", check=False)
         have = {}
         for line in out.splitlines():
@@ -401,12 +403,6 @@ def _transient(exc: BaseException) -> bool:
     if isinstance(exc, (paramiko.BadHostKeyException, paramiko.AuthenticationException, HostKeyError)):
         return False
     return isinstance(exc, (OSError, paramiko.SSHException, EOFError))
-
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 __all__ = ["ChannelSocket", "Remote", "Target", "known_hosts_path"]

@@ -8,6 +8,8 @@ when run as root, sshd on loopback addresses otherwise).
 * enter time on 16 hosts vs 4 (cold), the parallel-bootstrap ratio (target <= 2x)
 * no-op `>>` round trip through the SSH tunnel (target <= 1 ms median)
 * 100 MB argument through the tunnel (target >= 200 MB/s)
+
+The same round trip and 100 MB on a Local node are measured in the same run, as the baseline.
 """
 
 from __future__ import annotations
@@ -56,6 +58,32 @@ def enter_to_first_result(hosts: SSHHosts) -> float:
         return time.perf_counter() - t0
 
 
+def transport(pool: Any, label: str, quick: bool) -> dict[str, float]:
+    """No-op round trip (median, p90) and 100 MB argument throughput on one node of ``pool``."""
+    for _ in range(200):
+        noop() >> pool
+    lat = []
+    for _ in range(500 if quick else 3000):
+        t = time.perf_counter()
+        noop() >> pool
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    # A NumPy array travels out of band (no copy into the pickle); random bytes do not
+    # compress, so lz4 stays out of the way.
+    blob = np.frombuffer(os.urandom(100 * 1000 * 1000), dtype=np.uint8)
+    size_of(blob) >> pool
+    rates = []
+    for _ in range(2 if quick else 5):
+        t = time.perf_counter()
+        assert (size_of(blob) >> pool) == len(blob)
+        rates.append(len(blob) / (time.perf_counter() - t) / 1e6)
+    return {
+        f"{label}_roundtrip_median_ms": lat[len(lat) // 2] * 1e3,
+        f"{label}_roundtrip_p90_ms": lat[int(len(lat) * 0.9)] * 1e3,
+        f"{label}_100MB_MBps": statistics.median(rates),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -74,27 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         results["enter_4_warm_s"] = statistics.median(enter_to_first_result(hosts) for _ in range(3))
         numpy = sky.Image(pip=[f"numpy=={np.__version__}"])
         with sky.Compute(provider=provider(hosts), nodes=1, image=numpy, options=QUIET) as pool:
-            for _ in range(200):
-                noop() >> pool
-            n = 500 if args.quick else 3000
-            lat = []
-            for _ in range(n):
-                t = time.perf_counter()
-                noop() >> pool
-                lat.append(time.perf_counter() - t)
-            lat.sort()
-            results["roundtrip_median_ms"] = lat[len(lat) // 2] * 1e3
-            results["roundtrip_p90_ms"] = lat[int(len(lat) * 0.9)] * 1e3
-            # A NumPy array travels out of band (no copy into the pickle); random bytes do not
-            # compress, so lz4 stays out of the way.
-            blob = np.frombuffer(os.urandom(100 * 1000 * 1000), dtype=np.uint8)
-            size_of(blob) >> pool
-            rates = []
-            for _ in range(2 if args.quick else 5):
-                t = time.perf_counter()
-                assert (size_of(blob) >> pool) == len(blob)
-                rates.append(len(blob) / (time.perf_counter() - t) / 1e6)
-            results["tunnel_100MB_MBps"] = statistics.median(rates)
+            results.update(transport(pool, "ssh", args.quick))
+    # The baseline of the same run: the same calls to a Local node (loopback TCP, /dev/shm).
+    with sky.Compute(nodes=1, options=QUIET) as pool:
+        results.update(transport(pool, "local", args.quick))
 
     if not args.quick:
         with SSHHosts(4) as four:

@@ -712,10 +712,17 @@ def _free_subnet() -> ipaddress.IPv4Network:
                 used.append(ipaddress.ip_network(dst, strict=False))
     candidates = list(_NETNS_POOL.subnets(new_prefix=24))
     random.shuffle(candidates)
-    for net in candidates:
+    # Never an address an earlier set of this process had: hosts there had other host keys,
+    # which a client that recorded them (trust on first use) rightly refuses.
+    fresh = [net for net in candidates if net not in _HANDED_OUT] or candidates
+    for net in fresh:
         if not any(net.overlaps(u) for u in used):
+            _HANDED_OUT.add(net)
             return net
     raise SSHHostError("no free /24 left in 10.213.0.0/16")
+
+
+_HANDED_OUT: set[ipaddress.IPv4Network] = set()
 
 
 _STATE_DIR_NAME = re.compile(r"sky-sshhosts-([0-9a-f]{6})-")

@@ -1,0 +1,165 @@
+"""Batches: ``map`` and parallel groups (``&``, gather), their chunking, ordering and
+batch events. A mixin of ``Pool`` (skyward.pool)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, as_completed
+from typing import Any, TypeVar
+
+from skyward.bootstrap import serialize
+from skyward.bootstrap.channel import NodeChannel
+from skyward.bootstrap.frames import Frame, Kind
+
+from . import events as ev
+from .dispatch import Dispatch, _results
+from .errors import ConfigError, NodeLostError
+from .function import PendingFunctionGroup, RemoteFunction, unwrap
+
+log = logging.getLogger("skyward")
+T = TypeVar("T")
+
+
+class Batches(Dispatch):
+    """Many tasks at once, results in order."""
+
+    def _batch(self, kind: Any, name: str, total: int) -> int | None:
+        if not ev.bus.wants(self.id, ev.BatchStarted):
+            return None
+        batch = next(ev.bus.batch_ids)
+        self._emit(ev.BatchStarted(pool=self.id, batch=batch, kind=kind, name=name, total=total))
+        return batch
+
+    def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
+        """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
+        batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
+        retries = self._retries(None)
+        futures = [self._submit(self._pick(None), p, batch, retries) for p in group.items]
+        if batch is not None:
+            self._finish_batch_when_done(batch, futures)
+        if not group.stream:
+            return tuple(_results(futures))
+        if group.ordered:
+            return (f.result() for f in futures)
+        return (f.result() for f in as_completed(futures))
+
+    def _finish_batch_when_done(self, batch: int, futures: list[Future[Any]]) -> None:
+        left, start = [len(futures)], time.monotonic()
+        lock = threading.Lock()
+
+        def one_done(_f: Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done = sum(1 for f in futures if f.exception() is None)
+                self._emit(ev.BatchFinished(
+                    pool=self.id, batch=batch, ok=done == len(futures), done=done,
+                    total=len(futures), seconds=time.monotonic() - start,
+                ))
+
+        for f in futures:
+            f.add_done_callback(one_done)
+
+    def map(
+        self,
+        fn: Callable[[Any], T] | RemoteFunction[Any, T],
+        items: Iterable[Any],
+        *,
+        chunksize: int | None = None,
+        timeout: float | None = None,
+    ) -> list[T]:
+        """``fn(item)`` for every item, spread over the nodes; results in input order.
+
+        Items travel in chunks (``chunksize``, automatic by default) so that short calls are not
+        dominated by round trips; ``timeout`` is per item (a chunk gets items x timeout).
+        """
+        self._check_open()
+        if timeout is None and isinstance(fn, RemoteFunction):
+            timeout = fn.timeout
+        if timeout is None:
+            timeout = self.options.default_compute_timeout
+        fn = unwrap(fn)
+        data = list(items)
+        if not data:
+            return []
+        channels = [ch for ch in self._channels if ch.lost is None] or list(self._channels)
+        slots = self.worker.slots
+        if chunksize is None:
+            # ~16 chunks per slot: small enough that uneven items or nodes even out at the
+            # end, large enough (up to 1024 items) that short calls are not all round trips.
+            chunksize = max(1, min(1024, math.ceil(len(data) / (len(channels) * slots * 16))))
+        elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ConfigError(f"chunksize={chunksize!r} is not valid: use an int >= 1, or leave it out.")
+        chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]
+        name = getattr(fn, "__qualname__", "map function")
+        window = slots * 2
+        batch = self._batch("map", name, len(data))
+        started = time.monotonic()
+        finishers: dict[int, Callable[[bool], None] | None] = {}
+        done: queue.SimpleQueue[tuple[int, NodeChannel, Frame | BaseException]] = queue.SimpleQueue()
+        outstanding = dict.fromkeys(channels, 0)
+        results: list[list[Any] | None] = [None] * len(chunks)
+        first_error: tuple[int, BaseException] | None = None
+        todo = collections.deque(range(len(chunks)))
+        retries = [self.options.retry_on_interruption] * len(chunks)
+
+        while any(outstanding.values()) or (todo and first_error is None):
+            for ch in self._channels:  # nodes that joined meanwhile (elastic pools) take work too
+                outstanding.setdefault(ch, 0)
+            while todo and first_error is None:
+                live = [c for c in outstanding if c.lost is None]
+                if not live:
+                    raise NodeLostError("every node of the pool was lost during map(); no node is left to run it.")
+                ch = min(live, key=outstanding.__getitem__)
+                if outstanding[ch] >= window:
+                    break
+                sent = todo.popleft()
+                chunk = chunks[sent]
+                flags, body, buffers = self._encode(
+                    (fn, chunk, timeout),
+                    functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
+                )
+                finishers[sent] = self._track(ch, name, len(chunk), batch)
+                ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
+                outstanding[ch] += 1
+            index, ch, result = done.get()
+            outstanding[ch] -= 1
+            finish = finishers.pop(index, None)
+            if isinstance(result, NodeLostError) and retries[index] > 0 and any(
+                c.lost is None for c in self._channels
+            ):
+                retries[index] -= 1  # the node went away: its chunk runs again elsewhere
+                log.warning("node %d was lost during map(); its chunk of %d item(s) runs again on another node",
+                            ch.node, len(chunks[index]))
+                todo.appendleft(index)
+                if finish is not None:
+                    finish(False)
+                continue
+            try:
+                results[index] = self._decode(result, name, ch.node)
+            except BaseException as exc:
+                if first_error is None or index < first_error[0]:
+                    first_error = (index, exc)
+            if finish is not None:
+                finish(results[index] is not None)
+        if batch is not None:
+            done_items = sum(len(chunks[i]) for i, r in enumerate(results) if r is not None)
+            self._emit(ev.BatchFinished(
+                pool=self.id, batch=batch, ok=first_error is None, done=done_items,
+                total=len(data), seconds=time.monotonic() - started,
+            ))
+        if first_error is not None:
+            raise first_error[1]
+        return [value for chunk in results for value in chunk]  # type: ignore[union-attr]
+
+
+def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) -> None:
+    q.put((index, ch, result))

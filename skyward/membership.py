@@ -1,0 +1,221 @@
+"""Node membership: connecting nodes, configuring their topology, noticing lost nodes,
+the lease heartbeat, resizing and autoscaling. A mixin of ``Pool`` (skyward.pool)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from skyward.bootstrap.channel import NodeChannel
+
+from . import events as ev
+from . import secrets
+from .autoscale import ScaleState, decide
+from .dispatch import Dispatch
+from .metrics import to_config
+from .spec import Nodes
+
+log = logging.getLogger("skyward")
+
+
+class Membership(Dispatch):
+    """Which nodes the pool has, and keeping that true."""
+
+    _endpoints: list[Any]
+    _nodes: Nodes
+    _resize_lock: threading.Lock
+    _print_lock: threading.Lock
+    _autoscaler: threading.Thread | None
+    _stop: threading.Event
+
+    def _node_plugins(self) -> str | None:
+        """The plugins' node-side hooks as they travel in CONFIGURE (computed once)."""
+        if not self.spec.plugins:
+            return None
+        if not hasattr(self, "_plugins_blob"):
+            from .plugins.compose import encode_for_nodes
+
+            self._plugins_blob = encode_for_nodes(self.spec.plugins)
+        return self._plugins_blob
+
+    def _heartbeat(self, ttl: float) -> None:
+        interval = max(0.2, min(2.0, ttl / 4)) if ttl > 0 else 2.0
+        # A node silent this long (no answer to a ping, no byte at all) is lost: its tasks move.
+        limit = max(10.0, 5 * interval)
+        while not self._stop.wait(interval):
+            for ch in list(self._channels):
+                ch.ping()
+            for ch in list(self._channels):
+                ch.check_silence(limit)
+
+    def _add_nodes(self, count: int) -> None:
+        endpoints = self._cluster.start(count)
+        for e in endpoints:
+            self._emit(ev.InstanceProvisioned(
+                pool=self.id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,
+            ))
+        self._emit(ev.ClusterProvisioned(pool=self.id, nodes=len(self._channels) + len(endpoints)))
+        with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as ex:
+            channels = list(ex.map(self._connect, endpoints))
+        for ch in channels:
+            self._emit(ev.InstanceBootstrapped(pool=self.id, node=ch.node))
+        with self._lock:
+            self._endpoints.extend(endpoints)
+            self._channels.extend(channels)
+        self._configure_all()
+
+    def _connect(self, endpoint: Any) -> NodeChannel:
+        return NodeChannel(
+            endpoint.connect(),
+            node=endpoint.index,
+            token=self._cluster.token,
+            ttl=self.spec.ttl,
+            on_output=self._print_output,
+            on_lost=self._node_lost,
+            on_metric=self._metric,
+            on_submit=self._route_nested,
+        )
+
+    def _metric(self, node: int, sample: dict[str, Any]) -> None:
+        if ev.bus.wants(self.id, ev.Metric):
+            self._emit(ev.Metric(
+                pool=self.id, node=node, name=sample["name"], value=float(sample["value"]),
+                unit=sample.get("unit", ""),
+            ))
+
+    def _node_lost(self, node: int, why: BaseException) -> None:
+        if not self._closed:
+            log.warning("pool %s: node %d was lost (%s)", self.id, node, why)
+            self._emit(ev.InstanceLost(pool=self.id, node=node, reason=str(why) or type(why).__name__))
+            try:
+                self._cluster.node_lost(node)
+            except Exception:  # the provider's bookkeeping must not break the pool
+                log.exception("pool %s: the provider failed to drop lost node %d", self.id, node)
+
+    def _configure_all(self) -> None:
+        with self._lock:
+            pairs = list(zip(self._endpoints, self._channels, strict=True))
+        settings = self.worker.agent_settings()
+        metrics = to_config(self.spec.image.metrics)  # Image normalized them already
+        for position, (_, ch) in enumerate(pairs):
+            ch.configure({
+                "topology": self._topology(position, pairs),
+                "worker": settings,
+                "metrics": metrics,
+                "spill": str(self._cluster.spill_dir) if self._cluster.spill_dir else None,
+                "plugins": self._node_plugins(),
+            })
+
+    def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:
+        acc = self.spec.accelerator
+        assert acc is None or not isinstance(acc, str)  # Spec converts strings
+        count = float(getattr(acc, "count", 0) or 0)
+        return {
+            "node": position,
+            "total_nodes": len(pairs),
+            "head_addr": pairs[0][0].private_ip,
+            "head_port": self._cluster.head_port,
+            "job_id": self.id,
+            "peers": [
+                {"node": i, "private_ip": e.private_ip, "public_ip": e.public_ip}
+                for i, (e, _) in enumerate(pairs)
+            ],
+            "accelerators": count,
+            "total_accelerators": count * len(pairs),
+            "accelerator": None if acc is None else {
+                "type": acc.name, "count": count, "memory_gb": acc.memory_gb,
+                "is_trainium": acc.name.lower().startswith("trainium"),
+            },
+            "network": {"interface": self._cluster.interface, "bandwidth_gbps": None},
+        }
+
+    def current_nodes(self) -> int:
+        """How many nodes are connected and ready now."""
+        return sum(1 for ch in self._channels if ch.lost is None)
+
+    def resize(self, nodes: int | Nodes) -> None:
+        """Change the pool's size (and, with sky.Nodes, its elastic range) now.
+
+        Removed nodes finish their running tasks first. With ``Nodes(desired, max=...)`` the
+        pool keeps autoscaling between ``desired`` and ``max``.
+        """
+        self._check_open()
+        target = Nodes.of(nodes)
+        if not isinstance(nodes, Nodes) and self._nodes.max is not None and target.desired <= self._nodes.max:
+            target = Nodes(desired=target.desired, max=self._nodes.max)  # keep the elastic range
+        self._nodes = target
+        self._scale_to(target.desired)
+        self._start_autoscaler()
+
+    def _scale_to(self, target: int) -> None:
+        with self._resize_lock:
+            with self._lock:
+                current = len(self._channels)
+            if target > current:
+                self._add_nodes(target - current)
+                return
+            if target == current:
+                return
+            with self._lock:
+                leaving = self._channels[target:]
+                endpoints = self._endpoints[target:]
+                self._channels = self._channels[:target]
+                self._endpoints = self._endpoints[:target]
+            deadline = time.monotonic() + self.options.shutdown_timeout
+            while any(ch.inflight for ch in leaving) and time.monotonic() < deadline:
+                self._stop.wait(0.05)
+            for ch in leaving:
+                ch.close(shutdown_agent=True)
+            self._cluster.stop(endpoints)
+            for ch in leaving:
+                self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
+            self._configure_all()
+
+    # -- elastic pools -----------------------------------------------------------------------
+    def _start_autoscaler(self) -> None:
+        if self._nodes.max is None or self._nodes.max <= self._nodes.desired:
+            return
+        with self._lock:
+            if self._autoscaler is not None or self._closed:
+                return
+            self._autoscaler = threading.Thread(target=self._autoscale, name="skyward-autoscale", daemon=True)
+        self._autoscaler.start()
+
+    def _autoscale(self) -> None:
+        """Tasks already queued on a node stay there; new nodes take their share of what is
+        dispatched after they join (round-robin for >>, the next chunks of a running map)."""
+        state = ScaleState(last_change=time.monotonic())
+        while not self._stop.wait(min(1.0, self.options.reconcile_tick_interval)):
+            with self._lock:
+                live = [ch for ch in self._channels if ch.lost is None]
+            busy = sum(ch.inflight for ch in live)
+            target = decide(self._nodes, len(live), busy, self.worker.slots, time.monotonic(),
+                            state, self.options)
+            if target is None:
+                continue
+            log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)
+            try:
+                self._scale_to(target)
+            except Exception as exc:  # a failed scale step must not end the pool
+                if self._closed:
+                    return
+                log.warning("autoscale step failed: %s", exc)
+
+    # -- output ------------------------------------------------------------------------------
+    def _print_output(self, node: int, task: int, stream: int, data: bytes) -> None:
+        text = secrets.redact(data.decode("utf-8", "replace"))
+        if ev.bus.wants(self.id, ev.Log):
+            self._emit(ev.Log(pool=self.id, level="stderr" if stream == 2 else "stdout", message=text, node=node))
+        lines = text.splitlines()
+        out = sys.stderr if stream == 2 else sys.stdout
+        prefix = f"[node {node}] "
+        with self._print_lock:
+            try:
+                out.write("".join(prefix + line + "\n" for line in lines))
+                out.flush()
+            except (OSError, ValueError):
+                pass

@@ -94,7 +94,8 @@ class AWS(CloudProvider):
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
-        family = "neuron" if offer.accelerator in ("Trainium", "Inferentia2") else None
+        # The catalogue row says which AMI family its hardware needs (Neuron for trn/inf).
+        family = offer.extra.get("family")
         return {
             "zone": self.zone, "image": self.ami, "user": self.user,
             "settings": {"profile": self.profile, "subnet": self.subnet, "family": family},

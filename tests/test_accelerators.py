@@ -97,7 +97,7 @@ def test_all_names_resolve() -> None:
         ("MI300X", "MI300X", "192GB", "AMD"),
         ("TPUv4", "TPUv4", "32GB", "Google"),
         ("TPUv5e", "TPUv5e", "16GB", "Google"),
-        ("Trainium", "Trainium", "32GB", "AWS"),
+        ("Trainium", "Trainium1", "32GB", "AWS"),
     ],
 )
 def test_catalogue_defaults(factory: str, name: str, memory: str, manufacturer: str) -> None:
@@ -298,3 +298,114 @@ def test_import_is_stdlib_only() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- every name of the reference catalogue ---------------------------------------------
+
+# The reference's factory names, as its users write them (sky.accelerators.<name>()).
+_REFERENCE_NAMES = """
+H100 H200 GH200 B100 B200 GB200 A100 A800 A40 A10 A10G A16 A2 L4 L40 L40S T4 T4G V100 P100 P40 P4
+K80 RTX_5090 RTX_5080 RTX_5070_Ti RTX_5070 RTX_5060_Ti RTX_5060 RTX_4090 RTX_4090D RTX_4080_Super
+RTX_4080 RTX_4070_Ti_Super RTX_4070_Ti RTX_4070_Super RTX_4070 RTX_4060_Ti RTX_4060 RTX_3090_Ti
+RTX_3090 RTX_3080_Ti RTX_3080 RTX_3070_Ti RTX_3070 RTX_3060_Ti RTX_3060 RTX_3060_Laptop RTX_3050
+RTX_2080_Ti RTX_2080_Super RTX_2080 RTX_2070_Super RTX_2070 RTX_2060_Super RTX_2060 GTX_1660_Ti
+GTX_1660_Super GTX_1660 GTX_1080_Ti GTX_1080 GTX_1070_Ti GTX_1070 GTX_1060 Titan_Xp Titan_V
+RTX_6000_Ada RTX_5880_Ada RTX_5000_Ada RTX_PRO_6000 RTX_PRO_4000 RTX_PRO_4500 RTX_A6000 RTX_A5000
+RTX_A5000_Pro RTX_A4000 RTX_A2000 Quadro_RTX_8000 Quadro_RTX_6000 Quadro_RTX_5000 Quadro_RTX_4000
+Quadro_P4000 MI300X MI300B MI300A MI250X MI250 MI210 MI100 MI50 RadeonPro_V710 RadeonPro_V520
+Instinct_MI25 Trainium1 Trainium2 Trainium3 Inferentia1 Inferentia2 Gaudi Gaudi2 Gaudi3 TPUv2 TPUv3
+TPUv4 TPUv5e TPUv5p TPUv6 TPUv2_8 TPUv3_8 TPUv3_32 TPUv4_64 TPUv5e_4 TPUv5p_8
+"""
+REFERENCE = _REFERENCE_NAMES.split()
+
+
+@pytest.mark.parametrize("factory", REFERENCE)
+def test_every_reference_name_is_a_factory_that_round_trips(factory: str) -> None:
+    fn = getattr(acc, factory)
+    assert factory in acc.__all__
+    made = fn()
+    assert made.name in names() and made.memory is not None
+    assert fn(count=2).count == 2 * made.count
+    # The factory's own name parses, in the spellings people write it.
+    assert parse(factory) == made
+    assert parse(factory.replace("_", "-").lower()) == made
+    assert parse(str(made)) == made and parse(str(fn(count=2))) == fn(count=2)
+    assert pickle.loads(pickle.dumps(made)) == made
+
+
+def test_no_two_catalogue_rows_share_a_spelling() -> None:
+    # Import asserts it too; this says it where a reader of the tests looks.
+    keys = [n.replace(" ", "").upper() for n in names()]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize(
+    ("factory", "name", "memory", "manufacturer"),
+    [
+        ("T4G", "T4G", "16GB", "NVIDIA"),
+        ("GTX_1080_Ti", "GTX 1080 Ti", "11GB", "NVIDIA"),
+        ("Titan_V", "Titan V", "12GB", "NVIDIA"),
+        ("RTX_6000_Ada", "RTX 6000 Ada", "48GB", "NVIDIA"),
+        ("RTX_PRO_6000", "RTX PRO 6000", "96GB", "NVIDIA"),
+        ("Quadro_RTX_8000", "Quadro RTX 8000", "48GB", "NVIDIA"),
+        ("RadeonPro_V520", "Radeon Pro V520", "8GB", "AMD"),
+        ("Instinct_MI25", "MI25", "16GB", "AMD"),
+        ("MI300A", "MI300A", "128GB", "AMD"),
+        ("Gaudi2", "Gaudi2", "96GB", "Intel"),
+        ("Inferentia1", "Inferentia1", "8GB", "AWS"),
+        ("Trainium2", "Trainium2", "96GB", "AWS"),
+        ("TPUv5p", "TPUv5p", "95GB", "Google"),
+        ("TPUv6", "TPUv6", "32GB", "Google"),
+    ],
+)
+def test_new_catalogue_rows(factory: str, name: str, memory: str, manufacturer: str) -> None:
+    made = getattr(acc, factory)()
+    assert (made.name, made.memory, made.manufacturer) == (name, memory, manufacturer)
+
+
+def test_memory_options_of_new_rows() -> None:
+    assert acc.RTX_3080(memory="12GB").memory == "12GB"
+    assert acc.RTX_4060_Ti(memory="16GB").memory_gb == 16.0
+    assert acc.A800(memory="40GB").memory == "40GB"
+    with pytest.raises(AcceleratorError, match="10GB"):
+        acc.RTX_3080(memory="20GB")
+
+
+def test_second_names_are_the_same_entry() -> None:
+    assert acc.Trainium() == acc.Trainium1() and acc.Trainium is acc.Trainium1
+    assert acc.Instinct_MI25() == acc.MI25()
+    assert parse("trn1") == parse("Trainium") == acc.Trainium1()
+    assert parse("trn2:16") == acc.Trainium2(count=16)
+    assert parse("inf1") == acc.Inferentia1()
+    assert parse("dl1") == acc.Gaudi()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("TPUv5e-4", acc.TPUv5e(count=4)),
+        ("v5litepod-8", acc.TPUv5e(count=8)),
+        ("v4-64", acc.TPUv4(count=64)),
+        ("TPU v5p-8:2", acc.TPUv5p(count=16)),
+        ("v6e-8", acc.TPUv6(count=8)),
+        ("trillium:4", acc.TPUv6(count=4)),
+        ("tpuv3_32", acc.TPUv3(count=32)),
+    ],
+)
+def test_tpu_slices_parse_as_the_tpu_with_the_slice_size_as_count(text: str, expected: Accelerator) -> None:
+    assert parse(text) == expected
+
+
+def test_slice_factories_multiply_their_size() -> None:
+    assert acc.TPUv5e_4() == acc.TPUv5e(count=4)
+    assert acc.TPUv4_64(count=2) == acc.TPUv4(count=128)
+    assert acc.TPUv2_8().memory == "8GB" and acc.TPUv2_8().count == 8
+    with pytest.raises(AcceleratorError, match="TPUv5e_4"):
+        acc.TPUv5e_4(count=0)
+    assert "count" in inspect.signature(acc.TPUv5p_8).parameters
+    assert pickle.loads(pickle.dumps(acc.TPUv5p_8)) is acc.TPUv5p_8
+
+
+def test_a_slice_size_only_applies_to_tpus() -> None:
+    with pytest.raises(AcceleratorError, match="unknown accelerator"):
+        parse("A100-8")

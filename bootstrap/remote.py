@@ -81,11 +81,16 @@ class Remote:
         kwargs["auth_timeout"] = self._connect_timeout
         kwargs["transport_factory"] = _fast_transport
 
+        # Where Fabric connects once ~/.ssh/config is applied: the known_hosts name of the
+        # host (``[host]:port`` off port 22) is the one the messages must quote.
+        where: dict[str, Any] = {"host": self.target.host, "port": self.target.port or 22}
+
         def attempt() -> fabric.Connection:
             conn = fabric.Connection(
                 self.target.host, user=self.target.user, port=self.target.port,
                 connect_timeout=self._connect_timeout, connect_kwargs=dict(kwargs),
             )
+            where.update(host=conn.host, port=int(conn.port))
             self._install_host_key_policy(conn)
             try:
                 conn.open()
@@ -94,11 +99,19 @@ class Remote:
                 raise
             return conn
 
+        def waiting(state: Any) -> None:  # before the first retry only: say why we wait
+            if state.attempt_number == 1 and state.outcome is not None:
+                exc = state.outcome.exception()
+                log.warning("%s: %s; retrying for up to %g s (the host may still be booting; "
+                            "Options(ssh_timeout=...) sets how long)", self.label,
+                            _why(exc, where["host"], where["port"]), self._retry_for)
+
         try:
             for try_ in Retrying(
                 stop=stop_after_delay(self._retry_for),
                 wait=wait_exponential(multiplier=0.2, max=5),
                 retry=retry_if_exception(_transient),
+                before_sleep=waiting,
                 reraise=True,
             ):
                 with try_:
@@ -106,7 +119,15 @@ class Remote:
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:
-            raise self._changed_key_error(exc.hostname, exc.key, exc.expected_key) from None
+            # paramiko names the host without its port here; known_hosts stores [host]:port.
+            name = host_key_name(where["host"], where["port"])
+            raise self._changed_key_error(name, exc.key, exc.expected_key) from None
+        except socket.gaierror as exc:
+            raise ProviderError(
+                f"{self.label}: the host name {where['host']!r} does not resolve ({exc.strerror or exc}). "
+                f"Check its spelling (or its Host entry in ~/.ssh/config); a name that does not "
+                f"resolve is not retried."
+            ) from None
         except paramiko.AuthenticationException as exc:
             raise ProviderError(
                 f"{self.label}: SSH login as {self.target.user or 'the default user'} was refused "
@@ -115,9 +136,10 @@ class Remote:
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise ProviderError(
-                f"{self.label}: could not connect over SSH to {self.target.host}:{self.target.port or 22} "
-                f"within {self._retry_for:g} s ({type(exc).__name__}: {exc}). Check that the host is up "
-                f"and sshd is reachable from here (raise Options(ssh_timeout=...) for slow hosts)."
+                f"{self.label}: could not connect over SSH to {where['host']}:{where['port']} "
+                f"within {self._retry_for:g} s ({_why(exc, where['host'], where['port'])}). Check that "
+                f"the host is up and sshd is reachable from here (raise Options(ssh_timeout=...) for "
+                f"slow hosts)."
             ) from None
         transport = self.transport
         transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -397,12 +419,30 @@ def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
 
 
 def _transient(exc: BaseException) -> bool:
-    """Connection problems worth retrying: the host may still be booting."""
+    """Connection problems worth retrying: the host may still be booting. A name that does
+    not resolve will not resolve in a minute either (a typo); only a DNS server that did not
+    answer (EAI_AGAIN) is worth asking again."""
     import paramiko
 
     if isinstance(exc, (paramiko.BadHostKeyException, paramiko.AuthenticationException, HostKeyError)):
         return False
+    if isinstance(exc, socket.gaierror):
+        return exc.errno == socket.EAI_AGAIN
     return isinstance(exc, (OSError, paramiko.SSHException, EOFError))
+
+
+def _why(exc: BaseException | None, host: str, port: int) -> str:
+    """A connection failure in words: what a user can act on."""
+    wrapped = list((getattr(exc, "errors", None) or {}).values())  # paramiko's NoValidConnectionsError
+    if wrapped and all(isinstance(e, ConnectionRefusedError) for e in wrapped):
+        exc = wrapped[0]
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused on port {port}: nothing listens there (is sshd running, is the port right?)"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return f"no answer from {host}:{port} (host down, or a firewall drops the packets)"
+    if isinstance(exc, socket.gaierror):
+        return f"the name {host!r} did not resolve ({exc.strerror or exc})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 __all__ = ["ChannelSocket", "Remote", "Target", "known_hosts_path"]

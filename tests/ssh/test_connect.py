@@ -1,0 +1,72 @@
+"""Connecting to SSH hosts, as a new user meets it: a host key changed on a non-standard port,
+a typo in a host name, a port where nothing listens (issue 19, items 3 and 4)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+import skyward as sky
+from skyward.bootstrap.remote import Remote, Target
+
+pytestmark = pytest.mark.timeout(180)
+QUIET = sky.Options(console=False)
+
+
+def _provider(hosts: Any) -> sky.SSH:
+    return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                          for h in hosts])
+
+
+def test_changed_host_key_on_a_non_standard_port_names_the_form_known_hosts_stores(ssh_hosts: Any) -> None:
+    hosts = ssh_hosts(1, mode="loopback")  # loopback hosts listen on high ports, never 22
+    h = hosts[0]
+    assert h.port != 22
+    with sky.Compute(provider=_provider(hosts), nodes=1, options=QUIET) as pool:
+        assert sky.function(socket.gethostname)() >> pool
+    h.restart(new_host_key=True)
+    with pytest.raises(sky.HostKeyError, match="changed") as info, \
+            sky.Compute(provider=_provider(hosts), nodes=1, options=QUIET):
+        pass
+    message = str(info.value)
+    assert f"[{h.address}]:{h.port}" in message, message
+    command = next(line.strip() for line in message.splitlines() if line.strip().startswith("ssh-keygen -R"))
+    done = subprocess.run(command, shell=True, capture_output=True, text=True)
+    assert done.returncode == 0 and "updated" in done.stdout + done.stderr, (command, done)
+    with sky.Compute(provider=_provider(hosts), nodes=1, options=QUIET) as pool:  # the way out works
+        assert sky.function(socket.gethostname)() >> pool
+
+
+def test_a_host_name_that_does_not_resolve_fails_at_once() -> None:
+    remote = Remote(Target("no-such-host.invalid", 22), retry_for=60.0, label="node 0 (no-such-host.invalid)")
+    t0 = time.monotonic()
+    with pytest.raises(sky.ProviderError) as info:
+        remote.open()
+    assert time.monotonic() - t0 < 10, "a name that does not resolve is not worth retrying"
+    message = str(info.value)
+    assert "no-such-host.invalid" in message and "resolve" in message, message
+    assert "spelling" in message or "~/.ssh/config" in message, message
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_refused_port_is_retried_and_says_so_while_waiting(caplog: pytest.LogCaptureFixture) -> None:
+    port = _closed_port()
+    remote = Remote(Target("127.0.0.1", port), retry_for=3.0, label="node 0 (127.0.0.1)")
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="skyward"), pytest.raises(sky.ProviderError) as info:
+        remote.open()
+    assert time.monotonic() - t0 >= 2.5  # retried until ssh_timeout, not given up at once
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, said  # said once, when the wait starts, not at every attempt
+    assert "refused" in said[0] and str(port) in said[0] and "retrying" in said[0], said
+    assert "refused" in str(info.value) and str(port) in str(info.value)

@@ -46,6 +46,28 @@ class Kind(IntEnum):
     REPLY = 14
     CANCEL = 15  # client -> agent: drop a task still waiting for a slot (it gets an error)
     PONG = 16  # agent -> client: answer to a PING, so the client notices a node gone silent
+    # client -> agent: run the pool's health check (a pickled fn(InstanceInfo)) beside the
+    # workers, never in a task slot; the answer is a RESULT with the same task id.
+    HEALTH = 30
+    # Distributed collections (see state.py): a request to the head node's collection server,
+    # from the client over its channel or from a worker over the state listener. The answer
+    # is a RESULT with the same id.
+    STATE = 17
+    # Streaming (see stream.py). A generator task sends its values as YIELD batches
+    # (worker -> agent -> client); the consumer returns CREDIT for what it took and STOP when
+    # it closes the iterator. An iterator argument is pulled: PULL (worker -> client) asks for
+    # the next batch of one argument, FEED (client -> worker) carries it.
+    YIELD = 18
+    CREDIT = 19
+    STOP = 20
+    PULL = 21
+    FEED = 22
+
+
+# Flags of a TASK frame beside serialize's (bit 0): the client streams the task's generator
+# (STREAM_OUT) or feeds it iterator arguments (STREAM_IN). Agents relay them unchanged.
+FLAG_STREAM_OUT = 0x40
+FLAG_STREAM_IN = 0x20
 
 
 # Prefix of a SUBMIT body: the agent's id of the task that submits, and the payload's kind

@@ -96,6 +96,7 @@ class Agent:
         self.launchers: list[Any] = []
         # agent id -> (worker, the worker's id, the submitting task's route) for nested SUBMITs
         self.nested: dict[int, tuple[WorkerProc, int, Route | None]] = {}
+        self.state: Any = None  # the pool's collections (state.StateServer), on the head node
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
@@ -203,6 +204,8 @@ class Agent:
                     self._configure(json.loads(bytes(frame.body)))
                 elif frame.kind == Kind.PING:
                     writer.send_parts(Kind.PONG, 0, 0, b"")
+                elif frame.kind == Kind.STATE:
+                    self._state().handle_client(id(conn), writer, frame)
                 elif frame.kind == Kind.SHUTDOWN:
                     self.shutdown("the client asked")
                     return
@@ -211,6 +214,8 @@ class Agent:
         finally:
             conn.open = False
             _close(sock)
+            if self.state is not None:
+                self.state.client_gone(id(conn))
             with self.lock:
                 if conn in self.conns:
                     self.conns.remove(conn)
@@ -264,11 +269,33 @@ class Agent:
             "topology": self._topology_for(w.index),
             "spill": self.config.get("spill"),
             "plugins": self.config.get("plugins"),
+            "state": self._state_for_workers(),
         }).encode()
         try:
             w.writer.send_parts(Kind.CONFIGURE, 0, 0, body)
         except OSError:
             pass
+
+    # -- distributed collections (state.py) ---------------------------------------------------
+    def _state(self) -> Any:
+        with self.lock:
+            if self.state is None:
+                from .state import StateServer
+
+                self.state = StateServer(self.token, self._log_to_clients)
+            return self.state
+
+    def _log_to_clients(self, text: str) -> None:
+        _log(text)
+        self._broadcast(Frame(Kind.OUTPUT, 0, (text + "\n").encode(), 2))
+
+    def _state_for_workers(self) -> dict[str, Any] | None:
+        """Where workers reach the collection server, with the token (never on argv)."""
+        assert self.config is not None
+        where = self.config.get("state")
+        if not where or "error" in where:
+            return where
+        return {**where, "token": self.token.decode()}
 
     def _spawn(self, index: int) -> WorkerProc:
         ours, theirs = socket.socketpair()

@@ -126,6 +126,7 @@ class Worker:
 
     def configure(self, config: dict[str, Any]) -> None:
         context.configure(config["topology"])
+        context.state = config.get("state")
         self.spill = Path(config["spill"]) if config.get("spill") else None
         if config.get("plugins") and self.plugins is None:
             import cloudpickle
@@ -284,6 +285,8 @@ class Worker:
         except BaseException as exc:  # our own code failed: still answer, or the client waits forever
             payload = serialize.dumps_error(exc)
         finally:
+            for hook in context.task_done_hooks:  # eventual collection writes land before the result
+                hook()
             context.current_task.reset(token)
             for s in self.streams:
                 s.flush_task(tid)

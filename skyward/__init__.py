@@ -22,6 +22,8 @@ from . import accelerators, time
 from .errors import (
     AcceleratorError,
     BootstrapError,
+    CollectionError,
+    CollectionTimeoutError,
     ConfigError,
     DispatchError,
     HostKeyError,
@@ -103,6 +105,12 @@ _LAZY = {
     "silent": "skyward.runtime.output",
     "redirect_output": "skyward.runtime.output",
     "CallbackWriter": "skyward.runtime.output",
+    "dict": "skyward.runtime.collections",
+    "set": "skyward.runtime.collections",
+    "counter": "skyward.runtime.collections",
+    "queue": "skyward.runtime.collections",
+    "barrier": "skyward.runtime.collections",
+    "lock": "skyward.runtime.collections",
 }
 
 if TYPE_CHECKING:
@@ -139,6 +147,12 @@ if TYPE_CHECKING:
     from .providers.gcp import GCP
     from .providers.local import Local
     from .providers.ssh import SSH, SSHHost
+    from .runtime.collections import make_barrier as barrier
+    from .runtime.collections import make_counter as counter
+    from .runtime.collections import make_dict as dict
+    from .runtime.collections import make_lock as lock
+    from .runtime.collections import make_queue as queue
+    from .runtime.collections import make_set as set
     from .runtime.info import (
         AcceleratorInfo,
         InstanceInfo,
@@ -181,6 +195,8 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "ClusterProvisioned",
     "ClusterReady",
     "ClusterRequested",
+    "CollectionError",
+    "CollectionTimeoutError",
     "Compute",
     "ConfigError",
     "Disk",
@@ -242,15 +258,21 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "WorkerDiedError",
     "__version__",
     "accelerators",
+    "barrier",
+    "counter",
+    "dict",
     "function",
     "gather",
     "instance_info",
     "is_head",
+    "lock",
     "metrics",
     "offers",
     "plugins",
+    "queue",
     "redirect_output",
     "secret",
+    "set",
     "shard",
     "silent",
     "stderr",

@@ -77,6 +77,30 @@ class Dispatch:
         except Exception as exc:  # the node was lost meanwhile; submit discarded the buffers
             done(exc)
 
+    # -- distributed collections (skyward.runtime.collections) --------------------------------
+    def _state_address(self, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any] | None:
+        """Where the nodes reach the collection server: the head node's agent serves it on the
+        head's private address (asked once per head; a named pool's head answers every program
+        that attaches with the same address, so its collections outlive each of them)."""
+        from .runtime.collections import serve_address
+
+        if not pairs:
+            return None
+        endpoint, head = pairs[0]
+        cached = getattr(self, "_state_served", None)
+        if cached is not None and cached[0] is head:
+            return cached[1]
+        where = serve_address(self, endpoint.private_ip)
+        self._state_served = (head, where)
+        if where is not None and "error" in where:
+            log.warning("pool %s: distributed collections are unavailable: %s", self.id, where["error"])
+        return where
+
+    def _flush_collections(self) -> None:
+        from .runtime.collections import flush_client
+
+        flush_client(self)
+
     # -- dispatch ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:

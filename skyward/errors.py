@@ -87,6 +87,14 @@ class TaskCancelledError(SkywardError, RuntimeError):
     """A task was cancelled before it started (a joblib batch after an abort)."""
 
 
+class CollectionError(SkywardError, RuntimeError):
+    """A distributed collection could not do what was asked (state lost, barrier broken...)."""
+
+
+class CollectionTimeoutError(CollectionError, TimeoutError):
+    """A collection operation waited past its timeout (queue.get, lock.acquire, barrier.wait)."""
+
+
 class PluginError(SkywardError, RuntimeError):
     """A plugin hook failed, on the client or on a node."""
 

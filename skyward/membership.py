@@ -101,6 +101,7 @@ class Membership(Dispatch):
             pairs = list(zip(self._endpoints, self._channels, strict=True))
         settings = self.worker.agent_settings()
         metrics = to_config(self.spec.image.metrics)  # Image normalized them already
+        state = self._state_address(pairs)  # where the head node serves collections (dispatch.py)
         for position, (_, ch) in enumerate(pairs):
             ch.configure({
                 "topology": self._topology(position, pairs),
@@ -108,6 +109,7 @@ class Membership(Dispatch):
                 "metrics": metrics,
                 "spill": str(self._cluster.spill_dir) if self._cluster.spill_dir else None,
                 "plugins": self._node_plugins(),
+                "state": state,
             })
 
     def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:

@@ -158,6 +158,8 @@ class Pool(Batches, Membership):
 
         A pool that attached to running nodes (a named pool) only disconnects: its nodes keep
         running for the next client, until their ttl passes with no client or ``skyward down``."""
+        if not self._closed:
+            self._flush_collections()  # the client's buffered eventual writes (dispatch.py)
         with self._lock:
             if self._closed:
                 return

@@ -20,6 +20,13 @@ _version = 0
 # set when the worker starts; None outside workers). Used by the joblib backend on nodes.
 hub: Any = None
 
+# Where the pool's collection server listens, from CONFIGURE ({"host", "port", "token"}; None
+# when collections are off, {"error": ...} when the head node could not serve them).
+state: dict[str, Any] | None = None
+# Called in the worker after a task's function returned, before its result is sent (the
+# collections flush their buffered eventual writes there).
+task_done_hooks: list[Callable[[], None]] = []
+
 # Id of the task the current thread is running (0 outside tasks).
 current_task: ContextVar[int] = ContextVar("skyward_current_task", default=0)
 # Output filters set by sky.stdout / sky.stderr / sky.silent for the running task.

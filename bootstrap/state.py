@@ -1,0 +1,619 @@
+"""Distributed collections on the wire: the head node's collection server and a node's
+connection to it.
+
+The state of a pool's ``sky.dict/set/counter/queue/barrier/lock`` lives in one place, the
+agent of the head node (node 0), so that an operation from a cloud node never crosses the
+client's link. Requests reach it two ways:
+
+* from the client, as STATE frames on its existing channel to the head's agent;
+* from workers on any node, over a listener the head's agent opens on the pool's private
+  address (asked for by the client with a ``serve`` request before it configures the nodes).
+  That listener admits a peer only after a HELLO carrying the pool's token (read with a size
+  cap and a deadline, so a stranger can neither stall it nor make it allocate), and the
+  stack's members-only firewall rule covers it on clouds.
+
+A request is one frame: ``pickle((ops, vals))`` plus the values' out-of-band buffers. ``ops``
+is a list of ``(op, kind, name, args, nvals)`` applied in order under one lock (a single op
+for strong consistency; a node's batched writes plus an optional read for eventual), and the
+answer is the last op's. Values (dict values, queue items) are cloudpickled by the caller and
+stored here as opaque blobs ``(flags, body, buffers)``: the server never unpickles them, so it
+needs none of the user's packages and large values pass through without a copy into a pickle.
+Keys and set members are unpickled here (they must hash as they do on the caller).
+
+Operations that wait (``queue.get``, ``lock.acquire``, ``barrier.wait``) never block a reader
+thread: they park a waiter that is answered later, or by the timer when its deadline passes.
+When a peer's connection ends (its worker process died) or the client reports its node lost,
+the locks it held are released (with a log line that reaches the client as a Log event), its
+waiters are dropped and the barriers it takes part in break.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import hmac
+import itertools
+import json
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyward.errors import CollectionError, CollectionTimeoutError
+
+from .frames import HEADER, Frame, FrameReader, FrameWriter, Kind, tune
+
+Blob = tuple[int, bytes, list[tuple[int, Any]]]  # a value as the caller pickled it
+Reply = tuple[tuple[Any, ...], list[tuple[int, Any]]]  # (tag...), buffers
+_HELLO_MAX = 4096
+_HANDSHAKE_S = 10.0
+
+
+def encode_request(ops: list[tuple[Any, ...]], vals: list[tuple[int, bytes, int]]) -> bytes:
+    try:
+        return pickle.dumps((ops, vals), protocol=5)
+    except Exception:  # keys of types plain pickle cannot handle (defined in __main__...)
+        import cloudpickle
+
+        return cloudpickle.dumps((ops, vals), protocol=5)
+
+
+# -- the server ---------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Peer:
+    """One connection that sends requests: a worker process, or the client's channel."""
+
+    writer: FrameWriter
+    node: int
+    pid: int
+    label: str
+    sock: socket.socket | None = None  # state-listener peers only (closed on node loss)
+    alive: bool = True
+    gone: bool = False  # its locks were released and its waits dropped
+
+    def send(self, rid: int, reply: Reply) -> None:
+        if not self.alive:
+            return
+        head, buffers = reply
+        try:
+            body = pickle.dumps(head, protocol=5)
+        except Exception:  # an exception type plain pickle cannot carry
+            import cloudpickle
+
+            body = cloudpickle.dumps(head, protocol=5)
+        try:
+            self.writer.send_parts(Kind.RESULT, rid, 0, body, buffers)
+        except OSError:
+            self.alive = False
+
+
+@dataclass(eq=False)
+class _Waiter:
+    peer: Peer
+    rid: int
+    kind: str
+    name: str
+    deadline: float | None
+    who: Any = None
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Queue:
+    items: collections.deque[Blob] = field(default_factory=collections.deque)
+    getters: collections.deque[_Waiter] = field(default_factory=collections.deque)
+
+
+@dataclass(eq=False)
+class _Lock:
+    holder: Any = None  # (node, pid, thread id) of the holding task
+    peer: Peer | None = None
+    waiters: collections.deque[_Waiter] = field(default_factory=collections.deque)
+
+
+@dataclass(eq=False)
+class _Barrier:
+    n: int
+    waiting: list[_Waiter] = field(default_factory=list)
+    participants: set[Peer] = field(default_factory=set)
+    broken: str | None = None
+
+
+def _ok(value: Any = None) -> Reply:
+    return ("ok", value), []
+
+
+def _err(exc: BaseException) -> Reply:
+    return ("err", exc), []
+
+
+_MISS: Reply = (("miss",), [])
+
+
+def _blob_reply(blob: Blob) -> Reply:
+    return ("v", blob[0], blob[1]), blob[2]
+
+
+def _who(who: Any) -> str:
+    try:
+        node, pid = who[0], who[1]
+    except (TypeError, IndexError):
+        return "an unknown holder"
+    return "the client" if node < 0 else f"a task on node {node} (pid {pid})"
+
+
+class StateServer:
+    """The collections of one pool. Lives in the head node's agent for the agent's lifetime,
+    so a named pool's collections outlive the programs that attach to it."""
+
+    def __init__(self, token: bytes, log: Callable[[str], None]) -> None:
+        self.token = token
+        self.log = log
+        self.lock = threading.Lock()
+        self.counters: dict[str, int] = {}
+        self.dicts: dict[str, dict[Any, Blob]] = {}
+        self.sets: dict[str, set[Any]] = {}
+        self.queues: dict[str, _Queue] = {}
+        self.locks: dict[str, _Lock] = {}
+        self.barriers: dict[str, _Barrier] = {}
+        self.clients: dict[int, Peer] = {}  # id(agent connection) -> peer
+        self.peers: set[Peer] = set()
+        self.listener: socket.socket | None = None
+        self.address: tuple[str, int] | None = None
+        self._timers: list[tuple[float, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self._wake = threading.Condition(self.lock)
+        threading.Thread(target=self._timer, name="skyward-state-timer", daemon=True).start()
+
+    # -- entry points ------------------------------------------------------------------------
+    def handle_client(self, key: int, writer: FrameWriter, frame: Frame) -> None:
+        """A STATE frame from a client connection of the agent (``key``: the connection)."""
+        peer = self.clients.get(key)
+        if peer is None:
+            peer = self.clients.setdefault(key, Peer(writer, -1, 0, "the client"))
+        self.handle(peer, frame)
+
+    def client_gone(self, key: int) -> None:
+        peer = self.clients.pop(key, None)
+        if peer is not None:
+            self.peer_gone(peer, "disconnected")
+
+    def handle(self, peer: Peer, frame: Frame) -> None:
+        try:
+            ops, vals = pickle.loads(frame.body)
+        except Exception as exc:
+            peer.send(frame.task_id, _err(CollectionError(
+                f"the collection server on the head node could not read a request "
+                f"({type(exc).__name__}: {exc}). Keys and set members must be plain values "
+                f"(str, int, tuples of them) that the head node can unpickle."
+            )))
+            return
+        if ops and ops[0][0] == "serve":
+            peer.send(frame.task_id, self._serve(ops[0][3][0]))
+            return
+        blobs = _split_values(vals, frame.buffers)
+        replies: list[tuple[Peer, int, Reply]] = []
+        with self.lock:
+            answer: Reply | None = _ok()
+            for i, (op, kind, name, args, nvals) in enumerate(ops):
+                mine, blobs = blobs[:nvals], blobs[nvals:]
+                last = i == len(ops) - 1
+                try:
+                    answer = self._apply(peer, frame.task_id if last else 0, op, kind, name, args, mine, replies)
+                except Exception as exc:
+                    answer = _err(exc if isinstance(exc, CollectionError) else CollectionError(
+                        f"{kind} {name!r}: {op} failed on the head node ({type(exc).__name__}: {exc})"))
+        if answer is not None:
+            peer.send(frame.task_id, answer)
+        for p, rid, reply in replies:
+            p.send(rid, reply)
+
+    # -- operations (lock held) ----------------------------------------------------------------
+    def _apply(self, peer: Peer, rid: int, op: str, kind: str, name: str, args: tuple[Any, ...],
+               blobs: list[Blob], replies: list[tuple[Peer, int, Reply]]) -> Reply | None:
+        if kind == "counter":
+            value = self.counters.get(name, 0)
+            if op == "add":
+                value = self.counters[name] = value + args[0]
+            elif op == "set":
+                self.counters[name] = value = args[0]
+            return _ok(value)
+        if kind == "dict":
+            d = self.dicts.setdefault(name, {})
+            if op == "get":
+                blob = d.get(args[0])
+                return _MISS if blob is None else _blob_reply(blob)
+            if op == "set":
+                d[args[0]] = blobs[0]
+                return _ok()
+            if op == "has":
+                return _ok(args[0] in d)
+            if op in ("del", "pop"):
+                blob = d.pop(args[0], None)
+                if blob is None:
+                    return _MISS
+                return _ok() if op == "del" else _blob_reply(blob)
+            if op == "update":
+                d.update(zip(args[0], blobs, strict=True))
+                return _ok()
+        if kind == "set":
+            s = self.sets.setdefault(name, set())
+            if op == "add":
+                s.add(args[0])
+            elif op == "discard":
+                s.discard(args[0])
+            elif op == "has":
+                return _ok(args[0] in s)
+            elif op == "len":
+                return _ok(len(s))
+            return _ok()
+        if kind == "queue":
+            q = self.queues.setdefault(name, _Queue())
+            if op == "put":
+                while q.getters:
+                    w = q.getters.popleft()
+                    if not w.done:
+                        w.done = True
+                        replies.append((w.peer, w.rid, _blob_reply(blobs[0])))
+                        return _ok()
+                q.items.append(blobs[0])
+                return _ok()
+            if op == "len":
+                return _ok(len(q.items))
+            if op == "get":
+                if q.items:
+                    return _blob_reply(q.items.popleft())
+                timeout = args[0]
+                if timeout is not None and timeout <= 0:
+                    return _err(CollectionTimeoutError(
+                        f"queue {name!r} is empty and get(timeout={timeout!r}) does not wait."))
+                q.getters.append(self._park(peer, rid, kind, name, timeout))
+                return None
+        if kind == "lock":
+            lk = self.locks.setdefault(name, _Lock())
+            who = args[0]
+            if op == "acquire":
+                if lk.holder is None:
+                    lk.holder, lk.peer = who, peer
+                    return _ok(True)
+                if lk.holder == who:
+                    return _err(CollectionError(
+                        f"lock {name!r} is already held by this task; sky.lock is not reentrant: "
+                        f"release it before acquiring it again."))
+                lk.waiters.append(self._park(peer, rid, kind, name, args[1], who))
+                return None
+            if op == "release":
+                if lk.holder != who:
+                    held = "nobody" if lk.holder is None else _who(lk.holder)
+                    return _err(CollectionError(
+                        f"lock {name!r} is not held by this task (held by {held}); release() "
+                        f"only after acquire() returned, in the same task."))
+                self._hand_over(name, lk, replies)
+                return _ok()
+        if kind == "barrier":
+            n = args[0]
+            b = self.barriers.get(name)
+            if b is None:
+                b = self.barriers[name] = _Barrier(n)
+            elif b.n != n:
+                return _err(CollectionError(
+                    f"barrier {name!r} was created for n={b.n} participants, not n={n}: use the same "
+                    f"n everywhere, or another name."))
+            if op == "declare":
+                if b.broken is not None and not b.waiting:
+                    b.broken = None  # a fresh start after a participant died
+                b.participants.add(peer)
+                return _ok()
+            if op == "wait":
+                b.participants.add(peer)
+                if b.broken is not None:
+                    return _err(CollectionError(f"barrier {name!r} is broken: {b.broken}"))
+                b.waiting.append(self._park(peer, rid, kind, name, args[1]))
+                if len(b.waiting) >= b.n:
+                    for i, w in enumerate(b.waiting):
+                        w.done = True
+                        replies.append((w.peer, w.rid, _ok(i)))
+                    b.waiting = []
+                return None
+        if kind == "pool" and op == "node_lost":
+            for p in [p for p in self.peers if p.node == args[0]]:
+                self._gone(p, f"was on node {args[0]}, which the client lost", replies)
+                if p.sock is not None:
+                    _close(p.sock)
+            return _ok()
+        raise CollectionError(f"unknown collection operation {kind}.{op} (client and head node of different versions?)")
+
+    def _park(self, peer: Peer, rid: int, kind: str, name: str, timeout: float | None, who: Any = None) -> _Waiter:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        w = _Waiter(peer, rid, kind, name, deadline, who)
+        if deadline is not None:
+            heapq.heappush(self._timers, (deadline, next(self._seq), w))
+            self._wake.notify()
+        return w
+
+    def _hand_over(self, name: str, lk: _Lock, replies: list[tuple[Peer, int, Reply]]) -> None:
+        lk.holder, lk.peer = None, None
+        while lk.waiters:
+            w = lk.waiters.popleft()
+            if not w.done and w.peer.alive:
+                w.done = True
+                lk.holder, lk.peer = w.who, w.peer
+                replies.append((w.peer, w.rid, _ok(True)))
+                return
+
+    # -- deadlines -------------------------------------------------------------------------------
+    def _timer(self) -> None:
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                replies: list[tuple[Peer, int, Reply]] = []
+                while self._timers and self._timers[0][0] <= now:
+                    _, _, w = heapq.heappop(self._timers)
+                    if not w.done:
+                        w.done = True
+                        self._expire(w, replies)
+                if replies:
+                    self.lock.release()
+                    try:
+                        for p, rid, reply in replies:
+                            p.send(rid, reply)
+                    finally:
+                        self.lock.acquire()
+                    continue
+                wait = self._timers[0][0] - now if self._timers else None
+                self._wake.wait(wait)
+
+    def _expire(self, w: _Waiter, replies: list[tuple[Peer, int, Reply]]) -> None:
+        if w.kind == "queue":
+            q = self.queues[w.name]
+            _remove(q.getters, w)
+            replies.append((w.peer, w.rid, _err(CollectionTimeoutError(
+                f"queue {w.name!r} stayed empty for the whole get() timeout; nothing was taken."))))
+        elif w.kind == "lock":
+            lk = self.locks[w.name]
+            _remove(lk.waiters, w)
+            replies.append((w.peer, w.rid, _err(CollectionTimeoutError(
+                f"lock {w.name!r} was not acquired within its timeout: {_who(lk.holder)} held it "
+                f"the whole time. Raise sky.lock(..., timeout=) or hold the lock for less time."))))
+        elif w.kind == "barrier":
+            b = self.barriers[w.name]
+            why = (f"a participant waited past its timeout with {len(b.waiting)} of {b.n} arrived")
+            self._break(w.name, b, why, replies, timed_out=w)
+
+    def _break(self, name: str, b: _Barrier, why: str, replies: list[tuple[Peer, int, Reply]],
+               timed_out: _Waiter | None = None) -> None:
+        b.broken = why
+        for w in b.waiting:
+            w.done = True
+            cls = CollectionTimeoutError if w is timed_out else CollectionError
+            replies.append((w.peer, w.rid, _err(cls(
+                f"barrier {name!r} is broken: {why}. Tasks waiting in it were released with this "
+                f"error; calling sky.barrier({name!r}, {b.n}) again with nobody waiting starts it afresh."))))
+        b.waiting = []
+
+    # -- peers that go away --------------------------------------------------------------------
+    def peer_gone(self, peer: Peer, why: str) -> None:
+        replies: list[tuple[Peer, int, Reply]] = []
+        with self.lock:
+            self._gone(peer, why, replies)
+        for p, rid, reply in replies:
+            p.send(rid, reply)
+
+    def _gone(self, peer: Peer, why: str, replies: list[tuple[Peer, int, Reply]]) -> None:
+        if peer.gone:
+            return
+        peer.gone = True
+        peer.alive = False
+        self.peers.discard(peer)
+        for name, lk in self.locks.items():
+            for w in lk.waiters:
+                if w.peer is peer:
+                    w.done = True
+            if lk.peer is peer:
+                self.log(f"skyward: lock {name!r} released: its holder, {_who(lk.holder)}, {why}")
+                self._hand_over(name, lk, replies)
+        for q in self.queues.values():
+            for w in q.getters:
+                if w.peer is peer:
+                    w.done = True
+        for name, b in self.barriers.items():
+            if peer in b.participants:
+                b.participants.discard(peer)
+                b.waiting = [w for w in b.waiting if w.peer is not peer]
+                self._break(name, b, f"a participant ({peer.label}) {why}", replies)
+
+    # -- the listener for the pool's nodes -------------------------------------------------------
+    def _serve(self, host: str) -> Reply:
+        with self.lock:
+            if self.address is not None:
+                return _ok({"host": self.address[0], "port": self.address[1]})
+            try:
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                listener = socket.socket(family, socket.SOCK_STREAM)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind((host, 0))
+                listener.listen(128)
+            except OSError as exc:
+                return _err(CollectionError(
+                    f"the head node could not listen for collection requests on its private "
+                    f"address {host} ({exc}); the collections of this pool are unavailable. "
+                    f"Check the node's private_ip, or use Options(cluster=False)."))
+            self.listener = listener
+            self.address = (host, listener.getsockname()[1])
+        threading.Thread(target=self._accept, args=(listener,), name="skyward-state-accept", daemon=True).start()
+        self.log_line(f"collections served on {host}:{self.address[1]}")
+        return _ok({"host": host, "port": self.address[1]})
+
+    def log_line(self, text: str) -> None:
+        import sys
+
+        print(time.strftime("%H:%M:%S"), "agent:", text, file=sys.stderr, flush=True)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve_peer, args=(sock,), daemon=True).start()
+
+    def _serve_peer(self, sock: socket.socket) -> None:
+        try:
+            sock.settimeout(_HANDSHAKE_S)  # an idle stranger does not keep a thread forever
+            head = _recv_exact(sock, HEADER.size)
+            kind, _, nbufs, _, body_len = HEADER.unpack(head)
+            if kind != Kind.HELLO or nbufs or body_len > _HELLO_MAX:
+                raise ValueError("not a HELLO")
+            info = json.loads(_recv_exact(sock, body_len))
+            if not hmac.compare_digest(str(info.get("token", "")).encode(), self.token):
+                raise ValueError("wrong token")
+            sock.settimeout(None)
+        except (OSError, ValueError, EOFError):
+            self.log_line("collections: refused a connection without the pool's token")
+            _close(sock)
+            return
+        tune(sock)
+        keepalive(sock)
+        writer = FrameWriter(sock)
+        node, pid = int(info.get("node", -1)), int(info.get("pid", 0))
+        peer = Peer(writer, node, pid, f"node {node} (pid {pid})", sock)
+        with self.lock:
+            self.peers.add(peer)
+        try:
+            writer.send_parts(Kind.WELCOME, 0, 0, b"{}")
+            reader = FrameReader(sock)
+            while True:
+                frame = reader.read()
+                if frame.kind == Kind.STATE:
+                    self.handle(peer, frame)
+        except (EOFError, OSError):
+            pass
+        finally:
+            _close(sock)
+            self.peer_gone(peer, "exited (its worker process died or its node was lost)")
+
+
+def _split_values(vals: list[tuple[int, bytes, int]], buffers: list[tuple[int, Any]]) -> list[Blob]:
+    out: list[Blob] = []
+    at = 0
+    for vflags, vbody, nbufs in vals:
+        out.append((vflags, vbody, buffers[at : at + nbufs]))
+        at += nbufs
+    return out
+
+
+def _remove(dq: collections.deque[_Waiter], w: _Waiter) -> None:
+    try:
+        dq.remove(w)
+    except ValueError:
+        pass
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("connection closed")
+        data += chunk
+    return data
+
+
+def keepalive(sock: socket.socket) -> None:
+    """Notice a peer whose host vanished (no FIN) in about 15 s instead of hours."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 3)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    except (OSError, AttributeError):
+        pass
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+# -- a node's connection to the server ----------------------------------------------------------
+class StateConnection:
+    """A worker process's connection to the collection server (shared by its threads)."""
+
+    def __init__(self, host: str, port: int, token: str, node: int) -> None:
+        self.where = f"{host}:{port}"
+        sock = socket.create_connection((host, port), timeout=10)
+        sock.settimeout(None)
+        tune(sock)
+        keepalive(sock)
+        self._sock = sock
+        self._writer = FrameWriter(sock)
+        self._writer.send_parts(Kind.HELLO, 0, 0, json.dumps(
+            {"token": token, "node": node, "pid": os.getpid()}).encode())
+        reader = FrameReader(sock)
+        try:
+            welcome = reader.read()
+        except (EOFError, OSError) as exc:
+            raise ConnectionError(f"the collection server at {self.where} refused this node ({exc})") from exc
+        if welcome.kind != Kind.WELCOME:
+            raise ConnectionError(f"the collection server at {self.where} answered frame kind {welcome.kind}")
+        self._pending: dict[int, Callable[[Frame | BaseException], None]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.lost: BaseException | None = None
+        threading.Thread(target=self._read, args=(reader,), name="skyward-state", daemon=True).start()
+
+    def call(self, body: bytes, buffers: list[tuple[int, Any]], done: Callable[[Frame | BaseException], None]) -> None:
+        rid = next(self._ids)
+        with self._lock:
+            if self.lost is not None:
+                raise ConnectionError(str(self.lost))
+            self._pending[rid] = done
+        try:
+            self._writer.send_parts(Kind.STATE, rid, 0, body, buffers)
+        except OSError as exc:
+            self._fail(exc)
+
+    def _read(self, reader: FrameReader) -> None:
+        try:
+            while True:
+                frame = reader.read()
+                with self._lock:
+                    done = self._pending.pop(frame.task_id, None)
+                if done is not None:
+                    done(frame)
+        except (EOFError, OSError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self.lost is None:
+                self.lost = exc
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for done in pending:
+            done(ConnectionError(f"connection to {self.where} lost ({exc or type(exc).__name__})"))
+
+    def close(self) -> None:
+        _close(self._sock)
+
+
+def call_sync(conn: StateConnection, body: bytes, buffers: list[tuple[int, Any]]) -> Frame:
+    """One request, waiting for its answer (tests and tools)."""
+    fut: Future[Frame] = Future()
+
+    def done(result: Frame | BaseException) -> None:
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+    conn.call(body, buffers, done)
+    return fut.result()

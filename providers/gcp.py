@@ -30,14 +30,16 @@ class GCP(CloudProvider):
     """Google Compute Engine.
 
     ``project``: the GCP project (default: GOOGLE_CLOUD_PROJECT / CLOUDSDK_CORE_PROJECT, else
-    what the Google provider finds in your gcloud configuration). ``zone``/``region``: where
-    (default: the spec's region, else us-central1; zone ``<region>-a``). ``network`` /
+    ``gcloud config get-value project``; none of them: an error before anything is made).
+    ``zone``/``region``: where (default: the spec's region, else us-central1; the zones of the
+    region that have the machine type, tried in turn when one has no capacity). ``network`` /
     ``subnetwork``: the VPC to use (default network "default"). ``image``: boot image
     (default: Ubuntu 24.04, or Canonical's NVIDIA-driver image for GPU nodes).
     ``instance_type``: skip selection and use this catalogue entry. ``user``: the login user
     made from the ssh-keys metadata. ``allow_ssh_from`` / ``detect_address``: who may reach port
     22 (this machine's address is added unless detect_address=False). ``max_duration``: seconds
-    after which Compute Engine deletes the nodes (``max_run_duration``). ``workspace``: how
+    after which Compute Engine deletes the nodes (an absolute ``termination_time``, the same
+    for nodes added later). ``image``: must run cloud-init (Ubuntu does; Debian and COS do not). ``workspace``: how
     stacks are run (default: the Pulumi CLI via the automation API; tests pass a fake).
     """
 
@@ -74,6 +76,8 @@ class GCP(CloudProvider):
         object.__setattr__(self, "allow_ssh_from", tuple(self.allow_ssh_from))
         if self.max_duration is not None and self.max_duration < 30:
             raise ConfigError(f"GCP(max_duration={self.max_duration!r}) is not valid: seconds >= 30, or None for no cap.")
+        if self.image:
+            check_image(self.image)
         if self.zone and self.region and not self.zone.startswith(self.region + "-"):
             raise ConfigError(f"GCP(zone={self.zone!r}, region={self.region!r}): the zone is not in the region; give one of them.")
 
@@ -82,8 +86,35 @@ class GCP(CloudProvider):
         zone_region = self.zone.rsplit("-", 1)[0] if self.zone else None
         return spec.region or self.region or zone_region or DEFAULT_REGION
 
+    def zones_for(self, spec: Spec, offer: Offer | None = None) -> list[str]:
+        """The zones a pool may use, in the order they are tried: the given zone, else the zones
+        of the region that have the offer's machine type (the catalogue's), else the region's."""
+        if self.zone:
+            return [self.zone]
+        region = offer.region if offer is not None else self.region_for(spec)
+        listed = ((offer.extra.get("zones") or {}).get(region) if offer is not None else None) or REGION_ZONES.get(region)
+        if not listed:
+            raise ConfigError(
+                f"sky.GCP: no zone is known for region {region!r}; give one as GCP(zone='{region}-b') "
+                f"(see `gcloud compute zones list --filter=region:{region}`)."
+            )
+        return [z if z.startswith(region + "-") else f"{region}-{z}" for z in listed]
+
     def zone_for(self, spec: Spec) -> str:
-        return self.zone or f"{self.region_for(spec)}-a"
+        return self.zones_for(spec)[0]
+
+    def project_for(self) -> str:
+        """The project: given, from the environment, else gcloud's configured one."""
+        project = self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
+        return project or gcloud_project() or ""
+
+    def preflight(self, spec: Spec) -> None:
+        CloudProvider.preflight(self, spec)  # (no super(): slots dataclasses break its cell)
+        if not self.project_for():
+            raise ConfigError(
+                "sky.GCP: no project. Give it as GCP(project='my-project'), or set GOOGLE_CLOUD_PROJECT, "
+                "or configure gcloud: gcloud config set project my-project."
+            )
 
     def offer(self, spec: Spec) -> Offer:
         """The cheapest catalogue offer for ``spec`` (NoOfferError listing the closest)."""
@@ -100,15 +131,63 @@ class GCP(CloudProvider):
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
-        project = self.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
         settings = {
-            "project": project, "network": self.network, "subnetwork": self.subnetwork,
+            "project": self.project_for() or None, "network": self.network, "subnetwork": self.subnetwork,
             "machine_type": offer.extra.get("machine_type") or offer.instance_type,
             "accelerator_type": offer.extra.get("accelerator_type"), "attach": bool(offer.extra.get("attach")),
-            "accelerator_count": offer.accelerator_count,
+            "accelerator_count": offer.accelerator_count, "zones": self.zones_for(spec, offer),
         }
         return {
-            "zone": self.zone_for(spec), "image": self.image, "user": self.user, "settings": settings,
+            "zone": self.zone, "image": self.image, "user": self.user, "settings": settings,
             "allow_ssh_from": self.allow_ssh_from, "detect_address": self.detect_address,
             "max_duration": self.max_duration,
         }
+
+
+# Zones per region (where a catalogue row does not list its own): every zone that exists, as
+# of the catalogue's date. Not every region has an "-a" zone (us-east1: b, c, d).
+REGION_ZONES: dict[str, list[str]] = {
+    "us-central1": ["a", "b", "c", "f"],
+    "us-east1": ["b", "c", "d"],
+    "us-east4": ["a", "b", "c"],
+    "us-east5": ["a", "b", "c"],
+    "us-west1": ["a", "b", "c"],
+    "us-west4": ["a", "b", "c"],
+    "europe-west1": ["b", "c", "d"],
+    "europe-west4": ["a", "b", "c"],
+    "asia-southeast1": ["a", "b", "c"],
+    "asia-northeast1": ["a", "b", "c"],
+}
+
+# Images whose boot does not run cloud-init: the node would get no host key, watchdog or disk
+# mounts. Refused by name rather than failing at the first SSH connection.
+NO_CLOUD_INIT = ("debian-cloud", "cos-cloud", "fedora-coreos-cloud", "windows-cloud", "suse-cloud", "rhel-cloud",
+                 "centos-cloud", "rocky-linux-cloud", "debian-", "cos-")
+
+
+def check_image(image: str) -> None:
+    name = image.rsplit("/", 1)[-1]
+    parts = image.split("/")
+    project = parts[parts.index("projects") + 1] if "projects" in parts[:-1] else ""
+    if project in NO_CLOUD_INIT or any(name.startswith(p) for p in NO_CLOUD_INIT if p.endswith("-")):
+        raise ConfigError(
+            f"GCP(image={image!r}): this image does not run cloud-init, which skyward nodes boot with "
+            f"(their host key, TTL watchdog and disk mounts come from its user data). Use an Ubuntu image "
+            f"(the default), or an image of your own that includes cloud-init."
+        )
+
+
+def gcloud_project() -> str | None:
+    """``gcloud config get-value project``, or None when gcloud is missing or has none."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("gcloud")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "config", "get-value", "project"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    value = out.stdout.strip()
+    return value if out.returncode == 0 and value and value != "(unset)" else None

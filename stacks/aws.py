@@ -1,23 +1,32 @@
 """The AWS stack program: what one pool is on EC2.
 
-* the pool's network: the given subnet (and its VPC), or the default VPC's default subnet
-  (in the given zone, if any);
+* the pool's network: the given subnet (and its VPC), or a default subnet of the default VPC
+  in a zone that offers the instance type (sorted, the ``zone_attempt``-th one: the pool
+  tries the next zone when one has no capacity), or in the given zone;
 * a security group: TCP 22 from the client's address (/32) and any CIDRs the user added,
   all traffic between members of the group, nothing else in; everything out;
 * a key pair from the pool's ed25519 client key;
 * one instance per node: spot (one-time, terminated on interruption) or on-demand, as the
-  plan says per node; shutting down from inside terminates it; root volume of disk_gb; the
-  AMI given, or the latest Ubuntu (CPU) / Deep Learning base (GPU) image for the
-  architecture; user data with its host key, disk mounts and the TTL watchdog; tags with
-  the pool name, expiry and skyward version;
-* one EBS volume per node and Disk, in the node's zone, attached to that node.
+  plan says per node; shutting down from inside terminates it; IMDSv2 required (the user
+  data holds the node's private host key); root volume of disk_gb and one EBS volume per
+  ``sky.Disk``, all deleted when the instance terminates (also when it terminates itself,
+  after a client crash); the AMI given, or the latest Ubuntu (CPU) / Deep Learning base (GPU)
+  image for the architecture; user data with its host key, disk mounts and the TTL
+  watchdog; tags with the pool name, expiry and skyward version.
 
-Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname).
+Lookups are resolved once: the first ``up`` exports the AMI, subnet and zone it chose
+(``placement``), the pool records them in its plan (``settings["pinned"]``), and every later
+``up`` (grow, shrink, resize) uses those values, so a newer AMI or another default subnet
+never replaces a running node.
+
+Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), and
+``placement`` (ami, subnet, zone).
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +38,9 @@ _AMIS = {
     ("cpu", "x86_64"): (UBUNTU_OWNER, "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"),
     ("cpu", "arm64"): (UBUNTU_OWNER, "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-*"),
     ("gpu", "x86_64"): ("amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
+    # The OSS (open kernel module) driver supports Turing and newer only: V100 (p3) nodes
+    # need the proprietary driver's AMI.
+    ("gpu-proprietary", "x86_64"): ("amazon", "Deep Learning Base Proprietary Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
     ("gpu", "arm64"): ("amazon", "Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
     ("neuron", "x86_64"): ("amazon", "Deep Learning AMI Neuron (Ubuntu 22.04) *"),
 }
@@ -41,17 +53,23 @@ def ami_filter(plan: PoolPlan) -> tuple[str, str]:
     return _AMIS.get((family, plan.architecture)) or _AMIS[("cpu", plan.architecture)]
 
 
+# AWS's rule for security group and rule descriptions (the API refuses anything else, and so
+# does the provider's validation): the tests check every description the program declares.
+DESCRIPTION_CHARS = r"^[a-zA-Z0-9 ._\-:/()#,@\[\]+=&;{}!$*]{0,255}$"
+
+
+def describable(text: str) -> str:
+    """``text`` with every character AWS refuses in a description replaced by ``-``."""
+    return re.sub(r"[^a-zA-Z0-9 ._\-:/()#,@\[\]+=&;{}!$*]", "-", text)[:120]
+
+
 def device_name(j: int) -> str:
     return f"/dev/sd{_DEVICE_LETTERS[j]}"
 
 
-def disk_candidates(volume_id: str, j: int) -> list[str]:
-    """Where EBS volume ``j`` shows up: by id on Nitro (NVMe), else by its attachment name."""
-    return [
-        f"/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{volume_id.replace('-', '')}",
-        f"/dev/xvd{_DEVICE_LETTERS[j]}",
-        device_name(j),
-    ]
+def disk_candidates(j: int) -> list[str]:
+    """Where EBS volume ``j`` shows up: by its attachment name, also as an NVMe device."""
+    return [f"ebs:sd{_DEVICE_LETTERS[j]}"]
 
 
 @dataclass
@@ -62,8 +80,8 @@ class Declared:
     security_group: Any
     key_pair: Any
     instances: dict[int, Any]
-    volumes: dict[int, list[Any]]
-    attachments: dict[int, list[Any]]
+    subnet: Any
+    ami: Any
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -74,32 +92,24 @@ def program(plan: PoolPlan) -> Declared:
 
     tags = plan.labels()
     s = plan.settings
+    pinned = s.get("pinned") or {}
     provider = aws.Provider(
         "aws", region=plan.region, profile=s.get("profile"), default_tags={"tags": tags},
     )
     res = pulumi.ResourceOptions(provider=provider)
     invoke = pulumi.InvokeOptions(provider=provider)
-
-    if s.get("subnet"):
-        subnet = aws.ec2.get_subnet_output(id=s["subnet"], opts=invoke)
-    else:
-        vpc = aws.ec2.get_vpc_output(default=True, opts=invoke)
-        subnet = aws.ec2.get_subnet_output(
-            vpc_id=vpc.id, default_for_az=True, availability_zone=plan.zone, opts=invoke,
-        ) if plan.zone else aws.ec2.get_subnet_output(id=aws.ec2.get_subnets_output(
-            filters=[{"name": "vpc-id", "values": [vpc.id]}, {"name": "default-for-az", "values": ["true"]}],
-            opts=invoke,
-        ).ids[0], opts=invoke)
+    subnet = _subnet(aws, plan, invoke)
 
     group = aws.ec2.SecurityGroup(
         "nodes",
-        description=f"skyward pool {plan.pool}: ssh from the client, all traffic between the nodes",
+        description=f"skyward pool {describable(plan.pool)}: ssh from the client, all traffic between the nodes",
         vpc_id=subnet.vpc_id,
         ingress=[
             {"description": "ssh from the skyward client", "protocol": "tcp", "from_port": 22, "to_port": 22,
              "cidr_blocks": [c for c in plan.ssh_cidrs if ":" not in c],
              "ipv6_cidr_blocks": [c for c in plan.ssh_cidrs if ":" in c]},
-            {"description": "the pool's own nodes", "protocol": "-1", "from_port": 0, "to_port": 0, "self": True},
+            {"description": "all traffic between the nodes of the pool", "protocol": "-1", "from_port": 0,
+             "to_port": 0, "self": True},
         ],
         egress=[{"description": "everything out", "protocol": "-1", "from_port": 0, "to_port": 0,
                  "cidr_blocks": ["0.0.0.0/0"], "ipv6_cidr_blocks": ["::/0"]}],
@@ -108,8 +118,8 @@ def program(plan: PoolPlan) -> Declared:
     )
     key = aws.ec2.KeyPair("client", key_name=f"skyward-{plan.stack}", public_key=plan.ssh_public_key, tags=tags, opts=res)
 
-    if plan.image:
-        ami: Any = plan.image
+    if plan.image or pinned.get("ami"):
+        ami: Any = pulumi.Output.from_input(plan.image or pinned["ami"])
     else:
         owner, pattern = ami_filter(plan)
         ami = aws.ec2.get_ami_output(
@@ -117,21 +127,12 @@ def program(plan: PoolPlan) -> Declared:
             filters=[{"name": "name", "values": [pattern]}, {"name": "state", "values": ["available"]}],
         ).id
 
+    # What would replace a running node if it changed is pinned in the plan after the first
+    # up; ignore_changes keeps an explicit change (a new ami=) from replacing running nodes too.
+    inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["ami", "subnetId"])
     instances: dict[int, Any] = {}
-    volumes: dict[int, list[Any]] = {}
-    attachments: dict[int, list[Any]] = {}
     for node in plan.nodes:
-        vols = [
-            aws.ebs.Volume(
-                f"{node.name}-disk-{j}", availability_zone=subnet.availability_zone, size=disk.size_gb,
-                type=disk.type or "gp3", tags={**tags, "Name": f"skyward-{plan.stack}-{node.name}-disk-{j}"},
-                opts=res,
-            )
-            for j, disk in enumerate(plan.disks)
-        ]
-        user_data = pulumi.Output.all(*[v.id for v in vols]).apply(
-            lambda ids, node=node: cloud_config(plan, node, [disk_candidates(i, j) for j, i in enumerate(ids)])
-        )
+        user_data = cloud_config(plan, node, [disk_candidates(j) for j in range(len(plan.disks))], cloud="aws")
         inst = aws.ec2.Instance(
             node.name,
             ami=ami,
@@ -142,28 +143,68 @@ def program(plan: PoolPlan) -> Declared:
             associate_public_ip_address=True,
             instance_initiated_shutdown_behavior="terminate",
             instance_market_options=_market(node),
+            # IMDSv2 only: the user data (with the node's private host key) is served by IMDS.
+            metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
             root_block_device={"volume_size": plan.disk_gb, "volume_type": "gp3", "delete_on_termination": True},
+            # Part of the instance, not volumes attached after launch: they are deleted when the
+            # instance terminates, whoever terminates it, and nothing detaches a mounted disk.
+            ebs_block_devices=[
+                {"device_name": device_name(j), "volume_size": disk.size_gb, "volume_type": disk.type or "gp3",
+                 "delete_on_termination": True,
+                 "tags": {**tags, "Name": f"skyward-{plan.stack}-{node.name}-disk-{j}"}}
+                for j, disk in enumerate(plan.disks)
+            ],
             user_data=pulumi.Output.secret(user_data),  # it carries the node's private host key
             user_data_replace_on_change=True,
             tags={**tags, "Name": f"skyward-{plan.stack}-{node.name}", "skyward-node": str(node.index)},
-            opts=res,
+            opts=inst_opts,
         )
         instances[node.index] = inst
-        volumes[node.index] = vols
-        attachments[node.index] = [
-            aws.ec2.VolumeAttachment(
-                f"{node.name}-disk-{j}", device_name=device_name(j), volume_id=v.id, instance_id=inst.id,
-                opts=res,
-            )
-            for j, v in enumerate(vols)
-        ]
 
     pulumi.export("nodes", [
         {"index": i, "id": inst.id, "public_ip": inst.public_ip, "private_ip": inst.private_ip,
          "hostname": inst.private_dns}
         for i, inst in instances.items()
     ])
-    return Declared(provider, group, key, instances, volumes, attachments)
+    pulumi.export("placement", {"ami": ami, "subnet": subnet.id, "zone": subnet.availability_zone})
+    return Declared(provider, group, key, instances, subnet, ami)
+
+
+def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:
+    """The pool's subnet: given, pinned by an earlier up, or a default subnet in a zone that
+    offers the instance type (the ``zone_attempt``-th of them, sorted, or the given zone)."""
+    s = plan.settings
+    given = s.get("subnet") or (s.get("pinned") or {}).get("subnet")
+    if given:
+        return aws.ec2.get_subnet_output(id=given, opts=invoke)
+    offered = aws.ec2.get_instance_type_offerings_output(
+        location_type="availability-zone", opts=invoke,
+        filters=[{"name": "instance-type", "values": [plan.instance_type]}],
+    ).locations
+    attempt = int(s.get("zone_attempt") or 0)
+
+    def choose(zones: list[str]) -> str:
+        zones = sorted(set(zones or []))
+        if plan.zone:
+            if zones and plan.zone not in zones:
+                raise ValueError(
+                    f"{plan.instance_type} is not offered in zone {plan.zone}; zones of {plan.region} "
+                    f"that offer it: {', '.join(zones)}. Give one of them as AWS(zone=...), or none."
+                )
+            return plan.zone
+        if not zones:
+            raise ValueError(f"no zone of {plan.region} offers {plan.instance_type}; pick another region.")
+        if attempt >= len(zones):
+            raise ValueError(
+                f"every zone of {plan.region} that offers {plan.instance_type} ({', '.join(zones)}) "
+                f"was tried and none could start it; try another region or instance type."
+            )
+        return zones[attempt]
+
+    vpc = aws.ec2.get_vpc_output(default=True, opts=invoke)
+    return aws.ec2.get_subnet_output(
+        vpc_id=vpc.id, default_for_az=True, availability_zone=offered.apply(choose), opts=invoke,
+    )
 
 
 def _market(node: NodePlan) -> dict[str, Any] | None:

@@ -39,6 +39,14 @@ _NO_SPOT = re.compile(
     r"does not have enough resources|stockout",
     re.IGNORECASE,
 )
+# Errors of a first creation that another zone of the region may not have.
+_NO_ZONE_CAPACITY = re.compile(
+    r"InsufficientInstanceCapacity|Unsupported|ZONE_RESOURCE_POOL_EXHAUSTED|resource pool exhausted|"
+    r"does not have enough resources|is not supported in your requested Availability Zone|"
+    r"not available in zone|UnfulfillableCapacity",
+    re.IGNORECASE,
+)
+_MAX_ZONE_ATTEMPTS = 6  # AWS: the program knows the zones; the pool stops asking after this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +102,7 @@ class CloudPool:
         self._closed = False
         self._by_address: dict[str, int] = {}
         self.stack = PoolStack(
-            plan.stack, lambda: program(self.plan), pool=pool_id, plugins=plugins or {},
+            plan.stack, _Program(self, program), pool=pool_id, plugins=plugins or {},
             connect=connect or local_connect,
         )
 
@@ -113,22 +121,62 @@ class CloudPool:
             raise
 
     def grow(self, count: int) -> list[NodeAddress]:
-        """Add ``count`` nodes (one stack update) and return them."""
+        """Add ``count`` nodes (one stack update) and return them. When the update fails the
+        plan is put back as it was, so the next update does not create nodes that never came."""
         with self._lock:
             before = self.plan
             new = self._new_nodes(count)
             self.plan = before.with_nodes(before.nodes + new)
             try:
-                outputs = self._up()
-            except StackError as exc:
-                if not (self.fallback and any(n.spot for n in new) and _NO_SPOT.search(f"{exc} {exc.output}")):
-                    raise
-                self._emit(ev.Log(pool=self.pool_id, level="WARNING",
-                                  message=f"stack {self.plan.stack}: no spot capacity for {count} node(s); using on-demand"))
-                new = tuple(replace(n, spot=False) for n in new)
-                self.plan = before.with_nodes(before.nodes + new)
-                outputs = self._up()
+                outputs = self._up_with_retries(before, new, count)
+            except BaseException:
+                self.plan = before
+                raise
+            self._pin(outputs)
             return self._addresses(outputs, [n.index for n in new])
+
+    def _up_with_retries(self, before: PoolPlan, new: tuple[NodePlan, ...], count: int) -> dict[str, Any]:
+        """``up``, trying the next zone on a first creation that found no capacity (or a zone
+        without the type), then on-demand for spot nodes when allowed."""
+        first = not before.nodes and not (before.settings.get("pinned") or {})
+        while True:
+            try:
+                return self._up()
+            except StackError as exc:
+                text = f"{exc} {exc.output}"
+                zone_error = _NO_ZONE_CAPACITY.search(text)
+                if first and not self.plan.zone and zone_error and self._next_zone():
+                    self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
+                        f"stack {self.plan.stack}: the zone had no capacity for {self.plan.instance_type} "
+                        f"({zone_error.group(0)}); trying the next zone of {self.plan.region}")))
+                    continue
+                if self.fallback and any(n.spot for n in new) and _NO_SPOT.search(text):
+                    self._emit(ev.Log(pool=self.pool_id, level="WARNING",
+                                      message=f"stack {self.plan.stack}: no spot capacity for {count} node(s); using on-demand"))
+                    new = tuple(replace(n, spot=False) for n in new)
+                    settings = {k: v for k, v in self.plan.settings.items() if k != "zone_attempt"}
+                    self.plan = replace(self.plan, nodes=before.nodes + new, settings=settings)
+                    self.fallback = False
+                    continue
+                raise
+
+    def _next_zone(self) -> bool:
+        """Move a plan that has not been created yet to its next candidate zone (False: none left)."""
+        settings = dict(self.plan.settings)
+        attempt = int(settings.get("zone_attempt") or 0) + 1
+        zones = settings.get("zones")
+        if attempt >= (len(zones) if zones else _MAX_ZONE_ATTEMPTS):
+            return False
+        settings["zone_attempt"] = attempt
+        self.plan = replace(self.plan, settings=settings)
+        return True
+
+    def _pin(self, outputs: dict[str, Any]) -> None:
+        """Record what the first update looked up (image, subnet, zone) in the plan: every later
+        update uses these, so nothing it looked up again can replace a running node."""
+        placement = {k: v for k, v in (outputs.get("placement") or {}).items() if v}
+        if placement and placement != self.plan.settings.get("pinned"):
+            self.plan = replace(self.plan, settings={**self.plan.settings, "pinned": placement})
 
     def shrink(self, nodes: Iterable[Any]) -> None:
         """Remove these nodes (indices, NodeAddresses or ssh Hosts) from the pool: one stack update."""
@@ -218,10 +266,10 @@ class CloudPool:
             "plan": json.dumps(self.plan.record()),
             "version": self.plan.version,
         }
-        self.stack.secrets = {
-            **self._secrets,
-            "host-keys": json.dumps({str(n.index): n.host_key_private for n in self.plan.nodes}),
-        }
+        # Secrets are not config: config values travel to the Pulumi CLI as command-line
+        # arguments (visible in `ps`, and limited to 128 KiB each). The program exports them as
+        # a secret output instead (encrypted in the state); the nodes' private host keys are in
+        # their (secret) user data there, and in a named pool's 0600 record.
         return self.stack.up()
 
     def _addresses(self, outputs: dict[str, Any], indices: Sequence[int]) -> list[NodeAddress]:
@@ -247,6 +295,27 @@ class CloudPool:
 
     def _emit(self, event: ev.Event) -> None:
         ev.bus.emit(event)
+
+
+class _Program:
+    """The pool's inline program: the stack program of the current plan, plus the pool's
+    secrets as one secret output. ``plan`` is what the program declares from (a fake
+    workspace reads it instead of running the program)."""
+
+    def __init__(self, cloud: CloudPool, program: Callable[[PoolPlan], Any]) -> None:
+        self._cloud, self._program = cloud, program
+
+    @property
+    def plan(self) -> PoolPlan:
+        return self._cloud.plan
+
+    def __call__(self) -> Any:
+        declared = self._program(self._cloud.plan)
+        if self._cloud._secrets:
+            import pulumi
+
+            pulumi.export("secrets", pulumi.Output.secret(json.dumps(self._cloud._secrets)))
+        return declared
 
 
 def spec_record(spec: Spec, offer: Offer, provider: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -1,45 +1,105 @@
 """The GCP stack program: what one pool is on Compute Engine.
 
-* two firewall rules on the pool's network tag: TCP 22 from the client's address (/32) and
-  any CIDRs the user added; all traffic between instances carrying the tag. Nothing else in;
+* firewall rules on the pool's network tag: TCP 22 from the client's address (/32) and any
+  CIDRs the user added (one rule per address family: a rule cannot mix them); all traffic
+  between instances carrying the tag. Nothing else in;
+* per node, a service account that may do one thing: delete that node's own instance and
+  disks (a custom role with those permissions only, granted on that instance and those disks,
+  nowhere else). The TTL watchdog uses it: a guest power-off would only *stop* the VM, and a
+  stopped VM's disks keep billing;
 * one instance per node: SPOT or STANDARD provisioning as the plan says per node; Compute
-  Engine deletes it when it stops it (``instance_termination_action="DELETE"``, on spot
-  preemption and at the optional ``max_run_duration`` cap); guest accelerators for machine
-  types that take them; boot disk of disk_gb; the ``ssh-keys`` metadata with the pool's
-  client key and ``user-data`` with its host key, disk mounts and the TTL watchdog; labels
-  with the pool name, expiry and skyward version;
+  Engine deletes it at spot preemption and at the pool's absolute deadline
+  (``termination_time``, the same instant for nodes added later); guest accelerators for
+  machine types that take them; boot disk of disk_gb; ``ssh-keys`` metadata with the pool's
+  client key, OS Login off for the instance (a project enforcing it would ignore ssh-keys),
+  ``user-data`` with its host key, disk mounts and the TTL watchdog; labels with the pool
+  name, expiry and skyward version;
 * one persistent disk per node and Disk, attached to that node.
 
-Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname).
+The zone is the one given, else the ``zone_attempt``-th of ``settings["zones"]`` (zones of the
+region that have the accelerator, from the catalogue: the pool tries the next one when a zone
+has no capacity). The boot image family is resolved once to a concrete image: the first
+``up`` exports it and the zone (``placement``), the pool pins them in its plan, and later
+``up``s never replace a running node for a newer image in the family.
+
+Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), and
+``placement`` (image, zone).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
+# Canonical's Ubuntu 24.04 images; for GPUs the accelerator images with the current NVIDIA
+# production driver branch preinstalled.
 _IMAGES = {
-    ("cpu", "x86_64"): "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64",
-    ("cpu", "arm64"): "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-arm64",
-    ("gpu", "x86_64"): "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-amd64-with-nvidia-570",
-    ("gpu", "arm64"): "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-arm64-with-nvidia-570",
+    ("cpu", "x86_64"): ("ubuntu-os-cloud", "ubuntu-2404-lts-amd64"),
+    ("cpu", "arm64"): ("ubuntu-os-cloud", "ubuntu-2404-lts-arm64"),
+    ("gpu", "x86_64"): ("ubuntu-os-accelerator-images", "ubuntu-accelerator-2404-amd64-with-nvidia-580"),
+    ("gpu", "arm64"): ("ubuntu-os-accelerator-images", "ubuntu-accelerator-2404-arm64-with-nvidia-580"),
 }
+# What the node's service account may do: delete its own instance, with its disks.
+SELF_DELETE_PERMISSIONS = ("compute.instances.delete", "compute.instances.setDiskAutoDelete", "compute.disks.delete")
+
+# GCP's naming rules, checked by the tests against every name the program declares.
+NAME_RULE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"  # instances, disks, firewalls, tags
+ACCOUNT_ID_RULE = r"^[a-z]([-a-z0-9]{4,28}[a-z0-9])$"  # service accounts: 6-30 characters
+ROLE_ID_RULE = r"^[a-zA-Z0-9_.]{3,64}$"
+LABEL_RULE = r"^[a-z0-9_-]{0,63}$"  # label values (keys also start with a letter)
 
 
-def default_image(plan: PoolPlan) -> str:
+def default_image(plan: PoolPlan) -> tuple[str, str]:
+    """(project, family) of the default boot image for the plan's hardware."""
     return _IMAGES[("gpu" if plan.gpu else "cpu", plan.architecture)]
 
 
 def network_tag(plan: PoolPlan) -> str:
-    return f"sky-{plan.stack}"[:63]
+    return _name(f"sky-{plan.stack}")
 
 
 def instance_name(plan: PoolPlan, node: NodePlan) -> str:
-    return f"sky-{plan.stack}-{node.index}"
+    return _name(f"sky-{plan.stack}", suffix=f"-{node.index}")
+
+
+def _short(plan: PoolPlan) -> str:
+    return hashlib.sha256(plan.stack.encode()).hexdigest()[:10]
+
+
+def account_id(plan: PoolPlan, node: NodePlan) -> str:
+    return f"sky-{_short(plan)}-{node.index}"
+
+
+def role_id(plan: PoolPlan) -> str:
+    return f"skyward_{_short(plan)}_self_delete"
+
+
+def _name(base: str, suffix: str = "") -> str:
+    """A valid GCP resource name: lower case, at most 63 characters, no trailing dash."""
+    base = re.sub(r"[^a-z0-9-]+", "-", base.lower())
+    return (base[: 63 - len(suffix)].rstrip("-") + suffix).strip("-")
+
+
+def choose_zone(plan: PoolPlan) -> str:
+    """The pinned zone, the given one, or the ``zone_attempt``-th candidate."""
+    s = plan.settings
+    pinned = (s.get("pinned") or {}).get("zone")
+    if pinned or plan.zone:
+        return str(pinned or plan.zone)
+    zones = list(s.get("zones") or []) or [f"{plan.region}-b"]
+    attempt = int(s.get("zone_attempt") or 0)
+    if attempt >= len(zones):
+        raise ValueError(
+            f"every zone of {plan.region} that has {plan.instance_type} ({', '.join(zones)}) was tried "
+            f"and none could start it; try another region or machine type."
+        )
+    return str(zones[attempt])
 
 
 @dataclass
@@ -50,6 +110,11 @@ class Declared:
     firewalls: dict[str, Any]
     instances: dict[int, Any]
     disks: dict[int, list[Any]]
+    accounts: dict[int, Any]
+    role: Any
+    grants: dict[int, list[Any]]
+    image: Any
+    zone: str
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -60,47 +125,76 @@ def program(plan: PoolPlan) -> Declared:
 
     s = plan.settings
     labels = plan.labels()
-    zone = plan.zone or f"{plan.region}-a"
+    zone = choose_zone(plan)
+    project = s.get("project")
     provider = gcp.Provider(
-        "gcp", project=s.get("project"), region=plan.region, zone=zone, default_labels=labels,
+        "gcp", project=project, region=plan.region, zone=zone, default_labels=labels,
     )
     res = pulumi.ResourceOptions(provider=provider)
     network = s.get("network") or "default"
     tag = network_tag(plan)
 
-    firewalls = {
-        "ssh": gcp.compute.Firewall(
-            "ssh", network=network, direction="INGRESS", description=f"skyward pool {plan.pool}: ssh from the client",
-            allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=list(plan.ssh_cidrs), target_tags=[tag],
-            opts=res,
-        ),
-        "internal": gcp.compute.Firewall(
-            "internal", network=network, direction="INGRESS",
-            description=f"skyward pool {plan.pool}: all traffic between its nodes",
-            allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag], opts=res,
-        ),
-    }
+    firewalls = {}
+    v4 = [c for c in plan.ssh_cidrs if ":" not in c]
+    v6 = [c for c in plan.ssh_cidrs if ":" in c]
+    for key, ranges in (("ssh", v4), ("ssh-v6", v6)):
+        if ranges:
+            firewalls[key] = gcp.compute.Firewall(
+                key, network=network, direction="INGRESS",
+                description=f"skyward pool {plan.pool}: ssh from the client",
+                allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges, target_tags=[tag], opts=res,
+            )
+    firewalls["internal"] = gcp.compute.Firewall(
+        "internal", network=network, direction="INGRESS",
+        description=f"skyward pool {plan.pool}: all traffic between its nodes",
+        allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag], opts=res,
+    )
+
+    pinned = s.get("pinned") or {}
+    if plan.image or pinned.get("image"):
+        image: Any = pulumi.Output.from_input(plan.image or pinned["image"])
+    else:
+        image_project, family = default_image(plan)
+        image = gcp.compute.get_image_output(family=family, project=image_project,
+                                             opts=pulumi.InvokeOptions(provider=provider)).self_link
+
+    role = gcp.projects.IAMCustomRole(
+        "self-delete", role_id=role_id(plan), project=project,
+        title=f"skyward {plan.stack}: a node deletes itself",
+        description="Lets a skyward node delete its own instance and disks when its pool's TTL ran out.",
+        permissions=list(SELF_DELETE_PERMISSIONS), opts=res,
+    )
 
     accel = s.get("accelerator_type")
     attach = bool(s.get("attach")) and accel
+    # Pinned after the first up; ignore_changes keeps a new image= from replacing running nodes.
+    inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["bootDisk.initializeParams.image"])
     instances: dict[int, Any] = {}
     disks: dict[int, list[Any]] = {}
+    accounts: dict[int, Any] = {}
+    grants: dict[int, list[Any]] = {}
     for node in plan.nodes:
+        name = instance_name(plan, node)
         node_disks = [
             gcp.compute.Disk(
-                f"{node.name}-disk-{j}", zone=zone, size=disk.size_gb, type=disk.type or "pd-balanced",
-                labels=labels, opts=res,
+                f"{node.name}-disk-{j}", name=_name(f"sky-{plan.stack}", suffix=f"-{node.index}-disk-{j}"), zone=zone, size=disk.size_gb,
+                type=disk.type or "pd-balanced", labels=labels, opts=res,
             )
             for j, disk in enumerate(plan.disks)
         ]
-        user_data = cloud_config(plan, node, [[f"/dev/disk/by-id/google-disk-{j}"] for j in range(len(plan.disks))])
-        instances[node.index] = gcp.compute.Instance(
+        account = gcp.serviceaccount.Account(
+            f"{node.name}-account", account_id=account_id(plan, node), project=project,
+            display_name=f"skyward {plan.stack} node {node.index}", opts=res,
+        )
+        user_data = cloud_config(plan, node, [[f"/dev/disk/by-id/google-disk-{j}"] for j in range(len(plan.disks))],
+                                 cloud="gcp")
+        inst = gcp.compute.Instance(
             node.name,
-            name=instance_name(plan, node),
+            name=name,
             machine_type=s.get("machine_type") or plan.instance_type,
             zone=zone,
             boot_disk={"auto_delete": True, "initialize_params": {
-                "image": plan.image or default_image(plan), "size": plan.disk_gb, "type": "pd-balanced",
+                "image": image, "size": plan.disk_gb, "type": "pd-balanced",
             }},
             network_interfaces=[{
                 "network": network, "subnetwork": s.get("subnetwork"), "access_configs": [{}],
@@ -108,17 +202,37 @@ def program(plan: PoolPlan) -> Declared:
             attached_disks=[{"source": d.self_link, "device_name": f"disk-{j}"} for j, d in enumerate(node_disks)],
             guest_accelerators=[{"type": accel, "count": int(s.get("accelerator_count", 1))}] if attach else [],
             scheduling=_scheduling(node, plan),
+            service_account={"email": account.email, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]},
             metadata={
                 "ssh-keys": f"{plan.ssh_user}:{plan.ssh_public_key}",
                 "block-project-ssh-keys": "true",
+                # A project (or organization) enforcing OS Login ignores ssh-keys metadata.
+                "enable-oslogin": "FALSE",
                 "user-data": pulumi.Output.secret(user_data),  # it carries the node's private host key
             },
             labels={**labels, "skyward-node": str(node.index)},
             tags=[tag],
             allow_stopping_for_update=True,
-            opts=res,
+            opts=inst_opts,
         )
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+        grants[node.index] = [
+            gcp.compute.InstanceIAMMember(
+                f"{node.name}-self-delete", project=project, zone=zone, instance_name=inst.name,
+                role=role.name, member=member, opts=res,
+            ),
+            # The boot disk (named after the instance) and the extra disks: deleted with it.
+            *[
+                gcp.compute.DiskIamMember(
+                    f"{node.name}-disk-{j}-self-delete", project=project, zone=zone, name=disk_name,
+                    role=role.name, member=member, opts=pulumi.ResourceOptions(provider=provider, depends_on=[inst]),
+                )
+                for j, disk_name in [("boot", inst.name), *[(str(k), d.name) for k, d in enumerate(node_disks)]]
+            ],
+        ]
+        instances[node.index] = inst
         disks[node.index] = node_disks
+        accounts[node.index] = account
 
     pulumi.export("nodes", [
         {"index": i, "id": inst.id,
@@ -126,11 +240,11 @@ def program(plan: PoolPlan) -> Declared:
          "private_ip": inst.network_interfaces[0].network_ip, "hostname": inst.name}
         for i, inst in instances.items()
     ])
-    return Declared(provider, firewalls, instances, disks)
+    pulumi.export("placement", {"image": image, "zone": zone})
+    return Declared(provider, firewalls, instances, disks, accounts, role, grants, image, zone)
 
 
 def _scheduling(node: NodePlan, plan: PoolPlan) -> dict[str, Any]:
-    cap = plan.expires - plan.created if plan.expires is not None else None
     scheduling: dict[str, Any] = {
         "provisioning_model": "SPOT" if node.spot else "STANDARD",
         "preemptible": node.spot,
@@ -138,8 +252,15 @@ def _scheduling(node: NodePlan, plan: PoolPlan) -> dict[str, Any]:
         # GPUs cannot live-migrate; every node is disposable anyway.
         "on_host_maintenance": "TERMINATE",
     }
-    if node.spot or cap is not None:
+    if node.spot or plan.expires is not None:
         scheduling["instance_termination_action"] = "DELETE"
-    if cap is not None:
-        scheduling["max_run_duration"] = {"seconds": int(cap)}
+    if plan.expires is not None:
+        # An absolute instant: a node added an hour later stops at the same time as the others.
+        scheduling["termination_time"] = rfc3339(plan.expires)
     return scheduling
+
+
+def rfc3339(epoch: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(int(epoch), tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

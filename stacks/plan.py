@@ -63,11 +63,11 @@ class PoolPlan:
     def labels(self) -> dict[str, str]:
         """Tags/labels on every resource: lower-case keys and values, valid on AWS and GCP."""
         return {
-            "skyward-pool": self.pool,
-            "skyward-stack": self.stack,
+            "skyward-pool": label_value(self.pool),
+            "skyward-stack": label_value(self.stack),
             "skyward-expires": str(self.expires) if self.expires is not None else "never",
             "skyward-ttl": str(self.ttl),
-            "skyward-version": self.version.replace(".", "_"),
+            "skyward-version": label_value(self.version.replace(".", "_")),
             "managed-by": "skyward",
         }
 
@@ -85,3 +85,11 @@ class PoolPlan:
         for node in data["nodes"]:
             node.pop("host_key_private")
         return data
+
+
+def label_value(value: str) -> str:
+    """``value`` as a GCP label value (also a fine AWS tag): lower-case letters, digits, ``_``
+    and ``-``, at most 63 characters."""
+    import re
+
+    return re.sub(r"[^a-z0-9_-]+", "-", value.lower())[:63]

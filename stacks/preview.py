@@ -189,6 +189,10 @@ def _lookup(token: str, args: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
     if token == "aws:ec2/getSubnet:getSubnet":
         return {"id": args.get("id") or "the default subnet", "vpcId": "its VPC",
                 "availabilityZone": zone or f"a zone of {plan.region}"}
+    if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+        return {"locations": [plan.zone or f"the first zone of {plan.region} that offers {plan.instance_type}"]}
+    if token == "gcp:compute/getImage:getImage":
+        return {"selfLink": f"newest image of family {args.get('family')} ({args.get('project')})"}
     if token == "aws:ec2/getAmi:getAmi":
         owners = ",".join(args.get("owners") or [])
         names = [f["values"][0] for f in args.get("filters") or [] if f.get("name") == "name" and f.get("values")]
@@ -254,10 +258,15 @@ def _aws_instance(i: dict[str, Any]) -> str:
     else:
         how = "on-demand"
     root = i.get("rootBlockDevice") or {}
-    parts = [str(i["instanceType"]), how, f"root {_n(root.get('volumeSize'))} GB {root.get('volumeType', '')}".rstrip(),
-             f"image: {i.get('ami')}"]
+    parts = [str(i["instanceType"]), how, f"root {_n(root.get('volumeSize'))} GB {root.get('volumeType', '')}".rstrip()]
+    parts += [f"disk {d.get('deviceName')} {_n(d.get('volumeSize'))} GB {d.get('volumeType')}"
+              for d in i.get("ebsBlockDevices") or []]
+    parts.append(f"image: {i.get('ami')}")
+    if (i.get("metadataOptions") or {}).get("httpTokens") == "required":
+        parts.append("IMDSv2 only")
     if i.get("instanceInitiatedShutdownBehavior") == "terminate":
-        parts.append("terminated when it shuts down")
+        deleted = all(d.get("deleteOnTermination") for d in [root, *(i.get("ebsBlockDevices") or [])])
+        parts.append("terminated when it shuts down" + (" (its disks deleted with it)" if deleted else ""))
     return ", ".join(parts)
 
 
@@ -282,10 +291,11 @@ def _gcp_instance(i: dict[str, Any]) -> str:
     boot = (i.get("bootDisk") or {}).get("initializeParams") or {}
     parts.append(f"boot {_n(boot.get('size'))} GB {boot.get('type', '')} from {boot.get('image')}".replace("  ", " "))
     if sched.get("instanceTerminationAction") == "DELETE":
-        parts.append("deleted when stopped or preempted")
-    run = sched.get("maxRunDuration") or {}
-    if run.get("seconds"):
-        parts.append(f"runs at most {_n(run['seconds'])} s")
+        when = [w for w, on in (("when preempted", model == "SPOT"),
+                                (f"at {sched.get('terminationTime')}", sched.get("terminationTime"))) if on]
+        parts.append("deleted " + " and ".join(when))
+    if i.get("serviceAccount"):
+        parts.append("deletes itself when its TTL runs out (its own service account)")
     return ", ".join(parts)
 
 
@@ -303,6 +313,9 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {  # also the order resou
     "gcp:compute/disk:Disk": lambda i: f"{_n(i.get('size'))} GB {i.get('type')} in {i.get('zone')}",
     "aws:ec2/instance:Instance": _aws_instance,
     "gcp:compute/instance:Instance": _gcp_instance,
-    "aws:ec2/volumeAttachment:VolumeAttachment":
-        lambda i: f"{i.get('volumeId')} on {i.get('instanceId')} as {i.get('deviceName')}",
+    "gcp:serviceaccount/account:Account": lambda i: f"{i.get('accountId')}: the node's identity, no project role",
+    "gcp:projects/iAMCustomRole:IAMCustomRole": lambda i: f"{i.get('roleId')}: {', '.join(i.get('permissions') or [])}",
+    "gcp:compute/instanceIAMMember:InstanceIAMMember":
+        lambda i: f"{i.get('role')} on instance {i.get('instanceName')} only",
+    "gcp:compute/diskIamMember:DiskIamMember": lambda i: f"{i.get('role')} on disk {i.get('name')} only",
 }

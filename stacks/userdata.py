@@ -1,15 +1,25 @@
 """The cloud-init user data every cloud node boots with (the same for AWS and GCP).
 
-It does three things before the client ever connects:
+It does four things before the client ever connects:
 
 * installs the node's host key, generated on the client (so the first SSH connection is
-  already verified) and removes every other host key;
-* formats and mounts the node's extra disks;
+  already verified) and removes every other host key; on GCP it also turns off the guest
+  agent's host-key regeneration (``set_host_keys``) before that agent starts, or it would
+  replace the key the client expects;
+* formats and mounts the node's extra disks (AWS: found by their EBS device name, also when
+  they show up as NVMe devices);
 * starts a watchdog, the TTL safety net: if no skyward agent runs on the node for ``ttl``
-  seconds (plus the bootstrap grace at first boot) the node powers itself off, which
-  terminates it (AWS: instance_initiated_shutdown_behavior, GCP: the stack deletes it). The
-  agent's own lease watchdog is the first line; this one covers a client that died before
-  any agent started. ``ttl=0`` disables it.
+  seconds (plus the bootstrap grace at first boot), or the pool's absolute deadline
+  (``max_duration``) has passed, the node removes itself. AWS: it powers off, which
+  terminates it (``instance_initiated_shutdown_behavior``) and deletes its volumes
+  (``delete_on_termination``). GCP: a guest power-off only *stops* a VM, whose disks keep
+  billing, so the node deletes itself through the compute API with its own service account
+  (after marking every disk auto-delete), and powers off only when that is refused. The
+  agent's own lease watchdog is the first line; this one covers a client that died before any
+  agent started. ``ttl=0`` disables the TTL (the deadline still applies).
+* on AWS, also schedules a power-off at the deadline computed at boot from the absolute epoch
+  in the user data, so a node added late does not outlive the pool's cap (and the user data
+  of every node is the same, so adding one replaces none).
 
 cloud-config is YAML, and JSON is YAML: the document is written with json.dumps.
 """
@@ -17,30 +27,68 @@ cloud-config is YAML, and JSON is YAML: the document is written with json.dumps.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Sequence
 
 from .plan import NodePlan, PoolPlan
 
+# Every external URL and the loop period can be overridden from the environment: the tests
+# run these scripts for real against fakes on loopback.
 _WATCHDOG = """#!/bin/bash
-# skyward TTL safety net: power off when no skyward agent has run for TTL seconds.
-ttl={ttl}; grace={grace}
+# skyward TTL safety net: remove this node when no skyward agent has run for TTL seconds,
+# or when the pool's absolute deadline has passed.
+ttl={ttl}; grace={grace}; deadline={deadline}; cloud={cloud}
+interval=${{SKYWARD_WATCHDOG_INTERVAL:-15}}
 start=$(date +%s); last=$start
-while sleep 15; do
+stop_node() {{
+  logger -t skyward "$1: removing this node" 2>/dev/null || echo "skyward: $1: removing this node" >&2
+  if [ "$cloud" = gcp ]; then
+    if /usr/local/sbin/skyward-self-delete; then exit 0; fi
+    logger -t skyward "self-delete refused: powering off instead" 2>/dev/null || true
+  fi
+  systemctl poweroff || shutdown -h now || poweroff
+  exit 0
+}}
+while sleep "$interval"; do
   now=$(date +%s)
+  if [ "$deadline" -gt 0 ] && [ "$now" -ge "$deadline" ]; then stop_node "the pool reached its max_duration"; fi
+  [ "$ttl" -gt 0 ] || continue
   if pgrep -f 'skyward[.]bootstrap[.]agent' >/dev/null; then last=$now; fi
   limit=$ttl
   if [ "$last" -eq "$start" ]; then limit=$((ttl + grace)); fi
-  if [ $((now - last)) -ge "$limit" ]; then
-    logger -t skyward "no skyward agent for ${{limit}}s: powering off"
-    systemctl poweroff || shutdown -h now
-    exit 0
-  fi
+  if [ $((now - last)) -ge "$limit" ]; then stop_node "no skyward agent for ${{limit}}s"; fi
 done
 """
 
+# GCP: delete this instance (and, through auto-delete, its disks) with the instance's own
+# service account, which may do nothing else. Exit 0 only when the delete was accepted.
+_SELF_DELETE = """#!/usr/bin/env python3
+import json, os, sys, urllib.request, urllib.error
+MD = os.environ.get("SKYWARD_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
+API = os.environ.get("SKYWARD_COMPUTE_URL", "https://compute.googleapis.com/compute/v1")
+DISKS = {disks}
+
+def call(method, url, token=None):
+    headers = {{"Metadata-Flavor": "Google"}} if token is None else {{"Authorization": "Bearer " + token}}
+    req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return r.read().decode()
+
+try:
+    token = json.loads(call("GET", MD + "/instance/service-accounts/default/token"))["access_token"]
+    project = call("GET", MD + "/project/project-id").strip()
+    zone = call("GET", MD + "/instance/zone").strip().rsplit("/", 1)[-1]
+    name = call("GET", MD + "/instance/name").strip()
+    base = "%s/projects/%s/zones/%s/instances/%s" % (API, project, zone, name)
+    for device in DISKS:
+        call("POST", base + "/setDiskAutoDelete?autoDelete=true&deviceName=" + device, token)
+    call("DELETE", base, token)
+except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+    print("skyward: self-delete failed: %s" % exc, file=sys.stderr)
+    sys.exit(1)
+"""
+
 _UNIT = """[Unit]
-Description=skyward TTL safety net (powers the node off when no agent runs)
+Description=skyward TTL safety net (removes the node when no agent runs)
 After=network-online.target
 
 [Service]
@@ -51,49 +99,126 @@ Restart=always
 WantedBy=multi-user.target
 """
 
+# The EBS device name (e.g. "sdf") of an NVMe device, from the vendor-specific part of its
+# NVMe identify-controller data (the method of amazon-ec2-utils' ebsnvme-id). On Nitro
+# instances EBS volumes are NVMe devices whose kernel names follow no fixed order.
+_EBS_NAME = """#!/usr/bin/env python3
+import ctypes, fcntl, sys
+
+class AdminCommand(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("opcode", ctypes.c_uint8), ("flags", ctypes.c_uint8), ("cid", ctypes.c_uint16),
+                ("nsid", ctypes.c_uint32), ("reserved0", ctypes.c_uint64), ("mptr", ctypes.c_uint64),
+                ("addr", ctypes.c_uint64), ("mlen", ctypes.c_uint32), ("alen", ctypes.c_uint32),
+                ("cdw10", ctypes.c_uint32), ("cdw11", ctypes.c_uint32), ("cdw12", ctypes.c_uint32),
+                ("cdw13", ctypes.c_uint32), ("cdw14", ctypes.c_uint32), ("cdw15", ctypes.c_uint32),
+                ("reserved1", ctypes.c_uint64)]
+
+def ebs_name(identify):
+    # bytes 3072..3104: the block device name the volume was attached as, space padded
+    name = bytes(identify[3072:3104]).decode("ascii", "replace").strip().strip("\\x00").strip()
+    return name[5:] if name.startswith("/dev/") else name
+
+def identify(path):
+    buf = ctypes.create_string_buffer(4096)
+    cmd = AdminCommand(opcode=0x06, addr=ctypes.addressof(buf), alen=4096, cdw10=1)
+    with open(path, "rb") as dev:
+        fcntl.ioctl(dev, 0xC0484E41, cmd)
+    return buf.raw
+
+if __name__ == "__main__":
+    try:
+        print(ebs_name(identify(sys.argv[1])))
+    except OSError:
+        sys.exit(1)
+"""
+
 _DISK = """#!/bin/bash
-# Format (once) and mount one extra disk: the first of the candidate devices that appears.
+# Format (once) and mount one extra disk: the first candidate device that appears. A
+# candidate "ebs:sdf" is the EBS volume attached as sdf, whatever name the kernel gave it.
 set -eu
 mount_point=$1; shift
-for _ in $(seq 1 120); do
-  for dev in "$@"; do
-    if [ -b "$dev" ]; then
-      dev=$(readlink -f "$dev")
-      blkid "$dev" >/dev/null 2>&1 || mkfs.ext4 -q -F "$dev"
-      mkdir -p "$mount_point"
-      uuid=$(blkid -s UUID -o value "$dev")
-      grep -q "$uuid" /etc/fstab || echo "UUID=$uuid $mount_point ext4 defaults,nofail 0 2" >> /etc/fstab
-      mountpoint -q "$mount_point" || mount "$mount_point"
-      chmod 1777 "$mount_point"
-      exit 0
-    fi
+find_dev() {
+  for want in "$@"; do
+    case "$want" in
+      ebs:*)
+        name=${want#ebs:}
+        for dev in "/dev/$name" "/dev/xvd${name#sd}"; do [ -b "$dev" ] && { echo "$dev"; return 0; }; done
+        for dev in /dev/nvme*n1; do
+          [ -b "$dev" ] || continue
+          [ "$(${SKYWARD_EBS_NAME:-/usr/local/sbin/skyward-ebs-name} "$dev" 2>/dev/null)" = "$name" ] && { echo "$dev"; return 0; }
+        done ;;
+      *) [ -b "$want" ] && { echo "$want"; return 0; } ;;
+    esac
   done
+  return 1
+}
+for _ in $(seq 1 120); do
+  if dev=$(find_dev "$@"); then
+    dev=$(readlink -f "$dev")
+    blkid "$dev" >/dev/null 2>&1 || mkfs.ext4 -q -F "$dev"
+    mkdir -p "$mount_point"
+    uuid=$(blkid -s UUID -o value "$dev")
+    grep -q "$uuid" /etc/fstab || echo "UUID=$uuid $mount_point ext4 defaults,nofail 0 2" >> /etc/fstab
+    mountpoint -q "$mount_point" || mount "$mount_point"
+    chmod 1777 "$mount_point"
+    exit 0
+  fi
   sleep 5
 done
 echo "skyward: no device for $mount_point among: $*" >&2
 exit 1
 """
 
+# AWS: the deadline is an absolute epoch, so every node's user data is the same; at boot the
+# minutes left are computed and handed to shutdown (which the watchdog backs up).
+_DEADLINE = (
+    "left=$(( ({deadline} - $(date +%s)) / 60 )); "
+    "if [ $left -lt 1 ]; then left=1; fi; "
+    "shutdown -P +$left 'skyward: the pool reached its max_duration'"
+)
 
-def cloud_config(plan: PoolPlan, node: NodePlan, disk_devices: Sequence[Sequence[str]] = ()) -> str:
-    """User data for one node; ``disk_devices[j]`` lists where plan.disks[j] may appear."""
+# GCP guest environment: no host-key regeneration (it would replace the key the client
+# pinned); the login user made from ssh-keys metadata stays when keys change.
+_GCE_GUEST = """[InstanceSetup]
+set_host_keys = false
+
+[Accounts]
+deprovision_remove = false
+"""
+
+
+def cloud_config(
+    plan: PoolPlan, node: NodePlan, disk_devices: Sequence[Sequence[str]] = (), *, cloud: str = "aws",
+) -> str:
+    """User data for one node; ``disk_devices[j]`` lists where plan.disks[j] may appear.
+    ``cloud`` ("aws" or "gcp") decides how the watchdog removes the node."""
     files = [
         {"path": "/usr/local/sbin/skyward-disk", "permissions": "0755", "content": _DISK},
     ]
+    if cloud == "aws" and plan.disks:
+        files.append({"path": "/usr/local/sbin/skyward-ebs-name", "permissions": "0755", "content": _EBS_NAME})
+    if cloud == "gcp":
+        # write_files runs in cloud-init's network stage, before network-online.target, which
+        # the guest agent waits for: it reads this on its first start.
+        files.append({"path": "/etc/default/instance_configs.cfg", "permissions": "0644", "content": _GCE_GUEST})
     run: list[str | list[str]] = []
     for disk, devices in zip(plan.disks, disk_devices, strict=True):
         run.append(["/usr/local/sbin/skyward-disk", disk.mount, *devices])
-    if plan.ttl > 0:
+    deadline = int(plan.expires) if plan.expires is not None else 0
+    if plan.ttl > 0 or deadline:
         files += [
             {"path": "/usr/local/sbin/skyward-watchdog", "permissions": "0755",
-             "content": _WATCHDOG.format(ttl=int(plan.ttl), grace=int(plan.grace))},
+             "content": watchdog_script(plan, cloud)},
             {"path": "/etc/systemd/system/skyward-watchdog.service", "permissions": "0644", "content": _UNIT},
         ]
+        if cloud == "gcp":
+            files.append({"path": "/usr/local/sbin/skyward-self-delete", "permissions": "0755",
+                          "content": self_delete_script(plan)})
         run += [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "skyward-watchdog.service"]]
-    if plan.expires is not None:
-        minutes = max(1, (plan.expires - plan.created) // 60)
-        run.append(f"shutdown -P +{minutes} {shlex.quote('skyward: the pool reached its max_duration')}")
-    doc = {
+    if deadline and cloud == "aws":
+        run.append(_DEADLINE.format(deadline=deadline))
+    doc: dict[str, object] = {
         # Replace the image's host keys with the one the client generated and expects.
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
@@ -106,3 +231,20 @@ def cloud_config(plan: PoolPlan, node: NodePlan, disk_devices: Sequence[Sequence
         "runcmd": run,
     }
     return "#cloud-config\n" + json.dumps(doc, indent=1) + "\n"
+
+
+def watchdog_script(plan: PoolPlan, cloud: str) -> str:
+    deadline = int(plan.expires) if plan.expires is not None else 0
+    return _WATCHDOG.format(ttl=int(plan.ttl), grace=int(plan.grace), deadline=deadline, cloud=cloud)
+
+
+def self_delete_script(plan: PoolPlan) -> str:
+    return _SELF_DELETE.format(disks=json.dumps([f"disk-{j}" for j in range(len(plan.disks))]))
+
+
+def ebs_name_script() -> str:
+    return _EBS_NAME
+
+
+def disk_script() -> str:
+    return _DISK

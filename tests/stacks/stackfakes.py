@@ -3,6 +3,7 @@ automation-API workspace."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -24,6 +25,10 @@ class Recorder(pulumi.runtime.Mocks):
 
     resources: list[Any] = field(default_factory=list)
     calls: list[Any] = field(default_factory=list)
+    # What the cloud's lookups answer (a test changes them to play "a newer image came out").
+    aws_zones: list[str] = field(default_factory=lambda: ["us-east-1b", "us-east-1a", "us-east-1c"])
+    ami_date: str = "20250101"
+    gcp_image_date: str = "20250101"
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
@@ -40,6 +45,10 @@ class Recorder(pulumi.runtime.Mocks):
             interfaces = out.get("networkInterfaces") or [{}]
             interfaces[0] = {**interfaces[0], "networkIp": f"10.128.0.{n}", "accessConfigs": [{"natIp": f"203.0.113.{n}"}]}
             out["networkInterfaces"] = interfaces
+        elif args.typ == "gcp:serviceaccount/account:Account":
+            out["email"] = f"{out['accountId']}@{out.get('project') or 'proj'}.iam.gserviceaccount.com"
+        elif args.typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            out["name"] = f"projects/{out.get('project') or 'proj'}/roles/{out['roleId']}"
         elif args.typ == "gcp:compute/disk:Disk":
             out["selfLink"] = f"https://compute.googleapis.com/disks/{args.name}-{n}"
         return rid, out
@@ -52,11 +61,23 @@ class Recorder(pulumi.runtime.Mocks):
         if token == "aws:ec2/getSubnets:getSubnets":
             return {"ids": ["subnet-a", "subnet-b"]}
         if token == "aws:ec2/getSubnet:getSubnet":
-            return {"id": args.args.get("id", "subnet-z"), "vpcId": "vpc-given" if args.args.get("id") else "vpc-default",
-                    "availabilityZone": args.args.get("availabilityZone", "us-east-1a")}
+            if args.args.get("id"):  # given, or pinned by an earlier up
+                pinned = args.args["id"].startswith("subnet-default-")
+                return {"id": args.args["id"], "vpcId": "vpc-default" if pinned else "vpc-given",
+                        "availabilityZone": args.args["id"].removeprefix("subnet-default-") if pinned else "us-east-1a"}
+            zone = args.args.get("availabilityZone", "us-east-1a")
+            return {"id": f"subnet-default-{zone}", "vpcId": "vpc-default", "availabilityZone": zone}
+        if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            return {"locations": list(self.aws_zones), "locationTypes": ["availability-zone"] * len(self.aws_zones),
+                    "instanceTypes": [args.args["filters"][0]["values"][0]] * len(self.aws_zones), "id": "offerings"}
         if token == "aws:ec2/getAmi:getAmi":
             name = args.args["filters"][0]["values"][0]
-            return {"id": "ami-deeplearning" if "Deep Learning" in name else "ami-ubuntu"}
+            base = "ami-deeplearning" if "Deep Learning" in name else "ami-ubuntu"
+            return {"id": base if self.ami_date == "20250101" else f"{base}-{self.ami_date}"}
+        if token == "gcp:compute/getImage:getImage":
+            family, project = args.args.get("family"), args.args.get("project")
+            return {"selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/"
+                                f"{family}-v{self.gcp_image_date}", "family": family}
         return {}
 
     def of_type(self, typ: str) -> list[Any]:
@@ -179,7 +200,9 @@ class FakeStack:
             raise command_error("error: update canceled")
         # The program is not run here (test_*_program.py run the real ones under Pulumi's mocks);
         # like the real stack, what it declares follows the plan recorded in the stack config.
-        self.workspace.plans.setdefault(self.name, []).append(json.loads(self.config["skyward:plan"].value))
+        plan = getattr(self.program, "plan", None)  # what the program would declare from, private keys too
+        recorded = dataclasses.asdict(plan) if plan is not None else json.loads(self.config["skyward:plan"].value)
+        self.workspace.plans.setdefault(self.name, []).append(recorded)
         urn = f"urn:pulumi:{self.name}::skyward::aws:ec2/instance:Instance::node-0"
         if on_event is not None:
             on_event(engine_event("resourcePreEvent", "create", urn, "aws:ec2/instance:Instance"))
@@ -247,6 +270,7 @@ class FakeWorkspace:
     # (index, plan record, stack config) -> dict: what a "booted" node's outputs say instead,
     # to point nodes at real hosts (called once per node, like a first boot).
     node_outputs: Any = None
+    placement: dict[str, Any] = field(default_factory=dict)  # what the program's lookups resolved
     booted: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, name: str, program: Any) -> FakeStack:
@@ -276,7 +300,7 @@ class FakeWorkspace:
                     self.booted[(name, i)] = self.node_outputs(i, plan, self.configs.get(name, {}))
                 out.update(self.booted[(name, i)])
             nodes.append(out)
-        return {"nodes": nodes}
+        return {"nodes": nodes, **({"placement": dict(self.placement)} if self.placement else {})}
 
 
 

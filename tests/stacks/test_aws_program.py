@@ -6,6 +6,7 @@ which waits for them (an assertion in an apply that is not returned never runs).
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -29,8 +30,6 @@ def mocks() -> Recorder:
 def _all(declared: aws.Declared, *extra: Any) -> Any:
     """One output that resolves once every declared resource has."""
     ids = [i.id for i in declared.instances.values()]
-    ids += [v.id for vols in declared.volumes.values() for v in vols]
-    ids += [a.id for atts in declared.attachments.values() for a in atts]
     return pulumi.Output.all(declared.security_group.ingress, declared.security_group.egress, *ids, *extra)
 
 
@@ -98,44 +97,137 @@ def test_instances_follow_the_plan(mocks: Recorder, nodes: int, spot: bool, gpu:
 
 
 @pulumi.runtime.test
-def test_disks_are_attached_to_their_own_node(mocks: Recorder) -> Any:
+def test_disks_are_part_of_their_instance_and_deleted_with_it(mocks: Recorder) -> Any:
+    # Volumes attached after launch keep DeleteOnTermination=false: a node that terminates itself
+    # after a client crash would leave them billing; detaching a mounted one hangs a destroy.
     plan = make_plan(nodes=4, spot=True, disks=(DiskPlan(200, "/data"), DiskPlan(50, "/scratch", "io2")))
     declared = aws.program(plan)
-    outputs = []
-    for index, atts in declared.attachments.items():
-        for j, att in enumerate(atts):
-            vol = declared.volumes[index][j]
-            outputs.append(pulumi.Output.all(index, j, att.instance_id, att.volume_id, att.device_name,
-                                             declared.instances[index].id, vol.id, vol.size, vol.type,
-                                             vol.availability_zone))
 
     def check(rows: list[Any]) -> None:
-        assert len(rows) == 8
-        assert len(mocks.of_type("aws:ebs/volume:Volume")) == 8
-        for index, j, inst_of_att, vol_of_att, device, inst, vol, size, vtype, zone in rows:
-            assert inst_of_att == inst, f"disk {j} of node {index} is attached to another instance"
-            assert vol_of_att == vol
-            assert device == ("/dev/sdf", "/dev/sdg")[j]
-            assert (size, vtype) == ((200, "gp3"), (50, "io2"))[j]
-            assert zone == "us-east-1a"  # the subnet's zone, where the instance is
-        ids = {r[6] for r in rows}
-        assert len(ids) == 8
+        assert not mocks.of_type("aws:ebs/volume:Volume")
+        assert not mocks.of_type("aws:ec2/volumeAttachment:VolumeAttachment")
+        for devices, root, user_data in rows:
+            assert root["delete_on_termination"] is True
+            assert [(d["device_name"], d["volume_size"], d["volume_type"], d["delete_on_termination"])
+                    for d in devices] == [("/dev/sdf", 200, "gp3", True), ("/dev/sdg", 50, "io2", True)]
+            doc = cloud_config(user_data)
+            assert ["/usr/local/sbin/skyward-disk", "/data", "ebs:sdf"] in doc["runcmd"]
+            assert ["/usr/local/sbin/skyward-disk", "/scratch", "ebs:sdg"] in doc["runcmd"]
+            assert any(f["path"] == "/usr/local/sbin/skyward-ebs-name" for f in doc["write_files"])
 
-    return pulumi.Output.all(*outputs).apply(check)
+    return pulumi.Output.all(*[
+        pulumi.Output.all(i.ebs_block_devices, i.root_block_device, i.user_data) for i in declared.instances.values()
+    ]).apply(check)
 
 
 @pulumi.runtime.test
-def test_user_data_mounts_each_disk_by_its_volume_id(mocks: Recorder) -> Any:
-    plan = make_plan(nodes=1, disks=(DiskPlan(100, "/data"),))
+def test_imdsv2_is_required(mocks: Recorder) -> Any:
+    # The user data holds the node's private host key; IMDSv1 would serve it to any SSRF.
+    declared = aws.program(make_plan(nodes=2))
+
+    def check(options: list[Any]) -> None:
+        for o in options:
+            assert o["http_tokens"] == "required" and o["http_endpoint"] == "enabled"
+
+    return pulumi.Output.all(*[i.metadata_options for i in declared.instances.values()]).apply(check)
+
+
+_DESCRIPTION = re.compile(aws.DESCRIPTION_CHARS)
+
+
+@pulumi.runtime.test
+def test_every_description_obeys_aws_rules(mocks: Recorder) -> Any:
+    # AWS refuses a security group whose (rule) descriptions hold any other character: an
+    # apostrophe in one made every `up` fail. Pulumi's mocks accept anything, so check here.
+    plan = replace(make_plan(nodes=1), pool="Bob's pool (v2)", ssh_cidrs=(CLIENT, "2001:db8::/64"))
     declared = aws.program(plan)
-    inst, vol = declared.instances[0], declared.volumes[0][0]
 
     def check(values: list[Any]) -> None:
-        user_data, volume_id = values
-        assert f"nvme-Amazon_Elastic_Block_Store_{volume_id.replace('-', '')}" in user_data
-        assert '"/data"' in user_data
+        description, ingress, egress = values
+        texts = [description, *[r.get("description") or "" for r in [*ingress, *egress]]]
+        assert all(texts), texts
+        for text in texts:
+            assert _DESCRIPTION.match(text), f"AWS refuses the description {text!r}"
 
-    return pulumi.Output.all(inst.user_data, vol.id).apply(check)
+    sg = declared.security_group
+    return pulumi.Output.all(sg.description, sg.ingress, sg.egress).apply(check)
+
+
+def test_the_description_rule_catches_what_aws_refuses() -> None:
+    assert not _DESCRIPTION.match("the pool's own nodes")
+    assert _DESCRIPTION.match("ssh from the skyward client: 10.0.0.0/8 [ci] #1")
+
+
+@pulumi.runtime.test
+def test_default_subnet_is_in_a_zone_that_offers_the_type(mocks: Recorder) -> Any:
+    mocks.aws_zones = ["us-east-1f", "us-east-1c", "us-east-1d"]  # not us-east-1a or e
+    declared = aws.program(make_plan(nodes=1, instance_type="g5.xlarge", gpu=True))
+
+    def check(values: list[Any]) -> None:
+        subnet, zone = values
+        assert zone == "us-east-1c" and subnet == "subnet-default-us-east-1c"  # first, sorted
+        offerings = [c for c in mocks.calls if c.token.endswith("getInstanceTypeOfferings")]
+        assert offerings[0].args["filters"][0]["values"] == ["g5.xlarge"]
+
+    return pulumi.Output.all(declared.subnet.id, declared.subnet.availability_zone).apply(check)
+
+
+@pulumi.runtime.test
+def test_a_retry_takes_the_next_zone(mocks: Recorder) -> Any:
+    mocks.aws_zones = ["us-east-1f", "us-east-1c", "us-east-1d"]
+    declared = aws.program(make_plan(nodes=1, settings={"zone_attempt": 1}))
+    return declared.subnet.availability_zone.apply(lambda z: _eq(z, "us-east-1d"))
+
+
+def _eq(a: Any, b: Any) -> None:
+    assert a == b
+
+
+def _instance_inputs(mocks: Recorder) -> dict[str, dict[str, Any]]:
+    """The inputs of every instance, by name: what would replace one if it changed."""
+    return {r.name: {k: r.inputs.get(k) for k in ("ami", "subnetId", "userData", "instanceType", "ebsBlockDevices")}
+            for r in mocks.of_type(INSTANCE)}
+
+
+def test_a_second_up_replaces_nothing_when_a_newer_ami_appears() -> None:
+    from skyward.stacks.cloudpool import CloudPool
+
+    plan = make_plan(nodes=2, gpu=True, instance_type="g5.xlarge", disks=(DiskPlan(20, "/data"),))
+
+    def run(plan: Any, mocks: Recorder) -> dict[str, Any]:
+        outputs: dict[str, Any] = {}
+
+        @pulumi.runtime.test
+        def go() -> Any:
+            declared = aws.program(plan)
+            return pulumi.Output.all(declared.ami, declared.subnet.id, declared.subnet.availability_zone).apply(
+                lambda v: outputs.update(placement={"ami": v[0], "subnet": v[1], "zone": v[2]}))
+
+        go()
+        return outputs
+
+    first_mocks = fresh_mocks()
+    outputs = run(plan, first_mocks)
+    first = _instance_inputs(first_mocks)
+    assert outputs["placement"] == {"ami": "ami-deeplearning", "subnet": "subnet-default-us-east-1a",
+                                    "zone": "us-east-1a"}
+    # What the pool does with the first up's outputs: pin them in the plan.
+    cloud = CloudPool.__new__(CloudPool)
+    cloud.plan = plan
+    CloudPool._pin(cloud, outputs)
+    assert cloud.plan.settings["pinned"]["ami"] == "ami-deeplearning"
+
+    second_mocks = fresh_mocks()
+    second_mocks.ami_date = "20261101"  # a newer Deep Learning AMI came out
+    second_mocks.aws_zones = ["us-east-1d"]  # and the zone offerings changed order
+    run(cloud.plan, second_mocks)
+    assert _instance_inputs(second_mocks) == first
+    assert not [c for c in second_mocks.calls if c.token.endswith(("getAmi", "getInstanceTypeOfferings"))]
+    # An unpinned plan would have picked the new image: the test can fail.
+    third_mocks = fresh_mocks()
+    third_mocks.ami_date = "20261101"
+    run(plan, third_mocks)
+    assert _instance_inputs(third_mocks) != first
 
 
 @pulumi.runtime.test
@@ -150,7 +242,10 @@ def test_given_subnet_ami_and_cap(mocks: Recorder) -> Any:
         assert subnet == "subnet-mine" and vpc == "vpc-given"
         assert tags["skyward-expires"] == str(plan.expires)
         assert ami == "ami-custom"
-        assert "shutdown -P +60" in user_data
+        # An absolute deadline, the same in every node's user data: the minutes left are computed
+        # at boot, so a node added later does not outlive the cap.
+        assert f"left=$(( ({plan.expires} - $(date +%s)) / 60 ))" in user_data
+        assert f"deadline={plan.expires};" in user_data
         assert not [c for c in mocks.calls if c.token == "aws:ec2/getAmi:getAmi"]
         providers = mocks.of_type("pulumi:providers:aws")
         assert providers[0].inputs["profile"] == "work" and providers[0].inputs["region"] == "us-east-1"

@@ -5,7 +5,6 @@ then sky.AWS hands them to the SSH bootstrap, which starts the agents that run t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +38,7 @@ def boot(hosts: SSHHosts, *, install_host_key: bool = True) -> Any:
 
     def run(index: int, plan: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         host = hosts[index]
-        private = json.loads(config["skyward:host-keys"].value)[str(index)]
+        private = next(n["host_key_private"] for n in plan["nodes"] if n["index"] == index)
         public = next(n["host_key"] for n in plan["nodes"] if n["index"] == index)
         key = host.state_dir / "ssh_host_ed25519_key"
         host.stop()

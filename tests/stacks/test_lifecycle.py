@@ -35,8 +35,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def cloud_pool(ws: FakeWorkspace, *, spot: bool = False, fallback: bool = False) -> CloudPool:
-    plan = make_plan(nodes=0)
+def cloud_pool(ws: FakeWorkspace, *, spot: bool = False, fallback: bool = False, zone: str | None = None,
+               settings: dict | None = None) -> CloudPool:
+    plan = make_plan(nodes=0, zone=zone, settings=settings)
     key_path, _ = keys.client_key(plan.stack)
     return CloudPool(
         plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=spot,
@@ -61,9 +62,13 @@ def test_create_configures_the_stack_then_updates_it_and_returns_its_nodes(home:
     secret = {k for k, v in config.items() if v.secret}
     assert set(public) == {"skyward:pool", "skyward:plan", "skyward:version"}
     assert json.loads(public["skyward:pool"])["offer"] == {"instance_type": "m7i.large"}
-    assert secret == {"skyward:env", "skyward:host-keys"}
-    host_keys = json.loads(config["skyward:host-keys"].value)
-    assert "s3cret" not in public["skyward:plan"] and not any(k in public["skyward:plan"] for k in host_keys.values())
+    # No secret is config: config travels to the CLI on its command line (`ps` shows it, and an
+    # argument is limited to 128 KiB: a few hundred nodes' host keys). The program exports
+    # the pool's secrets as a secret output instead.
+    assert secret == set()
+    everything = json.dumps({k: v.value for k, v in config.items()})
+    assert "s3cret" not in everything
+    assert not any(n.host_key_private in everything for n in cloud.plan.nodes)
 
     assert [n.index for n in nodes] == [0, 1]
     assert [n.address for n in nodes] == ["203.0.113.10", "203.0.113.11"]
@@ -154,7 +159,7 @@ def test_an_interrupted_update_leaves_pending_operations_and_a_way_out(home: Pat
 
 def test_no_spot_capacity_falls_back_to_on_demand(home: Path) -> None:
     ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR)]})
-    cloud = cloud_pool(ws, spot=True, fallback=True)
+    cloud = cloud_pool(ws, spot=True, fallback=True, zone="us-east-1a")  # a fixed zone: no other to try
     nodes = cloud.start(2)
     assert len(nodes) == 2
     assert ops(ws).count("update") == 2
@@ -165,10 +170,62 @@ def test_no_spot_capacity_falls_back_to_on_demand(home: Path) -> None:
 
 def test_spot_only_does_not_fall_back(home: Path) -> None:
     ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR)]})
-    cloud = cloud_pool(ws, spot=True, fallback=False)
+    cloud = cloud_pool(ws, spot=True, fallback=False, zone="us-east-1a")
     with pytest.raises(StackError, match="InsufficientInstanceCapacity"):
         cloud.start(1)
     assert ops(ws).count("update") == 1
+
+
+def test_a_zone_without_capacity_makes_the_first_up_try_the_next_zone(home: Path) -> None:
+    seen: list[ev.Event] = []
+    stop = ev.bus.subscribe(seen.append, pool="ab12cd34")
+    ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR), command_error(CAPACITY_STDERR)]})
+    cloud = cloud_pool(ws, spot=True, fallback=False, settings={"zones": ["z-1", "z-2", "z-3"]})
+    cloud.start(1)
+    ev.bus.flush()
+    stop()
+    assert ops(ws).count("update") == 3
+    assert [p["settings"].get("zone_attempt") for p in ws.plans[cloud.plan.stack]] == [2]
+    assert sum("trying the next zone" in getattr(e, "message", "") for e in seen) == 2
+    # After the first up, nothing moves a created pool to another zone.
+    ws.fail = {"update": [command_error(CAPACITY_STDERR)]}
+    with pytest.raises(StackError):
+        cloud.grow(1)
+    assert ops(ws).count("update") == 4
+
+
+def test_a_zone_error_when_every_zone_was_tried_is_the_error(home: Path) -> None:
+    ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR)] * 2})
+    cloud = cloud_pool(ws, settings={"zones": ["z-1", "z-2"]})
+    with pytest.raises(StackError, match="InsufficientInstanceCapacity"):
+        cloud.start(1)
+    assert ops(ws).count("update") == 2
+
+
+def test_a_failed_grow_leaves_no_phantom_nodes_in_the_plan(home: Path) -> None:
+    ws = FakeWorkspace()
+    cloud = cloud_pool(ws, zone="us-east-1a")
+    cloud.start(1)
+    ws.fail = {"update": [command_error("error: creating EC2 Instance: VcpuLimitExceeded")]}
+    with pytest.raises(StackError):
+        cloud.grow(2)
+    assert [n.index for n in cloud.plan.nodes] == [0]
+    cloud.grow(1)  # the next up creates one node, not three
+    assert [n["index"] for n in ws.plans[cloud.plan.stack][-1]["nodes"]] == [0, 1]
+
+
+def test_the_first_up_pins_what_it_looked_up(home: Path) -> None:
+    ws = FakeWorkspace(placement={"ami": "ami-123", "subnet": "subnet-9", "zone": "us-east-1c"})
+    cloud = cloud_pool(ws)
+    cloud.start(1)
+    assert cloud.plan.settings["pinned"] == {"ami": "ami-123", "subnet": "subnet-9", "zone": "us-east-1c"}
+    cloud.grow(1)
+    # the second update declared from the pinned plan (recorded in the stack config too)
+    assert ws.plans[cloud.plan.stack][-1]["settings"]["pinned"]["ami"] == "ami-123"
+    recorded = json.loads(ws.configs[cloud.plan.stack]["skyward:plan"].value)
+    assert recorded["settings"]["pinned"]["subnet"] == "subnet-9"
+    # and a named pool's description carries it to the next process
+    assert cloud.describe()["plan"]["settings"]["pinned"]["zone"] == "us-east-1c"
 
 
 def test_grow_and_shrink_are_stack_updates(home: Path) -> None:
@@ -207,7 +264,7 @@ def test_preview_history_outputs_and_export(home: Path) -> None:
     assert cloud.stack.outputs()["nodes"][0]["public_ip"] == "203.0.113.10"
     history = cloud.stack.history()
     assert history[0]["kind"] == "update" and history[0]["result"] == "succeeded"
-    assert history[0]["config"]["skyward:env"] == "[secret]"
+    assert "skyward:env" not in history[0]["config"]  # a secret output, never config
     assert cloud.stack.export()["deployment"]["resources"] == [{"urn": 0}]
 
 

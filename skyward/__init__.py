@@ -16,6 +16,7 @@ need cloudpickle, pydantic or a provider load on first use.
 from __future__ import annotations
 
 import importlib
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 from . import accelerators, time
@@ -49,9 +50,13 @@ from .errors import (
     WorkerDiedError,
 )
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, function, gather
+from .function import SkywardModule as _SkywardModule
 from .spec import Image, Nodes, Options, PipIndex, Spec, Worker
 
 __version__ = "0.1.0"
+
+# `1 >> sky` (a plain function's result pushed at the module) explains itself.
+_sys.modules[__name__].__class__ = _SkywardModule
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .errors import ConfigError, DispatchError, NoActivePoolError
+from .runtime import context as _context
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -89,7 +90,91 @@ class PendingFunction(Generic[T]):
         raise DispatchError(_and_error(other))
 
     def __repr__(self) -> str:
-        return f"<PendingFunction {self.name} args={len(self.args)} kwargs={sorted(self.kwargs)}>"
+        short = _short_name(self.fn)
+        return (f"<PendingFunction {self.name} args={len(self.args)} kwargs={sorted(self.kwargs)}, not run: "
+                f"`>> pool` runs it on a pool, {short}.local(...) here>")
+
+    # -- used where its result was meant: say how to run it ------------------------------------
+    def _not_run(self, what: str) -> DispatchError:
+        return DispatchError(_not_run_message(self, what))
+
+    def __getattr__(self, name: str) -> Any:  # only for attributes a PendingFunction lacks
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)  # protocol probes (numpy, pickle, copy): a plain "no"
+        raise AttributeError(_not_run_message(self, f"read its attribute .{name}"))
+
+    def __bool__(self) -> bool:
+        return True  # defined, or len() below would be asked
+
+    def __len__(self) -> int:
+        raise self._not_run("take its len()")
+
+    def __iter__(self) -> Iterator[Any]:
+        raise self._not_run("iterate over it (or unpack it)")
+
+    def __getitem__(self, key: Any) -> Any:
+        raise self._not_run(f"index it ([{key!r}])")
+
+    def __int__(self) -> int:
+        raise self._not_run("convert it to int")
+
+    def __float__(self) -> float:
+        raise self._not_run("convert it to float")
+
+    def __index__(self) -> int:
+        raise self._not_run("use it as an integer")
+
+    def _arith(self, other: Any) -> Any:
+        raise self._not_run("compute with it")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _arith
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _arith
+    __pow__ = __rpow__ = __lt__ = __le__ = __ge__ = _arith
+
+
+def _short_name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or "fn")
+
+
+def _not_run_message(pending: PendingFunction[Any], what: str) -> str:
+    short = _short_name(pending.fn)
+    return (
+        f"{short}(...) was not run, so there is no result to {what}: calling a @sky.function "
+        f"function only captures the call. Run it on a pool with `{short}(...) >> pool` (`@ pool` "
+        f"on every node, `> pool` for a Future), or here and now with {short}.local(...)."
+    )
+
+
+def not_pending(value: Any, op: str) -> DispatchError:
+    """The error for ``value <op> pool`` when ``value`` is not a pending call: usually the result
+    of a plain function that has just run here."""
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return DispatchError(
+        f"`{op}` dispatches a pending call to a pool, and the left side is a {type(value).__name__} "
+        f"({text}). If it is what a plain function returned, that function already ran here, on "
+        f"this machine: mark it with @sky.function, so that calling it captures the call and "
+        f"`{op}` runs it on the pool."
+    )
+
+
+class SkywardModule(types.ModuleType):
+    """The class of the ``skyward`` module: ``1 >> sky`` says what went wrong (a module has
+    no operators of its own)."""
+
+    def __rrshift__(self, value: Any) -> Any:
+        raise not_pending(value, ">>")
+
+    def __rmatmul__(self, value: Any) -> Any:
+        raise not_pending(value, "@")
+
+    def __lt__(self, value: Any) -> Any:  # `value > sky`, reflected
+        raise not_pending(value, ">")
+
+    def __reduce__(self) -> Any:  # a task that references `sky` pickles it by name, as any module
+        import importlib
+
+        return importlib.import_module, (self.__name__,)
 
 
 def _and_error(other: Any) -> str:
@@ -159,10 +244,14 @@ class RemoteFunction(Generic[P, T]):
         self.timeout = _check_timeout(timeout)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> PendingFunction[T]:
+        if _context.on_node():
+            # Inside a task a call is a plain call: helpers marked @sky.function for the
+            # client run where the task runs (there is no pool to dispatch to from a node).
+            return self.fn(*args, **kwargs)  # type: ignore[return-value]
         return PendingFunction(self.fn, args, kwargs, self.timeout)
 
     def local(self, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the function here, now, without a pool."""
+        """Run the function here, now, without a pool (``f.local(x)`` is ``f(x)`` undecorated)."""
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:

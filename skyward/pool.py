@@ -23,6 +23,7 @@ from .batches import Batches
 from .console import Console
 from .dispatch import decode_result
 from .errors import ConfigError
+from .function import not_pending
 from .membership import Membership
 from .spec import Options, Spec, Worker
 
@@ -133,6 +134,16 @@ class Pool(Batches, Membership):
         if not self._tokens:
             self._exit_plugins()
         self.close()
+
+    # `value >> pool` where value is no pending call: a plain function's result, computed here.
+    def __rrshift__(self, value: Any) -> Any:
+        raise not_pending(value, ">>")
+
+    def __rmatmul__(self, value: Any) -> Any:
+        raise not_pending(value, "@")
+
+    def __lt__(self, value: Any) -> Any:  # `value > pool`, reflected
+        raise not_pending(value, ">")
 
     # -- plugins (skyward.plugins) -------------------------------------------------------------
     def _enter_plugins(self) -> None:

@@ -189,7 +189,9 @@ class Options:
     provision_retry_delay: float | None = None
     max_provision_attempts: int | None = None
     ssh_retry_interval: int | None = None
-    default_compute_timeout: float | None = 300.0
+    # None: a task runs as long as it takes, like a function call (set it, or timeout= per
+    # function, to have long tasks cancelled on the node).
+    default_compute_timeout: float | None = None
     autoscale_cooldown: float = 30.0
     autoscale_idle_timeout: float = 60.0
     reconcile_tick_interval: float = 15.0

@@ -1,0 +1,86 @@
+"""What a new user hits first (issue 19): the hidden task time limit, a @sky.function called
+where it cannot dispatch, an undecorated function pushed at a pool."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import skyward as sky
+
+QUIET = sky.Options(console="silent")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[sky.Pool]:
+    with sky.Compute(nodes=1, options=QUIET) as p:
+        yield p
+
+
+@sky.function
+def double(x: int) -> int:
+    return 2 * x
+
+
+@sky.function
+def double_plus_one(x: int) -> int:
+    return double(x) + 1  # a @sky.function called inside a task: it runs, here on the node
+
+
+def plain(x: int) -> int:
+    return x
+
+
+# -- item 5: no hidden limit ----------------------------------------------------------------------
+def test_tasks_have_no_time_limit_unless_asked() -> None:
+    # A long training step without timeout= is a function call that takes long, not an error.
+    assert sky.Options().default_compute_timeout is None
+    assert double(1).timeout is None
+    assert sky.function(timeout=5)(plain)(1).timeout == 5.0
+
+
+# -- item 6: a pending call used where a value was meant ------------------------------------------
+def test_a_function_called_inside_a_task_runs_there(pool: sky.Pool) -> None:
+    assert double_plus_one(3) >> pool == 7
+    assert pool.map(double_plus_one, [1, 2]) == [3, 5]
+
+
+@pytest.mark.parametrize("use", [
+    lambda p: p + 1,
+    lambda p: 1 + p,
+    lambda p: p * 2,
+    lambda p: p[0],
+    lambda p: list(p),
+    lambda p: len(p),
+    lambda p: int(p),
+    lambda p: float(p),
+])
+def test_a_pending_call_used_as_a_value_says_how_to_run_it(use: Any) -> None:
+    with pytest.raises(TypeError, match=r">> pool") as info:
+        use(double(3))
+    assert isinstance(info.value, sky.DispatchError)
+    assert "double.local(" in str(info.value) and "not run" in str(info.value)
+
+
+def test_an_attribute_of_a_pending_call_says_how_to_run_it() -> None:
+    with pytest.raises(AttributeError, match=r">> pool") as info:
+        double(3).shape  # noqa: B018
+    assert "double.local(" in str(info.value)
+    assert not hasattr(double(3), "__array_interface__")  # probes still get a plain "no"
+
+
+def test_local_runs_here() -> None:
+    assert double.local(4) == 8
+    assert "double.local(" in repr(double(4)) and ">> pool" in repr(double(4))
+
+
+@pytest.mark.parametrize("op", [">>", "@", ">"])
+def test_an_undecorated_function_pushed_at_a_pool_hints_at_sky_function(pool: sky.Pool, op: str) -> None:
+    dispatch = {">>": lambda v, t: v >> t, "@": lambda v, t: v @ t, ">": lambda v, t: v > t}[op]
+    with pytest.raises(sky.DispatchError, match=r"@sky\.function") as info:
+        dispatch(plain(1), pool)
+    assert "int" in str(info.value) and op in str(info.value)
+    with pytest.raises(sky.DispatchError, match=r"@sky\.function"):
+        dispatch(plain(1), sky)  # `>> sky` too

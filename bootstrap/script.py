@@ -34,7 +34,7 @@ MARKER = "@@skyward"
 Install = Literal["wheelhouse", "index"]
 
 # Phase names, in the order they run.
-PHASES = ("env", "apt", "uv", "python", "venv", "deps", "skyward", "includes", "shell_vars", "plugins")
+PHASES = ("env", "apt", "uv", "python", "venv", "deps", "skyward", "includes", "shell_vars", "volumes", "plugins")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,9 @@ class NodePlan:
     ops: tuple[str, ...] = ()  # plugin bootstrap ops, run last, in order
     wheel_names: tuple[str, ...] = field(default=())  # the wheelhouse content (keys the deps phase)
     uv_version: str = ""  # index mode: the uv release a node fetches when it has none
+    volumes: str = ""  # the volumes phase (bootstrap/mounts.py): mounts the pool's sky.Volume buckets
+    # The pool's lock (skyward.pkglock.text): installed as it is, --no-deps; replaces Image.pip.
+    lock: str = ""
 
 
 def key(*parts: object) -> str:
@@ -61,8 +64,9 @@ def key(*parts: object) -> str:
 def env_key(image: Image, plan: NodePlan) -> str:
     """The virtualenv a node uses: one per python and package set, shared across pools."""
     indexes = [(ix.url, list(ix.packages)) for ix in image.pip_indexes]
-    return key(plan.python, sorted(image.pip), indexes, plan.install, sorted(plan.agent_requirements),
-               sorted(plan.wheel_names))
+    parts: tuple[object, ...] = (plan.python, sorted(image.pip), indexes, plan.install,
+                                 sorted(plan.agent_requirements), sorted(plan.wheel_names))
+    return key(*parts, plan.lock) if plan.lock else key(*parts)
 
 
 def render(image: Image, plan: NodePlan) -> str:
@@ -110,7 +114,7 @@ def render(image: Image, plan: NodePlan) -> str:
     phase("venv", f'rm -rf "$ENV"\n"$UV" venv --quiet --python "$(cat "$SKY/envs/{ek}.python")" "$ENV"', ek,
           venv_check)
     source = ' --no-index --find-links "$SKY/wheels"' if plan.install == "wheelhouse" else ""
-    deps = _deps(image, plan.install)
+    deps = _locked_deps(image, plan) if plan.lock else _deps(image, plan.install)
     if deps:
         phase("deps", deps, key(ek, "deps"), venv_check)
     # The wheel's metadata pins the agent's dependencies to the client's versions.
@@ -130,11 +134,31 @@ def render(image: Image, plan: NodePlan) -> str:
             lines.append(f"_v=$(bash -c {q(command)})")
             lines.append(f"printf 'export %s=%q\\n' {q(name)} \"$_v\" >> \"$POOL/env.sh\"")
         phase("shell_vars", "\n".join(lines))
+    if plan.volumes:  # every pool mounts its own (never skipped); before plugin ops, which may read them
+        phase("volumes", plan.volumes)
     if plan.ops:
         body = ". \"$POOL/env.sh\"\nexport PATH=\"$ENV/bin:$PATH\"\n" + "\n".join(plan.ops)
         phase("plugins", body, key(ek, list(plan.ops)))
+    if image.apt:  # the versions apt installed, for the pool's record (every run: a phase may skip)
+        names = " ".join(q(p.split("=", 1)[0]) for p in image.apt)
+        out.append(f"dpkg-query -W -f '{MARKER} apt ${{Package}} ${{Version}}\\n' {names} 2>/dev/null || true\n")
     out.append(f"echo {MARKER} ready\n")
     return "".join(out)
+
+
+def _locked_deps(image: Image, plan: NodePlan) -> str:
+    """Install the pool's lock exactly: no resolution, hashes checked when the lock has them."""
+    base = '"$UV" pip install --quiet --python "$ENV/bin/python" --no-deps'
+    lines = [ln for ln in plan.lock.splitlines() if ln.strip() and not ln.startswith(" ")]
+    if lines and all(ln.endswith("\\") for ln in lines):
+        base += " --require-hashes"
+    if plan.install == "wheelhouse":
+        base += ' --no-index --find-links "$SKY/wheels"'
+    elif image.pip_indexes:
+        base += " --index-strategy unsafe-best-match" + "".join(
+            f" --extra-index-url {shlex.quote(ix.url)}" for ix in image.pip_indexes)
+    return (f"cat > \"$POOL/lock.txt\" <<'SKYWARD_LOCK'\n{plan.lock}SKYWARD_LOCK\n"
+            f'{base} -r "$POOL/lock.txt"')
 
 
 def _deps(image: Image, install: Install) -> str:

@@ -173,3 +173,42 @@ def wheels_for(requirements: tuple[str, ...], python: str) -> list[Path]:
             )
         done.touch()
     return sorted(p for p in folder.glob("*.whl"))
+
+
+def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) -> list[Path]:
+    """Wheels of exactly the packages of a pool's lock (``skyward.pkglock.text``), nothing resolved:
+    ``pip wheel --no-deps``, hashes checked when the lock has them. Cached by the lock."""
+    if not lock_text.strip():
+        return []
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if python != here:
+        raise ProviderError(
+            f"wheelhouse mode builds wheels with this interpreter (Python {here}), and the nodes "
+            f"want Python {python}: use Image(python='auto') or {here}, or install='index' so the "
+            f"nodes fetch packages themselves."
+        )
+    digest = hashlib.sha256("\n".join([lock_text, *indexes]).encode()).hexdigest()[:16]
+    folder = cache_dir("wheelhouse", f"py{here}-lock-{digest}")
+    done = folder / ".complete"
+    if not done.exists():
+        requirements = folder / "lock.txt"
+        requirements.write_text(lock_text)
+        hashed = "--hash=" in lock_text and all(
+            ln.endswith("\\") for ln in lock_text.splitlines() if ln.strip() and not ln.startswith(" "))
+        log.info("building the wheelhouse for the pool's lock (%d packages)", lock_text.count("=="))
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+             *(["--require-hashes"] if hashed else []),
+             *[arg for url in indexes for arg in ("--extra-index-url", url)],
+             "--wheel-dir", str(folder), "-r", str(requirements)],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise ProviderError(
+                f"could not get the wheels of the pool's lock on this machine (pip wheel exit code "
+                f"{proc.returncode}); the nodes install from these wheels. A version the lock names "
+                f"may have been removed from the index. pip said:\n{tail}"
+            )
+        done.touch()
+    return sorted(p for p in folder.glob("*.whl"))

@@ -37,6 +37,9 @@ class Cluster(abc.ABC):
     # (set by the provider before it calls skyward.plugins.compose.prepare).
     spec: Spec
 
+    # What the nodes were given, exactly (skyward.pkglock.describe): the pool's record keeps it.
+    # None where the provider cannot say (an attached pool: its record was written at creation).
+    lock: dict[str, Any] | None = None
     @property
     def node_count(self) -> int:
         """How many nodes the pool starts with (``spec.nodes.desired``; 1 without a spec)."""

@@ -132,8 +132,11 @@ class LocalCluster(Cluster):
             raise
 
     def _run_ops(self, ops: tuple[str, ...]) -> None:
+            from skyward.pkglock import current_pin
         """Plugin bootstrap ops: all nodes share this machine, so they run once, here, in the
         pool's folder with the nodes' environment; a failing op stops the pool."""
+            self._pin = current_pin()  # reproducing a pool: its recorded packages
+
         for op in ops:
             proc = subprocess.run(["bash", "-c", op], cwd=self._root, env=self._env,
                                   capture_output=True, text=True)
@@ -204,14 +207,22 @@ class LocalCluster(Cluster):
 
     # -- environment -------------------------------------------------------------------------
     def _environment(self, image: Image) -> dict[str, str]:
-        from .local_env import overlay, unsatisfied
+        import platform
+
+        from skyward import pkglock
+
+        from .local_env import locked, overlay
 
         if image.apt:
             log.warning("Local nodes use this machine as it is: Image(apt=%s) is not installed.", list(image.apt))
         paths: list[str] = []
-        missing = unsatisfied(image.pip)
-        if missing:
-            paths.append(str(overlay(missing, [ix.url for ix in image.pip_indexes])))
+        indexes = [ix.url for ix in image.pip_indexes]
+        packages, install = locked(image.pip, indexes, self._pin)
+        if install:
+            paths.append(str(overlay([p.line(pkglock.all_hashed(install)) for p in install], indexes, exact=True)))
+        # The record's lock: what the nodes import for Image.pip, and what this machine has of Image.apt.
+        self.lock = pkglock.describe(packages, python=platform.python_version(), platform=None, indexes=indexes,
+                                  apt=pkglock.apt_versions(image.apt), pinned_from=self._pin is not None)
         if image.includes:
             paths.append(str(self._copy_includes(image.includes, image.excludes)))
         # The client's own import path (script folder, cwd, PYTHONPATH), so code importable

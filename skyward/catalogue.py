@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .errors import ConfigError, NoOfferError
 
@@ -76,6 +76,10 @@ class Offer:
             prices.append(f"${self.on_demand:.4g}/h on-demand")
         parts.append(" / ".join(prices) + (f" (prices as of {self.as_of})" if self.as_of else ""))
         return ": ".join(parts[:1]) + ": " + ", ".join(parts[1:])
+
+
+# The reference API's name for one rentable machine type with its prices.
+InstanceType: TypeAlias = Offer
 
 
 def _num(value: float | None) -> str:
@@ -199,8 +203,47 @@ def select(provider: str, want: Want) -> Offer:
     raise NoOfferError(no_offer_message(provider, want))
 
 
+_LABELS = {"aws": "AWS", "gcp": "GCP"}
+
+
+def renters(accelerator: str) -> list[str]:
+    """The providers whose shipped catalogue rents ``accelerator`` (a canonical name)."""
+    return [p for p in PROVIDERS if any(o.accelerator == accelerator for o in load(p))]
+
+
+def _elsewhere(accelerator: Accelerator) -> str:
+    # Who rents what AWS and GCP do not: said by family, since those markets change weekly.
+    name, maker = accelerator.name, accelerator.manufacturer
+    if maker == "NVIDIA" and name.startswith(("RTX", "GTX", "Titan", "Quadro")):
+        return "GPU marketplaces (RunPod, Vast.ai and the like)"
+    if maker == "AMD":
+        return "Azure, Oracle Cloud and GPU clouds"
+    if maker == "Intel":
+        return "Intel's Tiber cloud"
+    if maker == "AWS":
+        return "AWS only, in instance types skyward's catalogue does not list yet"
+    return "GPU clouds and marketplaces"
+
+
+def rented_by(accelerator: Accelerator, provider: str) -> str:
+    """One sentence: which providers rent this accelerator, when ``provider`` rents none."""
+    others = [_LABELS[p] for p in renters(accelerator.name) if p != provider]
+    label = _LABELS.get(provider, provider)
+    if others:
+        hint = " or ".join(f"sky.{p}()" for p in others)
+        return f"{accelerator.name} is rented by {' and '.join(others)}, not by {label}: use provider={hint}."
+    clouds = " or ".join(_LABELS[p] for p in PROVIDERS)
+    return (
+        f"{accelerator.name} is rented by {_elsewhere(accelerator)}, not by {clouds}: run on such "
+        f"machines with sky.SSH(hosts=[...]), or pick an accelerator {clouds} rent "
+        f"(sky.offers() lists them)."
+    )
+
+
 def no_offer_message(provider: str, want: Want) -> str:
     asked = describe(want)
+    if want.accelerator is not None and provider not in renters(want.accelerator.name):
+        return f"no {provider} offer has {asked}. {rented_by(want.accelerator, provider)}"
     dropped, near = closest(provider, want)
     text = f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)})."
     if near:
@@ -239,7 +282,7 @@ def offers(
     region: str | None = None,
     allocation: str = "cheapest",
     max_hourly_cost: float | None = None,
-) -> list[Offer]:
+) -> list[InstanceType]:
     """What the shipped catalogues sell that fits, cheapest first (price under ``allocation``).
 
     ``provider``: ``"aws"``, ``"gcp"``, a provider config (``sky.AWS()``) or None for all.
@@ -266,4 +309,4 @@ def offers(
     return _sorted((o for kind in kinds for o in matching(kind, want)), allocation)
 
 
-__all__ = ["Offer", "offers"]
+__all__ = ["InstanceType", "Offer", "offers"]

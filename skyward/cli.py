@@ -2,6 +2,8 @@
 
     skyward up NAME [--provider local --nodes 2 --ttl 600]   start a pool that outlives the command
     skyward ls | status NAME | history NAME                  what runs, how it is, who did what
+    skyward history [POOL_ID] [--verify] | diff A B          every pool's record, the trail's integrity
+    skyward reproduce POOL_ID [--name NAME] [--strict]       a pool again, everything pinned
     skyward exec NAME -- CMD | logs NAME                     a shell command on every node; agent logs
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
@@ -85,8 +87,21 @@ def _parser() -> argparse.ArgumentParser:
     p = command("status", "One pool's nodes: reachable or not, hostname, agent, clients.")
     p.add_argument("name")
 
-    p = command("history", "The audit trail of a pool name: who did what, when.")
-    p.add_argument("name")
+    p = command("history", "Recent pools and their ids; a pool's record (POOL_ID) or a name's audit "
+                           "trail (NAME); --verify checks the trail's hash chain.")
+    p.add_argument("name", nargs="?", metavar="POOL_ID|NAME")
+    p.add_argument("--verify", action="store_true", help="check that no audit line was changed, removed or reordered")
+    p.add_argument("--limit", type=int, default=20, help="list at most this many pools (default 20)")
+
+    p = command("reproduce", "Start a named pool again from a pool's record, everything pinned.")
+    p.add_argument("pool_id", metavar="POOL_ID")
+    p.add_argument("--name", help="the new pool's name (default: the recorded name, else repro-POOL_ID)")
+    p.add_argument("--strict", action="store_true", help="refuse when anything cannot be the same")
+    p.add_argument("--console", choices=["rich", "log", "minimal", "silent"], help="how to show progress")
+
+    p = command("diff", "What differs between two pools' records; exit 1 when anything does.")
+    p.add_argument("a", metavar="POOL_A")
+    p.add_argument("b", metavar="POOL_B")
 
     p = command("preview", "What `up NAME` would create and what it costs per hour; creates nothing.")
     pool_flags(p)
@@ -396,9 +411,13 @@ def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from . import audit
+    from . import audit, record
     from .named import check_name, stack_history
 
+    if args.verify or args.name is None or record.exists(args.name):
+        from .recordcli import history
+
+        return history(args)
     check_name(args.name)
     entries = audit.read(args.name)
     if not entries:
@@ -590,3 +609,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print(f"== node {r['node']} ({r['hostname']}) {r['path'] or ''} ==")
             print(r["error"] if r["error"] else r["text"].rstrip("\n"))
     return EXIT_FAILED if any(r["error"] for r in out) else EXIT_OK
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from .recordcli import reproduce
+
+    return reproduce(args)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .recordcli import diff
+
+    return diff(args)

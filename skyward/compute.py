@@ -6,12 +6,18 @@ import logging
 import signal
 import threading
 import warnings
+from collections.abc import Mapping
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, NoOfferError
+from .errors import ConfigError, NoOfferError, PoolClosedError
 from .pool import Pool
 from .spec import SPEC_FIELDS, Options, Spec, Worker, unknown_field_error
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from .spec import SpecKwargs
 
 log = logging.getLogger("skyward")
 
@@ -49,7 +55,7 @@ def _resolve_worker(options: Options, worker: Worker | None) -> Worker:
     return worker or options.worker or Worker()
 
 
-def _build_specs(specs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Spec, ...]:
+def _build_specs(specs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Spec, ...]:
     for s in specs:
         if not isinstance(s, Spec):
             raise ConfigError(
@@ -69,7 +75,7 @@ def _build_specs(specs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Spec, 
     return (Spec(**kwargs),)
 
 
-def _check_named(name: str, specs: tuple[Any, ...], kwargs: dict[str, Any],
+def _check_named(name: str, specs: tuple[Any, ...], kwargs: Mapping[str, Any],
                  worker: Worker | None, options: Options) -> None:
     from .named import check_name
 
@@ -97,13 +103,23 @@ class Compute:
         name: str | None = None,
         options: Options | None = None,
         worker: Worker | None = None,
-        **kwargs: Any,
+        reproduce: str | None = None,
+        strict: bool = False,
+        **kwargs: Unpack[SpecKwargs],
     ) -> None:
+        """``reproduce=POOL_ID``: open the pool of that record again, everything pinned (see
+        skyward.record); ``provider=`` may replace the recorded provider (same kind), ``strict``
+        refuses when anything cannot be the same."""
         self.name = name
         self.options = options or Options()
         if not isinstance(self.options, Options):
             raise ConfigError(f"options={options!r} is not valid: pass sky.Options(...).")
-        if name is not None:
+        self.reproduce, self.strict = reproduce, strict
+        if reproduce is not None:
+            _check_reproduce(reproduce, name, specs, kwargs, worker)
+            self._provider = kwargs.get("provider")
+            kwargs = {}
+        elif name is not None:
             _check_named(name, specs, kwargs, worker, self.options)
         self.worker = _resolve_worker(self.options, worker)
         self.specs = _build_specs(specs, kwargs)
@@ -111,6 +127,8 @@ class Compute:
         self._previous_sigterm: Any = None
 
     def open(self) -> Pool:
+        if self.reproduce is not None:
+            return _reproduce(self.reproduce, self._provider, self.options, self.strict)
         if self.name is not None:
             from .named import open_named
 
@@ -155,6 +173,36 @@ class Compute:
             self._previous_sigterm = None
 
 
+def _check_reproduce(pool_id: str, name: str | None, specs: tuple[Any, ...], kwargs: Mapping[str, Any],
+                     worker: Worker | None) -> None:
+    if not isinstance(pool_id, str) or not pool_id:
+        raise ConfigError(f"reproduce={pool_id!r} is not valid: give a pool id (`skyward history` lists them).")
+    extra = [*(["name"] if name is not None else []), *(["specs"] if specs else []),
+             *sorted(k for k in kwargs if k != "provider"), *(["worker"] if worker is not None else [])]
+    if extra:
+        raise ConfigError(
+            f"sky.Compute(reproduce={pool_id!r}) got {', '.join(extra)} too: a reproduced pool is what its "
+            f"record says (provider= alone may replace the provider, with the same kind). To reproduce it "
+            f"as a named pool, run `skyward reproduce {pool_id} --name NAME`."
+        )
+
+
+def _reproduce(pool_id: str, provider: Any, options: Options, strict: bool) -> Pool:
+    """Open the pool of record ``pool_id`` again; what cannot be the same is said first."""
+    from .record import reproduction, say
+
+    rep = reproduction(pool_id, provider=provider)
+    say(rep, strict)
+    spec = rep.spec
+    spec.provider.preflight(spec)
+    if spec.plugins:
+        from .plugins.compose import validate
+
+        validate(spec.plugins)
+    with rep.pinned():
+        return Pool(spec, options, rep.worker)
+
+
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
@@ -165,14 +213,23 @@ class Session:
     def __init__(self, *, options: Options | None = None) -> None:
         self.options = options or Options()
         self.pools: list[Pool] = []
+        self._closed = False
+
+    @property
+    def is_active(self) -> bool:
+        """True until the session is closed (its pools are closed with it)."""
+        return not self._closed
 
     def compute(self, *specs: Spec, name: str | None = None, options: Options | None = None,
-                worker: Worker | None = None, **kwargs: Any) -> Pool:
+                worker: Worker | None = None, **kwargs: Unpack[SpecKwargs]) -> Pool:
+        if self._closed:
+            raise PoolClosedError("this session is closed; open pools in a new sky.Session().")
         pool = Compute(*specs, name=name, options=options or self.options, worker=worker, **kwargs).open()
         self.pools.append(pool)
         return pool
 
     def close(self) -> None:
+        self._closed = True
         while self.pools:
             self.pools.pop().close()
 

@@ -68,13 +68,14 @@ class _Batch:
 
 
 class Console:
-    """Subscribes to one pool's events and renders them in the chosen mode."""
+    """Subscribes to one pool's events (``pool=None``: every pool's, for sky.App) and renders
+    them in the chosen mode."""
 
-    def __init__(self, mode: Mode, pool: str, title: str) -> None:
+    def __init__(self, mode: Mode, pool: str | None, title: str) -> None:
         self.mode = mode
         self.pool = pool
         self.title = title
-        self.nodes: dict[int, _Node] = {}
+        self.nodes: dict[tuple[str, int], _Node] = {}
         self.batches: dict[int, _Batch] = {}
         self._lock = threading.Lock()
         self._live: Any = None
@@ -115,7 +116,7 @@ class Console:
 
     def _apply(self, event: ev.Event) -> None:
         node = getattr(event, "node", None)
-        state = self.nodes.setdefault(node, _Node()) if isinstance(node, int) else None
+        state = self.nodes.setdefault((event.pool, node), _Node()) if isinstance(node, int) else None
         if isinstance(event, ev.InstanceProvisioned) and state:
             state.state, state.host = "starting", event.hostname
         elif isinstance(event, ev.BootstrapPhase) and state:
@@ -158,7 +159,11 @@ class Console:
 
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
-        return describe(event, self.title, names)
+        title = self.title if self.pool is not None else f"pool {event.pool}"
+        line = describe(event, title, names)
+        if line and self.pool is None and line.startswith("node "):
+            line = f"pool {event.pool} {line}"  # several pools share this view
+        return line
 
     # -- rich --------------------------------------------------------------------------------
     def _start_rich(self) -> None:
@@ -198,10 +203,11 @@ class Console:
             if self._progress is not None:
                 for batch in self.batches.values():
                     self._progress.update(batch.task_id, completed=batch.done)
-            for index in sorted(self.nodes):
-                n = self.nodes[index]
+            for pool, index in sorted(self.nodes):
+                n = self.nodes[(pool, index)]
                 table.add_row(
-                    str(index), n.host, n.state, str(n.running), str(n.done + n.failed),
+                    str(index) if self.pool is not None else f"{pool}:{index}",
+                    n.host, n.state, str(n.running), str(n.done + n.failed),
                     "" if n.cpu is None else f"{n.cpu:.0f}%",
                     "" if n.memory is None else f"{n.memory:.0f}%",
                 )
@@ -215,9 +221,26 @@ def _RateColumn() -> Any:
     class RateColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
             speed = task.finished_speed or task.speed
-            return Text("" if speed is None else f"{speed:,.0f}/s")
+            return Text("" if speed is None else rate(speed))
 
     return RateColumn()
+
+
+def rate(per_second: float) -> str:
+    """A throughput as people read it: ``1,200/s``, ``2.5/s``, or the time per item when
+    that is under one a second (``2.0 s each``, ``3.5 min each``), never ``0/s``."""
+    if per_second <= 0:
+        return "-"
+    if per_second >= 10:
+        return f"{per_second:,.0f}/s"
+    if per_second >= 1:
+        return f"{per_second:.1f}/s"
+    each = 1 / per_second
+    if each < 60:
+        return f"{each:.1f} s each"
+    if each < 3600:
+        return f"{each / 60:.1f} min each"
+    return f"{each / 3600:.1f} h each"
 
 
 def _print_line(line: str) -> None:
@@ -247,9 +270,9 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None)
         return f"{event.kind} {event.name}: {event.total} item(s)"
     if isinstance(event, ev.BatchFinished):
         label = (batches or {}).get(event.batch, f"batch {event.batch}")
-        rate = event.done / event.seconds if event.seconds > 0 else 0.0
+        speed = rate(event.done / event.seconds) if event.seconds > 0 and event.done else "-"
         outcome = "done" if event.ok else "failed"
-        return f"{label}: {outcome}, {event.done}/{event.total} in {event.seconds:.2f} s ({rate:,.0f}/s)"
+        return f"{label}: {outcome}, {event.done}/{event.total} in {event.seconds:.2f} s ({speed})"
     if isinstance(event, ev.Error):
         where = f"node {event.node}: " if event.node is not None else ""
         return f"{where}error: {event.message}"

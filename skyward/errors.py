@@ -34,7 +34,11 @@ class ProviderError(SkywardError, RuntimeError):
     """A provider could not create, reach or destroy nodes."""
 
 
-class BootstrapError(ProviderError):
+class ProvisioningError(ProviderError):
+    """Nodes for a pool could not be had: no offer fits, or they could not be created or prepared."""
+
+
+class BootstrapError(ProvisioningError):
     """A command preparing a node failed: carries host, phase, command, exit code and output."""
 
     def __init__(self, *, host: str, phase: str, command: str, exit_code: int | None,
@@ -69,6 +73,10 @@ class PoolExistsError(SkywardError, RuntimeError):
 
 class PoolNotFoundError(SkywardError, LookupError):
     """No named pool of that name is registered."""
+
+
+class RecordError(SkywardError, LookupError):
+    """A pool's record is missing, was changed since it was written, or cannot be reproduced."""
 
 
 class NodeLostError(SkywardError, RuntimeError):
@@ -113,8 +121,12 @@ class ProtocolError(SkywardError, RuntimeError):
     """A peer sent a frame this side cannot understand (or a wrong token)."""
 
 
-class NoOfferError(ProviderError):
+class NoOfferError(ProvisioningError):
     """No offer of any spec's provider satisfies it; the message lists the closest ones."""
+
+
+# The reference API's spelling; one class, so either name catches it.
+NoOffersError = NoOfferError
 
 
 class PulumiNotFoundError(ProviderError):

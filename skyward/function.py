@@ -217,6 +217,11 @@ class PendingFunctionGroup:
     def __len__(self) -> int:
         return len(self.items)
 
+    def with_timeout(self, seconds: float) -> PendingFunctionGroup:
+        """The same group with ``seconds`` as the timeout of each of its functions."""
+        timeout = _check_timeout(seconds)
+        return replace(self, items=tuple(replace(p, timeout=timeout) for p in self.items))
+
 
 def gather(*pendings: PendingFunction[Any], stream: bool = False, ordered: bool = True) -> PendingFunctionGroup:
     """A parallel group; with ``stream=True`` dispatching yields results as they complete."""

@@ -8,7 +8,8 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from skyward.bootstrap.channel import NodeChannel
 
@@ -17,9 +18,47 @@ from . import secrets
 from .autoscale import ScaleState, decide
 from .dispatch import Dispatch
 from .metrics import to_config
-from .spec import Nodes
+from .spec import Nodes, NodeSpec
 
 log = logging.getLogger("skyward")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """One node as the pool sees it at one moment (``Pool.snapshot()``)."""
+
+    rank: int  # its position in the pool: 0 is the head
+    node: int  # the provider's index for it (stays the same when other nodes leave)
+    state: Literal["ready", "lost"]
+    host: str
+    private_ip: str
+    public_ip: str | None
+    slots: int  # tasks it runs at once (Worker.concurrency + buffer)
+    running: int  # tasks it is running now
+    queued: int  # tasks sent to it beyond its slots, waiting there
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """The pool at one moment: its nodes and their work."""
+
+    pool: str
+    name: str | None
+    active: bool
+    nodes: tuple[NodeSnapshot, ...]
+
+    @property
+    def concurrency(self) -> int:
+        """Task slots of the ready nodes together."""
+        return sum(n.slots for n in self.nodes if n.state == "ready")
+
+    @property
+    def running(self) -> int:
+        return sum(n.running for n in self.nodes)
+
+    @property
+    def queued(self) -> int:
+        return sum(n.queued for n in self.nodes)
 
 
 class Membership(Dispatch):
@@ -31,6 +70,7 @@ class Membership(Dispatch):
     _print_lock: threading.Lock
     _autoscaler: threading.Thread | None
     _stop: threading.Event
+    name: str | None
 
     def _node_plugins(self) -> str | None:
         """The plugins' node-side hooks as they travel in CONFIGURE (computed once)."""
@@ -139,7 +179,32 @@ class Membership(Dispatch):
         """How many nodes are connected and ready now."""
         return sum(1 for ch in self._channels if ch.lost is None)
 
-    def resize(self, nodes: int | Nodes) -> None:
+    @property
+    def is_active(self) -> bool:
+        """True from the moment the pool is ready until it is closed."""
+        return not self._closed
+
+    @property
+    def concurrency(self) -> int:
+        """How many tasks the pool runs at once: the ready nodes' slots together."""
+        return self.current_nodes() * self.worker.slots
+
+    def snapshot(self) -> PoolSnapshot:
+        """The nodes as they are now: rank, state, host, slots and the tasks each is running."""
+        with self._lock:
+            pairs = list(zip(self._endpoints, self._channels, strict=False))
+        slots = self.worker.slots
+        nodes = []
+        for rank, (endpoint, ch) in enumerate(pairs):
+            inflight = ch.inflight
+            nodes.append(NodeSnapshot(
+                rank=rank, node=ch.node, state="ready" if ch.lost is None else "lost",
+                host=endpoint.hostname, private_ip=endpoint.private_ip, public_ip=endpoint.public_ip,
+                slots=slots, running=min(inflight, slots), queued=max(0, inflight - slots),
+            ))
+        return PoolSnapshot(pool=self.id, name=self.name, active=self.is_active, nodes=tuple(nodes))
+
+    def resize(self, nodes: NodeSpec) -> None:
         """Change the pool's size (and, with sky.Nodes, its elastic range) now.
 
         Removed nodes finish their running tasks first. With ``Nodes(desired, max=...)`` the
@@ -147,7 +212,7 @@ class Membership(Dispatch):
         """
         self._check_open()
         target = Nodes.of(nodes)
-        if not isinstance(nodes, Nodes) and self._nodes.max is not None and target.desired <= self._nodes.max:
+        if isinstance(nodes, int) and self._nodes.max is not None and target.desired <= self._nodes.max:
             target = Nodes(desired=target.desired, max=self._nodes.max)  # keep the elastic range
         self._nodes = target
         self._scale_to(target.desired)

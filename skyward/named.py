@@ -238,15 +238,17 @@ def _claim(name: str) -> None:
     _destroy_record(existing, reason=f"{st.state}, replaced by a new pool")
 
 
-def provision(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
+def provision(cfg: PoolConfig, options: Options, *, keep: bool,
+              built: tuple[Spec, Worker] | None = None) -> Pool:
     """Start pool ``cfg.name`` and register it. ``keep``: `skyward up` (the nodes stay after
     this process, until their ttl passes with no client); otherwise the pool is this
-    program's and is destroyed when it closes."""
+    program's and is destroyed when it closes. ``built``: the spec and worker already made
+    (`skyward reproduce`), ``cfg.data`` then only describes them for later attaches."""
     from .compute import _select
     from .pool import Pool
     from .providers.base import ProviderConfig
 
-    spec, worker = spec_from(cfg.data)
+    spec, worker = built if built is not None else spec_from(cfg.data)
     if type(spec.provider).attach is ProviderConfig.attach:
         raise ProviderError(
             f"pool {cfg.name!r}: provider {spec.provider.kind!r} cannot run named pools in this "
@@ -435,6 +437,10 @@ def _destroy_record(record: dict[str, Any], reason: str) -> None:
     registry.remove(record["name"])
     audit.append(record["name"], "destroyed", record.get("id", ""), reason=reason,
                  provider=record.get("provider"), stack=_stack_name(record))
+    from . import record as records
+
+    if record.get("id") and records.exists(record["id"]):
+        records.closed(record["id"])
 
 
 def _stack_name(record: dict[str, Any]) -> str | None:

@@ -113,6 +113,8 @@ class Pool(Batches, Membership):
             self._emit(ev.Error(pool=self.id, message=str(exc)))
             self.close()
             raise
+        if self._owned:
+            self._write_record()
         self._emit(ev.ClusterReady(
             pool=self.id, nodes=len(self._channels), seconds=time.monotonic() - self._requested,
         ))
@@ -120,6 +122,18 @@ class Pool(Batches, Membership):
         self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
         self._beat.start()
         self._start_autoscaler()
+
+    def _write_record(self) -> None:
+        """The pool's record (skyward.record): who, where from, the spec, the offer, the lock."""
+        from . import record
+
+        try:
+            self.record: dict[str, Any] | None = record.write(record.for_pool(self))
+        except Exception:  # the pool works without it; say so loudly
+            log.exception("pool %s: writing its record failed; it cannot be reproduced", self.id)
+            self.record = None
+            return
+        self._on_close.append(lambda: record.closed(self.id) if self._owned else None)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:

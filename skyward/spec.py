@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
 from .errors import ConfigError
 
@@ -20,6 +20,11 @@ Allocation = Literal["spot-if-available", "spot", "on-demand", "cheapest"]
 Selection = Literal["cheapest", "first"]
 ConsoleMode = Literal["rich", "minimal", "log", "silent"]
 Executor = Literal["auto", "thread", "process"]
+# The reference API's names for these (exported as sky.AllocationStrategy, ...).
+AllocationStrategy: TypeAlias = Allocation
+SelectionStrategy: TypeAlias = Selection
+WorkerExecutor: TypeAlias = Executor
+Architecture = Literal["x86_64", "arm64"]
 
 _ALLOCATIONS = ("spot-if-available", "spot", "on-demand", "cheapest")
 _ARCHITECTURES = ("x86_64", "arm64")
@@ -57,7 +62,7 @@ class Nodes:
                 )
 
     @classmethod
-    def of(cls, value: int | tuple[int, int] | Nodes) -> Nodes:
+    def of(cls, value: NodeSpec) -> Nodes:
         if isinstance(value, Nodes):
             return value
         if isinstance(value, tuple) and len(value) == 2:
@@ -72,6 +77,10 @@ class Nodes:
                 f"nodes={value} is not valid: a pool needs at least 1 node. Use nodes=1 or more."
             )
         return cls(desired=value)
+
+
+# How many nodes: a count, a (start, max) elastic range, or sky.Nodes(...).
+NodeSpec: TypeAlias = int | tuple[int, int] | Nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +157,7 @@ class Worker:
 
     concurrency: int = 1
     buffer: int = 0
-    executor: Executor = "auto"
+    executor: WorkerExecutor = "auto"
     reuse_processes: bool = True
 
     def __post_init__(self) -> None:
@@ -181,7 +190,7 @@ class Worker:
 class Options:
     """Operational settings of a pool."""
 
-    selection: Selection = "cheapest"
+    selection: SelectionStrategy = "cheapest"
     worker: Worker | None = None
     provision_timeout: int | None = None
     ssh_timeout: int | None = None
@@ -207,6 +216,16 @@ class Options:
             raise ConfigError(f"Options(selection={self.selection!r}) is not valid: use 'cheapest' or 'first'.")
         if self.worker is not None and not isinstance(self.worker, Worker):
             raise ConfigError(f"Options(worker={self.worker!r}) is not valid: pass sky.Worker(...).")
+        if self.health_checker is not None:
+            from .health import HealthChecker
+
+            if not isinstance(self.health_checker, HealthChecker):
+                raise ConfigError(
+                    f"Options(health_checker={self.health_checker!r}) is not valid: pass "
+                    f"sky.HealthChecker(fn, interval=..., ...) with fn(info) returning True when healthy."
+                )
+        if self.max_provision_attempts is not None:
+            _positive_int("Options.max_provision_attempts", self.max_provision_attempts)
         if self.default_compute_timeout is not None and self.default_compute_timeout <= 0:
             raise ConfigError(
                 f"Options(default_compute_timeout={self.default_compute_timeout!r}) is not valid: "
@@ -224,12 +243,12 @@ class Spec:
 
     provider: Any = None
     accelerator: Accelerator | str | None = None
-    nodes: int | tuple[int, int] | Nodes = 1
+    nodes: NodeSpec = 1
     vcpus: float | None = None
     memory_gb: float | None = None
     disk_gb: int | None = None
-    architecture: Literal["x86_64", "arm64"] | None = None
-    allocation: Allocation = "spot-if-available"
+    architecture: Architecture | None = None
+    allocation: AllocationStrategy = "spot-if-available"
     image: Image = field(default_factory=Image)
     region: str | None = None
     max_hourly_cost: float | None = None
@@ -276,6 +295,27 @@ class Spec:
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(Spec))
+# What a pool is opened from (pool.spec): one Spec, with its provider chosen.
+PoolSpec: TypeAlias = Spec
+
+
+class SpecKwargs(TypedDict, total=False):
+    """Spec's fields as keywords: ``sky.Compute(**kwargs)`` and ``Session.compute(**kwargs)``."""
+
+    provider: Any
+    accelerator: Accelerator | str | None
+    nodes: NodeSpec
+    vcpus: float | None
+    memory_gb: float | None
+    disk_gb: int | None
+    architecture: Architecture | None
+    allocation: AllocationStrategy
+    image: Image
+    region: str | None
+    max_hourly_cost: float | None
+    ttl: int
+    volumes: tuple[Any, ...] | list[Any]
+    plugins: tuple[Any, ...] | list[Any]
 
 
 def unknown_field_error(name: str, where: str = "sky.Compute") -> ConfigError:

@@ -69,6 +69,12 @@ class InstanceInfo(BaseModel):
     def hostname(self) -> str:
         return socket.gethostname()
 
+    @classmethod
+    def current(cls) -> InstanceInfo:
+        """The info of the task running in this thread, as ``sky.instance_info()`` (raises
+        NoActivePoolError outside a task)."""
+        return instance_info()
+
 
 _cache: tuple[int, InstanceInfo] | None = None
 

@@ -1,0 +1,301 @@
+"""A pool's lock: the exact Python packages its nodes install, resolved once, by uv, on the client.
+
+Every pool resolves ``Image.pip`` (after plugin transforms) -- plus, on remote nodes, the agent's
+own dependencies -- with ``uv pip compile --generate-hashes`` for the nodes' Python and platform.
+The nodes then install exactly that list with ``--no-deps`` (and ``--require-hashes`` when every
+line has a hash): what the record says is what the nodes have. Reproducing a pool hands the
+recorded list back (``pinned``) and nothing is resolved at all.
+
+Where the packages come from is what pip is configured to use on this machine (``pip config``,
+``PIP_INDEX_URL``/``PIP_EXTRA_INDEX_URL``/``PIP_FIND_LINKS``), plus ``Image.pip_indexes``: the
+wheelhouse is built with pip, so the two must see the same packages. ``UV_*`` settings in the
+environment win over pip's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ProviderError
+
+# Reproducing a pool: the packages of its record, installed as they are (see pinned()).
+_PINNED: contextvars.ContextVar[tuple[Package, ...] | None] = contextvars.ContextVar(
+    "skyward_pinned_packages", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Package:
+    """One locked distribution: canonical name, exact version, the hashes uv gave ("sha256:...")."""
+
+    name: str
+    version: str
+    hashes: tuple[str, ...] = ()
+
+    def line(self, hashes: bool = True) -> str:
+        text = f"{self.name}=={self.version}"
+        if hashes and self.hashes:
+            text += "".join(f" \\\n    --hash={h}" for h in self.hashes)
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "hashes": list(self.hashes)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Package:
+        return cls(canonical(data["name"]), str(data["version"]), tuple(data.get("hashes") or ()))
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def text(packages: Iterable[Package]) -> str:
+    """A requirements file installing exactly ``packages`` (with their hashes when all have one)."""
+    packages = sorted(packages, key=lambda p: p.name)
+    hashes = bool(packages) and all(p.hashes for p in packages)
+    return "".join(p.line(hashes) + "\n" for p in packages)
+
+
+def all_hashed(packages: Sequence[Package]) -> bool:
+    return bool(packages) and all(p.hashes for p in packages)
+
+
+def digest(packages: Iterable[Package]) -> str:
+    return hashlib.sha256(text(packages).encode()).hexdigest()[:16]
+
+
+def parse(requirements: str) -> tuple[Package, ...]:
+    """The packages of a ``uv pip compile`` output (``name==version`` lines, ``--hash`` options)."""
+    joined = re.sub(r"\\\n", " ", requirements)
+    out = []
+    for raw in joined.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;]+)", line)
+        if not m:
+            raise ProviderError(f"cannot read the resolved requirement {line!r} (expected name==version)")
+        out.append(Package(canonical(m[1]), m[2], tuple(re.findall(r"--hash=(\S+)", line))))
+    return tuple(out)
+
+
+# -- the resolver ------------------------------------------------------------------------------
+def uv_binary() -> str:
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except Exception:
+        found = shutil.which("uv")
+        if found:
+            return found
+    raise ProviderError(
+        "uv resolves the packages of every pool and was not found. Install it with `pip install uv` "
+        "(it is a dependency of skyward, so reinstalling skyward also works)."
+    )
+
+
+@functools.cache
+def uv_version() -> str:
+    try:
+        out = subprocess.run([uv_binary(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "uv"
+    return out.strip() or "uv"
+
+
+@functools.cache
+def _pip_config() -> dict[str, str]:
+    """pip's own settings on this machine (``pip config list``): key -> value."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        out[key.split(".", 1)[-1].strip()] = value.strip().strip("'\"")
+    return out
+
+
+def sources(indexes: Sequence[str] = ()) -> list[str]:
+    """uv options naming the package sources pip uses here, plus the pool's own indexes."""
+    pip = _pip_config()
+    env = os.environ
+
+    def setting(name: str) -> str:
+        return env.get(f"PIP_{name.upper().replace('-', '_')}") or pip.get(name, "")
+
+    args: list[str] = ["--index-strategy", "unsafe-best-match"]  # like pip: the best version anywhere
+    if not (env.get("UV_INDEX_URL") or env.get("UV_DEFAULT_INDEX")) and setting("index-url"):
+        args += ["--index-url", setting("index-url")]
+    for url in [*indexes, *setting("extra-index-url").split()]:
+        args += ["--extra-index-url", url]
+    for link in setting("find-links").split():
+        args += ["--find-links", link]
+    return args
+
+
+def node_platform(architecture: str | None) -> str:
+    """uv's --python-platform for Linux nodes of this architecture (default: this machine's)."""
+    import platform
+
+    arch = (architecture or platform.machine()).lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+    return f"{arch}-manylinux_2_28"
+
+
+def _compile(requirements: Sequence[str], options: list[str], what: str) -> subprocess.CompletedProcess[str]:
+    cmd = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", *options]
+    try:
+        return subprocess.run(cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "UV_NO_PROGRESS": "1"})
+    except subprocess.TimeoutExpired:
+        raise ProviderError(f"resolving {what} with uv took more than 600 s; is the package index reachable?") from None
+
+
+def _target(python: str, platform: str | None) -> list[str]:
+    if platform is None:  # this interpreter, this machine
+        return ["--python", python] if os.sep in python else ["--python-version", python]
+    return ["--python-version", python, "--python-platform", platform]
+
+
+def resolve(requirements: Sequence[str], *, python: str, platform: str | None = None,
+            indexes: Sequence[str] = ()) -> tuple[Package, ...]:
+    """Resolve ``requirements`` once, with hashes, for ``python`` (a version such as "3.12", or an
+    interpreter's path) on ``platform`` (uv's --python-platform; None: this machine)."""
+    if not requirements:
+        return ()
+    proc = _compile(requirements, ["--generate-hashes", *_target(python, platform), *sources(indexes)],
+                    "the pool's packages")
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise ProviderError(
+            f"could not resolve the pool's packages {list(requirements)} for Python {python}"
+            f"{f' on {platform}' if platform else ''} (uv exit code {proc.returncode}); every pool "
+            f"resolves them once on this machine, so its package index must be reachable from here. "
+            f"Check the requirement names and versions. uv said:\n{tail}"
+        )
+    return parse(proc.stdout)
+
+
+def unavailable(packages: Sequence[Package], *, python: str, platform: str | None = None,
+                indexes: Sequence[str] = ()) -> list[str]:
+    """Which of these exact versions the package sources no longer offer (yanked, removed, or
+    never there), checked without installing: [] when all can be had."""
+    if not packages:
+        return []
+    reqs = [f"{p.name}=={p.version}" for p in packages]
+    proc = _compile(reqs, ["--no-deps", *_target(python, platform), *sources(indexes)], "the recorded packages")
+    if proc.returncode == 0:
+        return []
+    named = re.findall(r"no (?:matching )?versions? of ([A-Za-z0-9._-]+)==([^\s,]+?)(?:\s|,|$)", proc.stderr)
+    if named:
+        return [f"{canonical(n)}=={v.rstrip('.')} is not available from the package index any more "
+                f"(yanked or removed)" for n, v in dict.fromkeys(named)]
+    return ["the package index could not provide the recorded versions: "
+            + " ".join(proc.stderr.strip().splitlines()[-3:])]
+
+
+# -- what this interpreter already has (Local nodes run it) ------------------------------------
+def installed(requirements: Iterable[str]) -> tuple[Package, ...]:
+    """The installed distributions these requirements use here, with their dependency closure
+    (versions only: the installer recorded no hashes)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    todo: list[tuple[str, frozenset[str]]] = []
+    for r in requirements:
+        try:
+            req = Requirement(r)
+        except InvalidRequirement:
+            continue
+        todo.append((req.name, frozenset(req.extras)))
+    seen: dict[str, Package] = {}
+    done: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name, extras = todo.pop()
+        if (canonical(name), extras) in done:
+            continue
+        done.add((canonical(name), extras))
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        seen[canonical(name)] = Package(canonical(dist.metadata["Name"] or name), dist.version)
+        for text_ in dist.requires or ():
+            try:
+                dep = Requirement(text_)
+            except InvalidRequirement:
+                continue
+            envs = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if dep.marker is None or any(dep.marker.evaluate(e) for e in envs):
+                todo.append((dep.name, frozenset(dep.extras)))
+    return tuple(sorted(seen.values(), key=lambda p: p.name))
+
+
+def installed_version(name: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+# -- reproducing: the recorded packages, handed to whichever provider builds the nodes ----------
+@contextlib.contextmanager
+def pinned(packages: Sequence[Package] | None) -> Iterator[None]:
+    """Clusters made inside this block install ``packages`` as they are, resolving nothing."""
+    token = _PINNED.set(tuple(packages) if packages is not None else None)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def current_pin() -> tuple[Package, ...] | None:
+    """The packages of the pool being reproduced (None: resolve as usual). Clusters read it when
+    they are made, in the thread that opens the pool."""
+    return _PINNED.get()
+
+
+def apt_versions(packages: Sequence[str]) -> dict[str, str]:
+    """Installed versions of these Debian packages on this machine ({} without dpkg)."""
+    names = [p.split("=", 1)[0] for p in packages]
+    if not names or shutil.which("dpkg-query") is None:
+        return {}
+    proc = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\n", *names],
+                          capture_output=True, text=True)
+    return dict(line.split("\t", 1) for line in proc.stdout.splitlines() if "\t" in line)
+
+
+def describe(packages: Sequence[Package], *, python: str, platform: str | None, indexes: Sequence[str],
+             apt: dict[str, str] | None = None, pinned_from: bool = False, **extra: Any) -> dict[str, Any]:
+    """The lock as the pool's record keeps it."""
+    from skyward import __version__
+
+    return {
+        "python": python,
+        "platform": platform or f"{sys.platform}-{os.uname().machine}",
+        "packages": [p.to_json() for p in sorted(packages, key=lambda p: p.name)],
+        "apt": dict(sorted((apt or {}).items())),
+        "skyward": __version__,
+        "resolver": uv_version(),
+        "indexes": list(indexes),
+        "pinned": pinned_from,
+        **extra,
+    }

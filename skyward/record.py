@@ -1,0 +1,548 @@
+"""Every pool's record: who opened it, when, from where, what it was asked for, what it got.
+
+A record is written once, when a pool's nodes are ready, as ``SKYWARD_HOME/records/<id>.json``
+(0600, never rewritten), and its SHA-256 goes into the audit trail (``audit._pools.jsonl``, hash
+chained), so a record that was edited afterwards is refused. It holds:
+
+* ``who``/``created``/``origin``: user@host, time, the script, its arguments, the working
+  directory, and the git commit and dirty flag when the script runs inside a git repository;
+* ``spec``/``worker``: what the pool was asked for, as plain JSON (Image.env values whose name
+  or type says they are secret are kept as a hash only); ``rebuild`` holds the same objects
+  pickled (providers, plugins and volumes included, secrets left out) for ``reproduce``;
+* ``offer``/``hourly_cost``/``nodes``: what was chosen and its price per node-hour;
+* ``lock``: what the nodes installed exactly (skyward.pkglock) -- packages with versions and
+  hashes, apt versions, the Python version the nodes run, skyward's version, and for clouds
+  the image id, instance type, region and zone.
+
+``reproduce`` turns a record back into a spec with all of that pinned and says what cannot be
+the same before anything is created; ``diff`` compares two records.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import audit
+from .errors import RecordError
+from .paths import skyward_home
+
+if TYPE_CHECKING:
+    from .pool import Pool
+    from .spec import Spec, Worker
+
+FORMAT = 1
+# The record being reproduced by the pool opened now (its id): the new record names it.
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("skyward_reproduces", default=None)
+
+
+def records_dir() -> Path:
+    path = skyward_home() / "records"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def digest(record: dict[str, Any]) -> str:
+    """The SHA-256 of a record's canonical JSON: what the trail keeps."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# -- where a pool came from ----------------------------------------------------------------------
+def origin() -> dict[str, Any]:
+    """The script, its arguments, the working directory and the git state around the script."""
+    argv = list(sys.argv)
+    script = argv[0] if argv else ""
+    path = Path(script).resolve() if script and Path(script).is_file() else None
+    cwd = os.getcwd()
+    return {
+        "script": str(path) if path else (script or None),
+        "argv": argv[1:],
+        "cwd": cwd,
+        "python": sys.executable,
+        "git": _git(path.parent if path else Path(cwd)),
+    }
+
+
+def _git(folder: Path) -> dict[str, Any] | None:
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    root = git("rev-parse", "--show-toplevel")
+    if root is None:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"root": root, "commit": git("rev-parse", "HEAD"), "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+            "dirty": bool(status) if status is not None else None}
+
+
+# -- the spec as plain data ----------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"type": type(value).__name__}
+        for f in dataclasses.fields(value):
+            if not f.init or f.name.startswith("_") or not f.compare:
+                continue  # derived or operational (a provider's workspace)
+            out[f.name] = _plain(getattr(value, f.name))
+        return out
+    if isinstance(value, str | int | float | bool | type(None)):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value))
+    return repr(value)
+
+
+def _secret(name: str, value: str) -> bool:
+    from .secrets import Secret, is_secret_name
+
+    return isinstance(value, Secret) or is_secret_name(name)
+
+
+def masked(value: str) -> str:
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def spec_view(spec: Spec, worker: Worker) -> dict[str, Any]:
+    """What the pool was asked for, as JSON (secret env values as a hash only)."""
+    image = spec.image
+    view = _plain(spec)
+    view.pop("type", None)
+    view["accelerator"] = None if spec.accelerator is None else str(spec.accelerator)
+    view["image"]["env"] = {k: masked(v) if _secret(k, v) else v for k, v in image.env.items()}
+    view["image"]["metrics"] = repr(image.metrics)
+    view["provider"] = {"kind": getattr(spec.provider, "kind", "?"), **_plain(spec.provider)}
+    view["worker"] = _plain(worker)
+    return view
+
+
+def _rebuild_blob(spec: Spec, worker: Worker) -> str:
+    """The spec and worker pickled, without the values of secret env variables."""
+    import cloudpickle
+
+    image = spec.image
+    env = {k: v for k, v in image.env.items() if not _secret(k, v)}
+    if env != dict(image.env):
+        spec = dataclasses.replace(spec, image=dataclasses.replace(image, env=env))
+    return base64.b64encode(cloudpickle.dumps((spec, worker))).decode()
+
+
+# -- writing -----------------------------------------------------------------------------------
+def for_pool(pool: Pool) -> dict[str, Any]:
+    """The record of a pool whose nodes are ready."""
+    from skyward import __version__
+
+    spec, cluster = pool.spec, pool._cluster
+    provider = spec.provider
+    lock = dict(cluster.lock or {}) or {"packages": [], "apt": {}, "skyward": __version__}
+    facts = pool._channels[0].facts if pool._channels else {}
+    if facts.get("python"):
+        lock["python"] = facts["python"]  # what the nodes run, to the patch release
+    cloud = getattr(cluster, "cloud_lock", None)
+    if callable(cloud):
+        lock["cloud"] = cloud()
+    offer = getattr(provider, "offer", None)
+    try:
+        chosen = _plain(offer(spec)) if callable(offer) else f"{provider.kind}: machines of this provider"
+    except Exception as exc:  # the pool runs already: a catalogue that changed must not stop it
+        chosen = f"unknown ({exc})"
+    cost = provider.hourly_cost(spec)
+    who = audit.who()
+    return {
+        "format": FORMAT,
+        "id": pool.id,
+        "name": pool.name,
+        "provider": getattr(provider, "kind", "?"),
+        "created": time.time(),
+        "who": who,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "origin": origin(),
+        "spec": spec_view(spec, pool.worker),
+        "nodes": pool.current_nodes(),
+        "offer": chosen,
+        "hourly_cost": cost,
+        "total_hourly_cost": None if cost is None else round(cost * pool.current_nodes(), 4),
+        "lock": lock,
+        "reproduces": _SOURCE.get(),
+        "rebuild": _rebuild_blob(spec, pool.worker),
+    }
+
+
+def write(record: dict[str, Any]) -> dict[str, Any]:
+    """Store a record (atomically, 0600) and put its hash in the trail."""
+    folder = records_dir()
+    fd, tmp = tempfile.mkstemp(prefix=f".{record['id']}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+        os.replace(tmp, folder / f"{record['id']}.json")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    lock = record.get("lock") or {}
+    audit.append(audit.POOLS, "recorded", record["id"], pool_name=record.get("name"),
+                 provider=record.get("provider"), nodes=record.get("nodes"), offer=_offer_text(record),
+                 hourly_cost=record.get("total_hourly_cost"), script=(record.get("origin") or {}).get("script"),
+                 commit=((record.get("origin") or {}).get("git") or {}).get("commit"),
+                 packages=len(lock.get("packages") or []), reproduces=record.get("reproduces"),
+                 record_sha256=digest(record))
+    return record
+
+
+def closed(pool_id: str) -> None:
+    audit.append(audit.POOLS, "closed", pool_id)
+
+
+def _offer_text(record: dict[str, Any]) -> str:
+    offer = record.get("offer")
+    if isinstance(offer, dict):
+        return f"{offer.get('instance_type')} in {offer.get('region')}"
+    return str(offer)
+
+
+# -- reading -----------------------------------------------------------------------------------
+def read(pool_id: str) -> dict[str, Any]:
+    path = records_dir() / f"{pool_id}.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordError(
+            f"no pool with id {pool_id!r} was recorded here; `skyward history` lists the recent pools "
+            f"and their ids."
+        ) from None
+    except ValueError as exc:
+        raise RecordError(f"the record of pool {pool_id} ({path}) is not valid JSON ({exc}): it was changed.") from None
+    return data
+
+
+def exists(pool_id: str) -> bool:
+    return (records_dir() / f"{pool_id}.json").is_file()
+
+
+def trail() -> dict[str, dict[str, Any]]:
+    """pool id -> {"recorded": trail entry, "closed": time or None}."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in audit.read(audit.POOLS):
+        pool = str(e.get("pool"))
+        if e.get("event") == "recorded":
+            out[pool] = {"recorded": e, "closed": None}
+        elif e.get("event") == "closed" and pool in out:
+            out[pool]["closed"] = e.get("time")
+    return out
+
+
+def recent(limit: int = 20) -> list[dict[str, Any]]:
+    """The newest records first."""
+    records = []
+    for path in sorted(records_dir().glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[: max(limit, 0)]:
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text()))
+    return sorted(records, key=lambda r: r.get("created", 0), reverse=True)
+
+
+def verified(pool_id: str) -> dict[str, Any]:
+    """The record, checked against the hash the trail kept when it was written."""
+    record = read(pool_id)
+    entry = trail().get(pool_id, {}).get("recorded")
+    if entry is None:
+        raise RecordError(
+            f"the record of pool {pool_id} is not in the audit trail ({audit.POOLS}.jsonl), so it cannot "
+            f"be trusted; it was copied in by hand or the trail was cut. `skyward history --verify` checks the trail."
+        )
+    if entry.get("record_sha256") != digest(record):
+        raise RecordError(
+            f"the record of pool {pool_id} was changed after it was written (its hash no longer matches the "
+            f"one in the audit trail); refusing to use it. Restore it from a backup, or reproduce another pool."
+        )
+    return record
+
+
+def summary(record: dict[str, Any], closed_at: float | None = None) -> dict[str, Any]:
+    origin_ = record.get("origin") or {}
+    git = origin_.get("git") or {}
+    lock = record.get("lock") or {}
+    return {
+        "id": record.get("id"), "name": record.get("name"), "provider": record.get("provider"),
+        "created": record.get("created"), "who": record.get("who"), "nodes": record.get("nodes"),
+        "script": origin_.get("script"), "commit": git.get("commit"), "dirty": git.get("dirty"),
+        "packages": len(lock.get("packages") or []), "hourly_cost": record.get("total_hourly_cost"),
+        "reproduces": record.get("reproduces"), "closed": closed_at,
+    }
+
+
+# -- diff ----------------------------------------------------------------------------------------
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """What differs between two records: [{"what", "key", "a", "b"}], packages first."""
+    out: list[dict[str, Any]] = []
+    la, lb = a.get("lock") or {}, b.get("lock") or {}
+    pa = {p["name"]: p["version"] for p in la.get("packages") or []}
+    pb = {p["name"]: p["version"] for p in lb.get("packages") or []}
+    for name in sorted(pa.keys() | pb.keys()):
+        if pa.get(name) != pb.get(name):
+            what = "added" if name not in pa else "removed" if name not in pb else "changed"
+            out.append({"what": f"package {what}", "key": name, "a": pa.get(name), "b": pb.get(name)})
+    aa, ab = la.get("apt") or {}, lb.get("apt") or {}
+    for name in sorted(aa.keys() | ab.keys()):
+        if aa.get(name) != ab.get(name):
+            out.append({"what": "apt", "key": name, "a": aa.get(name), "b": ab.get(name)})
+    for key in ("python", "skyward", "platform"):
+        if la.get(key) != lb.get(key):
+            out.append({"what": key, "key": key, "a": la.get(key), "b": lb.get(key)})
+    ca, cb = la.get("cloud") or {}, lb.get("cloud") or {}
+    for key in sorted(ca.keys() | cb.keys()):
+        if ca.get(key) != cb.get(key):
+            out.append({"what": "cloud", "key": key, "a": ca.get(key), "b": cb.get(key)})
+    fa, fb = _flat(a.get("spec") or {}), _flat(b.get("spec") or {})
+    for key in sorted(fa.keys() | fb.keys()):
+        if fa.get(key) != fb.get(key):
+            out.append({"what": "spec", "key": key, "a": fa.get(key), "b": fb.get(key)})
+    for key in ("provider", "offer", "hourly_cost"):
+        if a.get(key) != b.get(key):
+            out.append({"what": key, "key": key, "a": a.get(key), "b": b.get(key)})
+    return out
+
+
+# -- reproduce -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Reproduction:
+    """A record turned back into a pool: the spec with everything pinned, the packages to install
+    as they are, and what cannot be the same (said before anything is created)."""
+
+    source: str
+    spec: Spec
+    worker: Worker
+    packages: tuple[Any, ...]
+    differences: tuple[str, ...]
+    record: dict[str, Any]
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Pools opened inside install the recorded packages and record what they reproduce."""
+        from .pkglock import pinned
+
+        token = _SOURCE.set(self.source)
+        try:
+            with pinned(self.packages):
+                yield
+        finally:
+            _SOURCE.reset(token)
+
+
+def reproduction(pool_id: str, provider: Any = None) -> Reproduction:
+    """Pin a record's spec: package versions (the lock), Python, apt versions, the image id,
+    instance type and region; ``provider``: use this one instead of the recorded one (same kind;
+    e.g. other credentials), with the recorded image, instance type and region put in."""
+    import cloudpickle
+
+    from skyward import __version__
+
+    from .pkglock import Package
+
+    record = verified(pool_id)
+    spec, worker = cloudpickle.loads(base64.b64decode(record["rebuild"]))
+    lock = record.get("lock") or {}
+    notes: list[str] = []
+    recorded_kind = record.get("provider")
+    if provider is not None:
+        if getattr(provider, "kind", None) != recorded_kind:
+            raise RecordError(
+                f"pool {pool_id} ran on provider {recorded_kind!r}; reproduce it with a provider of that "
+                f"kind (got {getattr(provider, 'kind', provider)!r}), or leave provider= out."
+            )
+        spec = dataclasses.replace(spec, provider=provider)
+    spec = _pin_image(spec, record, lock, notes)
+    spec = _pin_cloud(spec, lock.get("cloud") or {}, notes)
+    if lock.get("skyward") and lock["skyward"] != __version__:
+        notes.append(f"skyward is {__version__} here and the pool ran {lock['skyward']}: nodes always run "
+                     f"the client's skyward")
+    packages = tuple(Package.from_json(p) for p in lock.get("packages") or [])
+    notes += _agent_versions(packages, record)
+    why = spec.provider.check(spec)
+    if why is not None:
+        notes.append(f"the recorded machines cannot be had: {why}")
+    else:
+        cost = spec.provider.hourly_cost(spec)
+        was = record.get("hourly_cost")
+        if cost is not None and was is not None and abs(float(cost) - float(was)) > 1e-9:
+            notes.append(f"the price changed: ${float(was):.4g}/h per node then, ${float(cost):.4g}/h now")
+    notes += _unavailable(spec, record, packages)
+    return Reproduction(pool_id, spec, worker, packages, tuple(notes), record)
+
+
+def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: list[str]) -> Spec:
+    image = spec.image
+    changes: dict[str, Any] = {}
+    python = str(lock.get("python") or "")
+    minor = ".".join(python.split(".")[:2])
+    if minor and image.python == "auto" and record.get("provider") != "local":
+        changes["python"] = minor
+    if record.get("provider") == "local" and python:
+        import platform
+
+        if platform.python_version() != python:
+            notes.append(f"Local nodes run this interpreter, Python {platform.python_version()}; the pool ran {python}")
+    apt = lock.get("apt") or {}
+    if apt and record.get("provider") != "local":
+        changes["apt"] = tuple(f"{p.split('=', 1)[0]}={apt[p.split('=', 1)[0]]}" if p.split("=", 1)[0] in apt else p
+                               for p in image.apt)
+    recorded_env = ((record.get("spec") or {}).get("image") or {}).get("env") or {}
+    env = dict(image.env)
+    for name, value in recorded_env.items():
+        if name in env or not str(value).startswith("sha256:"):
+            continue
+        here = os.environ.get(name)
+        if here is None:
+            notes.append(f"Image.env {name} was secret and is not recorded; set {name} in this environment "
+                         f"to give the nodes the same value")
+        else:
+            env[name] = here
+            if masked(here) != value:
+                notes.append(f"Image.env {name} is taken from this environment and differs from the recorded one")
+    if env != dict(image.env):
+        changes["env"] = env
+    return dataclasses.replace(spec, image=dataclasses.replace(image, **changes)) if changes else spec
+
+
+def _pin_cloud(spec: Spec, cloud: dict[str, Any], notes: list[str]) -> Spec:
+    """The recorded image id, instance type, region and zone, on the provider's own settings."""
+    provider = spec.provider
+    if not cloud or not dataclasses.is_dataclass(provider):
+        return spec
+    names = {f.name for f in dataclasses.fields(provider)}
+    image_field = "ami" if "ami" in names else "image" if "image" in names else None
+    pins: dict[str, Any] = {}
+    if image_field and cloud.get("image"):
+        pins[image_field] = cloud["image"]
+    elif image_field:
+        notes.append("the image id the pool ran is not recorded: the provider looks up the current one")
+    for key in ("instance_type", "region", "zone"):
+        if key in names and cloud.get(key):
+            pins[key] = cloud[key]
+    if not pins:
+        return spec
+    changes: dict[str, Any] = {"provider": dataclasses.replace(provider, **pins)}  # type: ignore[type-var]
+    if spec.region is not None and cloud.get("region"):
+        changes["region"] = cloud["region"]
+    return dataclasses.replace(spec, **changes)
+
+
+def _agent_versions(packages: tuple[Any, ...], record: dict[str, Any]) -> list[str]:
+    """The agent's own dependencies are the client's versions on remote nodes (one pickle format)."""
+    if record.get("provider") == "local":
+        return []
+    from .pkglock import installed_version
+
+    notes = []
+    for p in packages:
+        if p.name in ("cloudpickle", "lz4", "pydantic"):
+            here = installed_version(p.name)
+            if here is not None and here != p.version:
+                notes.append(f"{p.name} is {here} here and the pool ran {p.version}: the agent needs the "
+                             f"client's version")
+    return notes
+
+
+def _unavailable(spec: Spec, record: dict[str, Any], packages: tuple[Any, ...]) -> list[str]:
+    from .pkglock import installed_version, unavailable
+
+    lock = record.get("lock") or {}
+    indexes = [ix.url for ix in spec.image.pip_indexes]
+    if record.get("provider") == "local":
+        needed = [p for p in packages if installed_version(p.name) != p.version]
+        return unavailable(needed, python=sys.executable, indexes=indexes)
+    wheelhouse = getattr(spec.provider, "install", "wheelhouse") == "wheelhouse"
+    python = sys.executable if wheelhouse else str(lock.get("python") or "3")
+    python = python if wheelhouse else ".".join(python.split(".")[:2])
+    platform = None if wheelhouse else lock.get("platform")
+    return unavailable(packages, python=python, platform=platform, indexes=indexes)
+
+
+def say(rep: Reproduction, strict: bool) -> None:
+    """Warn about each difference; with ``strict``, refuse (RecordError) when there is any."""
+    import warnings
+
+    if strict and rep.differences:
+        raise RecordError(
+            f"pool {rep.source} cannot be reproduced exactly (--strict):\n"
+            + "\n".join(f"  - {d}" for d in rep.differences)
+            + "\nNothing was created. Drop strict to go on with these differences."
+        )
+    for d in rep.differences:
+        warnings.warn(f"reproducing pool {rep.source}: {d}", stacklevel=4)
+
+
+def config_data(spec: Spec, worker: Worker) -> dict[str, Any]:
+    """A named pool's settings (skyward.toml's form, see named.spec_from) describing ``spec``:
+    what the registry keeps so that later attaches rebuild the same pool."""
+    provider = spec.provider
+    kind = getattr(provider, "kind", "local")
+    options: dict[str, Any] = {}
+    if dataclasses.is_dataclass(provider):
+        for f in dataclasses.fields(provider):
+            if not f.init or not f.compare or f.name.startswith("_"):
+                continue
+            value = getattr(provider, f.name)
+            if f.default is not dataclasses.MISSING and value == f.default:
+                continue
+            options[f.name] = _config_value(value)
+    image = spec.image
+    nodes = spec.node_spec
+    data: dict[str, Any] = {
+        "provider": kind, kind: options,
+        "nodes": {k: v for k, v in (("desired", nodes.desired), ("max", nodes.max), ("min", nodes.min))
+                  if v is not None},
+        "image": {
+            "python": image.python, "pip": list(image.pip), "apt": list(image.apt), "env": dict(image.env),
+            "shell_vars": dict(image.shell_vars), "includes": list(image.includes),
+            "excludes": list(image.excludes),
+            "pip_indexes": [{"url": ix.url, "packages": list(ix.packages)} for ix in image.pip_indexes],
+            **({"metrics": False} if image.metrics is None else {}),
+        },
+        "worker": {f.name: getattr(worker, f.name) for f in dataclasses.fields(worker)},
+        "accelerator": None if spec.accelerator is None else str(spec.accelerator),
+        "allocation": spec.allocation, "ttl": spec.ttl,
+    }
+    for key in ("vcpus", "memory_gb", "disk_gb", "architecture", "region", "max_hourly_cost"):
+        if getattr(spec, key) is not None:
+            data[key] = getattr(spec, key)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def _config_value(value: Any) -> Any:
+    if type(value).__name__ == "SSHHost":
+        h: Any = value
+        host = f"[{h.address}]" if ":" in h.address else h.address
+        return (f"{h.user}@" if h.user else "") + host + (f":{h.port}" if h.port else "")
+    if isinstance(value, list | tuple):
+        return [_config_value(v) for v in value]
+    return value

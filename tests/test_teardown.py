@@ -133,13 +133,12 @@ def parent():
     return os.getppid()
 
 with sky.Compute(nodes=2, ttl=3) as pool:
-    print(" ".join(map(str, parent() @ pool)), flush=True)
+    print(pool.id, " ".join(map(str, parent() @ pool)), flush=True)
     time.sleep(600)
 """
 
 
 def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
-    before = pool_dirs()
     (tmp_path / "reaper.py").write_text(REAPER)
     (tmp_path / "client.py").write_text(CLIENT)
     reaper = subprocess.Popen(
@@ -147,9 +146,13 @@ def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert reaper.stdin is not None and reaper.stdout is not None
-    pids = [int(p) for p in reaper.stdout.readline().split()]
+    pool_id, *agents = reaper.stdout.readline().split()
+    pids = [int(p) for p in agents]
+    # This pool's folders only: other skyward processes on the machine have their own.
+    ours = {d for d in pool_dirs() if Path(d).name.startswith(f"skyward-{pool_id}-")}
     try:
         assert len(pids) == 2 and all(alive(p) for p in pids)
+        assert len(ours) == 2, ours  # its working folder and its shared-memory folder
         reaper.stdin.write("go\n")
         reaper.stdin.flush()
         elapsed = float(reaper.stdout.readline())
@@ -157,7 +160,7 @@ def test_killed_client_agents_exit_within_ttl(tmp_path: Path) -> None:
         print(f"agents exited {elapsed:.2f} s after the client was killed")
         assert elapsed < 3 + 3, f"agents took {elapsed:.1f} s to exit after the client died (ttl 3 s)"
         assert not any(alive(p) for p in pids)
-        assert pool_dirs() == before  # the agents removed the pool's folders too
+        assert not any(Path(d).exists() for d in ours)  # the agents removed the pool's folders too
     finally:
         reaper.kill()
         reaper.wait()

@@ -42,7 +42,7 @@ start=$(date +%s); last=$start
 stop_node() {{
   logger -t skyward "$1: removing this node" 2>/dev/null || echo "skyward: $1: removing this node" >&2
   if [ "$cloud" = gcp ]; then
-    if /usr/local/sbin/skyward-self-delete; then exit 0; fi
+    if "${{SKYWARD_SELF_DELETE:-/usr/local/sbin/skyward-self-delete}}"; then exit 0; fi
     logger -t skyward "self-delete refused: powering off instead" 2>/dev/null || true
   fi
   systemctl poweroff || shutdown -h now || poweroff
@@ -52,7 +52,7 @@ while sleep "$interval"; do
   now=$(date +%s)
   if [ "$deadline" -gt 0 ] && [ "$now" -ge "$deadline" ]; then stop_node "the pool reached its max_duration"; fi
   [ "$ttl" -gt 0 ] || continue
-  if pgrep -f 'skyward[.]bootstrap[.]agent' >/dev/null; then last=$now; fi
+  if pgrep -f "${{SKYWARD_AGENT_PATTERN:-skyward[.]bootstrap[.]agent}}" >/dev/null; then last=$now; fi
   limit=$ttl
   if [ "$last" -eq "$start" ]; then limit=$((ttl + grace)); fi
   if [ $((now - last)) -ge "$limit" ]; then stop_node "no skyward agent for ${{limit}}s"; fi

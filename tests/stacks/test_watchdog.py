@@ -1,0 +1,221 @@
+"""The cloud nodes' TTL watchdog and self-delete, run for real (bash and python3) with short
+TTLs against fakes of what they call: an HTTP server on loopback standing for the GCE metadata
+server and the compute API, and ``systemctl``/``shutdown``/``poweroff`` on PATH that record
+the power-off instead of doing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stackfakes import make_plan
+
+from skyward.stacks import userdata
+from skyward.stacks.plan import DiskPlan
+
+TOKEN = "ya29.fake-token"
+
+
+class FakeGoogle(ThreadingHTTPServer):
+    """The metadata server and the compute API in one (paths do not overlap)."""
+
+    def __init__(self, refuse_delete: bool = False) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.refuse_delete = refuse_delete
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeGoogle
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self) -> None:
+        self.server.requests.append((self.command, self.path, dict(self.headers)))
+        md = {"/md/instance/service-accounts/default/token": json.dumps({"access_token": TOKEN}),
+              "/md/project/project-id": "proj", "/md/instance/zone": "projects/123/zones/us-east1-c",
+              "/md/instance/name": "sky-train-0"}
+        if self.path.startswith("/md/"):
+            ok = self.headers.get("Metadata-Flavor") == "Google"
+            body, code = (md.get(self.path, ""), 200) if ok else ("missing Metadata-Flavor", 403)
+        elif self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            body, code = "no token", 401
+        elif self.command == "DELETE" and self.server.refuse_delete:
+            body, code = '{"error": {"code": 403, "message": "Required compute.instances.delete"}}', 403
+        else:
+            body, code = '{"kind": "compute#operation"}', 200
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = _answer
+
+
+@pytest.fixture
+def google() -> Iterator[FakeGoogle]:
+    server = FakeGoogle()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class Node:
+    """A directory standing for a node: the scripts, fake power commands, what they recorded."""
+
+    def __init__(self, root: Path, plan: Any, cloud: str, google: FakeGoogle | None = None) -> None:
+        self.root, self.log = root, root / "poweroff.log"
+        self.pattern = f"skyward-test-agent-{uuid.uuid4().hex}"
+        bin_dir = root / "bin"
+        bin_dir.mkdir(parents=True)
+        for tool in ("systemctl", "shutdown", "poweroff"):
+            (bin_dir / tool).write_text(f'#!/bin/bash\necho "{tool} $* $(date +%s)" >> {self.log}\n')
+            (bin_dir / tool).chmod(0o755)
+        (bin_dir / "logger").write_text("#!/bin/bash\nexit 0\n")
+        (bin_dir / "logger").chmod(0o755)
+        self.watchdog = root / "skyward-watchdog"
+        self.watchdog.write_text(userdata.watchdog_script(plan, cloud))
+        self.watchdog.chmod(0o755)
+        self.self_delete = root / "skyward-self-delete"
+        self.self_delete.write_text(userdata.self_delete_script(plan))
+        self.self_delete.chmod(0o755)
+        self.env = {
+            **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SKYWARD_WATCHDOG_INTERVAL": "0.3",
+            "SKYWARD_AGENT_PATTERN": self.pattern, "SKYWARD_SELF_DELETE": str(self.self_delete),
+        }
+        if google is not None:
+            self.env.update(SKYWARD_METADATA_URL=f"{google.url}/md", SKYWARD_COMPUTE_URL=f"{google.url}/compute/v1")
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> float:
+        started = time.time()
+        self.proc = subprocess.Popen([str(self.watchdog)], env=self.env)
+        self.procs.append(self.proc)
+        return started
+
+    def agent(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", self.pattern])
+        self.procs.append(proc)
+        return proc
+
+    def powered_off(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Any]:
+    made: list[Node] = []
+
+    def make(plan: Any, cloud: str = "aws", google: FakeGoogle | None = None) -> Node:
+        node = Node(tmp_path / f"node{len(made)}", plan, cloud, google)
+        made.append(node)
+        return node
+
+    try:
+        yield make
+    finally:
+        for node in made:
+            node.close()
+
+
+def test_aws_node_powers_off_after_the_ttl_not_before(nodes: Any) -> None:
+    node = nodes(replace(make_plan(ttl=2), grace=0), "aws")
+    started = node.start()
+    assert node.wait_exit(30) == 0
+    (line,) = node.powered_off()
+    assert line.startswith("systemctl poweroff")
+    assert int(line.split()[-1]) >= int(started) + 2, "powered off before the TTL"
+
+
+def test_no_power_off_while_an_agent_runs(nodes: Any) -> None:
+    node = nodes(replace(make_plan(ttl=2), grace=0), "aws")
+    agent = node.agent()
+    node.start()
+    assert node.wait_exit(5) is None, "the watchdog stopped a node whose agent runs"
+    assert node.powered_off() == []
+    agent.kill()
+    agent.wait()
+    stopped = time.time()
+    assert node.wait_exit(30) == 0
+    (line,) = node.powered_off()
+    assert int(line.split()[-1]) >= int(stopped) + 1
+
+
+def test_the_deadline_stops_a_node_even_with_an_agent_and_no_ttl(nodes: Any) -> None:
+    plan = replace(make_plan(ttl=0), expires=int(time.time()) + 2)
+    node = nodes(plan, "aws")
+    node.agent()
+    node.start()
+    assert node.wait_exit(30) == 0
+    assert node.powered_off()[0].startswith("systemctl poweroff")
+
+
+def test_gcp_node_deletes_itself_with_its_disks(nodes: Any, google: FakeGoogle) -> None:
+    plan = replace(make_plan(ttl=1, disks=(DiskPlan(10, "/a"), DiskPlan(10, "/b"))), grace=0)
+    node = nodes(plan, "gcp", google)
+    node.start()
+    assert node.wait_exit(30) == 0
+    assert node.powered_off() == [], "a GCP node that could delete itself powered off (a stopped VM bills disks)"
+    calls = [(m, p) for m, p, _ in google.requests if p.startswith("/compute")]
+    base = "/compute/v1/projects/proj/zones/us-east1-c/instances/sky-train-0"
+    assert calls == [("POST", f"{base}/setDiskAutoDelete?autoDelete=true&deviceName=disk-0"),
+                     ("POST", f"{base}/setDiskAutoDelete?autoDelete=true&deviceName=disk-1"),
+                     ("DELETE", base)]
+
+
+def test_gcp_node_powers_off_when_its_delete_is_refused(nodes: Any, google: FakeGoogle) -> None:
+    google.refuse_delete = True
+    node = nodes(replace(make_plan(ttl=1), grace=0), "gcp", google)
+    node.start()
+    assert node.wait_exit(30) == 0
+    assert [m for m, p, _ in google.requests if p.startswith("/compute")] == ["DELETE"]
+    assert node.powered_off()[0].startswith("systemctl poweroff")
+
+
+def test_ebs_device_names_are_read_from_the_nvme_vendor_area() -> None:
+    namespace: dict[str, Any] = {"__name__": "ebsname"}
+    exec(userdata.ebs_name_script().split("\n", 1)[1], namespace)
+    blob = bytearray(4096)
+    blob[3072:3104] = b"/dev/sdf".ljust(32, b" ")
+    assert namespace["ebs_name"](bytes(blob)) == "sdf"
+    blob[3072:3104] = b"sdg".ljust(32, b" ")
+    assert namespace["ebs_name"](bytes(blob)) == "sdg"
+
+
+def test_disk_script_is_valid_bash() -> None:
+    subprocess.run(["bash", "-n", "-c", userdata.disk_script()], check=True)
+    subprocess.run(["bash", "-n", "-c", userdata.watchdog_script(make_plan(), "gcp")], check=True)

@@ -57,7 +57,17 @@ class Local(ProviderConfig):
                 f"asks for another; use python='auto' with Local, or a provider that builds environments."
             )
         if spec.volumes:
-            return "Local nodes see this machine's files directly; volumes= applies to cloud providers only"
+            from skyward.bootstrap.mounts import fuse_problem
+            from skyward.volumes import Volume
+
+            if not all(isinstance(v, Volume) for v in spec.volumes):
+                return "Local nodes use this machine's disks; sky.Disk applies to cloud providers only"
+            if any(v.storage is None for v in spec.volumes):
+                return ("Local pools have no object store of their own: give each sky.Volume a storage=, "
+                        "e.g. sky.storage.S3(region='us-east-1')")
+            problem = fuse_problem()
+            if problem:
+                return f"sky.Volume mounts buckets with FUSE and {problem}"
         if spec.accelerator is not None:
             have = _local_gpus()
             acc = spec.accelerator
@@ -122,21 +132,22 @@ class LocalCluster(Cluster):
         self._lock = threading.Lock()
         self.spec = spec
         try:
+            from skyward.pkglock import current_pin
             from skyward.plugins.compose import prepare
+
+            self._pin = current_pin()  # reproducing a pool: its recorded packages
 
             image, ops = prepare(spec, self)  # plugin transforms see this cluster
             self._env = self._environment(image)
             self._run_ops(ops)
+            self._mounts = _mount_volumes(spec, pool_id, self._root)  # one per pool, shared by its nodes
         except BaseException:
             self._remove_dirs()
             raise
 
     def _run_ops(self, ops: tuple[str, ...]) -> None:
-            from skyward.pkglock import current_pin
         """Plugin bootstrap ops: all nodes share this machine, so they run once, here, in the
         pool's folder with the nodes' environment; a failing op stops the pool."""
-            self._pin = current_pin()  # reproducing a pool: its recorded packages
-
         for op in ops:
             proc = subprocess.run(["bash", "-c", op], cwd=self._root, env=self._env,
                                   capture_output=True, text=True)
@@ -165,6 +176,8 @@ class LocalCluster(Cluster):
         self._handed = set()
         self._next = int(description["next"])
         self._lock = threading.Lock()
+        self._mounts = None
+        self._unmount = description.get("unmount")  # the volumes of the process that made the pool
         # New nodes (a resize of an attached pool) get the environment the pool was made with.
         self._env = {**os.environ, **description.get("env", {})}
         return self
@@ -183,11 +196,16 @@ class LocalCluster(Cluster):
             "next": self._next,
             "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
             "nodes": nodes,
+            "unmount": self._mounts.describe() if self._mounts is not None else getattr(self, "_unmount", None),
         }
 
     def detach(self) -> None:
         with self._lock:
             _DETACHED.extend(self._procs.values())  # no "still running" warnings at exit
+            if self._mounts is not None:  # the volumes stay mounted for the pool's other users
+                self._unmount = self._mounts.describe()
+                _DETACHED.extend(self._mounts.procs)
+                self._mounts = None
             self._procs.clear()
             self._nodes.clear()
 
@@ -341,7 +359,19 @@ class LocalCluster(Cluster):
             _stop_foreign(foreign, grace=0)
             raise
         finally:
-            self._remove_dirs()
+            try:
+                self._unmount_volumes()
+            finally:
+                self._remove_dirs()
+
+    def _unmount_volumes(self) -> None:
+        mounts, self._mounts = getattr(self, "_mounts", None), None
+        if mounts is not None:
+            mounts.close()
+        elif getattr(self, "_unmount", None):  # a described pool's volumes (skyward down)
+            from skyward.bootstrap.mounts import run_unmount
+
+            run_unmount(self._unmount)
 
     def _remove_dirs(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
@@ -350,6 +380,21 @@ class LocalCluster(Cluster):
 
 
 _DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def _mount_volumes(spec: Spec, pool_id: str, root: Path) -> Any:
+    """The pool's sky.Volume buckets, mounted on this machine before any node starts."""
+    from skyward import events as ev
+    from skyward.bootstrap.mounts import LocalMounts, volumes_of
+
+    volumes = volumes_of(spec)
+    if not volumes:
+        return None
+
+    def phase(status: Any, seconds: float | None) -> None:
+        ev.bus.emit(ev.BootstrapPhase(pool=pool_id, node=-1, phase="volumes", status=status, seconds=seconds))
+
+    return LocalMounts(volumes, root, on_phase=phase)
 
 
 def _endpoint(index: int, port: int) -> NodeEndpoint:

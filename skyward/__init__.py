@@ -47,6 +47,7 @@ from .errors import (
     SkywardError,
     StackError,
     StackLockedError,
+    StorageError,
     TaskCancelledError,
     TaskTimeoutError,
     WorkerDiedError,
@@ -112,6 +113,9 @@ _LAZY = {
     "offers": "skyward.catalogue",
     "Disk": "skyward.volumes",
     "plugins": "skyward.plugins",
+    "Volume": "skyward.volumes",
+    "Storage": "skyward.storage",
+    "storage": "skyward.storage",
     "Local": "skyward.providers.local",
     "AWS": "skyward.providers.aws",
     "GCP": "skyward.providers.gcp",
@@ -138,7 +142,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import metrics, plugins
+    from . import metrics, plugins, storage
     from .app import App
     from .catalogue import InstanceType, Offer, offers
     from .compute import Compute, Session
@@ -190,7 +194,8 @@ if TYPE_CHECKING:
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
     from .runtime.shard import shard
     from .secrets import Secret, secret
-    from .volumes import Disk
+    from .storage import Storage
+    from .volumes import Disk, Volume
 
 
 def __getattr__(name: str) -> Any:
@@ -290,10 +295,13 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "TaskCancelledError",
     "TaskCompleted",
     "TaskStarted",
+    "Storage",
+    "StorageError",
     "TaskTimeoutError",
     "Worker",
     "WorkerDiedError",
     "WorkerExecutor",
+    "Volume",
     "__version__",
     "accelerators",
     "barrier",
@@ -318,3 +326,4 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "subscribe",
     "time",
 ]
+    "storage",

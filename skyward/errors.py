@@ -158,3 +158,7 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n--- remote traceback ---\n" + self.text
+
+
+class StorageError(SkywardError, RuntimeError):
+    """An object-store operation failed: says the bucket, the key and what to check."""

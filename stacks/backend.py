@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -27,10 +28,13 @@ def backend_url() -> str:
 
 
 def local_state_dir(backend: str | None = None) -> Path | None:
-    """The folder of a file backend (None for bucket and cloud backends)."""
+    """The folder of a file backend (None for bucket and cloud backends). ``file://~`` and
+    ``file://~/x`` are the user's home, as the Pulumi CLI reads them."""
     url = urlparse(backend or backend_url())
     if url.scheme != "file":
         return None
+    if url.netloc.startswith("~"):
+        return Path(url.netloc + url.path).expanduser()
     return Path(url.path or "/").expanduser() if url.netloc in ("", "localhost") else Path(url.netloc + url.path)
 
 
@@ -45,14 +49,20 @@ def secrets_env() -> dict[str, str]:
     path = passphrase_file()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: two processes starting their first pool at once must not both write one.
+        # Written whole under another name, then linked into place: link() fails when the file
+        # exists, so of two processes starting their first pool at once one wins, and neither
+        # can ever read a file that exists but is still empty.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".passphrase-")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32) + "\n")
+            os.chmod(tmp, 0o600)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
     return {"PULUMI_CONFIG_PASSPHRASE_FILE": str(path)}
 
 

@@ -71,7 +71,7 @@ def local_connect(name: str, program: Program, backend_url: str | None = None) -
     work_dir = workspace_dir(name)
     work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        command = auto.PulumiCommand(root=str(exe.parent.parent))
+        command = auto.PulumiCommand(root=str(command_root(exe)))
     except auto.InvalidVersionError as exc:
         raise PulumiNotFoundError(
             f"the Pulumi CLI at {exe} is too old for the installed pulumi SDK ({exc}). Upgrade it: "
@@ -87,6 +87,22 @@ def local_connect(name: str, program: Program, backend_url: str | None = None) -
         pulumi_command=command,
     )
     return auto.create_or_select_stack(stack_name=name, project_name=backend.PROJECT, program=program, opts=opts)
+
+
+def command_root(exe: Path) -> Path:
+    """A folder whose ``bin/pulumi`` is ``exe``: what ``PulumiCommand(root=)`` wants. A CLI
+    found outside a ``bin`` folder (e.g. /opt/pulumi/pulumi) gets a link in skyward's home."""
+    if exe.parent.name == "bin":
+        return exe.parent.parent
+    root = skyward_home() / "pulumi-cli"
+    link = root / "bin" / "pulumi"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not (link.is_symlink() and os.readlink(link) == str(exe)):
+        tmp = link.with_name(f".pulumi-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(exe)
+        os.replace(tmp, link)
+    return root
 
 
 @dataclass

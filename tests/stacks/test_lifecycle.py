@@ -286,6 +286,43 @@ def test_backend_defaults_and_overrides(home: Path, monkeypatch: pytest.MonkeyPa
     assert backend.stack_name(None, "ab12cd34") == "pool-ab12cd34"
 
 
+def test_file_backend_under_the_home_tilde(home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert backend.local_state_dir("file://~") == tmp_path / "user"
+    assert backend.local_state_dir("file://~/state") == tmp_path / "user" / "state"
+    backend.prepare("file://~/state")
+    assert (tmp_path / "user" / "state").is_dir() and not Path("~").exists()
+
+
+def test_the_passphrase_is_never_seen_half_written(home: Path) -> None:
+    # Many processes making their first pool at once: each reads a whole passphrase, the same one.
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(6) as workers:
+        seen = workers.map(_read_passphrase, range(12))
+    assert len(set(seen)) == 1 and len(seen[0].strip()) >= 32
+    assert [p.name for p in home.iterdir() if p.name.startswith(".passphrase-")] == []
+
+
+def _read_passphrase(_: int) -> str:
+    return Path(backend.prepare()["PULUMI_CONFIG_PASSPHRASE_FILE"]).read_text()
+
+
+def test_a_cli_outside_a_bin_folder_gets_a_root_the_automation_api_accepts(home: Path, tmp_path: Path) -> None:
+    exe = tmp_path / "opt" / "pulumi" / "pulumi"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\necho v3.150.0\n")
+    exe.chmod(0o755)
+    root = engine.command_root(exe)
+    assert (root / "bin" / "pulumi").resolve() == exe.resolve()
+    assert engine.command_root(exe) == root  # idempotent
+    command = auto.PulumiCommand(root=str(root))  # runs `<root>/bin/pulumi version`
+    assert str(command.version) == "3.150.0"
+    usual = tmp_path / "usr" / "bin" / "pulumi"
+    assert engine.command_root(usual) == tmp_path / "usr"
+
+
 @pytest.mark.pulumi
 @pytest.mark.skipif(shutil.which("pulumi") is None, reason="needs the Pulumi CLI on PATH")
 def test_real_cli_round_trip_on_a_file_backend(home: Path) -> None:

@@ -1,0 +1,119 @@
+"""sky.Volume on sky.Local(): one rclone mount per pool on this machine, shared by its nodes,
+against the moto server on loopback. Skipped (saying why) where FUSE cannot mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from s3server import S3Server, mounts_under, needs_fuse
+
+import skyward as sky
+
+pytestmark = needs_fuse
+QUIET = sky.Options(console=False)
+
+
+@sky.function
+def listing(path: str) -> tuple[list[str], str]:
+    return sorted(os.listdir(path)), Path(path, "one.txt").read_text()
+
+
+@sky.function
+def try_write(path: str) -> int | str:
+    try:
+        Path(path, "new.txt").write_text("no")
+    except OSError as exc:
+        return exc.errno or -1
+    return "written"
+
+
+def write_result(path: str, name: str) -> str:
+    Path(path, name).write_text(f"result of {name}")
+    return name
+
+
+def test_a_task_reads_an_uploaded_file_on_every_node(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    (tmp_path / "one.txt").write_text("hello from the bucket")
+    st = s3.storage()
+    st.upload(bucket, tmp_path / "one.txt", key="ds/one.txt")
+    st.upload(bucket, tmp_path / "one.txt", key="ds/sub/two.txt")
+    st.upload(bucket, tmp_path / "one.txt", key="elsewhere.txt")
+    mount = str(tmp_path / "data")
+    with sky.Compute(nodes=2, volumes=[sky.Volume(bucket, mount, prefix="ds", storage=st)], options=QUIET) as pool:
+        assert mounts_under(mount) == [mount]  # one mount for the pool, not one per node
+        assert listing(mount) @ pool == [(["one.txt", "sub"], "hello from the bucket")] * 2
+        assert try_write(mount) >> pool == errno.EROFS
+    assert mounts_under(mount) == []
+    assert not Path(mount).exists()  # the mount point skyward made is gone too
+
+
+def test_a_read_write_volume_is_in_the_bucket_after_the_pool_closes(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    st = s3.storage()
+    mount = tmp_path / "out"
+    mount.mkdir()  # an existing empty folder is used as it is, and kept
+    vol = sky.Volume(bucket, str(mount), prefix="runs/1", read_only=False, storage=st)
+    with sky.Compute(nodes=2, volumes=[vol], options=QUIET) as pool:
+        names = pool.map(lambda i: write_result(str(mount), f"part-{i}.txt"), range(4))
+    assert sorted(names) == [f"part-{i}.txt" for i in range(4)]
+    assert mounts_under(mount) == [] and mount.is_dir()
+    assert st.ls(bucket, prefix="runs/1/") == [f"runs/1/part-{i}.txt" for i in range(4)]
+    out = st.download(bucket, "runs/1/part-3.txt", tmp_path / "check.txt")
+    assert out.read_text() == "result of part-3.txt"
+
+
+def test_an_exception_in_the_block_unmounts(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    mount = str(tmp_path / "data")
+    with pytest.raises(RuntimeError, match="user bug"), \
+            sky.Compute(volumes=[sky.Volume(bucket, mount, storage=s3.storage())], options=QUIET):
+        assert mounts_under(mount) == [mount]
+        raise RuntimeError("user bug")
+    assert mounts_under(mount) == []
+
+
+def test_sigterm_unmounts(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    mount = str(tmp_path / "data")
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        import skyward as sky
+        st = sky.Storage({s3.endpoint!r}, {s3.access_key!r}, {s3.secret_key!r}, path_style=True)
+        with sky.Compute(volumes=[sky.Volume({bucket!r}, {mount!r}, storage=st)],
+                         options=sky.Options(console=False)):
+            print("mounted", flush=True)
+            time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "mounted"
+        assert mounts_under(mount) == [mount]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while mounts_under(mount) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mounts_under(mount) == []
+
+
+def test_a_non_empty_mount_point_fails_clearly(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    st = s3.storage()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "file").write_text("x")
+    with pytest.raises(sky.ProviderError, match="not empty"), \
+            sky.Compute(volumes=[sky.Volume(bucket, str(busy), storage=st)], options=QUIET):
+        pass
+    assert mounts_under(tmp_path) == []
+    assert (busy / "file").read_text() == "x"

@@ -94,6 +94,9 @@ class Agent:
         self.settings: dict[str, Any] = {}
         self.collector: Any = None
         self.launchers: list[Any] = []
+        # Plugin launchers' socket folders and listeners: removed when the agent stops.
+        self.launch_dirs: list[str] = []
+        self.launch_listeners: list[socket.socket] = []
         # agent id -> (worker, the worker's id, the submitting task's route) for nested SUBMITs
         self.nested: dict[int, tuple[WorkerProc, int, Route | None]] = {}
         self.state: Any = None  # the pool's collections (state.StateServer), on the head node
@@ -107,6 +110,10 @@ class Agent:
         if self.collector is not None:
             self.collector.stop()
         self._stop_workers()
+        for launch_listener in self.launch_listeners:
+            launch_listener.close()
+        for folder in self.launch_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
         with self.lock:
             for c in self.conns:
                 _close(c.sock)
@@ -351,8 +358,11 @@ class Agent:
 
     def _launch(self, command: str) -> None:
         """Start the launcher; every process it starts connects back as one worker."""
-        path = os.path.join(tempfile.mkdtemp(prefix="skyward-launch-"), "agent.sock")
+        folder = tempfile.mkdtemp(prefix="skyward-launch-")
+        self.launch_dirs.append(folder)
+        path = os.path.join(folder, "agent.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.launch_listeners.append(listener)
         listener.bind(path)
         listener.listen(64)
         env = dict(os.environ)

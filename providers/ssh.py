@@ -47,6 +47,9 @@ Install = Literal["wheelhouse", "index"]
 _AGENT_START_TIMEOUT = 30
 
 
+# Seconds a cloud node may take from "running" to accepting the pool's key over SSH.
+CLOUD_SSH_TIMEOUT = 600.0
+
 @dataclass(frozen=True, slots=True)
 class SSHHost:
     """One machine to bootstrap: where to log in, and how the other nodes reach it."""
@@ -59,6 +62,9 @@ class SSHHost:
     hostname: str | None = None
     host_key: str | None = None  # "ssh-ed25519 AAAA...": known in advance, the only one accepted
 
+    def __post_init__(self) -> None:
+        _check_port(self.port, f"sky.SSH: port {self.port!r} of host {self.address!r}")
+
     @classmethod
     def parse(cls, text: str) -> SSHHost:
         """``[user@]host[:port]`` (``[v6addr]:port`` for IPv6)."""
@@ -69,6 +75,17 @@ class SSHHost:
             )
         port = int(m["port"]) if m["port"] else None
         return cls(address=m["v6"] or m["host"], port=port, user=m["user"])
+
+
+def _check_port(port: object, label: str) -> None:
+    """A TCP port is 1..65535; anything else would only fail later, at connect time."""
+    if port is None:
+        return
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(
+            f"{label} is not a TCP port: ports go from 1 to 65535 "
+            f"(sshd listens on 22 unless configured otherwise). Write e.g. 'me@10.0.0.1:2222'."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +115,7 @@ class SSH(ProviderConfig):
             raise ConfigError("sky.SSH(hosts=[]): give at least one host, e.g. hosts=['10.0.0.5'].")
         if self.install not in ("wheelhouse", "index"):
             raise ConfigError(f"sky.SSH(install={self.install!r}) is not valid: use 'wheelhouse' or 'index'.")
+        _check_port(self.port, f"sky.SSH(port={self.port!r})")
         if self.key is not None and not Path(self.key).expanduser().is_file():
             raise ConfigError(f"sky.SSH(key={self.key!r}): no such file; give the path of a private key.")
         parsed = []
@@ -200,7 +218,12 @@ class SSHCluster(Cluster):
         self._lock = threading.Lock()
         self._ship: _Shipment | None = None
         o = options
-        self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else 60.0
+        # A fresh cloud instance is "running" minutes before sshd has its key (GPU images boot
+        # slowly, cloud-init installs the planned host key and login user late): clouds get a
+        # longer budget by default, and a refused login or another host key counts as "not
+        # ready yet" inside it (see Remote(booting=True)).
+        self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else (
+            60.0 if kind == "ssh" else CLOUD_SSH_TIMEOUT)
         self._bootstrap_timeout = float(
             o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout
         )
@@ -601,7 +624,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
                         connect_timeout=min(10.0, self._ssh_timeout),
                         retry_for=self._ssh_timeout if retry_for is None else retry_for,
-                        label=f"node {node.index} ({h.address})")
+                        label=f"node {node.index} ({h.address})", booting=self._kind != "ssh" and retry_for is None)
         node.remote = remote
         remote.open()
         return remote

@@ -135,6 +135,12 @@ class Image:
         object.__setattr__(self, "metrics", normalize(self.metrics))
         if self.python != "auto" and not _is_version(self.python):
             raise ConfigError(f"Image(python={self.python!r}) is not valid: use 'auto' or a version such as '3.12'.")
+        if self.python != "auto" and _version_tuple(self.python)[:2] < MIN_PYTHON:
+            raise ConfigError(
+                f"Image(python={self.python!r}) is not valid: the nodes run skyward's agent, which needs "
+                f"Python {'.'.join(map(str, MIN_PYTHON))} or newer. Use 'auto' (this machine's version) "
+                f"or e.g. '3.12'."
+            )
 
     def __hash__(self) -> int:
         return hash((self.python, self.pip, self.apt, tuple(sorted(self.env.items())), self.includes))
@@ -144,6 +150,14 @@ def _default_metrics() -> Any:
     from .metrics import Default
 
     return Default()
+
+
+# The oldest Python the agent runs on (the package's requires-python).
+MIN_PYTHON = (3, 11)
+
+
+def _version_tuple(value: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in value.split("."))
 
 
 def _is_version(value: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import skyward as sky
@@ -103,8 +105,29 @@ def test_pool_closed_after_block() -> None:
 
 
 def test_local_refuses_another_python() -> None:
-    with pytest.raises(sky.ProviderError, match="Python"), sky.Compute(image=sky.Image(python="3.9")):
+    other = f"3.{sys.version_info.minor + 1}"  # valid for an Image, not the interpreter Local reuses
+    with pytest.raises(sky.ProviderError, match="Python"), sky.Compute(image=sky.Image(python=other)):
         pass
+
+
+@pytest.mark.parametrize("python", ["2.7", "3.6", "3.10"])
+def test_image_refuses_a_python_the_agent_cannot_run(python: str) -> None:
+    with pytest.raises(sky.ConfigError, match=r"needs Python 3\.11 or newer"):
+        sky.Image(python=python)
+
+
+@pytest.mark.parametrize("host", ["me@10.0.0.1:99999", "10.0.0.1:0", "[::1]:65536"])
+def test_ssh_refuses_a_port_out_of_range(host: str) -> None:
+    with pytest.raises(sky.ConfigError, match="is not a TCP port: ports go from 1 to 65535"):
+        sky.SSH(hosts=[host])
+
+
+def test_ssh_refuses_out_of_range_ports_given_as_numbers() -> None:
+    with pytest.raises(sky.ConfigError, match=r"sky\.SSH\(port=70000\)"):
+        sky.SSH(hosts=["10.0.0.1"], port=70000)
+    with pytest.raises(sky.ConfigError, match="port -1 of host 'h'"):
+        sky.SSHHost("h", port=-1)
+    assert sky.SSH(hosts=["me@10.0.0.1:65535"]).hosts == ("me@10.0.0.1:65535",)
 
 
 def test_local_refuses_missing_gpus() -> None:

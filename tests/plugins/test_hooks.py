@@ -154,6 +154,22 @@ def test_launcher_wraps_the_worker_command() -> None:
     assert seen == []
 
 
+def test_a_launcher_leaves_no_socket_folder_behind() -> None:
+    @sky.function
+    def launch_folders() -> list[str]:
+        import glob
+        import tempfile
+
+        return glob.glob(os.path.join(tempfile.gettempdir(), "skyward-launch-*"))
+
+    plugin = Plugin.create("wrap").with_launcher(lambda cmd, ctx: replace(cmd, launcher="env"))
+    with sky.Compute(nodes=2, plugins=[plugin], options=QUIET) as pool:
+        seen = launch_folders() @ pool
+    folders = {f for node in seen for f in node}
+    assert len(folders) >= 2  # one per node while it ran
+    assert [f for f in folders if Path(f).exists()] == []
+
+
 def test_launch_command_render() -> None:
     cmd = LaunchCommand(launcher="accelerate launch --num_machines 2", entrypoint="-m pkg.mod",
                         args=("--name", "a b"))

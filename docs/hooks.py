@@ -1,0 +1,338 @@
+"""mkdocs hooks: the parts of the site that are generated at build time, so they cannot go stale.
+
+* the navigation, from the pages that exist (a guide that another change adds shows up in the
+  nav by itself; a guide that is not there yet cannot break ``mkdocs build --strict``);
+* the API reference, one section per module, from ``skyward.__all__``;
+* the CLI reference, from the ``skyward`` command's own argparse parser;
+* the module map, from the docstrings of the modules in the source tree.
+
+Also imported by tests/docs/ (``api_groups``, ``cli_markdown``), so keep it free of mkdocs
+imports at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parent
+
+# Guides in reading order; a guide not listed here comes after these, alphabetically.
+GUIDE_ORDER = [
+    "operators",
+    "images-and-bootstrap",
+    "accelerators",
+    "collections-and-streaming",
+    "storage",
+    "ssh",
+    "clouds",
+    "named-pools",
+    "ttl-and-teardown",
+    "healing",
+    "reproducing",
+    "plugins",
+    "observability",
+    "dashboard",
+    "benchmarks",
+]
+
+# Top-level pages in reading order (those present); other top-level pages follow them.
+TOP_ORDER = ["index.md", "getting-started.md", "how-it-works.md"]
+
+# Where a public name is defined -> the API reference section it goes in. A module not listed
+# here gets a section of its own, titled with the module's name.
+API_SECTIONS: dict[str, tuple[str, str]] = {
+    # module: (page slug, title)
+    "skyward.function": ("functions-and-pools", "Functions and pools"),
+    "skyward.compute": ("functions-and-pools", "Functions and pools"),
+    "skyward.pool": ("functions-and-pools", "Functions and pools"),
+    "skyward.spec": ("specs", "Specs, images and options"),
+    "skyward.volumes": ("specs", "Specs, images and options"),
+    "skyward.accelerators": ("specs", "Specs, images and options"),
+    "skyward.time": ("specs", "Specs, images and options"),
+    "skyward.catalogue": ("providers", "Providers and offers"),
+    "skyward.runtime": ("inside-tasks", "Inside tasks"),
+    "skyward.events": ("observability", "Events, metrics, logging"),
+    "skyward.metrics": ("observability", "Events, metrics, logging"),
+    "skyward.logs": ("observability", "Events, metrics, logging"),
+    "skyward.secrets": ("observability", "Events, metrics, logging"),
+    "skyward.plugins": ("plugins", "Plugins"),
+    "skyward.errors": ("errors", "Errors"),
+}
+
+
+def _section(module: str) -> tuple[str, str]:
+    if module.startswith("skyward.providers."):
+        return API_SECTIONS["skyward.catalogue"]
+    if module.startswith("skyward.runtime.") or module == "skyward.runtime":
+        return API_SECTIONS["skyward.runtime"]
+    for prefix, section in API_SECTIONS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return section
+    slug = module.removeprefix("skyward.").replace(".", "-").replace("_", "-")
+    return slug, f"skyward.{module.removeprefix('skyward.')}"
+
+
+def api_groups() -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(slug, title) -> [(public name, dotted path of its definition)], in __all__ order.
+
+    Names that are not classes, functions or modules (``__version__``) are left out."""
+    import skyward
+
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for name in skyward.__all__:
+        obj = getattr(skyward, name)
+        if inspect.ismodule(obj):
+            path = module = obj.__name__
+        elif inspect.isclass(obj):
+            module = obj.__module__
+            path = f"{module}.{obj.__qualname__}"
+        elif callable(obj):
+            # The name the source defines it under (mkdocstrings reads the source): a function
+            # renamed at import time (``make_barrier`` exported as ``barrier``) keeps its
+            # code's qualified name.
+            fn = inspect.unwrap(obj)
+            module = fn.__module__
+            code = getattr(fn, "__code__", None)
+            path = f"{module}.{code.co_qualname if code is not None else fn.__qualname__}"
+        else:
+            continue
+        groups.setdefault(_section(module), []).append((name, path))
+    return groups
+
+
+def _summary(name: str) -> str:
+    import skyward
+
+    obj = getattr(skyward, name)
+    # A class's own docstring only: not one inherited from a base (pydantic's BaseModel).
+    doc = inspect.cleandoc(obj.__dict__.get("__doc__") or "") if isinstance(obj, type) else (
+        inspect.getdoc(obj) or "")
+    first = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+    return first.replace("|", "\\|")
+
+
+def api_pages() -> dict[str, str]:
+    """Relative path under docs/ -> Markdown, for the API reference."""
+    groups = api_groups()
+    order = sorted(groups, key=lambda key: (key[1].startswith("skyward."), key[1]))
+    index = [
+        "# API reference",
+        "",
+        "Everything public is in `skyward/__init__.py` and is used as `sky.NAME` after "
+        "`import skyward as sky`. These pages are generated from that module's `__all__` and "
+        "the docstrings each time the site is built.",
+        "",
+    ]
+    pages: dict[str, str] = {}
+    for slug, title in order:
+        names = groups[slug, title]
+        index += [f"## [{title}]({slug}.md)", "", "| name | what it is |", "|---|---|"]
+        body = [f"# {title}", ""]
+        for name, path in names:
+            index.append(f"| [`sky.{name}`][{path}] | {_summary(name)} |")
+            body += [
+                f"::: {path}",
+                "    options:",
+                f"      heading: \"sky.{name}\"",
+                f"      toc_label: \"sky.{name}\"",
+                "",
+            ]
+        index.append("")
+        pages[f"reference/api/{slug}.md"] = "\n".join(body)
+    pages["reference/api/index.md"] = "\n".join(index)
+    return pages
+
+
+# -- CLI reference -------------------------------------------------------------------------
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            continue
+        if action.option_strings:
+            flag = ", ".join(action.option_strings)
+            if action.nargs != 0:
+                flag += f" {action.metavar or action.dest.upper()}"
+        else:
+            flag = str(action.metavar or action.dest)
+        text = (action.help or "").replace("|", "\\|")
+        if action.choices and not isinstance(action, argparse._SubParsersAction):
+            text += f" (one of: {', '.join(map(str, action.choices))})"
+        rows.append(f"| `{flag}` | {text} |")
+    return rows
+
+
+def cli_markdown() -> str:
+    """The CLI reference page, from ``skyward.cli``'s parser."""
+    from skyward import cli
+
+    parser = cli._parser()
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from the `skyward` command's own parser each time the site is built. "
+        "See [Named pools and the CLI](../guides/named-pools.md) for a walk-through.",
+        "",
+        "```text",
+        parser.format_usage().strip(),
+        "```",
+        "",
+        parser.description or "",
+        "",
+        parser.epilog or "",
+        "",
+        "| option | meaning |",
+        "|---|---|",
+        *_option_rows(parser),
+        "",
+    ]
+    for name, sub in _subcommands(parser).items():
+        lines += [
+            f"## `skyward {name}`",
+            "",
+            sub.description or "",
+            "",
+            "```text",
+            re.sub(r"\s+", " ", sub.format_usage().strip().removeprefix("usage: ")),
+            "```",
+            "",
+            "| argument | meaning |",
+            "|---|---|",
+            *_option_rows(sub),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+# -- module map ----------------------------------------------------------------------------
+
+ROOT = DOCS.parent
+MODULE_FOLDERS = [
+    ("skyward", "the public API, pools, specs, events, the CLI"),
+    ("skyward/runtime", "helpers used inside running tasks"),
+    ("skyward/plugins", "the Plugin type and the built-in plugins"),
+    ("providers", "one module per provider (installs as skyward.providers)"),
+    ("bootstrap", "what runs on nodes, and the client's end of it (skyward.bootstrap)"),
+    ("stacks", "Pulumi stacks for cloud pools (skyward.stacks)"),
+]
+
+
+def modules_markdown(root: Path = ROOT) -> str:
+    """Every module of the package with the first line of its docstring, folder by folder."""
+    import ast
+
+    lines = [
+        "# Module map",
+        "",
+        "Every module, with the first line of its docstring; generated from the source each time "
+        "the site is built. [How it works](../how-it-works.md) follows one call through them.",
+        "",
+    ]
+    for folder, what in MODULE_FOLDERS:
+        path = root / folder
+        if not path.is_dir():
+            continue
+        lines += [f"## `{folder}/`: {what}", "", "| module | purpose |", "|---|---|"]
+        for file in sorted(path.glob("*.py")):
+            try:
+                doc = ast.get_docstring(ast.parse(file.read_text(encoding="utf-8"))) or ""
+            except SyntaxError:
+                doc = ""
+            first = doc.strip().split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
+            lines.append(f"| `{folder}/{file.name}` | {first} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# -- navigation ----------------------------------------------------------------------------
+
+
+def _title(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return path.stem.replace("-", " ").capitalize()
+
+
+def build_nav(docs: Path = DOCS, api_slugs: list[tuple[str, str]] | None = None) -> list[Any]:
+    """The nav, from the Markdown files present under ``docs``."""
+    top = [p.name for p in sorted(docs.glob("*.md"))]
+    top_sorted = [n for n in TOP_ORDER if n in top] + [n for n in top if n not in TOP_ORDER]
+    guides = {p.stem: p for p in sorted((docs / "guides").glob("*.md"))}
+    guide_names = [g for g in GUIDE_ORDER if g in guides] + sorted(set(guides) - set(GUIDE_ORDER))
+
+    nav: list[Any] = []
+    for n in top_sorted:
+        if n == "how-it-works.md":
+            continue  # after the guides
+        nav.append({_title(docs / n): n} if n != "index.md" else {"Home": n})
+    if guide_names:
+        nav.append({"Guides": [{_title(guides[g]): f"guides/{g}.md"} for g in guide_names]})
+    if "how-it-works.md" in top:
+        nav.append({_title(docs / "how-it-works.md"): "how-it-works.md"})
+    reference: list[Any] = [{"API": "reference/api/index.md"}]
+    for slug, title in api_slugs or []:
+        reference.append({f"API: {title}": f"reference/api/{slug}.md"})
+    reference.append({"CLI": "reference/cli.md"})
+    reference.append({"Module map": "reference/modules.md"})
+    # Hand-written reference pages (docs/reference/*.md), if any.
+    for p in sorted((docs / "reference").glob("*.md")) if (docs / "reference").is_dir() else []:
+        if p.name not in ("cli.md", "modules.md"):
+            reference.append({_title(p): f"reference/{p.name}"})
+    nav.append({"Reference": reference})
+    # Any other page in a sub-folder (not guides/, not reference/) still gets a place.
+    others = [
+        p for p in sorted(docs.glob("*/**/*.md"))
+        if p.relative_to(docs).parts[0] not in ("guides", "reference")
+    ]
+    if others:
+        nav.append({"More": [{_title(p): str(p.relative_to(docs))} for p in others]})
+    return nav
+
+
+# -- mkdocs hooks --------------------------------------------------------------------------
+
+_PAGES: dict[str, str] = {}
+
+
+def on_config(config: Any) -> Any:
+    _PAGES.clear()
+    _PAGES.update(api_pages())
+    _PAGES["reference/cli.md"] = cli_markdown()
+    _PAGES["reference/modules.md"] = modules_markdown()
+    slugs = sorted(
+        {(p.split("/")[-1].removesuffix(".md"), _first_heading(text))
+         for p, text in _PAGES.items()
+         if p.startswith("reference/api/") and not p.endswith("index.md")},
+        key=lambda s: (s[1].startswith("skyward."), s[1]),
+    )
+    config["nav"] = build_nav(Path(config["docs_dir"]), slugs)
+    return config
+
+
+def _first_heading(text: str) -> str:
+    return text.split("\n", 1)[0].removeprefix("# ").strip()
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for path, text in _PAGES.items():
+        existing = files.get_file_from_path(path)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File.generated(config, path, content=text))
+    return files

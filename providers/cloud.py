@@ -179,15 +179,18 @@ class CloudProvider(ProviderConfig):
     def preflight(self, spec: Spec) -> None:
         preflight(self.label, self.extra, self.sdk, fake_workspace=self.workspace is not None)
 
-    def preview(self, spec: Spec) -> dict[str, Any]:
+    def preview(self, spec: Spec, name: str | None = None) -> dict[str, Any]:
         """What a pool of ``spec`` would create, creating nothing: ``{"resources": [{"type",
-        "name", "detail"}], "offer", "stack", "notes"}``. The real stack program runs under
-        Pulumi's mocks: no Pulumi CLI, no credentials, no network. Needs the pulumi SDK."""
+        "name", "detail"}], "offer", "stack", "hourly_cost", "hourly_cost_per_node", "notes"}``.
+        ``name``: a named pool's name, which its stack and key carry (``<name>-<id>``, as `up`
+        makes them). The real stack program runs under Pulumi's mocks: no Pulumi CLI, no
+        credentials, no network. Needs the pulumi SDK."""
         from skyward.stacks.preview import preview_pool
 
         offer = self.offer(spec)
         require_preview_sdk(self.label, self.extra, self.sdk, spec, offer)
-        return preview_pool(self.kind, spec, offer, self._program(), **self._stack_args(spec, offer))
+        return preview_pool(self.kind, spec, offer, self._program(), pool_name=name,
+                            **self._stack_args(spec, offer))
 
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> Cluster:
         from skyward.stacks.cloudpool import launch

@@ -453,7 +453,15 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_preview(args: argparse.Namespace) -> int:
     from .named import spec_from
 
-    cfg = _load(args)
+    running = _running_record(args.name)
+    try:
+        cfg = _load(args)
+    except ConfigError:
+        if running is None:
+            raise
+        from .config import PoolConfig  # started with flags only: preview what runs
+
+        cfg = PoolConfig(args.name, dict(running["config"]), ("the running pool's settings",))
     spec, _ = spec_from(cfg.data)
     provider = spec.provider
     why = provider.check(spec)
@@ -473,7 +481,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
             f"version of skyward (sky.{type(provider).__name__} has no preview).{would}{cost}."
         )
     if preview is not None:
-        plan: dict[str, Any] = preview(spec)
+        plan: dict[str, Any] = preview(spec, name=cfg.name)
     else:
         plan = {"resources": [{"type": "process", "name": f"agent node-{i}",
                                "detail": "agent process on this machine, own working directory"}
@@ -483,6 +491,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
            "hourly_cost_per_node": per_node,
            "hourly_cost": None if per_node is None else round(per_node * nodes, 4),
            "sources": list(cfg.sources), **plan}
+    if running is not None:
+        out["notes"] = [*out.get("notes", []), _running_note(running)]
     if args.json:
         _json(out)
         return EXIT_OK
@@ -498,6 +508,25 @@ def cmd_preview(args: argparse.Namespace) -> int:
     for note in out.get("notes", []):
         print(f"note: {note}")
     return EXIT_OK
+
+
+def _running_record(name: str) -> dict[str, Any] | None:
+    """The record of pool ``name`` when it runs now (None: not registered, or gone)."""
+    from . import registry
+    from .named import NAME_RULE, status_of
+
+    record = registry.read(name) if NAME_RULE.match(name) else None
+    return record if record is not None and not status_of(record).gone else None
+
+
+def _running_note(record: dict[str, Any]) -> str:
+    name = record["name"]
+    nodes = len((record.get("cluster") or {}).get("nodes", []))
+    age = _duration(time.time() - float(record.get("created", time.time())))
+    who = (record.get("owner") or {}).get("who", "?")
+    return (f"pool {name!r} is running now ({nodes} {record.get('provider')} node(s), started by {who} "
+            f"{age} ago): `skyward up {name}` would refuse until `skyward down {name}`; attach to it "
+            f"with sky.Compute(name={name!r}).")
 
 
 def cmd_offers(args: argparse.Namespace) -> int:

@@ -35,8 +35,8 @@ def _path(name: str) -> Path:
 
 
 def read(name: str) -> dict[str, Any] | None:
-    try:
-        record: dict[str, Any] = json.loads(_path(name).read_text())
+    try:  # reading creates nothing (`skyward preview` must leave no trace)
+        record: dict[str, Any] = json.loads((skyward_home() / "registry" / f"{name}.json").read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):

@@ -133,6 +133,8 @@ def preview_pool(
         "stack": plan.stack,
         "offer": {"provider": kind, "instance_type": offer.instance_type, "region": offer.region,
                   "zone": plan.zone, "market": market, "hourly_cost_per_node": price},
+        "hourly_cost_per_node": price,
+        "hourly_cost": None if price is None else round(price * spec.node_spec.desired, 4),
         "resources": resources(program, plan),
         "notes": notes,
     }

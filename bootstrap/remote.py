@@ -60,11 +60,15 @@ class Remote:
     """A connected node. ``run`` commands, ``upload`` files, ``tunnel`` to a port on its loopback."""
 
     def __init__(self, target: Target, *, connect_timeout: float = 10.0, retry_for: float = 60.0,
-                 label: str = "") -> None:
+                 label: str = "", booting: bool = False) -> None:
         self.target = target
         self.label = label or target.host
         self._connect_timeout = connect_timeout
         self._retry_for = retry_for
+        # A cloud node that was just created: until cloud-init has run, sshd may refuse the
+        # pool's key (no login user yet) or show the image's own host key. Inside the retry
+        # window those are "not ready yet"; after it, the last one is the error.
+        self._booting = booting
         self.conn: fabric.Connection | None = None
 
     # -- connecting --------------------------------------------------------------------------
@@ -110,7 +114,7 @@ class Remote:
             for try_ in Retrying(
                 stop=stop_after_delay(self._retry_for),
                 wait=wait_exponential(multiplier=0.2, max=5),
-                retry=retry_if_exception(_transient),
+                retry=retry_if_exception(lambda exc: _transient(exc) or (self._booting and _not_ready(exc))),
                 before_sleep=waiting,
                 reraise=True,
             ):
@@ -416,6 +420,13 @@ def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
         c for c in options.ciphers if c not in _GCM
     )
     return transport
+
+
+def _not_ready(exc: BaseException) -> bool:
+    """What a booting cloud node answers before cloud-init installed its user and host key."""
+    import paramiko
+
+    return isinstance(exc, (paramiko.BadHostKeyException, paramiko.AuthenticationException))
 
 
 def _transient(exc: BaseException) -> bool:

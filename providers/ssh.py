@@ -47,6 +47,10 @@ Install = Literal["wheelhouse", "index"]
 _AGENT_START_TIMEOUT = 30
 
 
+# Seconds a cloud node may take from "running" to accepting the pool's key over SSH.
+CLOUD_SSH_TIMEOUT = 600.0
+
+
 @dataclass(frozen=True, slots=True)
 class SSHHost:
     """One machine to bootstrap: where to log in, and how the other nodes reach it."""
@@ -215,7 +219,12 @@ class SSHCluster(Cluster):
         self._lock = threading.Lock()
         self._ship: _Shipment | None = None
         o = options
-        self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else 60.0
+        # A fresh cloud instance is "running" minutes before sshd has its key (GPU images boot
+        # slowly, cloud-init installs the planned host key and login user late): clouds get a
+        # longer budget by default, and a refused login or another host key counts as "not
+        # ready yet" inside it (see Remote(booting=True)).
+        self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else (
+            60.0 if kind == "ssh" else CLOUD_SSH_TIMEOUT)
         self._bootstrap_timeout = float(
             o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout
         )
@@ -616,7 +625,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
                         connect_timeout=min(10.0, self._ssh_timeout),
                         retry_for=self._ssh_timeout if retry_for is None else retry_for,
-                        label=f"node {node.index} ({h.address})")
+                        label=f"node {node.index} ({h.address})", booting=self._kind != "ssh" and retry_for is None)
         node.remote = remote
         remote.open()
         return remote

@@ -135,6 +135,25 @@ def spec_view(spec: Spec, worker: Worker) -> dict[str, Any]:
     return view
 
 
+# What a reproduction pins on the spec itself (the lock says the same): a reproduced pool's
+# record shows the source's values there, so that `diff SOURCE COPY` shows real differences only.
+_PINNED_FIELDS = (("image", "python"), ("image", "apt"), ("region",), ("provider", "ami"), ("provider", "image"),
+                  ("provider", "instance_type"), ("provider", "region"), ("provider", "zone"))
+
+
+def _as_asked(view: dict[str, Any], source: str | None) -> dict[str, Any]:
+    if source is None or not exists(source):
+        return view
+    asked = read(source).get("spec") or {}
+    for path in _PINNED_FIELDS:
+        here, there = view, asked
+        for key in path[:-1]:
+            here, there = here.get(key) or {}, there.get(key) or {}
+        if path[-1] in there and path[-1] in here:
+            here[path[-1]] = there[path[-1]]
+    return view
+
+
 def _rebuild_blob(spec: Spec, worker: Worker) -> str:
     """The spec and worker pickled, without the values of secret env variables."""
     import cloudpickle
@@ -177,7 +196,7 @@ def for_pool(pool: Pool) -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "origin": origin(),
-        "spec": spec_view(spec, pool.worker),
+        "spec": _as_asked(spec_view(spec, pool.worker), _SOURCE.get()),
         "nodes": pool.current_nodes(),
         "offer": chosen,
         "hourly_cost": cost,
@@ -404,8 +423,9 @@ def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: 
     changes: dict[str, Any] = {}
     python = str(lock.get("python") or "")
     minor = ".".join(python.split(".")[:2])
-    if minor and image.python == "auto" and record.get("provider") != "local":
-        changes["python"] = minor
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if minor and image.python == "auto" and record.get("provider") != "local" and minor != here:
+        changes["python"] = minor  # "auto" would be this client's Python now
     if record.get("provider") == "local" and python:
         import platform
 

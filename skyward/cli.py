@@ -61,8 +61,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         return p
 
-    def pool_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("name", help="the pool's name ([pools.NAME] in skyward.toml)")
+    def pool_flags(p: argparse.ArgumentParser, *, optional_name: bool = False) -> None:
+        if optional_name:
+            p.add_argument("name", nargs="?", help="the pool's name ([pools.NAME] in skyward.toml); "
+                                                   "leave it out to preview what the flags describe")
+        else:
+            p.add_argument("name", help="the pool's name ([pools.NAME] in skyward.toml)")
         p.add_argument("--config", type=Path, help="skyward.toml to read (default: nearest one)")
         p.add_argument("--provider", help="local, ssh, aws or gcp")
         p.add_argument("--nodes", type=int, help="number of nodes")
@@ -103,8 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("a", metavar="POOL_A")
     p.add_argument("b", metavar="POOL_B")
 
-    p = command("preview", "What `up NAME` would create and what it costs per hour; creates nothing.")
-    pool_flags(p)
+    p = command("preview", "What `up NAME` (or a pool of the flags alone) would create and what "
+                           "it costs per hour; creates nothing.")
+    pool_flags(p, optional_name=True)
 
     p = command("offers", "What the cloud catalogues sell that fits, cheapest first.")
     p.add_argument("--provider", help="aws or gcp (default: both)")
@@ -453,20 +458,23 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_preview(args: argparse.Namespace) -> int:
     from .named import spec_from
 
-    running = _running_record(args.name)
+    running = _running_record(args.name) if args.name is not None else None
     try:
-        cfg = _load(args)
+        cfg = _load(args) if args.name is not None else _flags_only(args)
     except ConfigError:
         if running is None:
             raise
         from .config import PoolConfig  # started with flags only: preview what runs
 
         cfg = PoolConfig(args.name, dict(running["config"]), ("the running pool's settings",))
+    # Without a name, the pool is described by the flags alone and named by nothing.
+    name: str | None = cfg.name if args.name is not None else None
+    label = f"pool {name!r}" if name is not None else "a pool of " + " ".join(_flag_words(args))
     spec, _ = spec_from(cfg.data)
     provider = spec.provider
     why = provider.check(spec)
     if why is not None:
-        raise ProviderError(f"pool {cfg.name!r} cannot be provisioned: {why}.")
+        raise ProviderError(f"{label} cannot be provisioned: {why}.")
     # A provider may offer preview(spec) -> {"resources": [{"type", "name", "detail"}, ...]}:
     # what `up` would create, creating nothing (a cloud: a Pulumi preview of the stack).
     preview = getattr(provider, "preview", None)
@@ -481,12 +489,12 @@ def cmd_preview(args: argparse.Namespace) -> int:
             f"version of skyward (sky.{type(provider).__name__} has no preview).{would}{cost}."
         )
     if preview is not None:
-        plan: dict[str, Any] = preview(spec, name=cfg.name)
+        plan: dict[str, Any] = preview(spec, name=name)
     else:
         plan = {"resources": [{"type": "process", "name": f"agent node-{i}",
                                "detail": "agent process on this machine, own working directory"}
                               for i in range(nodes)]}
-    out = {"name": cfg.name, "provider": provider.kind, "nodes": nodes, "ttl": spec.ttl,
+    out = {"name": name, "provider": provider.kind, "nodes": nodes, "ttl": spec.ttl,
            "accelerator": None if spec.accelerator is None else str(spec.accelerator),
            "hourly_cost_per_node": per_node,
            "hourly_cost": None if per_node is None else round(per_node * nodes, 4),
@@ -496,7 +504,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     if args.json:
         _json(out)
         return EXIT_OK
-    print(f"pool {cfg.name!r} would be {nodes} {provider.kind} node(s)"
+    print(f"{label} would be {nodes} {provider.kind} node(s)"
           + (f" with {spec.accelerator}" if spec.accelerator is not None else "")
           + f", ttl {spec.ttl} s, {_money(out['hourly_cost'])}/h (nothing was created)")
     offer = out.get("offer")
@@ -508,6 +516,28 @@ def cmd_preview(args: argparse.Namespace) -> int:
     for note in out.get("notes", []):
         print(f"note: {note}")
     return EXIT_OK
+
+
+def _flags_only(args: argparse.Namespace) -> Any:
+    """`skyward preview --provider aws --accelerator T4`: defaults.toml and the flags, no name."""
+    from .config import load_flags
+
+    flags = _flags(args)
+    if not flags:
+        raise ConfigError(
+            "skyward preview needs a pool name or flags that describe a pool: `skyward preview NAME`, "
+            "or e.g. `skyward preview --provider aws --accelerator T4 --nodes 2`."
+        )
+    if args.config is not None:
+        raise ConfigError(
+            f"--config {args.config} is read for named pools only: `skyward preview NAME --config "
+            f"{args.config}`, or leave --config out to preview the flags alone."
+        )
+    return load_flags(flags)
+
+
+def _flag_words(args: argparse.Namespace) -> list[str]:
+    return [f"--{k.replace('_', '-')} {v}" for k, v in _flags(args).items()]
 
 
 def _running_record(name: str) -> dict[str, Any] | None:

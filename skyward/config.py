@@ -274,6 +274,25 @@ def load(name: str, *, project: Path | None = None, flags: dict[str, Any] | None
     return PoolConfig(name, data, tuple(sources))
 
 
+def load_flags(flags: dict[str, Any], name: str = "preview") -> PoolConfig:
+    """A pool described by command-line flags alone: defaults.toml < ``flags``, no skyward.toml
+    table (``skyward preview --provider aws ...`` without a pool name)."""
+    layers: list[dict[str, Any]] = []
+    sources: list[str] = []
+    dfile = defaults_file()
+    if dfile.is_file():
+        raw = _read_toml(dfile)
+        check_table(raw, str(dfile))
+        layers.append(raw)
+        sources.append(str(dfile))
+    check_table(flags, "command line")
+    layers.append(flags)
+    sources.append("command line")
+    data = merge(*layers)
+    check_table(data, " + ".join(sources))
+    return PoolConfig(name, data, tuple(sources))
+
+
 def defined_pools(project: Path | None = None) -> dict[str, dict[str, Any]]:
     pfile = project if project is not None else find_project_file()
     if pfile is None:

@@ -165,8 +165,8 @@ class CloudProvider(ProviderConfig):
     def check(self, spec: Spec) -> str | None:
         from skyward.errors import NoOfferError
 
-        if any(type(v).__name__ != "Disk" for v in spec.volumes):
-            return f"{self.kind.upper()} volumes are sky.Disk(...) {self.volume_kind}; other volume kinds are not supported yet"
+        if any(type(v).__name__ not in ("Disk", "Volume") for v in spec.volumes):
+            return f"{self.kind.upper()} volumes are sky.Disk(...) {self.volume_kind} or sky.Volume(...) buckets"
         try:
             self.offer(spec)
         except NoOfferError as exc:

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from . import buckets
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -82,6 +83,7 @@ class Declared:
     instances: dict[int, Any]
     subnet: Any
     ami: Any
+    access: buckets.AwsAccess | None = None  # the nodes' role for sky.Volume buckets (buckets.py)
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -130,6 +132,8 @@ def program(plan: PoolPlan) -> Declared:
     # What would replace a running node if it changed is pinned in the plan after the first
     # up; ignore_changes keeps an explicit change (a new ami=) from replacing running nodes too.
     inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["ami", "subnetId"])
+    # sky.Volume(storage=None): a role and instance profile granting exactly those buckets.
+    access = buckets.declare_aws(aws, plan, res, tags)
     instances: dict[int, Any] = {}
     for node in plan.nodes:
         user_data = cloud_config(plan, node, [disk_candidates(j) for j in range(len(plan.disks))], cloud="aws")
@@ -142,6 +146,7 @@ def program(plan: PoolPlan) -> Declared:
             key_name=key.key_name,
             associate_public_ip_address=True,
             instance_initiated_shutdown_behavior="terminate",
+            iam_instance_profile=access.profile.name if access is not None else None,
             instance_market_options=_market(node),
             # IMDSv2 only: the user data (with the node's private host key) is served by IMDS.
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
@@ -167,7 +172,7 @@ def program(plan: PoolPlan) -> Declared:
         for i, inst in instances.items()
     ])
     pulumi.export("placement", {"ami": ami, "subnet": subnet.id, "zone": subnet.availability_zone})
-    return Declared(provider, group, key, instances, subnet, ami)
+    return Declared(provider, group, key, instances, subnet, ami, access)
 
 
 def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:

@@ -380,9 +380,9 @@ def new_plan(
     import time
 
     from skyward import __version__
-    from skyward.volumes import Disk
+    from skyward.volumes import Disk, Volume
 
-    from .plan import DiskPlan
+    from .plan import BucketPlan, DiskPlan
 
     gpu = offer.accelerator is not None
     now = int(time.time())
@@ -412,6 +412,8 @@ def launch(
     pool_id: str,
     offer: Offer,
     program: Callable[[PoolPlan], Any],
+        buckets=tuple(BucketPlan(v.bucket, v.prefix, v.read_only) for v in spec.volumes
+                      if isinstance(v, Volume) and v.storage is None),
     *,
     provider: Any,
     zone: str | None,

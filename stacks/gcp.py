@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from . import buckets
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -230,6 +231,8 @@ def program(plan: PoolPlan) -> Declared:
                 for j, disk_name in [("boot", inst.name), *[(str(k), d.name) for k, d in enumerate(node_disks)]]
             ],
         ]
+        # sky.Volume(storage=None): this node's account may use exactly those buckets (buckets.py).
+        grants[node.index] += buckets.declare_gcp(gcp, plan, node.name, member, res)
         instances[node.index] = inst
         disks[node.index] = node_disks
         accounts[node.index] = account

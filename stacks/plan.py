@@ -33,6 +33,15 @@ class DiskPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class BucketPlan:
+    """A sky.Volume on the provider's own store: what the nodes' role may do, and where."""
+
+    bucket: str
+    prefix: str = ""  # "" = the whole bucket
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPlan:
     """Everything common to the AWS and GCP programs."""
 
@@ -47,6 +56,7 @@ class PoolPlan:
     ssh_cidrs: tuple[str, ...]  # who may reach port 22: the client's /32 plus any the user added
     disk_gb: int
     disks: tuple[DiskPlan, ...] = ()
+    buckets: tuple[BucketPlan, ...] = ()  # sky.Volume(storage=None): granted to the nodes (buckets.py)
     image: str | None = None  # AMI id / GCP image; None: the program's default for the offer
     gpu: bool = False
     architecture: str = "x86_64"
@@ -77,7 +87,8 @@ class PoolPlan:
         data = dict(data)
         nodes = tuple(NodePlan(**n) for n in data.pop("nodes"))
         disks = tuple(DiskPlan(**d) for d in data.pop("disks", ()))
-        return cls(nodes=nodes, disks=disks, ssh_cidrs=tuple(data.pop("ssh_cidrs")), **data)
+        buckets = tuple(BucketPlan(**b) for b in data.pop("buckets", ()))
+        return cls(nodes=nodes, disks=disks, buckets=buckets, ssh_cidrs=tuple(data.pop("ssh_cidrs")), **data)
 
     def record(self) -> dict[str, Any]:
         """The plan without secrets, for the stack config."""

@@ -320,4 +320,30 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {  # also the order resou
     "gcp:compute/instanceIAMMember:InstanceIAMMember":
         lambda i: f"{i.get('role')} on instance {i.get('instanceName')} only",
     "gcp:compute/diskIamMember:DiskIamMember": lambda i: f"{i.get('role')} on disk {i.get('name')} only",
+    "aws:iam/role:Role": lambda i: f"{i.get('name')}: assumed by the pool's EC2 instances only",
+    "aws:iam/rolePolicy:RolePolicy": lambda i: _aws_policy(i.get("policy")),
+    "aws:iam/instanceProfile:InstanceProfile": lambda i: f"{i.get('name')}: carries the role to the nodes",
+    "gcp:storage/bucketIAMMember:BucketIAMMember": lambda i: _gcp_bucket_member(i),
 }
+
+
+def _aws_policy(policy: Any) -> str:
+    """The sky.Volume policy, one clause per statement: actions on resources (and prefixes)."""
+    import json
+
+    try:
+        doc = json.loads(policy) if isinstance(policy, str) else dict(policy or {})
+    except (TypeError, ValueError):
+        return "a policy (unknown until up)"
+    clauses = []
+    for st in doc.get("Statement", []):
+        where = ", ".join(st.get("Resource") or [])
+        prefixes = ((st.get("Condition") or {}).get("StringLike") or {}).get("s3:prefix")
+        clauses.append(f"{', '.join(st.get('Action') or [])} on {where}"
+                       + (f" (prefixes {', '.join(prefixes)})" if prefixes else ""))
+    return "; ".join(clauses) or "no permissions"
+
+
+def _gcp_bucket_member(i: dict[str, Any]) -> str:
+    cond = i.get("condition") or {}
+    return f"{i.get('role')} on bucket {i.get('bucket')} only" + (f", {cond.get('description')}" if cond else "")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import re
+import shlex
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -221,12 +223,24 @@ def keras(*, backend: str = "jax") -> Plugin:
 
 # -- huggingface -------------------------------------------------------------------------------
 def huggingface(token: str | None = None, *,
+                models: Sequence[str] = (),
                 packages: tuple[str, ...] = ("transformers", "datasets", "tokenizers")) -> Plugin:
     """HuggingFace: installs ``packages`` and huggingface_hub; with a ``token`` (or HF_TOKEN in
-    your environment) sets HF_TOKEN on the nodes and logs them in during bootstrap. The token
-    is a secret: it is redacted from logs and events, and the login op only names $HF_TOKEN."""
+    your environment) sets HF_TOKEN on the nodes and logs them in during bootstrap. ``models``:
+    hub repo ids (``"org/name"``) downloaded into the nodes' HF cache during bootstrap, before
+    any task runs, so ``from_pretrained`` reads them from disk. The token is a secret: it is
+    redacted from logs and events, and the bootstrap ops only name $HF_TOKEN."""
     from skyward import secrets
 
+    if isinstance(models, str):
+        raise ConfigError(f"huggingface(models={models!r}): models is a list of repo ids; write models=[{models!r}].")
+    repos = tuple(models)
+    for repo in repos:
+        if not isinstance(repo, str) or not _REPO_ID.fullmatch(repo):
+            raise ConfigError(
+                f"huggingface(models=[..., {repo!r}]): not a hub repo id; write it as on the hub, "
+                f"e.g. 'meta-llama/Llama-3.1-8B' or 'gpt2'."
+            )
     value = token if token is not None else os.environ.get("HF_TOKEN")
     if value:
         secrets.register(value)
@@ -236,12 +250,22 @@ def huggingface(token: str | None = None, *,
         return _env(image, HF_TOKEN=value) if value else image
 
     def bootstrap(cluster: Any) -> tuple[str, ...]:
-        if not value:
-            return ()
-        return ('python -c "import os, huggingface_hub; '
-                "huggingface_hub.login(token=os.environ['HF_TOKEN'], add_to_git_credential=False)\"",)
+        ops: list[str] = []
+        if value:
+            ops.append('python -c "import os, huggingface_hub; '
+                       "huggingface_hub.login(token=os.environ['HF_TOKEN'], add_to_git_credential=False)\"")
+        if repos:
+            # The ids pass as argv (checked above), never pasted into the Python source.
+            ops.append("python -c 'import sys, huggingface_hub; "
+                       "[huggingface_hub.snapshot_download(r) for r in sys.argv[1:]]' "
+                       + " ".join(shlex.quote(r) for r in repos))
+        return tuple(ops)
 
     return Plugin.create("huggingface").with_image_transform(transform).with_bootstrap(bootstrap)
+
+
+# A hub repo id: "name" or "owner/name" (letters, digits, "-", "_", ".").
+_REPO_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]+")
 
 
 # -- accelerate --------------------------------------------------------------------------------

@@ -82,3 +82,32 @@ def test_import_skyward_and_plugins_stays_light() -> None:
             "print([m for m in ('torch', 'jax', 'sklearn', 'joblib', 'keras') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_huggingface_takes_the_reference_parameters_too() -> None:
+    # The reference's huggingface(*, models, token): models are downloaded at bootstrap.
+    image, ops = render(sky.plugins.huggingface(models=["gpt2", "org/model-1.5"], token="hf_abc987"))
+    assert image.env["HF_TOKEN"] == "hf_abc987" and "huggingface_hub" in image.pip
+    assert "huggingface_hub.login" in ops[0]
+    assert "snapshot_download" in ops[1] and ops[1].endswith(" gpt2 org/model-1.5")
+    assert "hf_abc987" not in "".join(ops)
+    # Ours still works as before: a token positionally, no models, no download op.
+    _, ops = render(sky.plugins.huggingface("hf_abc987"))
+    assert len(ops) == 1 and "snapshot_download" not in ops[0]
+
+
+def test_huggingface_download_op_runs_and_passes_ids_as_arguments(tmp_path) -> None:
+    # Run the rendered op with a stand-in huggingface_hub that records what it was asked for.
+    fake = tmp_path / "huggingface_hub.py"
+    fake.write_text("import sys\nasked = []\ndef snapshot_download(r):\n    print('GOT', r)\n")
+    _, ops = render(sky.plugins.huggingface(models=["a/b", "c"], token=None))
+    op = ops[-1].replace("python -c", f"{sys.executable} -c", 1)
+    out = subprocess.run(["bash", "-c", op], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["GOT a/b", "GOT c"]
+
+
+@pytest.mark.parametrize("models", ["gpt2", ["bad id; rm -rf /"], [3]])
+def test_huggingface_refuses_models_that_are_not_repo_ids(models: object) -> None:
+    with pytest.raises(sky.ConfigError, match="models"):
+        sky.plugins.huggingface(models=models)  # type: ignore[arg-type]

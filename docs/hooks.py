@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import re
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,22 @@ TOP_ORDER = ["index.md", "getting-started.md", "how-it-works.md"]
 # here gets a section of its own, titled with the module's name.
 API_SECTIONS: dict[str, tuple[str, str]] = {
     # module: (page slug, title)
+    "skyward.runtime.collections": ("collections", "Collections"),
     "skyward.function": ("functions-and-pools", "Functions and pools"),
+    "skyward.app": ("functions-and-pools", "Functions and pools"),
+    "skyward.membership": ("functions-and-pools", "Functions and pools"),
     "skyward.compute": ("functions-and-pools", "Functions and pools"),
     "skyward.pool": ("functions-and-pools", "Functions and pools"),
     "skyward.spec": ("specs", "Specs, images and options"),
-    "skyward.volumes": ("specs", "Specs, images and options"),
+    "skyward.typing": ("specs", "Specs, images and options"),
+    "skyward.volumes": ("storage", "Storage and volumes"),
+    "skyward.storage": ("storage", "Storage and volumes"),
+    "skyward.health": ("healing", "Healing"),
+    "skyward.healing": ("healing", "Healing"),
     "skyward.accelerators": ("specs", "Specs, images and options"),
     "skyward.time": ("specs", "Specs, images and options"),
     "skyward.catalogue": ("providers", "Providers and offers"),
+    "skyward.providers": ("providers", "Providers and offers"),
     "skyward.runtime": ("inside-tasks", "Inside tasks"),
     "skyward.events": ("observability", "Events, metrics, logging"),
     "skyward.metrics": ("observability", "Events, metrics, logging"),
@@ -65,43 +72,77 @@ API_SECTIONS: dict[str, tuple[str, str]] = {
 
 
 def _section(module: str) -> tuple[str, str]:
-    if module.startswith("skyward.providers."):
-        return API_SECTIONS["skyward.catalogue"]
-    if module.startswith("skyward.runtime.") or module == "skyward.runtime":
-        return API_SECTIONS["skyward.runtime"]
     for prefix, section in API_SECTIONS.items():
         if module == prefix or module.startswith(prefix + "."):
             return section
+    if module.startswith("skyward.providers."):
+        return API_SECTIONS["skyward.catalogue"]
     slug = module.removeprefix("skyward.").replace(".", "-").replace("_", "-")
     return slug, f"skyward.{module.removeprefix('skyward.')}"
+
+
+def _static_imports() -> dict[str, str]:
+    """Public name -> the module ``skyward/__init__.py`` takes it from, read from its source:
+    for values (type aliases, instances) that do not know where they were defined."""
+    import ast
+
+    tree = ast.parse((ROOT / "skyward" / "__init__.py").read_text(encoding="utf-8"))
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"skyward.{node.module}"
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for k, v in zip(node.value.keys, node.value.values, strict=True):
+                if (isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+                        and isinstance(v.value, str) and v.value.startswith("skyward.")):
+                    found.setdefault(k.value, v.value)
+    return found
+
+
+def _definition(name: str, obj: Any, static: dict[str, str]) -> tuple[str, str] | None:
+    """(module, dotted path mkdocstrings can find in the source) of a public name."""
+    if inspect.ismodule(obj):
+        return obj.__name__, obj.__name__
+    if inspect.isclass(obj):
+        return obj.__module__, f"{obj.__module__}.{obj.__qualname__}"
+    if inspect.isfunction(inspect.unwrap(obj)):
+        # The name the source defines it under: a function renamed at import time
+        # (``make_barrier`` exported as ``barrier``) keeps its code's qualified name.
+        fn = inspect.unwrap(obj)
+        return fn.__module__, f"{fn.__module__}.{fn.__code__.co_qualname}"
+    module = static.get(name)
+    if module is None:
+        return None
+    return module, f"{module}.{name}"
 
 
 def api_groups() -> dict[tuple[str, str], list[tuple[str, str]]]:
     """(slug, title) -> [(public name, dotted path of its definition)], in __all__ order.
 
-    Names that are not classes, functions or modules (``__version__``) are left out."""
+    Names whose definition cannot be located (``__version__``) are left out."""
     import skyward
 
+    static = _static_imports()
     groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for name in skyward.__all__:
-        obj = getattr(skyward, name)
-        if inspect.ismodule(obj):
-            path = module = obj.__name__
-        elif inspect.isclass(obj):
-            module = obj.__module__
-            path = f"{module}.{obj.__qualname__}"
-        elif callable(obj):
-            # The name the source defines it under (mkdocstrings reads the source): a function
-            # renamed at import time (``make_barrier`` exported as ``barrier``) keeps its
-            # code's qualified name.
-            fn = inspect.unwrap(obj)
-            module = fn.__module__
-            code = getattr(fn, "__code__", None)
-            path = f"{module}.{code.co_qualname if code is not None else fn.__qualname__}"
-        else:
+        found = _definition(name, getattr(skyward, name), static)
+        if found is None or name.startswith("__"):
             continue
+        module, path = found
         groups.setdefault(_section(module), []).append((name, path))
     return groups
+
+
+def _options(name: str) -> list[str]:
+    """Per-object mkdocstrings options: a class built from mixins of ours shows their methods."""
+    import skyward
+
+    obj = getattr(skyward, name)
+    if not inspect.isclass(obj) or issubclass(obj, BaseException):
+        return []
+    ours = [b for b in obj.__mro__[1:] if b.__module__.startswith("skyward.")]
+    return ["      inherited_members: true"] if ours else []
 
 
 def _summary(name: str) -> str:
@@ -128,17 +169,23 @@ def api_pages() -> dict[str, str]:
         "",
     ]
     pages: dict[str, str] = {}
+    seen: dict[str, str] = {}
     for slug, title in order:
         names = groups[slug, title]
         index += [f"## [{title}]({slug}.md)", "", "| name | what it is |", "|---|---|"]
         body = [f"# {title}", ""]
         for name, path in names:
+            if path in seen:  # another name for an object documented already
+                index.append(f"| `sky.{name}` | the same object as [`sky.{seen[path]}`][{path}] |")
+                continue
+            seen[path] = name
             index.append(f"| [`sky.{name}`][{path}] | {_summary(name)} |")
             body += [
                 f"::: {path}",
                 "    options:",
                 f"      heading: \"sky.{name}\"",
                 f"      toc_label: \"sky.{name}\"",
+                *_options(name),
                 "",
             ]
         index.append("")
@@ -175,6 +222,35 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     return rows
 
 
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """argparse's usage, wrapped at 88 columns whatever the terminal building the site."""
+    formatter = argparse.HelpFormatter(parser.prog, width=88)
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
+    return formatter.format_help().strip()
+
+
+def _command_sections(parser: argparse.ArgumentParser, prefix: str, level: int) -> list[str]:
+    """One section per subcommand (and per sub-subcommand, a level deeper)."""
+    lines: list[str] = []
+    for name, sub in _subcommands(parser).items():
+        lines += [
+            f"{'#' * level} `{prefix} {name}`",
+            "",
+            sub.description or "",
+            "",
+            "```text",
+            _usage(sub),
+            "```",
+            "",
+            "| argument | meaning |",
+            "|---|---|",
+            *_option_rows(sub),
+            "",
+            *_command_sections(sub, f"{prefix} {name}", min(level + 1, 6)),
+        ]
+    return lines
+
+
 def cli_markdown() -> str:
     """The CLI reference page, from ``skyward.cli``'s parser."""
     from skyward import cli
@@ -187,7 +263,7 @@ def cli_markdown() -> str:
         "See [Named pools and the CLI](../guides/named-pools.md) for a walk-through.",
         "",
         "```text",
-        parser.format_usage().strip(),
+        _usage(parser),
         "```",
         "",
         parser.description or "",
@@ -199,21 +275,7 @@ def cli_markdown() -> str:
         *_option_rows(parser),
         "",
     ]
-    for name, sub in _subcommands(parser).items():
-        lines += [
-            f"## `skyward {name}`",
-            "",
-            sub.description or "",
-            "",
-            "```text",
-            re.sub(r"\s+", " ", sub.format_usage().strip().removeprefix("usage: ")),
-            "```",
-            "",
-            "| argument | meaning |",
-            "|---|---|",
-            *_option_rows(sub),
-            "",
-        ]
+    lines += _command_sections(parser, "skyward", level=2)
     return "\n".join(lines)
 
 
@@ -263,7 +325,7 @@ def modules_markdown(root: Path = ROOT) -> str:
 def _title(path: Path) -> str:
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("# "):
-            return line[2:].strip()
+            return line[2:].replace("`", "").strip()
     return path.stem.replace("-", " ").capitalize()
 
 
@@ -283,10 +345,9 @@ def build_nav(docs: Path = DOCS, api_slugs: list[tuple[str, str]] | None = None)
         nav.append({"Guides": [{_title(guides[g]): f"guides/{g}.md"} for g in guide_names]})
     if "how-it-works.md" in top:
         nav.append({_title(docs / "how-it-works.md"): "how-it-works.md"})
-    reference: list[Any] = [{"API": "reference/api/index.md"}]
-    for slug, title in api_slugs or []:
-        reference.append({f"API: {title}": f"reference/api/{slug}.md"})
-    reference.append({"CLI": "reference/cli.md"})
+    api: list[Any] = [{"Overview": "reference/api/index.md"}]
+    api += [{title: f"reference/api/{slug}.md"} for slug, title in api_slugs or []]
+    reference: list[Any] = [{"Python API": api}, {"CLI": "reference/cli.md"}]
     reference.append({"Module map": "reference/modules.md"})
     # Hand-written reference pages (docs/reference/*.md), if any.
     for p in sorted((docs / "reference").glob("*.md")) if (docs / "reference").is_dir() else []:

@@ -92,7 +92,7 @@ _HOOKS = ("transform", "bootstrap", "decorate", "around_app", "around_process", 
 
 @dataclass(frozen=True, slots=True)
 class Plugin:
-    """A named bundle of optional hooks; see the README's *Plugins* section for when each runs.
+    """A named bundle of optional hooks; docs/guides/plugins.md says when each one runs.
 
     ``transform(image, cluster) -> Image`` and ``bootstrap(cluster) -> tuple[str, ...]`` run
     on the client before the nodes start; ``around_client(pool, cluster)`` wraps the pool's

@@ -10,6 +10,8 @@ from . import context
 
 
 class PeerInfo(BaseModel):
+    """One node of the pool as a task sees it: its rank and addresses."""
+
     model_config = ConfigDict(frozen=True)
 
     node: int
@@ -18,6 +20,8 @@ class PeerInfo(BaseModel):
 
 
 class AcceleratorInfo(BaseModel):
+    """The accelerators of this node: type, count and memory per device (GB)."""
+
     model_config = ConfigDict(frozen=True)
 
     type: str
@@ -27,6 +31,8 @@ class AcceleratorInfo(BaseModel):
 
 
 class NetworkInfo(BaseModel):
+    """This node's network interface and, where known, its bandwidth."""
+
     model_config = ConfigDict(frozen=True)
 
     interface: str

@@ -69,6 +69,15 @@ def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
     }
 
 
+def _lock_hooks(cluster: Any, cloud: CloudPool) -> Any:
+    """The pool's record reads the image id, instance type and region from the stack's plan, and
+    writes the finished lock back into the stack config."""
+    cluster.cloud_lock = cloud.lock_facts
+    cluster.keep_lock = cloud.keep_lock
+    cluster.node_architecture = cloud.plan.architecture  # the lock resolves for the nodes' platform
+    return cluster
+
+
 def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | None = None,
                 install: str = "index", kind: str = "aws") -> Cluster:
     """Bring the stack up and hand its nodes to the SSH bootstrap: stack outputs -> hosts ->
@@ -82,6 +91,7 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
             spec, pool_id, [host(**n.host_fields()) for n in nodes], options=options, install=install,
             **_hooks(ssh, cloud, kind),
         )
+        _lock_hooks(cluster, cloud)
     except BaseException:
         cloud.close()
         raise

@@ -179,6 +179,15 @@ def for_pool(pool: Pool) -> dict[str, Any]:
     cloud = getattr(cluster, "cloud_lock", None)
     if callable(cloud):
         lock["cloud"] = cloud()
+    keep = getattr(cluster, "keep_lock", None)
+    if callable(keep):  # a cloud pool: the same lock in its stack's config
+        try:
+            keep(lock)
+        except Exception as exc:
+            import logging
+
+            logging.getLogger("skyward").warning("pool %s: could not put its lock in the stack config: %s",
+                                                 pool.id, exc)
     offer = getattr(provider, "offer", None)
     try:
         chosen = _plain(offer(spec)) if callable(offer) else f"{provider.kind}: machines of this provider"
@@ -440,13 +449,13 @@ def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: 
     for name, value in recorded_env.items():
         if name in env or not str(value).startswith("sha256:"):
             continue
-        here = os.environ.get(name)
-        if here is None:
+        given = os.environ.get(name)
+        if given is None:
             notes.append(f"Image.env {name} was secret and is not recorded; set {name} in this environment "
                          f"to give the nodes the same value")
         else:
-            env[name] = here
-            if masked(here) != value:
+            env[name] = given
+            if masked(given) != value:
                 notes.append(f"Image.env {name} is taken from this environment and differs from the recorded one")
     if env != dict(image.env):
         changes["env"] = env
@@ -465,7 +474,7 @@ def _pin_cloud(spec: Spec, cloud: dict[str, Any], notes: list[str]) -> Spec:
         pins[image_field] = cloud["image"]
     elif image_field:
         notes.append("the image id the pool ran is not recorded: the provider looks up the current one")
-    for key in ("instance_type", "region", "zone"):
+    for key in ("instance_type", "region"):  # the zone and subnet are recorded, not pinned
         if key in names and cloud.get(key):
             pins[key] = cloud[key]
     if not pins:

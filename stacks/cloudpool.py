@@ -101,6 +101,8 @@ class CloudPool:
         self._lock = threading.Lock()
         self._closed = False
         self._by_address: dict[str, int] = {}
+        # The pool's lock (skyward.pkglock), once its nodes installed it: kept in the stack config.
+        self._lock_json: str | None = None
         self.stack = PoolStack(
             plan.stack, _Program(self, program), pool=pool_id, plugins=plugins or {},
             connect=connect or local_connect,
@@ -221,6 +223,7 @@ class CloudPool:
                 "key_path": str(self.key_path), "spot": self.spot, "fallback": self.fallback,
                 "record": json.loads(json.dumps(self._record, default=str)), "secrets": dict(self._secrets),
                 "plugins": dict(self.stack.plugins), "addresses": dict(self._by_address),
+                "lock": self._lock_json,
             }
 
     @classmethod
@@ -239,6 +242,7 @@ class CloudPool:
             connect=connect or functools.partial(local_connect, backend_url=backend), backend=backend,
         )
         cloud._by_address = {str(a): int(i) for a, i in (description.get("addresses") or {}).items()}
+        cloud._lock_json = description.get("lock")
         return cloud
 
     # -- plumbing --------------------------------------------------------------------------
@@ -265,12 +269,29 @@ class CloudPool:
             "pool": json.dumps(self._record, default=str),
             "plan": json.dumps(self.plan.record()),
             "version": self.plan.version,
+            **({"lock": self._lock_json} if self._lock_json else {}),
         }
         # Secrets are not config: config values travel to the Pulumi CLI as command-line
         # arguments (visible in `ps`, and limited to 128 KiB each). The program exports them as
         # a secret output instead (encrypted in the state); the nodes' private host keys are in
         # their (secret) user data there, and in a named pool's 0600 record.
         return self.stack.up()
+
+    def keep_lock(self, lock: dict[str, Any]) -> None:
+        """Put the pool's lock (what its nodes installed, the image id...) in the stack config,
+        now and with every later update: the stack alone says how to make the pool again."""
+        with self._lock:
+            self._lock_json = json.dumps(lock, sort_keys=True, default=str)
+            self.stack.set_config({"lock": self._lock_json})
+
+    def lock_facts(self) -> dict[str, Any]:
+        """The cloud part of the pool's lock: the concrete image the lookup resolved (pinned after
+        the first update), the instance type, region, zone and subnet."""
+        plan = self.plan
+        pinned = plan.settings.get("pinned") or {}
+        return {"image": plan.image or pinned.get("ami") or pinned.get("image"), "instance_type": plan.instance_type,
+                "region": plan.region, "zone": plan.zone or pinned.get("zone"), "subnet": pinned.get("subnet"),
+                "stack": plan.stack}
 
     def _addresses(self, outputs: dict[str, Any], indices: Sequence[int]) -> list[NodeAddress]:
         by_index = {int(n["index"]): n for n in outputs.get("nodes") or []}

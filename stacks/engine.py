@@ -174,6 +174,14 @@ class PoolStack:
         self._run("remove", lambda: self.stack.workspace.remove_stack(self.name))
         _rmtree(workspace_dir(self.name))
 
+    def set_config(self, values: Mapping[str, str]) -> None:
+        """Add these values to the stack config now, without an update (and to every later one)."""
+        from pulumi import automation as auto
+
+        self.config = {**self.config, **values}
+        self._run("config", lambda: self.stack.set_all_config(
+            {f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v) for k, v in values.items()}))
+
     def history(self) -> list[dict[str, Any]]:
         """Every update of the stack (newest first): kind, result, start/end, changes, config."""
         entries = self._run("history", lambda: self.stack.history(show_secrets=False))

@@ -20,6 +20,7 @@ import ast
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -132,22 +133,45 @@ def as_preview(code: str) -> str:
 RUNNABLE = runnable()
 
 
+def run_example(code: str, folder: Path) -> tuple[int, str, str]:
+    """Run ``code`` as ``python example.py`` in ``folder``: (exit code, stdout, stderr)."""
+    if CLOUD.search(code):
+        code = as_preview(code)
+    script = folder / "example.py"
+    script.write_text(code, encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=folder, env=dict(os.environ), text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,  # so that a stuck example is stopped with everything it started
+    )
+    try:
+        # Below pytest's own 120 s timeout, so that a stuck example reports its output.
+        stdout, stderr = proc.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return -1, stdout, stderr + "\n(killed: still running after 100 s)"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, stdout, stderr
+
+
 @pytest.mark.parametrize(("block", "code"), RUNNABLE, ids=[b.id for b, _ in RUNNABLE])
 def test_example_runs(block: Block, code: str, tmp_path: Path) -> None:
     if CLOUD.search(code):
         pytest.importorskip("pulumi", reason="cloud examples run as previews, which need the pulumi SDK")
-        code = as_preview(code)
-    script = tmp_path / "example.py"
-    script.write_text(code, encoding="utf-8")
-    env = dict(os.environ)
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=180, stdin=subprocess.DEVNULL,
+    rc, stdout, stderr = run_example(code, tmp_path)
+    assert rc == 0, (
+        f"{block.id} failed (exit {rc}):\n--- code\n{code}\n--- stdout\n"
+        f"{stdout[-3000:]}\n--- stderr\n{stderr[-5000:]}"
     )
-    assert proc.returncode == 0, (
-        f"{block.id} failed (exit {proc.returncode}):\n--- code\n{code}\n--- stdout\n"
-        f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
-    )
+
+
+def test_a_failing_example_fails(tmp_path: Path) -> None:
+    rc, _, stderr = run_example("import skyward as sky\nsky.Compute(nodes='two')\n", tmp_path)
+    assert rc != 0 and "ConfigError" in stderr
 
 
 def test_every_python_block_runs_or_says_why_not() -> None:

@@ -42,17 +42,28 @@ class Batches(Dispatch):
         batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
         retries = self._retries(None)
         futures = [self._submit(self._pick(None), p, batch, retries) for p in group.items]
-        if batch is not None:
-            self._finish_batch_when_done(batch, futures)
+        finished = self._finish_batch_when_done(batch, futures) if batch is not None else None
         if not group.stream:
-            return tuple(_results(futures))
+            try:
+                return tuple(_results(futures))
+            finally:
+                if finished is not None:
+                    finished.wait(5.0)  # emitted by the last future's callback, maybe not yet
+                    self._settle()
         if group.ordered:
             return (f.result() for f in futures)
         return (f.result() for f in as_completed(futures))
 
-    def _finish_batch_when_done(self, batch: int, futures: list[Future[Any]]) -> None:
+    def _settle(self) -> None:
+        """Let the console print a batch's last line before the call that ran it returns (its
+        lines would come after the caller's own output otherwise)."""
+        if self._console.mode == "log":
+            ev.bus.flush(2.0)
+
+    def _finish_batch_when_done(self, batch: int, futures: list[Future[Any]]) -> threading.Event:
         left, start = [len(futures)], time.monotonic()
         lock = threading.Lock()
+        finished = threading.Event()
 
         def one_done(_f: Future[Any]) -> None:
             with lock:
@@ -64,9 +75,11 @@ class Batches(Dispatch):
                     pool=self.id, batch=batch, ok=done == len(futures), done=done,
                     total=len(futures), seconds=time.monotonic() - start,
                 ))
+                finished.set()
 
         for f in futures:
             f.add_done_callback(one_done)
+        return finished
 
     @overload
     def map(self, fn: RemoteFunction[..., T], items: Iterable[Any], *,
@@ -163,6 +176,7 @@ class Batches(Dispatch):
                 pool=self.id, batch=batch, ok=first_error is None, done=done_items,
                 total=len(data), seconds=time.monotonic() - started,
             ))
+            self._settle()
         if first_error is not None:
             raise first_error[1]
         return [value for chunk in results for value in chunk]  # type: ignore[union-attr]

@@ -146,9 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "exec":
             parser.error("only `skyward exec NAME -- CMD` takes a command after --")
         args.cmd = [*args.cmd, *command]
-    if args.command is None:
-        parser.print_help()
-        return EXIT_OK
+    if args.command is None:  # a command is required: the help says which
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     warnings.showwarning = _show_warning
     handler = globals()[f"cmd_{args.command}"]
     try:
@@ -316,6 +316,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     done, failed = [], []
     for name in names:
         try:
+            named.get(name)  # an unknown name is only that: nothing is being stopped
             with _progress(f"stopping pool {name!r}"):
                 record = named.down(name)
             done.append(_summary(record))
@@ -584,7 +585,18 @@ def cmd_offers(args: argparse.Namespace) -> int:
           f"{r['accelerator_count']:g}x {r['accelerator']}" if r["accelerator"] else "-",
           _money(r["price"]), _money(r["spot"]), _money(r["on_demand"])] for r in rows],
     ))
+    print(_prices_date(rows))
     return EXIT_OK
+
+
+def _prices_date(rows: list[dict[str, Any]]) -> str:
+    """When the catalogue's prices were taken: they are a snapshot shipped with skyward."""
+    dates: dict[str, set[str]] = {}
+    for r in rows:
+        dates.setdefault(str(r.get("as_of") or "an unknown date"), set()).add(str(r["provider"]))
+    when = ", ".join(f"{d} ({', '.join(sorted(p))})" if len(dates) > 1 else d for d, p in sorted(dates.items()))
+    return (f"prices as of {when}, from the catalogue shipped with skyward; the cloud's own price "
+            f"list is the authority.")
 
 
 def _offer_dict(offer: Any, allocation: str) -> dict[str, Any]:

@@ -81,6 +81,7 @@ class Console:
         self._live: Any = None
         self._progress: Any = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._phase = _Attaching()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Console:
@@ -109,6 +110,8 @@ class Console:
     def _on_event(self, event: ev.Event) -> None:
         with self._lock:
             self._apply(event)
+        if isinstance(event, ev.Error) and event.raised:
+            return  # the caller gets it as an exception: printing it too shows it twice
         if self.mode == "log" or (self.mode == "minimal" and self._minimal(event)):
             line = self._describe(event)
             if line:
@@ -160,7 +163,7 @@ class Console:
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
         title = self.title if self.pool is not None else f"pool {event.pool}"
-        line = describe(event, title, names)
+        line = describe(event, title, names, attached=self._phase.attaching(event))
         if line and self.pool is None and line.startswith("node "):
             line = f"pool {event.pool} {line}"  # several pools share this view
         return line
@@ -251,12 +254,31 @@ def _print_line(line: str) -> None:
         pass
 
 
-def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None) -> str | None:
+class _Attaching:
+    """Tells a pool's first nodes that were started from those it attached to (a named pool
+    that runs already): a pool that attaches never requests a cluster."""
+
+    def __init__(self) -> None:
+        self._requested: set[str] = set()
+        self._ready: set[str] = set()
+
+    def attaching(self, event: ev.Event) -> bool:
+        if isinstance(event, ev.ClusterRequested):
+            self._requested.add(event.pool)
+        elif isinstance(event, ev.ClusterReady):
+            self._ready.add(event.pool)
+        return event.pool not in self._requested and event.pool not in self._ready
+
+
+def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
+             attached: bool = False) -> str | None:
     """One line for the events worth a line (tasks and metrics are too many); shared by the
-    log console and the log file."""
+    log console and the log file. ``attached``: the pool attaches to nodes that run already."""
     if isinstance(event, ev.ClusterRequested):
         return f"{title}: requesting {event.nodes} {event.provider} node(s)"
     if isinstance(event, ev.InstanceProvisioned):
+        if attached:
+            return f"node {event.node}: attached ({event.hostname}, {event.private_ip})"
         return f"node {event.node}: started on {event.hostname} ({event.private_ip})"
     if isinstance(event, ev.BootstrapPhase):
         took = f" in {event.seconds:.1f} s" if event.seconds is not None else ""
@@ -293,6 +315,7 @@ class EventLog:
     def __init__(self, pool: str, title: str) -> None:
         self._title = title
         self._batches: dict[int, str] = {}
+        self._phase = _Attaching()
         self._log = logging.getLogger("skyward.events")
         # At DEBUG the file also keeps the tasks' output, prefixed by node.
         kinds = (*_LINE_EVENTS, ev.Log) if self._log.isEnabledFor(logging.DEBUG) else _LINE_EVENTS
@@ -305,7 +328,7 @@ class EventLog:
             return
         if isinstance(event, ev.BatchStarted):
             self._batches[event.batch] = f"{event.kind} {event.name}"
-        line = describe(event, self._title, self._batches)
+        line = describe(event, self._title, self._batches, attached=self._phase.attaching(event))
         if line:
             # INFO even for errors: the console already shows them; this is the file's copy.
             self._log.info("%s", line)

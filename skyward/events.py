@@ -177,6 +177,7 @@ class Log(Event):
 class Error(Event):
     message: str
     node: int | None = None
+    raised: bool = False  # also raised to the caller, whose traceback shows it: no console line
 
 
 Callback = Callable[[Event], None]

@@ -102,7 +102,7 @@ class Pool(Batches, Membership):
         try:
             self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name)
         except BaseException as exc:
-            self._emit(ev.Error(pool=self.id, message=str(exc)))
+            self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self._stop_views()
             raise
         secrets.register(self._cluster.token)  # the agents' token never shows in logs either
@@ -110,7 +110,7 @@ class Pool(Batches, Membership):
         try:
             self._add_nodes(spec.node_spec.desired)
         except BaseException as exc:
-            self._emit(ev.Error(pool=self.id, message=str(exc)))
+            self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self.close()
             raise
         if self._owned:

@@ -84,3 +84,34 @@ def test_an_undecorated_function_pushed_at_a_pool_hints_at_sky_function(pool: sk
     assert "int" in str(info.value) and op in str(info.value)
     with pytest.raises(sky.DispatchError, match=r"@sky\.function"):
         dispatch(plain(1), sky)  # `>> sky` too
+
+
+# -- item 10: the console's lines of a batch come before the call returns -------------------------
+def test_batch_lines_are_printed_before_map_and_gather_return(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import skyward as sky
+
+        def slow_subscriber(event):  # delays every view of the event stream a little
+            if isinstance(event, sky.BatchFinished):
+                time.sleep(0.3)
+
+        sky.subscribe(slow_subscriber)
+        square = sky.function(lambda x: x * x)
+        with sky.Compute(nodes=1, options=sky.Options(console="log")) as pool:
+            pool.map(square, range(4))
+            print("MAP RETURNED", file=sys.stderr, flush=True)
+            sky.gather(square(1), square(2)) >> pool
+            print("GATHER RETURNED", file=sys.stderr, flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    at = {key: next(i for i, line in enumerate(lines) if key in line)
+          for key in ("map <lambda>: done", "MAP RETURNED", "gather <lambda>: done", "GATHER RETURNED")}
+    assert at["map <lambda>: done"] < at["MAP RETURNED"] < at["gather <lambda>: done"] < at["GATHER RETURNED"], lines

@@ -19,6 +19,7 @@ from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame, Kind
 
 from . import events as ev
+from .console import Console
 from .dispatch import Dispatch, _results
 from .errors import ConfigError, DispatchError, NodeLostError
 from .function import PendingFunctionGroup, RemoteFunction, unwrap
@@ -29,6 +30,8 @@ T = TypeVar("T")
 
 class Batches(Dispatch):
     """Many tasks at once, results in order."""
+
+    _console: Console
 
     def _batch(self, kind: Any, name: str, total: int) -> int | None:
         if not ev.bus.wants(self.id, ev.BatchStarted):

@@ -131,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--node", type=int, help="only this node")
     p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
+
+    # Commands that live in their own modules register themselves (handler= on the parser).
+    from .dashboard.command import add_dashboard
+    from .runscript import add_run
+
+    add_dashboard(command)
+    add_run(command)
     return parser
 
 
@@ -143,14 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         words, command = words[:at], words[at + 1:]
     args = parser.parse_args(words)
     if command:
-        if args.command != "exec":
-            parser.error("only `skyward exec NAME -- CMD` takes a command after --")
+        if args.command not in ("exec", "run"):
+            parser.error("only `skyward exec NAME -- CMD` and `skyward run NAME SCRIPT -- ARGS` "
+                         "take words after --")
         args.cmd = [*args.cmd, *command]
     if args.command is None:  # a command is required: the help says which
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     warnings.showwarning = _show_warning
-    handler = globals()[f"cmd_{args.command}"]
+    handler = getattr(args, "handler", None) or globals()[f"cmd_{args.command}"]
     try:
         code: int = handler(args)
         return code

@@ -1,0 +1,414 @@
+"""The dashboard's ASGI app (Starlette): HTML pages, the JSON API under /api, server-sent events.
+
+Every request needs the access token, given as ``Authorization: Bearer TOKEN`` (the API,
+curl), as ``?token=TOKEN`` (the URL ``skyward dashboard`` prints; a page visited that way
+sets an HttpOnly, SameSite=Strict cookie and redirects to the same page without it), or
+that cookie. Requests that change something and authenticate by cookie alone must also send
+``X-Skyward-Request: 1``, which a page of another site cannot add.
+
+Blocking work (registry, providers, stacks, attaching to nodes) runs in worker threads, never
+on the event loop. Pages are static HTML shells; ``app.js`` renders them from the API and
+keeps them current from ``/api/events``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import html
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from skyward import audit, registry
+from skyward.errors import ConfigError, PoolExistsError, PoolNotFoundError, SkywardError
+
+from . import views
+from .live import LivePool
+
+STATIC = Path(__file__).parent / "static"
+COOKIE = "skyward_token"
+POLL = 1.0  # seconds between looks at the registry and the audit trail for changes
+LIVE_KEPT = 600.0  # seconds an ended program's pool stays listed
+
+
+@dataclass
+class Hub:
+    """The server's state: registered program pools and the event-stream subscribers."""
+
+    token: str
+    project: Path | None = None
+    live: dict[str, LivePool] = field(default_factory=dict)
+    subscribers: set[tuple[asyncio.Queue[dict[str, Any]], str | None]] = field(default_factory=set)
+
+    def publish(self, message: dict[str, Any], ref: str | None = None, name: str | None = None) -> None:
+        for queue, wanted in list(self.subscribers):
+            if wanted is None or wanted in (ref, name):
+                try:
+                    queue.put_nowait(message)
+                except asyncio.QueueFull:  # a stalled reader loses events, never the server
+                    pass
+
+    def programs_of(self, name: str) -> list[LivePool]:
+        """Open program pools attached to (or owning) named pool ``name``, newest first."""
+        found = [p for p in self.live.values() if p.name == name and p.alive()]
+        return sorted(found, key=lambda p: float(p.info.get("started") or 0), reverse=True)
+
+
+# -- auth ------------------------------------------------------------------------------------------
+def _given_token(request: Request) -> tuple[str | None, bool]:
+    """(the token the request carries, whether only by cookie)."""
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip(), False
+    if "x-skyward-token" in request.headers:
+        return request.headers["x-skyward-token"], False
+    if "token" in request.query_params:
+        return request.query_params["token"], False
+    return request.cookies.get(COOKIE), True
+
+
+def _authorized(hub: Hub, request: Request) -> tuple[bool, bool]:
+    token, by_cookie = _given_token(request)
+    ok = token is not None and hmac.compare_digest(token.encode(), hub.token.encode())
+    return ok, by_cookie
+
+
+def _unauthorized(api: bool) -> Response:
+    if api:
+        return JSONResponse({"error": "a valid token is required: send `Authorization: Bearer TOKEN` "
+                                      "(the token is in the URL `skyward dashboard` printed)"}, 401)
+    return HTMLResponse("<!doctype html><title>skyward: token required</title><h1>401: token required</h1>"
+                        "<p>Open the URL that <code>skyward dashboard</code> printed (it ends in "
+                        "<code>?token=...</code>).</p>", 401)
+
+
+def _error(exc: BaseException) -> JSONResponse:
+    status = (404 if isinstance(exc, PoolNotFoundError) else 409 if isinstance(exc, PoolExistsError)
+              else 400 if isinstance(exc, ConfigError) else 500)
+    return JSONResponse({"error": views.clean(str(exc)), "type": type(exc).__name__}, status)
+
+
+def _json(data: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(views.clean(data), status)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def api(hub: Hub, fn: Callable[[Hub, Request], Awaitable[Any]], *, changes: bool = False) -> Endpoint:
+    """An API endpoint: token checked, SkywardErrors as JSON errors, the result cleaned."""
+
+    async def endpoint(request: Request) -> Response:
+        ok, by_cookie = _authorized(hub, request)
+        if not ok:
+            return _unauthorized(api=True)
+        if changes and by_cookie and request.headers.get("x-skyward-request") != "1":
+            return JSONResponse({"error": "send X-Skyward-Request: 1 with requests that change something"}, 403)
+        try:
+            result = await fn(hub, request)
+        except SkywardError as exc:
+            return _error(exc)
+        return result if isinstance(result, Response) else _json(result)
+
+    return endpoint
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise ConfigError("the request body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise ConfigError("the request body must be a JSON object")
+    return data
+
+
+# -- API: pools ------------------------------------------------------------------------------------
+async def list_pools(hub: Hub, request: Request) -> Any:
+    named = await run_in_threadpool(views.named_pools)
+    for row in named:
+        row["programs"] = [p.summary() for p in hub.programs_of(row["name"])]
+    programs = [p.summary() for p in hub.live.values() if p.name is None]
+    return named + sorted(programs, key=lambda r: -float(r["created"] or 0))
+
+
+def _live_ref(hub: Hub, ref: str) -> LivePool:
+    pool = hub.live.get(ref[1:]) if ref.startswith("@") else None
+    if pool is None:
+        raise PoolNotFoundError(f"no program pool {ref!r} is known to this dashboard; GET /api/pools lists them.")
+    return pool
+
+
+async def get_pool(hub: Hub, request: Request) -> Any:
+    ref = request.path_params["ref"]
+    if ref.startswith("@"):
+        return _live_ref(hub, ref).view()
+    detail = await run_in_threadpool(views.named_pool, ref)
+    programs = hub.programs_of(ref)
+    detail["programs"] = [p.summary() for p in programs]
+    # Live data comes from the programs using the pool; the newest one's metrics stand for the
+    # nodes (every client receives the same samples).
+    detail["live"] = programs[0].view() if programs else None
+    detail["batches"] = [b for p in programs for b in p.view()["batches"]]
+    return detail
+
+
+async def get_history(hub: Hub, request: Request) -> Any:
+    return await run_in_threadpool(views.history, request.path_params["ref"])
+
+
+async def get_stack(hub: Hub, request: Request) -> Any:
+    return await run_in_threadpool(views.stack, request.path_params["ref"])
+
+
+async def get_logs(hub: Hub, request: Request) -> Any:
+    ref = request.path_params["ref"]
+    try:
+        lines = int(request.query_params.get("lines", 100))
+        node = request.query_params.get("node")
+        node_index = None if node in (None, "") else int(node)
+    except ValueError:
+        raise ConfigError("lines and node must be integers") from None
+    if ref.startswith("@"):  # a program's pool: the task output it relayed
+        output = _live_ref(hub, ref).view()["output"]
+        return [{"node": int(n), "text": "\n".join(text[-lines:]), "error": None}
+                for n, text in output.items() if node_index is None or int(n) == node_index]
+    return await run_in_threadpool(views.log_tail, ref, node_index, lines)
+
+
+async def create_pool(hub: Hub, request: Request) -> Any:
+    data = await _body(request)
+    name = data.get("name")
+    if not isinstance(name, str):
+        raise ConfigError('give the pool to start: {"name": "NAME"} ([pools.NAME] in skyward.toml)')
+    result = await run_in_threadpool(views.up, name, hub.project)
+    hub.publish({"type": "changed", "what": "pools"})
+    return _json(result, 201)
+
+
+async def delete_pool(hub: Hub, request: Request) -> Any:
+    result = await run_in_threadpool(views.down, request.path_params["ref"])
+    hub.publish({"type": "changed", "what": "pools"})
+    return result
+
+
+async def resize_pool(hub: Hub, request: Request) -> Any:
+    data = await _body(request)
+    result = await run_in_threadpool(views.resize, request.path_params["ref"], data.get("nodes"))
+    hub.publish({"type": "changed", "what": "pools"})
+    return result
+
+
+async def exec_pool(hub: Hub, request: Request) -> Any:
+    data = await _body(request)
+    timeout = data.get("timeout", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigError(f"timeout={timeout!r} is not valid: give seconds per node, a number > 0.")
+    return await run_in_threadpool(views.run_command, request.path_params["ref"], data.get("command"),
+                                   float(timeout))
+
+
+async def get_config(hub: Hub, request: Request) -> Any:
+    return await run_in_threadpool(views.config_pools, hub.project)
+
+
+async def get_preview(hub: Hub, request: Request) -> Any:
+    return await run_in_threadpool(views.preview, request.path_params["name"], hub.project)
+
+
+# -- API: programs register their pools (see hook.py) ------------------------------------------
+async def ingest_register(hub: Hub, request: Request) -> Any:
+    info = await _body(request)
+    pool = LivePool(info)
+    hub.live[pool.id] = pool
+    hub.publish({"type": "changed", "what": "pools"})
+    return {"ok": True}
+
+
+async def ingest_events(hub: Hub, request: Request) -> Any:
+    try:
+        batch = await request.json()
+    except ValueError:
+        raise ConfigError("the body must be a JSON list of events") from None
+    touched: dict[str, LivePool] = {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for event in batch if isinstance(batch, list) else []:
+        pool = hub.live.get(str(event.get("pool")))
+        if pool is None:
+            continue
+        pool.apply(event)
+        touched[pool.id] = pool
+        out.setdefault(pool.id, []).append(event)
+    for pool_id, events in out.items():
+        pool = touched[pool_id]
+        hub.publish({"type": "events", "ref": pool.ref, "name": pool.name, "events": views.clean(events)},
+                    ref=pool.ref, name=pool.name)
+        if pool.ended is not None:
+            hub.publish({"type": "changed", "what": "pools"})
+    return {"ok": True}
+
+
+# -- API: the event stream ---------------------------------------------------------------------
+async def event_stream(hub: Hub, request: Request) -> Any:
+    """Server-sent events: ``data:`` lines, each a JSON list of messages, sent at most every
+    0.2 s. ``?pool=REF`` keeps only that pool's (a name or ``@id``), plus what changes lists."""
+    ref = request.query_params.get("pool") or None
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=10000)
+    entry = (queue, ref)
+
+    async def stream() -> AsyncIterator[str]:
+        hub.subscribers.add(entry)
+        try:
+            yield "retry: 2000\n" + "data: " + json.dumps([{"type": "hello", "time": time.time()}]) + "\n\n"
+            while True:
+                try:
+                    first = await asyncio.wait_for(queue.get(), 15.0)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                await asyncio.sleep(0.2)  # let a burst gather into one message
+                batch = [first]
+                while not queue.empty() and len(batch) < 2000:
+                    batch.append(queue.get_nowait())
+                yield "data: " + json.dumps(batch, default=str) + "\n\n"
+        finally:
+            hub.subscribers.discard(entry)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+# -- watching the registry and the audit trail -------------------------------------------------
+def _signature() -> tuple[dict[str, int], dict[str, int]]:
+    def stamps(folder: Path, pattern: str) -> dict[str, int]:
+        out = {}
+        for p in folder.glob(pattern):
+            try:
+                out[p.stem] = p.stat().st_mtime_ns
+            except OSError:
+                continue
+        return out
+
+    audit_dir = audit._path("x").parent
+    return stamps(registry.pools_dir(), "*.json"), stamps(audit_dir, "*.jsonl")
+
+
+async def watch(hub: Hub) -> None:
+    """Tell the pages when a pool starts, stops, changes, or its trail grows (a CLI command or
+    another program did something), and when a registered program ends."""
+    pools, trails = await run_in_threadpool(_signature)
+    while True:
+        await asyncio.sleep(POLL)
+        try:
+            new_pools, new_trails = await run_in_threadpool(_signature)
+        except OSError:
+            continue
+        changed = new_pools != pools
+        for name in {*new_trails, *trails}:
+            if new_trails.get(name) != trails.get(name):
+                hub.publish({"type": "changed", "what": "audit", "ref": name}, name=name)
+                changed = True
+        now = time.time()
+        for pool in list(hub.live.values()):
+            if pool.ended is None and not pool.alive():
+                pool.ended = now
+                changed = True
+            if pool.ended is not None and now - pool.ended > LIVE_KEPT:
+                del hub.live[pool.id]
+                changed = True
+        if changed:
+            hub.publish({"type": "changed", "what": "pools"})
+        pools, trails = new_pools, new_trails
+
+
+# -- pages -------------------------------------------------------------------------------------
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} - skyward</title>
+<link rel="stylesheet" href="/static/uPlot.min.css">
+<link rel="stylesheet" href="/static/dashboard.css">
+</head>
+<body data-page="{page}" data-ref="{ref}">
+<header><a class="brand" href="/">skyward</a>
+<nav><a href="/" id="nav-pools">Pools</a> <a href="/config" id="nav-config">skyward.toml</a></nav>
+<span id="live-status" class="muted" title="live updates">connecting</span></header>
+<main id="main"><p class="muted">loading</p></main>
+<dialog id="confirm"><form method="dialog"><p id="confirm-text"></p>
+<menu><button value="cancel" id="confirm-cancel">Cancel</button>
+<button value="ok" id="confirm-ok" class="danger">Confirm</button></menu></form></dialog>
+<script src="/static/uPlot.iife.min.js"></script>
+<script src="/static/dashboard.js"></script>
+</body></html>
+"""
+
+
+def page(hub: Hub, name: str) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        ok, _ = _authorized(hub, request)
+        if not ok:
+            return _unauthorized(api=False)
+        if "token" in request.query_params:  # from the printed URL: keep it in a cookie, drop it from the URL
+            response: Response = RedirectResponse(request.url.remove_query_params("token"), 303)
+            response.set_cookie(COOKIE, hub.token, httponly=True, samesite="strict", path="/")
+            return response
+        ref = request.path_params.get("ref", "")
+        title = {"pools": "pools", "config": "skyward.toml"}.get(name, ref)
+        body = _PAGE.format(title=html.escape(title), page=name, ref=html.escape(ref))
+        return HTMLResponse(body, headers={"Cache-Control": "no-store"})
+
+    return endpoint
+
+
+def build(token: str, project: Path | None = None) -> Starlette:
+    hub = Hub(token=token, project=project)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(watch(hub))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    routes = [
+        Route("/", page(hub, "pools")),
+        Route("/pools/{ref}", page(hub, "pool")),
+        Route("/config", page(hub, "config")),
+        Route("/api/pools", api(hub, list_pools)),
+        Route("/api/pools", api(hub, create_pool, changes=True), methods=["POST"]),
+        Route("/api/pools/{ref}", api(hub, get_pool)),
+        Route("/api/pools/{ref}", api(hub, delete_pool, changes=True), methods=["DELETE"]),
+        Route("/api/pools/{ref}/history", api(hub, get_history)),
+        Route("/api/pools/{ref}/stack", api(hub, get_stack)),
+        Route("/api/pools/{ref}/logs", api(hub, get_logs)),
+        Route("/api/pools/{ref}/resize", api(hub, resize_pool, changes=True), methods=["POST"]),
+        Route("/api/pools/{ref}/exec", api(hub, exec_pool, changes=True), methods=["POST"]),
+        Route("/api/config", api(hub, get_config)),
+        Route("/api/config/{name}/preview", api(hub, get_preview)),
+        Route("/api/events", api(hub, event_stream)),
+        Route("/api/ingest/register", api(hub, ingest_register, changes=True), methods=["POST"]),
+        Route("/api/ingest/events", api(hub, ingest_events, changes=True), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.hub = hub
+    return app

@@ -1,0 +1,224 @@
+"""How a running program shows its pools on the dashboard (standard library only).
+
+Every pool calls :func:`opened` once it is ready. That starts one daemon thread per process
+which, while the program has open pools, looks once a second for the dashboard's server file
+(``SKYWARD_HOME/dashboard/server.json``, written by ``skyward dashboard``, 0600). That stat is
+all it costs while no dashboard runs: no event subscription, so the pool emits nothing extra.
+
+When a dashboard is up, the thread registers each open pool with it (a snapshot: nodes, size,
+provider, cost; never the agents' token or the image's environment), subscribes to the pool's
+events and posts them in batches every quarter second. When the dashboard goes away the
+thread unsubscribes and goes back to looking for the file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import http.client
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+import weakref
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skyward.paths import skyward_home
+
+if TYPE_CHECKING:
+    from skyward.events import Event
+    from skyward.pool import Pool
+
+log = logging.getLogger("skyward.dashboard")
+
+LOOK_EVERY = 1.0  # seconds between looks for a dashboard while none is up
+SEND_EVERY = 0.25  # seconds between batches of events while one is up
+
+_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_link: _Link | None = None
+
+
+def server_file() -> Path:
+    return skyward_home() / "dashboard" / "server.json"
+
+
+def running_server() -> dict[str, Any] | None:
+    """The running dashboard's ``{"url", "token", "pid"}``, or None."""
+    try:
+        info: dict[str, Any] = json.loads(server_file().read_text())
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info
+
+
+def opened(pool: Pool) -> None:
+    """A pool is ready: show it on the dashboard while one runs (cheap when none does)."""
+    global _thread
+    with _lock:
+        _pools.add(pool)
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_watch, name="skyward-dashboard", daemon=True)
+            _thread.start()
+
+
+def _watch() -> None:
+    global _thread, _link
+    while True:
+        with _lock:
+            live = [p for p in _pools if not p._closed]
+            if not live and (_link is None or _link.idle()):
+                if _link is not None:
+                    _link.close()
+                _link = None
+                _thread = None
+                return
+        if _link is None:
+            info = running_server()
+            if info is not None:
+                _link = _Link(str(info["url"]), str(info["token"]))
+        if _link is not None:
+            try:
+                _link.sync(live)
+                _link.send()
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                log.debug("dashboard link lost: %s", exc)
+                _link.close()
+                _link = None
+        time.sleep(SEND_EVERY if _link is not None else LOOK_EVERY)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Send what is queued (a pool closed just before the program ends) before leaving."""
+    link = _link
+    if link is None:
+        return
+    from skyward.events import bus
+
+    bus.flush(1.0)
+    with contextlib.suppress(Exception):
+        link.send()
+
+
+def _encode(event: Event) -> dict[str, Any]:
+    out = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    out["type"] = type(event).__name__
+    return out
+
+
+def snapshot(pool: Pool) -> dict[str, Any]:
+    """What the dashboard shows of a pool before any event: nothing secret."""
+    spec = pool.spec
+    provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
+    try:
+        cost = spec.provider.hourly_cost(spec)
+    except Exception:  # a price lookup must not stop the pool from showing
+        cost = None
+    endpoints, channels = list(pool._endpoints), list(pool._channels)
+    nodes = [{"index": ch.node, "hostname": e.hostname, "private_ip": e.private_ip,
+              "lost": ch.lost is not None} for e, ch in zip(endpoints, channels, strict=False)]
+    return {
+        "id": pool.id,
+        "name": pool.name,
+        "provider": provider,
+        "owned": pool._owned,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
+        "started": time.time() - (time.monotonic() - pool._requested),
+        "nodes": nodes,
+        "desired": pool._nodes.desired,
+        "max": pool._nodes.max,
+        "accelerator": None if spec.accelerator is None else str(spec.accelerator),
+        "ttl": spec.ttl,
+        "hourly_cost": cost,
+        "metrics": [m.name for m in spec.image.metrics],
+    }
+
+
+class _Link:
+    """One program's connection to the dashboard."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.token = token
+        self.conn: http.client.HTTPConnection | None = None
+        self.queue: deque[dict[str, Any]] = deque(maxlen=20000)
+        self.subscribed: dict[str, Callable[[], None]] = {}  # pool id -> unsubscribe
+        self.ended: set[str] = set()
+        self.missing: dict[str, float] = {}  # pool id -> when it was first seen closed
+
+    def idle(self) -> bool:
+        return not self.queue and not self.subscribed
+
+    def _post(self, path: str, body: Any) -> None:
+        data = json.dumps(body, default=str).encode()
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
+            try:
+                self.conn.request("POST", path, data, headers)
+                response = self.conn.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+                continue
+            if response.status >= 400:
+                raise ValueError(f"dashboard answered {response.status} to {path}")
+            return
+
+    def sync(self, live: list[Pool]) -> None:
+        from skyward.events import ClusterDestroyed, ClusterDetached, bus
+
+        for pool in live:
+            if pool.id in self.subscribed or pool.id in self.ended:
+                continue
+            queue = self.queue
+
+            def put(event: Event, queue: deque[dict[str, Any]] = queue) -> None:
+                queue.append(_encode(event))
+                if isinstance(event, ClusterDestroyed | ClusterDetached):
+                    self.ended.add(event.pool)
+
+            self.subscribed[pool.id] = bus.subscribe(put, pool.id)
+            self._post("/api/ingest/register", snapshot(pool))
+        # Stop listening once a pool's last event is queued (or it closed 3 s ago unseen).
+        open_ids, now = {p.id for p in live}, time.monotonic()
+        for pool_id in list(self.subscribed):
+            if pool_id not in open_ids:
+                self.missing.setdefault(pool_id, now)
+            if pool_id in self.ended or now - self.missing.get(pool_id, now) > 3.0:
+                self.subscribed.pop(pool_id)()
+                self.missing.pop(pool_id, None)
+
+    def send(self) -> None:
+        if not self.queue:
+            return
+        batch: list[dict[str, Any]] = []
+        while self.queue and len(batch) < 5000:
+            batch.append(self.queue.popleft())
+        self._post("/api/ingest/events", batch)
+
+    def close(self) -> None:
+        for unsubscribe in self.subscribed.values():
+            unsubscribe()
+        self.subscribed.clear()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None

@@ -12,18 +12,24 @@ A block that names ``sky.AWS(`` or ``sky.GCP(`` runs as a preview: each ``with
 sky.Compute(...)`` statement in it is replaced by a preview of the pool it describes (the real
 stack program under Pulumi's mocks, see ``provider.preview``), so its arguments, the offer
 choice and the stack program are all checked while nothing is created and the body is not run.
+
+A block that names ``sky.SSH(`` runs on the suite's real ``sshd`` test hosts
+(tests/sshhosts.py): each ``sky.SSH(...)`` call is replaced by a provider over three fresh test
+hosts, so everything else in the block (the Image, the bootstrap, the tasks) runs for real.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +44,8 @@ NOT_RUNNABLE = re.compile(r"^<!--\s*not-runnable:\s*(?P<reason>.*?)\s*-->$")
 CONTINUES = re.compile(r"^<!--\s*continues\s*-->$")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 CLOUD = re.compile(r"\bsky\.(AWS|GCP)\(")
+SSH = re.compile(r"\bsky\.SSH\(")
+SSH_HOSTS_ENV = "SKYWARD_DOCS_SSH_HOSTS"
 
 
 @dataclass
@@ -130,17 +138,61 @@ def as_preview(code: str) -> str:
     return _PREVIEW_PRELUDE + "\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
+_SSH_PRELUDE = f'''
+def _docs_ssh_hosts():
+    """Stands in for `sky.SSH(...)`: the test suite's sshd hosts, from ${SSH_HOSTS_ENV}."""
+    import json
+    import os
+
+    import skyward as sky
+
+    hosts = json.loads(os.environ["{SSH_HOSTS_ENV}"])
+    return sky.SSH(hosts=[sky.SSHHost(**h) for h in hosts])
+'''
+
+
+class _TestHosts(ast.NodeTransformer):
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if (isinstance(node.func, ast.Attribute) and node.func.attr == "SSH"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "sky"):
+            return ast.Call(ast.Name("_docs_ssh_hosts", ast.Load()), [], [])
+        return self.generic_visit(node)
+
+
+def on_test_hosts(code: str) -> str:
+    tree = _TestHosts().visit(ast.parse(code))
+    return _SSH_PRELUDE + "\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
 RUNNABLE = runnable()
 
 
-def run_example(code: str, folder: Path) -> tuple[int, str, str]:
+@pytest.fixture(scope="module")
+def docs_ssh_hosts() -> Iterator[object]:
+    """Three fresh sshd test hosts for the SSH examples, started only if one of them runs."""
+    from sshhosts import SSHHosts, SSHHostsUnavailable
+
+    hosts = SSHHosts(3)
+    try:
+        try:
+            hosts.start()
+        except SSHHostsUnavailable as exc:
+            pytest.skip(f"SSH test hosts unavailable: {exc}")
+        yield hosts
+    finally:
+        hosts.close()
+
+
+def run_example(code: str, folder: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run ``code`` as ``python example.py`` in ``folder``: (exit code, stdout, stderr)."""
     if CLOUD.search(code):
         code = as_preview(code)
+    elif SSH.search(code):
+        code = on_test_hosts(code)
     script = folder / "example.py"
     script.write_text(code, encoding="utf-8")
     proc = subprocess.Popen(
-        [sys.executable, str(script)], cwd=folder, env=dict(os.environ), text=True,
+        [sys.executable, str(script)], cwd=folder, env={**os.environ, **(env or {})}, text=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,  # so that a stuck example is stopped with everything it started
     )
@@ -159,10 +211,17 @@ def run_example(code: str, folder: Path) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize(("block", "code"), RUNNABLE, ids=[b.id for b, _ in RUNNABLE])
-def test_example_runs(block: Block, code: str, tmp_path: Path) -> None:
+def test_example_runs(block: Block, code: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    env: dict[str, str] = {}
     if CLOUD.search(code):
         pytest.importorskip("pulumi", reason="cloud examples run as previews, which need the pulumi SDK")
-    rc, stdout, stderr = run_example(code, tmp_path)
+    elif SSH.search(code):
+        hosts = request.getfixturevalue("docs_ssh_hosts")
+        env[SSH_HOSTS_ENV] = json.dumps([
+            {"address": h.address, "port": h.port, "user": h.user, "key": str(h.key_path)}
+            for h in hosts
+        ])
+    rc, stdout, stderr = run_example(code, tmp_path, env)
     assert rc == 0, (
         f"{block.id} failed (exit {rc}):\n--- code\n{code}\n--- stdout\n"
         f"{stdout[-3000:]}\n--- stderr\n{stderr[-5000:]}"

@@ -19,6 +19,7 @@ from skyward.bootstrap.channel import NodeChannel
 
 from . import console, logs, secrets
 from . import events as ev
+from .dashboard import hook as dashboard_hook
 from .batches import Batches
 from .console import Console
 from .dispatch import decode_result
@@ -121,6 +122,7 @@ class Pool(Batches, Membership):
         ttl = spec.ttl
         self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
         self._beat.start()
+        dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
         self._start_autoscaler()
 
     def _write_record(self) -> None:

@@ -71,6 +71,16 @@ API_SECTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+# API sections in reading order; any other section comes after these, alphabetically.
+API_ORDER = ["functions-and-pools", "specs", "providers", "inside-tasks", "collections",
+             "plugins", "observability", "storage", "healing", "errors"]
+
+
+def _api_order(key: tuple[str, str]) -> tuple[int, str]:
+    slug, title = key
+    return (API_ORDER.index(slug) if slug in API_ORDER else len(API_ORDER), title)
+
+
 def _section(module: str) -> tuple[str, str]:
     for prefix, section in API_SECTIONS.items():
         if module == prefix or module.startswith(prefix + "."):
@@ -159,7 +169,7 @@ def _summary(name: str) -> str:
 def api_pages() -> dict[str, str]:
     """Relative path under docs/ -> Markdown, for the API reference."""
     groups = api_groups()
-    order = sorted(groups, key=lambda key: (key[1].startswith("skyward."), key[1]))
+    order = sorted(groups, key=_api_order)
     index = [
         "# API reference",
         "",
@@ -378,7 +388,7 @@ def on_config(config: Any) -> Any:
         {(p.split("/")[-1].removesuffix(".md"), _first_heading(text))
          for p, text in _PAGES.items()
          if p.startswith("reference/api/") and not p.endswith("index.md")},
-        key=lambda s: (s[1].startswith("skyward."), s[1]),
+        key=_api_order,
     )
     config["nav"] = build_nav(Path(config["docs_dir"]), slugs)
     return config

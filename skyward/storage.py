@@ -337,18 +337,27 @@ def _run(coro: Any) -> Any:
 async def _ranged_download(obs: Any, store: Any, key: str, size: int, fd: int,
                            advance: Callable[[int], None]) -> None:
     limit = asyncio.Semaphore(_CONCURRENCY)
+    # At most one range per connection in flight and at least _PART: fewer, larger requests
+    # (servers such as moto read the whole object again for every range).
+    step = max(_PART, -(-size // _CONCURRENCY))
 
     async def part(start: int) -> None:
-        end = min(size, start + _PART)
+        end = min(size, start + step)
         async with limit:
-            data = await obs.get_range_async(store, key, start=start, end=end)
-            view = memoryview(data)
-            written = 0
-            while written < len(view):
-                written += os.pwrite(fd, view[written:], start + written)
-            advance(end - start)
+            # Streamed: memory stays at a few chunks however large the range.
+            result = await obs.get_async(store, key, options={"range": (start, end)})
+            offset = start
+            async for chunk in result.stream(min_chunk_size=8 << 20):
+                view = memoryview(chunk)
+                written = 0
+                while written < len(view):
+                    written += os.pwrite(fd, view[written:], offset + written)
+                offset += len(view)
+                advance(len(view))
+            if offset != end:
+                raise StorageError(f"download of {key}: the range {start}-{end} ended at {offset}; try again.")
 
-    await asyncio.gather(*(part(s) for s in range(0, size, _PART)))
+    await asyncio.gather(*(part(s) for s in range(0, size, step)))
 
 
 def _chunks(path: Path, advance: Callable[[int], None]) -> Iterator[bytes]:

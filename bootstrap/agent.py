@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import serialize
-from .frames import NESTED, Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 
 PROTOCOL = 1
 
@@ -100,6 +100,9 @@ class Agent:
         # agent id -> (worker, the worker's id, the submitting task's route) for nested SUBMITs
         self.nested: dict[int, tuple[WorkerProc, int, Route | None]] = {}
         self.state: Any = None  # the pool's collections (state.StateServer), on the head node
+        # (id(connection), client's task id) -> agent task id, for streaming tasks: CREDIT, STOP
+        # and FEED frames from the client name the task by the client's id.
+        self.streaming: dict[tuple[int, int], int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
@@ -213,6 +216,8 @@ class Agent:
                     writer.send_parts(Kind.PONG, 0, 0, b"")
                 elif frame.kind == Kind.STATE:
                     self._state().handle_client(id(conn), writer, frame)
+                elif frame.kind in (Kind.CREDIT, Kind.STOP, Kind.FEED):
+                    self._to_streaming_task(conn, frame)
                 elif frame.kind == Kind.SHUTDOWN:
                     self.shutdown("the client asked")
                     return
@@ -403,6 +408,8 @@ class Agent:
         with self.lock:
             tid = next(self.tids)
             self.routes[tid] = route
+            if frame.flags & (FLAG_STREAM_OUT | FLAG_STREAM_IN):
+                self.streaming[(id(conn), frame.task_id)] = tid
             self.pending.append((tid, route, frame))
             sends = self._assign()
         self._send(sends)
@@ -439,6 +446,8 @@ class Agent:
                 with self.lock:
                     route = self.routes.pop(frame.task_id, None)
                     w.inflight.pop(frame.task_id, None)
+                    if self.streaming and route is not None:
+                        self.streaming.pop((id(route.conn), route.client_tid), None)
                     if not self.settings.get("reuse", True) and not w.retiring:
                         self._retire(w)
                     sends = self._assign()
@@ -458,6 +467,10 @@ class Agent:
                     self._broadcast(frame)
             elif frame.kind == Kind.SUBMIT:
                 self._relay_nested(w, frame)
+            elif frame.kind in (Kind.YIELD, Kind.PULL):  # a streaming task's values, its feed requests
+                route = self.routes.get(frame.task_id)
+                if route is not None:
+                    self._reply(route, frame)
         if w.launched:  # siblings share the launcher's process: leave it to them
             rc = w.proc.poll() or 0
         else:
@@ -504,6 +517,18 @@ class Agent:
                 if route.nested == 0:
                     w.lent = max(0, w.lent - 1)
         self._to_worker(w, Frame(Kind.REPLY, nid, frame.body, frame.flags, frame.buffers))
+
+    def _to_streaming_task(self, conn: Conn, frame: Frame) -> None:
+        """CREDIT / STOP / FEED from the client for one of its streaming tasks."""
+        with self.lock:
+            tid = self.streaming.get((id(conn), frame.task_id))
+            route = self.routes.get(tid) if tid is not None else None
+            w = route.worker if route is not None else None
+        if w is None or tid is None:
+            if frame.kind == Kind.STOP:  # the consumer gave up before the task started
+                self._cancel(conn, frame.task_id)
+            return
+        self._to_worker(w, Frame(frame.kind, tid, frame.body, frame.flags, frame.buffers))
 
     def _to_worker(self, w: WorkerProc, frame: Frame) -> None:
         try:

@@ -52,6 +52,7 @@ class NodeChannel:
         self._on_metric = on_metric
         self._on_submit = on_submit
         self._pending: dict[int, Done] = {}
+        self._streams: dict[int, Callable[[Frame], None]] = {}  # task id -> YIELD/PULL handler
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.lost: BaseException | None = None
@@ -77,13 +78,18 @@ class NodeChannel:
     def inflight(self) -> int:
         return len(self._pending)
 
-    def submit(self, kind: int, flags: int, body: Any, buffers: list[Any], done: Done) -> int:
+    def submit(self, kind: int, flags: int, body: Any, buffers: list[Any], done: Done,
+               on_frame: Callable[[Frame], None] | None = None) -> int:
+        """Send a request; ``done`` gets its RESULT. ``on_frame`` gets the task's YIELD and
+        PULL frames (streaming) until then."""
         tid = next(self._ids)
         with self._lock:
             if self.lost is not None:
                 serialize.discard(buffers)
                 raise self._lost_error()
             self._pending[tid] = done
+            if on_frame is not None:
+                self._streams[tid] = on_frame
         try:
             self._writer.send_parts(kind, tid, flags, body, buffers)
         except OSError as exc:
@@ -115,9 +121,9 @@ class NodeChannel:
         """Ask the agent to drop task ``tid`` if it has not started (it then fails with an error)."""
         self.send_tid(Kind.CANCEL, tid)
 
-    def send_tid(self, kind: int, tid: int) -> None:
+    def send_tid(self, kind: int, tid: int, body: bytes = b"", flags: int = 0, buffers: list[Any] = ()) -> None:  # type: ignore[assignment]
         try:
-            self._writer.send_parts(kind, tid, 0, b"")
+            self._writer.send_parts(kind, tid, flags, body, buffers)
         except OSError as exc:
             self._mark_lost(exc)
 
@@ -164,8 +170,14 @@ class NodeChannel:
                 if frame.kind == Kind.RESULT:
                     with self._lock:
                         done = self._pending.pop(frame.task_id, None)
+                        if self._streams:
+                            self._streams.pop(frame.task_id, None)
                     if done is not None:
                         done(frame)
+                elif frame.kind in (Kind.YIELD, Kind.PULL):
+                    handler = self._streams.get(frame.task_id)
+                    if handler is not None:
+                        handler(frame)
                 elif frame.kind == Kind.OUTPUT:
                     self._on_output(self.node, frame.task_id, frame.flags, bytes(frame.body))
                 elif frame.kind == Kind.METRIC and self._on_metric is not None:
@@ -190,6 +202,7 @@ class NodeChannel:
             self.lost = exc if not self._closing else ConnectionAbortedError("pool closed")
             pending = list(self._pending.values())
             self._pending.clear()
+            self._streams.clear()
         err = self._lost_error()
         for done in pending:
             done(err)

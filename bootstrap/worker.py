@@ -32,7 +32,7 @@ from skyward.errors import SerializationError, TaskTimeoutError
 from skyward.runtime import context
 
 from . import serialize
-from .frames import NESTED, Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 
 STDOUT, STDERR = 1, 2
 _GRACE = 1.0  # seconds a timed-out thread gets to unwind before it is given up on
@@ -123,6 +123,9 @@ class Worker:
         self._nested: dict[int, Callable[[Frame | BaseException], None]] = {}
         self._nested_ids = itertools.count(1)
         self._nested_reader = False
+        # Streaming (stream.py): generator tasks sending values, iterator arguments arriving.
+        self._streams: dict[int, Any] = {}  # task id -> stream.OutStream
+        self._feeds: dict[tuple[int, int], Any] = {}  # (task id, argument) -> stream.FeedIterator
 
     def configure(self, config: dict[str, Any]) -> None:
         context.configure(config["topology"])
@@ -218,6 +221,21 @@ class Worker:
                 done(frame)
         elif frame.kind == Kind.CONFIGURE:
             self.configure(json.loads(bytes(frame.body)))
+        elif frame.kind == Kind.CREDIT or frame.kind == Kind.STOP:
+            out = self._streams.get(frame.task_id)
+            if out is not None:
+                if frame.kind == Kind.STOP:
+                    out.stop()
+                else:
+                    from .stream import CREDIT
+
+                    out.credit(*CREDIT.unpack_from(frame.body, 0))
+        elif frame.kind == Kind.FEED:
+            from .stream import FEED_HEAD
+
+            feed = self._feeds.get((frame.task_id, FEED_HEAD.unpack_from(frame.body, 0)[0]))
+            if feed is not None:
+                feed.on_feed(frame)
         elif frame.kind == Kind.SHUTDOWN:
             self.exit()
 
@@ -249,14 +267,14 @@ class Worker:
         meanwhile (the agent lends a waiting task's slot) runs in a thread of its own."""
         while True:
             with self.lock:
-                if not self._nested:
+                if not self._awaiting():
                     self._nested_reader = False
                     return
             if not self.read_lock.acquire(timeout=0.05):
                 continue  # an idle slot is reading; it handles REPLY frames too
             try:
                 with self.lock:
-                    if not self._nested:
+                    if not self._awaiting():
                         self._nested_reader = False
                         return
                 try:
@@ -269,6 +287,51 @@ class Worker:
                 threading.Thread(target=self._run, args=(frame,), name="skyward-lent-slot", daemon=True).start()
             else:
                 self._control(frame)
+
+    def _awaiting(self) -> bool:
+        """Whether some task waits for frames (nested replies, credit, feeds): then a thread
+        must read even when every slot is busy (call with self.lock held)."""
+        return bool(self._nested or self._streams or self._feeds)
+
+    def _ensure_reader(self) -> None:
+        with self.lock:
+            start = not self._nested_reader
+            self._nested_reader = True
+        if start:
+            threading.Thread(target=self._read_replies, name="skyward-nested", daemon=True).start()
+
+    # -- streaming (stream.py) ---------------------------------------------------------------
+    def open_feed(self, tid: int, index: int) -> Any:
+        """The iterator an argument streamed from the client becomes (while unpickling it)."""
+        from .stream import FeedIterator
+
+        feed = FeedIterator(self.writer, tid, index)
+        with self.lock:
+            self._feeds[(tid, index)] = feed
+        self._ensure_reader()
+        return feed
+
+    def _stream_out(self, tid: int, gen: Any, entry: _Entry) -> None:
+        from .stream import OutStream, run_generator
+
+        left: list[float | None] = [None]
+
+        def pause(waiting: bool) -> None:  # the task's timeout does not run while the consumer lags
+            if waiting:
+                left[0] = None if entry.deadline is None else entry.deadline - time.monotonic()
+                entry.deadline = None
+            elif left[0] is not None:
+                entry.deadline = time.monotonic() + left[0]
+
+        out = OutStream(self.writer, tid, self.spill, pause)
+        with self.lock:
+            self._streams[tid] = out
+        self._ensure_reader()
+        try:
+            run_generator(gen, out)
+        finally:
+            with self.lock:
+                self._streams.pop(tid, None)
 
     # -- running one task --------------------------------------------------------------------
     def _run(self, frame: Frame) -> None:
@@ -287,6 +350,10 @@ class Worker:
         finally:
             for hook in context.task_done_hooks:  # eventual collection writes land before the result
                 hook()
+            if self._feeds:
+                with self.lock:
+                    for key in [k for k in self._feeds if k[0] == tid]:
+                        del self._feeds[key]
             context.current_task.reset(token)
             for s in self.streams:
                 s.flush_task(tid)
@@ -333,6 +400,9 @@ class Worker:
         try:
             if items is None:
                 value = fn(*args, **kwargs)
+                if frame.flags & FLAG_STREAM_OUT and hasattr(value, "__next__"):
+                    self._stream_out(frame.task_id, value, entry)  # values go out as YIELD frames
+                    value = None
             else:
                 value = [fn(item) for item in items]
         except BaseException as exc:

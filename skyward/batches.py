@@ -53,9 +53,11 @@ class Batches(Dispatch):
                 if finished is not None:
                     finished.wait(5.0)  # emitted by the last future's callback, maybe not yet
                     self._settle()
+        from .streaming import flatten  # a generator task's values come in place of its result
+
         if group.ordered:
-            return (f.result() for f in futures)
-        return (f.result() for f in as_completed(futures))
+            return flatten(f.result() for f in futures)
+        return flatten(f.result() for f in as_completed(futures))
 
     def _settle(self) -> None:
         """Let the console print a batch's last line before the call that ran it returns (its

@@ -28,6 +28,7 @@ from .errors import (
 )
 from .function import PendingFunction
 from .spec import Options, Spec, Worker
+from .streaming import split_stream_args, streams_out, submit_streaming
 
 if TYPE_CHECKING:
     from .providers.base import Cluster
@@ -166,6 +167,9 @@ class Dispatch:
             raise ConfigError(
                 f"expected a pending function (a call of a @sky.function function), got {type(pending).__name__}."
             )
+        out, split = streams_out(pending.fn), split_stream_args(pending.fn, pending.args, pending.kwargs)
+        if out or split is not None:  # generator tasks, iterator arguments (skyward.streaming)
+            return submit_streaming(self, ch, pending, out, split, batch)
         flags, body, buffers = self._encode(
             (pending.fn, pending.args, pending.kwargs, self._timeout(pending)),
             lambda: serialize.describe_unpicklable(pending.fn, pending.args, pending.kwargs),

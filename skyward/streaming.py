@@ -1,0 +1,172 @@
+"""Client side of streaming tasks (the wire protocol is skyward.bootstrap.stream).
+
+* A ``@sky.function`` generator (or one annotated to return an ``Iterator``/``Generator``)
+  dispatched with ``>>``/``run`` gives back an iterator of its values as the node yields them;
+  ``>``/``run_async`` a Future of that iterator (done at once); ``@`` one per node.
+* An argument that is an iterator or a generator, or any iterable passed for a parameter
+  annotated ``Iterator[...]``, travels lazily: the node pulls it in batches.
+
+Streaming tasks are not retried on another node when theirs is lost: values already consumed
+cannot be taken back. The error comes out of the iterator at that point.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import functools
+import inspect
+import queue
+import re
+import threading
+import typing
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from skyward.bootstrap.channel import NodeChannel
+from skyward.bootstrap.frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, Kind
+from skyward.bootstrap.stream import Feeder, StreamArg, StreamReader
+
+_ITER_NAME = re.compile(r"^(typing\.|collections\.abc\.|abc\.|t\.)?(Iterator|Generator)\b")
+
+
+def _plain(fn: Any) -> Any:
+    while True:
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        else:
+            return fn
+
+
+def _is_iterator_annotation(annotation: Any) -> bool:
+    if isinstance(annotation, str):
+        return bool(_ITER_NAME.match(annotation.strip()))
+    origin = typing.get_origin(annotation) or annotation
+    return origin in (collections.abc.Iterator, collections.abc.Generator)
+
+
+def streams_out(fn: Any) -> bool:
+    """Whether calls of ``fn`` stream their values back (a generator function, or one whose
+    return annotation is an Iterator or a Generator)."""
+    plain = _plain(fn)
+    if inspect.isgeneratorfunction(plain):
+        return True
+    annotations = getattr(plain, "__annotations__", None) or {}
+    return "return" in annotations and _is_iterator_annotation(annotations["return"])
+
+
+def _iterator_params(fn: Any) -> set[str]:
+    plain = _plain(fn)
+    annotations = getattr(plain, "__annotations__", None) or {}
+    return {k for k, v in annotations.items() if k != "return" and _is_iterator_annotation(v)}
+
+
+def _streamable(value: Any) -> bool:
+    return isinstance(value, Iterator) and not isinstance(value, str | bytes | bytearray)
+
+
+def split_stream_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                      ) -> tuple[tuple[Any, ...], dict[str, Any], list[Iterator[Any]]] | None:
+    """Replace the arguments that stream in by placeholders; None when there are none."""
+    params = _iterator_params(fn)
+    names: list[str] = []
+    if params:
+        try:
+            names = list(inspect.signature(_plain(fn)).parameters)
+        except (TypeError, ValueError):
+            names = []
+    iterators: list[Iterator[Any]] = []
+
+    def swap(value: Any, param: str | None) -> Any:
+        if _streamable(value) or (param in params and isinstance(value, collections.abc.Iterable)
+                                  and not isinstance(value, str | bytes | bytearray | dict)):
+            iterators.append(iter(value))
+            return StreamArg(len(iterators) - 1)
+        return value
+
+    new_args = tuple(swap(a, names[i] if i < len(names) else None) for i, a in enumerate(args))
+    new_kwargs = {k: swap(v, k) for k, v in kwargs.items()}
+    if not iterators:
+        return None
+    return new_args, new_kwargs, iterators
+
+
+def submit_streaming(pool: Any, ch: NodeChannel, pending: Any, out: bool,
+                     split: tuple[tuple[Any, ...], dict[str, Any], list[Iterator[Any]]] | None,
+                     batch: int | None = None) -> Future[Any]:
+    """Send a task that streams out (``out``) and/or in (``split``)."""
+    from skyward.bootstrap import serialize
+
+    args, kwargs = (split[0], split[1]) if split is not None else (pending.args, pending.kwargs)
+    flags, body, buffers = pool._encode(
+        (pending.fn, args, kwargs, pool._timeout(pending)),
+        lambda: serialize.describe_unpicklable(pending.fn, args, kwargs),
+    )
+    flags |= (FLAG_STREAM_OUT if out else 0) | (FLAG_STREAM_IN if split is not None else 0)
+    name = pending.name
+    future: Future[Any] = Future()
+    future.set_running_or_notify_cancel()
+    finish = pool._track(ch, name, 1, batch)
+    tid_box: list[int] = [0]
+    sent = threading.Event()  # a PULL may arrive before submit() has returned the task's id
+
+    def send(kind: int, data: bytes, fflags: int = 0, bufs: list[Any] | None = None) -> None:
+        sent.wait()
+        ch.send_tid(kind, tid_box[0], data, fflags, bufs or [])
+
+    feeder = Feeder(split[2], lambda f, b, bufs: send(Kind.FEED, b, f, bufs)) if split is not None else None
+    # The channel holds on_frame and done until the task ends: they reach the reader's inbox,
+    # never the reader, so a consumer that drops its iterator (a `break`) closes it at once.
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def on_frame(frame: Frame) -> None:
+        if frame.kind == Kind.YIELD:
+            inbox.put(frame)
+        elif frame.kind == Kind.PULL and feeder is not None:
+            feeder.on_pull(frame)
+
+    if out:
+        def done(result: Frame | BaseException) -> None:
+            if feeder is not None:
+                feeder.stop()
+            if finish is not None:
+                finish(not isinstance(result, BaseException))
+            inbox.put(("end", result))
+    else:
+        def done(result: Frame | BaseException) -> None:
+            if feeder is not None:
+                feeder.stop()
+            try:
+                value, error = pool._decode(result, name, ch.node), None
+            except BaseException as exc:
+                value, error = None, exc
+            if finish is not None:
+                finish(error is None)
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+
+    try:
+        tid_box[0] = ch.submit(Kind.TASK, flags, body, buffers, done, on_frame)
+    finally:
+        sent.set()
+    if out:
+        future.set_result(StreamReader(send, name, ch.node, pool._decode, inbox))
+    return future
+
+
+def flatten(values: Iterator[Any]) -> Iterator[Any]:
+    """``sky.gather(..., stream=True)``: a streaming task's values in place of its result."""
+    for value in values:
+        if isinstance(value, StreamReader):
+            yield from value
+        else:
+            yield value
+
+
+def is_stream(value: Any) -> bool:
+    return isinstance(value, StreamReader)
+

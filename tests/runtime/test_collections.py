@@ -1,0 +1,329 @@
+"""Distributed collections on real Local pools: one object per name for every task, on every
+node, under both executors and from the client; strong and eventual consistency; waits that end;
+locks released when their holder dies; the listener admits only the pool's token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import skyward as sky
+from skyward.bootstrap.frames import HEADER, FrameReader, FrameWriter, Kind
+
+pytestmark = pytest.mark.timeout(180)
+QUIET = sky.Options(console=False)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[sky.Pool]:
+    """2 nodes x 4 slots (thread executor)."""
+    with sky.Compute(nodes=2, worker=sky.Worker(concurrency=4), options=QUIET) as p:
+        yield p
+
+
+@sky.function
+def bump(name: str, n: int, consistency: str) -> int:
+    c = sky.counter(name, consistency=consistency)  # type: ignore[arg-type]
+    for _ in range(n):
+        c.increment()
+    return sky.instance_info().node
+
+
+@pytest.mark.parametrize("consistency", ["strong", "eventual"])
+def test_counter_is_exact_after_10000_increments_from_2_nodes_x_4_slots(pool: sky.Pool, consistency: str) -> None:
+    name = f"exact-{consistency}"
+    futures = [bump(name, 1250, consistency) > pool for _ in range(8)]
+    nodes = {f.result() for f in futures}
+    assert nodes == {0, 1}
+    assert sky.counter(name).value == 10_000
+
+
+@sky.function
+def read_modify_write(rounds: int) -> None:
+    d, lock = sky.dict("balances"), sky.lock("balances-lock", timeout=60)
+    for _ in range(rounds):
+        with lock:
+            d["total"] = d.get("total", 0) + 1  # a lost update without the lock
+
+
+def test_lock_makes_a_read_modify_write_on_a_dict_exact_under_contention(pool: sky.Pool) -> None:
+    futures = [read_modify_write(50) > pool for _ in range(8)]
+    for f in futures:
+        f.result()
+    assert sky.dict("balances")["total"] == 400
+
+
+@sky.function
+def produce(n: int) -> int:
+    q = sky.queue("jobs")
+    for i in range(n):
+        q.put({"job": i})
+    for _ in range(4):
+        q.put(None)  # one stop marker per consumer
+    return sky.instance_info().node
+
+
+@sky.function
+def consume() -> tuple[int, list[int]]:
+    q, got = sky.queue("jobs"), []
+    while (item := q.get(timeout=60)) is not None:
+        got.append(item["job"])
+    return sky.instance_info().node, got
+
+
+def test_queue_producer_on_one_node_consumers_on_two(pool: sky.Pool) -> None:
+    consumers = [pool.run_async(consume(), target=t) for t in (0, 0, 1, 1)]
+    assert pool.run(produce(200), target=1) == 1
+    results = [f.result() for f in consumers]
+    assert {node for node, _ in results} == {0, 1}
+    taken = sorted(j for _, jobs in results for j in jobs)
+    assert taken == list(range(200))  # every job once, none twice
+    for _, jobs in results:
+        assert jobs == sorted(jobs)  # FIFO as each consumer sees it
+    assert sky.queue("jobs").empty() and len(sky.queue("jobs")) == 0
+
+
+@sky.function
+def set_and_dict_methods() -> dict[str, object]:
+    s, d = sky.set("s"), sky.dict("d")
+    s.add("a")
+    s.add("b")
+    s.discard("b")
+    s.discard("never there")
+    d["x"] = [1, 2, 3]
+    d.update({"y": 2, "z": 3})
+    d.update([("w", 4)])
+    del d["z"]
+    missing = None
+    try:
+        d["nope"]
+    except KeyError as exc:
+        missing = str(exc)
+    return {
+        "in": "a" in s, "not_in": "b" in s, "len": len(s), "x": d["x"], "get": d.get("q", 7),
+        "has_y": "y" in d, "has_z": "z" in d, "pop": d.pop("w"), "pop_missing": d.pop("w", "gone"),
+        "missing": missing, "no_items": not hasattr(d, "items") and not hasattr(s, "remove"),
+    }
+
+
+def test_every_reference_method_works_from_a_task_and_the_client(pool: sky.Pool) -> None:
+    got = set_and_dict_methods() >> pool
+    assert got == {"in": True, "not_in": False, "len": 1, "x": [1, 2, 3], "get": 7, "has_y": True,
+                   "has_z": False, "pop": 4, "pop_missing": "gone", "missing": "'nope'", "no_items": True}
+    c = sky.counter("client-side")
+    assert c.increment(5) == 5 and c.decrement() == 4 and int(c) == 4
+    c.reset(10)
+    assert c.value == 10
+    q = sky.queue("client-q")
+    q.put("hello")
+    assert len(q) == 1 and q.get() == "hello" and q.empty()
+
+
+def test_async_variants_are_futures_and_awaitables(pool: sky.Pool) -> None:
+    c, d = sky.counter("async"), sky.dict("async-d")
+    assert c.increment_async(3).result() == 3
+    d.set_async("k", "v").result()
+
+    async def main() -> tuple[int, str, bool]:
+        return await c.increment_async(), await d.get_async("k"), await d.contains_async("k")
+
+    assert asyncio.run(main()) == (4, "v", True)
+    names = {m for cls in (sky.dict, sky.set, sky.counter, sky.queue) for m in dir(type(cls("n")))}
+    for method in ("get", "update", "pop", "add", "discard", "increment", "decrement", "reset", "put"):
+        assert f"{method}_async" in names
+
+
+def test_large_values_travel_out_of_band(pool: sky.Pool) -> None:
+    np = pytest.importorskip("numpy")
+
+    @sky.function
+    def store() -> None:
+        sky.dict("arrays")["a"] = np.arange(2_000_000, dtype=np.float64)
+
+    store() >> pool
+    got = sky.dict("arrays")["a"]
+    assert got.shape == (2_000_000,) and float(got[-1]) == 1_999_999.0
+
+
+@sky.function
+def slow_map_item(x: int) -> int:
+    time.sleep(0.01)
+    sky.counter("progress").increment()
+    return x
+
+
+def test_the_client_reads_a_counter_while_a_map_runs(pool: sky.Pool) -> None:
+    seen: list[int] = []
+    result: list[list[int]] = []
+    t = threading.Thread(target=lambda: result.append(pool.map(slow_map_item, range(300), chunksize=5)))
+    progress = sky.counter("progress")
+    t.start()
+    while t.is_alive():
+        seen.append(progress.value)
+        time.sleep(0.02)
+    t.join()
+    assert result[0] == list(range(300))
+    assert progress.value == 300
+    assert any(0 < v < 300 for v in seen), seen  # watched it move, not just the end
+
+
+def test_eventual_writes_batch_and_reads_see_own_writes(pool: sky.Pool) -> None:
+    @sky.function
+    def writer() -> tuple[int, bool]:
+        c, s = sky.counter("ev", consistency="eventual"), sky.set("ev-set", consistency="eventual")
+        for i in range(1000):
+            c.increment()
+            s.add(i % 10)
+        assert c.increment() is None  # buffered: no new value to report
+        return c.value, 3 in s  # a process reads its own writes
+
+    own = [writer() > pool for _ in range(4)]
+    for f in own:
+        value, member = f.result()
+        assert value >= 1001 and member
+    assert sky.counter("ev").value == 4004
+    assert len(sky.set("ev-set")) == 10
+
+
+@sky.function
+def die_holding(name: str) -> None:
+    sky.lock(name).acquire()
+    os._exit(3)
+
+
+def test_a_lock_whose_holder_died_is_released_with_a_log_event() -> None:
+    logs: list[str] = []
+    unsubscribe = sky.subscribe(lambda e: logs.append(e.message) if isinstance(e, sky.Log) else None)
+    try:
+        with sky.Compute(nodes=2, options=QUIET) as p:
+            with pytest.raises(sky.WorkerDiedError):
+                p.run(die_holding("held"), target=1)
+
+            @sky.function
+            def take() -> bool:
+                return sky.lock("held", timeout=20).acquire()
+
+            assert p.run(take(), target=0) is True
+            deadline = time.monotonic() + 10
+            while not any("lock 'held' released" in m for m in logs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        unsubscribe()
+    assert any("lock 'held' released" in m and "node 1" in m for m in logs), logs
+
+
+def test_waits_end_with_clear_errors(pool: sky.Pool) -> None:
+    with pytest.raises(sky.CollectionTimeoutError, match="stayed empty"):
+        sky.queue("empty").get(timeout=0.2)
+
+    @sky.function
+    def hold(seconds: float) -> None:
+        with sky.lock("busy"):
+            time.sleep(seconds)
+
+    held = hold(3) > pool
+    time.sleep(0.5)
+    start = time.monotonic()
+    with pytest.raises(sky.CollectionTimeoutError, match="lock 'busy' was not acquired"):
+        sky.lock("busy", timeout=0.5).acquire()
+    assert time.monotonic() - start < 2.5
+    held.result()
+    with pytest.raises(sky.CollectionError, match="not held"):
+        sky.lock("busy").release()
+    with pytest.raises(sky.CollectionTimeoutError, match="barrier 'alone' is broken"):
+        sky.barrier("alone", 2).wait(timeout=0.3)
+    with pytest.raises(sky.CollectionError, match="n=2"):
+        sky.barrier("alone", 3)
+
+
+@sky.function
+def phased(name: str, n: int) -> tuple[int, float]:
+    b = sky.barrier(name, n)
+    time.sleep(0.3 * sky.instance_info().node)  # arrive at different times
+    b.wait(timeout=60)
+    return sky.instance_info().node, time.monotonic()
+
+
+def test_barrier_across_3_nodes() -> None:
+    with sky.Compute(nodes=3, options=QUIET) as p:
+        results = phased("sync", 3) @ p
+    assert [n for n, _ in results] == [0, 1, 2]
+    times = [t for _, t in results]
+    assert max(times) - min(times) < 0.25  # released together, after the last (0.6 s late) arrived
+
+
+def test_process_executor_and_nested_tasks_share_one_object() -> None:
+    @sky.function
+    def inner() -> int:
+        return sky.counter("nested").increment() or 0
+
+    @sky.function
+    def outer() -> int:
+        sky.counter("nested").increment()
+        return inner()  # a @sky.function called inside a task runs there
+
+    with sky.Compute(nodes=2, worker=sky.Worker(concurrency=2, executor="process"), options=QUIET) as p:
+        futures = [bump("proc", 500, "strong") > p for _ in range(4)]
+        futures += [bump("proc-ev", 500, "eventual") > p for _ in range(4)]
+        for f in futures:
+            f.result()
+        assert sky.counter("proc").value == 2000
+        assert sky.counter("proc-ev").value == 2000
+        assert (outer() >> p) == 2
+
+
+def test_outside_a_pool_and_with_cluster_false_the_factories_say_so() -> None:
+    errors: list[BaseException] = []
+
+    def outside() -> None:  # a fresh thread: no pool is active in it (the module's pool is, here)
+        try:
+            sky.counter("c")
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=outside)
+    t.start()
+    t.join()
+    assert isinstance(errors[0], sky.NoActivePoolError) and "sky.counter('c')" in str(errors[0])
+    with pytest.raises(sky.ConfigError, match="consistency"):
+        sky.dict("d", consistency="sometimes")  # type: ignore[arg-type]
+    with sky.Compute(nodes=1, options=sky.Options(console=False, cluster=False)) as p:
+        with pytest.raises(sky.ConfigError, match=r"sky\.queue\('q'\).*cluster=False"):
+            sky.queue("q")
+
+        @sky.function
+        def on_node() -> str:
+            try:
+                sky.lock("l")
+            except sky.ConfigError as exc:
+                return str(exc)
+            return "no error"
+
+        assert "cluster=False" in (on_node() >> p)
+
+
+def test_lock_is_callable_after_a_pool(pool: sky.Pool) -> None:
+    """`sky.lock` stays the factory even once every skyward module is imported."""
+    assert callable(sky.lock)
+    assert isinstance(sky.lock("callable"), type(sky.lock("again")))
+
+
+def test_the_listener_admits_only_the_pool_token(pool: sky.Pool) -> None:
+    where = pool._state_served[1]
+    assert where["host"] == "127.0.0.1"  # Local: the private address is loopback
+    for hello in (b'{"token": "wrong"}', b"x" * 10_000):
+        with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
+            s.sendall(HEADER.pack(Kind.HELLO, 0, 0, 0, len(hello)) + hello)
+            s.settimeout(10)
+            assert s.recv(100) == b""  # closed without a word
+    # with the token a peer is served (what every worker does)
+    with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
+        FrameWriter(s).send_parts(Kind.HELLO, 0, 0, json.dumps({"token": pool._cluster.token}).encode())
+        assert FrameReader(s).read().kind == Kind.WELCOME

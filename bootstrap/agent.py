@@ -122,6 +122,7 @@ class Agent:
                 _close(c.sock)
         if self.orphaned:
             for path in self.orphan_cleanup:
+                _unmount_volumes(path)  # sky.Volume: a pool folder's mounts go before the folder
                 shutil.rmtree(path, ignore_errors=True)
 
     def shutdown(self, why: str) -> None:
@@ -662,6 +663,17 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
     if not token:
         raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
+
+def _unmount_volumes(folder: str) -> None:
+    """Run the pool's unmount script (bootstrap/mounts.py), if the volumes phase wrote one;
+    no agent is left to wait for after an orphaned pool, so at most a few minutes of uploads."""
+    script = os.path.join(folder, "unmount.sh")
+    if os.path.isfile(script):
+        try:
+            subprocess.run(["bash", script], stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as exc:
+            _log(f"unmounting the pool's volumes failed: {exc}")
+
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -316,6 +316,9 @@ class LocalMounts:
                 on_phase("failed", time.monotonic() - t0)
             self.close()
             raise
+        # If this process dies without closing the pool, the agents' orphan cleanup runs it.
+        script = 'POOL="$(cd "$(dirname "$0")" && pwd)"\n' + self.describe()["script"]
+        (pool_dir / "unmount.sh").write_text(script)
         if on_phase:
             on_phase("done", time.monotonic() - t0)
 

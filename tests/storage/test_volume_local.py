@@ -117,3 +117,60 @@ def test_a_non_empty_mount_point_fails_clearly(s3: S3Server, bucket: str, tmp_pa
         pass
     assert mounts_under(tmp_path) == []
     assert (busy / "file").read_text() == "x"
+
+
+_ORPHAN = """
+import ctypes, os, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the killed client's children land here
+mount = sys.argv[2]
+client = subprocess.Popen([sys.executable, sys.argv[1]], stdout=subprocess.PIPE, text=True)
+print(client.stdout.readline().strip(), flush=True)
+sys.stdin.readline()
+client.kill()
+client.wait()
+t0 = time.monotonic()
+def mounted():
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == mount for line in f)
+while mounted() and time.monotonic() - t0 < 60:
+    time.sleep(0.1)
+print(f"{time.monotonic() - t0:.2f} {int(mounted())}", flush=True)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:  # reap the orphans (agents, rclone) as they exit
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        time.sleep(0.1)
+"""
+
+
+def test_a_killed_client_leaves_no_mount_after_its_ttl(s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    mount = str(tmp_path / "data")
+    (tmp_path / "orphan.py").write_text(_ORPHAN)
+    (tmp_path / "client.py").write_text(textwrap.dedent(f"""
+        import time
+        import skyward as sky
+        st = sky.Storage({s3.endpoint!r}, {s3.access_key!r}, {s3.secret_key!r}, path_style=True)
+        with sky.Compute(volumes=[sky.Volume({bucket!r}, {mount!r}, storage=st)], ttl=3,
+                         options=sky.Options(console=False)):
+            print("mounted", flush=True)
+            time.sleep(120)
+    """))
+    reaper = subprocess.Popen([sys.executable, str(tmp_path / "orphan.py"), str(tmp_path / "client.py"), mount],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert reaper.stdin is not None and reaper.stdout is not None
+        assert reaper.stdout.readline().strip() == "mounted"
+        assert mounts_under(mount) == [mount]
+        reaper.stdin.write("go\n")
+        reaper.stdin.flush()
+        elapsed, still = reaper.stdout.readline().split()
+        print(f"the mount went {elapsed} s after the client was killed (ttl 3 s)")
+        assert still == "0" and mounts_under(mount) == []  # the agents' orphan cleanup unmounted it
+        assert reaper.wait(60) == 0
+    finally:
+        if reaper.poll() is None:
+            reaper.kill()
+        reaper.wait()

@@ -88,3 +88,17 @@ def test_three_hosts_read_a_bucket_and_write_results(hosts: SSHHosts, bridge_s3:
     for host in hosts:
         left = on_host(host, f"grep ' {MOUNT}' /proc/mounts; pgrep -a rclone; ls {MOUNT} 2>/dev/null; true")
         assert left.strip() == "", f"{host.name} still has: {left}"
+
+
+def test_an_exception_in_the_block_unmounts_on_every_host(hosts: SSHHosts, bridge_s3: S3Server) -> None:
+    bridge_s3.create_bucket("errors")
+    st = bridge_s3.storage()
+    vol = sky.Volume("errors", f"{MOUNT}/rw", read_only=False, storage=st)
+    with pytest.raises(RuntimeError, match="user bug"), \
+            sky.Compute(provider=provider(hosts), nodes=3, volumes=[vol], options=sky.Options(console=False)) as pool:
+        pool.map(lambda i: Path(f"{MOUNT}/rw/partial-{i}.txt").write_text("x"), range(3))
+        raise RuntimeError("user bug")
+    assert st.ls("errors") == [f"partial-{i}.txt" for i in range(3)]  # written before the error
+    for host in hosts:
+        left = on_host(host, f"grep ' {MOUNT}' /proc/mounts; pgrep -a rclone; true")
+        assert left.strip() == "", f"{host.name} still has: {left}"

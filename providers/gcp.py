@@ -137,6 +137,8 @@ class GCP(CloudProvider):
             "accelerator_type": offer.extra.get("accelerator_type"), "attach": bool(offer.extra.get("attach")),
             "accelerator_count": offer.accelerator_count, "zones": self.zones_for(spec, offer),
         }
+        if offer.extra.get("tpu"):  # a Cloud TPU row: its runtime version and hosts (stacks/gcp_tpu.py)
+            settings["tpu"] = offer.extra["tpu"]
         return {
             "zone": self.zone, "image": self.image, "user": self.user, "settings": settings,
             "allow_ssh_from": self.allow_ssh_from, "detect_address": self.detect_address,
@@ -148,6 +150,8 @@ class GCP(CloudProvider):
 # of the catalogue's date. Not every region has an "-a" zone (us-east1: b, c, d).
 REGION_ZONES: dict[str, list[str]] = {
     "us-central1": ["a", "b", "c", "f"],
+    "us-central2": ["b"],  # Cloud TPU v4 only
+    "us-south1": ["a", "b", "c"],
     "us-east1": ["b", "c", "d"],
     "us-east4": ["a", "b", "c"],
     "us-east5": ["a", "b", "c"],

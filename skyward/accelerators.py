@@ -338,7 +338,7 @@ _CATALOGUE: tuple[_Entry, ...] = (
     # NVIDIA data-centre
     _Entry("H100", "80GB", memory_variants=("94GB",), form_factors=("SXM", "PCIe", "NVL")),
     _Entry("H200", "141GB", form_factors=("SXM", "NVL")),
-    _Entry("B200", "192GB", memory_variants=("180GB",)),
+    _Entry("B200", "180GB", memory_variants=("192GB",), description="180GB as the clouds rent it (HGX)"),
     _Entry("B100", "192GB"),
     _Entry("B300", "288GB"),
     _Entry("GB200", "384GB", description="Grace Blackwell superchip: memory of both GPUs"),

@@ -98,20 +98,21 @@ def load(provider: str) -> tuple[Offer, ...]:
     for row in data["types"]:
         acc = row.get("accelerator") or {}
         extra = {k: v for k, v in row.items()
-                 if k not in ("name", "vcpus", "memory_gb", "architecture", "accelerator", "prices")}
+                 if k not in ("name", "vcpus", "memory_gb", "architecture", "accelerator", "prices", "as_of")}
         for region, (on_demand, spot) in row["prices"].items():
             offers.append(Offer(
                 provider=provider, instance_type=row["name"], region=region, vcpus=row["vcpus"],
                 memory_gb=row["memory_gb"], architecture=row["architecture"],
                 accelerator=acc.get("name"), accelerator_count=acc.get("count", 0),
                 accelerator_memory_gb=acc.get("memory_gb"), on_demand=on_demand, spot=spot,
-                as_of=data["as_of"], extra=extra,
+                as_of=row.get("as_of", data["as_of"]), extra=extra,  # rows added later carry their own date
             ))
     return tuple(offers)
 
 
 def as_of(provider: str) -> str:
-    return load(provider)[0].as_of
+    """The newest price date of a provider's catalogue (rows may be dated apart)."""
+    return max(o.as_of for o in load(provider))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,9 @@ _RELAX: tuple[tuple[str, dict[str, Any]], ...] = (
     ("architecture", {"max_hourly_cost": None, "region": None, "architecture": None}),
     ("vcpus and memory_gb", {"max_hourly_cost": None, "region": None, "architecture": None,
                              "vcpus": None, "memory_gb": None}),
+    # allocation="spot" for machines sold on-demand only (the biggest GPUs, trn2).
+    ("allocation", {"max_hourly_cost": None, "region": None, "architecture": None,
+                    "vcpus": None, "memory_gb": None, "allocation": "cheapest"}),
 )
 
 
@@ -192,6 +196,12 @@ def closest(provider: str, want: Want, n: int = 3) -> tuple[str, list[Offer]]:
         found = matching(provider, replace(want, **changes))
         if found:
             return dropped, found[:n]
+    if want.accelerator is not None and want.accelerator.count > 1:
+        # The accelerator is rented, only not this many per node: show the counts there are.
+        one = replace(want.accelerator, count=1)
+        found = matching(provider, replace(want, **_RELAX[-1][1], accelerator=one))
+        if found:
+            return "accelerator count", sorted(found, key=lambda o: -o.accelerator_count)[:n]
     return "", []
 
 
@@ -249,6 +259,9 @@ def no_offer_message(provider: str, want: Want) -> str:
     if near:
         text += f" Closest, without the {dropped} limit:\n" + "\n".join(f"      {o}" for o in near)
         text += f"\n    Change {dropped} (or the accelerator), or try another provider."
+        if dropped == "accelerator count" and want.accelerator is not None and want.accelerator.manufacturer == "Google":
+            text += (" TPU slices larger than one host (v4-64, v3-32...) are not supported yet: "
+                     "a node is one single-host TPU VM; ask for more nodes instead.")
     else:
         text += " Nothing close either: pick another accelerator, or see sky.offers() for what exists."
     return text

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from skyward.bootstrap.channel import NodeChannel
 
-from . import console, logs, secrets
+from . import app, console, logs, secrets
 from . import events as ev
 from .dashboard import hook as dashboard_hook
 from .batches import Batches
@@ -26,7 +26,7 @@ from .dispatch import decode_result
 from .errors import ConfigError
 from .function import not_pending
 from .membership import Membership
-from .spec import Options, Spec, Worker
+from .spec import Options, PoolSpec, Worker
 
 if TYPE_CHECKING:
     from .providers.base import Cluster
@@ -60,7 +60,7 @@ class Pool(Batches, Membership):
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
     def __init__(
-        self, spec: Spec, options: Options, worker: Worker, *,
+        self, spec: PoolSpec, options: Options, worker: Worker, *,
         cluster: Cluster | None = None, name: str | None = None,
     ) -> None:
         """``cluster``: nodes that already run (a named pool another process started, from
@@ -96,7 +96,9 @@ class Pool(Batches, Membership):
         secrets.register_env(spec.image.env)  # before anything can log or print them
         title = f"pool {name or self.id}"
         self._event_log = console.EventLog(self.id, title)
-        self._console = Console(console.resolve(options.console), self.id, title).start()
+        # Inside sky.App the App's console shows this pool; it opens none of its own.
+        mode = "silent" if app.current() is not None else console.resolve(options.console)
+        self._console = Console(mode, self.id, title).start()
         provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
         if cluster is None:
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))

@@ -123,6 +123,10 @@ def program(plan: PoolPlan) -> Declared:
     # Typed as Any: the SDKs' overloads reject plain dict inputs that they accept at run time.
     pulumi: Any = importlib.import_module("pulumi")
     gcp: Any = importlib.import_module("pulumi_gcp")
+    from . import gcp_tpu
+
+    if gcp_tpu.is_tpu(plan):  # a TPU VM per node instead of an instance (stacks/gcp_tpu.py)
+        return gcp_tpu.program(plan)  # type: ignore[return-value]
 
     s = plan.settings
     labels = plan.labels()

@@ -301,6 +301,12 @@ def _gcp_instance(i: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _gcp_tpu(i: dict[str, Any]) -> str:
+    sched = i.get("schedulingConfig") or {}
+    market = "spot" if sched.get("spot") else "preemptible" if sched.get("preemptible") else "on-demand"
+    return f"TPU VM {i.get('acceleratorType')}, {market}, runtime {i.get('runtimeVersion')}, in {i.get('zone')}"
+
+
 def _gcp_provider(i: dict[str, Any]) -> str:
     return ", ".join(f"{k} {i[k]}" for k in ("project", "region", "zone") if i.get(k))
 
@@ -315,6 +321,7 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {  # also the order resou
     "gcp:compute/disk:Disk": lambda i: f"{_n(i.get('size'))} GB {i.get('type')} in {i.get('zone')}",
     "aws:ec2/instance:Instance": _aws_instance,
     "gcp:compute/instance:Instance": _gcp_instance,
+    "gcp:tpu/v2Vm:V2Vm": lambda i: _gcp_tpu(i),
     "gcp:serviceaccount/account:Account": lambda i: f"{i.get('accountId')}: the node's identity, no project role",
     "gcp:projects/iAMCustomRole:IAMCustomRole": lambda i: f"{i.get('roleId')}: {', '.join(i.get('permissions') or [])}",
     "gcp:compute/instanceIAMMember:InstanceIAMMember":

@@ -83,7 +83,7 @@ def test_all_names_resolve() -> None:
     [
         ("H100", "H100", "80GB", "NVIDIA"),
         ("H200", "H200", "141GB", "NVIDIA"),
-        ("B200", "B200", "192GB", "NVIDIA"),
+        ("B200", "B200", "180GB", "NVIDIA"),
         ("A100", "A100", "80GB", "NVIDIA"),
         ("A10G", "A10G", "24GB", "NVIDIA"),
         ("A10", "A10", "24GB", "NVIDIA"),

@@ -1,0 +1,191 @@
+"""The GCP stack program for a Cloud TPU pool: one TPU VM per node.
+
+A TPU is not a card attached to a Compute Engine instance: a TPU VM is its own resource
+(``gcp.tpu.V2Vm``), named by its *accelerator type* (``v5litepod-8``: the slice) and booted
+from a TPU *runtime version* (``v2-alpha-tpuv5-lite``) instead of an image. Everything else is
+as for instances (stacks/gcp.py): the pool's two firewall rules on its network tag, the
+``ssh-keys`` metadata with the client key, ``user-data`` with the node's host key and the TTL
+watchdog, labels with the pool name and expiry, spot (or preemptible, for the generations
+that predate spot) where the plan says. The nodes are then bootstrapped over SSH like any
+other, and the jax plugin's rendezvous works across them as across GPU nodes.
+
+Scope: single-host slices (v2-8, v3-8, v4-8, v5litepod-1/4/8, v5p-8, v6e-1/4/8), one per
+node. Multi-host slices (v4-64...) have several workers per resource and are refused by
+selection (no catalogue offer). ``sky.Disk`` volumes and cloud-granted buckets are not
+declared for TPU VMs yet: a plan with them is refused here, before anything is created.
+
+TTL: the user-data watchdog asks the compute API to delete the node (which a TPU VM is not,
+so that is refused) and then powers the VM off; the stack is destroyed by the pool's client
+or by ``skyward down --expired``, which removes the TPU VM.
+
+Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), from
+each VM's first network endpoint.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from .plan import NodePlan, PoolPlan
+from .userdata import cloud_config
+
+# Runtime versions by TPU generation (the prefix of the accelerator type), for rows that do
+# not name one: the Ubuntu 22.04 base for v2-v4, the v2-alpha runtimes for v5e, v5p and v6e.
+RUNTIMES = {
+    "v2": "tpu-ubuntu2204-base",
+    "v3": "tpu-ubuntu2204-base",
+    "v4": "tpu-ubuntu2204-base",
+    "v5litepod": "v2-alpha-tpuv5-lite",
+    "v5p": "v2-alpha-tpuv5",
+    "v6e": "v2-alpha-tpuv6e",
+}
+# Generations that take spot VMs; the older ones are "preemptible".
+SPOT_GENERATIONS = ("v5litepod", "v5p", "v6e")
+
+
+def is_tpu(plan: PoolPlan) -> bool:
+    """Whether the plan's offer is a Cloud TPU (catalogue rows ``tpu-<type>`` with ``tpu`` settings)."""
+    return bool(plan.settings.get("tpu")) or plan.instance_type.startswith("tpu-")
+
+
+def accelerator_type(plan: PoolPlan) -> str:
+    """``v5litepod-8``: the slice, as the TPU API names it."""
+    return str(plan.settings.get("accelerator_type") or plan.instance_type.removeprefix("tpu-"))
+
+
+def generation(plan: PoolPlan) -> str:
+    return accelerator_type(plan).rsplit("-", 1)[0]
+
+
+def runtime_version(plan: PoolPlan) -> str:
+    tpu = plan.settings.get("tpu") or {}
+    runtime = tpu.get("runtime_version") or RUNTIMES.get(generation(plan))
+    if not runtime:
+        raise ValueError(
+            f"TPU type {accelerator_type(plan)!r} has no known runtime version; give one with the "
+            f"catalogue row's tpu.runtime_version."
+        )
+    return str(runtime)
+
+
+def scheduling(plan: PoolPlan, node: NodePlan) -> dict[str, bool]:
+    if not node.spot:
+        return {}
+    return {"spot": True} if generation(plan) in SPOT_GENERATIONS else {"preemptible": True}
+
+
+def _refuse_what_is_not_declared(plan: PoolPlan) -> None:
+    if plan.disks:
+        raise ValueError(
+            f"pool {plan.pool}: sky.Disk volumes are not supported on TPU VMs yet; drop volumes= "
+            f"or use a GPU/CPU machine type."
+        )
+    if getattr(plan, "buckets", ()):
+        raise ValueError(
+            f"pool {plan.pool}: buckets granted by the cloud (sky.Volume with storage=None) are not "
+            f"supported on TPU VMs yet; give the Volume a sky.storage preset with keys instead."
+        )
+    tpu = plan.settings.get("tpu") or {}
+    if int(tpu.get("hosts", 1)) != 1:
+        raise ValueError(
+            f"TPU type {accelerator_type(plan)!r} spans {tpu['hosts']} hosts; only single-host slices "
+            f"are supported (one TPU VM per node)."
+        )
+
+
+def endpoint(endpoints: Any, *, public: bool) -> str | None:
+    """The first worker's private address, or its external one (None until the VM exists)."""
+    if not endpoints:
+        return None
+    first = endpoints[0]
+    if public:
+        configs = _field(first, "access_configs", "accessConfigs") or []
+        return _field(configs[0], "external_ip", "externalIp") if configs else None
+    return _field(first, "ip_address", "ipAddress")
+
+
+def _field(value: Any, name: str, camel: str) -> Any:
+    # Output types when the engine resolves them, plain dicts under mocks.
+    if isinstance(value, dict):
+        return value.get(name, value.get(camel))
+    return getattr(value, name, None)
+
+
+@dataclass
+class Declared:
+    """What the TPU program declared (the tests look at these)."""
+
+    provider: Any
+    firewalls: dict[str, Any]
+    vms: dict[int, Any]
+    zone: str
+
+
+def program(plan: PoolPlan) -> Declared:
+    """Declare a TPU pool's resources; called by stacks.gcp.program for TPU offers."""
+    pulumi: Any = importlib.import_module("pulumi")
+    gcp: Any = importlib.import_module("pulumi_gcp")
+    from .gcp import choose_zone, instance_name, network_tag
+
+    _refuse_what_is_not_declared(plan)
+    s = plan.settings
+    labels = plan.labels()
+    zone = choose_zone(plan)
+    provider = gcp.Provider("gcp", project=s.get("project"), region=plan.region, zone=zone, default_labels=labels)
+    res = pulumi.ResourceOptions(provider=provider)
+    network = s.get("network") or "default"
+    tag = network_tag(plan)
+
+    firewalls: dict[str, Any] = {}
+    v4 = [c for c in plan.ssh_cidrs if ":" not in c]
+    v6 = [c for c in plan.ssh_cidrs if ":" in c]
+    for key, ranges in (("ssh", v4), ("ssh-v6", v6)):
+        if ranges:
+            firewalls[key] = gcp.compute.Firewall(
+                key, network=network, direction="INGRESS",
+                description=f"skyward pool {plan.pool}: ssh from the client",
+                allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges, target_tags=[tag], opts=res,
+            )
+    firewalls["internal"] = gcp.compute.Firewall(
+        "internal", network=network, direction="INGRESS",
+        description=f"skyward pool {plan.pool}: all traffic between its nodes",
+        allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag], opts=res,
+    )
+
+    kind, runtime = accelerator_type(plan), runtime_version(plan)
+    vms: dict[int, Any] = {}
+    for node in plan.nodes:
+        user_data = cloud_config(plan, node, [], cloud="gcp")
+        vms[node.index] = gcp.tpu.V2Vm(
+            node.name,
+            name=instance_name(plan, node),
+            zone=zone,
+            project=s.get("project"),
+            accelerator_type=kind,
+            runtime_version=runtime,
+            network_config={
+                "network": network, "subnetwork": s.get("subnetwork"), "enable_external_ips": True,
+            },
+            scheduling_config=scheduling(plan, node),
+            metadata={
+                "ssh-keys": f"{plan.ssh_user}:{plan.ssh_public_key}",
+                "block-project-ssh-keys": "true",
+                "enable-oslogin": "FALSE",
+                "user-data": pulumi.Output.secret(user_data),  # it carries the node's private host key
+            },
+            labels={**labels, "skyward-node": str(node.index)},
+            tags=[tag],
+            description=f"skyward pool {plan.pool} node {node.index}",
+            opts=res,
+        )
+
+    pulumi.export("nodes", [
+        {"index": i, "id": vm.id,
+         "public_ip": vm.network_endpoints.apply(lambda eps: endpoint(eps, public=True)),
+         "private_ip": vm.network_endpoints.apply(lambda eps: endpoint(eps, public=False)), "hostname": vm.name}
+        for i, vm in vms.items()
+    ])
+    pulumi.export("placement", {"zone": zone})
+    return Declared(provider, firewalls, vms, zone)

@@ -108,6 +108,7 @@ _LAZY = {
     "Offer": "skyward.catalogue",
     "InstanceType": "skyward.catalogue",
     "App": "skyward.app",
+    "main": "skyward.runscript",
     "NodeSnapshot": "skyward.membership",
     "PoolSnapshot": "skyward.membership",
     "offers": "skyward.catalogue",
@@ -192,6 +193,7 @@ if TYPE_CHECKING:
         is_head,
     )
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
+    from .runscript import main
     from .runtime.shard import shard
     from .secrets import Secret, secret
     from .storage import Storage
@@ -312,6 +314,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "instance_info",
     "is_head",
     "lock",
+    "main",
     "metrics",
     "offers",
     "plugins",

@@ -75,23 +75,35 @@ def run_script(name: str, script: Path, argv: Sequence[str] = (), options: Any =
     code = 0
     try:
         with Compute(name=name, options=options):
-            try:
-                runpy.run_path(str(path), run_name="__main__")
+            failed = _guarded(lambda: runpy.run_path(str(path), run_name="__main__") and None)
+            if failed is not None:
+                code = failed
+            else:
                 entry = _entry(_marked, script)
                 if entry is not None:
-                    result = entry()
-                    code = result if isinstance(result, int) and not isinstance(result, bool) else 0
-            except SystemExit as exc:
-                code = _exit_code(exc)
-            except KeyboardInterrupt:
-                raise
-            except Exception:
-                _print_traceback()
-                code = 1
+                    outcome: list[Any] = []
+                    code = _guarded(lambda: outcome.append(entry())) or 0
+                    result = outcome[0] if outcome else None
+                    if code == 0 and isinstance(result, int) and not isinstance(result, bool):
+                        code = result
     finally:
         _marked = None
         sys.argv, sys.path[:] = saved_argv, saved_path
     return code
+
+
+def _guarded(step: Callable[[], Any]) -> int | None:
+    """Run one step of the script: None when it ended normally, else its exit code."""
+    try:
+        step()
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        _print_traceback()
+        return 1
+    return None
 
 
 def _entry(marked: list[Callable[..., Any]], script: Path) -> Callable[..., Any] | None:

@@ -1,0 +1,431 @@
+// skyward dashboard: renders the pages from /api and keeps them current from /api/events (SSE).
+// Plain browser JavaScript, no build step. Text from the API is always set as text (never as
+// HTML), so nothing a pool or a program reports can inject markup.
+"use strict";
+
+const PAGE = document.body.dataset.page;
+const REF = document.body.dataset.ref;
+const POINTS = 300; // samples per chart
+
+// -- small helpers --------------------------------------------------------------------------
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+async function api(path, options) {
+  const opts = Object.assign({ credentials: "same-origin" }, options || {});
+  opts.headers = Object.assign({ "X-Skyward-Request": "1", "Content-Type": "application/json" }, opts.headers || {});
+  const response = await fetch(path, opts);
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  if (!response.ok) throw new Error((body && body.error) || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  let s = Math.max(0, Math.floor(seconds));
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.floor(s / 60)}m`;
+  if (s < 172800) return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  return `${Math.floor(s / 86400)}d`;
+}
+const money = (v) => (v === null || v === undefined ? "-" : `$${Number(v).toFixed(v < 1 ? 4 : 2)}`);
+const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "-");
+const clock = (t) => (t ? new Date(t * 1000).toLocaleTimeString() : "-");
+
+function expiry(p) {
+  if (p.ttl === 0) return "never";
+  if (p.expires_in_seconds === null || p.expires_in_seconds === undefined) return p.kind === "program" ? "with its program" : "-";
+  return p.expires_in_seconds <= 0 ? "now" : `in ${duration(p.expires_in_seconds)}`;
+}
+
+function badge(state) {
+  return h("span", { class: `badge state-${String(state).replace(/\s+/g, "-")}` }, state);
+}
+
+function debounce(fn, ms) {
+  let timer = null;
+  return (...args) => {
+    if (timer) return;
+    timer = setTimeout(() => { timer = null; fn(...args); }, ms);
+  };
+}
+
+function setMain(...children) {
+  const main = document.getElementById("main");
+  const flashes = [...main.querySelectorAll(":scope > .flash")]; // messages outlive a re-render
+  main.replaceChildren(...flashes, ...children.filter((c) => c !== null && c !== undefined));
+}
+
+function flash(message, kind) {
+  const box = h("div", { class: `flash ${kind || "error"}`, role: "alert" }, message);
+  document.getElementById("main").prepend(box);
+  setTimeout(() => box.remove(), 8000);
+}
+
+function confirmAction(text) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.showModal();
+  });
+}
+
+function table(headers, rows, attrs) {
+  return h("table", attrs || {},
+    h("thead", {}, h("tr", {}, headers.map((x) => h("th", {}, x)))),
+    h("tbody", {}, rows));
+}
+
+// -- live updates ---------------------------------------------------------------------------
+function connect(pool, onMessages) {
+  const status = document.getElementById("live-status");
+  const url = "/api/events" + (pool ? `?pool=${encodeURIComponent(pool)}` : "");
+  const source = new EventSource(url);
+  source.onopen = () => { status.textContent = "live"; status.className = "live"; };
+  source.onerror = () => { status.textContent = "reconnecting"; status.className = "muted"; };
+  source.onmessage = (e) => {
+    try { onMessages(JSON.parse(e.data)); } catch (err) { console.error(err); }
+  };
+  return source;
+}
+
+// -- pools list -----------------------------------------------------------------------------
+async function renderPools() {
+  let pools;
+  try { pools = await api("/api/pools"); } catch (e) { setMain(h("p", { class: "error" }, e.message)); return; }
+  const rows = pools.map((p) => h("tr", { dataset: { ref: p.ref, state: p.state } },
+    h("td", {}, h("a", { href: `/pools/${encodeURIComponent(p.ref)}` }, p.name || p.ref)),
+    h("td", {}, p.kind === "named" ? "named" : `program ${p.program || ""} (pid ${p.pid})`),
+    h("td", {}, badge(p.state)),
+    h("td", {}, p.provider || "-"),
+    h("td", { class: "num" }, p.nodes),
+    h("td", {}, duration(p.age_seconds)),
+    h("td", {}, expiry(p)),
+    h("td", { class: "num" }, money(p.hourly_cost)),
+    h("td", { class: "num" }, money(p.cost_so_far)),
+    h("td", {}, p.kind === "named" ? (p.programs || []).length + " program(s)" :
+      `${p.tasks_running} running, ${p.tasks_done} done` + (p.tasks_failed ? `, ${p.tasks_failed} failed` : ""))));
+  setMain(
+    h("h1", {}, "Pools"),
+    pools.length ? table(["pool", "kind", "state", "provider", "nodes", "age", "expires", "$/h", "cost so far", "activity"], rows, { id: "pools" })
+      : h("p", { class: "muted", id: "no-pools" }, "No pools. Start one with `skyward up NAME`, from the skyward.toml page, or run a program."),
+  );
+}
+
+// -- one pool -------------------------------------------------------------------------------
+const charts = {}; // node -> {plot, series: {name: [[t, v]]}, el}
+window.skywardCharts = charts;
+
+function chartFor(node, container) {
+  let c = charts[node];
+  if (c && c.el.isConnected) return c;
+  if (c && !c.el.isConnected) { container.replaceWith(c.el); return c; }
+  c = { node, series: {}, plot: null, el: container, names: [] };
+  charts[node] = c;
+  return c;
+}
+
+const PALETTE = { cpu: "#2563eb", memory: "#16a34a", gpu: "#dc2626", gpu_memory: "#f59e0b" };
+
+function redraw(c) {
+  const names = Object.keys(c.series).filter((n) => (window.skywardUnits || {})[n] === "%" || n in PALETTE).sort();
+  if (!names.length) return;
+  const tables = names.map((n) => {
+    const pts = c.series[n].slice(-POINTS);
+    return [pts.map((p) => p[0]), pts.map((p) => p[1])];
+  });
+  const data = uPlot.join(tables);
+  const width = 560;
+  if (!c.plot || c.names.join() !== names.join()) {
+    if (c.plot) c.plot.destroy();
+    c.el.replaceChildren();
+    c.names = names;
+    c.plot = new uPlot({
+      width, height: 150,
+      scales: { y: { range: [0, 100] } },
+      series: [{}, ...names.map((n) => ({ label: n, stroke: PALETTE[n] || "#6b7280", width: 1.5, spanGaps: true }))],
+      axes: [{}, { values: (u, ticks) => ticks.map((t) => `${t}%`), size: 45 }],
+      legend: { show: true, live: false },
+    }, data, c.el);
+  } else {
+    c.plot.setData(data);
+  }
+  c.el.dataset.points = String(data[0].length);
+  c.el.dataset.last = String(data[0][data[0].length - 1] || "");
+}
+
+function addSample(node, name, t, v) {
+  const c = charts[node];
+  if (!c) return;
+  const s = (c.series[name] = c.series[name] || []);
+  s.push([t, v]);
+  if (s.length > POINTS * 2) s.splice(0, s.length - POINTS);
+}
+
+const redrawSoon = {};
+function scheduleRedraw(node) {
+  if (redrawSoon[node]) return;
+  redrawSoon[node] = setTimeout(() => { delete redrawSoon[node]; if (charts[node]) redraw(charts[node]); }, 300);
+}
+
+function progress(b) {
+  const pct = b.total ? Math.min(100, Math.round((100 * b.done) / b.total)) : 0;
+  const status = b.finished ? (b.ok ? "done" : "failed") : "running";
+  return h("div", { class: `batch ${status}`, dataset: { batch: b.batch, percent: pct } },
+    h("div", { class: "batch-label" }, `${b.kind} ${b.name}: ${b.done}/${b.total}` + (b.failed ? `, ${b.failed} failed` : "") + ` (${pct} %)`),
+    h("div", { class: "bar" }, h("div", { class: "fill", style: `width: ${pct}%` })));
+}
+
+function nodesSection(detail, live) {
+  const hosts = detail.hosts || [];
+  window.skywardUnits = (live && live.units) || {};
+  const rows = hosts.map((n) => {
+    const box = h("div", { class: "chart", id: `chart-${n.index}`, dataset: { node: n.index, points: "0" } });
+    const c = chartFor(n.index, box);
+    if (live && live.metrics && live.metrics[String(n.index)]) {
+      c.series = {};
+      for (const [name, pts] of Object.entries(live.metrics[String(n.index)])) c.series[name] = pts.slice();
+    }
+    return h("tr", { dataset: { node: n.index } },
+      h("td", { class: "num" }, n.index),
+      h("td", {}, n.hostname || "-"),
+      h("td", {}, n.private_ip || "-"),
+      h("td", {}, n.lost ? badge("lost") : badge("ok")),
+      h("td", { class: "chart-cell" }, c.el));
+  });
+  const note = live ? null : h("p", { class: "muted" }, "Live CPU/memory/GPU charts appear while a program uses this pool " +
+    "(sky.Compute(name=...) or `skyward run`).");
+  return h("section", { id: "nodes" }, h("h2", {}, `Nodes (${hosts.length})`), note,
+    table(["node", "host", "address", "health", "CPU / memory / GPU %"], rows, { id: "nodes-table" }));
+}
+
+function tasksSection(detail, live) {
+  const batches = detail.batches || (live && live.batches) || [];
+  const running = (live && live.running) || [];
+  const finished = ((live && live.finished) || []).slice(0, 25);
+  return h("section", { id: "tasks" }, h("h2", {}, "Tasks"),
+    h("div", { id: "batches" }, batches.length ? batches.map(progress) : h("p", { class: "muted" }, "No map or gather yet.")),
+    h("h3", {}, `Running (${running.length})`),
+    running.length ? table(["task", "function", "node", "items", "since"], running.map((t) =>
+      h("tr", {}, h("td", {}, t.task), h("td", {}, t.name), h("td", {}, t.node), h("td", {}, t.items), h("td", {}, clock(t.time)))), { id: "running" })
+      : h("p", { class: "muted" }, "Nothing running."),
+    h("h3", {}, "Finished (latest)"),
+    finished.length ? table(["task", "function", "node", "items", "seconds", "result"], finished.map((t) =>
+      h("tr", {}, h("td", {}, t.task), h("td", {}, t.name), h("td", {}, t.node), h("td", {}, t.items),
+        h("td", {}, Number(t.seconds || 0).toFixed(3)), h("td", {}, t.ok ? "ok" : "failed"))), { id: "finished" })
+      : h("p", { class: "muted" }, "None yet."));
+}
+
+function outputSection(detail, live) {
+  const out = (live && live.output) || {};
+  const blocks = Object.entries(out).map(([node, lines]) =>
+    h("div", { class: "log" }, h("h3", {}, `node ${node}: task output`), h("pre", { id: `output-${node}` }, lines.slice(-60).join("\n"))));
+  const section = h("section", { id: "logs" }, h("h2", {}, "Logs"), blocks.length ? blocks : h("p", { class: "muted" }, "No task output yet."));
+  if (detail.kind === "named" && detail.state !== "expired") {
+    const target = h("div", { id: "agent-logs" });
+    section.append(h("button", {
+      id: "load-agent-logs",
+      onclick: async (e) => {
+        e.target.disabled = true;
+        target.replaceChildren(h("p", { class: "muted" }, "reading the agent logs..."));
+        try {
+          const logs = await api(`/api/pools/${encodeURIComponent(REF)}/logs?lines=80`);
+          target.replaceChildren(...logs.map((l) => h("div", { class: "log" },
+            h("h3", {}, `node ${l.node}: agent log (${l.hostname || ""})`), h("pre", {}, l.error || l.text))));
+        } catch (err) { target.replaceChildren(h("p", { class: "error" }, err.message)); }
+        e.target.disabled = false;
+      },
+    }, "Show the agents' log tail"), target);
+  }
+  return section;
+}
+
+function historySection(entries) {
+  const skip = new Set(["time", "who", "event", "name", "skyward", "stack_updates", "pool"]);
+  const rows = entries.slice().reverse().map((e) => h("tr", { dataset: { event: e.event } },
+    h("td", {}, when(e.time)), h("td", {}, e.who || "?"), h("td", { class: "event" }, e.event || "?"),
+    h("td", {}, e.pool || ""),
+    h("td", { class: "details" }, Object.keys(e).filter((k) => !skip.has(k)).sort().map((k) => `${k}=${typeof e[k] === "object" ? JSON.stringify(e[k]) : e[k]}`).join(", "))));
+  return h("section", { id: "audit" }, h("h2", {}, "Audit trail"),
+    rows.length ? table(["when", "who", "what", "pool id", "details"], rows, { id: "audit-table" }) : h("p", { class: "muted" }, "Nothing recorded."));
+}
+
+function stackSection(stack) {
+  if (!stack || (!stack.stack && !Object.keys(stack.updates || {}).length)) return h("section", { id: "stack", hidden: true });
+  const parts = [h("h2", {}, `Cloud stack ${stack.stack || ""}`)];
+  if (stack.resources && stack.resources.length) {
+    parts.push(table(["type", "name", "detail"], stack.resources.map((r) => h("tr", {}, h("td", {}, r.type), h("td", {}, r.name), h("td", {}, r.detail || ""))), { id: "stack-resources" }));
+  }
+  if (stack.resources_error) parts.push(h("p", { class: "error" }, stack.resources_error));
+  for (const [name, updates] of Object.entries(stack.updates || {})) {
+    parts.push(h("h3", {}, `Pulumi updates of ${name}, newest first`));
+    parts.push(table(["kind", "result", "start", "end", "changes"], updates.map((u) => h("tr", {},
+      h("td", {}, u.kind), h("td", {}, u.result || u.message || ""), h("td", {}, u.start || "-"), h("td", {}, u.end || "-"),
+      h("td", {}, Object.entries(u.changes || {}).map(([k, v]) => `${k} ${v}`).join(", "))))));
+  }
+  return h("section", { id: "stack" }, parts);
+}
+
+function actions(detail) {
+  if (detail.kind !== "named" || ["expired", "failed", "provisioning", "destroyed"].includes(detail.state)) return null;
+  const size = h("input", { type: "number", min: 1, value: detail.nodes, id: "resize-nodes", "aria-label": "nodes" });
+  const resize = h("button", {
+    id: "resize",
+    onclick: async () => {
+      const n = parseInt(size.value, 10);
+      if (!(n >= 1)) { flash("give a number of nodes, 1 or more"); return; }
+      if (!(await confirmAction(`Resize pool ${detail.name} from ${detail.nodes} to ${n} node(s)?`))) return;
+      resize.disabled = true; resize.textContent = "resizing...";
+      try { await api(`/api/pools/${encodeURIComponent(detail.name)}/resize`, { method: "POST", body: JSON.stringify({ nodes: n }) }); flash(`pool ${detail.name} now has ${n} node(s)`, "ok"); }
+      catch (e) { flash(e.message); }
+      loadPool();
+    },
+  }, "Resize");
+  const down = h("button", {
+    id: "down", class: "danger",
+    onclick: async () => {
+      if (!(await confirmAction(`Stop pool ${detail.name} and destroy its ${detail.nodes} node(s)? Programs attached to it lose it.`))) return;
+      down.disabled = true; down.textContent = "stopping...";
+      try { await api(`/api/pools/${encodeURIComponent(detail.name)}`, { method: "DELETE" }); flash(`pool ${detail.name} destroyed`, "ok"); }
+      catch (e) { flash(e.message); }
+      loadPool();
+    },
+  }, "Down");
+  return h("div", { class: "actions" }, size, resize, down);
+}
+
+let detail = null;
+async function loadPool() {
+  let d;
+  try { d = await api(`/api/pools/${encodeURIComponent(REF)}`); }
+  catch (e) {
+    detail = null;
+    setMain(h("h1", {}, REF), h("p", { class: "error", id: "pool-error" }, e.message), h("p", {}, h("a", { href: "/" }, "all pools")));
+    document.body.dataset.state = "gone";
+    return;
+  }
+  detail = d;
+  document.body.dataset.state = d.state;
+  const live = d.kind === "program" ? d : d.live;
+  const head = h("div", { class: "pool-head" }, h("h1", {}, d.name || d.ref, " ", badge(d.state)), h("dl", { class: "facts" }));
+  const facts = [["kind", d.kind === "named" ? "named pool" : `program ${d.program} (pid ${d.pid})`],
+    ["provider", d.provider], ["nodes", d.nodes], ["age", duration(d.age_seconds)], ["expires", expiry(d)],
+    ["$/h", money(d.hourly_cost)], ["cost so far", money(d.cost_so_far)]];
+  if (d.kind === "named") facts.push(["owner", d.owner || "-"], ["clients", (d.clients || []).length], ["offer", d.offer || "-"]);
+  head.querySelector("dl").replaceChildren(...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  const programs = (d.programs || []).length ? h("p", { class: "muted" }, "Used now by: " + d.programs.map((p) => `${p.program} (pid ${p.pid})`).join(", ")) : null;
+  setMain(head, actions(d), programs, nodesSection(d, live), tasksSection(d, live), outputSection(d, live),
+    h("section", { id: "audit" }), h("section", { id: "stack", hidden: true }));
+  for (const node of Object.keys(charts)) redraw(charts[node]);
+  if (d.kind === "named") { loadHistory(); loadStack(); }
+}
+
+async function loadHistory() {
+  try { document.getElementById("audit").replaceWith(historySection(await api(`/api/pools/${encodeURIComponent(REF)}/history`))); }
+  catch (e) { console.error(e); }
+}
+
+let stackLoaded = null;
+async function loadStack() {
+  try {
+    stackLoaded = stackLoaded || await api(`/api/pools/${encodeURIComponent(REF)}/stack`);
+    document.getElementById("stack").replaceWith(stackSection(stackLoaded));
+  } catch (e) { console.error(e); }
+}
+
+function onPoolMessages(messages) {
+  let reload = false, history = false;
+  for (const m of messages) {
+    if (m.type === "changed") {
+      if (m.what === "audit" && m.ref === REF) history = true;
+      else if (m.what === "pools") reload = true;
+    } else if (m.type === "events") {
+      for (const e of m.events) {
+        if (e.type === "Metric") {
+          if (window.skywardUnits) window.skywardUnits[e.name] = e.unit;
+          addSample(e.node, e.name, e.time, e.value);
+          scheduleRedraw(e.node);
+        } else {
+          reload = true;
+        }
+      }
+    }
+  }
+  if (reload) reloadPool();
+  if (history && detail && detail.kind === "named") reloadHistory();
+}
+const reloadPool = debounce(loadPool, 700);
+const reloadHistory = debounce(loadHistory, 500);
+
+// -- skyward.toml -----------------------------------------------------------------------------
+async function renderConfig() {
+  let cfg;
+  try { cfg = await api("/api/config"); } catch (e) { setMain(h("p", { class: "error" }, e.message)); return; }
+  const rows = [];
+  for (const p of cfg.pools) {
+    const out = h("td", { colspan: 7, class: "preview" });
+    const previewRow = h("tr", { class: "preview-row", hidden: true, id: `preview-${p.name}` }, out);
+    const previewBtn = h("button", {
+      class: "preview-btn", dataset: { pool: p.name },
+      onclick: async () => {
+        previewRow.hidden = false;
+        out.replaceChildren(h("span", { class: "muted" }, "previewing (creates nothing)..."));
+        try {
+          const pv = await api(`/api/config/${encodeURIComponent(p.name)}/preview`);
+          out.replaceChildren(
+            h("p", {}, `${pv.nodes} ${pv.provider} node(s)` + (pv.accelerator ? ` with ${pv.accelerator}` : "") +
+              `, ttl ${pv.ttl} s, ${money(pv.hourly_cost)}/h` + (pv.stack ? `, stack ${pv.stack}` : "")),
+            table(["", "type", "name", "detail"], (pv.resources || []).map((r) => h("tr", {}, h("td", {}, "+"), h("td", {}, r.type), h("td", {}, r.name), h("td", {}, r.detail || "")))),
+            ...(pv.notes || []).map((n) => h("p", { class: "muted" }, `note: ${n}`)));
+        } catch (e) { out.replaceChildren(h("span", { class: "error" }, e.message)); }
+      },
+    }, "Preview");
+    const upBtn = h("button", {
+      class: "up-btn", dataset: { pool: p.name }, disabled: p.running || !!p.error,
+      onclick: async () => {
+        if (!(await confirmAction(`Start pool ${p.name} (${p.nodes} ${p.provider} node(s))? It keeps running until its ttl passes with no client, or Down.`))) return;
+        upBtn.disabled = true; upBtn.textContent = "starting...";
+        try { await api("/api/pools", { method: "POST", body: JSON.stringify({ name: p.name }) }); window.location.href = `/pools/${encodeURIComponent(p.name)}`; }
+        catch (e) { flash(e.message); upBtn.disabled = false; upBtn.textContent = "Up"; }
+      },
+    }, "Up");
+    rows.push(h("tr", { dataset: { pool: p.name } },
+      h("td", {}, p.running ? h("a", { href: `/pools/${encodeURIComponent(p.name)}` }, p.name) : p.name),
+      h("td", {}, p.error ? h("span", { class: "error" }, p.error) : p.provider),
+      h("td", {}, p.error ? "" : JSON.stringify(p.nodes)), h("td", {}, p.accelerator || "-"), h("td", {}, p.ttl === undefined ? "" : p.ttl),
+      h("td", {}, p.running ? badge("running") : badge("not running")),
+      h("td", {}, previewBtn, " ", upBtn)), previewRow);
+  }
+  setMain(h("h1", {}, "skyward.toml"), h("p", { class: "muted" }, cfg.source),
+    cfg.pools.length ? table(["pool", "provider", "nodes", "accelerator", "ttl", "now", ""], rows, { id: "config-pools" })
+      : h("p", { class: "muted" }, "No [pools.NAME] tables."));
+}
+
+// -- start --------------------------------------------------------------------------------------
+if (PAGE === "pools") {
+  renderPools();
+  const again = debounce(renderPools, 1000);
+  connect(null, (messages) => { if (messages.some((m) => m.type !== "hello")) again(); });
+} else if (PAGE === "pool") {
+  loadPool();
+  connect(REF, onPoolMessages);
+} else if (PAGE === "config") {
+  renderConfig();
+  const again = debounce(renderConfig, 1000);
+  connect(null, (messages) => { if (messages.some((m) => m.type === "changed" && m.what === "pools")) again(); });
+}

@@ -1,0 +1,95 @@
+"""The real ``skyward dashboard`` in a subprocess, for the API and browser tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .conftest import CLI
+
+SECRET = "hf_dashboardsecret4242"
+TOML = f"""
+[pools.demo]
+provider = "local"
+nodes = 2
+ttl = 120
+
+[pools.demo.image.env]
+HF_TOKEN = "{SECRET}"
+"""
+
+
+@dataclass
+class Dashboard:
+    proc: subprocess.Popen[str]
+    url: str  # as printed, with the token
+    base: str
+    token: str
+    client: httpx.Client  # sends the token
+
+    def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.client.request(method, self.base + path, **kwargs)
+
+
+@contextlib.contextmanager
+def dashboard(cli: CLI, *args: str) -> Iterator[Dashboard]:
+    proc = cli.start("dashboard", "--port", "0", "--json", *args)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(10)
+            raise AssertionError(f"skyward dashboard did not start: {proc.stderr.read() if proc.stderr else ''}")
+        url = json.loads(line)["url"]
+        base, token = url.split("/?token=")
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+            yield Dashboard(proc, url, base, token, client)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def program(cli: CLI, source: str) -> subprocess.Popen[str]:
+    """A client program (the caller waits for it)."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)], cwd=cli.cwd, env=cli.env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy; generous timeouts (a loaded 2-core VM)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as exc:  # the page or API is not there yet
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def artifacts() -> Path:
+    """Where screenshots go: $SKYWARD_TEST_ARTIFACTS, else tests/artifacts (git-ignored)."""
+    folder = Path(os.environ.get("SKYWARD_TEST_ARTIFACTS") or Path(__file__).parent.parent / "artifacts") / "dashboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

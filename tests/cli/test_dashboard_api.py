@@ -1,0 +1,183 @@
+"""The dashboard's HTTP API against the real server (``skyward dashboard`` in a subprocess),
+with real named Local pools and real programs: auth, the pool lifecycle, SSE, the hook."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+import skyward as sky
+from skyward import events as ev
+from skyward.dashboard import hook
+
+from .conftest import CLI
+from .dashboard_helpers import SECRET, TOML, dashboard, program, wait_for
+
+
+def _missing(cli: CLI, name: str) -> bool:
+    return not (cli.home / "registry" / f"{name}.json").exists()
+
+
+def test_every_request_needs_the_token(cli: CLI) -> None:
+    with dashboard(cli) as d:
+        for path in ("/api/pools", "/api/config", "/api/events", "/api/pools/demo", "/", "/config"):
+            assert httpx.get(d.base + path).status_code == 401, path
+            assert httpx.get(d.base + path, headers={"Authorization": "Bearer nope"}).status_code == 401, path
+        assert httpx.delete(d.base + "/api/pools/demo").status_code == 401
+        assert httpx.post(d.base + "/api/ingest/register", json={"id": "x"}).status_code == 401
+        # The printed URL: the token moves into an HttpOnly cookie and out of the address bar.
+        r = httpx.get(d.url)
+        assert r.status_code == 303 and r.headers["location"] == d.base + "/"
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("samesite", "SameSite")
+        with httpx.Client(cookies={"skyward_token": d.token}) as browser:
+            assert browser.get(d.base + "/").status_code == 200
+            assert browser.get(d.base + "/api/pools").json() == []
+            # A change authenticated by the cookie alone must carry the header a foreign page cannot set.
+            assert browser.delete(d.base + "/api/pools/demo").status_code == 403
+            assert browser.delete(d.base + "/api/pools/demo",
+                                  headers={"X-Skyward-Request": "1"}).status_code == 404
+
+
+def test_a_named_pool_through_the_api_from_up_to_down(cli: CLI) -> None:
+    cli.toml(TOML)
+    seen: list[str] = []
+
+    with dashboard(cli) as d:
+        def call(method: str, path: str, status: int = 200, **kwargs: Any) -> Any:
+            r = d.api(method, path, **kwargs)
+            seen.append(r.text)
+            assert r.status_code == status, (method, path, r.text)
+            return r.json()
+
+        config = call("GET", "/api/config")
+        demo = next(p for p in config["pools"] if p["name"] == "demo")
+        assert demo["running"] is False and demo["provider"] == "local"
+        assert demo["config"]["image"]["env"] == {"HF_TOKEN": "***"}
+        preview = call("GET", "/api/config/demo/preview")
+        assert preview["nodes"] == 2 and [r["type"] for r in preview["resources"]] == ["process", "process"]
+        assert _missing(cli, "demo")  # preview created nothing
+
+        made = call("POST", "/api/pools", 201, json={"name": "demo"})
+        assert made["state"] == "running" and made["nodes"] == 2
+        assert cli.record("demo")["state"] == "running"
+        call("POST", "/api/pools", 409, json={"name": "demo"})  # already up: says so
+        listed = call("GET", "/api/pools")
+        assert [p["name"] for p in listed] == ["demo"] and listed[0]["kind"] == "named"
+        detail = call("GET", "/api/pools/demo")
+        assert len(detail["hosts"]) == 2 and detail["config"]["image"]["env"] == {"HF_TOKEN": "***"}
+        assert "token" not in json.dumps(detail["hosts"])
+
+        resized = call("POST", "/api/pools/demo/resize", json={"nodes": 3})
+        assert resized["nodes"] == 3 and len(cli.record("demo")["cluster"]["nodes"]) == 3
+        call("POST", "/api/pools/demo/resize", 400, json={"nodes": 0})
+
+        results = call("POST", "/api/pools/demo/exec", json={"command": "echo token=$HF_TOKEN"})
+        assert [r["exit_code"] for r in results] == [0, 0, 0]
+        assert all(r["stdout"].strip() == "token=***" for r in results), results  # redacted
+
+        logs = call("GET", "/api/pools/demo/logs?lines=20")
+        assert [entry["node"] for entry in logs] == [0, 1, 2] and all(entry["text"] for entry in logs)
+        trail = [e["event"] for e in call("GET", "/api/pools/demo/history")]
+        assert trail[0] == "provisioned" and "resized" in trail and "exec" in trail
+        assert call("GET", "/api/pools/demo/stack")["stack"] is None  # Local pools have no stack
+
+        assert call("DELETE", "/api/pools/demo")["state"] == "destroyed"
+        call("GET", "/api/pools/demo", 404)
+        assert _missing(cli, "demo")
+        assert [e["event"] for e in call("GET", "/api/pools/demo/history")][-1] == "destroyed"
+        agents = wait_for(lambda: [p for p in cli.processes() if p != d.proc.pid] == [] or None, 20,
+                          "the agents to stop")
+        assert agents
+    for text in seen:
+        assert SECRET not in text
+
+
+def test_the_event_stream_carries_a_running_programs_pool(cli: CLI) -> None:
+    with dashboard(cli) as d, d.client.stream("GET", d.base + "/api/events",
+                                              timeout=httpx.Timeout(30, read=30)) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        prog = program(cli, """
+            import time, skyward as sky
+
+            @sky.function
+            def work(x):
+                time.sleep(0.05)
+                print("working on", x)
+                return x + 1
+
+            image = sky.Image(metrics=[sky.metrics.CPU(interval=0.3)])
+            with sky.Compute(nodes=1, image=image, options=sky.Options(console="silent")) as pool:
+                time.sleep(1.5)
+                assert pool.map(work, range(10)) == list(range(1, 11))
+                time.sleep(1.0)
+        """)
+        messages: list[dict[str, Any]] = []
+        kinds: set[str] = set()
+        deadline = time.monotonic() + 60
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                batch = json.loads(line[6:])
+                messages.extend(batch)
+                for m in batch:
+                    kinds.update(e["type"] for e in m.get("events", []))
+            if {"Metric", "BatchStarted", "BatchFinished", "ClusterDestroyed"} <= kinds or time.monotonic() > deadline:
+                break
+        _, err = prog.communicate(timeout=60)
+        assert prog.returncode == 0, err
+    assert messages[0]["type"] == "hello"
+    assert {"Metric", "TaskStarted", "TaskCompleted", "BatchStarted", "BatchFinished", "Log",
+            "ClusterDestroyed"} <= kinds, kinds
+    assert any(m["type"] == "changed" and m["what"] == "pools" for m in messages)
+    finished = [e for m in messages for e in m.get("events", []) if e["type"] == "BatchFinished"]
+    assert finished[0]["done"] == finished[0]["total"] == 10
+
+
+def test_a_programs_pool_is_listed_with_its_progress_and_output(cli: CLI) -> None:
+    with dashboard(cli) as d:
+        prog = program(cli, """
+            import sys, time, skyward as sky
+
+            @sky.function
+            def work(x):
+                print("item", x)
+                return x
+
+            with sky.Compute(nodes=2, options=sky.Options(console="silent")) as pool:
+                time.sleep(2.5)  # the hook looks for a dashboard once a second
+                pool.map(work, range(8))
+                print("mapped", flush=True)
+                sys.stdin.readline()  # hold the pool open until the test has looked
+        """)
+        listed = wait_for(lambda: [p for p in d.api("GET", "/api/pools").json()
+                                   if p["kind"] == "program" and p["tasks_done"]], 60, "the program's pool")
+        ref = listed[0]["ref"]
+        detail = wait_for(lambda: (v := d.api("GET", f"/api/pools/{ref}").json())["batches"]
+                          and v["batches"][0]["finished"] and v, 30, "the map to finish")
+        assert detail["batches"][0]["done"] == 8 and detail["batches"][0]["kind"] == "map"
+        assert len(detail["hosts"]) == 2 and detail["state"] == "running"
+        lines = [line for text in detail["output"].values() for line in text]
+        assert sorted(lines) == sorted(f"item {i}" for i in range(8))
+        prog.communicate(timeout=60)  # closes its stdin: the program ends
+        # The program is gone: its pool shows as ended.
+        wait_for(lambda: d.api("GET", f"/api/pools/{ref}").json()["state"] == "ended", 30, "ended")
+
+
+def test_the_hook_costs_a_pool_nothing_while_no_dashboard_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path))
+    stale = hook.server_file()
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "x", "pid": 2 ** 22 + 12345}))
+    assert hook.running_server() is None  # a file left by a dashboard that died is ignored
+    with sky.Compute(nodes=1, options=sky.Options(console="silent", logging=False)) as pool:
+        time.sleep(2.5 * hook.LOOK_EVERY)
+        assert not ev.bus.wants(pool.id, ev.TaskStarted)  # nothing subscribed: no events built
+        assert hook._link is None

@@ -1,0 +1,127 @@
+"""The dashboard in a real headless browser (Debian's chromium, driven by Selenium through
+chromedriver): a named Local pool, a program mapping over it, the charts, the progress bar,
+the audit trail, `down` from the page, and no secret anywhere. Screenshots of each page go to
+tests/artifacts/dashboard/ (or $SKYWARD_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+webdriver = pytest.importorskip("selenium.webdriver")
+
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+from .conftest import CLI  # noqa: E402
+from .dashboard_helpers import SECRET, TOML, artifacts, dashboard, program, wait_for  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _text(driver: Any, css: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) -> None:
+    cli.toml(TOML)
+    assert cli("up", "demo").code == 0
+    shots = artifacts()
+    pages: list[str] = []
+
+    def keep(name: str) -> None:
+        pages.append(browser.page_source)
+        browser.save_screenshot(str(shots / f"{name}.png"))
+
+    with dashboard(cli) as d:
+        browser.get(d.url)  # the printed URL: the token becomes a cookie, the address loses it
+        assert "token=" not in browser.current_url
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#pools tr[data-ref='demo']"), 30, "the pools list")
+        assert "running" in _text(browser, "#pools tr[data-ref='demo']")
+        keep("pools")
+
+        # A program attaches and maps over the pool while the page watches.
+        prog = program(cli, """
+            import sys, time, skyward as sky
+
+            @sky.function
+            def work(x):
+                end = time.time() + 0.25
+                while time.time() < end:  # busy: the CPU chart has something to show
+                    pass
+                return x
+
+            with sky.Compute(name="demo", options=sky.Options(console="silent")) as pool:
+                time.sleep(3)  # registered with the dashboard, charts filling
+                assert pool.map(work, range(24)) == list(range(24))
+                print("mapped", flush=True)
+                sys.stdin.readline()
+        """)
+        try:
+            browser.get(d.base + "/pools/demo")
+            wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr")) == 2, 30,
+                     "two nodes")
+            chart = "#chart-0"
+            first = wait_for(lambda: int(browser.find_element(By.CSS_SELECTOR, chart).get_attribute("data-points")
+                                         or 0), 60, "the CPU chart's first samples")
+            wait_for(lambda: int(browser.find_element(By.CSS_SELECTOR, chart).get_attribute("data-points")
+                                 or 0) > first, 30, "the chart to move")
+            assert browser.find_elements(By.CSS_SELECTOR, f"{chart} canvas")  # uPlot drew it
+            bar = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".batch[data-percent='100']"), 90,
+                           "the map's progress bar at 100 %")
+            assert "24/24" in bar[0].text and "100 %" in bar[0].text
+            assert prog.stdout is not None and prog.stdout.readline().strip() == "mapped"
+            events = wait_for(lambda: {e.get_attribute("data-event") for e in
+                                       browser.find_elements(By.CSS_SELECTOR, "#audit-table tr[data-event]")}
+                              >= {"provisioned", "attached"} and True, 30, "the audit trail")
+            assert events
+            keep("pool")
+        finally:
+            prog.communicate(timeout=60)
+        assert prog.returncode == 0
+
+        browser.get(d.base + "/config")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#config-pools tr[data-pool='demo']"), 30,
+                 "the skyward.toml pools")
+        browser.find_element(By.CSS_SELECTOR, ".preview-btn[data-pool='demo']").click()
+        wait_for(lambda: "agent node-1" in _text(browser, "#preview-demo"), 30, "the preview")
+        keep("config")
+
+        # `down` from the page, through its confirmation.
+        browser.get(d.base + "/pools/demo")
+        wait_for(lambda: browser.find_elements(By.ID, "down"), 30, "the down button").pop().click()
+        wait_for(lambda: browser.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
+        assert "Stop pool demo" in _text(browser, "#confirm-text")
+        browser.find_element(By.ID, "confirm-ok").click()
+        wait_for(lambda: not (cli.home / "registry" / "demo.json").exists(), 60, "the pool to be removed")
+        wait_for(lambda: [p for p in cli.processes() if p != d.proc.pid] == [] or None, 30, "its agents to stop")
+        wait_for(lambda: "destroyed" in browser.find_element(By.ID, "main").text, 30, "the page to say so")
+        keep("destroyed")
+
+        api_texts = [d.api("GET", path).text for path in
+                     ("/api/pools", "/api/config", "/api/config/demo/preview", "/api/pools/demo/history")]
+    for text in pages + api_texts:
+        assert SECRET not in text

@@ -36,8 +36,15 @@ def _env(image: Any, **values: str) -> Any:
 
 
 def _has_gpu(cluster: Any) -> bool:
+    """An NVIDIA GPU pool (CUDA wheels); TPUs, Trainium, Gaudi or AMD cards take other builds."""
+    return _accelerator_maker(cluster) == "NVIDIA"
+
+
+def _accelerator_maker(cluster: Any) -> str | None:
+    """Who makes the pool's accelerator ("NVIDIA", "Google" for TPUs...), None without one."""
     spec = getattr(cluster, "spec", None)
-    return spec is not None and spec.accelerator is not None
+    acc = getattr(spec, "accelerator", None)
+    return getattr(acc, "manufacturer", None) if acc is not None else None
 
 
 def _threads_per_rank(info: Any) -> int:
@@ -150,14 +157,18 @@ def _guard_process_group(dist: Any) -> Any:
 def jax(*, cuda: str | None = "cu124") -> Plugin:
     """JAX with ``jax.distributed`` initialised on every worker (before any other JAX call).
 
-    Installs ``jax[cuda12]`` on GPU pools (``cuda``), ``jax`` otherwise; sets
+    Installs ``jax[tpu]`` on Cloud TPU pools, ``jax[cuda12]`` on NVIDIA GPU pools (``cuda``),
+    ``jax`` otherwise; sets
     JAX_COORDINATOR_ADDRESS (head node, ``head_port + 1``), JAX_NUM_PROCESSES, JAX_PROCESS_ID,
     and on CPU uses gloo for cross-process collectives. Timeouts are always passed: a peer
     that never comes makes the hook fail instead of hanging.
     """
 
     def transform(image: Any, cluster: Any) -> Any:
-        if _has_gpu(cluster) and cuda:
+        maker = _accelerator_maker(cluster)
+        if maker == "Google":  # libtpu comes with the extra
+            return _pip(image, "jax[tpu]")
+        if maker == "NVIDIA" and cuda:
             return _pip(image, f"jax[cuda{cuda[2:4]}]")
         return _pip(image, "jax")
 

@@ -111,3 +111,15 @@ def test_huggingface_download_op_runs_and_passes_ids_as_arguments(tmp_path) -> N
 def test_huggingface_refuses_models_that_are_not_repo_ids(models: object) -> None:
     with pytest.raises(sky.ConfigError, match="models"):
         sky.plugins.huggingface(models=models)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "package"),
+    [(sky.accelerators.TPUv5e_4(), "jax[tpu]"), (sky.accelerators.L4(), "jax[cuda12]"),
+     (sky.accelerators.MI300X(), "jax"), (None, "jax")],
+)
+def test_jax_installs_the_build_for_the_pools_accelerator(accelerator, package: str) -> None:
+    spec = sky.Spec(plugins=[sky.plugins.jax()])
+    object.__setattr__(spec, "accelerator", accelerator)  # Local refuses accelerators it lacks
+    image, _ = prepare(spec, FakeCluster(spec))  # type: ignore[arg-type]
+    assert image.pip == (package,)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import abc
+import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -57,6 +58,34 @@ class Cluster(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Destroy every node and everything created for them."""
+
+    def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
+        """Like ``start``, but each node as soon as it is ready (``Nodes(min=)``: work starts
+        before the slow ones are there); a node that fails comes as its exception, the others
+        go on. Default: ``start`` (every node at once)."""
+        yield from self.start(count)
+
+    def replace(self, lost: NodeEndpoint) -> NodeEndpoint:
+        """A new node in place of a lost one (the pool gives it the lost node's rank), with a
+        new index. Raise when this attempt failed; the pool tries again up to
+        ``Options.max_provision_attempts`` times, passing the same ``lost``. Default: start
+        one node, then stop the lost one."""
+        new = self.start(1)[0]
+        try:
+            self.stop([lost])
+        except Exception:  # the lost node's leftovers must not undo its replacement
+            logging.getLogger("skyward").exception("stopping lost node %d failed", lost.index)
+        return new
+
+    def preempted(self, index: int) -> str | None:
+        """After ``replace``: why node ``index`` went away when its provider took it back (a spot
+        instance reclaimed), else None. Default: None."""
+        return None
+
+    def unreachable(self) -> dict[int, str]:
+        """Described nodes of an attached pool that ``start`` skipped because they could not be
+        reached: ``{index: why}``, each judged on its own. Empty for nodes this process started."""
+        return dict(getattr(self, "_unreachable", {}))
 
     def node_lost(self, index: int) -> None:
         """The pool lost its connection to node ``index`` (it stays in the pool's records until

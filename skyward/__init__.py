@@ -105,6 +105,7 @@ _LAZY = {
     "Compute": "skyward.compute",
     "Session": "skyward.compute",
     "Pool": "skyward.pool",
+    "HealthChecker": "skyward.health",
     "Offer": "skyward.catalogue",
     "InstanceType": "skyward.catalogue",
     "App": "skyward.app",
@@ -171,6 +172,7 @@ if TYPE_CHECKING:
         TaskStarted,
         subscribe,
     )
+    from .health import HealthChecker
     from .logs import LogConfig
     from .membership import NodeSnapshot, PoolSnapshot
     from .pool import Pool
@@ -239,6 +241,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "Error",
     "Event",
     "GCP",
+    "HealthChecker",
     "HostKeyError",
     "Image",
     "InstanceBootstrapped",

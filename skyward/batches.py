@@ -115,7 +115,7 @@ class Batches(Dispatch):
         data = list(_iterable(items, fn))
         if not data:
             return []
-        channels = [ch for ch in self._channels if ch.lost is None] or list(self._channels)
+        channels = self._ready() or self._wait_ready()
         slots = self.worker.slots
         if chunksize is None:
             # ~16 chunks per slot: small enough that uneven items or nodes even out at the
@@ -140,9 +140,16 @@ class Batches(Dispatch):
             for ch in self._channels:  # nodes that joined meanwhile (elastic pools) take work too
                 outstanding.setdefault(ch, 0)
             while todo and first_error is None:
-                live = [c for c in outstanding if c.lost is None]
+                ready = self._ready()
+                live = [c for c in outstanding if c in ready]
                 if not live:
-                    raise NodeLostError("every node of the pool was lost during map(); no node is left to run it.")
+                    if any(outstanding.values()):
+                        break  # what is out comes back (or fails over) first
+                    if not self._node_may_come():
+                        raise NodeLostError("every node of the pool was lost during map(); no node is left to run it.")
+                    for c in self._wait_ready():  # a replacement is on its way
+                        outstanding.setdefault(c, 0)
+                    continue
                 ch = min(live, key=outstanding.__getitem__)
                 if outstanding[ch] >= window:
                     break
@@ -153,14 +160,19 @@ class Batches(Dispatch):
                     functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
                 finishers[sent] = self._track(ch, name, len(chunk), batch)
-                ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
+                try:
+                    ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
+                except NodeLostError:  # lost between the pick and the send: pick again
+                    todo.appendleft(sent)
+                    finish = finishers.pop(sent, None)
+                    if finish is not None:
+                        finish(False)
+                    continue
                 outstanding[ch] += 1
             index, ch, result = done.get()
             outstanding[ch] -= 1
             finish = finishers.pop(index, None)
-            if isinstance(result, NodeLostError) and retries[index] > 0 and any(
-                c.lost is None for c in self._channels
-            ):
+            if isinstance(result, NodeLostError) and retries[index] > 0 and self._node_may_come():
                 retries[index] -= 1  # the node went away: its chunk runs again elsewhere
                 log.warning("node %d was lost during map(); its chunk of %d item(s) runs again on another node",
                             ch.node, len(chunks[index]))

@@ -26,8 +26,8 @@ Mode = Literal["rich", "minimal", "log", "silent"]
 
 _LINE_EVENTS: tuple[type[ev.Event], ...] = (
     ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed, ev.ClusterDetached,
-    ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstancePreempted,
-    ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
+    ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstanceLost,
+    ev.InstancePreempted, ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
 )
 
 
@@ -158,7 +158,8 @@ class Console:
 
     @staticmethod
     def _minimal(event: ev.Event) -> bool:
-        return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed | ev.ClusterDetached)
+        return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed | ev.ClusterDetached
+                          | ev.InstanceLost | ev.InstanceReplaced)
 
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
@@ -299,7 +300,12 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
         where = f"node {event.node}: " if event.node is not None else ""
         return f"{where}error: {event.message}"
     if isinstance(event, ev.InstanceLost):
-        return f"node {event.node}: lost ({event.reason}); its tasks move to other nodes"
+        return f"node {event.node}: lost ({event.reason}); its tasks move to other nodes, a new node replaces it"
+    if isinstance(event, ev.InstancePreempted):
+        return f"node {event.node}: its spot instance was taken back ({event.reason})"
+    if isinstance(event, ev.InstanceReplaced):
+        return (f"node {event.node}: replaced by node {event.new_node} (rank {event.rank}) "
+                f"in {event.seconds:.1f} s")
     if isinstance(event, ev.InstanceDestroyed):
         return f"node {event.node}: stopped"
     if isinstance(event, ev.ClusterDestroyed):

@@ -67,7 +67,7 @@ class Dispatch:
             else:
                 origin.reply(frame.task_id, result.flags, result.body, result.buffers)
 
-        live = [ch for ch in self._channels if ch.lost is None]
+        live = self._ready()
         if self._closed or not live:
             done(PoolClosedError("the pool is closed or has no node left; nested work cannot run."))
             return
@@ -77,6 +77,26 @@ class Dispatch:
             target.submit(kind, frame.flags, payload, frame.buffers, done)
         except Exception as exc:  # the node was lost meanwhile; submit discarded the buffers
             done(exc)
+
+    # -- which nodes take work (skyward.healing refines these: replacements, health checks) --
+    def _ready(self) -> list[NodeChannel]:
+        """The nodes that take tasks now, in rank order."""
+        return [ch for ch in self._channels if ch.lost is None]
+
+    def _node_may_come(self) -> bool:
+        """Whether a node can take tasks now or later (a lost one may be replaced)."""
+        return bool(self._ready())
+
+    def _wait_ready(self) -> list[NodeChannel]:
+        """The ready nodes, waiting while none is (raises when none will come back)."""
+        live = self._ready()
+        if not live:
+            raise NodeLostError("every node of the pool was lost; no node is left to run tasks.")
+        return live
+
+    def _wait_rank(self, rank: int) -> NodeChannel:
+        """The node at ``rank``, waiting while it is being replaced."""
+        return self._channels[rank]
 
     # -- distributed collections (skyward.runtime.collections) --------------------------------
     def _state_address(self, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any] | None:
@@ -113,23 +133,48 @@ class Dispatch:
         self._check_open()
         channels = self._channels
         if target is None:
-            live = [ch for ch in channels if ch.lost is None] or channels
+            live = self._ready() or self._wait_ready()
             return live[next(self._rr) % len(live)]
         if target == "head":
-            return channels[0]
+            return self._wait_rank(0)
         if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < len(channels):
             raise ConfigError(
                 f"target={target!r} is not valid: use 'head' or a node rank from 0 to {len(channels) - 1}."
             )
-        return channels[target]
+        return self._wait_rank(target)
 
     def _retries(self, target: int | str | None) -> int:
         """Tasks pinned to a node stay there; the others move when their node is lost."""
         return self.options.retry_on_interruption if target is None else 0
 
     def _live_other_than(self, ch: NodeChannel) -> NodeChannel | None:
-        live = [c for c in self._channels if c.lost is None and c is not ch]
+        live = [c for c in self._ready() if c is not ch]
         return min(live, key=lambda c: c.inflight) if live else None
+
+    def _resubmit(self, lost: NodeChannel, pending: PendingFunction[T], batch: int | None, retries: int,
+                  future: Future[T]) -> None:
+        """Run a task of a lost node again on another node, or on its replacement once one is
+        ready (waiting in a thread of its own: this is called on a channel's reader thread)."""
+        other = self._live_other_than(lost)
+        if other is not None:
+            log.warning("node %d was lost while running %s; retrying it on node %d (%d retr%s left)",
+                        lost.node, pending.name, other.node, retries, "y" if retries == 1 else "ies")
+            try:
+                _chain(self._submit(other, pending, batch, retries), future)
+            except BaseException as exc:
+                future.set_exception(exc)
+            return
+
+        def later() -> None:
+            try:
+                target = min(self._wait_ready(), key=lambda c: c.inflight)
+                log.warning("node %d was lost while running %s; retrying it on node %d", lost.node,
+                            pending.name, target.node)
+                _chain(self._submit(target, pending, batch, retries), future)
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=later, name="skyward-retry", daemon=True).start()
 
     def _timeout(self, pending: PendingFunction[Any]) -> float | None:
         return pending.timeout if pending.timeout is not None else self.options.default_compute_timeout
@@ -180,18 +225,11 @@ class Dispatch:
         finish = self._track(ch, name, 1, batch)
 
         def done(result: Frame | BaseException) -> None:
-            if isinstance(result, NodeLostError) and retries > 0 and not self._closed:
-                other = self._live_other_than(ch)
-                if other is not None:
-                    if finish is not None:
-                        finish(False)
-                    log.warning("node %d was lost while running %s; retrying it on node %d (%d retr%s left)",
-                                ch.node, name, other.node, retries - 1, "y" if retries == 2 else "ies")
-                    try:
-                        _chain(self._submit(other, pending, batch, retries - 1), future)
-                    except BaseException as exc:
-                        future.set_exception(exc)
-                    return
+            if isinstance(result, NodeLostError) and retries > 0 and not self._closed and self._node_may_come():
+                if finish is not None:
+                    finish(False)
+                self._resubmit(ch, pending, batch, retries - 1, future)
+                return
             try:
                 value, error = self._decode(result, name, ch.node), None
             except BaseException as exc:
@@ -203,7 +241,14 @@ class Dispatch:
             else:
                 future.set_exception(error)
 
-        ch.submit(Kind.TASK, flags, body, buffers, done)
+        try:
+            ch.submit(Kind.TASK, flags, body, buffers, done)
+        except NodeLostError:  # lost between the pick and the send
+            if finish is not None:
+                finish(False)
+            if retries <= 0 or self._closed or not self._node_may_come():
+                raise
+            self._resubmit(ch, pending, batch, retries - 1, future)
         return future
 
     def _decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
@@ -220,7 +265,7 @@ class Dispatch:
     def broadcast(self, pending: PendingFunction[T]) -> list[T]:
         """Run on every node; results in node order."""
         self._check_open()
-        futures = [self._submit(ch, pending) for ch in list(self._channels)]
+        futures = [self._submit(self._wait_rank(rank), pending) for rank in range(len(self._channels))]
         return _results(futures)
 
 

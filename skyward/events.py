@@ -82,14 +82,17 @@ class InstanceBootstrapped(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstancePreempted(Event):
+    """The provider says a lost node was a spot instance taken back (after InstanceLost)."""
+
     node: int
     reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceLost(Event):
-    """The connection to a node's agent broke (host down, network cut, agent killed); its
-    running tasks move to other nodes (Options.retry_on_interruption)."""
+    """The connection to a node's agent broke (host down, network cut, agent killed) or its
+    health checks failed; its running tasks move to other nodes (Options.retry_on_interruption)
+    and a replacement is started (InstanceReplaced)."""
 
     node: int
     reason: str
@@ -97,8 +100,14 @@ class InstanceLost(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceReplaced(Event):
+    """A new node (``new_node``) took the place and the rank of lost node ``node``;
+    ``seconds``: from the loss to the new node being ready for tasks."""
+
     node: int
     reason: str = ""
+    new_node: int = -1
+    rank: int = -1
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,7 +25,7 @@ from .console import Console
 from .dispatch import decode_result
 from .errors import ConfigError
 from .function import not_pending
-from .membership import Membership
+from .healing import Healing
 from .spec import Options, PoolSpec, Worker
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _close_leftovers() -> None:
             log.exception("closing pool %s at exit failed", pool.id)
 
 
-class Pool(Batches, Membership):
+class Pool(Batches, Healing):
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
     def __init__(
@@ -85,6 +85,7 @@ class Pool(Batches, Membership):
         self._resize_lock = threading.Lock()
         self._autoscaler: threading.Thread | None = None
         self._requested = time.monotonic()
+        self._init_healing()
         try:
             self._log = logs.configure(options.logging)
         except ConfigError as exc:
@@ -111,21 +112,21 @@ class Pool(Batches, Membership):
         secrets.register(self._cluster.token)  # the agents' token never shows in logs either
         _open_pools.add(self)
         try:
-            self._add_nodes(spec.node_spec.desired)
+            complete = self._start_nodes()  # all nodes, or Nodes(min=) of them (the rest join later)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self.close()
             raise
         if self._owned:
             self._write_record()
-        self._emit(ev.ClusterReady(
-            pool=self.id, nodes=len(self._channels), seconds=time.monotonic() - self._requested,
-        ))
+        if complete:
+            self._ready_at_last()
         ttl = spec.ttl
         self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
         self._beat.start()
         dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
         self._start_autoscaler()
+        self._start_health_checks()
 
     def _write_record(self) -> None:
         """The pool's record (skyward.record): who, where from, the spec, the offer, the lock."""

@@ -87,6 +87,11 @@ class Cluster(abc.ABC):
         reached: ``{index: why}``, each judged on its own. Empty for nodes this process started."""
         return dict(getattr(self, "_unreachable", {}))
 
+    def unreachable(self) -> dict[int, str]:
+        """Described nodes of an attached pool that ``start`` skipped because they could not be
+        reached: ``{index: why}``, each judged on its own. Empty for nodes this process started."""
+        return dict(getattr(self, "_unreachable", {}))
+
     def node_lost(self, index: int) -> None:
         """The pool lost its connection to node ``index`` (it stays in the pool's records until
         stopped). Providers let go of what would only hang now; its agent stops by itself when
@@ -155,7 +160,9 @@ class ProviderConfig:
 
         * ``start(count)`` hands out the described nodes first, in index order, starting
           nothing (the pool calls it once with the number of described nodes); a count beyond
-          them starts new nodes (a resize), with indices after the described ones.
+          them starts new nodes (a resize), with indices after the described ones. A described
+          node that cannot be reached is skipped and listed by ``unreachable()`` with why (the
+          pool attaches to the others); when none can be, ``start`` raises.
         * ``stop(endpoints)`` stops those nodes (their agents were already told to shut down).
         * ``detach()`` lets go and leaves every node running (the normal end of an attach).
         * ``close()`` destroys every node, described or new.
@@ -181,6 +188,11 @@ class ProviderConfig:
         """Cheaply and without connecting: does any described node still run? ``None`` when
         that cannot be told without connecting (the registry then goes by the ttl)."""
         return None
+
+    def nodes_alive(self, description: dict[str, Any]) -> list[bool | None]:
+        """Like ``alive``, node by node, in the order of ``description["nodes"]`` (``skyward
+        ls`` shows the nodes that are down). Default: None for each (cannot tell)."""
+        return [None for _ in description.get("nodes", [])]
 
 
 def require_kind(description: dict[str, Any], kind: str) -> None:

@@ -8,6 +8,7 @@ cached overlay that goes first on the nodes' PYTHONPATH.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -97,6 +98,9 @@ class Local(ProviderConfig):
     def alive(self, description: dict[str, Any]) -> bool | None:
         return any(process_running(n["pid"], n.get("started")) for n in description["nodes"])
 
+    def nodes_alive(self, description: dict[str, Any]) -> list[bool | None]:
+        return [process_running(n["pid"], n.get("started")) for n in description["nodes"]]
+
 
 def _local_gpus() -> int:
     exe = shutil.which("nvidia-smi")
@@ -128,6 +132,7 @@ class LocalCluster(Cluster):
         # attached pool) are waited for and stopped by pid, as they are not our children.
         self._nodes: dict[int, dict[str, Any]] = {}
         self._handed: set[int] = set()
+        self._unreachable: dict[int, str] = {}
         self._next = 0
         self._lock = threading.Lock()
         self.spec = spec
@@ -174,6 +179,7 @@ class LocalCluster(Cluster):
         self._procs = {}
         self._nodes = {int(n["index"]): dict(n) for n in description["nodes"]}
         self._handed = set()
+        self._unreachable = {}
         self._next = int(description["next"])
         self._lock = threading.Lock()
         self._mounts = None
@@ -279,18 +285,23 @@ class LocalCluster(Cluster):
         with self._lock:
             # An attached cluster hands out the nodes that already run before starting any.
             known = [n for i, n in sorted(self._nodes.items()) if i not in self._handed][:count]
-            for node in known:
-                if not process_running(node["pid"], node.get("started")):
-                    raise ProviderError(
-                        f"Local node {node['index']} of this pool (agent pid {node['pid']}) is not "
-                        f"running any more: the pool expired (no client for its ttl) or was "
-                        f"stopped. `skyward down` removes its record; `skyward up` starts it again."
-                    )
-                self._handed.add(node["index"])
+            live = []
+            for node in known:  # each on its own: one dead agent leaves the others usable
+                if process_running(node["pid"], node.get("started")):
+                    self._handed.add(node["index"])
+                    live.append(node)
+                else:
+                    self._unreachable[node["index"]] = _not_running(node)
+            if known and not live:
+                why = "; ".join(self._unreachable[n["index"]] for n in known)
+                raise ProviderError(
+                    f"none of the {len(known)} Local node(s) of this pool runs any more ({why}). "
+                    f"`skyward down` removes its record; `skyward up` starts it again."
+                )
             indices = list(range(self._next, self._next + count - len(known)))
             self._next += len(indices)
             started = [(i, self._spawn(i)) for i in indices]
-        endpoints = [_endpoint(n["index"], n["port"]) for n in known]
+        endpoints = [_endpoint(n["index"], n["port"]) for n in live]
         for i, proc in started:
             port = self._handshake(i, proc)
             with self._lock:
@@ -380,6 +391,17 @@ class LocalCluster(Cluster):
 
 
 _DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def _not_running(node: dict[str, Any]) -> str:
+    """Why a described Local node cannot be reached: its agent is gone, and what its log says."""
+    last = ""
+    with contextlib.suppress(OSError):
+        lines = Path(node.get("log") or "").read_text(errors="replace").strip().splitlines()
+        last = lines[-1] if lines else ""
+    said = f"; its log ends with {last!r}" if last else ""
+    return (f"Local node {node['index']}: its agent (pid {node['pid']}) is not running (it exited or "
+            f"was killed{said})")
 
 
 def _mount_volumes(spec: Spec, pool_id: str, root: Path) -> Any:

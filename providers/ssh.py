@@ -215,6 +215,7 @@ class SSHCluster(Cluster):
         self._kind, self._describe_extra = kind, describe_extra
         self._nodes: dict[int, _Node] = {}
         self._described: list[_Node] = []  # running nodes of an attached pool, not handed out yet
+        self._unreachable: dict[int, str] = {}  # described nodes that could not be reached
         self._next = 0
         self._lock = threading.Lock()
         self._ship: _Shipment | None = None
@@ -607,6 +608,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             for n in description["nodes"]
         ]
         self._next = int(description.get("next", len(self._described)))
+        self._unreachable = {}
         self._lock = threading.Lock()
         self._ship = None
         pin = description.get("pin")
@@ -633,8 +635,13 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
     def _reconnect(self, nodes: list[_Node]) -> list[NodeEndpoint]:
         """Hand out described nodes: one SSH connection each, tunnels to their running agents."""
 
-        def one(node: _Node) -> NodeEndpoint:
-            remote = self._open(node)
+        def one(node: _Node) -> NodeEndpoint | Exception:
+            try:
+                remote = self._open(node)
+            except Exception as exc:  # each node on its own: the others are still worth having
+                if node.remote is not None:
+                    node.remote.close()
+                return exc
             assert node.endpoint is not None and node.agent_port is not None
             with self._lock:
                 self._nodes[node.index] = node
@@ -643,7 +650,14 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             return node.endpoint
 
         with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-            return list(pool.map(one, nodes))
+            answers = list(pool.map(one, nodes))
+        reached = [a for a in answers if isinstance(a, NodeEndpoint)]
+        failed = [(n, a) for n, a in zip(nodes, answers, strict=True) if isinstance(a, Exception)]
+        for node, exc in failed:
+            self._unreachable[node.index] = str(exc)
+        if not reached and failed:
+            raise failed[0][1]
+        return reached
 
     def detach(self) -> None:
         with self._lock:

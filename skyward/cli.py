@@ -250,6 +250,7 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
     }
     if st is not None:
         out["state"] = st.state
+        out["nodes_down"] = list(st.nodes_down)
         out["expires"] = st.expires
         out["expires_in_seconds"] = None if st.expires is None else round(st.expires - now, 1)
     return out
@@ -366,6 +367,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         state = r["state"] + (" (removed)" if r["removed"] else "")
         if r["state"] == "in use":
             state += f" ({r['clients']} client(s))"
+        if r["nodes_down"]:
+            state += f", {len(r['nodes_down'])} of {r['nodes']} nodes down"
         table.append([r["name"], str(r["provider"]), str(r["nodes"]), state,
                       _duration(r["age_seconds"]), expiry, _money(r["hourly_cost"])])
     print(_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
@@ -409,7 +412,12 @@ def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
         endpoints = cluster.start(len(description["nodes"]))
     except SkywardError as exc:
         return [{**b, "error": str(exc)} for b in base]
-    for b, endpoint in zip(base, endpoints, strict=False):
+    by_index = {b["index"]: b for b in base}
+    for index, why in cluster.unreachable().items():  # each node judged on its own
+        if index in by_index:
+            by_index[index]["error"] = why
+    for endpoint in endpoints:
+        b = by_index[endpoint.index]
         try:
             ch = NodeChannel(endpoint.connect(), node=endpoint.index, token=cluster.token,
                              ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)

@@ -123,6 +123,7 @@ class PoolStatus:
     state: str  # provisioning | running | in use | expired | failed
     expires: float | None  # epoch seconds; None: not while clients are attached / ttl 0
     alive: bool | None  # what the provider could tell without connecting
+    nodes_down: tuple[int, ...] = ()  # of a running pool, the nodes known to be down
 
     @property
     def gone(self) -> bool:
@@ -152,23 +153,28 @@ def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
             return PoolStatus(name, record, "failed", None, None)
         return PoolStatus(name, record, "provisioning", None, None)
     alive: bool | None = None
+    down: tuple[int, ...] = ()
     cluster = record.get("cluster")
     if cluster:
         try:
-            alive = provider_from(record["config"]).alive(cluster)
+            provider = provider_from(record["config"])
+            alive = provider.alive(cluster)
+            if alive:  # each node on its own: one dead node is not the pool's end
+                each = provider.nodes_alive(cluster)
+                down = tuple(int(n["index"]) for n, a in zip(cluster["nodes"], each, strict=False) if a is False)
         except SkywardError:
             alive = None
     if alive is False:
         return PoolStatus(name, record, "expired", None, False)
     if _live_clients(record):
-        return PoolStatus(name, record, "in use", None, alive)
+        return PoolStatus(name, record, "in use", None, alive, down)
     ttl = int(record.get("ttl", 0))
     if ttl == 0:
-        return PoolStatus(name, record, "running", None, alive)
+        return PoolStatus(name, record, "running", None, alive, down)
     expires = float(record.get("last_seen", record.get("created", now))) + ttl
     if alive is None and now > expires + _GRACE:
         return PoolStatus(name, record, "expired", expires, None)
-    return PoolStatus(name, record, "running", expires, alive)
+    return PoolStatus(name, record, "running", expires, alive, down)
 
 
 def statuses() -> list[PoolStatus]:
@@ -342,9 +348,18 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
     except BaseException:
         _detached(name, client_id)
         raise
+    missing = cluster.unreachable()
+    if missing:  # attached to the nodes that answer; say which did not, and why
+        log.warning(
+            "pool %r: %s; attached to the %d other node(s). `skyward status %s` shows each node; "
+            "`skyward down %s` then `skyward up %s` starts the pool afresh.",
+            name, "; ".join(f"node {i} cannot be reached ({w})" for i, w in sorted(missing.items())),
+            pool.current_nodes(), name, name, name)
     if audited:
         audit.append(name, "attached", record["id"], client=pool.id, by=why,
                      nodes=pool.current_nodes())
+        for index, reason in sorted(missing.items()):
+            audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id)
         _Recorder(pool, name).start()
 
     def on_close() -> None:

@@ -4,9 +4,52 @@ startup error, a bare `skyward`, `down` of a name that does not exist, the price
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from .conftest import CLI
+
+
+# -- item 2: one dead node -------------------------------------------------------------------------
+def _kill_agent(cli: CLI, name: str, node: int) -> int:
+    pid = int(cli.record(name)["cluster"]["nodes"][node]["pid"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while pid in cli.processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
+def test_one_dead_node_leaves_the_rest_of_a_named_pool_usable(cli: CLI) -> None:
+    assert cli("up", "half", "--nodes", "2").code == 0
+    pid = _kill_agent(cli, "half", 1)
+
+    status = cli("status", "half", "--json")
+    assert status.code == 1, status  # not healthy...
+    nodes = status.json()["nodes"]
+    assert [n["reachable"] for n in nodes] == [True, False], nodes  # ...but judged node by node
+    assert not nodes[0].get("error"), nodes
+    assert str(pid) in nodes[1]["error"] and "expired" not in nodes[1]["error"], nodes
+    text = cli("status", "half")
+    assert "expired or was stopped" not in text.out + text.err, text
+
+    (row,) = cli("ls", "--json").json()
+    assert row["state"] == "running" and row["nodes_down"] == [1], row
+    assert "1 of 2 nodes down" in cli("ls").out
+
+    client = cli.python("""
+        import json, os
+        import skyward as sky
+        with sky.Compute(name="half", options=sky.Options(console="silent")) as pool:
+            pids = sky.function(os.getppid)() @ pool
+            print(json.dumps({"nodes": pool.current_nodes(), "agents": pids}))
+    """)
+    assert client.code == 0, client
+    assert client.json()["nodes"] == 1, client
+    assert "node 1" in client.err and "attached to the 1 other" in client.err, client
 
 
 # -- item 8: preview ------------------------------------------------------------------------------

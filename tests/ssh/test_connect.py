@@ -70,3 +70,31 @@ def test_a_refused_port_is_retried_and_says_so_while_waiting(caplog: pytest.LogC
     assert len(said) == 1, said  # said once, when the wait starts, not at every attempt
     assert "refused" in said[0] and str(port) in said[0] and "retrying" in said[0], said
     assert "refused" in str(info.value) and str(port) in str(info.value)
+
+
+def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_hosts: Any) -> None:
+    """Issue 19 item 2 on SSH: each node of a named pool is judged on its own."""
+    import json
+
+    from skyward.pool import Pool
+
+    hosts = ssh_hosts(2)
+    ssh = _provider(hosts)
+    spec = sky.Spec(provider=ssh, nodes=2)
+    cluster = ssh.create(spec, "half01", sky.Options(ssh_timeout=3))
+    cluster.start(2)
+    description = json.loads(json.dumps(cluster.describe()))  # what the registry stores
+    cluster.detach()
+    try:
+        hosts[1].stop()
+        attached = ssh.attach(description)
+        pool = Pool(spec, QUIET, sky.Worker(), cluster=attached)
+        try:
+            assert pool.current_nodes() == 1
+            assert len(sky.function(socket.gethostname)() @ pool) == 1  # the live node runs tasks
+            (why,) = attached.unreachable().values()
+            assert hosts[1].address in why and "could not connect" in why, why
+        finally:
+            pool.close()
+    finally:
+        ssh.destroy(description)

@@ -4,6 +4,7 @@ with real named Local pools and real programs: auth, the pool lifecycle, SSE, th
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,13 @@ def test_the_hook_costs_a_pool_nothing_while_no_dashboard_runs(tmp_path: Path, m
         time.sleep(2.5 * hook.LOOK_EVERY)
         assert not ev.bus.wants(pool.id, ev.TaskStarted)  # nothing subscribed: no events built
         assert hook._link is None
+
+
+def test_without_the_extra_the_command_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from skyward.cli import main
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
+    assert main(["dashboard", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "uvicorn" in err and "pip install 'skyward[dashboard]'" in err

@@ -121,6 +121,27 @@ def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) ->
         wait_for(lambda: "destroyed" in browser.find_element(By.ID, "main").text, 30, "the page to say so")
         keep("destroyed")
 
+        # `up` from the skyward.toml page, then a resize from the pool's page: both confirmed first.
+        browser.get(d.base + "/config")
+        up = wait_for(lambda: [b for b in browser.find_elements(By.CSS_SELECTOR, ".up-btn[data-pool='demo']")
+                               if b.is_enabled()], 30, "the up button")
+        up[0].click()
+        wait_for(lambda: browser.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
+        browser.find_element(By.ID, "confirm-ok").click()
+        wait_for(lambda: browser.current_url.endswith("/pools/demo"), 90, "the new pool's page")
+        assert cli.record("demo")["state"] == "running"
+        size = wait_for(lambda: browser.find_element(By.ID, "resize-nodes"), 30, "the resize box")
+        size.clear()
+        size.send_keys("1")
+        browser.find_element(By.ID, "resize").click()
+        wait_for(lambda: browser.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
+        assert "from 2 to 1" in _text(browser, "#confirm-text")
+        browser.find_element(By.ID, "confirm-ok").click()
+        wait_for(lambda: len(cli.record("demo")["cluster"]["nodes"]) == 1, 60, "the pool to shrink")
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr")) == 1, 30,
+                 "the page to show one node")
+        pages.append(browser.page_source)
+
         api_texts = [d.api("GET", path).text for path in
                      ("/api/pools", "/api/config", "/api/config/demo/preview", "/api/pools/demo/history")]
     for text in pages + api_texts:

@@ -45,3 +45,16 @@ def test_preview_of_flags_refuses_a_config_file_it_would_not_read(cli: CLI) -> N
     path = cli.toml("[pools.x]\nnodes = 1\n")
     result = cli("preview", "--nodes", "1", "--config", str(path))
     assert result.code != 0 and "read for named pools only" in result.err, result
+
+
+@pytest.mark.parametrize(("text", "first"), [("v5litepod-4", "tpu-v5litepod-4"), ("trn2:16", "trn2.48xlarge"),
+                                             ("Radeon-Pro-V520", "g4ad.xlarge"), ("T4G", "g5g.xlarge")])
+def test_offers_takes_every_spelling_of_the_new_accelerators(cli: CLI, text: str, first: str) -> None:
+    result = cli("offers", "--accelerator", text, "--json")
+    assert result.code == 0, result
+    assert result.json()[0]["instance_type"] == first
+
+
+def test_a_consumer_card_is_a_known_name_that_no_cloud_rents(cli: CLI) -> None:
+    result = cli("offers", "--accelerator", "GTX_1080_Ti", "--json")
+    assert result.code == 0 and result.json() == [], result

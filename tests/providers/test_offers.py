@@ -66,8 +66,8 @@ def test_an_impossible_spec_lists_the_closest_offers() -> None:
 
 
 def test_region_filters_and_prices_differ_by_region() -> None:
-    us = sky.AWS(region="us-east-1").offer(sky.Spec(provider=sky.AWS(region="us-east-1"), accelerator=A.L4()))
-    eu = sky.AWS(region="eu-west-1").offer(sky.Spec(provider=sky.AWS(region="eu-west-1"), accelerator=A.L4()))
+    us = sky.AWS(region="us-east-1").offer(sky.Spec(provider=sky.AWS(region="us-east-1"), accelerator=A.A10G()))
+    eu = sky.AWS(region="eu-west-1").offer(sky.Spec(provider=sky.AWS(region="eu-west-1"), accelerator=A.A10G()))
     assert (us.region, eu.region) == ("us-east-1", "eu-west-1") and eu.on_demand > us.on_demand
     nowhere = sky.Spec(provider=sky.GCP(), accelerator=A.L4(), region="ap-south-9")
     why = sky.GCP().check(nowhere)
@@ -86,7 +86,9 @@ def test_pinned_instance_type() -> None:
 def test_gcp_offers_carry_what_the_program_needs() -> None:
     offer = sky.GCP().offer(sky.Spec(provider=sky.GCP(), accelerator=A.T4()))
     assert offer.instance_type == "n1-standard-4+t4"
-    assert offer.extra == {"machine_type": "n1-standard-4", "accelerator_type": "nvidia-tesla-t4", "attach": True}
+    assert {k: v for k, v in offer.extra.items() if k != "zones"} == {
+        "machine_type": "n1-standard-4", "accelerator_type": "nvidia-tesla-t4", "attach": True}
+    assert offer.extra["zones"][offer.region]
     a100 = sky.GCP().offer(sky.Spec(provider=sky.GCP(), accelerator=A.A100(memory="40GB")))
     assert a100.instance_type == "a2-highgpu-1g" and not a100.extra.get("attach")
 
@@ -138,3 +140,48 @@ def test_want_explains_a_misfit() -> None:
     offer = select("aws", Want(accelerator=A.T4()))
     assert Want(accelerator=A.T4(count=2)).misfit(offer) == "has 1 T4, fewer than 2"
     assert Want(architecture="arm64").misfit(offer) is not None
+
+
+def test_catalogue_rows_list_only_where_a_type_is_sold() -> None:
+    from skyward.catalogue import load
+    from skyward.providers.gcp import REGION_ZONES
+
+    aws = {(o.instance_type, o.region): o for o in load("aws")}
+    # p5 and g6e are not sold in eu-west-1; p4de has no spot market.
+    assert ("p5.48xlarge", "eu-west-1") not in aws and ("g6e.xlarge", "eu-west-1") not in aws
+    assert all(o.spot is None for (t, _), o in aws.items() if t == "p4de.24xlarge")
+    for o in load("gcp"):
+        zones = o.extra["zones"][o.region]
+        assert zones, o
+        for zone in zones:  # a real zone of the row's region (us-east1 has no zone a)
+            region, letter = zone.rsplit("-", 1)
+            assert region == o.region and letter in REGION_ZONES[region], (o.instance_type, zone)
+    gcp = {(o.instance_type, o.region): o for o in load("gcp")}
+    assert ("a3-highgpu-8g", "us-east1") not in gcp
+    assert gcp[("a3-highgpu-8g", "us-central1")].spot is None
+
+
+def test_gcp_pools_start_in_a_zone_that_has_their_gpu() -> None:
+    provider = sky.GCP(project="p")
+    spec = sky.Spec(provider=provider, accelerator=A.V100(), region="us-east1")
+    offer = provider.offer(spec)
+    assert provider.zones_for(spec, offer) == ["us-east1-c"]  # the only us-east1 zone with V100s
+    l4 = sky.Spec(provider=provider, accelerator=A.L4(), region="us-east1")
+    assert provider.zones_for(l4, provider.offer(l4)) == ["us-east1-b", "us-east1-c", "us-east1-d"]
+    assert sky.GCP(project="p", zone="us-east1-d").zones_for(l4, provider.offer(l4)) == ["us-east1-d"]
+
+
+def test_volta_nodes_get_the_proprietary_driver_image() -> None:
+    from skyward.stacks.aws import ami_filter
+    from skyward.stacks.cloudpool import new_plan
+
+    provider = sky.AWS()
+    spec = sky.Spec(provider=provider, accelerator=A.V100())
+    offer = provider.offer(spec)
+    assert offer.instance_type.startswith("p3.")
+    plan = new_plan(spec, offer, stack="s", pool="p", zone=None, image=None, user="ubuntu",
+                    settings=provider._stack_args(spec, offer)["settings"], cidrs=("10.0.0.0/8",),
+                    public_key="ssh-ed25519 AAAA", max_duration=None)
+    owner, pattern = ami_filter(plan)
+    # The OSS (open-module) driver AMIs do not drive Volta GPUs.
+    assert owner == "amazon" and "Proprietary Nvidia Driver" in pattern

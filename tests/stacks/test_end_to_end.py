@@ -82,6 +82,9 @@ def test_a_node_that_shows_another_host_key_is_refused_and_the_stack_destroyed(t
     ws = FakeWorkspace(node_outputs=boot(two_hosts, install_host_key=False))
     provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"],
                        install="wheelhouse")  # the test hosts have no index
-    with pytest.raises(sky.HostKeyError), sky.Compute(provider=provider, nodes=1, options=sky.Options(console=False)):
+    # A booting cloud node may show the image's own key for a while (cloud-init replaces it):
+    # that is waited out for ssh_timeout, then refused.
+    options = sky.Options(console=False, ssh_timeout=5)
+    with pytest.raises(sky.HostKeyError), sky.Compute(provider=provider, nodes=1, options=options):
         pytest.fail("the pool must not open")
     assert [kind for kind, _ in ws.calls][-3:] == ["refresh", "destroy", "remove"]

@@ -336,7 +336,7 @@ def _gpus(memory_by_factory: str, manufacturer: str = "NVIDIA") -> tuple[_Entry,
 
 _CATALOGUE: tuple[_Entry, ...] = (
     # NVIDIA data-centre
-    _Entry("H100", "80GB", memory_variants=("94GB",), form_factors=("SXM", "PCIe", "NVL")),
+    _Entry("H100", "80GB", memory_variants=("94GB", "40GB"), form_factors=("SXM", "PCIe", "NVL")),
     _Entry("H200", "141GB", form_factors=("SXM", "NVL")),
     _Entry("B200", "180GB", memory_variants=("192GB",), description="180GB as the clouds rent it (HGX)"),
     _Entry("B100", "192GB"),
@@ -714,12 +714,19 @@ def Custom(
     count: float = 1,
     form_factor: str | None = None,
     manufacturer: str = "NVIDIA",
+    cuda_min: str | None = None,
+    cuda_max: str | None = None,
 ) -> Accelerator:
     """An accelerator that is not in the catalogue, taken as given.
 
-    Only the generic rules apply (count > 0, memory written as a GB size); the name,
-    memory and form factor are passed to providers unchecked.
+    Only the generic rules apply (count > 0, memory written as a GB size; ``""`` is no
+    memory); the name, memory and form factor are passed to providers unchecked.
+    ``cuda_min``/``cuda_max`` are accepted as the reference API spells them and not used:
+    skyward picks CUDA builds by the pool's plugins (``torch(cuda=...)``), not by the card.
     """
+    del cuda_min, cuda_max
+    if memory == "":
+        memory = None
     if not isinstance(name, str) or not name.strip():
         raise AcceleratorError(
             f"custom accelerator name {name!r} is empty or not a string: Custom needs the "

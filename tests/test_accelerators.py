@@ -409,3 +409,9 @@ def test_slice_factories_multiply_their_size() -> None:
 def test_a_slice_size_only_applies_to_tpus() -> None:
     with pytest.raises(AcceleratorError, match="unknown accelerator"):
         parse("A100-8")
+
+
+def test_reference_spellings_of_options_are_accepted() -> None:
+    assert H100(memory="40GB").memory == "40GB"
+    assert Custom("My-GPU", memory="", count=2).memory is None
+    assert Custom("H100-Custom", memory="80GB", cuda_min="12.0", cuda_max="13.1").memory == "80GB"

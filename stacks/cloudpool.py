@@ -412,6 +412,8 @@ def new_plan(
         instance_type=offer.instance_type, nodes=(), ssh_user=user, ssh_public_key=public_key,
         ssh_cidrs=cidrs, disk_gb=spec.disk_gb or (120 if gpu else 30),
         disks=tuple(DiskPlan(v.size_gb, v.mount, v.type) for v in spec.volumes if isinstance(v, Disk)),
+        buckets=tuple(BucketPlan(v.bucket, v.prefix, v.read_only) for v in spec.volumes
+                      if isinstance(v, Volume) and v.storage is None),
         image=image, gpu=gpu, architecture=offer.architecture, ttl=spec.ttl,
         grace=spec.image.bootstrap_timeout + 600, created=now,
         expires=now + int(max_duration) if max_duration else None, version=__version__, settings=settings,
@@ -433,8 +435,6 @@ def launch(
     pool_id: str,
     offer: Offer,
     program: Callable[[PoolPlan], Any],
-        buckets=tuple(BucketPlan(v.bucket, v.prefix, v.read_only) for v in spec.volumes
-                      if isinstance(v, Volume) and v.storage is None),
     *,
     provider: Any,
     zone: str | None,

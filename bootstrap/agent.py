@@ -319,6 +319,7 @@ class Agent:
         env = dict(os.environ)
         env.update(
             SKYWARD_WORKER_FD=str(theirs.fileno()),
+            SKYWARD_AGENT_PID=str(os.getpid()),
             SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
             SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
         )

@@ -419,10 +419,16 @@ class Worker:
 
     # -- timeouts ----------------------------------------------------------------------------
     def _watchdog(self) -> None:
-        agent = os.getppid()
+        parent = os.getppid()
+        # The agent's pid as the agent said it (SKYWARD_AGENT_PID): a worker whose agent died
+        # before this thread started has init as its parent from the start, and a launcher
+        # may stand between the two.
+        agent = int(os.environ.get("SKYWARD_AGENT_PID") or 0)
+        ticks = 0
         while True:
             time.sleep(0.05)
-            if os.getppid() != agent:
+            ticks += 1
+            if os.getppid() != parent or (agent and ticks % 20 == 0 and not _alive(agent)):
                 # The agent is gone (killed outright). Busy slots read no frames, so this is
                 # how a worker notices; it takes what its tasks started with it.
                 os.killpg(0, signal.SIGKILL)
@@ -468,6 +474,21 @@ class Worker:
                 f"new slot replaces it. Use Worker(executor='process') to have such tasks killed."
             )
             self._start_slot()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: init may never reap it here)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def main() -> None:

@@ -156,3 +156,30 @@ def test_workers_exit_when_their_agent_is_killed() -> None:
         time.sleep(0.2)
         os.kill(agent, signal.SIGKILL)
         assert wait_gone([worker], 5) == []
+
+
+def test_a_worker_whose_agent_died_before_it_started_exits() -> None:
+    # The worker's parent check used to read the parent pid when its watchdog thread started: a
+    # worker whose agent was already gone had init as parent from the start and lived forever.
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from skyward.bootstrap.frames import FrameWriter, Kind
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs: the agent, dead before the worker looked
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ, SKYWARD_WORKER_FD=str(theirs.fileno()), SKYWARD_AGENT_PID=str(gone.pid))
+    worker = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.worker"], pass_fds=[theirs.fileno()],
+                              env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    theirs.close()
+    try:
+        FrameWriter(ours).send_parts(Kind.CONFIGURE, 0, 0, json.dumps({"topology": {"node": 0}}).encode())
+        assert worker.wait(timeout=30) != 0  # it noticed and stopped itself
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        ours.close()

@@ -69,6 +69,16 @@ def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
     }
 
 
+def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool) -> None:
+    """A lost node that does not answer is replaced by one stack update (skyward.healing)."""
+
+    def replace_host(host: Any) -> tuple[Any, str | None]:
+        address, reclaimed = cloud.replace(host)
+        return ssh.SSHHost(**address.host_fields()), reclaimed
+
+    cluster.replace_host = replace_host
+
+
 def _lock_hooks(cluster: Any, cloud: CloudPool) -> Any:
     """The pool's record reads the image id, instance type and region from the stack's plan, and
     writes the finished lock back into the stack config."""
@@ -92,6 +102,7 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
             **_hooks(ssh, cloud, kind),
         )
         _lock_hooks(cluster, cloud)
+        _heal_hook(cluster, ssh, cloud)
     except BaseException:
         cloud.close()
         raise
@@ -121,6 +132,7 @@ def attach(kind: str, description: dict[str, Any], program: Callable[[Any], Any]
     ssh: Any = importlib.import_module("skyward.providers.ssh")
     cloud = _reopen(kind, description, program, connect)
     cluster: Cluster = ssh.SSHCluster.from_description(description, **_hooks(ssh, cloud, kind))
+    _heal_hook(cluster, ssh, cloud)
     return cluster
 
 

@@ -26,8 +26,8 @@ import shlex
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -283,7 +283,7 @@ class SSHCluster(Cluster):
 
     def close(self) -> None:
         with self._lock:
-            nodes = [*self._nodes.values(), *self._described]
+            nodes = [*self._nodes.values(), *self._described, *self._stale_nodes()]
             self._described = []
         try:
             self._release(nodes)
@@ -367,11 +367,11 @@ class SSHCluster(Cluster):
         return prepare(self.spec, self)
 
     # -- one node ----------------------------------------------------------------------------
-    def _bring_up(self, node: _Node) -> NodeEndpoint:
+    def _bring_up(self, node: _Node, remote: Remote | None = None) -> NodeEndpoint:
         ship = self._ship
         assert ship is not None
         h = node.host
-        remote = self._open(node)
+        remote = remote or self._open(node)
         node.home = home = _node_home(remote)
         uploads: list[tuple[str, Path | bytes, int]] = [
             (p, *ship.files[p]) for p in remote.missing(ship.sizes, home)
@@ -531,6 +531,161 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                         "is still up", index, node.host.address, self._ttl)
             threading.Thread(target=node.remote.close, name="skyward-ssh-drop", daemon=True).start()
 
+    # -- healing (skyward.healing) -------------------------------------------------------------
+    # A cloud provider sets this: a lost host's replacement from its stack (one update), and
+    # why the old one went away when the cloud took it back (a spot reclaim), else None.
+    replace_host: Callable[[SSHHost], tuple[SSHHost, str | None]] | None = None
+
+    def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
+        """Each node as soon as it is bootstrapped (Nodes(min=): slow hosts join later)."""
+        with self._lock:
+            described, self._described = self._described[:count], self._described[count:]
+        if described:
+            yield from self._reconnect(described)
+            count -= len(described)
+        if count <= 0:
+            return
+        nodes = self._claim(count)
+        self._prepare()
+        with ThreadPoolExecutor(max_workers=min(32, count)) as pool:
+            futures = {pool.submit(self._bring_up, n): n for n in nodes}
+            for f in as_completed(futures):
+                try:
+                    yield f.result()
+                except BaseException as exc:
+                    self._release([futures[f]])
+                    yield exc
+
+    def _claim(self, count: int) -> list[_Node]:
+        with self._lock:
+            if len(self._free) < count and self._grow is not None:
+                self._free.extend(self._grow(count - len(self._free)))
+            if len(self._free) < count:
+                raise ProviderError(
+                    f"{count} more node(s) asked for and only {len(self._free)} unused host(s) are "
+                    f"left; add hosts to sky.SSH(hosts=[...]) or ask for fewer nodes."
+                )
+            nodes = []
+            for _ in range(count):
+                nodes.append(_Node(self._next, self._free.pop(0)))
+                self._next += 1
+            for n in nodes:
+                self._nodes[n.index] = n
+        return nodes
+
+    def replace(self, lost: NodeEndpoint) -> NodeEndpoint:
+        """The lost node's host again when it answers (its agent restarted in the folder the
+        bootstrap left, or the host bootstrapped again), else the next spare host (hosts beyond
+        ``nodes``, in order), else, on a cloud, a new instance from one stack update. With
+        neither spares nor a stack, the host is waited for (``ssh_timeout``) each attempt."""
+        with self._lock:
+            old = self._nodes.get(lost.index)
+            if old is None:
+                raise ProviderError(f"node {lost.index} is not one of this pool's nodes any more")
+            node = _Node(self._next, old.host)
+            self._next += 1
+            elsewhere = bool(self._free) or self.replace_host is not None
+        self._prepare()
+        try:
+            remote = self._open(node, retry_for=0.0 if elsewhere else None,
+                                connect_timeout=3.0 if elsewhere else None)
+        except Exception as exc:
+            if node.remote is not None:
+                node.remote.close()
+            if not elsewhere:
+                raise
+            log.warning("node %d (%s) does not answer (%s); replacing it with another host",
+                        old.index, old.host.address, exc)
+            return self._replace_elsewhere(old)
+        try:
+            endpoint = self._restart(node, old, remote)
+        except BaseException:
+            remote.close()
+            raise
+        self._swap(old, node)
+        return endpoint
+
+    def _restart(self, node: _Node, old: _Node, remote: Remote) -> NodeEndpoint:
+        """The same host: stop what is left of the old agent, then start a new one -- straight
+        from the pool's folder when it is intact (a warm host: about a second), else after the
+        whole bootstrap again."""
+        _kill_agent(remote, old.agent_pid)
+        if old.home and old.agent_python:
+            node.home, node.agent_python = old.home, old.agent_python
+            try:
+                port, pid, facts = self._start_agent(node, remote)
+            except Exception as exc:
+                log.info("node %d: restarting the agent in place failed (%s); bootstrapping again", node.index, exc)
+            else:
+                node.agent_pid, node.agent_port = pid, port
+                h = node.host
+                node.endpoint = NodeEndpoint(
+                    index=node.index,
+                    private_ip=h.private_ip or facts.get("ip") or remote.host,
+                    public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
+                    hostname=h.hostname or facts.get("hostname") or h.address,
+                    connect=functools.partial(_connect_agent, remote, port, node.agent_python),
+                )
+                return node.endpoint
+        return self._bring_up(node, remote)
+
+    def _replace_elsewhere(self, old: _Node) -> NodeEndpoint:
+        preempted = None
+        with self._lock:
+            spare = self._free.pop(0) if self._free else None
+        if spare is None:
+            assert self.replace_host is not None
+            spare, preempted = self.replace_host(old.host)  # the old instance leaves the stack
+        node = _Node(self._next, spare)
+        with self._lock:
+            self._next += 1
+            self._nodes[node.index] = node
+            stale = self._stale.pop((spare.address, spare.port), None)
+        try:
+            remote = self._open(node)
+            _kill_agent(remote, stale)  # this host was lost once; its old agent may be back
+            endpoint = self._bring_up(node, remote)
+        except BaseException:
+            self._release([node])
+            with self._lock:
+                if self.replace_host is None:
+                    self._free.append(spare)  # maybe later
+            raise
+        self._swap(old, node)
+        if self.replace_host is None:
+            with self._lock:  # the lost host becomes the last spare (its old agent noted)
+                self._free.append(old.host)
+                if old.agent_pid:
+                    self._stale[(old.host.address, old.host.port)] = old.agent_pid
+        if preempted:
+            self._preempted[old.index] = preempted
+        return endpoint
+
+    def _swap(self, old: _Node, new: _Node) -> None:
+        with self._lock:
+            self._nodes.pop(old.index, None)
+            self._nodes[new.index] = new
+        if old.remote is not None and old.remote is not new.remote:
+            threading.Thread(target=old.remote.close, name="skyward-ssh-drop", daemon=True).start()
+
+    def preempted(self, index: int) -> str | None:
+        return self._preempted.pop(index, None)
+
+    @property
+    def _stale(self) -> dict[tuple[str, int | None], int]:
+        """Hosts lost once and kept as spares: the pid of the agent they may still run."""
+        return self.__dict__.setdefault("_stale_agents", {})
+
+    @property
+    def _preempted(self) -> dict[int, str]:
+        return self.__dict__.setdefault("_preempted_nodes", {})
+
+    def _stale_nodes(self) -> list[_Node]:
+        """Stale agents as nodes ``_release`` can stop (closing the pool stops them too)."""
+        free = {(h.address, h.port): h for h in self._free}
+        return [_Node(-1 - i, free[key], agent_pid=pid) for i, (key, pid) in enumerate(self._stale.items())
+                if key in free]
+
     # -- named pools (see Cluster.describe / ProviderConfig.attach) ----------------------------
     def describe(self) -> dict[str, Any]:
         import cloudpickle
@@ -620,12 +775,12 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         self._ttl = description["ttl"]
         return self
 
-    def _open(self, node: _Node, retry_for: float | None = None) -> Remote:
+    def _open(self, node: _Node, retry_for: float | None = None, connect_timeout: float | None = None) -> Remote:
         from skyward.bootstrap.remote import Remote, Target
 
         h = node.host
         remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
-                        connect_timeout=min(10.0, self._ssh_timeout),
+                        connect_timeout=connect_timeout or min(10.0, self._ssh_timeout),
                         retry_for=self._ssh_timeout if retry_for is None else retry_for,
                         label=f"node {node.index} ({h.address})", booting=self._kind != "ssh" and retry_for is None)
         node.remote = remote
@@ -686,6 +841,14 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
 
 # The name the cloud providers use for the hosts a stack made.
 Host = SSHHost
+
+
+def _kill_agent(remote: Remote, pid: int | None) -> None:
+    """Stop an agent of this pool left on a host (and what it started), if it still runs."""
+    if pid:
+        remote.run(f"kill -TERM -- -{int(pid)} 2>/dev/null; for _ in $(seq 1 30); do kill -0 {int(pid)} "
+                   f"2>/dev/null || break; sleep 0.1; done; kill -KILL -- -{int(pid)} 2>/dev/null; true",
+                   check=False, timeout=20)
 
 
 def _host_record(h: SSHHost) -> dict[str, Any]:

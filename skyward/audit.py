@@ -2,7 +2,7 @@
 (``NAME.jsonl``) and one for every pool's record (``_pools.jsonl``; no pool name starts with _).
 
 One line per lifecycle event (recorded, provisioned, attached, detached, resized, node lost,
-exec, destroyed, closed) saying who (user@host), when, what, and the pool's offer, cost estimate
+node replaced, exec, destroyed, closed) saying who (user@host), when, what, and the pool's offer, cost estimate
 and the skyward version; never a secret. Lines are appended with one ``write`` on an O_APPEND
 descriptor under an exclusive ``flock``, so concurrent writers never interleave; nothing ever
 rewrites the file. It outlives the pool: ``skyward history NAME`` shows every pool that ever
@@ -27,8 +27,8 @@ from typing import Any
 
 from .paths import skyward_home
 
-EVENTS = ("recorded", "provisioned", "attached", "detached", "resized", "node lost", "exec", "destroyed",
-          "closed")
+EVENTS = ("recorded", "provisioned", "attached", "detached", "resized", "node lost", "node replaced", "exec",
+          "destroyed", "closed")
 POOLS = "_pools"  # the trail of every pool's record, named or not
 
 

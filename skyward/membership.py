@@ -259,8 +259,9 @@ class Membership(Dispatch):
         while not self._stop.wait(min(1.0, self.options.reconcile_tick_interval)):
             with self._lock:
                 live = [ch for ch in self._channels if ch.lost is None]
+                size = len(self._channels)  # a lost node being replaced still counts: no scale-up
             busy = sum(ch.inflight for ch in live)
-            target = decide(self._nodes, len(live), busy, self.worker.slots, time.monotonic(),
+            target = decide(self._nodes, size, busy, self.worker.slots, time.monotonic(),
                             state, self.options)
             if target is None:
                 continue

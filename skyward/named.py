@@ -416,7 +416,7 @@ class _Recorder:
         self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> None:
-        kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost)
+        kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced)
         self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
         self.pool._on_close.insert(0, self.stop)
 
@@ -441,6 +441,16 @@ class _Recorder:
                          by=self.pool.id)
         elif isinstance(event, ev.InstanceLost):
             audit.append(self.name, "node lost", pool_id, node=event.node, reason=event.reason)
+        elif isinstance(event, ev.InstanceReplaced):  # the registry describes the new node
+            description = self.pool._cluster.describe()
+
+            def keep(r: dict[str, Any]) -> None:
+                r["cluster"] = description
+
+            with contextlib.suppress(SkywardError):
+                registry.update(self.name, keep)
+            audit.append(self.name, "node replaced", pool_id, node=event.node, new_node=event.new_node,
+                         rank=event.rank, seconds=round(event.seconds, 3), reason=event.reason, by=self.pool.id)
 
 
 # -- stop ----------------------------------------------------------------------------------------

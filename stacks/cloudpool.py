@@ -180,6 +180,51 @@ class CloudPool:
         if placement and placement != self.plan.settings.get("pinned"):
             self.plan = replace(self.plan, settings={**self.plan.settings, "pinned": placement})
 
+    def replace(self, gone: Any) -> tuple[NodeAddress, str | None]:
+        """A new node in place of lost node ``gone`` (index, NodeAddress or ssh Host): refresh
+        (the state learns what the cloud did), then one update that drops the old instance and
+        creates the new one -- one more entry in the stack's history. Returns the new node and,
+        when the old one was a spot instance the cloud took back, why (else None)."""
+        index = self._index_of(gone)
+        with self._lock:
+            try:
+                self.stack.refresh()
+            except StackError as exc:  # the update below still replaces the node
+                self._emit(ev.Log(pool=self.pool_id, level="WARNING",
+                                  message=f"stack {self.plan.stack}: refresh before replacing node {index} failed: {exc}"))
+            reclaimed = self._reclaimed(index)
+            previous = self.plan
+            new = self._new_nodes(1)  # numbered after every node so far: never the lost one's index
+            before = previous.with_nodes(tuple(n for n in previous.nodes if n.index != index))
+            self.plan = before.with_nodes(before.nodes + new)
+            try:
+                outputs = self._up_with_retries(before, new, 1)
+            except BaseException:
+                self.plan = previous
+                raise
+            self._pin(outputs)
+            return self._addresses(outputs, [new[0].index])[0], reclaimed
+
+    def _reclaimed(self, index: int) -> str | None:
+        """Why a lost spot node went away when the refreshed state says the cloud stopped or
+        removed its instance; None for on-demand nodes and instances still running."""
+        node = next((n for n in self.plan.nodes if n.index == index), None)
+        if node is None or not node.spot:
+            return None
+        try:
+            resources = (self.stack.export().get("deployment") or {}).get("resources") or []
+        except StackError:
+            return None
+        for r in resources:
+            urn = r.get("urn")
+            if urn == index or str(urn).endswith(f"::node-{index}"):
+                outputs = r.get("outputs") or {}
+                state = str(outputs.get("instanceState") or outputs.get("status") or "").lower()
+                if state in ("terminated", "shutting-down", "stopped", "stopping", "suspended"):
+                    return f"the cloud stopped its spot instance (state {state})"
+                return None
+        return "the cloud removed its spot instance (a refresh found it gone)"
+
     def shrink(self, nodes: Iterable[Any]) -> None:
         """Remove these nodes (indices, NodeAddresses or ssh Hosts) from the pool: one stack update."""
         gone = {self._index_of(n) for n in nodes}

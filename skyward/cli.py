@@ -315,12 +315,15 @@ def cmd_down(args: argparse.Namespace) -> int:
     if args.expired:
         with _progress("removing expired pools"):
             removed = named.cleanup_expired()
+        gone, failed_orphans = _destroy_orphans()
         if args.json:
-            _json([{"name": st.name, "state": st.state} for st in removed])
+            _json([{"name": st.name, "state": st.state} for st in removed]
+                  + [{"name": stack, "state": "orphaned"} for stack in gone])
         else:
-            print("\n".join(f"removed {st.name} ({st.state})" for st in removed)
+            print("\n".join([f"removed {st.name} ({st.state})" for st in removed]
+                            + [f"removed {stack} (cloud pool whose program is gone)" for stack in gone])
                   or "no expired pools")
-        return EXIT_OK
+        return EXIT_FAILED if failed_orphans else EXIT_OK
     names = registry.names() if args.all else [args.name]
     done, failed = [], []
     for name in names:
@@ -344,6 +347,51 @@ def cmd_down(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def _orphans() -> list[Any]:
+    """Unnamed cloud pools of this machine whose program died without teardown (their stacks
+    may still hold instances and disks); empty when the cloud extras are not installed."""
+    try:
+        from .stacks import orphans
+    except ImportError:
+        return []
+    return orphans.orphans()
+
+
+def _destroy_orphans() -> tuple[list[str], list[str]]:
+    from .stacks import orphans
+
+    gone, failed = [], []
+    for orphan in _orphans():
+        try:
+            with _progress(f"destroying the stack {orphan.stack} (its program is gone)"):
+                orphans.destroy(orphan)
+            gone.append(orphan.stack)
+        except SkywardError as exc:
+            failed.append(orphan.stack)
+            _err(f"error: the stack {orphan.stack} of a {orphan.kind} pool whose program is gone could not "
+                 f"be destroyed: {exc}")
+    return gone, failed
+
+
+def _orphan_rows() -> list[dict[str, Any]]:
+    from .stacks import orphans
+
+    rows = []
+    for orphan in _orphans():
+        try:
+            left: Any = orphans.remaining(orphan)
+            what = ", ".join(sorted({r["type"].rsplit(":", 1)[-1] for r in left})) or "nothing"
+        except SkywardError as exc:
+            left, what = None, f"unknown ({str(exc).splitlines()[0]})"
+        rows.append({
+            "name": orphan.stack, "provider": orphan.kind, "orphan": True, "pool_id": orphan.pool_id,
+            "client_pid": orphan.pid, "age_seconds": round(time.time() - orphan.created, 1),
+            "nodes": len((orphan.description.get("plan") or {}).get("nodes") or []),
+            "resources": left, "state": f"program gone (pid {orphan.pid}); still there: {what}",
+        })
+    return rows
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from .named import statuses
 
@@ -354,10 +402,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
         _opportunistic_cleanup()
     for row in rows:
         row["removed"] = row["name"] in gone
+    orphan_rows = _orphan_rows()
     if args.json:
-        _json(rows)
+        _json(rows + orphan_rows)
         return EXIT_OK
-    if not rows:
+    if not rows and not orphan_rows:
         print("no pools (start one with `skyward up NAME`)")
         return EXIT_OK
     table = []
@@ -371,7 +420,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
             state += f", {len(r['nodes_down'])} of {r['nodes']} nodes down"
         table.append([r["name"], str(r["provider"]), str(r["nodes"]), state,
                       _duration(r["age_seconds"]), expiry, _money(r["hourly_cost"])])
+    for r in orphan_rows:
+        table.append([r["name"], r["provider"], str(r["nodes"]), r["state"], _duration(r["age_seconds"]), "-", "-"])
     print(_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
+    if orphan_rows:
+        print("\nCloud pools whose program ended without tearing them down may still cost money: "
+              "`skyward down --expired` destroys their stacks.")
     return EXIT_OK
 
 

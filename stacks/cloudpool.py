@@ -87,6 +87,7 @@ class CloudPool:
         plugins: dict[str, str] | None = None,
         connect: Connect | None = None,
         backend: str | None = None,
+        track: str | None = None,
     ) -> None:
         from .backend import backend_url
 
@@ -101,6 +102,9 @@ class CloudPool:
         self._lock = threading.Lock()
         self._closed = False
         self._by_address: dict[str, int] = {}
+        # An unnamed pool's kind ("aws"/"gcp"): it leaves a note (orphans.py) while it exists,
+        # so that `skyward ls` / `down --expired` find it if this process dies without teardown.
+        self._track = track
         # The pool's lock (skyward.pkglock), once its nodes installed it: kept in the stack config.
         self._lock_json: str | None = None
         self.stack = PoolStack(
@@ -111,8 +115,15 @@ class CloudPool:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeAddress]:
         """The first ``up``; anything it created is destroyed again when it fails."""
+        from . import orphans
+
         try:
-            return self.grow(count)
+            if self._track:
+                orphans.note(self, self._track)  # before anything exists in the cloud
+            nodes = self.grow(count)
+            if self._track:
+                orphans.note(self, self._track)  # with what the first up pinned
+            return nodes
         except BaseException as exc:
             self._emit(ev.Log(pool=self.pool_id, level="WARNING",
                               message=f"stack {self.plan.stack}: creating the pool failed ({exc}); removing what was made"))
@@ -253,6 +264,9 @@ class CloudPool:
             self._closed = True
             self.stack.remove()
             keys.forget(self.plan.stack)
+            from . import orphans
+
+            orphans.forget(self.plan.stack)
 
     # -- named pools: what another process needs to reopen this stack -----------------------
     def describe(self) -> dict[str, Any]:
@@ -511,4 +525,5 @@ def launch(
         plan, program, pool_id=pool_id, key_path=key_path, spot=market == "spot",
         fallback_to_on_demand=spec.allocation in ("spot-if-available", "cheapest") and offer.on_demand is not None,
         record=record, secrets=secrets, plugins=plugins, connect=connect,
+        track=kind if pool_name is None else None,
     )

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import html
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,7 +44,9 @@ from skyward.errors import ConfigError, PoolExistsError, PoolNotFoundError, Skyw
 
 from . import views
 from .live import LivePool
+from .watch import NodeWatch
 
+log = logging.getLogger("skyward.dashboard")
 STATIC = Path(__file__).parent / "static"
 COOKIE = "skyward_token"
 POLL = 1.0  # seconds between looks at the registry and the audit trail for changes
@@ -56,6 +60,10 @@ class Hub:
     token: str
     project: Path | None = None
     live: dict[str, LivePool] = field(default_factory=dict)
+    # Named pools whose page is open while no program uses them: their agents, listened to.
+    watches: dict[str, NodeWatch] = field(default_factory=dict)
+    watched: dict[str, LivePool] = field(default_factory=dict)
+    loop: asyncio.AbstractEventLoop | None = None
     subscribers: set[tuple[asyncio.Queue[dict[str, Any]], str | None]] = field(default_factory=set)
 
     def publish(self, message: dict[str, Any], ref: str | None = None, name: str | None = None) -> None:
@@ -126,6 +134,9 @@ def api(hub: Hub, fn: Callable[[Hub, Request], Awaitable[Any]], *, changes: bool
             result = await fn(hub, request)
         except SkywardError as exc:
             return _error(exc)
+        except Exception as exc:  # a bug: say what, keep serving
+            log.exception("dashboard: %s %s failed", request.method, request.url.path)
+            return _error(exc)
         return result if isinstance(result, Response) else _json(result)
 
     return endpoint
@@ -166,7 +177,8 @@ async def get_pool(hub: Hub, request: Request) -> Any:
     detail["programs"] = [p.summary() for p in programs]
     # Live data comes from the programs using the pool; the newest one's metrics stand for the
     # nodes (every client receives the same samples).
-    detail["live"] = programs[0].view() if programs else None
+    watched = hub.watched.get(ref)
+    detail["live"] = programs[0].view() if programs else watched.view() if watched is not None else None
     detail["batches"] = [b for p in programs for b in p.view()["batches"]]
     return detail
 
@@ -337,6 +349,41 @@ async def watch(hub: Hub) -> None:
         if changed:
             hub.publish({"type": "changed", "what": "pools"})
         pools, trails = new_pools, new_trails
+        await run_in_threadpool(_update_watches, hub, set(new_pools))
+
+
+def _update_watches(hub: Hub, registered: set[str]) -> None:
+    """Listen to the agents of the named pools whose pages are open and that no program uses;
+    stop listening when the page closes, a program takes over, or the pool goes away."""
+    wanted = {ref for _, ref in list(hub.subscribers) if ref and not ref.startswith("@")}
+    for name in list(hub.watches):
+        if name not in wanted or name not in registered or hub.programs_of(name):
+            hub.watches.pop(name).stop()
+            hub.watched.pop(name, None)
+    for name in wanted - set(hub.watches):
+        if name not in registered or hub.programs_of(name):
+            continue
+        record = registry.read(name)
+        if record is None or record.get("state") != "running" or not record.get("cluster"):
+            continue
+        watch = NodeWatch(name, functools.partial(_from_watch, hub, name))
+        hub.watched[name] = LivePool(watch.info(record))
+        hub.watches[name] = watch
+        watch.start()
+
+
+def _from_watch(hub: Hub, name: str, event: dict[str, Any]) -> None:
+    """An event from a watched pool's agents (a watcher thread): hand it to the event loop."""
+
+    def deliver() -> None:
+        pool = hub.watched.get(name)
+        if pool is None:
+            return
+        pool.apply(event)
+        hub.publish({"type": "events", "ref": name, "name": name, "events": views.clean([event])}, name=name)
+
+    if hub.loop is not None:
+        hub.loop.call_soon_threadsafe(deliver)
 
 
 # -- pages -------------------------------------------------------------------------------------
@@ -383,11 +430,14 @@ def build(token: str, project: Path | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        hub.loop = asyncio.get_running_loop()
         task = asyncio.create_task(watch(hub))
         try:
             yield
         finally:
             task.cancel()
+            for node_watch in hub.watches.values():
+                node_watch.stop()
 
     routes = [
         Route("/", page(hub, "pools")),

@@ -43,6 +43,8 @@ class LivePool:
         """The program is still running (pools of this machine only; others count as alive)."""
         if self.ended is not None:
             return False
+        if self.info.get("pid") is None:  # the dashboard's own listening (watch.py)
+            return True
         try:
             os.kill(int(self.info.get("pid", 0)), 0)
         except (OSError, ValueError):

@@ -192,3 +192,26 @@ def test_without_the_extra_the_command_says_how_to_install_it(monkeypatch: pytes
     assert main(["dashboard", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "uvicorn" in err and "pip install 'skyward[dashboard]'" in err
+
+
+def test_an_idle_named_pools_page_gets_its_nodes_metrics_without_keeping_it_alive(cli: CLI) -> None:
+    cli.toml('[pools.idle]\nprovider = "local"\nnodes = 2\nttl = 8\n')
+    assert cli("up", "idle").code == 0
+    with dashboard(cli) as d:
+        samples: set[int] = set()
+        with d.client.stream("GET", d.base + "/api/events?pool=idle",
+                             timeout=httpx.Timeout(30, read=30)) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    for m in json.loads(line[6:]):
+                        samples.update(e["node"] for e in m.get("events", []) if e["type"] == "Metric")
+                if samples == {0, 1}:
+                    break
+            live = d.api("GET", "/api/pools/idle").json()["live"]
+            assert live is not None and {"0", "1"} <= set(live["metrics"])
+            assert all(live["metrics"][n]["cpu"] for n in ("0", "1"))
+            # Listening sends the agents nothing: the pool still stops when its ttl passes.
+            wait_for(lambda: [p for p in cli.processes() if p != d.proc.pid] == [] or None, 60,
+                     "the agents to stop by their ttl")
+        wait_for(lambda: d.api("GET", "/api/pools/idle").status_code == 404
+                 or d.api("GET", "/api/pools/idle").json()["state"] == "expired", 30, "the pool to expire")

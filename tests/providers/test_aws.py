@@ -85,3 +85,38 @@ def test_disks_are_validated_and_local_refuses_them() -> None:
     spec = sky.Spec(provider=sky.AWS(), volumes=[sky.Disk(100)])
     assert sky.AWS().check(spec) is None
     assert sky.Local().check(sky.Spec(volumes=[sky.Disk(100)])) is not None
+
+
+def test_gcp_without_a_project_fails_before_anything_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no gcloud
+    # any workspace: the checks of a real one (SDK, CLI) are not what this test is about
+    provider = sky.GCP(workspace=lambda name, program: None, detect_address=False, allow_ssh_from=["10.0.0.0/8"])
+    spec = sky.Spec(provider=provider)
+    with pytest.raises(sky.ConfigError, match="gcloud config set project"):
+        provider.preflight(spec)
+    assert not (tmp_path / "home").exists()
+
+    # gcloud's configured project is used when nothing else names one
+    (tmp_path / "bin").mkdir()
+    gcloud = tmp_path / "bin" / "gcloud"
+    gcloud.write_text("#!/bin/sh\n[ \"$*\" = 'config get-value project' ] && echo from-gcloud\n")
+    gcloud.chmod(0o755)
+    provider.preflight(spec)
+    assert provider._stack_args(spec, provider.offer(spec))["settings"]["project"] == "from-gcloud"
+
+
+@pytest.mark.parametrize("image", [
+    "projects/debian-cloud/global/images/family/debian-12",
+    "projects/cos-cloud/global/images/family/cos-stable",
+    "debian-12-bookworm-v20250101",
+])
+def test_gcp_images_without_cloud_init_are_refused(image: str) -> None:
+    with pytest.raises(sky.ConfigError, match="cloud-init"):
+        sky.GCP(image=image)
+
+
+def test_gcp_ubuntu_images_are_accepted() -> None:
+    sky.GCP(image="projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64")

@@ -222,6 +222,8 @@ class Agent:
                 elif frame.kind == Kind.HEALTH:
                     threading.Thread(target=self._health, args=(conn, frame), daemon=True).start()
                 elif frame.kind == Kind.SHUTDOWN:
+                    if frame.body:  # `skyward down`: the other clients are told why
+                        self._stopped_from_outside(conn, bytes(frame.body))
                     self.shutdown("the client asked")
                     return
         except (EOFError, OSError):
@@ -617,6 +619,32 @@ class Agent:
             for _, route in lost:
                 self._reply(route, Frame(Kind.RESULT, 0, body, flags, buffers))
         self._send(sends)
+
+    def _stopped_from_outside(self, by: Conn, body: bytes) -> None:
+        """SHUTDOWN with a reason (JSON ``{"message": ...}``) from a command stopping the pool:
+        every other client hears it (STOPPING), and every task in flight ends with
+        PoolStoppedError carrying it, instead of looking like a crash when the workers stop."""
+        try:
+            message = str(json.loads(body).get("message") or "the pool was stopped")
+        except (ValueError, AttributeError):
+            message = "the pool was stopped"
+        with self.lock:
+            routes = list(self.routes.values())
+            self.routes.clear()
+            for w in self.workers:
+                w.inflight.clear()
+            pending, self.pending = list(self.pending), collections.deque()
+            others = [c for c in self.conns if c is not by]
+        for _, _, frame in pending:
+            serialize.discard(frame.buffers)
+        from skyward.errors import PoolStoppedError
+
+        _log(f"stopping: {message}")
+        for c in others:
+            self._reply(Route(c, 0), Frame(Kind.STOPPING, 0, body))
+        flags, err, buffers = serialize.dumps_error(PoolStoppedError(message), tb_text="")
+        for route in routes:
+            self._reply(route, Frame(Kind.RESULT, 0, err, flags, buffers))
 
     def _reply(self, route: Route, frame: Frame) -> None:
         if not route.conn.open:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from skyward.errors import NodeLostError, ProtocolError
+from skyward.errors import NodeLostError, PoolStoppedError, ProtocolError, SkywardError
 
 from . import serialize
 from .frames import Frame, FrameReader, FrameWriter, Kind, tune
@@ -35,6 +35,7 @@ class NodeChannel:
         on_lost: Callable[[int, BaseException], None] | None = None,
         on_metric: Callable[[int, dict[str, Any]], None] | None = None,
         on_submit: Callable[[NodeChannel, Frame], None] | None = None,
+        on_stopping: Callable[[int, str], None] | None = None,
         label: str = "",
     ) -> None:
         self.node = node
@@ -51,6 +52,8 @@ class NodeChannel:
         self._on_lost = on_lost
         self._on_metric = on_metric
         self._on_submit = on_submit
+        self._on_stopping = on_stopping
+        self.stopped: str | None = None  # why the pool was stopped from outside (STOPPING)
         self._pending: dict[int, Done] = {}
         self._streams: dict[int, Callable[[Frame], None]] = {}  # task id -> YIELD/PULL handler
         self._lock = threading.Lock()
@@ -186,10 +189,16 @@ class NodeChannel:
                     self._on_submit(self, frame)
                 elif frame.kind == Kind.PONG:
                     self._ping_at = None
+                elif frame.kind == Kind.STOPPING:
+                    self.stopped = str(json.loads(bytes(frame.body)).get("message") or "the pool was stopped")
+                    if self._on_stopping is not None:
+                        self._on_stopping(self.node, self.stopped)
         except (EOFError, OSError) as exc:
             self._mark_lost(exc)
 
-    def _lost_error(self) -> NodeLostError:
+    def _lost_error(self) -> SkywardError:
+        if self.stopped is not None:  # not lost: stopped on purpose, and we were told
+            return PoolStoppedError(self.stopped)
         return NodeLostError(
             f"the connection to the agent on {self.label} was lost ({self.lost}); the node or its "
             f"agent stopped. Tasks that were running there did not return a result."
@@ -206,7 +215,7 @@ class NodeChannel:
         err = self._lost_error()
         for done in pending:
             done(err)
-        if not self._closing and self._on_lost is not None:
+        if not self._closing and self.stopped is None and self._on_lost is not None:
             self._on_lost(self.node, exc)
 
 

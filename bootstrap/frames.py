@@ -46,6 +46,9 @@ class Kind(IntEnum):
     REPLY = 14
     CANCEL = 15  # client -> agent: drop a task still waiting for a slot (it gets an error)
     PONG = 16  # agent -> client: answer to a PING, so the client notices a node gone silent
+    # agent -> client: the pool is being stopped from outside (`skyward down`); the body (JSON)
+    # says by what, who and when. The agent's tasks end with PoolStoppedError, then it exits.
+    STOPPING = 40
     # client -> agent: run the pool's health check (a pickled fn(InstanceInfo)) beside the
     # workers, never in a task slot; the answer is a RESULT with the same task id.
     HEALTH = 30

@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="the pool to stop")
     p.add_argument("--all", action="store_true", help="stop every registered pool")
     p.add_argument("--expired", action="store_true", help="clean up pools whose ttl ran out")
+    p.add_argument("--force", action="store_true",
+                   help="stop pools that programs are using without asking")
 
     command("ls", "List the named pools: provider, nodes, state, age, expiry, cost.")
 
@@ -328,7 +330,10 @@ def cmd_down(args: argparse.Namespace) -> int:
     done, failed = [], []
     for name in names:
         try:
-            named.get(name)  # an unknown name is only that: nothing is being stopped
+            # An unknown name is only that (nothing is being stopped); one in use is asked about.
+            if not _may_stop(named.get(name), args.force):
+                failed.append(name)
+                continue
             with _progress(f"stopping pool {name!r}"):
                 record = named.down(name)
             done.append(_summary(record))
@@ -390,6 +395,29 @@ def _orphan_rows() -> list[dict[str, Any]]:
             "resources": left, "state": f"program gone (pid {orphan.pid}); still there: {what}",
         })
     return rows
+
+
+def _may_stop(record: dict[str, Any], force: bool) -> bool:
+    """A pool programs are attached to: say so; stop it with --force, or when the user at the
+    terminal says yes. Not on a terminal and not forced: leave it running."""
+    from .named import live_clients
+
+    clients = live_clients(record)
+    if not clients:
+        return True
+    name = record["name"]
+    who = ", ".join(f"{c.get('who')} pid {c.get('pid')} since "
+                    f"{time.strftime('%H:%M:%S', time.localtime(float(c.get('since') or 0)))}" for c in clients)
+    _err(f"warning: pool {name!r} is in use: {len(clients)} client(s) attached ({who}); stopping it "
+         f"ends their work with PoolStoppedError.")
+    if force:
+        return True
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        print(f"skyward: stop pool {name!r} anyway? [y/N] ", end="", file=sys.stderr, flush=True)
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+    _err(f"error: pool {name!r} was not stopped because it is in use; `skyward down {name} --force` "
+         f"stops it anyway.")
+    return False
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

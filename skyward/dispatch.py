@@ -22,6 +22,7 @@ from .errors import (
     ConfigError,
     NodeLostError,
     PoolClosedError,
+    PoolStoppedError,
     RemoteError,
     RemoteTraceback,
     SerializationError,
@@ -49,6 +50,7 @@ class Dispatch:
     _rr: itertools.count[int]
     _lock: threading.RLock
     _closed: bool
+    _stopped: str | None = None  # why it was stopped from outside (`skyward down`), if it was
 
     def _emit(self, event: ev.Event) -> None:
         if isinstance(event, ev.Error):  # an error message may quote a secret (Log events are
@@ -124,6 +126,8 @@ class Dispatch:
 
     # -- dispatch ----------------------------------------------------------------------------
     def _check_open(self) -> None:
+        if self._stopped is not None:
+            raise PoolStoppedError(self._stopped)
         if self._closed:
             raise PoolClosedError(
                 "this pool is closed; dispatch inside its `with` block, or open a new one."

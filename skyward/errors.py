@@ -63,6 +63,10 @@ class PoolClosedError(SkywardError, RuntimeError):
     """The pool was used after it was closed."""
 
 
+class PoolStoppedError(PoolClosedError):
+    """A named pool this program used was stopped from outside (``skyward down``): who, when."""
+
+
 class PoolBusyError(SkywardError, RuntimeError):
     """Another skyward command is creating, changing or destroying this named pool right now."""
 

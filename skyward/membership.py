@@ -118,7 +118,19 @@ class Membership(Dispatch):
             on_lost=self._node_lost,
             on_metric=self._metric,
             on_submit=self._route_nested,
+            on_stopping=self._pool_stopped,
         )
+
+    def _pool_stopped(self, node: int, message: str) -> None:
+        """An agent says the pool is being stopped from outside (``skyward down``): say it once,
+        and close this side in the background (dispatch from now on raises PoolStoppedError)."""
+        with self._lock:
+            if self._stopped is not None or self._closed:
+                return
+            self._stopped = message
+        log.warning("%s", message)
+        close: Any = getattr(self, "close")  # noqa: B009 - the Pool's, which this is a part of
+        threading.Thread(target=close, name="skyward-stopped", daemon=True).start()
 
     def _metric(self, node: int, sample: dict[str, Any]) -> None:
         if ev.bus.wants(self.id, ev.Metric):

@@ -136,6 +136,11 @@ def _pid_running(pid: int) -> bool:
     return process_running(pid, None)
 
 
+def live_clients(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The programs attached to a pool (``skyward down`` warns about them)."""
+    return _live_clients(record)
+
+
 def _live_clients(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Clients still attached; a client on this host whose process died is not."""
     here = socket.gethostname()
@@ -299,11 +304,14 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
 
 
 def _destroyed_by_owner(name: str, pool_id: str) -> None:
+    removed = False
     with contextlib.suppress(PoolBusyError), registry.lock(name):
         record = registry.read(name)
         if record is not None and record.get("id") == pool_id:
             registry.remove(name)
-    audit.append(name, "destroyed", pool_id, reason="its program ended (sky.Compute)")
+            removed = True
+    if removed:  # else `skyward down` destroyed it first, and its entry says so
+        audit.append(name, "destroyed", pool_id, reason="its program ended (sky.Compute)")
 
 
 def _total_cost(record: dict[str, Any]) -> float | None:
@@ -507,8 +515,59 @@ def down(name: str, reason: str = "skyward down") -> dict[str, Any]:
         record = get(name)
         if record.get("state") == "provisioning" and not status_of(record).gone:
             raise PoolBusyError(registry._busy_message(name))
+        if _live_clients(record):
+            _announce_stop(record, stopped_message(name, reason))
         _destroy_record(record, reason)
     return record
+
+
+def stopped_message(name: str, by: str) -> str:
+    """What the programs using pool ``name`` are told when ``by`` stops it."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    return (f"pool {name!r} was stopped by `{by}` ({audit.who()}, at {when}); its nodes are gone, so "
+            f"this program cannot use it any more. `skyward up {name}` starts it again.")
+
+
+def _announce_stop(record: dict[str, Any], message: str, wait: float = 10.0) -> None:
+    """Before a pool in use is destroyed, tell its agents why (SHUTDOWN with a reason): each
+    tells its other clients, and their tasks end with PoolStoppedError carrying ``message``
+    instead of looking like crashes. Best effort, at most ``wait`` seconds (a node that cannot
+    be reached is destroyed all the same)."""
+    import json
+    import threading
+
+    def tell() -> None:
+        from skyward.bootstrap.channel import NodeChannel
+        from skyward.bootstrap.frames import Kind
+
+        description = record["cluster"]
+        cluster = provider_from(record["config"]).attach(description)
+        try:
+            endpoints = cluster.start(len(description["nodes"]))
+            body = json.dumps({"message": message}).encode()
+            for e in endpoints:
+                try:
+                    ch = NodeChannel(e.connect(), node=e.index, token=cluster.token,
+                                     ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
+                except (OSError, SkywardError):
+                    continue
+                ch.send(Kind.SHUTDOWN, body)
+                deadline = time.monotonic() + 5
+                while ch.lost is None and time.monotonic() < deadline:  # it hangs up once it told
+                    time.sleep(0.02)
+                ch.close()
+        finally:
+            cluster.detach()
+
+    def safely() -> None:
+        try:
+            tell()
+        except Exception as exc:  # the pool is destroyed anyway; its programs see it go
+            log.info("could not tell the agents of pool %s why it stops: %s", record["name"], exc)
+
+    teller = threading.Thread(target=safely, name="skyward-announce-stop", daemon=True)
+    teller.start()
+    teller.join(wait)
 
 
 def cleanup_expired() -> list[PoolStatus]:

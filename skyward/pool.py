@@ -210,6 +210,8 @@ class Pool(Batches, Healing):
                 for ch in channels:
                     self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
                 self._emit(ev.ClusterDestroyed(pool=self.id))
+            elif self._stopped is not None:  # stopped from outside: its nodes do not keep running
+                self._emit(ev.ClusterDestroyed(pool=self.id))
             else:
                 self._emit(ev.ClusterDetached(pool=self.id, nodes=len(channels)))
             self._stop_views()

@@ -133,7 +133,7 @@ def _reap(pids: set[int]) -> None:
 def cli(tmp_path: Path) -> Iterator[CLI]:
     helper = CLI(tmp_path)
     yield helper
-    helper("down", "--all")
+    helper("down", "--all", "--force")
     left = helper.wait_no_processes(10)
     for pid in left:
         try:

@@ -12,6 +12,91 @@ import pytest
 
 from .conftest import CLI
 
+# -- item 1: `skyward down` of a pool a program is using ---------------------------------------------
+USER = """
+    import time
+    import skyward as sky
+
+    with sky.Compute(name="shared", options=sky.Options(console="log")) as pool:
+        print("attached", flush=True)
+        try:
+            sky.function(time.sleep)(60) >> pool
+        except sky.PoolStoppedError as exc:
+            print("STOPPED:", exc, flush=True)
+        try:
+            sky.function(time.sleep)(0) >> pool
+        except sky.PoolStoppedError as exc:
+            print("AGAIN:", exc, flush=True)
+"""
+
+
+def test_down_of_a_pool_in_use_warns_and_the_program_gets_one_clear_error(cli: CLI) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    assert cli("up", "shared", "--nodes", "2").code == 0
+    user = subprocess.Popen([sys.executable, "-c", textwrap.dedent(USER)], cwd=cli.cwd, env=cli.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert user.stdout is not None and user.stdout.readline().strip() == "attached"
+        time.sleep(0.5)  # the task runs
+        refused = cli("down", "shared")  # not a terminal, no --force: in use, so no
+        assert refused.code == 1, refused
+        assert "1 client" in refused.err and "--force" in refused.err, refused
+        assert cli("ls", "--json").json()[0]["state"] == "in use"
+
+        down = cli("down", "shared", "--force")
+        assert down.code == 0, down
+        assert "1 client" in down.err, down  # still said, even when forced
+        out, err = user.communicate(timeout=60)
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.communicate()
+    assert user.returncode == 0, (out, err)
+    stopped = next(line for line in out.splitlines() if line.startswith("STOPPED:"))
+    assert "stopped by `skyward down`" in stopped and "@" in stopped, stopped  # who
+    assert "AGAIN:" in out and "stopped by `skyward down`" in out.split("AGAIN:")[1]
+    for wrong in ("WorkerDiedError", "replaced it", "keep running", "was lost", "lost ("):
+        assert wrong not in out + err, (wrong, out, err)
+    assert cli.wait_no_processes(10) == []
+
+
+def test_down_on_a_terminal_asks_when_clients_are_attached(cli: CLI) -> None:
+    import os as os_
+    import pty
+    import subprocess
+    import sys
+    import textwrap
+
+    assert cli("up", "asked", "--nodes", "1").code == 0
+    user = subprocess.Popen([sys.executable, "-c", textwrap.dedent(USER.replace('"shared"', '"asked"'))],
+                            cwd=cli.cwd, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert user.stdout is not None and user.stdout.readline().strip() == "attached"
+        primary, secondary = pty.openpty()
+        down = subprocess.Popen([sys.executable, "-m", "skyward", "down", "asked"], cwd=cli.cwd, env=cli.env,
+                                stdin=secondary, stdout=secondary, stderr=secondary)
+        os_.close(secondary)
+        said = b""
+        while b"[y/N]" not in said:
+            try:
+                chunk = os_.read(primary, 1024)
+            except OSError:  # the command exited without asking
+                break
+            if not chunk:
+                break
+            said += chunk
+        os_.write(primary, b"n\n")
+        assert down.wait(timeout=30) == 1
+        os_.close(primary)
+        assert b"1 client" in said, said
+        assert cli("ls", "--json").json()[0]["state"] == "in use"  # answered no: still up
+    finally:
+        cli("down", "asked", "--force")
+        user.communicate(timeout=60)
+
 
 # -- item 2: one dead node -------------------------------------------------------------------------
 def _kill_agent(cli: CLI, name: str, node: int) -> int:

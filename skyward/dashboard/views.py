@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from skyward.pool import Pool
 
 # Pulumi inline programs share process-global state (two `up`s cannot run at once in one
-# process): the dashboard provisions one pool at a time.
+# process): the dashboard starts, resizes and stops one pool at a time.
 _provisioning = threading.Lock()
 _NODE_KEYS = ("index", "hostname", "private_ip", "public_ip")
 
@@ -194,7 +194,8 @@ def up(name: str, project: Path | None) -> dict[str, Any]:
 
 def down(name: str) -> dict[str, Any]:
     named.check_name(name)
-    record = named.down(name, reason="skyward dashboard")
+    with _provisioning:
+        record = named.down(name, reason="skyward dashboard")
     return {"name": name, "id": record.get("id"), "state": "destroyed"}
 
 
@@ -208,11 +209,12 @@ def resize(name: str, nodes: Any) -> dict[str, Any]:
     st = named.status_of(record)
     if st.gone or st.state == "provisioning":
         raise ProviderError(f"pool {name!r} is {st.state}; only a running pool can be resized.")
-    pool = named.attach(record, Options(console="silent", logging=False), why="skyward dashboard")
-    try:
-        pool.resize(nodes)
-    finally:
-        pool.close()
+    with _provisioning:
+        pool = named.attach(record, Options(console="silent", logging=False), why="skyward dashboard")
+        try:
+            pool.resize(nodes)
+        finally:
+            pool.close()
     return named_summary(named.get(name))
 
 

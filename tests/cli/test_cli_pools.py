@@ -362,11 +362,18 @@ def test_a_node_lost_while_attached_is_in_the_history(cli: CLI) -> None:
                 pool.run(sky.function(kill_my_agent)(), target=1)
             except sky.NodeLostError:
                 print("lost")
-            time.sleep(0.5)  # the event reaches the trail
+            deadline = time.monotonic() + 30
+            while pool.current_nodes() < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)  # its replacement
+            time.sleep(0.5)  # the events reach the trail
     """)
     assert client.code == 0 and "lost" in client.out, client
-    lost = [e for e in cli("history", "lossy", "--json").json() if e["event"] == "node lost"]
+    history = cli("history", "lossy", "--json").json()
+    lost = [e for e in history if e["event"] == "node lost"]
     assert [e["node"] for e in lost] == [1], lost
+    replaced = [e for e in history if e["event"] == "node replaced"]
+    assert [(e["node"], e["rank"]) for e in replaced] == [(1, 1)], replaced
+    assert len(cli.record("lossy")["cluster"]["nodes"]) == 2  # the registry knows the new node
 
 
 def test_an_attached_client_resizes_and_down_stops_every_node(cli: CLI) -> None:

@@ -313,10 +313,10 @@ def test_a_host_lost_mid_task_moves_its_task_to_another_node(ssh_hosts: Any, rec
         results = [f.result(timeout=60) for f in futures]
         assert [i for i, _ in results] == [0, 1, 2]
         assert results[1][1] != hosts[1].name  # ran again elsewhere
-        assert pool.current_nodes() == 2
+        assert pool.current_nodes() == 2  # no spare host, and this one does not come back
         lost = recorder.of(sky.InstanceLost)
         assert [e.node for e in lost] == [1]
-        # The pool goes on with the nodes it has.
+        # The pool goes on with the nodes it has (its replacement waits for the host).
         assert sorted(pool.map(lambda x: x + 1, range(10))) == list(range(1, 11))
 
 
@@ -550,4 +550,8 @@ def test_a_host_cut_off_the_network_is_noticed_and_its_task_moves(ssh_hosts: Any
         assert lost.node == 1 and "no answer" in lost.reason
         assert waited < 40, waited
         print(f"lost node noticed, task moved: {waited:.1f} s")
-        assert pool.current_nodes() == 1
+        # The host answers again: it is bootstrapped again in its place (tests/ssh/test_healing.py).
+        deadline = time.monotonic() + 120
+        while pool.current_nodes() != 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.current_nodes() == 2

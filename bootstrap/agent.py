@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import serialize
+from . import serialize, versions
 from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 
 PROTOCOL = 1
@@ -199,6 +199,7 @@ class Agent:
             "queued": queued,
             "clients": clients,
             "pong": True,  # answers PING: the client may treat a silent node as lost
+            "packages": versions.installed(),  # the client names the ones that differ from its own
         }
         writer.send_parts(Kind.WELCOME, 0, 0, json.dumps(welcome).encode())
         try:

@@ -50,6 +50,7 @@ class Dispatch:
     _rr: itertools.count[int]
     _lock: threading.RLock
     _closed: bool
+    _drift: dict[str, tuple[str, str, int]]  # package -> (version here, on a node, that node)
     _stopped: str | None = None  # why it was stopped from outside (`skyward down`), if it was
 
     def _emit(self, event: ev.Event) -> None:
@@ -256,7 +257,13 @@ class Dispatch:
         return future
 
     def _decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
-        return decode_result(result, name, node)
+        try:
+            return decode_result(result, name, node)
+        except SerializationError as exc:
+            if self._drift:  # a likely cause, found when the nodes joined
+                exc.add_note("packages whose versions differ between this machine and the nodes: " + ", ".join(
+                    f"{n} {here} here, {there} on node {at}" for n, (here, there, at) in sorted(self._drift.items())))
+            raise
 
     def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
         """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""

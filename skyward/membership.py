@@ -109,6 +109,32 @@ class Membership(Dispatch):
         self._configure_all()
 
     def _connect(self, endpoint: Any) -> NodeChannel:
+        ch = self._open_channel(endpoint)
+        self._compare_versions(ch)
+        return ch
+
+    def _compare_versions(self, ch: NodeChannel) -> None:
+        """Warn, once per package, when a node has another version of a package this machine
+        has too: values made of it may not unpickle on the other side (issue: a pinned
+        Image(pip=["numpy==1.26.4"]) with numpy 2 here)."""
+        from skyward.bootstrap import versions
+
+        theirs = ch.facts.get("packages")
+        if not isinstance(theirs, dict):
+            return  # an agent of an older version: it does not say
+        with self._lock:
+            found = [d for d in versions.differences(versions.installed(), theirs) if d[0] not in self._drift]
+            for name, here, there in found:
+                self._drift[name] = (here, there, ch.node)
+        if found:
+            listed = ", ".join(f"{name} {there} (here {here})" for name, here, there in found)
+            log.warning(
+                "pool %s: node %d has other versions of packages this machine has too: %s. A value "
+                "made of one of them (an argument, a result) may fail to unpickle on the other side; "
+                "install the same version here, or pin the node's to this machine's in Image(pip=[...]).",
+                self.name or self.id, ch.node, listed)
+
+    def _open_channel(self, endpoint: Any) -> NodeChannel:
         return NodeChannel(
             endpoint.connect(),
             node=endpoint.index,

@@ -79,6 +79,7 @@ class Pool(Batches, Healing):
         self._lock = threading.RLock()
         self._print_lock = threading.Lock()
         self._closed = False
+        self._drift: dict[str, tuple[str, str, int]] = {}  # package versions that differ on nodes
         self._stop = threading.Event()
         self._tokens: list[contextvars.Token[Pool | None]] = []
         self._nodes = spec.node_spec

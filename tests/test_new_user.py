@@ -115,3 +115,32 @@ def test_batch_lines_are_printed_before_map_and_gather_return(tmp_path: Any) -> 
     at = {key: next(i for i, line in enumerate(lines) if key in line)
           for key in ("map <lambda>: done", "MAP RETURNED", "gather <lambda>: done", "GATHER RETURNED")}
     assert at["map <lambda>: done"] < at["MAP RETURNED"] < at["gather <lambda>: done"] < at["GATHER RETURNED"], lines
+
+
+# -- item 7: a package version that differs between this machine and the nodes --------------------
+def test_a_package_whose_version_differs_on_the_nodes_is_named_at_start(tmp_path: Any,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    from importlib.metadata import version
+
+    # The node's environment gets a cloudpickle 0.0.1 in front of the real one (as a pinned
+    # Image(pip=[...]) would install it): its metadata is what a node reports.
+    fake = tmp_path / "cloudpickle-0.0.1.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: cloudpickle\nVersion: 0.0.1\n")
+    options = sky.Options(console="silent", logging=False)
+    with caplog.at_level(logging.WARNING, logger="skyward"), \
+            sky.Compute(nodes=1, image=sky.Image(includes=[str(fake)]), options=options) as pool:
+        assert double(2) >> pool == 4  # it may still work; the warning says where to look
+    said = [r.getMessage() for r in caplog.records if "cloudpickle" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "0.0.1" in said[0] and version("cloudpickle") in said[0] and "node 0" in said[0], said
+
+
+def test_no_version_warning_when_the_nodes_match(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="skyward"), \
+            sky.Compute(nodes=1, options=sky.Options(console="silent", logging=False)) as pool:
+        assert double(2) >> pool == 4
+    assert not [r for r in caplog.records if "version" in r.getMessage()], caplog.records

@@ -83,6 +83,13 @@ def _watch() -> None:
                 _link = None
                 _thread = None
                 return
+        if _link is not None and time.monotonic() - _link.checked > LOOK_EVERY:
+            # The dashboard stopped (or another one replaced it): stop listening at once.
+            info = running_server()
+            _link.checked = time.monotonic()
+            if info is None or (str(info["url"]), str(info["token"])) != (_link.url, _link.token):
+                _link.close()
+                _link = None
         if _link is None:
             info = running_server()
             if info is not None:
@@ -151,6 +158,7 @@ class _Link:
     """One program's connection to the dashboard."""
 
     def __init__(self, url: str, token: str) -> None:
+        self.url, self.checked = url, time.monotonic()
         parts = urllib.parse.urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.token = token

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skyward import audit, named, registry, secrets
+from skyward import events as ev
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 if TYPE_CHECKING:
@@ -213,6 +214,9 @@ def resize(name: str, nodes: Any) -> dict[str, Any]:
         pool = named.attach(record, Options(console="silent", logging=False), why="skyward dashboard")
         try:
             pool.resize(nodes)
+            # The pool's recorder writes the new size to the registry and the trail from the
+            # event thread, and ignores events once the pool is closed: let it catch up first.
+            ev.bus.flush(10.0)
         finally:
             pool.close()
     return named_summary(named.get(name))

@@ -339,12 +339,24 @@ def _title(path: Path) -> str:
     return path.stem.replace("-", " ").capitalize()
 
 
+def _guide_order(stems: list[str]) -> list[str]:
+    """Known guides in GUIDE_ORDER; a guide named after one (``named-pools-troubleshooting``)
+    right after it; any other guide at the end, alphabetically."""
+    known = [g for g in GUIDE_ORDER if g in stems]
+    rest = sorted(set(stems) - set(known))
+    order: list[str] = []
+    for g in known:
+        order.append(g)
+        order += [r for r in rest if r.startswith(g + "-")]
+    return order + [r for r in rest if r not in order]
+
+
 def build_nav(docs: Path = DOCS, api_slugs: list[tuple[str, str]] | None = None) -> list[Any]:
     """The nav, from the Markdown files present under ``docs``."""
     top = [p.name for p in sorted(docs.glob("*.md"))]
     top_sorted = [n for n in TOP_ORDER if n in top] + [n for n in top if n not in TOP_ORDER]
     guides = {p.stem: p for p in sorted((docs / "guides").glob("*.md"))}
-    guide_names = [g for g in GUIDE_ORDER if g in guides] + sorted(set(guides) - set(GUIDE_ORDER))
+    guide_names = _guide_order(list(guides))
 
     nav: list[Any] = []
     for n in top_sorted:

@@ -43,12 +43,14 @@ def test_nav_lists_the_guides_that_exist_and_no_others(tmp_path: Path) -> None:
     (tmp_path / "guides" / "ssh.md").write_text("# SSH hosts: `sky.SSH`\n")
     (tmp_path / "guides" / "operators.md").write_text("# Operators\n")
     (tmp_path / "guides" / "zz-new-topic.md").write_text("# A guide nobody listed\n")
+    (tmp_path / "guides" / "operators-advanced.md").write_text("# More operators\n")
 
     nav = hooks.build_nav(tmp_path, [("errors", "Errors")])
     pages = _flatten(nav)
     # Known guides in reading order, an unknown one after them; missing ones are simply absent.
     assert [p for p in pages if p.startswith("guides/")] == [
-        "guides/operators.md", "guides/ssh.md", "guides/zz-new-topic.md"]
+        "guides/operators.md", "guides/operators-advanced.md", "guides/ssh.md",
+        "guides/zz-new-topic.md"]
     assert "guides/healing.md" not in pages
     assert pages[0] == "index.md" and "reference/api/errors.md" in pages
     assert pages.index("how-it-works.md") > pages.index("guides/zz-new-topic.md")

@@ -46,6 +46,27 @@ def _text(driver: Any, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
+def _click(driver: Any, css: str) -> None:
+    """Click the element ``css`` names now (live updates may re-render it between find and click)."""
+
+    def attempt() -> bool:
+        found = [e for e in driver.find_elements(By.CSS_SELECTOR, css) if e.is_enabled()]
+        if not found:
+            return False
+        found[0].click()
+        return True
+
+    wait_for(attempt, 30, f"{css} to click")
+
+
+def _confirm(driver: Any) -> str:
+    """Accept the page's confirmation dialog; returns its text."""
+    wait_for(lambda: driver.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
+    text = _text(driver, "#confirm-text")
+    driver.find_element(By.ID, "confirm-ok").click()
+    return text
+
+
 def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) -> None:
     cli.toml(TOML)
     assert cli("up", "demo").code == 0
@@ -106,37 +127,35 @@ def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) ->
         browser.get(d.base + "/config")
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#config-pools tr[data-pool='demo']"), 30,
                  "the skyward.toml pools")
-        browser.find_element(By.CSS_SELECTOR, ".preview-btn[data-pool='demo']").click()
+        _click(browser, ".preview-btn[data-pool='demo']")
         wait_for(lambda: "agent node-1" in _text(browser, "#preview-demo"), 30, "the preview")
         keep("config")
 
         # `down` from the page, through its confirmation.
         browser.get(d.base + "/pools/demo")
-        wait_for(lambda: browser.find_elements(By.ID, "down"), 30, "the down button").pop().click()
-        wait_for(lambda: browser.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
-        assert "Stop pool demo" in _text(browser, "#confirm-text")
-        browser.find_element(By.ID, "confirm-ok").click()
+        _click(browser, "#down")
+        assert "Stop pool demo" in _confirm(browser)
         wait_for(lambda: not (cli.home / "registry" / "demo.json").exists(), 60, "the pool to be removed")
         wait_for(lambda: [p for p in cli.processes() if p != d.proc.pid] == [] or None, 30, "its agents to stop")
-        wait_for(lambda: "destroyed" in browser.find_element(By.ID, "main").text, 30, "the page to say so")
+        wait_for(lambda: any(words in browser.find_element(By.ID, "main").text
+                             for words in ("pool demo destroyed", "no pool named 'demo'")), 30, "the page to say so")
         keep("destroyed")
 
         # `up` from the skyward.toml page, then a resize from the pool's page: both confirmed first.
         browser.get(d.base + "/config")
-        up = wait_for(lambda: [b for b in browser.find_elements(By.CSS_SELECTOR, ".up-btn[data-pool='demo']")
-                               if b.is_enabled()], 30, "the up button")
-        up[0].click()
-        wait_for(lambda: browser.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
-        browser.find_element(By.ID, "confirm-ok").click()
+        _click(browser, ".up-btn[data-pool='demo']")
+        assert "Start pool demo" in _confirm(browser)
         wait_for(lambda: browser.current_url.endswith("/pools/demo"), 90, "the new pool's page")
         assert cli.record("demo")["state"] == "running"
-        size = wait_for(lambda: browser.find_element(By.ID, "resize-nodes"), 30, "the resize box")
-        size.clear()
-        size.send_keys("1")
-        browser.find_element(By.ID, "resize").click()
-        wait_for(lambda: browser.find_element(By.ID, "confirm").is_displayed(), 10, "the confirmation")
-        assert "from 2 to 1" in _text(browser, "#confirm-text")
-        browser.find_element(By.ID, "confirm-ok").click()
+        def type_one() -> bool:
+            box = browser.find_element(By.ID, "resize-nodes")
+            box.clear()
+            box.send_keys("1")
+            return str(browser.find_element(By.ID, "resize-nodes").get_attribute("value")) == "1"
+
+        wait_for(type_one, 30, "the resize box to say 1")
+        _click(browser, "#resize")
+        assert "from 2 to 1" in _confirm(browser)
         wait_for(lambda: len(cli.record("demo")["cluster"]["nodes"]) == 1, 60, "the pool to shrink")
         wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr")) == 1, 30,
                  "the page to show one node")

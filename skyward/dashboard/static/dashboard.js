@@ -283,7 +283,13 @@ function stackSection(stack) {
 
 function actions(detail) {
   if (detail.kind !== "named" || ["expired", "failed", "provisioning", "destroyed"].includes(detail.state)) return null;
-  const size = h("input", { type: "number", min: 1, value: detail.nodes, id: "resize-nodes", "aria-label": "nodes" });
+  // A re-render (live updates) keeps what the user typed in the box.
+  const typed = document.getElementById("resize-nodes");
+  const keep = typed && typed.dataset.touched === "1" ? typed.value : null;
+  const size = h("input", {
+    type: "number", min: 1, value: keep !== null ? keep : detail.nodes, id: "resize-nodes", "aria-label": "nodes",
+    dataset: keep !== null ? { touched: "1" } : {}, oninput: (e) => { e.target.dataset.touched = "1"; },
+  });
   const resize = h("button", {
     id: "resize",
     onclick: async () => {

@@ -8,6 +8,7 @@ removed when the server stops.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -24,7 +25,6 @@ from skyward.errors import ConfigError
 from .hook import running_server, server_file
 
 INSTALL = "pip install 'skyward[dashboard]'"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def check_installed() -> None:
@@ -40,6 +40,13 @@ def check_installed() -> None:
             f"the dashboard needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
             f"not installed: run `{INSTALL}` (the dashboard extra), then `skyward dashboard` again."
         )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -98,7 +105,7 @@ def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = Fal
     try:
         if announce is not None:
             announce(url)
-        if host not in LOOPBACK:
+        if not _loopback(str(bound_host)):
             print(f"skyward: warning: listening on {host}, not loopback: anyone who can reach this "
                   f"machine and has the token can stop your pools.", file=sys.stderr, flush=True)
         if open_browser:

@@ -215,3 +215,15 @@ def test_an_idle_named_pools_page_gets_its_nodes_metrics_without_keeping_it_aliv
                      "the agents to stop by their ttl")
         wait_for(lambda: d.api("GET", "/api/pools/idle").status_code == 404
                  or d.api("GET", "/api/pools/idle").json()["state"] == "expired", 30, "the pool to expire")
+
+
+def test_open_hands_the_url_with_its_token_to_the_browser(cli: CLI, tmp_path: Path) -> None:
+    opened = tmp_path / "opened.txt"
+    opener = tmp_path / "browser.sh"
+    opener.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    opener.chmod(0o755)
+    cli.env["BROWSER"] = f"{opener} %s"  # what webbrowser.open runs
+    with dashboard(cli, "--open") as d:
+        wait_for(lambda: opened.exists() and opened.read_text().strip(), 30, "the browser to be opened")
+        assert opened.read_text().strip() == d.url and "?token=" in d.url
+        assert d.base.startswith("http://127.0.0.1:")

@@ -733,17 +733,28 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
     with _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
         results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ pool
+        reached = [ch.node for ch in pool._channels]
+        missing = pool._cluster.unreachable()
     from .registry import read
 
     record = read(args.name) or {}
+    nodes = (record.get("cluster") or {}).get("nodes", [])
+    rank = {int(n["index"]): i for i, n in enumerate(nodes)}
+    for r, index in zip(results, reached, strict=False):
+        r["node"] = rank.get(index, index)
+    for index, why in missing.items():  # a node that cannot be reached fails on its own line
+        results.append({"node": rank.get(index, index), "hostname": nodes[rank[index]].get("hostname")
+                        if index in rank else None, "exit_code": None, "stdout": "", "stderr": "", "error": why})
+    results.sort(key=lambda r: r["node"])
     audit.append(args.name, "exec", record.get("id", ""), command=command,
                  exit_codes=[r["exit_code"] for r in results])
-    for i, r in enumerate(results):
-        r["node"] = i
     if args.json:
         _json(results)
     else:
         for r in results:
+            if r["exit_code"] is None and r.get("error"):
+                print(f"[node {r['node']} {r['hostname']}] not run: {r['error']}")
+                continue
             print(f"[node {r['node']} {r['hostname']}] exit {r['exit_code']}")
             for stream in (r["stdout"], r["stderr"]):
                 if stream:
@@ -761,15 +772,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise ConfigError(f"--node {args.node}: pool {args.name!r} has nodes 0 to {len(nodes) - 1}.")
     out = []
     with _attached(args.name) as pool:
+        target = {ch.node: r for r, ch in enumerate(pool._channels)}  # the live nodes' ranks here
+        missing = pool._cluster.unreachable()
         for rank, node in enumerate(nodes):
             if args.node is not None and rank != args.node:
                 continue
             path = node.get("log")
-            if not path:
-                out.append({"node": rank, "hostname": node.get("hostname"), "path": None, "text": "",
-                            "error": "this provider does not say where its agent log is"})
+            why = ("this provider does not say where its agent log is" if not path else
+                   missing.get(int(node["index"]), "not attached") if int(node["index"]) not in target else None)
+            if why is not None:
+                out.append({"node": rank, "hostname": node.get("hostname"), "path": path, "text": "", "error": why})
                 continue
-            found: dict[str, Any] = pool.run(function(tail)(path, args.lines), target=rank)
+            found: dict[str, Any] = pool.run(function(tail)(path, args.lines), target=target[int(node["index"])])
             out.append({"node": rank, **found})
     if args.json:
         _json(out)

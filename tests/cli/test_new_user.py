@@ -136,6 +136,15 @@ def test_one_dead_node_leaves_the_rest_of_a_named_pool_usable(cli: CLI) -> None:
     assert client.json()["nodes"] == 1, client
     assert "node 1" in client.err and "attached to the 1 other" in client.err, client
 
+    ran = cli("exec", "half", "--json", "--", "true")  # one line per node, each on its own
+    assert ran.code == 1, ran
+    assert [(r["node"], r["exit_code"]) for r in ran.json()] == [(0, 0), (1, None)], ran
+    assert str(pid) in ran.json()[1]["error"]
+    logs = cli("logs", "half", "--json")
+    assert logs.code == 1, logs
+    assert [(r["node"], bool(r["error"])) for r in logs.json()] == [(0, False), (1, True)], logs
+    assert "serving on" in logs.json()[0]["text"]
+
 
 # -- item 8: preview ------------------------------------------------------------------------------
 def test_preview_of_a_named_cloud_pool_uses_the_names_up_would(cli: CLI) -> None:

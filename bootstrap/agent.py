@@ -39,7 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import serialize, versions
-from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import (
+    FLAG_STREAM_IN,
+    FLAG_STREAM_OUT,
+    NESTED,
+    Frame,
+    FrameReader,
+    FrameWriter,
+    Kind,
+    tune,
+)
 
 PROTOCOL = 1
 
@@ -696,6 +705,17 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+def _unmount_volumes(folder: str) -> None:
+    """Run the pool's unmount script (bootstrap/mounts.py), if the volumes phase wrote one;
+    no agent is left to wait for after an orphaned pool, so at most a few minutes of uploads."""
+    script = os.path.join(folder, "unmount.sh")
+    if os.path.isfile(script):
+        try:
+            subprocess.run(["bash", script], stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as exc:
+            _log(f"unmounting the pool's volumes failed: {exc}")
+
+
 def _close(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -716,17 +736,6 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
     if not token:
         raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
-
-def _unmount_volumes(folder: str) -> None:
-    """Run the pool's unmount script (bootstrap/mounts.py), if the volumes phase wrote one;
-    no agent is left to wait for after an orphaned pool, so at most a few minutes of uploads."""
-    script = os.path.join(folder, "unmount.sh")
-    if os.path.isfile(script):
-        try:
-            subprocess.run(["bash", script], stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as exc:
-            _log(f"unmounting the pool's volumes failed: {exc}")
-
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

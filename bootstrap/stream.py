@@ -185,7 +185,7 @@ class FeedIterator:
 
                 self.error = NodeLostError(f"the stream of argument {self.index} was cut: {frame}")
                 continue
-            index, status = FEED_HEAD.unpack_from(frame.body, 0)
+            _index, status = FEED_HEAD.unpack_from(frame.body, 0)
             payload = memoryview(frame.body)[FEED_HEAD.size:]
             value = serialize.loads(frame.flags, payload, frame.buffers)
             if status == FEED_ITEMS:

@@ -37,10 +37,10 @@ class Cluster(abc.ABC):
     # The spec the cluster was made for: plugin transforms and bootstrap factories read it
     # (set by the provider before it calls skyward.plugins.compose.prepare).
     spec: Spec
-
     # What the nodes were given, exactly (skyward.pkglock.describe): the pool's record keeps it.
     # None where the provider cannot say (an attached pool: its record was written at creation).
     lock: dict[str, Any] | None = None
+
     @property
     def node_count(self) -> int:
         """How many nodes the pool starts with (``spec.nodes.desired``; 1 without a spec)."""
@@ -81,11 +81,6 @@ class Cluster(abc.ABC):
         """After ``replace``: why node ``index`` went away when its provider took it back (a spot
         instance reclaimed), else None. Default: None."""
         return None
-
-    def unreachable(self) -> dict[int, str]:
-        """Described nodes of an attached pool that ``start`` skipped because they could not be
-        reached: ``{index: why}``, each judged on its own. Empty for nodes this process started."""
-        return dict(getattr(self, "_unreachable", {}))
 
     def unreachable(self) -> dict[int, str]:
         """Described nodes of an attached pool that ``start`` skipped because they could not be

@@ -115,10 +115,10 @@ _LAZY = {
     "PoolSnapshot": "skyward.membership",
     "offers": "skyward.catalogue",
     "Disk": "skyward.volumes",
-    "plugins": "skyward.plugins",
     "Volume": "skyward.volumes",
     "Storage": "skyward.storage",
     "storage": "skyward.storage",
+    "plugins": "skyward.plugins",
     "Local": "skyward.providers.local",
     "AWS": "skyward.providers.aws",
     "GCP": "skyward.providers.gcp",
@@ -181,6 +181,7 @@ if TYPE_CHECKING:
     from .providers.gcp import GCP
     from .providers.local import Local
     from .providers.ssh import SSH, SSHHost
+    from .runscript import main
     from .runtime.collections import make_barrier as barrier
     from .runtime.collections import make_counter as counter
     from .runtime.collections import make_dict as dict
@@ -196,7 +197,6 @@ if TYPE_CHECKING:
         is_head,
     )
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
-    from .runscript import main
     from .runtime.shard import shard
     from .secrets import Secret, secret
     from .storage import Storage

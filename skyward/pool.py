@@ -19,9 +19,9 @@ from skyward.bootstrap.channel import NodeChannel
 
 from . import app, console, logs, secrets
 from . import events as ev
-from .dashboard import hook as dashboard_hook
 from .batches import Batches
 from .console import Console
+from .dashboard import hook as dashboard_hook
 from .dispatch import decode_result
 from .errors import ConfigError
 from .function import not_pending

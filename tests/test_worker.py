@@ -119,7 +119,7 @@ def test_buffer_prefetches_without_adding_concurrency() -> None:
         assert start >= end - 0.01
 
 
-def test_lost_node_fails_its_tasks_and_the_pool_goes_on() -> None:
+def test_lost_node_fails_its_pinned_tasks_and_the_pool_goes_on() -> None:
     import signal
 
     with sky.Compute(nodes=2) as pool:

@@ -3,6 +3,7 @@ automation-API workspace."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -304,9 +305,22 @@ class FakeWorkspace:
 
 
 
+def install_mocks(recorder: Recorder) -> Recorder:
+    """Make ``recorder`` Pulumi's mocks. Pulumi's runtime asks for the main thread's event loop
+    (asyncio.get_event_loop); an earlier test's ``asyncio.run`` leaves none set, and then every
+    program test would fail in setup, so give it a live one where there is none."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        loop = policy.get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        policy.set_event_loop(policy.new_event_loop())
+    pulumi.runtime.set_mocks(recorder, preview=False)
+    return recorder
+
+
 def fresh_mocks() -> Recorder:
     """Fresh Pulumi mocks for one test (programs declare resources into them). The program
     tests wrap it in a `mocks` fixture: a conftest.py here would shadow tests/conftest.py."""
-    recorder = Recorder()
-    pulumi.runtime.set_mocks(recorder, preview=False)
-    return recorder
+    return install_mocks(Recorder())

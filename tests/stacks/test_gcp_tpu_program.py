@@ -12,7 +12,7 @@ import pytest
 pulumi = pytest.importorskip("pulumi")
 pytest.importorskip("pulumi_gcp")
 
-from stackfakes import CLIENT, Recorder, cloud_config, make_plan  # noqa: E402
+from stackfakes import CLIENT, Recorder, cloud_config, install_mocks, make_plan  # noqa: E402
 
 from skyward.stacks import gcp, gcp_tpu  # noqa: E402
 from skyward.stacks.plan import DiskPlan  # noqa: E402
@@ -36,9 +36,7 @@ class TpuRecorder(Recorder):
 
 @pytest.fixture
 def mocks() -> TpuRecorder:
-    recorder = TpuRecorder()
-    pulumi.runtime.set_mocks(recorder, preview=False)
-    return recorder
+    return install_mocks(TpuRecorder())
 
 
 def _plan(**kw: Any) -> Any:

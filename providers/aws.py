@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from skyward.spec import Spec
 
 DEFAULT_REGION = "us-east-1"
+# NVIDIA GPUs (by catalogue name) that NVIDIA's open kernel modules do not support (pre-Turing).
+OPEN_DRIVER_UNSUPPORTED = frozenset({"V100", "M60", "K80"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +96,11 @@ class AWS(CloudProvider):
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
-        # The catalogue row says which AMI family its hardware needs (Neuron for trn/inf).
-        family = offer.extra.get("family")
+        # The catalogue row says which AMI family its hardware needs (Neuron for trn/inf); GPUs
+        # older than Turing need the proprietary driver's AMI when the row names none (the OSS
+        # driver AMIs' open kernel modules do not drive them: no working GPU on p3/p3dn).
+        family = offer.extra.get("family") or (
+            "gpu-proprietary" if offer.accelerator in OPEN_DRIVER_UNSUPPORTED else None)
         return {
             "zone": self.zone, "image": self.ami, "user": self.user,
             "settings": {"profile": self.profile, "subnet": self.subnet, "family": family},

@@ -270,3 +270,25 @@ def test_a_second_up_replaces_nothing_when_a_newer_image_appears() -> None:
     third.gcp_image_date = "20261101"
     run(plan, third)
     assert inputs(third) != inputs(first)  # unpinned, it would have changed: the test can fail
+
+
+@pulumi.runtime.test
+def test_the_guest_agent_keeps_the_planned_host_key(mocks: Recorder) -> Any:
+    # GCE's guest agent regenerates host keys at first boot (set_host_keys, on by default): the
+    # node would then show a key the client refuses. cloud-init writes the agent's config in
+    # its network stage, before network-online.target, which the agent waits for.
+    plan = _plan(nodes=2)
+    declared = gcp.program(plan)
+
+    def check(rows: list[Any]) -> None:
+        for metadata, node in zip(rows, plan.nodes, strict=True):
+            doc = cloud_config(metadata["user-data"])
+            config = [f for f in doc["write_files"] if f["path"] == "/etc/default/instance_configs.cfg"]
+            assert len(config) == 1, doc["write_files"]
+            lines = [ln.replace(" ", "") for ln in config[0]["content"].splitlines()]
+            section = lines.index("[InstanceSetup]")
+            assert "set_host_keys=false" in lines[section + 1:], lines
+            assert doc["ssh_deletekeys"] is True and doc["ssh_genkeytypes"] == []
+            assert doc["ssh_keys"]["ed25519_public"] == node.host_key
+
+    return pulumi.Output.all(*[i.metadata for i in declared.instances.values()]).apply(check)

@@ -339,3 +339,16 @@ def test_real_cli_round_trip_on_a_file_backend(home: Path) -> None:
     stack.destroy()
     stack.remove()
     assert engine.audit_file("cli-check-00000000").exists()
+
+
+def test_cloud_nodes_get_minutes_to_reach_ssh_and_ssh_hosts_a_minute(home: Path) -> None:
+    # A fresh GPU image is "running" minutes before cloud-init installs the planned host key and
+    # login user: cloud kinds wait longer (a named pool's description keeps the budget).
+    import skyward as sky
+    from skyward.providers import ssh
+
+    spec = sky.Spec(provider=sky.Local())
+    cloud = ssh.SSHCluster(spec, "ab12cd34", [], kind="aws")
+    assert cloud._ssh_timeout == ssh.CLOUD_SSH_TIMEOUT >= 300
+    assert ssh.SSHCluster(spec, "ab12cd34", [], kind="ssh")._ssh_timeout == 60
+    assert ssh.SSHCluster(spec, "ab12cd34", [], kind="gcp", options=sky.Options(ssh_timeout=5))._ssh_timeout == 5

@@ -230,9 +230,15 @@ def _elsewhere(accelerator: Accelerator) -> str:
         return "Azure, Oracle Cloud and GPU clouds"
     if maker == "Intel":
         return "Intel's Tiber cloud"
-    if maker == "AWS":
-        return "AWS only, in instance types skyward's catalogue does not list yet"
     return "GPU clouds and marketplaces"
+
+
+# Accelerators the clouds do rent, but only in machines this catalogue does not list (rack-scale
+# systems, chips announced after the catalogue's date): "not by AWS or GCP" would be false.
+_UNLISTED = {
+    "Trainium3": "AWS (Trn3 machines)",
+    "GB200": "AWS (P6e-GB200 UltraServers) and GCP (A4X)",
+}
 
 
 def rented_by(accelerator: Accelerator, provider: str) -> str:
@@ -243,6 +249,12 @@ def rented_by(accelerator: Accelerator, provider: str) -> str:
         hint = " or ".join(f"sky.{p}()" for p in others)
         return f"{accelerator.name} is rented by {' and '.join(others)}, not by {label}: use provider={hint}."
     clouds = " or ".join(_LABELS[p] for p in PROVIDERS)
+    if accelerator.name in _UNLISTED:
+        return (
+            f"{accelerator.name} is rented by {_UNLISTED[accelerator.name]} only in machines skyward's "
+            f"catalogue does not list yet: pick an accelerator the catalogue has (sky.offers() lists "
+            f"them), or run on such machines with sky.SSH(hosts=[...])."
+        )
     return (
         f"{accelerator.name} is rented by {_elsewhere(accelerator)}, not by {clouds}: run on such "
         f"machines with sky.SSH(hosts=[...]), or pick an accelerator {clouds} rent "

@@ -675,7 +675,13 @@ def cmd_offers(args: argparse.Namespace) -> int:
         _json(rows)
         return EXIT_OK
     if not rows:
-        print("no offers match; loosen the filters (`skyward offers --help`)")
+        from .accelerators import parse
+
+        wanted = None if args.accelerator is None else parse(args.accelerator)
+        if wanted is not None and not catalogue.renters(wanted.name):  # a card no cloud rents: who does
+            print(f"no offers: {catalogue.rented_by(wanted, 'the catalogue')}")
+        else:
+            print("no offers match; loosen the filters (`skyward offers --help`)")
         return EXIT_FAILED
     print(_table(
         ["PROVIDER", "TYPE", "REGION", "VCPUS", "MEM GB", "ACCELERATOR", "$/H", "SPOT", "ON-DEMAND"],

@@ -68,6 +68,17 @@ def test_no_offer_points_at_the_other_cloud_when_it_rents_it() -> None:
         sky.GCP().offer(sky.Spec(provider=sky.GCP(), accelerator=sky.accelerators.T4G()))
 
 
+@pytest.mark.parametrize(("accelerator", "says"), [("Trainium3", "rented by AWS (Trn3"), ("GB200", "AWS (P6e-GB200")])
+def test_no_offer_of_a_cloud_chip_the_catalogue_lacks_does_not_say_no_cloud_rents_it(accelerator: str,
+                                                                                      says: str) -> None:
+    acc = getattr(sky.accelerators, accelerator)()
+    with pytest.raises(sky.NoOffersError) as info:
+        sky.AWS().offer(sky.Spec(provider=sky.AWS(), accelerator=acc))
+    message = str(info.value)
+    assert says in message and "does not list yet" in message, message
+    assert "not by AWS or GCP" not in message and "AWS only" not in message, message
+
+
 def test_compute_with_an_accelerator_no_provider_rents_fails_before_provisioning() -> None:
     with pytest.raises(sky.NoOfferError, match="RTX 4090 is rented by"):
         sky.Compute(provider=sky.AWS(), accelerator=sky.accelerators.RTX_4090()).open()

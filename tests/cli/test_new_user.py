@@ -222,3 +222,12 @@ def test_offers_say_when_the_prices_are_from(cli: CLI) -> None:
     table = cli("offers", "--limit", "3")
     assert table.code == 0, table
     assert all(d in table.out for d in dates) and "as of" in table.out, table
+
+
+def test_offers_of_a_card_no_cloud_rents_says_who_does(cli: CLI) -> None:
+    result = cli("offers", "--accelerator", "rtx-4090")
+    assert result.code == 1, result
+    assert "RTX 4090 is rented by GPU marketplaces" in result.out and "sky.SSH" in result.out, result
+    assert "loosen the filters" not in result.out, result  # no filter would find one
+    loose = cli("offers", "--accelerator", "H100", "--max-hourly-cost", "0.01")
+    assert loose.code == 1 and "loosen the filters" in loose.out, loose

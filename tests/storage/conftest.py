@@ -32,3 +32,17 @@ def bucket(s3: S3Server) -> str:
     name = f"test-{os.getpid()}-{_bucket_counter[0]}"
     s3.create_bucket(name)
     return name
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say why storage tests were skipped (FUSE, rclone, the SSH hosts), also without -rs."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if "tests/storage/" in report.nodeid and isinstance(longrepr, tuple) and len(longrepr) == 3:
+            reason = str(longrepr[2]).removeprefix("Skipped: ")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.section("storage tests skipped")
+        for reason, count in reasons.items():
+            terminalreporter.line(f"{count} test(s): {reason}")

@@ -152,3 +152,59 @@ def test_missing_extra_says_how_to_install(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     assert "pip install 'skyward[storage]'" in out.stdout, out.stderr
+
+
+def test_a_long_transfer_shows_a_progress_bar_on_a_terminal(s3: S3Server, bucket: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    import rich.progress
+
+    from skyward import storage
+
+    bars: list[dict[str, object]] = []
+
+    class Bar:
+        def __init__(self, *columns: object, **kw: object) -> None:
+            self.state: dict[str, object] = {"done": 0, "started": False, "stopped": False}
+            bars.append(self.state)
+
+        def start(self) -> None:
+            self.state["started"] = True
+
+        def add_task(self, what: str, total: int) -> int:
+            self.state.update(what=what, total=total)
+            return 0
+
+        def advance(self, task: int, n: int) -> None:
+            self.state["done"] = int(self.state["done"]) + n  # type: ignore[call-overload]
+
+        def stop(self) -> None:
+            self.state["stopped"] = True
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(rich.progress, "Progress", Bar)
+    monkeypatch.setattr(storage, "_PROGRESS_FROM", 1 << 20)
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    st = s3.storage()
+    st.upload(bucket, src, key="small.bin")  # not a terminal: no bar
+    assert bars == []
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    st.upload(bucket, src, key="big.bin")
+    st.download(bucket, "big.bin", tmp_path / "back.bin")
+    assert [b["what"] for b in bars] == ["upload big.bin", "download big.bin"]
+    assert all(b["total"] == b["done"] == 3 << 20 and b["started"] and b["stopped"] for b in bars)
+
+
+def test_a_refused_credential_names_the_bucket_the_key_and_the_keys_to_check() -> None:
+    # moto accepts any key, so the store's answer is made up here: what S3 says to a bad key.
+    st = sky.Storage("https://s3.eu-west-1.amazonaws.com", access_key="a", secret_key="b")
+    err = st._error("download", "my-bucket", "ckpt/model.pt",
+                    RuntimeError("Client error with status 403 Forbidden: <Code>InvalidAccessKeyId</Code>"))
+    text = str(err)
+    assert text.startswith("download my-bucket/ckpt/model.pt at https://s3.eu-west-1.amazonaws.com failed")
+    assert "check the access and secret keys" in text and "AWS_PROFILE" in text

@@ -47,10 +47,19 @@ def test_a_task_reads_an_uploaded_file_on_every_node(s3: S3Server, bucket: str, 
     st.upload(bucket, tmp_path / "one.txt", key="ds/sub/two.txt")
     st.upload(bucket, tmp_path / "one.txt", key="elsewhere.txt")
     mount = str(tmp_path / "data")
-    with sky.Compute(nodes=2, volumes=[sky.Volume(bucket, mount, prefix="ds", storage=st)], options=QUIET) as pool:
-        assert mounts_under(mount) == [mount]  # one mount for the pool, not one per node
-        assert listing(mount) @ pool == [(["one.txt", "sub"], "hello from the bucket")] * 2
-        assert try_write(mount) >> pool == errno.EROFS
+    seen: list[sky.Event] = []
+    unsubscribe = sky.subscribe(seen.append)
+    try:
+        with sky.Compute(nodes=2, volumes=[sky.Volume(bucket, mount, prefix="ds", storage=st)], options=QUIET) as pool:
+            assert mounts_under(mount) == [mount]  # one mount for the pool, not one per node
+            sky.events.bus.flush()
+            phases = [(e.node, e.status) for e in seen
+                      if isinstance(e, sky.BootstrapPhase) and e.pool == pool.id and e.phase == "volumes"]
+            assert phases == [(-1, "started"), (-1, "done")]  # a phase of its own, once for the pool
+            assert listing(mount) @ pool == [(["one.txt", "sub"], "hello from the bucket")] * 2
+            assert try_write(mount) >> pool == errno.EROFS
+    finally:
+        unsubscribe()
     assert mounts_under(mount) == []
     assert not Path(mount).exists()  # the mount point skyward made is gone too
 

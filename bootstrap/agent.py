@@ -381,7 +381,7 @@ class Agent:
 
     def _launch(self, command: str) -> None:
         """Start the launcher; every process it starts connects back as one worker."""
-        folder = tempfile.mkdtemp(prefix="skyward-launch-")
+        folder = tempfile.mkdtemp(prefix=f"skyward-launch-{os.getpid()}-")  # whose it is, by pid
         self.launch_dirs.append(folder)
         path = os.path.join(folder, "agent.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -391,6 +391,7 @@ class Agent:
         env = dict(os.environ)
         env.update(
             SKYWARD_WORKER_ADDR=path,
+            SKYWARD_AGENT_PID=str(os.getpid()),  # workers under a launcher watch the agent too
             SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
             SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
         )

@@ -160,13 +160,16 @@ def test_a_launcher_leaves_no_socket_folder_behind() -> None:
         import glob
         import tempfile
 
-        return glob.glob(os.path.join(tempfile.gettempdir(), "skyward-launch-*"))
+        # This node's own folders (named by its agent's pid), not every skyward-launch-* of the
+        # machine: another run's pools may have theirs open right now.
+        agent = os.environ["SKYWARD_AGENT_PID"]
+        return glob.glob(os.path.join(tempfile.gettempdir(), f"skyward-launch-{agent}-*"))
 
     plugin = Plugin.create("wrap").with_launcher(lambda cmd, ctx: replace(cmd, launcher="env"))
     with sky.Compute(nodes=2, plugins=[plugin], options=QUIET) as pool:
         seen = launch_folders() @ pool
     folders = {f for node in seen for f in node}
-    assert len(folders) >= 2  # one per node while it ran
+    assert len(folders) == 2 and all("skyward-launch-" in f for f in folders)  # one per node
     assert [f for f in folders if Path(f).exists()] == []
 
 

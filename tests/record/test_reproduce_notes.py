@@ -55,3 +55,20 @@ def test_a_changed_price_is_said_and_the_same_price_is_not() -> None:
     assert any("the price changed" in d for d in rep.differences), rep.differences
     with pytest.raises(RecordError, match="the price changed"):
         record.say(rep, strict=True)
+
+
+def test_diff_of_an_edited_record_says_so_and_still_compares(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skyward.cli import main
+
+    cloud_record("edit0001", "t3.medium", 0.1)
+    cloud_record("edit0002", "t3.medium", 0.1)
+    capsys.readouterr()
+    assert main(["diff", "edit0001", "edit0002"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    path = record.records_dir() / "edit0002.json"
+    path.write_text(path.read_text().replace("t3.medium", "t3.large"))  # edited by hand
+    assert main(["diff", "edit0001", "edit0002"]) == 1
+    out, err = capsys.readouterr()
+    assert "t3.large" in out
+    assert "warning: the record of pool edit0002 was changed after it was written" in err
+    assert "edit0001" not in err

@@ -75,6 +75,7 @@ class Peer:
     sock: socket.socket | None = None  # state-listener peers only (closed on node loss)
     alive: bool = True
     gone: bool = False  # its locks were released and its waits dropped
+    told: bool = False  # it was told that the state before a head loss is gone
 
     def send(self, rid: int, reply: Reply) -> None:
         if not self.alive:
@@ -165,6 +166,7 @@ class StateServer:
         self.peers: set[Peer] = set()
         self.listener: socket.socket | None = None
         self.address: tuple[str, int] | None = None
+        self.lost: str | None = None  # why the state of an earlier head is gone (a replaced head)
         self._timers: list[tuple[float, int, _Waiter]] = []
         self._seq = itertools.count()
         self._wake = threading.Condition(self.lock)
@@ -194,7 +196,15 @@ class StateServer:
             )))
             return
         if ops and ops[0][0] == "serve":
-            peer.send(frame.task_id, self._serve(ops[0][3][0]))
+            peer.send(frame.task_id, self._serve(*ops[0][3]))
+            return
+        if self.lost is not None and not peer.told and ops and ops[0][1] != "pool":
+            # A replaced head starts empty: each process hears so once, never silently.
+            peer.told = True
+            peer.send(frame.task_id, _err(CollectionError(
+                f"the pool's collections were lost: {self.lost}. There is no replica, so every "
+                f"dict, set, counter, queue, barrier and lock starts again empty on the new head "
+                f"node; this operation was not applied (the next one is, on the empty state).")))
             return
         blobs = _split_values(vals, frame.buffers)
         replies: list[tuple[Peer, int, Reply]] = []
@@ -428,8 +438,10 @@ class StateServer:
                 self._break(name, b, f"a participant ({peer.label}) {why}", replies)
 
     # -- the listener for the pool's nodes -------------------------------------------------------
-    def _serve(self, host: str) -> Reply:
+    def _serve(self, host: str, lost: str | None = None) -> Reply:
         with self.lock:
+            # Set by the program that replaced the head; a program attaching later clears it.
+            self.lost = lost or None
             if self.address is not None:
                 return _ok({"host": self.address[0], "port": self.address[1]})
             try:

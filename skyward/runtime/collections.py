@@ -254,6 +254,9 @@ class _NodeSender:
         if conn is None or conn.lost is not None:
             with self.lock:
                 if self.conn is None or self.conn.lost is not None:
+                    latest = context.state  # a replaced head serves elsewhere (a new CONFIGURE)
+                    if isinstance(latest, builtins.dict) and "port" in latest:
+                        self.state = latest
                     s = self.state
                     node = int(context.topology().get("node", -1)) if context.on_node() else -1
                     self.conn = StateConnection(s["host"], int(s["port"]), s["token"], node)
@@ -304,10 +307,30 @@ def serve_address(pool: Any, head_private_ip: str) -> builtins.dict[str, Any] | 
             fut.set_exception(exc)
 
     try:
-        pool._channels[0].submit(Kind.STATE, 0, encode_request([("serve", "", "", (head_private_ip,), 0)], []), [], done)
+        lost = getattr(pool, "_state_lost", None)  # set when the head was replaced (healing.py)
+        op = ("serve", "", "", (head_private_ip, lost), 0)
+        pool._channels[0].submit(Kind.STATE, 0, encode_request([op], []), [], done)
         return fut.result(timeout=30)
     except Exception as exc:
         return {"error": str(exc)}
+
+
+def node_lost(pool: Any, rank: int) -> None:
+    """Tell the head node's server that the client lost the node at ``rank``: the locks its
+    tasks held are released (a Log event says so) and its barriers break, even when its
+    connections stay open (a node frozen or cut off answers nothing but TCP keepalives)."""
+    served = getattr(pool, "_state_served", None)
+    if rank == 0 or served is None or not served[1] or "error" in served[1]:
+        return
+    from skyward.bootstrap.frames import Kind
+    from skyward.bootstrap.state import encode_request
+
+    try:
+        head = pool._channels[0]
+        body = encode_request([("node_lost", "pool", "", (rank,), 0)], [])
+        head.submit(Kind.STATE, 0, body, [], lambda _answer: None)
+    except Exception:  # the head itself is gone: so are the locks
+        pass
 
 
 def flush_client(pool: Any) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -327,3 +329,78 @@ def test_the_listener_admits_only_the_pool_token(pool: sky.Pool) -> None:
     with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
         FrameWriter(s).send_parts(Kind.HELLO, 0, 0, json.dumps({"token": pool._cluster.token}).encode())
         assert FrameReader(s).read().kind == Kind.WELCOME
+
+
+def _agent_pid(pool: sky.Pool, rank: int) -> int:
+    by_index = {n["index"]: n["pid"] for n in pool._cluster.describe()["nodes"]}
+    return int(by_index[pool._channels[rank].node])
+
+
+def _wait(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@sky.function
+def read_twice(name: str) -> tuple[str, int]:
+    """The first operation after a head loss raises; the next one works, on the new head."""
+    try:
+        first = f"no error: {sky.counter(name).value}"
+    except sky.CollectionError as exc:
+        first = str(exc)
+    return first, sky.counter(name).value
+
+
+def test_losing_the_head_node_is_said_once_per_process_never_silent() -> None:
+    replaced: list[sky.InstanceReplaced] = []
+    with sky.Compute(nodes=2, options=QUIET) as p:
+        p.subscribe(lambda e: replaced.append(e) if isinstance(e, sky.InstanceReplaced) else None)
+        for _ in range(5):
+            p.run(bump("kept", 1, "strong"), target=1)  # node 1's worker holds a connection
+        assert sky.counter("kept").value == 5
+        os.kill(_agent_pid(p, 0), signal.SIGKILL)
+        _wait(lambda: replaced and p.current_nodes() == 2, 60)
+        with pytest.raises(sky.CollectionError, match=r"collections were lost: node \d+, the head"):
+            print(sky.counter("kept").value)  # the client: no silent 0
+        assert sky.counter("kept").increment(2) == 2  # then a fresh state, served by the new head
+        for rank in (1, 0):  # the surviving node reaches the new head too, not the dead address
+            first, value = p.run(read_twice("kept"), target=rank)
+            assert "collections were lost" in first and value == 2
+
+
+@sky.function
+def hold_forever(name: str) -> None:
+    lock = sky.lock(name, timeout=60)
+    lock.acquire()
+    sky.dict("holders")[name] = (os.getpid(), os.getppid())  # (worker, agent)
+    time.sleep(600)
+
+
+def test_a_lock_held_on_a_node_that_went_silent_is_released_when_the_node_is_lost() -> None:
+    """A frozen node keeps its sockets open (the kernel still answers keepalives): the lock is
+    released because the client tells the head the node is lost, not by a socket timing out."""
+    logs: list[str] = []
+    stopped: list[int] = []
+    unsubscribe = sky.subscribe(lambda e: logs.append(e.message) if isinstance(e, sky.Log) else None)
+    try:
+        with sky.Compute(nodes=2, options=QUIET) as p:
+            p.run_async(hold_forever("frozen"), target=1)
+            _wait(lambda: sky.dict("holders").get("frozen") is not None, 30)
+            stopped.extend(sky.dict("holders")["frozen"])
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            start = time.monotonic()
+            assert sky.lock("frozen", timeout=45).acquire() is True
+            assert time.monotonic() - start < 30  # ~10 s of silence, then released at once
+            _wait(lambda: any("lock 'frozen' released" in m for m in logs), 10)
+    finally:
+        unsubscribe()
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert any("lock 'frozen' released" in m and "which the client lost" in m for m in logs), logs

@@ -40,6 +40,9 @@ class Cluster(abc.ABC):
     # What the nodes were given, exactly (skyward.pkglock.describe): the pool's record keeps it.
     # None where the provider cannot say (an attached pool: its record was written at creation).
     lock: dict[str, Any] | None = None
+    # An attached pool replaces the described nodes it found dead before its first task (set by
+    # skyward.named for programs that attach; inspection commands such as `exec` leave it off).
+    heal_at_attach: bool = False
 
     @property
     def node_count(self) -> int:
@@ -86,6 +89,10 @@ class Cluster(abc.ABC):
         """Described nodes of an attached pool that ``start`` skipped because they could not be
         reached: ``{index: why}``, each judged on its own. Empty for nodes this process started."""
         return dict(getattr(self, "_unreachable", {}))
+
+    def replaced(self, index: int) -> None:
+        """Node ``index``, listed by ``unreachable()``, was replaced: it is no longer missing."""
+        getattr(self, "_unreachable", {}).pop(index, None)
 
     def node_lost(self, index: int) -> None:
         """The pool lost its connection to node ``index`` (it stays in the pool's records until

@@ -284,7 +284,9 @@ class LocalCluster(Cluster):
     def start(self, count: int) -> list[NodeEndpoint]:
         with self._lock:
             # An attached cluster hands out the nodes that already run before starting any.
-            known = [n for i, n in sorted(self._nodes.items()) if i not in self._handed][:count]
+            # (A node found dead before is not tried again: the pool replaces it with a new one.)
+            known = [n for i, n in sorted(self._nodes.items())
+                     if i not in self._handed and i not in self._unreachable][:count]
             live = []
             for node in known:  # each on its own: one dead agent leaves the others usable
                 if process_running(node["pid"], node.get("started")):

@@ -799,7 +799,12 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                 return exc
             assert node.endpoint is not None and node.agent_port is not None
             with self._lock:
-                self._nodes[node.index] = node
+                self._nodes[node.index] = node  # a dead agent's too: its replacement restarts it there
+            if node.agent_pid:  # the host answers; does its agent still run? (one command)
+                code, _ = remote.run(f"kill -0 {int(node.agent_pid)} 2>/dev/null", check=False, timeout=10)
+                if code != 0:
+                    return ProviderError(f"its agent (pid {node.agent_pid}) no longer runs on "
+                                         f"{node.host.address}; the host answers")
             node.endpoint = dataclasses.replace(
                 node.endpoint, connect=functools.partial(_connect_agent, remote, node.agent_port, node.agent_python))
             return node.endpoint

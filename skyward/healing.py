@@ -33,9 +33,14 @@ from .dispatch import decode_result
 from .errors import NodeLostError, PoolClosedError, ProviderError
 from .health import HealthChecker, verdict
 from .membership import Membership
+from .runtime.collections import node_lost
 
 log = logging.getLogger("skyward")
 DEFAULT_ATTEMPTS = 3
+
+
+def _unreachable() -> Any:
+    raise ProviderError("a dead node of an attached pool is not connected to")
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Healing(Membership):
     """Keeps the pool at its size: replacements, health checks, partial readiness."""
 
     _owned: bool
+    replaced_at_attach: list[ev.InstanceReplaced]  # the dead nodes attaching replaced
 
     def _init_healing(self) -> None:
         self._changed = threading.Condition(self._lock)
@@ -61,6 +67,7 @@ class Healing(Membership):
         self._unchecked: set[NodeChannel] = set()  # no health check passed yet: no tasks
         self._attempts: dict[int, int] = {}  # rank -> failed replacement attempts in a row
         self._joining = 0  # nodes of Nodes(min=) still coming
+        self.replaced_at_attach = []
         self._health_thread: threading.Thread | None = None
         checker = self.options.health_checker
         if checker is not None and not isinstance(checker, HealthChecker):
@@ -134,6 +141,8 @@ class Healing(Membership):
         nodes = self._nodes
         if nodes.min is None or nodes.min >= nodes.desired:
             self._add_nodes(nodes.desired)
+            if not self._owned and self._cluster.heal_at_attach:  # its dead nodes are replaced now
+                self.replaced_at_attach = self._replace_unreachable()
             return True
         self._joining = nodes.desired
         failures: list[BaseException] = []
@@ -225,6 +234,61 @@ class Healing(Membership):
             with self._lock:
                 self._unchecked.update(self._channels[-count:])
 
+    def _replace_unreachable(self) -> list[ev.InstanceReplaced]:
+        """An attached pool (a named one) some of whose described nodes are dead: replace each
+        now, before the program's first task, the way a node lost later would be (Local starts
+        a new process, SSH restarts or re-bootstraps its host or takes a spare), each at the
+        rank its index gives it among the others. One that cannot be replaced in
+        ``max_provision_attempts`` tries is left out, as before, with a warning."""
+        from skyward.providers.base import NodeEndpoint
+
+        done: list[ev.InstanceReplaced] = []
+        limit = self.options.max_provision_attempts or DEFAULT_ATTEMPTS
+        for index, why in sorted(self._cluster.unreachable().items()):
+            started = time.monotonic()
+            self._emit(ev.InstanceLost(pool=self.id, node=index, reason=why))
+            lost = NodeEndpoint(index=index, private_ip="", public_ip=None, hostname="", connect=_unreachable)
+            ch: NodeChannel | None = None
+            for attempt in range(1, limit + 1):
+                try:
+                    endpoint = self._cluster.replace(lost)
+                except Exception as exc:
+                    log.warning("pool %s: replacing dead node %d failed (attempt %d of %d): %s",
+                                self.name or self.id, index, attempt, limit, exc)
+                    continue
+                try:
+                    ch = self._connect(endpoint)
+                    break
+                except Exception as exc:
+                    log.warning("pool %s: the replacement of dead node %d did not answer: %s",
+                                self.name or self.id, index, exc)
+                    lost = endpoint  # the next attempt replaces this one
+            if ch is None:
+                self._emit(ev.Error(pool=self.id, message=f"dead node {index} could not be replaced; "
+                                                          f"the pool runs without it"))
+                continue
+            with self._lock:
+                rank = sum(1 for e in self._endpoints if e.index < index)
+                self._endpoints.insert(rank, endpoint)
+                self._channels.insert(rank, ch)
+                if self.options.health_checker is not None:
+                    self._unchecked.add(ch)
+            if rank == 0:  # the new head serves the collections, empty: each process is told once
+                self._state_lost = f"node {index}, the head node that held them, had died ({why})"
+            self._emit(ev.InstanceProvisioned(pool=self.id, node=endpoint.index, hostname=endpoint.hostname,
+                                              private_ip=endpoint.private_ip))
+            self._emit(ev.InstanceBootstrapped(pool=self.id, node=ch.node))
+            event = ev.InstanceReplaced(pool=self.id, node=index, new_node=ch.node, rank=rank,
+                                        seconds=time.monotonic() - started, reason=why)
+            log.info("pool %s: dead node %d replaced by node %d (rank %d) in %.2f s",
+                     self.name or self.id, index, ch.node, rank, event.seconds)
+            self._emit(event)
+            self._cluster.replaced(index)
+            done.append(event)
+        if done:
+            self._configure_all()
+        return done
+
     # -- losing and replacing nodes ----------------------------------------------------------------
     def _node_lost(self, node: int, why: BaseException) -> None:
         super()._node_lost(node, why)  # InstanceLost, the provider lets go of it
@@ -233,6 +297,7 @@ class Healing(Membership):
         with self._lock:
             found = [(rank, ch) for rank, ch in enumerate(self._channels) if ch.node == node]
         for rank, ch in found:
+            node_lost(self, rank)  # its locks are released now, not when its sockets time out
             self._begin_replacement(rank, ch, str(why) or type(why).__name__, close=False)
         self._notify()
 
@@ -240,6 +305,7 @@ class Healing(Membership):
         """Take a node that is up but unwell out of the pool and replace it."""
         log.warning("pool %s: node %d is replaced: %s", self.id, ch.node, reason)
         self._emit(ev.InstanceLost(pool=self.id, node=ch.node, reason=reason))
+        node_lost(self, rank)
         self._begin_replacement(rank, ch, reason, close=True)
 
     def _begin_replacement(self, rank: int, ch: NodeChannel, reason: str, *, close: bool) -> None:
@@ -317,6 +383,8 @@ class Healing(Membership):
             self._cluster.stop([endpoint])
             return
         self._emit(ev.InstanceBootstrapped(pool=self.id, node=ch.node))
+        if rank == 0:  # the new head serves the collections, empty: each process is told once
+            self._state_lost = f"node {old.node}, the head node that held them, was lost ({reason})"
         self._configure_all()
         if self.options.health_checker is None:
             with self._changed:

@@ -345,6 +345,7 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
     cluster_desc = record["cluster"]
     spec, worker = spec_from(record["config"], nodes=len(cluster_desc["nodes"]))
     cluster = spec.provider.attach(cluster_desc)
+    cluster.heal_at_attach = audited  # a program's attach replaces dead nodes; `exec` only looks
     client_id = uuid.uuid4().hex[:8]
 
     def add(r: dict[str, Any]) -> None:
@@ -368,7 +369,11 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
                      nodes=pool.current_nodes())
         for index, reason in sorted(missing.items()):
             audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id)
-        _Recorder(pool, name).start()
+        recorder = _Recorder(pool, name)
+        for event in pool.replaced_at_attach:  # before the recorder listened: the registry and trail
+            recorder._on_event(ev.InstanceLost(pool=pool.id, node=event.node, reason=event.reason))
+            recorder._on_event(event)
+        recorder.start()
 
     def on_close() -> None:
         _detached(name, client_id)

@@ -63,6 +63,16 @@ def test_up_attach_exec_history_down_on_ssh_hosts(cli: CLI) -> None:
         events = [e["event"] for e in cli("history", "lab", "--json").json()]
         assert events[:3] == ["provisioned", "attached", "detached"]
 
+        # A dead agent (its host up): the next program attaching restarts it on its host first.
+        on_host(hosts[1], f"kill -9 {pids[1]}")
+        again = cli.python(CLIENT)
+        assert again.code == 0, again
+        assert again.json() == [h.name for h in hosts]
+        assert "cannot be reached" not in again.err, again
+        assert cli.record("lab")["cluster"]["nodes"][1]["agent_pid"] != pids[1]
+        trail = [e["event"] for e in cli("history", "lab", "--json").json()]
+        assert "node lost" in trail and "node replaced" in trail, trail
+
         down = cli("down", "lab", timeout=120)
         assert down.code == 0, down
         for h in hosts:

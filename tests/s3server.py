@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,19 @@ def mounts_under(path: str | Path) -> list[str]:
     with open("/proc/mounts") as f:
         points = [line.split()[1] for line in f]
     return [p for p in points if p == path or p.startswith(path.rstrip("/") + "/")]
+
+
+def sigterm_once_mounted(script: Path, check: Callable[[], None], wait: float) -> None:
+    """Run a client ``script`` until it prints "mounted", ``check()`` its mounts, then SIGTERM it
+    and wait up to ``wait`` s for it to exit (killed and reaped whatever happens)."""
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "mounted"
+        check()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(wait)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from s3server import S3Server, mounts_under, needs_fuse
+from s3server import S3Server, mounts_under, needs_fuse, sigterm_once_mounted
 
 import skyward as sky
 
@@ -99,17 +98,10 @@ def test_sigterm_unmounts(s3: S3Server, bucket: str, tmp_path: Path) -> None:
             print("mounted", flush=True)
             time.sleep(120)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "mounted"
+    def mounted() -> None:
         assert mounts_under(mount) == [mount]
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+
+    sigterm_once_mounted(script, mounted, 60)
     deadline = time.monotonic() + 10
     while mounts_under(mount) and time.monotonic() < deadline:
         time.sleep(0.1)

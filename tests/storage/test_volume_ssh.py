@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from s3server import S3Server, needs_fuse
+from s3server import S3Server, needs_fuse, sigterm_once_mounted
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
@@ -134,18 +132,11 @@ def test_sigterm_unmounts_on_every_host(hosts: SSHHosts, bridge_s3: S3Server, tm
             print("mounted", flush=True)
             time.sleep(300)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "mounted"
+    def mounted_everywhere() -> None:
         for host in hosts:
             assert on_host(host, f"grep -c ' {MOUNT}/rw' /proc/mounts").strip() == "1"
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+
+    sigterm_once_mounted(script, mounted_everywhere, 120)
     for host in hosts:
         deadline = time.monotonic() + 30
         while (left := on_host(host, f"grep ' {MOUNT}' /proc/mounts; pgrep -a rclone; true").strip()) \

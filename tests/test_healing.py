@@ -84,6 +84,22 @@ def test_a_killed_node_is_replaced_with_its_rank_and_its_task_runs_again() -> No
     assert wait_gone(list(pids.values()), 10) == []
 
 
+def test_a_node_its_provider_took_back_is_reported_preempted() -> None:
+    # Local nodes are never spot instances: stand in for a provider that says this one was taken
+    # back (the clouds answer from the refreshed stack, tests/stacks/test_replace.py).
+    recorder = Recorder()
+    with sky.Compute(nodes=2, options=QUIET) as pool:
+        unsubscribe = pool.subscribe(recorder)
+        taken = pool._channels[1].node
+        pool._cluster.preempted = lambda index: "spot capacity reclaimed" if index == taken else None  # type: ignore[method-assign]
+        os.kill(agent_pids(pool)[1], signal.SIGKILL)
+        wait_for(lambda: recorder.of(sky.InstanceReplaced))
+        (preempted,) = recorder.of(sky.InstancePreempted)
+        assert (preempted.node, preempted.reason) == (taken, "spot capacity reclaimed")
+        assert [e.node for e in recorder.of(sky.InstanceLost)] == [taken]
+        unsubscribe()
+
+
 def test_a_replaced_head_is_the_head_again() -> None:
     with sky.Compute(nodes=2, options=QUIET) as pool:
         pids = agent_pids(pool)

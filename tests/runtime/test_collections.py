@@ -281,6 +281,28 @@ def test_process_executor_and_nested_tasks_share_one_object() -> None:
         assert (outer() >> p) == 2
 
 
+
+def _count_nested(i: int) -> int:
+    sky.counter("nested-joblib").increment()
+    return os.getpid()
+
+
+def test_nested_tasks_a_task_fans_out_share_one_object() -> None:
+    pytest.importorskip("joblib")
+
+    @sky.function
+    def fan_out() -> set[int]:
+        from joblib import Parallel, delayed
+
+        sky.counter("nested-joblib").increment()
+        return set(Parallel(n_jobs=-1)(delayed(_count_nested)(i) for i in range(40)))
+
+    with sky.Compute(nodes=2, plugins=[sky.plugins.joblib()], options=QUIET) as p:
+        pids = fan_out() >> p  # the nested batches go through the client to both nodes
+        assert len(pids) >= 2
+        assert sky.counter("nested-joblib").value == 41
+
+
 def test_outside_a_pool_and_with_cluster_false_the_factories_say_so() -> None:
     errors: list[BaseException] = []
 

@@ -122,3 +122,86 @@ def test_the_state_listener_refuses_a_wrong_token(ssh_pool: sky.Pool) -> None:
             return s.recv(100)
 
     assert ssh_pool.run(knock(served["host"], served["port"]), target=2) == b""
+
+
+# -- the rest of the proof list, through the SSH tunnels ---------------------------------------
+@sky.function
+def bump_slowly(n: int) -> None:
+    import time
+
+    c = sky.counter("ssh-mid")
+    for _ in range(n):
+        c.increment()
+        time.sleep(0.01)
+
+
+def test_the_client_reads_a_counter_while_tasks_run(ssh_pool: sky.Pool) -> None:
+    import time
+
+    futures = [bump_slowly(200) > ssh_pool for _ in range(3)]  # ~2 s each
+    seen = []
+    while not all(f.done() for f in futures):
+        seen.append(sky.counter("ssh-mid").value)
+        time.sleep(0.1)
+    for f in futures:
+        f.result()
+    assert any(0 < v < 600 for v in seen), seen  # values from the middle of the run
+    assert sky.counter("ssh-mid").value == 600
+
+
+@sky.function
+def counting(name: str) -> Iterator[int]:
+    produced = sky.counter(name)
+    i = 0
+    while True:
+        produced.increment()
+        yield i
+        i += 1
+
+
+@sky.function
+def fails_midway() -> Iterator[int]:
+    yield 1
+    yield 2
+    raise KeyError("third")
+
+
+def test_early_break_stops_the_node_and_an_error_arrives_mid_stream(ssh_pool: sky.Pool) -> None:
+    import time
+
+    from skyward.bootstrap.stream import WINDOW_ITEMS
+
+    for x in counting("ssh-early") >> ssh_pool:
+        if x == 10:
+            break
+    time.sleep(1.0)
+    stopped_at = sky.counter("ssh-early").value
+    time.sleep(0.5)
+    assert sky.counter("ssh-early").value == stopped_at  # it produces nothing more
+    assert stopped_at <= 11 + WINDOW_ITEMS + 1
+    got: list[int] = []
+    with pytest.raises(KeyError, match="third"):
+        for x in fails_midway() >> ssh_pool:
+            got.append(x)
+    assert got == [1, 2]
+
+
+def test_a_million_item_input_stream_keeps_the_client_flat(ssh_pool: sky.Pool) -> None:
+    def rss_mb() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+    assert (total(iter(range(10))) >> ssh_pool) == 45  # warm up
+    before = rss_mb()
+    assert (total(i for i in range(1_000_000)) >> ssh_pool) == sum(range(1_000_000))
+    assert rss_mb() - before < 100
+
+
+def test_the_process_executor_shares_one_object_across_hosts(three_hosts: SSHHosts) -> None:
+    with sky.Compute(provider=provider(three_hosts), nodes=3, options=QUIET,
+                     worker=sky.Worker(concurrency=2, executor="process")) as pool:
+        futures = [bump(250, consistency) > pool for consistency in ("strong", "eventual") for _ in range(6)]
+        for f in futures:
+            f.result()
+        assert sky.counter("ssh-strong").value == 1500
+        assert sky.counter("ssh-eventual").value == 1500

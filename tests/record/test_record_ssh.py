@@ -4,7 +4,10 @@ reproduction after a newer version came out installs the recorded one; the nodes
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,7 @@ def test_ssh_nodes_install_the_lock_and_a_reproduction_the_recorded_version(
         hosts: SSHHosts, home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     index = Index(tmp_path / "index")
     index.publish("1.0")
-    # (No apt here: the test hosts share this machine's /usr; test_script covers the apt report.)
+    # (No apt here: see test_the_versions_apt_installed_on_the_node_are_in_the_lock.)
     image = sky.Image(pip=["skyprobe"],
                       pip_indexes=[sky.PipIndex(url=index.url, packages=("skyprobe",))])
     with sky.Compute(provider=provider(hosts), image=image, options=QUIET) as pool:
@@ -90,3 +93,31 @@ def test_ssh_nodes_install_the_lock_and_a_reproduction_the_recorded_version(
     assert main(["diff", first, fresh]) == 1
     assert "skyprobe" in capsys.readouterr().out
     assert main(["diff", first, again]) == 0
+
+
+def test_the_versions_apt_installed_on_the_node_are_in_the_lock(hosts: SSHHosts, home: Path) -> None:
+    # The test hosts share this machine's /usr and dpkg database, and have no network: an
+    # apt-get that does nothing stands in for the install (first on PATH), and the real
+    # dpkg-query reports what is installed, as it would after a real install on a node.
+    # (The hosts' /tmp, /var/tmp and homes are their own tmpfs; /srv is this machine's.)
+    if not os.path.isdir("/srv") or not os.access("/srv", os.W_OK):
+        pytest.skip("needs a writable /srv that the test hosts see")
+    shims = Path(tempfile.mkdtemp(prefix="skyward-apt-shim-", dir="/srv"))
+    try:
+        _apt_lock(hosts, shims)
+    finally:
+        shutil.rmtree(shims, ignore_errors=True)
+
+
+def _apt_lock(hosts: SSHHosts, shims: Path) -> None:
+    (shims / "apt-get").write_text("#!/bin/sh\necho \"apt-get $*\" >> \"$(dirname \"$0\")/calls\"\n")
+    (shims / "apt-get").chmod(0o755)
+    path = f"{shims}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    image = sky.Image(apt=["openssh-server"], env={"PATH": path})
+    with sky.Compute(provider=provider(hosts), image=image, options=QUIET) as pool:
+        assert (sky.function(lambda: 1)() >> pool) == 1
+        pool_id = pool.id
+    assert "install" in (shims / "calls").read_text()  # the apt phase ran, through the shim
+    from skyward.pkglock import apt_versions
+
+    assert record.read(pool_id)["lock"]["apt"] == apt_versions(["openssh-server"]) != {}

@@ -109,6 +109,8 @@ def _check_mount(mount: object) -> str:
         elif norm.startswith("/opt/skyward/") or "/.skyward" in norm or norm.startswith("/proc/") \
                 or norm.startswith("/sys/") or norm.startswith("/dev/"):
             why = "it is inside skyward's own folders on the node (or a kernel file system)"
+        elif norm.count("/") == 2 and norm.startswith("/home/"):
+            why = f"{norm} is a user's home: the bucket would hide the node's ~/.skyward (and the rest of it)"
     if why:
         raise ConfigError(
             f"Volume(mount={mount!r}) is not valid: {why}. Use a folder of its own, e.g. mount='/data' "

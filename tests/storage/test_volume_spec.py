@@ -9,7 +9,7 @@ import skyward as sky
 
 @pytest.mark.parametrize("mount", ["/", "/opt", "/opt/skyward", "/root", "/tmp", "/tmp/", "//tmp", "/opt/../tmp",
                                    "/usr", "/etc", "/proc/x", "/opt/skyward/envs",
-                                   "/home/me/.skyward/pools"])
+                                   "/home/me/.skyward/pools", "/home/ubuntu", "/home/ubuntu/"])
 def test_forbidden_mount_paths_are_refused(mount: str) -> None:
     with pytest.raises(sky.ConfigError, match=r"Volume\(mount=.*is not valid"):
         sky.Volume("data", mount=mount)

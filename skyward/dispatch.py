@@ -120,6 +120,11 @@ class Dispatch:
             log.warning("pool %s: distributed collections are unavailable: %s", self.id, where["error"])
         return where
 
+    def _collections_node_lost(self, rank: int) -> None:
+        from .runtime.collections import node_lost
+
+        node_lost(self, rank)
+
     def _flush_collections(self) -> None:
         from .runtime.collections import flush_client
 

@@ -33,7 +33,6 @@ from .dispatch import decode_result
 from .errors import NodeLostError, PoolClosedError, ProviderError
 from .health import HealthChecker, verdict
 from .membership import Membership
-from .runtime.collections import node_lost
 
 log = logging.getLogger("skyward")
 DEFAULT_ATTEMPTS = 3
@@ -58,7 +57,7 @@ class Healing(Membership):
     """Keeps the pool at its size: replacements, health checks, partial readiness."""
 
     _owned: bool
-    replaced_at_attach: list[ev.InstanceReplaced]  # the dead nodes attaching replaced
+    attach_events: list[ev.Event]  # what replacing dead nodes at attach told (for the trail)
 
     def _init_healing(self) -> None:
         self._changed = threading.Condition(self._lock)
@@ -67,7 +66,7 @@ class Healing(Membership):
         self._unchecked: set[NodeChannel] = set()  # no health check passed yet: no tasks
         self._attempts: dict[int, int] = {}  # rank -> failed replacement attempts in a row
         self._joining = 0  # nodes of Nodes(min=) still coming
-        self.replaced_at_attach = []
+        self.attach_events = []
         self._health_thread: threading.Thread | None = None
         checker = self.options.health_checker
         if checker is not None and not isinstance(checker, HealthChecker):
@@ -142,7 +141,7 @@ class Healing(Membership):
         if nodes.min is None or nodes.min >= nodes.desired:
             self._add_nodes(nodes.desired)
             if not self._owned and self._cluster.heal_at_attach:  # its dead nodes are replaced now
-                self.replaced_at_attach = self._replace_unreachable()
+                self.attach_events = self._replace_unreachable()
             return True
         self._joining = nodes.desired
         failures: list[BaseException] = []
@@ -234,60 +233,46 @@ class Healing(Membership):
             with self._lock:
                 self._unchecked.update(self._channels[-count:])
 
-    def _replace_unreachable(self) -> list[ev.InstanceReplaced]:
+    def _replace_unreachable(self) -> list[ev.Event]:
         """An attached pool (a named one) some of whose described nodes are dead: replace each
-        now, before the program's first task, the way a node lost later would be (Local starts
-        a new process, SSH restarts or re-bootstraps its host or takes a spare), each at the
-        rank its index gives it among the others. One that cannot be replaced in
-        ``max_provision_attempts`` tries is left out, as before, with a warning."""
+        now, before the program's first task, as a node lost later would be (``_new_node``),
+        each at the rank its index gives it among the others. One that cannot be replaced is
+        left out, as before, with a warning. Returns the events the pool's trail records."""
         from skyward.providers.base import NodeEndpoint
 
-        done: list[ev.InstanceReplaced] = []
-        limit = self.options.max_provision_attempts or DEFAULT_ATTEMPTS
+        told: list[ev.Event] = []
         for index, why in sorted(self._cluster.unreachable().items()):
             started = time.monotonic()
-            self._emit(ev.InstanceLost(pool=self.id, node=index, reason=why))
-            lost = NodeEndpoint(index=index, private_ip="", public_ip=None, hostname="", connect=_unreachable)
-            ch: NodeChannel | None = None
-            for attempt in range(1, limit + 1):
-                try:
-                    endpoint = self._cluster.replace(lost)
-                except Exception as exc:
-                    log.warning("pool %s: replacing dead node %d failed (attempt %d of %d): %s",
-                                self.name or self.id, index, attempt, limit, exc)
-                    continue
-                try:
-                    ch = self._connect(endpoint)
-                    break
-                except Exception as exc:
-                    log.warning("pool %s: the replacement of dead node %d did not answer: %s",
-                                self.name or self.id, index, exc)
-                    lost = endpoint  # the next attempt replaces this one
-            if ch is None:
-                self._emit(ev.Error(pool=self.id, message=f"dead node {index} could not be replaced; "
-                                                          f"the pool runs without it"))
-                continue
+            lost_event = ev.InstanceLost(pool=self.id, node=index, reason=why)
+            self._emit(lost_event)
             with self._lock:
                 rank = sum(1 for e in self._endpoints if e.index < index)
+            lost = NodeEndpoint(index=index, private_ip="", public_ip=None, hostname="", connect=_unreachable)
+            got = self._new_node(rank, lost, index)
+            self._attempts.pop(rank, None)
+            if not isinstance(got, tuple):
+                self._emit(ev.Error(pool=self.id, message=f"dead node {index} could not be replaced "
+                                                          f"({got}); the pool runs without it"))
+                continue
+            endpoint, ch = got
+            with self._lock:
                 self._endpoints.insert(rank, endpoint)
                 self._channels.insert(rank, ch)
                 if self.options.health_checker is not None:
                     self._unchecked.add(ch)
             if rank == 0:  # the new head serves the collections, empty: each process is told once
                 self._state_lost = f"node {index}, the head node that held them, had died ({why})"
-            self._emit(ev.InstanceProvisioned(pool=self.id, node=endpoint.index, hostname=endpoint.hostname,
-                                              private_ip=endpoint.private_ip))
             self._emit(ev.InstanceBootstrapped(pool=self.id, node=ch.node))
-            event = ev.InstanceReplaced(pool=self.id, node=index, new_node=ch.node, rank=rank,
-                                        seconds=time.monotonic() - started, reason=why)
+            replaced = ev.InstanceReplaced(pool=self.id, node=index, new_node=ch.node, rank=rank,
+                                           seconds=time.monotonic() - started, reason=why)
             log.info("pool %s: dead node %d replaced by node %d (rank %d) in %.2f s",
-                     self.name or self.id, index, ch.node, rank, event.seconds)
-            self._emit(event)
+                     self.name or self.id, index, ch.node, rank, replaced.seconds)
+            self._emit(replaced)
             self._cluster.replaced(index)
-            done.append(event)
-        if done:
+            told += [lost_event, replaced]
+        if told:
             self._configure_all()
-        return done
+        return told
 
     # -- losing and replacing nodes ----------------------------------------------------------------
     def _node_lost(self, node: int, why: BaseException) -> None:
@@ -297,7 +282,7 @@ class Healing(Membership):
         with self._lock:
             found = [(rank, ch) for rank, ch in enumerate(self._channels) if ch.node == node]
         for rank, ch in found:
-            node_lost(self, rank)  # its locks are released now, not when its sockets time out
+            self._collections_node_lost(rank)  # its locks are released now, not at a socket timeout
             self._begin_replacement(rank, ch, str(why) or type(why).__name__, close=False)
         self._notify()
 
@@ -305,7 +290,7 @@ class Healing(Membership):
         """Take a node that is up but unwell out of the pool and replace it."""
         log.warning("pool %s: node %d is replaced: %s", self.id, ch.node, reason)
         self._emit(ev.InstanceLost(pool=self.id, node=ch.node, reason=reason))
-        node_lost(self, rank)
+        self._collections_node_lost(rank)
         self._begin_replacement(rank, ch, reason, close=True)
 
     def _begin_replacement(self, rank: int, ch: NodeChannel, reason: str, *, close: bool) -> None:
@@ -337,41 +322,17 @@ class Healing(Membership):
     def _replace_once(self, rank: int, old: NodeChannel, reason: str, lost_at: float, close: bool) -> None:
         if close:
             old.close(shutdown_agent=True)  # its tasks fail over now; the agent stops
-        limit = self.options.max_provision_attempts or DEFAULT_ATTEMPTS
-        delay = self.options.provision_retry_delay if self.options.provision_retry_delay is not None else 1.0
         with self._lock:
             if rank >= len(self._channels) or self._channels[rank] is not old:
                 return
             lost = self._endpoints[rank]
-        error: BaseException | None = None
-        while True:
-            if self._stop.is_set():
-                return
-            if self._attempts.get(rank, 0) >= limit:
-                self._give_up(rank, old, error or ProviderError("its replacements kept failing their health checks"))
-                return
-            try:
-                endpoint = self._cluster.replace(lost)
-            except Exception as exc:
-                error = exc
-                self._attempts[rank] = self._attempts.get(rank, 0) + 1
-                log.warning("pool %s: replacing node %d failed (attempt %d of %d): %s",
-                            self.id, old.node, self._attempts[rank], limit, exc)
-                self._stop.wait(delay)
-                continue
-            self._emit(ev.InstanceProvisioned(
-                pool=self.id, node=endpoint.index, hostname=endpoint.hostname, private_ip=endpoint.private_ip,
-            ))
-            try:
-                ch = self._connect(endpoint)
-            except Exception as exc:
-                error = exc
-                self._attempts[rank] = self._attempts.get(rank, 0) + 1
-                log.warning("pool %s: the replacement of node %d did not answer: %s", self.id, old.node, exc)
-                lost = endpoint  # the next attempt replaces this one
-                self._stop.wait(delay)
-                continue
-            break
+        got = self._new_node(rank, lost, old.node)
+        if got is None:
+            return
+        if isinstance(got, BaseException):
+            self._give_up(rank, old, got)
+            return
+        endpoint, ch = got
         with self._changed:
             swapped = not self._closed and rank < len(self._channels) and self._channels[rank] is old
             if swapped:
@@ -403,6 +364,39 @@ class Healing(Membership):
                                        seconds=seconds, reason=reason))
         if ch.lost is not None:  # lost again before it was in the list: its loss went unseen
             self._begin_replacement(rank, ch, str(ch.lost) or "lost", close=False)
+
+    def _new_node(self, rank: int, lost: Any, node: int) -> tuple[Any, NodeChannel] | BaseException | None:
+        """Ask the provider for a node in place of ``lost`` (node ``node``, at ``rank``) until one
+        answers: ``(endpoint, channel)``; the last error once ``self._attempts[rank]`` reaches
+        ``max_provision_attempts`` (waiting ``provision_retry_delay`` between tries); None when
+        the pool stops meanwhile."""
+        limit = self.options.max_provision_attempts or DEFAULT_ATTEMPTS
+        delay = self.options.provision_retry_delay if self.options.provision_retry_delay is not None else 1.0
+        error: BaseException | None = None
+        while not self._stop.is_set():
+            if self._attempts.get(rank, 0) >= limit:
+                return error or ProviderError("its replacements kept failing their health checks")
+            try:
+                endpoint = self._cluster.replace(lost)
+            except Exception as exc:
+                error = exc
+                self._attempts[rank] = self._attempts.get(rank, 0) + 1
+                log.warning("pool %s: replacing node %d failed (attempt %d of %d): %s",
+                            self.name or self.id, node, self._attempts[rank], limit, exc)
+                self._stop.wait(delay)
+                continue
+            self._emit(ev.InstanceProvisioned(
+                pool=self.id, node=endpoint.index, hostname=endpoint.hostname, private_ip=endpoint.private_ip,
+            ))
+            try:
+                return endpoint, self._connect(endpoint)
+            except Exception as exc:
+                error = exc
+                self._attempts[rank] = self._attempts.get(rank, 0) + 1
+                log.warning("pool %s: the replacement of node %d did not answer: %s", self.name or self.id, node, exc)
+                lost = endpoint  # the next attempt replaces this one
+                self._stop.wait(delay)
+        return None
 
     def _give_up(self, rank: int, old: NodeChannel, error: BaseException) -> None:
         limit = self.options.max_provision_attempts or DEFAULT_ATTEMPTS

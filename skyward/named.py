@@ -370,8 +370,7 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
         for index, reason in sorted(missing.items()):
             audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id)
         recorder = _Recorder(pool, name)
-        for event in pool.replaced_at_attach:  # before the recorder listened: the registry and trail
-            recorder._on_event(ev.InstanceLost(pool=pool.id, node=event.node, reason=event.reason))
+        for event in pool.attach_events:  # dead nodes replaced before the recorder listened
             recorder._on_event(event)
         recorder.start()
 

@@ -290,14 +290,20 @@ def _client_backend(pool: Any, what: str) -> Backend:
     return backend
 
 
+def _to_head(pool: Any, op: tuple[Any, ...], done: Any) -> None:
+    """Send one pool-level operation to the head node's collection server, through the
+    client's channel to it; ``done(frame)`` gets the answer."""
+    from skyward.bootstrap.frames import Kind
+    from skyward.bootstrap.state import encode_request
+
+    pool._channels[0].submit(Kind.STATE, 0, encode_request([op], []), [], done)
+
+
 def serve_address(pool: Any, head_private_ip: str) -> builtins.dict[str, Any] | None:
     """Ask the head node's agent to serve collections on its private address; what the
     nodes' CONFIGURE carries (None: collections are off; {"error": ...}: they failed)."""
     if pool.options.cluster is False:
         return None
-    from skyward.bootstrap.frames import Kind
-    from skyward.bootstrap.state import encode_request
-
     fut: Future[Any] = Future()
 
     def done(frame: Any) -> None:
@@ -308,8 +314,7 @@ def serve_address(pool: Any, head_private_ip: str) -> builtins.dict[str, Any] | 
 
     try:
         lost = getattr(pool, "_state_lost", None)  # set when the head was replaced (healing.py)
-        op = ("serve", "", "", (head_private_ip, lost), 0)
-        pool._channels[0].submit(Kind.STATE, 0, encode_request([op], []), [], done)
+        _to_head(pool, ("serve", "", "", (head_private_ip, lost), 0), done)
         return fut.result(timeout=30)
     except Exception as exc:
         return {"error": str(exc)}
@@ -322,13 +327,8 @@ def node_lost(pool: Any, rank: int) -> None:
     served = getattr(pool, "_state_served", None)
     if rank == 0 or served is None or not served[1] or "error" in served[1]:
         return
-    from skyward.bootstrap.frames import Kind
-    from skyward.bootstrap.state import encode_request
-
     try:
-        head = pool._channels[0]
-        body = encode_request([("node_lost", "pool", "", (rank,), 0)], [])
-        head.submit(Kind.STATE, 0, body, [], lambda _answer: None)
+        _to_head(pool, ("node_lost", "pool", "", (rank,), 0), lambda _answer: None)
     except Exception:  # the head itself is gone: so are the locks
         pass
 

@@ -19,14 +19,16 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-os.environ.setdefault("SKYWARD_HOME", tempfile.mkdtemp(prefix="skyward-bench-home-"))
+sys.path.insert(0, str(HERE))
+from _home import scratch_home  # noqa: E402
+
+scratch_home()
 
 import numpy as np  # noqa: E402
 from sshhosts import SSHHosts  # noqa: E402

@@ -29,7 +29,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-os.environ.setdefault("SKYWARD_HOME", tempfile.mkdtemp(prefix="skyward-bench-home-"))
+sys.path.insert(0, str(HERE))
+from _home import scratch_home  # noqa: E402
+
+scratch_home()
 
 from s3server import S3Server, fuse_skip_reason  # noqa: E402
 

@@ -10,19 +10,28 @@ with bash. It prints one marker line per phase transition, which the client turn
 Everything else the phases print is ordinary output; the client keeps its last lines for the
 error of a failed phase.
 
-Node layout (``$HOME/.skyward`` unless ``SKYWARD_NODE_HOME`` is set on the node):
+Node layout. Caches live in the login user's home (``$HOME/.skyward``, or ``SKYWARD_NODE_HOME``),
+which on a lab cluster is one NFS directory shared by every host; whatever is about *this* node
+lives on node-local disk (``/var/tmp/skyward-<uid>``, or ``SKYWARD_NODE_RUN``):
 
-    bin/uv                 the client's uv binary
-    wheels/                the shipped wheelhouse (skyward's wheel under wheels/skyward/<hash>/)
-    envs/<key>/            one virtualenv per (python, packages) combination, shared by pools
-    done/<phase>-<key>     markers: a phase whose inputs did not change is skipped
-    pools/<pool id>/       env.sh, includes/, the agent's log and handshake; removed at teardown
+    $SKY/bin/uv                  the client's uv binary (unpacked under a unique name, renamed)
+    $SKY/wheels/                 the shipped wheelhouse (skyward's wheel under wheels/skyward/<hash>/)
+    $SKY/envs/<key>/             one virtualenv per (python, packages) combination, shared by pools
+                                 and by the hosts of a shared home: built by one host under a lock
+                                 ($SKY/locks/env-<key>), the others wait and then skip
+    $SKY/done/<phase>-<key>      markers of the shared phases (uv, python, venv, deps, skyward)
+    $RUN/done/<phase>-<key>      markers of this node's phases (apt, plugins)
+    $RUN/pools/<pool>-<node>/    env.sh, includes/, the agent's log and handshake; removed at teardown
+
+The client resolves ``SKY``, ``RUN`` and the node's pool folder once per node (``NODE_DIRS``) and
+passes them to the script as ``SKYWARD_SKY``, ``SKYWARD_RUN`` and ``SKYWARD_POOL``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,11 +81,15 @@ def env_key(image: Image, plan: NodePlan) -> str:
 def render(image: Image, plan: NodePlan) -> str:
     q = shlex.quote
     ek = env_key(image, plan)
-    out = [_PRELUDE.format(pool=q(plan.pool_id), env=q("envs/" + ek))]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", plan.pool_id):
+        raise ValueError(f"pool id {plan.pool_id!r}: letters, digits, '_', '.', '-' only")
+    out = [_PRELUDE.format(pool=plan.pool_id, env=q("envs/" + ek))]
 
-    def phase(name: str, body: str, phase_key: str | None = None, check: str = "true") -> None:
+    def phase(name: str, body: str, phase_key: str | None = None, check: str = "true",
+              node_local: bool = False) -> None:
         out.append(f"_p_{name}() {{\n{body.rstrip()}\n}}\n")
-        out.append(f"phase {name} {q(phase_key or '')} {q(check)}\n")
+        marks = '"$RUN/done"' if node_local else '"$SKY/done"'
+        out.append(f"phase {name} {q(phase_key or '')} {q(check)} {marks}\n")
 
     # env: exported on the node for the agent and every task (0600: values may be secrets).
     exports = "".join(f"export {k}={q(v)}\n" for k, v in image.env.items())
@@ -85,7 +98,7 @@ def render(image: Image, plan: NodePlan) -> str:
     out.append('. "$POOL/env.sh"\n')
     if image.apt:
         pkgs = " ".join(q(p) for p in image.apt)
-        phase("apt", _APT.format(pkgs=pkgs), key(sorted(image.apt)))
+        phase("apt", _APT.format(pkgs=pkgs), key(sorted(image.apt)), node_local=True)
     if plan.install == "index":
         # Nodes with an index fetch uv themselves (nothing to upload): the client's version.
         phase("uv", f'if ! "$UV" --version >/dev/null 2>&1; then\n'
@@ -93,7 +106,10 @@ def render(image: Image, plan: NodePlan) -> str:
                     f'"$UV" --version')
     else:
         phase("uv", 'if ! "$UV" --version >/dev/null 2>&1; then\n'
-                    '  gunzip -c "$UV.gz" > "$UV.tmp" && chmod 755 "$UV.tmp" && mv "$UV.tmp" "$UV"\nfi\n"$UV" --version')
+                    # A unique name, then rename: on a shared home other hosts may be running
+                    # "$UV" while this one unpacks it ("text file busy", exit 126).
+                    '  tmp="$UV.$(hostname).$$"\n'
+                    '  gunzip -c "$UV.gz" > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$UV"\nfi\n"$UV" --version')
     py = q(plan.python)
     find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
     if plan.install == "index":
@@ -110,6 +126,9 @@ def render(image: Image, plan: NodePlan) -> str:
             f'echo "$PY" > "$SKY/envs/{ek}.python"'
         )
     venv_check = '[ -x "$ENV/bin/python" ]'
+    # The environment is a cache shared by pools and, on a shared home, by hosts: one host
+    # builds it while the others wait on the lock, then find its markers and skip.
+    out.append(f"env_lock {q(ek)}\n")
     phase("python", python_body, ek, venv_check)
     phase("venv", f'rm -rf "$ENV"\n"$UV" venv --quiet --python "$(cat "$SKY/envs/{ek}.python")" "$ENV"', ek,
           venv_check)
@@ -125,6 +144,7 @@ def render(image: Image, plan: NodePlan) -> str:
         key(ek, plan.skyward_hash),
         venv_check,
     )
+    out.append("env_unlock\n")
     if plan.includes_archive:
         phase("includes", 'rm -rf "$POOL/includes"\nmkdir -p "$POOL/includes"\n'
               'tar -xf "$POOL/includes.tar" -C "$POOL/includes"\nrm -f "$POOL/includes.tar"')
@@ -138,12 +158,45 @@ def render(image: Image, plan: NodePlan) -> str:
         phase("volumes", plan.volumes)
     if plan.ops:
         body = ". \"$POOL/env.sh\"\nexport PATH=\"$ENV/bin:$PATH\"\n" + "\n".join(plan.ops)
-        phase("plugins", body, key(ek, list(plan.ops)))
+        phase("plugins", body, key(ek, list(plan.ops)), node_local=True)
     if image.apt:  # the versions apt installed, for the pool's record (every run: a phase may skip)
         names = " ".join(q(p.split("=", 1)[0]) for p in image.apt)
         out.append(f"dpkg-query -W -f '{MARKER} apt ${{Package}} ${{Version}}\\n' {names} 2>/dev/null || true\n")
     out.append(f"echo {MARKER} ready\n")
     return "".join(out)
+
+
+# The node's folders, as the client and the script compute them (bash). SKY: caches, in the
+# login user's home (maybe shared by many hosts). RUN: this node's runtime state, on node-local
+# disk; a folder there that is not ours (or no writable /var/tmp) falls back to one keyed by the
+# host's name inside SKY.
+NODE_DIRS = """\
+SKY="${SKYWARD_NODE_HOME:-$HOME/.skyward}"
+RUN="${SKYWARD_NODE_RUN:-/var/tmp/skyward-$(id -u)}"
+mkdir -p -m 700 "$SKY" 2>/dev/null
+if ! { mkdir -p -m 700 "$RUN" 2>/dev/null && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }; then
+  RUN="$SKY/run/$(hostname)"
+  mkdir -p -m 700 "$RUN"
+fi
+"""
+
+
+def node_dirs_command(pool_id: str, node: int, *, sudo: bool) -> str:
+    """Bash that resolves a node's folders and prints them as ``@@KEY VALUE`` lines: sky, run, pool,
+    uid, and with ``sudo``, whether ``sudo -n`` works for a user who is not root."""
+    check = ""
+    if sudo:
+        check = ('if [ "$(id -u)" -ne 0 ]; then\n'
+                 '  if out=$(sudo -n true 2>&1); then echo "@@sudo ok"; else echo "@@sudo ${out:-refused}"; fi\n'
+                 'fi\n')
+    return (NODE_DIRS + f'echo "@@sky $SKY"\necho "@@run $RUN"\n'
+            f'echo "@@pool $RUN/pools/{pool_folder(pool_id, node)}"\necho "@@uid $(id -u)"\n' + check)
+
+
+def pool_folder(pool_id: str, node: int) -> str:
+    """The name of one node's folder of a pool: per node, so nodes that share a filesystem
+    (loopback hosts, a shared /var/tmp) never share one."""
+    return f"{pool_id}-{node}"
 
 
 def _locked_deps(image: Image, plan: NodePlan) -> str:
@@ -212,20 +265,38 @@ _PRELUDE = """\
 #!/usr/bin/env bash
 # Rendered by skyward: prepares this node for pool {pool}.
 set -uo pipefail
-SKY="${{SKYWARD_NODE_HOME:-$HOME/.skyward}}"
-POOL="$SKY/pools/"{pool}
+# The client resolved this node's folders (script.NODE_DIRS) and passes them in.
+SKY="${{SKYWARD_SKY:-${{SKYWARD_NODE_HOME:-$HOME/.skyward}}}}"
+RUN="${{SKYWARD_RUN:-${{SKYWARD_NODE_RUN:-/var/tmp/skyward-$(id -u)}}}}"
+POOL="${{SKYWARD_POOL:-$RUN/pools/{pool}-0}}"
 ENV="$SKY/"{env}
 UV="$SKY/bin/uv"
 # No bytecode compilation at install: Python writes .pyc lazily for the modules a node imports.
 export UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=manual
-mkdir -p "$SKY/done" "$SKY/envs" "$POOL"
-chmod 700 "$SKY" "$POOL"
+mkdir -p "$SKY/done" "$SKY/envs" "$SKY/locks" "$RUN/done" "$POOL"
+chmod 700 "$SKY" "$RUN" "$POOL"
 echo "@@skyward pid $$"
 
-# phase NAME KEY CHECK: run _p_NAME unless a marker says it already ran with these inputs (and
-# CHECK still holds); exit with its code when it fails.
+# env_lock KEY / env_unlock: hold $SKY/locks/env-KEY while building a shared environment. flock
+# holds across the hosts of an NFS home (Linux maps it to NFS byte-range locks); the lock goes
+# with the process that held it, so a host that died mid-build does not block the others.
+env_lock() {{
+  exec 9>"$SKY/locks/env-$1"
+  if command -v flock >/dev/null 2>&1; then
+    if ! flock -n 9; then
+      echo "@@skyward wait env"
+      flock 9
+    fi
+  fi
+}}
+env_unlock() {{
+  exec 9>&-
+}}
+
+# phase NAME KEY CHECK DIR: run _p_NAME unless a marker in DIR says it already ran with these
+# inputs (and CHECK still holds); exit with its code when it fails.
 phase() {{
-  local marker="$SKY/done/$1-$2"
+  local marker="$4/$1-$2"
   if [ -n "$2" ] && [ -e "$marker" ] && eval "$3"; then
     echo "@@skyward phase $1 skipped"
     return 0
@@ -247,10 +318,12 @@ _APT = """\
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
+# Another pool (or program) starting on this host may hold dpkg's lock: wait for it.
+WAIT="-o DPkg::Lock::Timeout=300"
 # Try with the package lists the machine has; refresh them only when that fails.
-if ! $SUDO apt-get install -y -q --no-install-recommends {pkgs}; then
-  $SUDO apt-get update -q || echo "apt-get update failed; trying the install anyway"
-  $SUDO apt-get install -y -q --no-install-recommends {pkgs}
+if ! $SUDO apt-get install $WAIT -y -q --no-install-recommends {pkgs}; then
+  $SUDO apt-get update $WAIT -q || echo "apt-get update failed; trying the install anyway"
+  $SUDO apt-get install $WAIT -y -q --no-install-recommends {pkgs}
 fi"""
 
 # Index mode, a node without uv: its wheel from the node's package index (PEP 503 simple API:

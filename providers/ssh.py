@@ -62,9 +62,12 @@ class SSHHost:
     private_ip: str | None = None  # the address other nodes use (default: the one we connect to)
     hostname: str | None = None
     host_key: str | None = None  # "ssh-ed25519 AAAA...": known in advance, the only one accepted
+    jump: str | None = None  # "[user@]bastion[:port]": reached through this host (None: ~/.ssh/config)
 
     def __post_init__(self) -> None:
         _check_port(self.port, f"sky.SSH: port {self.port!r} of host {self.address!r}")
+        if self.jump is not None:
+            parse_jump(self.jump, f"sky.SSHHost(jump={self.jump!r})")
 
     @classmethod
     def parse(cls, text: str) -> SSHHost:
@@ -76,6 +79,19 @@ class SSHHost:
             )
         port = int(m["port"]) if m["port"] else None
         return cls(address=m["v6"] or m["host"], port=port, user=m["user"])
+
+
+def parse_jump(text: object, label: str) -> SSHHost:
+    """A jump host, ``[user@]host[:port]``: checked where it is given, not at connect time."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{label}: a jump host is written 'user@bastion' or 'user@bastion:2222'.")
+    try:
+        return SSHHost.parse(text.strip())
+    except ConfigError:
+        raise ConfigError(
+            f"{label}: not a jump host; write 'bastion', 'user@bastion' or 'user@bastion:2222' "
+            f"(several hops: put ProxyJump in ~/.ssh/config)."
+        ) from None
 
 
 def _check_port(port: object, label: str) -> None:
@@ -97,8 +113,11 @@ class SSH(ProviderConfig):
     is honoured for names defined there). ``install``: ``"wheelhouse"`` (default: the client
     builds wheels for everything the nodes need and uploads them, so nodes need no index and
     get exactly the client's versions) or ``"index"`` (nodes install ``Image.pip`` from their
-    own package index; skyward's wheel and uv are still shipped). ``known_hosts``: where host
-    keys are recorded (default ``~/.skyward/known_hosts``).
+    own package index; skyward's wheel and uv are still shipped). ``jump``: a bastion,
+    ``"user@bastion:port"``, that every host is reached through (``ProxyJump`` in
+    ``~/.ssh/config`` works too, per host); the agents' tunnels go through it. ``known_hosts``:
+    the file where host keys, the jump host's included, are recorded on first contact and
+    checked after (default ``SKYWARD_HOME/known_hosts``).
     """
 
     hosts: Sequence[str | SSHHost] = ()
@@ -106,6 +125,8 @@ class SSH(ProviderConfig):
     key: str | None = None
     port: int | None = None
     install: Install = "wheelhouse"
+    jump: str | None = None
+    known_hosts: str | None = None
     kind: ClassVar[str] = "ssh"
     _parsed: tuple[SSHHost, ...] = field(init=False, repr=False, compare=False, default=())
 
@@ -119,6 +140,14 @@ class SSH(ProviderConfig):
         _check_port(self.port, f"sky.SSH(port={self.port!r})")
         if self.key is not None and not Path(self.key).expanduser().is_file():
             raise ConfigError(f"sky.SSH(key={self.key!r}): no such file; give the path of a private key.")
+        if self.jump is not None:
+            parse_jump(self.jump, f"sky.SSH(jump={self.jump!r})")
+        if self.known_hosts is not None:
+            folder = Path(self.known_hosts).expanduser().parent
+            if not isinstance(self.known_hosts, str | os.PathLike) or not folder.is_dir():
+                raise ConfigError(
+                    f"sky.SSH(known_hosts={self.known_hosts!r}): the folder {folder} does not exist; give "
+                    f"the path of a known_hosts file in an existing folder (it is created on first use).")
         parsed = []
         for h in self.hosts:
             host = SSHHost.parse(h) if isinstance(h, str) else h
@@ -127,7 +156,7 @@ class SSH(ProviderConfig):
             parsed.append(SSHHost(
                 address=host.address, port=host.port or self.port, user=host.user or self.user,
                 key=host.key or self.key, private_ip=host.private_ip, hostname=host.hostname,
-                host_key=host.host_key,
+                host_key=host.host_key, jump=host.jump or self.jump,
             ))
         object.__setattr__(self, "hosts", tuple(self.hosts))
         object.__setattr__(self, "_parsed", tuple(parsed))
@@ -150,7 +179,8 @@ class SSH(ProviderConfig):
         return 0.0  # machines you already have
 
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> SSHCluster:
-        return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install)
+        return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install,
+                          known_hosts=self.known_hosts)
 
     # -- named pools (see ProviderConfig) --------------------------------------------------------
     def attach(self, description: dict[str, Any]) -> SSHCluster:
@@ -180,8 +210,9 @@ class _Node:
     agent_pid: int | None = None
     agent_port: int | None = None  # on the node's loopback
     endpoint: NodeEndpoint | None = None
-    home: str = ""  # skyward's folder on the node
+    home: str = ""  # skyward's caches on the node (the login user's home: maybe shared by hosts)
     agent_python: str = ""  # the agent's interpreter, relative to home (for the relay fallback)
+    pool_dir: str = ""  # this node's folder of the pool, on node-local disk (script.NODE_DIRS)
 
 
 class SSHCluster(Cluster):
@@ -201,8 +232,10 @@ class SSHCluster(Cluster):
         on_close: Callable[[], None] | None = None,
         kind: str = "ssh",
         describe_extra: Callable[[], dict[str, Any]] | None = None,
+        known_hosts: str | None = None,
     ) -> None:
         self.spec = spec
+        self._known_hosts = known_hosts
         self.pool_id = pool_id
         self.token = secrets.token_urlsafe(32)
         self.head_port = random.randrange(20000, 30000)  # the address of torch/jax rendezvous
@@ -340,6 +373,7 @@ class SSHCluster(Cluster):
             self._ship = _Shipment(
                 script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
                 files, sizes, includes, mounts.config.encode() if mounts is not None else None,
+                apt=bool(image.apt),
             )
 
     def _platform(self) -> str | None:
@@ -372,17 +406,20 @@ class SSHCluster(Cluster):
         assert ship is not None
         h = node.host
         remote = remote or self._open(node)
-        node.home = home = _node_home(remote)
-        uploads: list[tuple[str, Path | bytes, int]] = [
-            (p, *ship.files[p]) for p in remote.missing(ship.sizes, home)
+        self._locate(node, remote, sudo=ship.apt)
+        # Caches into the (maybe shared) home; this node's own files into its pool folder.
+        shared: list[tuple[str, Path | bytes, int]] = [
+            (p, *ship.files[p]) for p in remote.missing(ship.sizes, node.home)
         ]
+        mine: list[tuple[str, Path | bytes, int]] = []
         if ship.includes is not None:
-            uploads.append((f"pools/{self.pool_id}/includes.tar", ship.includes, 0o600))
+            mine.append(("includes.tar", ship.includes, 0o600))
         if ship.volumes_conf is not None:  # the volumes' credentials: a 0600 file, never in the script
-            uploads.append((f"pools/{self.pool_id}/rclone.conf", ship.volumes_conf, 0o600))
+            mine.append(("rclone.conf", ship.volumes_conf, 0o600))
         self._phase(node.index, "upload", "started")
         t0 = time.monotonic()
-        remote.upload(uploads, home)
+        remote.upload(shared, node.home)
+        remote.upload(mine, node.pool_dir)
         self._phase(node.index, "upload", "done", time.monotonic() - t0)
 
         self._run_script(node, remote, ship.script)
@@ -396,9 +433,30 @@ class SSHCluster(Cluster):
             private_ip=h.private_ip or facts.get("ip") or remote.host,
             public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
             hostname=h.hostname or facts.get("hostname") or h.address,
-            connect=functools.partial(_connect_agent, remote, port, node.agent_python),
+            connect=_agent_connector(remote, node),
         )
         return node.endpoint
+
+    def _locate(self, node: _Node, remote: Remote, *, sudo: bool) -> None:
+        """Where this node keeps skyward's caches and its folder of the pool (one command), and,
+        when the Image installs apt packages as a user who is not root, whether sudo works."""
+        from skyward.bootstrap.script import node_dirs_command
+
+        _, out = remote.run(node_dirs_command(self.pool_id, node.index, sudo=sudo), phase="connect")
+        facts = _facts(out)
+        node.home = facts["sky"]
+        node.pool_dir = node.pool_dir or facts["pool"]  # a node restarted in place keeps its folder
+        refused = facts.get("sudo")
+        if refused is not None and refused != "ok":
+            user = remote.target.user or "the login user"
+            raise ProviderError(
+                f"{remote.label}: Image(apt=[...]) installs system packages, which needs root; {user} "
+                f"is not root and `sudo -n apt-get` is refused there ({refused.strip()}). Either let "
+                f"{user} run apt-get through sudo without a password (a rule such as "
+                f"'{user} ALL=(root) NOPASSWD: /usr/bin/apt-get' in /etc/sudoers.d/skyward), log in as "
+                f"a user who may, or drop apt= from the Image and install those packages on the hosts "
+                f"yourself."
+            )
 
     def _run_script(self, node: _Node, remote: Remote, text: str) -> None:
         from skyward.bootstrap.script import parse_marker
@@ -428,8 +486,10 @@ class SSHCluster(Cluster):
                 self._phase(node.index, name, status, seconds)
 
         try:
-            remote.run("exec setsid -w bash -s", stdin=text.encode(), timeout=self._bootstrap_timeout,
-                       on_line=on_line, phase="bootstrap")
+            where = (f"SKYWARD_SKY={shlex.quote(node.home)} SKYWARD_RUN={shlex.quote(_run_dir(node.pool_dir))} "
+                     f"SKYWARD_POOL={shlex.quote(node.pool_dir)}")
+            remote.run(f"exec env {where} setsid -w bash -s", stdin=text.encode(),
+                       timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
         except BootstrapError as exc:
             phase = current[0] or "bootstrap"
             if exc.exit_code is None:  # timed out: stop what the script left running
@@ -449,12 +509,11 @@ class SSHCluster(Cluster):
                            check=False)
 
     def _start_agent(self, node: _Node, remote: Remote) -> tuple[int, int, dict[str, str]]:
-        pool = f'"$SKY/pools/{self.pool_id}"'
         shipped = self._ship is not None and self._ship.includes is not None
         pythonpath = '"$POOL/includes${PYTHONPATH:+:$PYTHONPATH}"' if shipped else '"${PYTHONPATH:-}"'
         peer = shlex.quote(node.host.private_ip or remote.host)
         command = f"""set -e
-SKY="${{SKYWARD_NODE_HOME:-$HOME/.skyward}}"; POOL={pool}
+SKY={shlex.quote(node.home)}; POOL={shlex.quote(node.pool_dir)}
 IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
 cd "$POOL"; . ./env.sh
 export PYTHONPATH={pythonpath}
@@ -469,16 +528,12 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
 """
         _, out = remote.run(f"bash -c {shlex.quote(command)}", stdin=(self.token + "\n").encode(),
                             timeout=_AGENT_START_TIMEOUT + 10, phase="agent")
-        facts: dict[str, str] = {}
-        for line in out.splitlines():
-            if line.startswith("@@"):
-                k, _, v = line[2:].partition(" ")
-                facts[k] = v.strip()
+        facts = _facts(out)
         try:
             hello = json.loads(facts.get("port", ""))
             return int(hello["port"]), int(hello["pid"]), facts
         except (ValueError, KeyError, TypeError):
-            log_file = f"{node.home}/pools/{self.pool_id}/agent.log"
+            log_file = f"{node.pool_dir}/agent.log"
             _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
             raise BootstrapError(host=remote.label, phase="agent", command="python -m skyward.bootstrap.agent",
                                  exit_code=None, output=tail.splitlines(),
@@ -501,7 +556,11 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             pid = node.agent_pid
             kill = (f"kill -TERM -- -{pid} 2>/dev/null; for _ in $(seq 1 50); do kill -0 {pid} 2>/dev/null "
                     f"|| break; sleep 0.1; done; kill -KILL -- -{pid} 2>/dev/null; ") if pid else ""
-            folder = f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"'
+            # This node's folder only: another node's (a shared home, a shared /var/tmp) or
+            # another pool's is never touched. A node described by an older skyward had its
+            # folder at HOME/pools/<pool id>.
+            folder = (shlex.quote(node.pool_dir) if node.pool_dir else
+                      f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"')
             # sky.Volume: wait for the uploads of read-write volumes, then unmount (mounts.py).
             unmount = f'if [ -f {folder}/unmount.sh ]; then bash {folder}/unmount.sh; fi; '
             try:
@@ -610,8 +669,8 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         from the pool's folder when it is intact (a warm host: about a second), else after the
         whole bootstrap again."""
         _kill_agent(remote, old.agent_pid)
-        if old.home and old.agent_python:
-            node.home, node.agent_python = old.home, old.agent_python
+        if old.home and old.agent_python and old.pool_dir:
+            node.home, node.agent_python, node.pool_dir = old.home, old.agent_python, old.pool_dir
             try:
                 port, pid, facts = self._start_agent(node, remote)
             except Exception as exc:
@@ -624,9 +683,10 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                     private_ip=h.private_ip or facts.get("ip") or remote.host,
                     public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
                     hostname=h.hostname or facts.get("hostname") or h.address,
-                    connect=functools.partial(_connect_agent, remote, port, node.agent_python),
+                    connect=_agent_connector(remote, node),
                 )
                 return node.endpoint
+        node.pool_dir = node.pool_dir or old.pool_dir  # bootstrapped again: the same folder
         return self._bring_up(node, remote)
 
     def _replace_elsewhere(self, old: _Node) -> NodeEndpoint:
@@ -702,6 +762,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             "ttl": self._ttl,
             "install": self._install,
             "ssh_timeout": self._ssh_timeout,
+            "known_hosts": self._known_hosts,
             "next": self._next,
             # New nodes of an attached pool (a resize) are bootstrapped from the same spec.
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
@@ -719,8 +780,9 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                     "agent_pid": n.agent_pid,
                     "agent_port": n.agent_port,
                     "agent_python": n.agent_python,
-                    "log": f"{n.home}/pools/{self.pool_id}/agent.log" if n.home else None,
+                    "log": f"{n.pool_dir}/agent.log" if n.pool_dir else None,
                     "home": n.home,
+                    "pool_dir": n.pool_dir,
                 }
                 for n in nodes
             ],
@@ -750,6 +812,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         self.head_port = int(description["head_port"])
         self.interface = description.get("interface", "eth0")
         self.spill_dir = None
+        self._known_hosts = description.get("known_hosts")
         self._free = [SSHHost(**h) for h in description.get("free", [])]
         self._install = description.get("install", "wheelhouse")
         self._grow, self._shrink, self._on_close = grow, shrink, on_close
@@ -758,6 +821,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         self._described = [
             _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),
                   agent_port=n.get("agent_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
+                  pool_dir=n.get("pool_dir") or "",
                   endpoint=NodeEndpoint(index=int(n["index"]), private_ip=n["private_ip"], public_ip=n.get("public_ip"),
                                         hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected))
             for n in description["nodes"]
@@ -779,7 +843,8 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         from skyward.bootstrap.remote import Remote, Target
 
         h = node.host
-        remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key),
+        remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key, jump=h.jump,
+                               known_hosts=self._known_hosts),
                         connect_timeout=connect_timeout or min(10.0, self._ssh_timeout),
                         retry_for=self._ssh_timeout if retry_for is None else retry_for,
                         label=f"node {node.index} ({h.address})", booting=self._kind != "ssh" and retry_for is None)
@@ -805,8 +870,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                 if code != 0:
                     return ProviderError(f"its agent (pid {node.agent_pid}) no longer runs on "
                                          f"{node.host.address}; the host answers")
-            node.endpoint = dataclasses.replace(
-                node.endpoint, connect=functools.partial(_connect_agent, remote, node.agent_port, node.agent_python))
+            node.endpoint = dataclasses.replace(node.endpoint, connect=_agent_connector(remote, node))
             return node.endpoint
 
         with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
@@ -864,7 +928,13 @@ def _unconnected() -> Any:
     raise ProviderError("internal: a described node was used before it was reconnected")
 
 
-def _connect_agent(remote: Remote, port: int, agent_python: str) -> Any:
+def _agent_connector(remote: Remote, node: _Node) -> Callable[[], Any]:
+    assert node.agent_port is not None
+    python = f"{node.home}/{node.agent_python}" if node.home and node.agent_python else ""
+    return functools.partial(_connect_agent, remote, node.agent_port, python)
+
+
+def _connect_agent(remote: Remote, port: int, python: str) -> Any:
     """The agent's port through the SSH connection: a direct-tcpip channel, or, when the node's
     sshd forbids TCP forwarding, a relay started over an exec channel (frames on its stdio)."""
     import paramiko
@@ -872,10 +942,25 @@ def _connect_agent(remote: Remote, port: int, agent_python: str) -> Any:
     try:
         return remote.tunnel(port)
     except paramiko.ChannelException as exc:
-        if not agent_python:
+        if not python:
             raise ProviderError(f"{remote.label}: cannot reach the agent's port {port}: {exc}") from None
         log.info("%s: TCP forwarding refused (%s); relaying over an exec channel", remote.label, exc)
-        return remote.relay(f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/{agent_python}" -m skyward.bootstrap.relay {port}')
+        return remote.relay(f"{shlex.quote(python)} -m skyward.bootstrap.relay {port}")
+
+
+def _facts(out: str) -> dict[str, str]:
+    """The ``@@key value`` lines a node command printed."""
+    facts: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith("@@"):
+            k, _, v = line[2:].partition(" ")
+            facts[k] = v.strip()
+    return facts
+
+
+def _run_dir(pool_dir: str) -> str:
+    """RUN from a node's pool folder (RUN/pools/<pool>-<node>)."""
+    return pool_dir.rsplit("/pools/", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -888,6 +973,7 @@ class _Shipment:
     sizes: dict[str, int]  # of those files: what a node already has is not sent again
     includes: bytes | None
     volumes_conf: bytes | None = None  # rclone.conf of the pool's sky.Volume mounts
+    apt: bool = False  # the final Image installs apt packages (a user who is not root needs sudo)
 
 
 def _volume_plan(image: Image, spec: Spec, kind: str) -> tuple[Image, Any]:
@@ -925,11 +1011,6 @@ def _python(image: Image) -> str:
     if image.python == "auto":
         return f"{sys.version_info.major}.{sys.version_info.minor}"
     return ".".join(image.python.split(".")[:2])
-
-
-def _node_home(remote: Remote) -> str:
-    _, out = remote.run('echo "${SKYWARD_NODE_HOME:-$HOME/.skyward}"', phase="connect")
-    return out.strip().splitlines()[-1]
 
 
 def _includes_archive(image: Image) -> bytes:

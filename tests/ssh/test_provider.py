@@ -4,6 +4,7 @@ wheelhouse (the hosts have no route out), the agent through an SSH tunnel, host 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import threading
@@ -71,7 +72,8 @@ def assert_nothing_left(hosts: SSHHosts | list[SSHHost], pool_id: str) -> None:
     """No process of the pool and no pool folder on any host."""
     for h in hosts:
         out = on_host(h, f"pgrep -af {shlex.quote(pool_id)} | grep -v pgrep; "
-                         f"ls -d ~/.skyward/pools/{pool_id} 2>/dev/null; true")
+                         f"ls -d ~/.skyward/pools/{pool_id}* /var/tmp/skyward-*/pools/{pool_id}-* "
+                         f"~/.skyward/run/*/pools/{pool_id}-* 2>/dev/null; true")
         assert out.strip() == "", f"{h.name} still has: {out}"
 
 
@@ -421,7 +423,9 @@ def test_describe_attach_and_destroy_a_running_ssh_pool(three_hosts: SSHHosts) -
             pool.close()
         assert [a["ip"] for a in answers] == [h.address for h in three_hosts[:2]]
     assert ssh.probe(description) is True
-    assert all(n["log"].endswith("/pools/named01/agent.log") for n in description["nodes"])
+    # Each node's log is in its own folder of the pool, on the node's local disk.
+    for i, n in enumerate(description["nodes"]):
+        assert re.fullmatch(rf"/var/tmp/skyward-\d+/pools/named01-{i}/agent.log", n["log"]), n["log"]
 
     ssh.destroy(description)
     assert ssh.probe(description) is False

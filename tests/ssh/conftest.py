@@ -51,3 +51,24 @@ def three_hosts() -> Iterator[SSHHosts]:
         yield _started(hosts)
     finally:
         hosts.close()
+
+
+@pytest.fixture(scope="module")
+def shared_home_hosts() -> Iterator[SSHHosts]:
+    """Three hosts with one home shared by all (NFS-like; hosts.shared_home_dir on the client)."""
+    hosts = SSHHosts(3, shared_home=True)
+    try:
+        yield _started(hosts)
+    finally:
+        hosts.close()
+
+
+@pytest.fixture(scope="module")
+def bastion_hosts() -> Iterator[SSHHosts]:
+    """Two hosts reachable only through a jump host (hosts.bastion, hosts.jump,
+    hosts.write_ssh_config); skips unless namespaced hosts can run (root)."""
+    hosts = SSHHosts(2, bastion=True)
+    try:
+        yield _started(hosts)
+    finally:
+        hosts.close()

@@ -5,6 +5,7 @@ Everything here talks to the hosts through the system `ssh` client, as a provide
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import secrets
 import shlex
@@ -15,12 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sshhosts
 from sshhosts import Mode, SSHHost, SSHHostError, SSHHosts, SSHHostsUnavailable, unavailable_reason
 
 MakeHosts = Callable[..., SSHHosts]
+
+# Every fleet shape at once.
+FLEET: dict[str, Any] = {"shared_home": True, "user": "auto", "sudo": "nopasswd", "bastion": True}
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason("loopback") is not None, reason=str(unavailable_reason("loopback"))
@@ -220,6 +225,204 @@ def test_loopback_mode_gives_each_host_its_own_home(
     assert [keyscan(h) for h in hosts] == [h.host_public_key for h in hosts]
 
 
+# -- fleet shapes: shared home, a login user that is not root, sudo, a bastion
+
+
+def test_shared_home_is_one_directory_on_every_host(
+    shared_home_hosts: SSHHosts, known_hosts: Path
+) -> None:
+    hosts = shared_home_hosts
+    assert hosts.shared_home_dir is not None and hosts.shared_home_dir.is_dir()
+    name = f"shared-{secrets.token_hex(4)}"
+    ssh(hosts[0], f"echo written-on-0 > ~/{name}", known_hosts)
+    for h in hosts:
+        home, content = ssh(h, f'echo "$HOME"; cat ~/{name}', known_hosts).stdout.split()
+        assert home == h.home and content == "written-on-0"
+    assert (hosts.shared_home_dir / name).read_text() == "written-on-0\n"
+    if hosts.mode == "netns":
+        # Still distinct machines: own hostnames, own /tmp.
+        assert [ssh(h, "hostname", known_hosts).stdout.strip() for h in hosts] == [
+            h.name for h in hosts
+        ]
+        assert len({h.name for h in hosts}) == 3
+        ssh(hosts[0], f"touch /tmp/{name}", known_hosts)
+        assert ssh(hosts[1], f"test -e /tmp/{name}", known_hosts, check=False).returncode == 1
+
+
+def test_shared_home_in_loopback_mode(ssh_hosts: MakeHosts, known_hosts: Path) -> None:
+    hosts = ssh_hosts(2, mode="loopback", shared_home=True)
+    assert hosts.shared_home_dir is not None
+    homes = {ssh(h, 'echo "$HOME"', known_hosts).stdout.strip() for h in hosts}
+    assert homes == {str(hosts.shared_home_dir)} == {h.home for h in hosts}
+    ssh(hosts[1], f"echo from-1 > {hosts[1].home}/f", known_hosts)
+    assert ssh(hosts[0], "cat $HOME/f", known_hosts).stdout == "from-1\n"
+
+
+def _passwd_entry(user: str) -> str:
+    return subprocess.run(["getent", "passwd", user], capture_output=True, text=True).stdout
+
+
+def test_login_user_is_not_root(ssh_hosts: MakeHosts, known_hosts: Path) -> None:
+    hosts = ssh_hosts(2, user="auto")
+    name = hosts.user
+    assert name.startswith("sky") and name != "root" and len(name) <= 32
+    assert all(h.user == name and h.home == f"/home/{name}" for h in hosts)
+    entry = _passwd_entry(name).split(":")
+    assert entry[0] == name and entry[5] == f"/home/{name}" and entry[6].strip() == "/bin/bash"
+    for h in hosts:
+        uid, user, home, pwd, owner, mode = ssh(
+            h, 'id -u; id -un; echo "$HOME"; pwd; stat -c "%U %a" ~', known_hosts
+        ).stdout.split()  # fmt: skip
+        assert uid != "0" and int(uid) == int(entry[2]) and user == name
+        assert home == pwd == f"/home/{name}"
+        assert (owner, mode) == (name, "700")
+        ssh(h, "echo ok > ~/written && cat ~/written && mkdir -p ~/.skyward", known_hosts)
+    # Each host's home is its own (a tmpfs in its mount namespace); the real one stays an empty
+    # mountpoint.
+    ssh(hosts[0], "touch ~/only-on-0", known_hosts)
+    assert ssh(hosts[1], "test -e ~/only-on-0", known_hosts, check=False).returncode == 1
+    assert list(Path(f"/home/{name}").iterdir()) == []
+    # The client's key stays private even though the hosts' state dirs are open to the user.
+    assert (hosts.client_key.stat().st_mode & 0o777) == 0o600
+    assert ssh(hosts[0], "sudo -n true", known_hosts, check=False).returncode != 0
+
+
+def test_login_user_with_a_shared_home(ssh_hosts: MakeHosts, known_hosts: Path) -> None:
+    hosts = ssh_hosts(2, user="auto", shared_home=True)
+    assert hosts.shared_home_dir is not None
+    assert hosts.shared_home_dir.stat().st_uid == hosts.uid != 0
+    ssh(hosts[0], "echo from-0 > ~/f", known_hosts)
+    assert ssh(hosts[1], 'cat ~/f; echo "$HOME"', known_hosts).stdout.split() == [
+        "from-0",
+        f"/home/{hosts.user}",
+    ]
+    assert (hosts.shared_home_dir / "f").stat().st_uid == hosts.uid
+
+
+def _as_root_on(host: SSHHost, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run argv as root inside host's namespaces (the login user cannot look at sudo's rules)."""
+    assert host.pid is not None
+    return subprocess.run(
+        ["nsenter", "-t", str(host.pid), "-m", "-u", "-n", "-p", "--", *argv],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_sudo_nopasswd(ssh_hosts: MakeHosts, known_hosts: Path) -> None:
+    before = sorted(os.listdir("/etc/sudoers.d"))
+    hosts = ssh_hosts(2, user="auto", sudo="nopasswd")
+    for h in hosts:
+        assert ssh(h, "sudo -n true && sudo -n id -u", known_hosts).stdout == "0\n"
+    assert sorted(os.listdir("/etc/sudoers.d")) == before  # the machine's own is untouched
+
+
+@pytest.mark.parametrize("sudo", ["password", None])
+def test_sudo_that_needs_a_password_or_is_not_allowed(
+    ssh_hosts: MakeHosts, known_hosts: Path, sudo: str | None
+) -> None:
+    before = sorted(os.listdir("/etc/sudoers.d"))
+    h = ssh_hosts(1, user="auto", sudo=sudo)[0]
+    denied = ssh(h, "sudo -n true", known_hosts, check=False)
+    assert denied.returncode != 0
+    # sudo asks for the password before it says whether the rules allow the user at all.
+    assert "password" in denied.stderr or "sudoers" in denied.stderr, denied.stderr
+    # What the host's sudo says of the user's rules (as root on the host):
+    rules = _as_root_on(h, "sudo", "-l", "-U", h.user)
+    assert rules.returncode == 0, rules.stderr
+    if sudo == "password":
+        assert "(ALL) ALL" in rules.stdout and "NOPASSWD" not in rules.stdout
+    else:
+        assert "is not allowed to run sudo" in rules.stdout
+    assert sorted(os.listdir("/etc/sudoers.d")) == before
+
+
+def test_fleet_shape_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="user='auto'"):
+        SSHHosts(1, sudo="nopasswd")
+    with pytest.raises(ValueError, match="netns"):
+        SSHHosts(1, mode="loopback", user="auto")
+    with pytest.raises(ValueError, match="netns"):
+        SSHHosts(1, mode="loopback", bastion=True)
+    with pytest.raises(ValueError, match="user='auto'"):
+        SSHHosts(1, user="ubuntu")  # type: ignore[arg-type]
+
+
+def test_missing_sudo_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_which = sshhosts._which
+    monkeypatch.setattr(
+        sshhosts, "_which", lambda name: None if name == "sudo" else real_which(name)
+    )
+    reason = unavailable_reason(user="auto", sudo="nopasswd")
+    if os.geteuid() == 0:
+        assert reason is not None and "apt-get install sudo" in reason
+    hosts = SSHHosts(1, user="auto", sudo="nopasswd")
+    with pytest.raises(SSHHostsUnavailable):
+        hosts.start()
+    hosts.close()
+
+
+def test_bastion_is_the_only_way_in(
+    bastion_hosts: SSHHosts, known_hosts: Path, tmp_path: Path
+) -> None:
+    hosts = bastion_hosts
+    b = hosts.bastion
+    assert b is not None and hosts.subnet and hosts.inner_subnet
+    assert hosts.jump == f"{b.user}@{b.address}:{b.port}"
+    assert ipaddress.ip_address(b.address) in hosts.subnet
+    assert all(ipaddress.ip_address(h.address) in hosts.inner_subnet for h in hosts)
+    # The client reaches the bastion, and no inner host.
+    assert ssh(b, "hostname", known_hosts).stdout.strip() == b.name
+    for h in hosts:
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            socket.create_connection((h.address, h.port), timeout=2).close()
+        assert time.monotonic() - started < 3
+    # Through the bastion, with the config written for it (ProxyJump) and with ssh_argv.
+    config = hosts.write_ssh_config(tmp_path / "ssh_config")
+    assert f"ProxyJump {hosts.jump}" in config.read_text()
+    for h in hosts:
+        got = subprocess.run(
+            ["ssh", "-F", str(config), h.address, "hostname"],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert (got.returncode, got.stdout.strip()) == (0, h.name), got.stderr
+        assert ssh(h, "hostname", known_hosts).stdout.strip() == h.name
+
+
+def test_behind_a_bastion_hosts_reach_each_other_and_nothing_else(
+    bastion_hosts: SSHHosts, known_hosts: Path
+) -> None:
+    hosts = bastion_hosts
+    b = hosts.bastion
+    assert b is not None and hosts.inner_subnet
+    h0, h1 = hosts[0], hosts[1]
+    # Directly over the inner bridge, no hop.
+    ssh(h1, f"bash -c 'echo > /dev/tcp/{h0.address}/22'", known_hosts)
+    # /etc/hosts names the hosts and the bastion (at the address they can reach).
+    hosts_file = ssh(h1, "cat /etc/hosts", known_hosts).stdout
+    bastion_inner = hosts.inner_subnet.network_address + 1
+    assert f"{bastion_inner} {b.name}" in hosts_file
+    assert all(f"{h.address} {h.name}" in hosts_file for h in hosts)
+    ssh(h1, f"bash -c 'echo > /dev/tcp/{b.name}/22'", known_hosts)
+    # An inner host has no route to the client's side; the bastion does not forward.
+    for h in hosts:
+        routes = ssh(h, f"ip -4 route show; echo @; ip route get {hosts.client_address} 2>&1 || true",
+                     known_hosts).stdout.split("@\n")  # fmt: skip
+        assert [r.split()[0] for r in routes[0].splitlines()] == [str(hosts.inner_subnet)]
+        assert "unreachable" in routes[1]
+    assert ssh(b, "cat /proc/sys/net/ipv4/ip_forward", known_hosts).stdout == "0\n"
+    links = ssh(b, "ip -4 -br addr", known_hosts).stdout
+    assert f"{b.address}/24" in links and f"{bastion_inner}/24" in links
+
+
+def test_a_host_behind_a_bastion_restarts(ssh_hosts: MakeHosts, known_hosts: Path) -> None:
+    hosts = ssh_hosts(1, bastion=True)
+    h = hosts[0]
+    ssh(h, "touch /tmp/before", known_hosts)
+    h.restart(new_host_key=False)  # waits for it through the bastion
+    assert ssh(h, "test -e /tmp/before || echo rebooted", known_hosts).stdout == "rebooted\n"
+
+
 # -- host lifecycle
 
 
@@ -330,7 +533,7 @@ _HOST_COMMS = {"sshd", "sleep", "unshare", "sh", "bash", "ip"}
 def _snapshot(hosts: SSHHosts) -> list[int]:
     """Every pid that belongs to the hosts: launchers, sshds and what runs on the hosts."""
     pids = []
-    for h in hosts:
+    for h in [*hosts, *([hosts.bastion] if hosts.bastion else [])]:
         if h._proc is not None:
             pids.append(h._proc.pid)
         if h.pid is not None:
@@ -347,6 +550,14 @@ def assert_nothing_left(hosts: SSHHosts, pids: list[int], zombies_before: set[in
     links = os.listdir("/sys/class/net")
     assert not [ln for ln in links if hosts.tag in ln]
     assert not hosts.tmpdir.exists()
+    if hosts.requested_user is not None:  # the account and its home's mountpoint
+        assert _passwd_entry(hosts.user) == ""
+        assert not Path(f"/home/{hosts.user}").exists()
+    if hosts.inner_subnet is not None:
+        routes = subprocess.run(
+            ["ip", "route", "show", "table", "all"], capture_output=True, text=True
+        )
+        assert str(hosts.inner_subnet) not in routes.stdout
     assert not [p for p in pids if Path(f"/proc/{p}").exists()], "a process was left (or unreaped)"
     # Other processes on a busy machine also leave orphans that their init reaps a moment later;
     # a zombie we leaked to an init that never reaps stays. Count only those that stay.
@@ -452,15 +663,20 @@ def test_interrupted_start_cleans_up(mode: Mode, monkeypatch: pytest.MonkeyPatch
     assert_nothing_left(hosts, launched, zombies_before)
 
 
-@pytest.mark.parametrize("mode", ["netns", "loopback"])
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [("netns", {}), ("loopback", {}), ("netns", FLEET)],
+    ids=["netns", "loopback", "fleet-shape"],
+)
 def test_interrupted_at_any_setup_step_cleans_up(
-    mode: Mode, monkeypatch: pytest.MonkeyPatch
+    mode: Mode, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Interrupt the setup at each of its external commands in turn (ssh-keygen, every `ip`):
-    whatever was created up to that point is removed."""
-    reason = unavailable_reason(mode)
+    """Interrupt the setup at each of its external commands in turn (ssh-keygen, useradd, every
+    `ip`): whatever was created up to that point is removed."""
+    reason = unavailable_reason(mode, **options)
     if reason:
         pytest.skip(reason)
+    n = 1 if options else 2
     real_run = sshhosts._run
     calls: list[list[str]] = []
 
@@ -471,7 +687,7 @@ def test_interrupted_at_any_setup_step_cleans_up(
     # Commands whose results are cached (version and capability probes) run once only.
     sshhosts._sshd_version()
     monkeypatch.setattr(sshhosts, "_run", counting)
-    with SSHHosts(2, mode=mode):
+    with SSHHosts(n, mode=mode, **options):
         steps = len(calls)
     assert steps >= 3  # the client key and two host keys at least
 
@@ -489,7 +705,7 @@ def test_interrupted_at_any_setup_step_cleans_up(
             return real_run(argv, **kw)  # type: ignore[arg-type]
 
         monkeypatch.setattr(sshhosts, "_run", interrupt_kth)
-        hosts = SSHHosts(2, mode=mode)
+        hosts = SSHHosts(n, mode=mode, **options)
         try:
             with pytest.raises(KeyboardInterrupt):
                 hosts.start()
@@ -526,6 +742,53 @@ def test_sweep_removes_what_a_dead_run_left(mode: Mode, known_hosts: Path) -> No
         assert not hosts.tmpdir.exists()
     finally:
         hosts.close()  # reaps our own (already dead) launchers
+    assert_nothing_left(hosts, pids, zombies_before)
+
+
+def test_close_leaves_nothing_of_a_fleet_shape(known_hosts: Path) -> None:
+    """A login user with sudo, a shared home and a bastion: the account, its home's mountpoint,
+    the inner bridge and its route go too."""
+    reason = unavailable_reason(**FLEET)
+    if reason:
+        pytest.skip(reason)
+    zombies_before = _zombies()
+    with SSHHosts(2, **FLEET) as hosts:
+        assert hosts.bastion is not None and hosts.inner_subnet is not None
+        for h in [hosts.bastion, *hosts]:
+            ssh(h, "nohup sleep 600 >/dev/null 2>&1 </dev/null &", known_hosts)
+            ssh(h, "setsid sh -c 'sleep 600 & exit' >/dev/null 2>&1 </dev/null", known_hosts)
+        pids = _snapshot(hosts)
+        assert len(pids) >= 3 * 4
+        assert _passwd_entry(hosts.user) and Path(f"/home/{hosts.user}").is_dir()
+        assert any(hosts.tag in link for link in os.listdir("/sys/class/net"))
+    assert_nothing_left(hosts, pids, zombies_before)
+    hosts.close()  # idempotent
+
+
+def test_sweep_removes_what_a_dead_fleet_shape_left(known_hosts: Path) -> None:
+    reason = unavailable_reason(**FLEET)
+    if reason:
+        pytest.skip(reason)
+    zombies_before = _zombies()
+    hosts = SSHHosts(1, **FLEET)
+    try:
+        hosts.start()
+        assert _passwd_entry(hosts.user)
+        ssh(hosts[0], "nohup sleep 600 >/dev/null 2>&1 </dev/null &", known_hosts)
+        launchers = {h._proc.pid for h in [hosts.bastion, *hosts] if h and h._proc}
+        pids = [p for p in _snapshot(hosts) if p not in launchers]
+        (hosts.tmpdir / "owner").write_text("999999999 0\n")
+        assert sshhosts.sweep_stale() == [hosts.tag]
+        # Checked before close(), which would remove them too.
+        assert _passwd_entry(hosts.user) == ""
+        assert not Path(f"/home/{hosts.user}").exists()
+        assert not [ln for ln in os.listdir("/sys/class/net") if hosts.tag in ln]
+        routes = subprocess.run(
+            ["ip", "route", "show", "table", "all"], capture_output=True, text=True
+        )
+        assert str(hosts.inner_subnet) not in routes.stdout
+    finally:
+        hosts.close()
     assert_nothing_left(hosts, pids, zombies_before)
 
 

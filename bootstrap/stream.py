@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import cloudpickle
+
 from . import serialize
 from .frames import Frame, FrameWriter, Kind
 
@@ -111,26 +113,60 @@ class OutStream:
                 if not batch and (self.closing or self.stopped):
                     return
             try:
-                flags, body, buffers = serialize.dumps(batch, self.spill)
+                payload = serialize.dumps(batch, self.spill)
+                error = None
             except Exception as exc:
-                from skyward.errors import SerializationError
-
+                # One value spoils the whole batch it was queued in: the values ahead of it still
+                # go out, in order, and the error follows them, where the generator yielded it.
+                bad = _first_unpicklable(batch)
+                error = self._unpicklable(batch[bad] if bad < len(batch) else None, exc)
+                batch = batch[:bad]
+                payload = None
+                if batch:
+                    try:
+                        payload = serialize.dumps(batch, self.spill)
+                    except Exception:
+                        batch = []
+            if payload is not None and not self._send(batch, payload):
+                return
+            if error is not None:
                 with self.cond:
-                    self.failed = SerializationError(
-                        f"a value the generator yielded could not be pickled ({type(exc).__name__}: "
-                        f"{exc}); yield plain data (numbers, strings, lists, dicts, arrays).")
+                    self.failed = error
                     self.stopped = True
                     self.cond.notify_all()
                 return
-            size = _size(body, buffers)
-            with self.cond:
-                self.inflight_items += len(batch)
-                self.inflight_bytes += size
-            try:
-                self.writer.send_parts(Kind.YIELD, self.tid, flags, body, buffers)
-            except OSError:
-                self.stop()
-                return
+
+    def _send(self, batch: list[Any], payload: tuple[int, Any, serialize.Buffers]) -> bool:
+        flags, body, buffers = payload
+        size = _size(body, buffers)
+        with self.cond:
+            self.inflight_items += len(batch)
+            self.inflight_bytes += size
+        try:
+            self.writer.send_parts(Kind.YIELD, self.tid, flags, body, buffers)
+        except OSError:
+            self.stop()
+            return False
+        return True
+
+    @staticmethod
+    def _unpicklable(value: Any, exc: Exception) -> BaseException:
+        from skyward.errors import SerializationError
+
+        what = "a value" if value is None else f"a {type(value).__qualname__}"
+        return SerializationError(
+            f"{what} the generator yielded could not be pickled ({type(exc).__name__}: {exc}); "
+            f"yield plain data (numbers, strings, lists, dicts, arrays).")
+
+
+def _first_unpicklable(batch: list[Any]) -> int:
+    """The index of the first value of ``batch`` that does not pickle (len(batch) if none does)."""
+    for i, value in enumerate(batch):
+        try:
+            cloudpickle.dumps(value, protocol=5, buffer_callback=lambda _b: None)
+        except Exception:
+            return i
+    return len(batch)
 
 
 def run_generator(gen: Iterator[Any], out: OutStream) -> None:

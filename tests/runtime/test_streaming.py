@@ -95,6 +95,36 @@ def test_an_exception_mid_stream_arrives_there_with_its_type(pool: sky.Pool) -> 
 
 
 @sky.function
+def yields_a_lock(before: int) -> Iterator[Any]:
+    import threading
+
+    yield from range(before)
+    yield threading.Lock()
+    yield "never"
+
+
+@pytest.fixture(scope="module")
+def process_pool() -> Iterator[sky.Pool]:
+    with sky.Compute(worker=sky.Worker(executor="process"), options=sky.Options(console=False)) as p:
+        yield p
+
+
+@pytest.mark.parametrize("executor", ["pool", "process_pool"])
+@pytest.mark.parametrize("before", [1, 2000])
+def test_an_unpicklable_value_arrives_after_the_values_yielded_before_it(
+        request: pytest.FixtureRequest, executor: str, before: int) -> None:
+    # The node pickles what the generator queued since its last frame as one batch: the values
+    # ahead of the bad one must still arrive, then the error, as for any exception mid-stream.
+    target: sky.Pool = request.getfixturevalue(executor)
+    for _ in range(5):  # how the values fall into batches is a race: give it several chances
+        got: list[int] = []
+        with pytest.raises(sky.SerializationError, match="could not be pickled"):
+            for x in yields_a_lock(before) >> target:
+                got.append(x)
+        assert got == list(range(before))
+
+
+@sky.function
 def fib(n: int) -> Iterator[int]:
     a, b = 0, 1
     for _ in range(n):

@@ -299,13 +299,30 @@ class Spec:
             raise ConfigError(f"image={self.image!r} is not valid: pass sky.Image(...).")
         if isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or self.ttl < 0:
             raise ConfigError(f"ttl={self.ttl!r} is not valid: seconds as an int >= 0 (0 disables the watchdog).")
-        object.__setattr__(self, "volumes", tuple(self.volumes))
+        object.__setattr__(self, "volumes", _volumes(self.volumes))
         object.__setattr__(self, "plugins", tuple(self.plugins))
 
     @property
     def node_spec(self) -> Nodes:
         assert isinstance(self.nodes, Nodes)
         return self.nodes
+
+
+_A_VOLUME = ("a volume is sky.Volume(bucket, mount) or sky.Disk(size_gb, mount=...), "
+             "e.g. volumes=[sky.Disk(100, mount='/data')]")
+
+
+def _volumes(volumes: Any) -> tuple[Any, ...]:
+    """Refuse what is not a list of volumes here, not at provisioning (where a path reads as an
+    unsupported sky.Disk)."""
+    from .volumes import Disk, Volume
+
+    if not isinstance(volumes, list | tuple):
+        raise ConfigError(f"volumes={volumes!r} is not valid: a list of volumes; {_A_VOLUME}.")
+    for v in volumes:
+        if not isinstance(v, Disk | Volume):
+            raise ConfigError(f"volumes={list(volumes)!r} is not valid: {v!r} is not a volume; {_A_VOLUME}.")
+    return tuple(volumes)
 
 
 SPEC_FIELDS = tuple(f.name for f in fields(Spec))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -145,3 +146,23 @@ def test_errors_share_one_root() -> None:
 def test_plugins_must_be_plugin_objects() -> None:
     with pytest.raises(sky.ConfigError, match=r"plugins=.*sky\.plugins\.torch\(\)"), sky.Compute(plugins=["torch"]):
         pass
+
+
+@pytest.mark.parametrize(("volumes", "shown"), [
+    (["/data"], "'/data'"),
+    ([5], "5"),
+    ([{"bucket": "data", "mount": "/data"}], "{'bucket': 'data', 'mount': '/data'}"),
+    ([sky.Disk(10), "/scratch"], "'/scratch'"),
+])
+def test_a_volume_that_is_not_one_is_refused_where_it_is_given(volumes: list, shown: str) -> None:
+    rule = r"a volume is sky\.Volume\(bucket, mount\) or sky\.Disk\(size_gb, mount=\.\.\.\)"
+    with pytest.raises(sky.ConfigError, match=rf"volumes=\[.*\] is not valid: {re.escape(shown)} is not a volume; {rule}"):
+        sky.Compute(volumes=volumes)
+    with pytest.raises(sky.ConfigError, match=re.escape(shown)):
+        sky.Spec(volumes=volumes)
+
+
+@pytest.mark.parametrize("volumes", ["/data", sky.Disk(10), 5])
+def test_volumes_is_a_list(volumes: object) -> None:
+    with pytest.raises(sky.ConfigError, match=rf"volumes={re.escape(repr(volumes))} is not valid: a list"):
+        sky.Compute(volumes=volumes)  # type: ignore[arg-type]

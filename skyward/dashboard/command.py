@@ -26,6 +26,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     from .server import serve
 
+    if not 0 <= args.port <= 65535:  # bind() would raise OverflowError, a traceback
+        raise ConfigError(f"--port {args.port}: a port goes from 0 to 65535 (0 picks a free one).")
     if args.config is not None and not args.config.is_file():
         raise ConfigError(f"--config {args.config}: no such file. Give the path of a skyward.toml.")
 

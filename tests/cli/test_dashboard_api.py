@@ -194,6 +194,16 @@ def test_without_the_extra_the_command_says_how_to_install_it(monkeypatch: pytes
     assert "uvicorn" in err and "pip install 'skyward[dashboard]'" in err
 
 
+@pytest.mark.parametrize("port", ["99999", "65536", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from skyward.cli import main
+
+    assert main(["dashboard", "--port", port]) == 2  # not an OverflowError from bind()
+    err = capsys.readouterr().err
+    assert f"--port {port}: a port goes from 0 to 65535 (0 picks a free one)" in err
+    assert "Traceback" not in err
+
+
 def test_an_idle_named_pools_page_gets_its_nodes_metrics_without_keeping_it_alive(cli: CLI) -> None:
     cli.toml('[pools.idle]\nprovider = "local"\nnodes = 2\nttl = 8\n')
     assert cli("up", "idle").code == 0

@@ -33,7 +33,7 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import Any, ClassVar, Literal
 
-from skyward.errors import CollectionError, ConfigError, NoActivePoolError
+from skyward.errors import CollectionError, CollectionTimeoutError, ConfigError, NoActivePoolError
 
 from . import context
 
@@ -588,7 +588,9 @@ def _check_int(what: str, n: Any) -> int:
 
 
 class Queue(_Collection):
-    """A FIFO queue shared by the pool: ``put``, ``get(timeout=None)``, ``empty()``, ``len(q)``."""
+    """A FIFO queue shared by the pool: ``put``, ``get(timeout=None)``, ``empty()``, ``len(q)``.
+
+    ``get(timeout=s)`` returns None when nothing came in time, as in the reference project."""
 
     _kind = "queue"
 
@@ -601,15 +603,21 @@ class Queue(_Collection):
     def put_async(self, value: Any) -> Result:
         return self._call("put", (), value, lambda _v: None)
 
-    def get(self, timeout: float | None = None) -> Any:
-        """The oldest item; waits for one up to ``timeout`` seconds (None: as long as it takes)
-        and raises CollectionTimeoutError when none came."""
-        return self.get_async(timeout).result()
+    def get(self, timeout: float | None = None, *, raise_on_timeout: bool = False) -> Any:
+        """The oldest item; waits for one up to ``timeout`` seconds (None: as long as it takes).
 
-    def get_async(self, timeout: float | None = None) -> Result:
+        When the timeout passes with nothing taken it returns None, as the reference project
+        does (code written for it tests ``if item is None``); ``raise_on_timeout=True`` raises
+        CollectionTimeoutError instead, which tells a timeout from a None that was put."""
+        return self.get_async(timeout, raise_on_timeout=raise_on_timeout).result()
+
+    def get_async(self, timeout: float | None = None, *, raise_on_timeout: bool = False) -> Result:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
             raise ConfigError(f"queue.get(timeout={timeout!r}) is not valid: seconds as a number, or None.")
-        return self._call("get", (timeout,))
+        if not isinstance(raise_on_timeout, bool):
+            raise ConfigError(f"queue.get(raise_on_timeout={raise_on_timeout!r}) is not valid: True or False.")
+        taken = self._call("get", (timeout,))
+        return taken if raise_on_timeout else _none_on_timeout(taken)
 
     def empty(self) -> bool:
         return bool(self.empty_async().result())
@@ -622,6 +630,26 @@ class Queue(_Collection):
 
     def len_async(self) -> Result:
         return self._call("len")
+
+
+def _none_on_timeout(taken: Result) -> Result:
+    """``taken``, with the head node's "nothing came in time" turned into None. The server
+    (skyward.bootstrap.state) always answers a timed-out get with CollectionTimeoutError;
+    what the caller sees is decided here, the one place the client, the nodes and SSH share."""
+    out = Result()
+    out.set_running_or_notify_cancel()
+
+    def settle(f: Future[Any]) -> None:
+        exc = f.exception()
+        if exc is None:
+            out.set_result(f.result())
+        elif isinstance(exc, CollectionTimeoutError):
+            out.set_result(None)
+        else:
+            out.set_exception(exc)
+
+    taken.add_done_callback(settle)
+    return out
 
 
 class Barrier(_Collection):

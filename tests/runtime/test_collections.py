@@ -93,6 +93,42 @@ def test_queue_producer_on_one_node_consumers_on_two(pool: sky.Pool) -> None:
 
 
 @sky.function
+def get_or_none(name: str, timeout: float) -> tuple[int, bool, float]:
+    start = time.monotonic()
+    item = sky.queue(name).get(timeout=timeout)
+    return sky.instance_info().node, item is None, time.monotonic() - start
+
+
+def test_queue_get_gives_none_when_its_timeout_passes_as_in_the_reference(pool: sky.Pool) -> None:
+    # Code written for the reference project tests `if item is None` after get(timeout=...).
+    q = sky.queue("nothing-comes")
+    start = time.monotonic()
+    assert q.get(timeout=0.3) is None
+    assert 0.25 < time.monotonic() - start < 3
+    assert q.get(timeout=0) is None
+    assert q.get_async(timeout=0.2).result() is None
+
+    async def main() -> object:
+        return await q.get_async(timeout=0.2)
+
+    assert asyncio.run(main()) is None
+    # On the head node and on the other one (its own connection to the head's server).
+    for node in (0, 1):
+        got_node, was_none, took = pool.run(get_or_none("nothing-comes", 0.3), target=node)
+        assert (got_node, was_none) == (node, True) and took >= 0.25
+    # Asked for, the timeout is an error still, and the async twin says so the same way.
+    with pytest.raises(sky.CollectionTimeoutError, match="stayed empty"):
+        q.get(timeout=0.1, raise_on_timeout=True)
+    with pytest.raises(sky.CollectionTimeoutError, match="does not wait"):
+        q.get_async(timeout=0, raise_on_timeout=True).result()
+    # A get that gave up took nothing: the next item goes to the next get.
+    q.put("late")
+    assert q.get(timeout=5) == "late" and q.empty()
+    with pytest.raises(sky.ConfigError, match="raise_on_timeout='yes'"):
+        q.get(timeout=1, raise_on_timeout="yes")  # type: ignore[arg-type]
+
+
+@sky.function
 def set_and_dict_methods() -> dict[str, object]:
     s, d = sky.set("s"), sky.dict("d")
     s.add("a")
@@ -223,7 +259,7 @@ def test_a_lock_whose_holder_died_is_released_with_a_log_event() -> None:
 
 def test_waits_end_with_clear_errors(pool: sky.Pool) -> None:
     with pytest.raises(sky.CollectionTimeoutError, match="stayed empty"):
-        sky.queue("empty").get(timeout=0.2)
+        sky.queue("empty").get(timeout=0.2, raise_on_timeout=True)
 
     @sky.function
     def hold(seconds: float) -> None:

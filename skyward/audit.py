@@ -122,10 +122,19 @@ def verify(name: str | None = None) -> list[str]:
     return [problem for path in paths if (problem := _verify_file(path)) is not None]
 
 
+def exists(name: str) -> bool:
+    """Whether anything was ever recorded under ``name`` (its trail, or the head a removed
+    trail leaves behind)."""
+    path = _path(name)
+    return path.exists() or _head_path(path).exists()
+
+
 def _verify_file(path: Path) -> str | None:
     try:
         lines = path.read_bytes().split(b"\n")
     except FileNotFoundError:
+        if _head_path(path).exists():
+            return f"{path.name}: was removed (its head file .{path.stem}.head remains)"
         return None
     if lines and lines[-1] == b"":
         lines.pop()

@@ -518,12 +518,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     from . import audit, record
     from .named import check_name, stack_history
 
-    if args.verify or args.name is None or record.exists(args.name):
+    if args.name is None or record.exists(args.name):
         from .recordcli import history
 
         return history(args)
     check_name(args.name)
-    entries = audit.read(args.name)
+    if args.verify and audit.exists(args.name):  # a pool taken down keeps its trail: check it
+        from .recordcli import verify
+
+        return verify(args, args.name)
+    entries = [] if args.verify else audit.read(args.name)
     if not entries:
         raise PoolNotFoundError(
             f"no history for a pool named {args.name!r}: nothing was ever recorded under that "

@@ -20,16 +20,7 @@ def _when(t: float | None) -> str:
 def history(args: argparse.Namespace) -> int:
     """No POOL_ID: the recent pools. POOL_ID: its record. --verify: the trails' hash chains."""
     if args.verify:
-        problems = audit.verify()
-        if args.json:
-            _json({"ok": not problems, "problems": problems})
-        elif problems:
-            for p in problems:
-                print(f"TAMPERED: {p}")
-        else:
-            trails = len(list((skyward_home() / "audit").glob("*.jsonl")))
-            print(f"the audit trail is intact ({trails} file(s) checked)")
-        return EXIT_FAILED if problems else EXIT_OK
+        return verify(args)
     if args.name is not None:
         found = record.read(args.name)
         if args.json:
@@ -53,6 +44,22 @@ def history(args: argparse.Namespace) -> int:
           "closed" if r["closed"] else "open or unknown"] for r in rows]))
     print("\n`skyward history POOL_ID` shows one; `skyward reproduce POOL_ID` starts it again.")
     return EXIT_OK
+
+
+def verify(args: argparse.Namespace, name: str | None = None) -> int:
+    """--verify: the hash chain of one name's trail, or of every trail."""
+    problems = audit.verify(name)
+    if args.json:
+        _json({"ok": not problems, "problems": problems})
+    elif problems:
+        for p in problems:
+            print(f"TAMPERED: {p}")
+    elif name is not None:
+        print(f"the audit trail of {name!r} is intact ({len(audit.read(name))} line(s) checked)")
+    else:
+        trails = len(list((skyward_home() / "audit").glob("*.jsonl")))
+        print(f"the audit trail is intact ({trails} file(s) checked)")
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def _short(path: str | None, width: int = 32) -> str:

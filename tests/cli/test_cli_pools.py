@@ -3,6 +3,7 @@ history, down; the ttl; concurrent ups; config errors. Every command: a success 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -300,6 +301,32 @@ def test_status_counts_the_tasks_a_client_is_running(cli: CLI) -> None:
 def test_history_unknown_name_fails(cli: CLI) -> None:
     result = cli("history", "never-was")
     assert result.code == 1 and "no history" in result.err, result
+    verify = cli("history", "never-was", "--verify")  # not "the audit trail is intact"
+    assert verify.code == 1 and "no history for a pool named 'never-was'" in verify.err, verify
+    assert "intact" not in verify.out, verify
+    assert cli("history", "never-was", "--verify", "--json").code == 1
+
+
+def test_history_verify_of_a_name_taken_down_checks_its_trail(cli: CLI) -> None:
+    assert cli("up", "gone", "--nodes", "1").code == 0
+    assert cli("down", "gone").code == 0
+    verify = cli("history", "gone", "--verify")
+    assert verify.code == 0 and "the audit trail of 'gone' is intact" in verify.out, verify
+    assert cli("history", "gone", "--verify", "--json").json() == {"ok": True, "problems": []}
+    other = cli.home / "audit" / "other.jsonl"  # another name's broken trail is not this one's
+    other.write_text('{"n": 0, "prev": ""}\n{"n": 5, "prev": "x"}\n')
+    assert cli("history", "gone", "--verify").code == 0
+    assert cli("history", "--verify").code == 1
+    trail = cli.home / "audit" / "gone.jsonl"
+    lines = trail.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["who"] = "someone-else@elsewhere"
+    trail.write_text("".join(line + "\n" for line in [json.dumps(first, sort_keys=True), *lines[1:]]))
+    tampered = cli("history", "gone", "--verify")
+    assert tampered.code == 1 and "TAMPERED: gone.jsonl" in tampered.out, tampered
+    trail.unlink()  # its head remains: the trail was removed, not never written
+    removed = cli("history", "gone", "--verify")
+    assert removed.code == 1 and "TAMPERED: gone.jsonl" in removed.out, removed
 
 
 def test_exec_reports_each_node_and_fails_when_a_node_fails(cli: CLI) -> None:

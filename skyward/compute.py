@@ -7,17 +7,19 @@ import signal
 import threading
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, NoOfferError, PoolClosedError
 from .pool import Pool
-from .spec import SPEC_FIELDS, Options, Spec, Worker, unknown_field_error
+from .spec import SPEC_FIELDS, Options, Spec, Worker, check_session_option, unknown_field_error
 
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from .spec import SpecKwargs
+    from .logs import LogConfig
+    from .spec import ConsoleMode, SpecKwargs
 
 log = logging.getLogger("skyward")
 
@@ -208,10 +210,25 @@ def _raise_exit(signum: int, frame: FrameType | None) -> None:
 
 
 class Session:
-    """Several pools with one lifetime: ``session.compute(...)`` opens one; all close together."""
+    """Several pools with one lifetime: ``session.compute(...)`` opens one; all close together.
 
-    def __init__(self, *, options: Options | None = None) -> None:
-        self.options = options or Options()
+    ``console``, ``logging`` and ``shutdown_timeout`` are the options that concern the whole
+    session, taken as keywords as the reference project's Session takes them: the values
+    ``sky.Options`` accepts, applied over ``options=`` (None: as ``options=`` has it). They are
+    the options of every pool the session opens, except a pool given its own ``options=``,
+    which is used as it is."""
+
+    def __init__(self, *, options: Options | None = None, console: bool | ConsoleMode | None = None,
+                 logging: LogConfig | bool | None = None, shutdown_timeout: float | None = None) -> None:
+        base = Options() if options is None else options
+        if not isinstance(base, Options):
+            raise ConfigError(f"sky.Session(options={options!r}) is not valid: pass sky.Options(...).")
+        given: dict[str, Any] = {}
+        for name, value in (("console", console), ("logging", logging), ("shutdown_timeout", shutdown_timeout)):
+            if value is not None:
+                check_session_option("sky.Session", name, value)
+                given[name] = value
+        self.options = replace(base, **given)
         self.pools: list[Pool] = []
         self._closed = False
 

@@ -245,10 +245,36 @@ class Options:
                 f"Options(default_compute_timeout={self.default_compute_timeout!r}) is not valid: "
                 f"use a positive number of seconds, or None for no limit."
             )
-        if self.console not in (True, False, "rich", "minimal", "log", "silent"):
+        for name in SESSION_OPTIONS:
+            check_session_option("Options", name, getattr(self, name))
+
+
+# The options that concern a whole session rather than one pool: sky.Session takes them as
+# keywords too, as the reference project's Session does.
+SESSION_OPTIONS = ("console", "logging", "shutdown_timeout")
+
+
+def check_session_option(where: str, name: str, value: Any) -> None:
+    """Refuse a bad value of one of SESSION_OPTIONS, naming it as the caller wrote it
+    (``where`` is "Options" or "sky.Session")."""
+    if name == "console" and value not in (True, False, "rich", "minimal", "log", "silent"):
+        raise ConfigError(
+            f"{where}(console={value!r}) is not valid: use 'rich', 'minimal', 'log', 'silent', True or "
+            f"False (False or 'silent' for no console)."
+        )
+    if name == "logging" and not isinstance(value, bool):
+        from .logs import LogConfig
+
+        if not isinstance(value, LogConfig):
             raise ConfigError(
-                f"Options(console={self.console!r}) is not valid: use 'rich', 'minimal', 'log', 'silent', True or False."
+                f"{where}(logging={value!r}) is not valid: use True (defaults), False (leave logging "
+                f"to your application) or sky.LogConfig(level=..., ...)."
             )
+    if name == "shutdown_timeout" and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+        raise ConfigError(
+            f"{where}(shutdown_timeout={value!r}) is not valid: a positive number of seconds to wait "
+            f"for the pool's nodes to stop (default 120)."
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,6 +173,39 @@ def test_session_is_active_until_closed() -> None:
         session.compute(nodes=1)
 
 
+def test_session_takes_the_session_wide_options_as_keywords_like_the_reference(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # `sky.Session(console=False)` as written for the reference project.
+    with sky.Session(console=False, logging=False, shutdown_timeout=30) as session:
+        pool = session.compute(nodes=1)
+        assert double(4) >> pool == 8
+        assert (pool.options.console, pool.options.logging, pool.options.shutdown_timeout) == (False, False, 30)
+        # A pool's own options= wins: the session's keywords do not apply to that pool.
+        own = session.compute(nodes=1, options=sky.Options(console="silent", shutdown_timeout=10))
+        assert (own.options.console, own.options.logging, own.options.shutdown_timeout) == ("silent", True, 10)
+    err = capfd.readouterr().err
+    assert pool.id not in err and "requesting" not in err, err  # the console was off
+    # The keywords apply over a session's options= too, field by field.
+    base = sky.Options(selection="first", console="log")
+    assert sky.Session(options=base, console=False).options == sky.Options(selection="first", console=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"console": "loud"}, r"sky\.Session\(console='loud'\) is not valid: use 'rich', 'minimal', 'log', 'silent'"),
+        ({"logging": "debug"}, r"sky\.Session\(logging='debug'\) is not valid: use True .* sky\.LogConfig"),
+        ({"shutdown_timeout": -1}, r"sky\.Session\(shutdown_timeout=-1\) is not valid: .*positive number of seconds"),
+    ],
+)
+def test_session_refuses_a_bad_option_as_options_does(kwargs: dict[str, object], says: str) -> None:
+    with pytest.raises(sky.ConfigError, match=says):
+        sky.Session(**kwargs)  # type: ignore[arg-type]
+    name, value = next(iter(kwargs.items()))
+    with pytest.raises(sky.ConfigError, match=rf"Options\({name}={value!r}\) is not valid"):
+        sky.Options(**kwargs)  # type: ignore[arg-type]
+
+
 # --- functions and groups --------------------------------------------------------------------
 
 

@@ -53,7 +53,7 @@ from .errors import (
     TaskTimeoutError,
     WorkerDiedError,
 )
-from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, function, gather
+from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, function, gather, sky
 from .function import SkywardModule as _SkywardModule
 from .spec import (
     AllocationStrategy,
@@ -72,7 +72,8 @@ from .spec import (
 
 __version__ = "0.1.0"
 
-# `1 >> sky` (a plain function's result pushed at the module) explains itself.
+# `1 >> sky` (a plain function's result pushed at the module) explains itself. The module and
+# sky.sky (the reference project's singleton) both stand for the active pool.
 _sys.modules[__name__].__class__ = _SkywardModule
 
 # name -> module that defines it; imported on first attribute access.
@@ -329,6 +330,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "set",
     "shard",
     "silent",
+    "sky",
     "stderr",
     "stdout",
     "storage",

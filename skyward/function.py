@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar, final, overload
 
 from .errors import ConfigError, DispatchError, NoActivePoolError
 from .runtime import context as _context
@@ -35,7 +35,8 @@ def _check_timeout(timeout: float | None) -> float | None:
 
 
 def resolve_pool(target: Any, op: str) -> Pool:
-    """The pool a dispatch operator points at: a Pool, a Compute, or the skyward module."""
+    """The pool a dispatch operator points at: a Pool, a Compute, or the active pool (the
+    skyward module, or sky.sky)."""
     from .pool import Pool, active_pool
 
     if isinstance(target, Pool):
@@ -43,7 +44,7 @@ def resolve_pool(target: Any, op: str) -> Pool:
     pool = getattr(target, "pool", None)  # a Compute / Session handle
     if isinstance(pool, Pool):
         return pool
-    if isinstance(target, types.ModuleType) and target.__name__ == "skyward":
+    if isinstance(target, StandsForActivePool):  # the skyward module, or sky.sky
         found = active_pool()
         if found is None:
             raise NoActivePoolError(
@@ -158,9 +159,12 @@ def not_pending(value: Any, op: str) -> DispatchError:
     )
 
 
-class SkywardModule(types.ModuleType):
-    """The class of the ``skyward`` module: ``1 >> sky`` says what went wrong (a module has
-    no operators of its own)."""
+class StandsForActivePool:
+    """What the right-hand side of an operator may be to mean "the active pool": the skyward
+    module (``>> sky``) and ``sky.sky``. A pending call's operator resolves it (resolve_pool);
+    anything else pushed at it lands here, and ``1 >> sky`` says what went wrong."""
+
+    __slots__ = ()
 
     def __rrshift__(self, value: Any) -> Any:
         raise not_pending(value, ">>")
@@ -171,10 +175,35 @@ class SkywardModule(types.ModuleType):
     def __lt__(self, value: Any) -> Any:  # `value > sky`, reflected
         raise not_pending(value, ">")
 
+
+class SkywardModule(StandsForActivePool, types.ModuleType):
+    """The class of the ``skyward`` module (a module has no operators of its own)."""
+
     def __reduce__(self) -> Any:  # a task that references `sky` pickles it by name, as any module
         import importlib
 
         return importlib.import_module, (self.__name__,)
+
+
+@final
+class ActivePool(StandsForActivePool):
+    """``sky.sky``: the active pool as a dispatch target, like the module itself.
+
+    The reference project exports this singleton, so code written for it dispatches with
+    ``f() >> sky.sky`` (``@``, ``>`` and groups too); here that is the same as ``f() >> sky``:
+    the pool of the enclosing ``with sky.Compute(...)`` block."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "sky.sky (the active pool)"
+
+    def __reduce__(self) -> str:  # one object: a task that references it unpickles the same one
+        return "sky"
+
+
+sky: Final = ActivePool()
+"""The active pool, for ``f() >> sky.sky`` as in the reference project (the same as ``>> sky``)."""
 
 
 def _and_error(other: Any) -> str:

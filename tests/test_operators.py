@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 from concurrent.futures import Future
@@ -42,6 +43,22 @@ def test_rshift_sky_resolves_active_pool() -> None:
         assert (square(1) & square(2)) >> sky == (1, 4)
         assert square(2) @ sky == [4]
         assert (square(5) > sky).result() == 25
+
+
+def test_sky_sky_is_the_active_pool_as_the_module_is() -> None:
+    # The reference exports a `sky` singleton: code written for it dispatches with `>> sky.sky`.
+    target = sky.sky
+    with sky.Compute(nodes=1):
+        assert square(3) >> target == 9
+        assert (square(1) & square(2)) >> target == (1, 4)
+        assert square(2) @ target == [4]
+        assert (square(5) > target).result() == 25
+        assert sorted(sky.gather(square(1), square(2), stream=True) >> target) == [1, 4]
+    with pytest.raises(sky.NoActivePoolError, match="none here"):
+        square(3) >> target
+    with pytest.raises(sky.DispatchError, match=r"@sky\.function"):
+        9 >> target  # a plain value pushed at it is explained, as with the module
+    assert "sky" in sky.__all__ and pickle.loads(pickle.dumps(target)) is target
 
 
 def test_matmul_broadcasts_in_node_order(pool: sky.Pool) -> None:

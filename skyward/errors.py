@@ -104,7 +104,7 @@ class CollectionError(SkywardError, RuntimeError):
 
 
 class CollectionTimeoutError(CollectionError, TimeoutError):
-    """A collection operation waited past its timeout (queue.get, lock.acquire, barrier.wait)."""
+    """A collection operation waited past its timeout (lock.acquire, barrier.wait, queue.get with raise_on_timeout=True)."""
 
 
 class PluginError(SkywardError, RuntimeError):

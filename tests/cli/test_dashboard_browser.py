@@ -169,3 +169,77 @@ def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) ->
                      ("/api/pools", "/api/config", "/api/config/demo/preview", "/api/pools/demo/history")]
     for text in pages + api_texts:
         assert SECRET not in text
+
+
+QUIET_POOL = """
+[pools.quiet]
+provider = "local"
+nodes = 1
+ttl = 120
+
+[pools.quiet.image]
+metrics = false
+"""
+NOTE = "//p[@id='charts-note']"
+
+
+def _facts(driver: Any) -> list[dict[str, Any]]:
+    """Each fact of the pool page's head: its label's and its value's boxes."""
+    return list(driver.execute_script("""
+        return [...document.querySelectorAll("dl.facts dt")].map((dt) => {
+          const dd = dt.nextElementSibling, a = dt.getBoundingClientRect(), b = dd.getBoundingClientRect();
+          return {label: dt.textContent, value: dd.textContent, tag: dd.tagName,
+                  top: a.top, bottom: a.bottom, right: a.right, value_top: b.top, value_left: b.left};
+        });"""))
+
+
+def _check_facts_and_shoot(driver: Any, name: str) -> None:
+    """At 1400 and 800 px: every label sits on its value's line, just before it, and the page fits
+    the window's width; then a whole-page screenshot."""
+    for width in (1400, 800):
+        driver.set_window_size(width, 1000)
+        wait_for(lambda w=width: abs(driver.execute_script("return window.innerWidth") - w) <= 20, 10,
+                 "the window to take its width")
+        facts = _facts(driver)
+        assert {f["label"] for f in facts} >= {"kind", "provider", "nodes", "age", "expires", "$/h",
+                                               "cost so far", "owner", "clients", "offer"}
+        for f in facts:
+            assert f["tag"] == "DD", f
+            assert abs(f["top"] - f["value_top"]) <= 6 and f["bottom"] > f["value_top"], (width, f)  # one line
+            assert 0 <= f["value_left"] - f["right"] <= 24, (width, f)  # the value follows its label
+        wait_for(lambda: driver.execute_script(  # nothing, the charts included, runs off the side
+            "return document.documentElement.scrollWidth <= window.innerWidth"), 10, "the page to fit its width")
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.set_window_size(width, min(max(height + 200, 1000), 8000))
+        driver.save_screenshot(str(artifacts() / f"{name}-{width}.png"))
+    driver.set_window_size(1280, 1000)
+
+
+def test_the_pool_page_keeps_facts_whole_reads_its_time_axis_and_explains_empty_charts(
+        cli: CLI, browser: Any) -> None:
+    import re
+
+    cli.toml(TOML + QUIET_POOL)
+    assert cli("up", "demo").code == 0
+    assert cli("up", "quiet").code == 0  # its agents sample nothing: nothing to chart
+    with dashboard(cli) as d:
+        browser.get(d.url)
+        browser.get(d.base + "/pools/quiet")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr"), 30, "the node")
+        note = wait_for(lambda: [e for e in browser.find_elements(By.XPATH, NOTE) if e.is_displayed()], 10,
+                        "the sentence that says why there are no charts")
+        assert "samples no metrics" in note[0].text
+        _check_facts_and_shoot(browser, "pool-no-charts")
+        assert [e for e in browser.find_elements(By.XPATH, NOTE) if e.is_displayed()]
+
+        browser.get(d.base + "/pools/demo")
+        wait_for(lambda: int(browser.find_element(By.CSS_SELECTOR, "#chart-0").get_attribute("data-points")
+                             or 0) >= 4, 60, "the first samples")
+        wait_for(lambda: browser.execute_script("const x = window.skywardCharts[0].plot.data[0];"
+                                                "return x[x.length - 1] - x[0] >= 4"), 60, "four seconds of samples")
+        wait_for(lambda: not [e for e in browser.find_elements(By.XPATH, NOTE) if e.is_displayed()], 10,
+                 "the sentence to go once there are charts")
+        ticks = browser.execute_script("return window.skywardCharts[0].plot.axes[0]._values")
+        assert ticks and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in ticks), ticks  # e.g. 14:45:10
+        _check_facts_and_shoot(browser, "pool-charts")
+        assert not [e for e in browser.find_elements(By.XPATH, NOTE) if e.is_displayed()]

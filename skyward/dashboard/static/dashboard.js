@@ -45,6 +45,10 @@ function duration(seconds) {
 const money = (v) => (v === null || v === undefined ? "-" : `$${Number(v).toFixed(v < 1 ? 4 : 2)}`);
 const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "-");
 const clock = (t) => (t ? new Date(t * 1000).toLocaleTimeString() : "-");
+const pad2 = (n) => String(n).padStart(2, "0");
+// A chart's time tick as a person reads it (14:45:10), not uPlot's default (":44.500").
+const hms = (t) => { const d = new Date(t * 1000); return `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`; };
+const TICK_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400]; // whole seconds
 
 function expiry(p) {
   if (p.ttl === 0) return "never";
@@ -150,7 +154,7 @@ function redraw(c) {
     return [pts.map((p) => p[0]), pts.map((p) => p[1])];
   });
   const data = uPlot.join(tables);
-  const width = 560;
+  const width = chartWidth(c);
   if (!c.plot || c.names.join() !== names.join()) {
     if (c.plot) c.plot.destroy();
     c.el.replaceChildren();
@@ -159,15 +163,42 @@ function redraw(c) {
       width, height: 150,
       scales: { y: { range: [0, 100] } },
       series: [{}, ...names.map((n) => ({ label: n, stroke: PALETTE[n] || "#6b7280", width: 1.5, spanGaps: true }))],
-      axes: [{}, { values: (u, ticks) => ticks.map((t) => `${t}%`), size: 45 }],
+      axes: [{ values: (u, ticks) => ticks.map(hms), incrs: TICK_STEPS, space: 80, size: 32 },
+        { values: (u, ticks) => ticks.map((t) => `${t}%`), size: 50 }],
       legend: { show: true, live: false },
     }, data, c.el);
   } else {
+    if (c.plot.width !== width) c.plot.setSize({ width, height: 150 });
     c.plot.setData(data);
   }
   c.el.dataset.points = String(data[0].length);
   c.el.dataset.last = String(data[0][data[0].length - 1] || "");
+  showChartsNote();
 }
+
+// The sentence that explains the empty chart column: on screen only while no chart has a point.
+function showChartsNote() {
+  const note = document.getElementById("charts-note");
+  if (note) note.hidden = Object.values(charts).some((c) => c.el.isConnected && Number(c.el.dataset.points) > 0);
+}
+
+// A chart takes what its row leaves of the page's width (so a narrow window does not scroll
+// sideways), between 280 and 560 px. Its cell has width 100%: the other cells keep their content's width.
+function chartWidth(c) {
+  const cell = c.el.closest("td");
+  const section = c.el.closest("section");
+  if (!cell || !section) return 560;
+  const others = [...cell.parentElement.children].filter((td) => td !== cell).reduce((sum, td) => sum + td.offsetWidth, 0);
+  const pad = cell.offsetWidth - cell.clientWidth + parseFloat(getComputedStyle(cell).paddingLeft) + parseFloat(getComputedStyle(cell).paddingRight);
+  return Math.max(280, Math.min(560, Math.floor(section.clientWidth - others - pad - 4)));
+}
+window.addEventListener("resize", debounce(() => {
+  for (const c of Object.values(charts)) {
+    if (!c.plot || !c.el.isConnected) continue;
+    const width = chartWidth(c);
+    if (c.plot.width !== width) c.plot.setSize({ width, height: 150 });
+  }
+}, 200));
 
 function addSample(node, name, t, v) {
   const c = charts[node];
@@ -208,8 +239,11 @@ function nodesSection(detail, live) {
       h("td", {}, n.lost ? badge("lost") : badge("ok")),
       h("td", { class: "chart-cell" }, c.el));
   });
-  const note = live ? null : h("p", { class: "muted" }, "Live CPU/memory/GPU charts appear while a program uses this pool " +
-    "(sky.Compute(name=...) or `skyward run`).");
+  const image = (detail.config && detail.config.image) || {};
+  const note = h("p", { class: "muted", id: "charts-note" }, image.metrics === false
+    ? `No charts: this pool's image samples no metrics (metrics = false in [pools.${detail.name}.image]).`
+    : "Live CPU/memory/GPU charts appear here as the nodes send samples: while this page is open, " +
+      "or while a program uses this pool (sky.Compute(name=...) or `skyward run`).");
   return h("section", { id: "nodes" }, h("h2", {}, `Nodes (${hosts.length})`), note,
     table(["node", "host", "address", "health", "CPU / memory / GPU %"], rows, { id: "nodes-table" }));
 }
@@ -333,11 +367,13 @@ async function loadPool() {
     ["provider", d.provider], ["nodes", d.nodes], ["age", duration(d.age_seconds)], ["expires", expiry(d)],
     ["$/h", money(d.hourly_cost)], ["cost so far", money(d.cost_so_far)]];
   if (d.kind === "named") facts.push(["owner", d.owner || "-"], ["clients", (d.clients || []).length], ["offer", d.offer || "-"]);
-  head.querySelector("dl").replaceChildren(...facts.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  // One element per fact, so that a label and its value always wrap together.
+  head.querySelector("dl").replaceChildren(...facts.map(([k, v]) => h("div", { class: "fact" }, h("dt", {}, k), h("dd", {}, v))));
   const programs = (d.programs || []).length ? h("p", { class: "muted" }, "Used now by: " + d.programs.map((p) => `${p.program} (pid ${p.pid})`).join(", ")) : null;
   setMain(head, actions(d), programs, nodesSection(d, live), tasksSection(d, live), outputSection(d, live),
     h("section", { id: "audit" }), h("section", { id: "stack", hidden: true }));
   for (const node of Object.keys(charts)) redraw(charts[node]);
+  showChartsNote();
   if (d.kind === "named") { loadHistory(); loadStack(); }
 }
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import sys
@@ -29,13 +28,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .cliout import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, format_table, money, print_json
 from .errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
 
 if TYPE_CHECKING:
     from .named import PoolStatus
     from .pool import Pool
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -165,38 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = handler(args)
         return code
     except ConfigError as exc:
-        _err(f"error: {exc}")
+        err(f"error: {exc}")
         return EXIT_USAGE
     except SkywardError as exc:
-        _err(f"error: {exc}")
+        err(f"error: {exc}")
         return EXIT_FAILED
     except KeyboardInterrupt:
-        _err("interrupted")
+        err("interrupted")
         return 130
     except BrokenPipeError:  # `skyward ls | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
 
 
-# -- output ------------------------------------------------------------------------------------
-def _err(message: str) -> None:
-    print(f"skyward: {message}", file=sys.stderr, flush=True)
-
-
+# -- output (exit codes, err, tables and JSON: cliout.py) ------------------------------------
 def _show_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                   line: str | None = None) -> None:
-    _err(f"warning: {message}")
-
-
-def _json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
-             for r in [headers, *rows]]
-    return "\n".join(lines)
+    err(f"warning: {message}")
 
 
 def _duration(seconds: float) -> str:
@@ -210,10 +193,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 86400}d"
 
 
-def _money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
-
-
 @contextlib.contextmanager
 def _progress(message: str) -> Iterator[None]:
     """A spinner on a terminal, one line otherwise."""
@@ -223,7 +202,7 @@ def _progress(message: str) -> Iterator[None]:
         with Console(stderr=True).status(message):
             yield
     else:
-        _err(message)
+        err(message)
         yield
 
 
@@ -262,7 +241,7 @@ def _opportunistic_cleanup() -> None:
     from .named import cleanup_expired
 
     for st in cleanup_expired():
-        _err(f"removed expired pool {st.name!r} ({st.state})")
+        err(f"removed expired pool {st.name!r} ({st.state})")
 
 
 # -- configuration from flags ------------------------------------------------------------------
@@ -299,12 +278,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     pool.detach()  # the nodes stay; their lease (ttl) decides from now on
     ttl = int(record.get("ttl", 0))
     if args.json:
-        _json(_summary(record))
+        print_json(_summary(record))
         return EXIT_OK
     stops = (f"stops after {ttl} s with no client attached" if ttl
              else "never stops by itself (ttl 0): run `skyward down` when done")
     print(f"pool {cfg.name!r} is up: {nodes} {record.get('provider')} node(s), "
-          f"{_money(_summary(record)['hourly_cost'])}/h; it {stops}.")
+          f"{money(_summary(record)['hourly_cost'])}/h; it {stops}.")
     print(f"attach with sky.Compute(name={cfg.name!r}); stop with `skyward down {cfg.name}`.")
     return EXIT_OK
 
@@ -319,7 +298,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             removed = named.cleanup_expired()
         gone, failed_orphans = _destroy_orphans()
         if args.json:
-            _json([{"name": st.name, "state": st.state} for st in removed]
+            print_json([{"name": st.name, "state": st.state} for st in removed]
                   + [{"name": stack, "state": "orphaned"} for stack in gone])
         else:
             print("\n".join([f"removed {st.name} ({st.state})" for st in removed]
@@ -344,9 +323,9 @@ def cmd_down(args: argparse.Namespace) -> int:
                 raise
         except SkywardError as exc:
             failed.append(name)
-            _err(f"error: {exc}")
+            err(f"error: {exc}")
     if args.json:
-        _json(done)
+        print_json(done)
     elif args.all and not done and not failed:
         print("no pools")
     return EXIT_FAILED if failed else EXIT_OK
@@ -373,7 +352,7 @@ def _destroy_orphans() -> tuple[list[str], list[str]]:
             gone.append(orphan.stack)
         except SkywardError as exc:
             failed.append(orphan.stack)
-            _err(f"error: the stack {orphan.stack} of a {orphan.kind} pool whose program is gone could not "
+            err(f"error: the stack {orphan.stack} of a {orphan.kind} pool whose program is gone could not "
                  f"be destroyed: {exc}")
     return gone, failed
 
@@ -408,14 +387,14 @@ def _may_stop(record: dict[str, Any], force: bool) -> bool:
     name = record["name"]
     who = ", ".join(f"{c.get('who')} pid {c.get('pid')} since "
                     f"{time.strftime('%H:%M:%S', time.localtime(float(c.get('since') or 0)))}" for c in clients)
-    _err(f"warning: pool {name!r} is in use: {len(clients)} client(s) attached ({who}); stopping it "
+    err(f"warning: pool {name!r} is in use: {len(clients)} client(s) attached ({who}); stopping it "
          f"ends their work with PoolStoppedError.")
     if force:
         return True
     if sys.stdin.isatty() and sys.stderr.isatty():
         print(f"skyward: stop pool {name!r} anyway? [y/N] ", end="", file=sys.stderr, flush=True)
         return sys.stdin.readline().strip().lower() in ("y", "yes")
-    _err(f"error: pool {name!r} was not stopped because it is in use; `skyward down {name} --force` "
+    err(f"error: pool {name!r} was not stopped because it is in use; `skyward down {name} --force` "
          f"stops it anyway.")
     return False
 
@@ -432,7 +411,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         row["removed"] = row["name"] in gone
     orphan_rows = _orphan_rows()
     if args.json:
-        _json(rows + orphan_rows)
+        print_json(rows + orphan_rows)
         return EXIT_OK
     if not rows and not orphan_rows:
         print("no pools (start one with `skyward up NAME`)")
@@ -447,10 +426,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if r["nodes_down"]:
             state += f", {len(r['nodes_down'])} of {r['nodes']} nodes down"
         table.append([r["name"], str(r["provider"]), str(r["nodes"]), state,
-                      _duration(r["age_seconds"]), expiry, _money(r["hourly_cost"])])
+                      _duration(r["age_seconds"]), expiry, money(r["hourly_cost"])])
     for r in orphan_rows:
         table.append([r["name"], r["provider"], str(r["nodes"]), r["state"], _duration(r["age_seconds"]), "-", "-"])
-    print(_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
+    print(format_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
     if orphan_rows:
         print("\nCloud pools whose program ended without tearing them down may still cost money: "
               "`skyward down --expired` destroys their stacks.")
@@ -467,7 +446,7 @@ def cmd_status(args: argparse.Namespace) -> int:
            "clients": [{k: c.get(k) for k in ("who", "pid", "since")} for c in record.get("clients", [])]}
     healthy = bool(nodes) and all(n["reachable"] for n in nodes)
     if args.json:
-        _json(out)
+        print_json(out)
         return EXIT_OK if healthy else EXIT_FAILED
     print(f"pool {record['name']!r}: {st.state}, {record.get('provider')}, {len(nodes)} node(s), "
           f"ttl {record.get('ttl')} s, {len(out['clients'])} client(s) attached")
@@ -476,7 +455,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                  "ok" if n["reachable"] else "UNREACHABLE", str(n.get("agent_pid") or "-"),
                  str(n.get("python") or "-"), "-" if n.get("tasks") is None else str(n["tasks"]),
                  n.get("error") or ""] for n in nodes]
-        print(_table(["NODE", "HOST", "IP", "HEALTH", "AGENT PID", "PYTHON", "TASKS", ""], rows))
+        print(format_table(["NODE", "HOST", "IP", "HEALTH", "AGENT PID", "PYTHON", "TASKS", ""], rows))
     return EXIT_OK if healthy else EXIT_FAILED
 
 
@@ -539,7 +518,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         if e.get("stack") in stacks and "stack_updates" not in e:
             e["stack_updates"] = stacks.pop(e["stack"])
     if args.json:
-        _json(entries)
+        print_json(entries)
         return EXIT_OK
     skip = {"time", "who", "event", "name", "pid", "skyward", "stack_updates"}
     rows = []
@@ -547,11 +526,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
         details = ", ".join(f"{k}={e[k]}" for k in sorted(e) if k not in skip)
         rows.append([when, e.get("who", "?"), e.get("event", "?"), details])
-    print(_table(["WHEN", "WHO", "WHAT", "DETAILS"], rows))
+    print(format_table(["WHEN", "WHO", "WHAT", "DETAILS"], rows))
     for e in entries:
         if e.get("stack_updates"):
             print(f"\nstack {e['stack']}: Pulumi updates, newest first")
-            print(_table(["KIND", "RESULT", "START", "END", "CHANGES"], [
+            print(format_table(["KIND", "RESULT", "START", "END", "CHANGES"], [
                 [str(u.get("kind")), str(u.get("result", u.get("message", ""))), str(u.get("start") or "-"),
                  str(u.get("end") or "-"), ", ".join(f"{k} {v}" for k, v in (u.get("changes") or {}).items())]
                 for u in e["stack_updates"]]))
@@ -586,7 +565,7 @@ def cmd_preview(args: argparse.Namespace) -> int:
     if preview is None and provider.kind != "local":
         offer = getattr(provider, "offer", None)
         would = f" It would use {offer(spec)}" if offer is not None else ""
-        cost = "" if per_node is None else f", {_money(per_node * nodes)}/h for {nodes} node(s)"
+        cost = "" if per_node is None else f", {money(per_node * nodes)}/h for {nodes} node(s)"
         raise ProviderError(
             f"preview of the resources is not available for provider {provider.kind!r} in this "
             f"version of skyward (sky.{type(provider).__name__} has no preview).{would}{cost}."
@@ -605,15 +584,15 @@ def cmd_preview(args: argparse.Namespace) -> int:
     if running is not None:
         out["notes"] = [*out.get("notes", []), _running_note(running)]
     if args.json:
-        _json(out)
+        print_json(out)
         return EXIT_OK
     print(f"{label} would be {nodes} {provider.kind} node(s)"
           + (f" with {spec.accelerator}" if spec.accelerator is not None else "")
-          + f", ttl {spec.ttl} s, {_money(out['hourly_cost'])}/h (nothing was created)")
+          + f", ttl {spec.ttl} s, {money(out['hourly_cost'])}/h (nothing was created)")
     offer = out.get("offer")
     if offer:  # a cloud pool: the catalogue offer its nodes are priced from, and its stack
         print(f"  offer {offer['instance_type']} in {offer['zone'] or offer['region']}, {offer['market']}, "
-              f"{_money(offer['hourly_cost_per_node'])}/h per node; stack {out.get('stack')}")
+              f"{money(offer['hourly_cost_per_node'])}/h per node; stack {out.get('stack')}")
     for r in out.get("resources", []):
         print(f"  + {r.get('type')}  {r.get('name')}  {r.get('detail', '')}".rstrip())
     for note in out.get("notes", []):
@@ -676,7 +655,7 @@ def cmd_offers(args: argparse.Namespace) -> int:
                   max_hourly_cost=args.max_hourly_cost)
     rows = [_offer_dict(o, args.allocation) for o in list(found)[: args.limit]]
     if args.json:
-        _json(rows)
+        print_json(rows)
         return EXIT_OK
     if not rows:
         from .accelerators import parse
@@ -687,11 +666,11 @@ def cmd_offers(args: argparse.Namespace) -> int:
         else:
             print("no offers match; loosen the filters (`skyward offers --help`)")
         return EXIT_FAILED
-    print(_table(
+    print(format_table(
         ["PROVIDER", "TYPE", "REGION", "VCPUS", "MEM GB", "ACCELERATOR", "$/H", "SPOT", "ON-DEMAND"],
         [[r["provider"], r["instance_type"], r["region"], f"{r['vcpus']:g}", f"{r['memory_gb']:g}",
           f"{r['accelerator_count']:g}x {r['accelerator']}" if r["accelerator"] else "-",
-          _money(r["price"]), _money(r["spot"]), _money(r["on_demand"])] for r in rows],
+          money(r["price"]), money(r["spot"]), money(r["on_demand"])] for r in rows],
     ))
     print(_prices_date(rows))
     return EXIT_OK
@@ -759,7 +738,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     audit.append(args.name, "exec", record.get("id", ""), command=command,
                  exit_codes=[r["exit_code"] for r in results])
     if args.json:
-        _json(results)
+        print_json(results)
     else:
         for r in results:
             if r["exit_code"] is None and r.get("error"):
@@ -796,7 +775,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             found: dict[str, Any] = pool.run(function(tail)(path, args.lines), target=target[int(node["index"])])
             out.append({"node": rank, **found})
     if args.json:
-        _json(out)
+        print_json(out)
     else:
         for r in out:
             print(f"== node {r['node']} ({r['hostname']}) {r['path'] or ''} ==")

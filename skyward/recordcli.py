@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from . import audit, record
-from .cli import EXIT_FAILED, EXIT_OK, _err, _json, _money, _table
+from .cliout import EXIT_FAILED, EXIT_OK, err, format_table, money, print_json
 from .errors import RecordError
 from .paths import skyward_home
 
@@ -24,7 +24,7 @@ def history(args: argparse.Namespace) -> int:
     if args.name is not None:
         found = record.read(args.name)
         if args.json:
-            _json(found)
+            print_json(found)
             return EXIT_OK
         _show(found)
         return EXIT_OK
@@ -32,12 +32,12 @@ def history(args: argparse.Namespace) -> int:
     rows = [record.summary(r, trail.get(r.get("id", ""), {}).get("closed"))
             for r in record.recent(args.limit)]
     if args.json:
-        _json(rows)
+        print_json(rows)
         return EXIT_OK
     if not rows:
         print("no pools recorded yet")
         return EXIT_OK
-    print(_table(
+    print(format_table(
         ["ID", "NAME", "PROVIDER", "NODES", "STARTED", "WHO", "SCRIPT", "COMMIT", "PKGS", "STATE"],
         [[str(r["id"]), r["name"] or "-", str(r["provider"]), str(r["nodes"]), _when(r["created"]),
           str(r["who"]), _short(r["script"]), _commit(r), str(r["packages"]),
@@ -50,7 +50,7 @@ def verify(args: argparse.Namespace, name: str | None = None) -> int:
     """--verify: the hash chain of one name's trail, or of every trail."""
     problems = audit.verify(name)
     if args.json:
-        _json({"ok": not problems, "problems": problems})
+        print_json({"ok": not problems, "problems": problems})
     elif problems:
         for p in problems:
             print(f"TAMPERED: {p}")
@@ -84,7 +84,7 @@ def _show(r: dict[str, Any]) -> None:
     print(f"  in       {origin.get('cwd')}")
     if git:
         print(f"  git      {git.get('commit')} ({git.get('branch')}){' with uncommitted changes' if git.get('dirty') else ''}")
-    print(f"  offer    {r.get('offer')}, {_money(r.get('total_hourly_cost'))}/h")
+    print(f"  offer    {r.get('offer')}, {money(r.get('total_hourly_cost'))}/h")
     print(f"  python   {lock.get('python')} ({lock.get('platform')}), skyward {lock.get('skyward')}")
     cloud = lock.get("cloud") or {}
     if cloud:
@@ -114,7 +114,7 @@ def reproduce(args: argparse.Namespace) -> int:
     new_id = pool.id
     pool.detach()
     if args.json:
-        _json({"name": name, "id": new_id, "reproduces": args.pool_id, "differences": list(rep.differences)})
+        print_json({"name": name, "id": new_id, "reproduces": args.pool_id, "differences": list(rep.differences)})
         return EXIT_OK
     print(f"pool {name!r} is up, reproducing pool {args.pool_id} (new pool id {new_id}); attach with "
           f"sky.Compute(name={name!r}), stop with `skyward down {name}`, compare with "
@@ -126,14 +126,14 @@ def diff(args: argparse.Namespace) -> int:
     a, b = _read_checked(args.a), _read_checked(args.b)
     found = record.diff(a, b)
     if args.json:
-        _json(found)
+        print_json(found)
     elif not found:
         print(f"pools {args.a} and {args.b} are the same (packages, image, machines, spec)")
     else:
-        print(_table(["WHAT", "KEY", args.a, args.b],
+        print(format_table(["WHAT", "KEY", args.a, args.b],
                      [[d["what"], d["key"], _cell(d["a"]), _cell(d["b"])] for d in found]))
     if found:
-        _err(f"{len(found)} difference(s)")
+        err(f"{len(found)} difference(s)")
     return EXIT_FAILED if found else EXIT_OK
 
 
@@ -144,7 +144,7 @@ def _read_checked(pool_id: str) -> dict[str, Any]:
     try:
         record.verified(pool_id)
     except RecordError as exc:
-        _err(f"warning: {str(exc).split(';')[0]}; it is compared as it is now.")
+        err(f"warning: {str(exc).split(';')[0]}; it is compared as it is now.")
     return found
 
 

@@ -104,9 +104,9 @@ def _version() -> str:
     try:
         return importlib.metadata.version("skyward")
     except importlib.metadata.PackageNotFoundError:
-        import skyward
+        from skyward.version import __version__
 
-        return skyward.__version__
+        return __version__
 
 
 def _write_wheel(out: Path, version: str, files: list[tuple[str, Path]]) -> None:

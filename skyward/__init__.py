@@ -69,8 +69,7 @@ from .spec import (
     Worker,
     WorkerExecutor,
 )
-
-__version__ = "0.1.0"
+from .version import __version__
 
 # `1 >> sky` (a plain function's result pushed at the module) explains itself. The module and
 # sky.sky (the reference project's singleton) both stand for the active pool.

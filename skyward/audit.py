@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .paths import skyward_home
+from .version import __version__
 
 EVENTS = ("recorded", "provisioned", "attached", "detached", "resized", "node lost", "node replaced", "exec",
           "destroyed", "closed")
@@ -48,8 +49,6 @@ def _path(name: str) -> Path:
 
 def append(name: str, event: str, pool: str, **details: Any) -> dict[str, Any]:
     """Record one event of pool ``name`` (``pool``: the id of that incarnation of it)."""
-    from skyward import __version__
-
     entry = {
         "time": time.time(),
         "who": who(),

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .cliout import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, format_table, money, print_json
 from .errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
+from .version import __version__
 
 if TYPE_CHECKING:
     from .named import PoolStatus
@@ -43,8 +44,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from skyward import __version__
-
     parser = _Parser(
         prog="skyward",
         description="Run Python functions on pools of machines. These commands manage named "

@@ -35,6 +35,7 @@ from .errors import (
     SkywardError,
 )
 from .spec import Image, Nodes, Options, PipIndex, Spec, Worker
+from .version import __version__
 
 if TYPE_CHECKING:
     from .config import PoolConfig
@@ -203,8 +204,6 @@ def get(name: str) -> dict[str, Any]:
 
 # -- start -------------------------------------------------------------------------------------
 def _record(cfg: PoolConfig, spec: Spec, pool_id: str, *, ephemeral: bool) -> dict[str, Any]:
-    from skyward import __version__
-
     now = time.time()
     provider = spec.provider
     cost = provider.hourly_cost(spec)

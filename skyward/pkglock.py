@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ProviderError
+from .version import __version__
 
 # Reproducing a pool: the packages of its record, installed as they are (see pinned()).
 _PINNED: contextvars.ContextVar[tuple[Package, ...] | None] = contextvars.ContextVar(
@@ -286,8 +287,6 @@ def apt_versions(packages: Sequence[str]) -> dict[str, str]:
 def describe(packages: Sequence[Package], *, python: str, platform: str | None, indexes: Sequence[str],
              apt: dict[str, str] | None = None, pinned_from: bool = False, **extra: Any) -> dict[str, Any]:
     """The lock as the pool's record keeps it."""
-    from skyward import __version__
-
     return {
         "python": python,
         "platform": platform or f"{sys.platform}-{os.uname().machine}",

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from . import audit
 from .errors import RecordError
 from .paths import skyward_home
+from .version import __version__
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -168,8 +169,6 @@ def _rebuild_blob(spec: Spec, worker: Worker) -> str:
 # -- writing -----------------------------------------------------------------------------------
 def for_pool(pool: Pool) -> dict[str, Any]:
     """The record of a pool whose nodes are ready."""
-    from skyward import __version__
-
     spec, cluster = pool.spec, pool._cluster
     provider = spec.provider
     lock = dict(cluster.lock or {}) or {"packages": [], "apt": {}, "skyward": __version__}
@@ -391,8 +390,6 @@ def reproduction(pool_id: str, provider: Any = None) -> Reproduction:
     instance type and region; ``provider``: use this one instead of the recorded one (same kind;
     e.g. other credentials), with the recorded image, instance type and region put in."""
     import cloudpickle
-
-    from skyward import __version__
 
     from .pkglock import Package
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from skyward import events as ev
 from skyward.errors import ProviderError, StackError
+from skyward.version import __version__
 
 from . import keys
 from .engine import Connect, PoolStack, local_connect
@@ -400,8 +401,6 @@ class _Program:
 
 def spec_record(spec: Spec, offer: Offer, provider: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """(the pool's description for the stack config, its secret parts)."""
-    from skyward import __version__
-
     image = spec.image
     record = {
         "skyward": __version__,
@@ -459,7 +458,6 @@ def new_plan(
     """The PoolPlan of a new pool, with no nodes yet (``launch`` and ``preview`` share it)."""
     import time
 
-    from skyward import __version__
     from skyward.volumes import Disk, Volume
 
     from .plan import BucketPlan, DiskPlan

@@ -25,7 +25,7 @@ from skyward import events as ev
 from skyward.errors import ProviderError, StackError
 from skyward.version import __version__
 
-from . import keys
+from . import keys, notes
 from .engine import Connect, PoolStack, local_connect
 from .plan import NodePlan, PoolPlan
 
@@ -103,7 +103,7 @@ class CloudPool:
         self._lock = threading.Lock()
         self._closed = False
         self._by_address: dict[str, int] = {}
-        # An unnamed pool's kind ("aws"/"gcp"): it leaves a note (orphans.py) while it exists,
+        # An unnamed pool's kind ("aws"/"gcp"): it leaves a note (notes.py) while it exists,
         # so that `skyward ls` / `down --expired` find it if this process dies without teardown.
         self._track = track
         # The pool's lock (skyward.pkglock), once its nodes installed it: kept in the stack config.
@@ -116,14 +116,12 @@ class CloudPool:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeAddress]:
         """The first ``up``; anything it created is destroyed again when it fails."""
-        from . import orphans
-
         try:
             if self._track:
-                orphans.note(self, self._track)  # before anything exists in the cloud
+                notes.note(self, self._track)  # before anything exists in the cloud
             nodes = self.grow(count)
             if self._track:
-                orphans.note(self, self._track)  # with what the first up pinned
+                notes.note(self, self._track)  # with what the first up pinned
             return nodes
         except BaseException as exc:
             self._emit(ev.Log(pool=self.pool_id, level="WARNING",
@@ -265,9 +263,7 @@ class CloudPool:
             self._closed = True
             self.stack.remove()
             keys.forget(self.plan.stack)
-            from . import orphans
-
-            orphans.forget(self.plan.stack)
+            notes.forget(self.plan.stack)
 
     # -- named pools: what another process needs to reopen this stack -----------------------
     def describe(self) -> dict[str, Any]:

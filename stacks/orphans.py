@@ -3,9 +3,10 @@
 A named pool lives in the registry and outlives its programs by design. An unnamed cloud pool
 (``with sky.Compute(provider=sky.AWS())``) is destroyed by the program that made it; when that
 program dies without running its teardown (kill -9, a laptop that never wakes), its stack and
-whatever of it still exists would be forgotten. So each one leaves a note here while it exists:
-``$SKYWARD_HOME/clouds/<stack>.json`` (0600), with the client's pid and host and what reopens
-the stack. The note is written before the first ``up`` and removed after ``destroy``.
+whatever of it still exists would be forgotten. So each one leaves a note while it exists
+(notes.py): ``$SKYWARD_HOME/clouds/<stack>.json`` (0600), with the client's pid and host and
+what reopens the stack. The note is written before the first ``up`` and removed after
+``destroy``.
 
 ``skyward ls`` lists the notes whose client process is no longer running (on this machine)
 with the resources their stack still holds after a refresh; ``skyward down --expired``
@@ -18,22 +19,17 @@ import json
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skyward.paths import skyward_home
+from .notes import folder, forget
 
 if TYPE_CHECKING:
     from .cloudpool import CloudPool
 
 log = logging.getLogger("skyward.stacks")
-
-
-def folder() -> Path:
-    return skyward_home() / "clouds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,23 +47,6 @@ class Orphan:
     @property
     def path(self) -> Path:
         return folder() / f"{self.stack}.json"
-
-
-def note(cloud: CloudPool, kind: str) -> None:
-    """Leave (or refresh) the note of a live unnamed cloud pool."""
-    path = folder() / f"{cloud.plan.stack}.json"
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    body = {"stack": cloud.plan.stack, "kind": kind, "pool_id": cloud.pool_id, "pid": os.getpid(),
-            "host": socket.gethostname(), "created": time.time(), "description": cloud.describe()}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(body, f, default=str)
-    os.replace(tmp, path)
-
-
-def forget(stack: str) -> None:
-    (folder() / f"{stack}.json").unlink(missing_ok=True)
 
 
 def _running(pid: int) -> bool:

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from . import buckets
+from .gcp_common import choose_zone, instance_name, network_tag, resource_name
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -50,7 +50,7 @@ _IMAGES = {
 SELF_DELETE_PERMISSIONS = ("compute.instances.delete", "compute.instances.setDiskAutoDelete", "compute.disks.delete")
 
 # GCP's naming rules, checked by the tests against every name the program declares.
-NAME_RULE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"  # instances, disks, firewalls, tags
+NAME_RULE = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"  # instances, disks, firewalls, tags (gcp_common.resource_name)
 ACCOUNT_ID_RULE = r"^[a-z]([-a-z0-9]{4,28}[a-z0-9])$"  # service accounts: 6-30 characters
 ROLE_ID_RULE = r"^[a-zA-Z0-9_.]{3,64}$"
 LABEL_RULE = r"^[a-z0-9_-]{0,63}$"  # label values (keys also start with a letter)
@@ -59,14 +59,6 @@ LABEL_RULE = r"^[a-z0-9_-]{0,63}$"  # label values (keys also start with a lette
 def default_image(plan: PoolPlan) -> tuple[str, str]:
     """(project, family) of the default boot image for the plan's hardware."""
     return _IMAGES[("gpu" if plan.gpu else "cpu", plan.architecture)]
-
-
-def network_tag(plan: PoolPlan) -> str:
-    return _name(f"sky-{plan.stack}")
-
-
-def instance_name(plan: PoolPlan, node: NodePlan) -> str:
-    return _name(f"sky-{plan.stack}", suffix=f"-{node.index}")
 
 
 def _short(plan: PoolPlan) -> str:
@@ -79,28 +71,6 @@ def account_id(plan: PoolPlan, node: NodePlan) -> str:
 
 def role_id(plan: PoolPlan) -> str:
     return f"skyward_{_short(plan)}_self_delete"
-
-
-def _name(base: str, suffix: str = "") -> str:
-    """A valid GCP resource name: lower case, at most 63 characters, no trailing dash."""
-    base = re.sub(r"[^a-z0-9-]+", "-", base.lower())
-    return (base[: 63 - len(suffix)].rstrip("-") + suffix).strip("-")
-
-
-def choose_zone(plan: PoolPlan) -> str:
-    """The pinned zone, the given one, or the ``zone_attempt``-th candidate."""
-    s = plan.settings
-    pinned = (s.get("pinned") or {}).get("zone")
-    if pinned or plan.zone:
-        return str(pinned or plan.zone)
-    zones = list(s.get("zones") or []) or [f"{plan.region}-b"]
-    attempt = int(s.get("zone_attempt") or 0)
-    if attempt >= len(zones):
-        raise ValueError(
-            f"every zone of {plan.region} that has {plan.instance_type} ({', '.join(zones)}) was tried "
-            f"and none could start it; try another region or machine type."
-        )
-    return str(zones[attempt])
 
 
 @dataclass
@@ -182,7 +152,7 @@ def program(plan: PoolPlan) -> Declared:
         name = instance_name(plan, node)
         node_disks = [
             gcp.compute.Disk(
-                f"{node.name}-disk-{j}", name=_name(f"sky-{plan.stack}", suffix=f"-{node.index}-disk-{j}"), zone=zone, size=disk.size_gb,
+                f"{node.name}-disk-{j}", name=resource_name(f"sky-{plan.stack}", suffix=f"-{node.index}-disk-{j}"), zone=zone, size=disk.size_gb,
                 type=disk.type or "pd-balanced", labels=labels, opts=res,
             )
             for j, disk in enumerate(plan.disks)

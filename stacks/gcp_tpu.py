@@ -28,6 +28,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from .gcp_common import choose_zone, instance_name, network_tag
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -127,8 +128,6 @@ def program(plan: PoolPlan) -> Declared:
     """Declare a TPU pool's resources; called by stacks.gcp.program for TPU offers."""
     pulumi: Any = importlib.import_module("pulumi")
     gcp: Any = importlib.import_module("pulumi_gcp")
-    from .gcp import choose_zone, instance_name, network_tag
-
     _refuse_what_is_not_declared(plan)
     s = plan.settings
     labels = plan.labels()

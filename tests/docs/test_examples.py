@@ -16,12 +16,18 @@ choice and the stack program are all checked while nothing is created and the bo
 A block that names ``sky.SSH(`` runs on the suite's real ``sshd`` test hosts
 (tests/sshhosts.py): each ``sky.SSH(...)`` call is replaced by a provider over three fresh test
 hosts, so everything else in the block (the Image, the bootstrap, the tasks) runs for real.
+
+A block that needs a package which comes only from beyond PyPI (the one index the README's
+install uses), torch above all, runs only where that package is installed already: otherwise its
+pool would fetch it from there (the torch plugin: PyTorch's own index), which a fresh machine may
+not reach. It skips, saying so.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -164,6 +170,28 @@ def on_test_hosts(code: str) -> str:
     return _SSH_PRELUDE + "\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
+# Packages that come only from beyond PyPI: import name -> where a pool would fetch it.
+BEYOND_PYPI = {
+    "torch": "PyTorch's own index (download.pytorch.org), where the torch plugin gets it",
+    "cuml": "NVIDIA's index (pypi.nvidia.com), where the cuml plugin gets it",
+}
+# Plugins that bring one of them: sky.plugins.NAME( -> import name.
+PLUGINS_BEYOND_PYPI = {"torch": "torch", "cuml": "cuml"}
+PLUGIN_CALL = re.compile(r"\bsky\.plugins\.(\w+)\(")
+
+
+def beyond_pypi(code: str) -> set[str]:
+    """The packages of BEYOND_PYPI that a block imports (at any depth) or that its plugins bring."""
+    names = {m[1] for m in PLUGIN_CALL.finditer(code)}
+    needed = {PLUGINS_BEYOND_PYPI[n] for n in names if n in PLUGINS_BEYOND_PYPI}
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            needed |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            needed.add(node.module.partition(".")[0])
+    return needed & BEYOND_PYPI.keys()
+
+
 RUNNABLE = runnable()
 
 
@@ -213,6 +241,11 @@ def run_example(code: str, folder: Path, env: dict[str, str] | None = None) -> t
 @pytest.mark.parametrize(("block", "code"), RUNNABLE, ids=[b.id for b, _ in RUNNABLE])
 def test_example_runs(block: Block, code: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     env: dict[str, str] = {}
+    if not CLOUD.search(code):  # a preview runs no task and installs nothing
+        for name in sorted(beyond_pypi(code)):
+            if importlib.util.find_spec(name) is None:
+                pytest.skip(f"{block.id} needs {name}, which is not installed in this venv; its pool would "
+                            f"fetch it from {BEYOND_PYPI[name]}, beyond PyPI, which this machine may not reach")
     if CLOUD.search(code):
         pytest.importorskip("pulumi", reason="cloud examples run as previews, which need the pulumi SDK")
     elif SSH.search(code):
@@ -241,6 +274,15 @@ def test_every_python_block_runs_or_says_why_not() -> None:
         elif block.marker.startswith("<!--") and "not-runnable" in block.marker:
             raise AssertionError(f"{block.id}: malformed marker {block.marker!r}; "
                                  "write <!-- not-runnable: <reason> -->")
+
+
+def test_blocks_that_need_a_package_from_beyond_pypi_are_recognised() -> None:
+    """The torch guide's block is recognised (by its plugin and by its import), others are not."""
+    torch_blocks = [code for b, code in RUNNABLE if b.page.name == "plugins.md" and "plugins.torch(" in code]
+    assert torch_blocks and all(beyond_pypi(code) == {"torch"} for code in torch_blocks)
+    assert beyond_pypi("import skyward as sky\nsky.Compute(plugins=[sky.plugins.torch()])\n") == {"torch"}
+    assert beyond_pypi("def f():\n    from torch.nn import Linear\n") == {"torch"}
+    assert beyond_pypi("import skyward as sky\nimport sklearn\nsky.plugins.sklearn()\n") == set()
 
 
 def test_blocks_are_found() -> None:

@@ -624,9 +624,9 @@ def _flag_words(args: argparse.Namespace) -> list[str]:
 def _running_record(name: str) -> dict[str, Any] | None:
     """The record of pool ``name`` when it runs now (None: not registered, or gone)."""
     from . import registry
-    from .named import NAME_RULE, status_of
+    from .named import status_of
 
-    record = registry.read(name) if NAME_RULE.match(name) else None
+    record = registry.read(name) if registry.NAME_RULE.match(name) else None
     return record if record is not None and not status_of(record).gone else None
 
 

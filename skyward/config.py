@@ -21,8 +21,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
-from .named import PROVIDERS, check_name, provider_class
 from .paths import skyward_home
+from .providers import PROVIDERS, provider_class
+from .registry import check_name
 
 PROJECT_FILE = "skyward.toml"
 

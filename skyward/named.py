@@ -12,10 +12,8 @@ has its first result in a fraction of a second.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
-import re
 import socket
 import time
 import uuid
@@ -34,7 +32,9 @@ from .errors import (
     ProviderError,
     SkywardError,
 )
-from .spec import Image, Nodes, Options, PipIndex, Spec, Worker
+from .providers import provider_class
+from .registry import check_name
+from .spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -44,38 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("skyward")
 
-# provider kind -> (module, class); a module loads only when a pool uses it.
-PROVIDERS: dict[str, tuple[str, str]] = {
-    "local": ("skyward.providers.local", "Local"),
-    "ssh": ("skyward.providers.ssh", "SSH"),
-    "aws": ("skyward.providers.aws", "AWS"),
-    "gcp": ("skyward.providers.gcp", "GCP"),
-}
-NAME_RULE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # A pool the ttl says is over, for providers that cannot tell (alive() is None), gets this
 # much slack before it counts as expired: the agents' own clocks decide, not ours.
 _GRACE = 30.0
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RULE.match(name):
-        raise ConfigError(
-            f"pool name {name!r} is not valid: use 1-63 lowercase letters, digits, '-' or '_', "
-            f"starting with a letter or digit (e.g. 'train-a100')."
-        )
-    return name
-
-
-def provider_class(kind: str) -> type[ProviderConfig]:
-    module, name = PROVIDERS[kind]
-    try:
-        cls: type[ProviderConfig] = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise ConfigError(
-            f"provider {kind!r} is not available in this version of skyward ({module} is "
-            f"missing); use provider = 'local' (or another that `skyward --help` lists)."
-        ) from None
-    return cls
 
 
 def provider_from(data: dict[str, Any]) -> ProviderConfig:
@@ -254,7 +225,6 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     this process, until their ttl passes with no client); otherwise the pool is this
     program's and is destroyed when it closes. ``built``: the spec and worker already made
     (`skyward reproduce`), ``cfg.data`` then only describes them for later attaches."""
-    from .compute import _select
     from .pool import Pool
     from .providers.base import ProviderConfig
 
@@ -265,7 +235,7 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
             f"version of skyward (its clusters cannot be described and attached to again); use "
             f"sky.Compute(provider=...) in your program instead, or provider = 'local'."
         )
-    spec = _select((spec,), options)
+    spec = select_spec((spec,), options)
     if spec.ttl == 0:
         warnings.warn(
             f"pool {cfg.name!r} has ttl = 0: its nodes never stop by themselves; stop them with "

@@ -12,16 +12,28 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import PoolBusyError
+from .errors import ConfigError, PoolBusyError
 from .paths import skyward_home
 
 FORMAT = 1
+# A pool's name: its record's file name, its [pools.NAME] table, its stack's prefix.
+NAME_RULE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RULE.match(name):
+        raise ConfigError(
+            f"pool name {name!r} is not valid: use 1-63 lowercase letters, digits, '-' or '_', "
+            f"starting with a letter or digit (e.g. 'train-a100')."
+        )
+    return name
 
 
 def pools_dir() -> Path:

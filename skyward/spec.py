@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
-from .errors import ConfigError
+from .errors import ConfigError, NoOfferError
 
 if TYPE_CHECKING:
     from .accelerators import Accelerator
@@ -332,6 +332,29 @@ class Spec:
     def node_spec(self) -> Nodes:
         assert isinstance(self.nodes, Nodes)
         return self.nodes
+
+
+def select_spec(specs: tuple[Spec, ...], options: Options) -> Spec:
+    """The spec to provision: the first viable one, or the one whose pool costs least per hour
+    (node price x desired nodes; unknown prices rank last). A provider's ``check`` says why it
+    cannot serve a spec (cloud providers: no catalogue offer fits, listing the closest)."""
+    viable: list[tuple[float, int, Spec]] = []
+    reasons = []
+    for order, spec in enumerate(specs):
+        why = spec.provider.check(spec)
+        cost = spec.provider.hourly_cost(spec) if why is None else None
+        cap = spec.max_hourly_cost
+        if why is None and cost is not None and cap is not None and cost > cap:
+            why = f"${cost:.4g}/h per node is over max_hourly_cost=${cap:g}; raise it or pick smaller nodes"
+        if why is not None:
+            reasons.append(f"  - {type(spec.provider).__name__}: {why}")
+            continue
+        if options.selection == "first":
+            return spec
+        viable.append((float("inf") if cost is None else cost * spec.node_spec.desired, order, spec))
+    if not viable:
+        raise NoOfferError("no spec can be provisioned:\n" + "\n".join(reasons))
+    return min(viable, key=lambda v: (v[0], v[1]))[2]
 
 
 _A_VOLUME = ("a volume is sky.Volume(bucket, mount) or sky.Disk(size_gb, mount=...), "

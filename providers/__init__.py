@@ -33,3 +33,11 @@ def provider_class(kind: str) -> type[ProviderConfig]:
             f"missing); use provider = 'local' (or another that `skyward --help` lists)."
         ) from None
     return cls
+
+
+def default_provider() -> ProviderConfig:
+    """sky.Local(): the provider of a Spec that names none (skyward/__init__.py hands this to
+    skyward.spec)."""
+    from .local import Local
+
+    return Local()

@@ -55,6 +55,7 @@ from .errors import (
 )
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, function, gather, sky
 from .function import SkywardModule as _SkywardModule
+from .providers import default_provider as _default_provider
 from .spec import (
     AllocationStrategy,
     Image,
@@ -69,7 +70,12 @@ from .spec import (
     Worker,
     WorkerExecutor,
 )
+from .spec import set_default_provider as _set_default_provider
 from .version import __version__
+
+# Spec() with no provider gets sky.Local(): spec.py sits below the providers, so the package
+# tells it which one (the factory imports skyward.providers.local on first use).
+_set_default_provider(_default_provider)
 
 # `1 >> sky` (a plain function's result pushed at the module) explains itself. The module and
 # sky.sky (the reference project's singleton) both stand for the active pool.

@@ -7,7 +7,7 @@ wrote it, with the value, the rule and the next step in the message.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
@@ -277,6 +277,16 @@ def check_session_option(where: str, name: str, value: Any) -> None:
         )
 
 
+# What a Spec without provider= gets (sky.Local()). The providers import this module, so it
+# does not import them: the package, above both, sets the factory (skyward/__init__.py).
+_default_provider: Callable[[], Any] | None = None
+
+
+def set_default_provider(factory: Callable[[], Any]) -> None:
+    global _default_provider
+    _default_provider = factory
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """What to provision: a provider and the shape of its nodes."""
@@ -298,9 +308,12 @@ class Spec:
 
     def __post_init__(self) -> None:
         if self.provider is None:
-            from skyward.providers.local import Local
-
-            object.__setattr__(self, "provider", Local())
+            if _default_provider is None:
+                raise ConfigError(
+                    "Spec() without provider= before skyward finished importing: pass a provider, "
+                    "e.g. provider=sky.Local()."
+                )
+            object.__setattr__(self, "provider", _default_provider())
         elif not getattr(self.provider, "is_skyward_provider", False):
             raise ConfigError(
                 f"provider={self.provider!r} is not a provider: use sky.Local(), sky.SSH(...), "

@@ -408,6 +408,22 @@ def test_jump_is_checked_where_it_is_given() -> None:
         sky.SSH(hosts=["10.0.0.1"], known_hosts="/no/such/folder/known_hosts")
 
 
+
+def test_jump_and_known_hosts_come_from_skyward_toml(tmp_path: Path) -> None:
+    """A named pool's [pools.NAME.ssh] table takes jump and known_hosts as sky.SSH does."""
+    from skyward import config
+    from skyward.named import provider_from
+
+    (tmp_path / "skyward.toml").write_text(
+        '[pools.lab]\nprovider = "ssh"\n[pools.lab.ssh]\nhosts = ["10.0.0.1"]\n'
+        f'jump = "me@bastion:2222"\nknown_hosts = "{tmp_path}/kh"\n')
+    ssh = provider_from(config.load("lab", project=tmp_path / "skyward.toml").data)
+    assert isinstance(ssh, sky.SSH) and ssh.jump == "me@bastion:2222" and ssh.known_hosts == f"{tmp_path}/kh"
+    (tmp_path / "skyward.toml").write_text(
+        '[pools.lab]\nprovider = "ssh"\n[pools.lab.ssh]\nhosts = ["10.0.0.1"]\njump = "me@bastion:99999"\n')
+    with pytest.raises(sky.ConfigError, match="jump"):
+        provider_from(config.load("lab", project=tmp_path / "skyward.toml").data)
+
 # -- 6. a quiet console ------------------------------------------------------------------------------------
 QUIET_PROGRAM = textwrap.dedent("""
     import json, sys

@@ -11,9 +11,17 @@ from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, NoOfferError, PoolClosedError
+from .errors import ConfigError, PoolClosedError
 from .pool import Pool
-from .spec import SPEC_FIELDS, Options, Spec, Worker, check_session_option, unknown_field_error
+from .spec import (
+    SPEC_FIELDS,
+    Options,
+    Spec,
+    Worker,
+    check_session_option,
+    select_spec,
+    unknown_field_error,
+)
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -22,29 +30,6 @@ if TYPE_CHECKING:
     from .spec import ConsoleMode, SpecKwargs
 
 log = logging.getLogger("skyward")
-
-
-def _select(specs: tuple[Spec, ...], options: Options) -> Spec:
-    """The spec to provision: the first viable one, or the one whose pool costs least per hour
-    (node price x desired nodes; unknown prices rank last). A provider's ``check`` says why it
-    cannot serve a spec (cloud providers: no catalogue offer fits, listing the closest)."""
-    viable: list[tuple[float, int, Spec]] = []
-    reasons = []
-    for order, spec in enumerate(specs):
-        why = spec.provider.check(spec)
-        cost = spec.provider.hourly_cost(spec) if why is None else None
-        cap = spec.max_hourly_cost
-        if why is None and cost is not None and cap is not None and cost > cap:
-            why = f"${cost:.4g}/h per node is over max_hourly_cost=${cap:g}; raise it or pick smaller nodes"
-        if why is not None:
-            reasons.append(f"  - {type(spec.provider).__name__}: {why}")
-            continue
-        if options.selection == "first":
-            return spec
-        viable.append((float("inf") if cost is None else cost * spec.node_spec.desired, order, spec))
-    if not viable:
-        raise NoOfferError("no spec can be provisioned:\n" + "\n".join(reasons))
-    return min(viable, key=lambda v: (v[0], v[1]))[2]
 
 
 def _resolve_worker(options: Options, worker: Worker | None) -> Worker:
@@ -135,7 +120,7 @@ class Compute:
             from .named import open_named
 
             return open_named(self.name, self.options)
-        spec = _select(self.specs, self.options)
+        spec = select_spec(self.specs, self.options)
         spec.provider.preflight(spec)  # e.g. no Pulumi CLI: say so before anything is written
         if spec.plugins:
             from .plugins.compose import validate

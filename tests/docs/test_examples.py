@@ -116,7 +116,7 @@ def runnable() -> list[tuple[Block, str]]:
 _PREVIEW_PRELUDE = '''
 def _docs_preview(compute):
     """Stands in for `with sky.Compute(...)` in cloud examples: preview, create nothing."""
-    from skyward.compute import _select
+    from skyward.spec import select_spec as _select
 
     spec = _select(compute.specs, compute.options)
     plan = spec.provider.preview(spec)

@@ -7,8 +7,8 @@ import pytest
 
 import skyward as sky
 from skyward.catalogue import Want, load, select
-from skyward.compute import _select
 from skyward.errors import NoOfferError
+from skyward.spec import select_spec as _select
 
 A = sky.accelerators
 

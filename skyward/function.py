@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar, final
 
 from .errors import ConfigError, DispatchError, NoActivePoolError
 from .runtime import context as _context
+from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -37,13 +38,11 @@ def _check_timeout(timeout: float | None) -> float | None:
 def resolve_pool(target: Any, op: str) -> Pool:
     """The pool a dispatch operator points at: a Pool, a Compute, or the active pool (the
     skyward module, or sky.sky)."""
-    from .pool import Pool, active_pool
-
-    if isinstance(target, Pool):
-        return target
+    if isinstance(target, DispatchTarget):
+        return target  # type: ignore[return-value]  # Pool is the one DispatchTarget
     pool = getattr(target, "pool", None)  # a Compute / Session handle
-    if isinstance(pool, Pool):
-        return pool
+    if isinstance(pool, DispatchTarget):
+        return pool  # type: ignore[return-value]
     if isinstance(target, StandsForActivePool):  # the skyward module, or sky.sky
         found = active_pool()
         if found is None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from skyward.bootstrap.channel import NodeChannel
 
-from . import app, console, logs, secrets
+from . import app, console, logs, secrets, target
 from . import events as ev
 from .batches import Batches
 from .console import Console
@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .function import not_pending
 from .healing import Healing
 from .spec import Options, PoolSpec, Worker
+from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
     from .providers.base import Cluster
@@ -34,13 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["Pool", "active_pool", "decode_result"]
 
 log = logging.getLogger("skyward")
-
-_active: contextvars.ContextVar[Pool | None] = contextvars.ContextVar("skyward_active_pool", default=None)
-
-
-def active_pool() -> Pool | None:
-    return _active.get()
-
 
 # Pools a program opened and never closed (a Session without `with`, say) are closed when the
 # interpreter exits, instead of leaving their nodes to the lease watchdog.
@@ -56,7 +50,7 @@ def _close_leftovers() -> None:
             log.exception("closing pool %s at exit failed", pool.id)
 
 
-class Pool(Batches, Healing):
+class Pool(Batches, Healing, DispatchTarget):
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
     def __init__(
@@ -81,7 +75,7 @@ class Pool(Batches, Healing):
         self._closed = False
         self._drift: dict[str, tuple[str, str, int]] = {}  # package versions that differ on nodes
         self._stop = threading.Event()
-        self._tokens: list[contextvars.Token[Pool | None]] = []
+        self._tokens: list[contextvars.Token[Any]] = []
         self._nodes = spec.node_spec
         self._resize_lock = threading.Lock()
         self._autoscaler: threading.Thread | None = None
@@ -143,14 +137,14 @@ class Pool(Batches, Healing):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:
-        self._tokens.append(_active.set(self))
+        self._tokens.append(target.enter(self))
         if len(self._tokens) == 1 and self.spec.plugins:
             self._enter_plugins()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._tokens:
-            _active.reset(self._tokens.pop())
+            target.leave(self._tokens.pop())
         if not self._tokens:
             self._exit_plugins()
         self.close()
@@ -174,7 +168,7 @@ class Pool(Batches, Healing):
         try:
             self._client_hooks = enter_client_hooks(self.spec.plugins, self, self._cluster)
         except BaseException:
-            _active.reset(self._tokens.pop())
+            target.leave(self._tokens.pop())
             self.close()
             raise
 

@@ -165,7 +165,7 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
     def _resolve(self) -> _ClientTarget | _NodeTarget:
         if self._pool is not None:
             return _ClientTarget(self._pool)
-        from skyward.pool import active_pool
+        from skyward.target import active_pool
 
         pool = active_pool()
         if pool is not None:

@@ -61,7 +61,7 @@ class NodePlan:
     wheel_names: tuple[str, ...] = field(default=())  # the wheelhouse content (keys the deps phase)
     uv_version: str = ""  # index mode: the uv release a node fetches when it has none
     volumes: str = ""  # the volumes phase (bootstrap/mounts.py): mounts the pool's sky.Volume buckets
-    # The pool's lock (skyward.pkglock.text): installed as it is, --no-deps; replaces Image.pip.
+    # The pool's lock (skyward.records.pkglock.text): installed as it is, --no-deps; replaces Image.pip.
     lock: str = ""
 
 

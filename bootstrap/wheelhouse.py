@@ -176,7 +176,7 @@ def wheels_for(requirements: tuple[str, ...], python: str) -> list[Path]:
 
 
 def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) -> list[Path]:
-    """Wheels of exactly the packages of a pool's lock (``skyward.pkglock.text``), nothing resolved:
+    """Wheels of exactly the packages of a pool's lock (``skyward.records.pkglock.text``), nothing resolved:
     ``pip wheel --no-deps``, hashes checked when the lock has them. Cached by the lock."""
     if not lock_text.strip():
         return []

@@ -46,26 +46,26 @@ TOP_ORDER = ["index.md", "getting-started.md", "how-it-works.md"]
 API_SECTIONS: dict[str, tuple[str, str]] = {
     # module: (page slug, title)
     "skyward.runtime.collections": ("collections", "Collections"),
-    "skyward.function": ("functions-and-pools", "Functions and pools"),
-    "skyward.app": ("functions-and-pools", "Functions and pools"),
-    "skyward.membership": ("functions-and-pools", "Functions and pools"),
-    "skyward.compute": ("functions-and-pools", "Functions and pools"),
-    "skyward.pool": ("functions-and-pools", "Functions and pools"),
+    "skyward.core.function": ("functions-and-pools", "Functions and pools"),
+    "skyward.observe.app": ("functions-and-pools", "Functions and pools"),
+    "skyward.core.membership": ("functions-and-pools", "Functions and pools"),
+    "skyward.core.compute": ("functions-and-pools", "Functions and pools"),
+    "skyward.core.pool": ("functions-and-pools", "Functions and pools"),
     "skyward.spec": ("specs", "Specs, images and options"),
     "skyward.typing": ("specs", "Specs, images and options"),
     "skyward.volumes": ("storage", "Storage and volumes"),
     "skyward.storage": ("storage", "Storage and volumes"),
-    "skyward.health": ("healing", "Healing"),
-    "skyward.healing": ("healing", "Healing"),
+    "skyward.core.health": ("healing", "Healing"),
+    "skyward.core.healing": ("healing", "Healing"),
     "skyward.accelerators": ("specs", "Specs, images and options"),
     "skyward.time": ("specs", "Specs, images and options"),
     "skyward.catalogue": ("providers", "Providers and offers"),
     "skyward.providers": ("providers", "Providers and offers"),
     "skyward.runtime": ("inside-tasks", "Inside tasks"),
-    "skyward.events": ("observability", "Events, metrics, logging"),
+    "skyward.observe.events": ("observability", "Events, metrics, logging"),
     "skyward.metrics": ("observability", "Events, metrics, logging"),
-    "skyward.logs": ("observability", "Events, metrics, logging"),
-    "skyward.secrets": ("observability", "Events, metrics, logging"),
+    "skyward.observe.logs": ("observability", "Events, metrics, logging"),
+    "skyward.observe.secrets": ("observability", "Events, metrics, logging"),
     "skyward.plugins": ("plugins", "Plugins"),
     "skyward.errors": ("errors", "Errors"),
 }
@@ -262,8 +262,8 @@ def _command_sections(parser: argparse.ArgumentParser, prefix: str, level: int) 
 
 
 def cli_markdown() -> str:
-    """The CLI reference page, from ``skyward.cli``'s parser."""
-    from skyward import cli
+    """The CLI reference page, from ``skyward.named.cli``'s parser."""
+    from skyward.named import cli
 
     parser = cli._parser()
     lines = [

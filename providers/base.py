@@ -37,11 +37,11 @@ class Cluster(abc.ABC):
     # The spec the cluster was made for: plugin transforms and bootstrap factories read it
     # (set by the provider before it calls skyward.plugins.compose.prepare).
     spec: Spec
-    # What the nodes were given, exactly (skyward.pkglock.describe): the pool's record keeps it.
+    # What the nodes were given, exactly (skyward.records.pkglock.describe): the pool's record keeps it.
     # None where the provider cannot say (an attached pool: its record was written at creation).
     lock: dict[str, Any] | None = None
     # An attached pool replaces the described nodes it found dead before its first task (set by
-    # skyward.named for programs that attach; inspection commands such as `exec` leave it off).
+    # skyward.named.pools for programs that attach; inspection commands such as `exec` leave it off).
     heal_at_attach: bool = False
 
     @property

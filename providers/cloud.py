@@ -70,7 +70,7 @@ def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
 
 
 def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool) -> None:
-    """A lost node that does not answer is replaced by one stack update (skyward.healing)."""
+    """A lost node that does not answer is replaced by one stack update (skyward.core.healing)."""
 
     def replace_host(host: Any) -> tuple[Any, str | None]:
         address, reclaimed = cloud.replace(host)

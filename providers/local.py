@@ -137,8 +137,8 @@ class LocalCluster(Cluster):
         self._lock = threading.Lock()
         self.spec = spec
         try:
-            from skyward.pkglock import current_pin
             from skyward.plugins.compose import prepare
+            from skyward.records.pkglock import current_pin
 
             self._pin = current_pin()  # reproducing a pool: its recorded packages
 
@@ -233,7 +233,7 @@ class LocalCluster(Cluster):
     def _environment(self, image: Image) -> dict[str, str]:
         import platform
 
-        from skyward import pkglock
+        from skyward.records import pkglock
 
         from .local_env import locked, overlay
 
@@ -408,8 +408,8 @@ def _not_running(node: dict[str, Any]) -> str:
 
 def _mount_volumes(spec: Spec, pool_id: str, root: Path) -> Any:
     """The pool's sky.Volume buckets, mounted on this machine before any node starts."""
-    from skyward import events as ev
     from skyward.bootstrap.mounts import LocalMounts, volumes_of
+    from skyward.observe import events as ev
 
     volumes = volumes_of(spec)
     if not volumes:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from skyward import pkglock
 from skyward.errors import ConfigError, ProviderError
 from skyward.paths import skyward_home
-from skyward.pkglock import Package
+from skyward.records import pkglock
+from skyward.records.pkglock import Package
 
 
 def unsatisfied(requirements: tuple[str, ...]) -> list[str]:

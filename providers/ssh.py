@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from skyward import events as ev
-from skyward import pkglock
 from skyward.errors import BootstrapError, ConfigError, ProviderError
+from skyward.observe import events as ev
+from skyward.records import pkglock
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 
@@ -590,7 +590,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                         "is still up", index, node.host.address, self._ttl)
             threading.Thread(target=node.remote.close, name="skyward-ssh-drop", daemon=True).start()
 
-    # -- healing (skyward.healing) -------------------------------------------------------------
+    # -- healing (skyward.core.healing) -------------------------------------------------------------
     # A cloud provider sets this: a lost host's replacement from its stack (one update), and
     # why the old one went away when the cloud took it back (a spot reclaim), else None.
     replace_host: Callable[[SSHHost], tuple[SSHHost, str | None]] | None = None

@@ -20,6 +20,15 @@ import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 from . import accelerators, time
+from .core.function import (
+    PendingFunction,
+    PendingFunctionGroup,
+    RemoteFunction,
+    function,
+    gather,
+    sky,
+)
+from .core.function import SkywardModule as _SkywardModule
 from .errors import (
     AcceleratorError,
     BootstrapError,
@@ -53,8 +62,6 @@ from .errors import (
     TaskTimeoutError,
     WorkerDiedError,
 )
-from .function import PendingFunction, PendingFunctionGroup, RemoteFunction, function, gather, sky
-from .function import SkywardModule as _SkywardModule
 from .providers import default_provider as _default_provider
 from .spec import (
     AllocationStrategy,
@@ -84,41 +91,41 @@ _sys.modules[__name__].__class__ = _SkywardModule
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
     "metrics": "skyward.metrics",
-    "LogConfig": "skyward.logs",
-    "Secret": "skyward.secrets",
-    "secret": "skyward.secrets",
-    "subscribe": "skyward.events",
-    "Event": "skyward.events",
-    "ClusterRequested": "skyward.events",
-    "ClusterProvisioned": "skyward.events",
-    "ClusterReady": "skyward.events",
-    "ClusterDestroyed": "skyward.events",
-    "ClusterDetached": "skyward.events",
-    "InstanceProvisioned": "skyward.events",
-    "BootstrapPhase": "skyward.events",
-    "InstanceBootstrapped": "skyward.events",
-    "InstanceLost": "skyward.events",
-    "InstancePreempted": "skyward.events",
-    "InstanceReplaced": "skyward.events",
-    "InstanceDestroyed": "skyward.events",
-    "ResourceChanged": "skyward.events",
-    "BatchStarted": "skyward.events",
-    "BatchFinished": "skyward.events",
-    "TaskStarted": "skyward.events",
-    "TaskCompleted": "skyward.events",
-    "Metric": "skyward.events",
-    "Log": "skyward.events",
-    "Error": "skyward.events",
-    "Compute": "skyward.compute",
-    "Session": "skyward.compute",
-    "Pool": "skyward.pool",
-    "HealthChecker": "skyward.health",
+    "LogConfig": "skyward.observe.logs",
+    "Secret": "skyward.observe.secrets",
+    "secret": "skyward.observe.secrets",
+    "subscribe": "skyward.observe.events",
+    "Event": "skyward.observe.events",
+    "ClusterRequested": "skyward.observe.events",
+    "ClusterProvisioned": "skyward.observe.events",
+    "ClusterReady": "skyward.observe.events",
+    "ClusterDestroyed": "skyward.observe.events",
+    "ClusterDetached": "skyward.observe.events",
+    "InstanceProvisioned": "skyward.observe.events",
+    "BootstrapPhase": "skyward.observe.events",
+    "InstanceBootstrapped": "skyward.observe.events",
+    "InstanceLost": "skyward.observe.events",
+    "InstancePreempted": "skyward.observe.events",
+    "InstanceReplaced": "skyward.observe.events",
+    "InstanceDestroyed": "skyward.observe.events",
+    "ResourceChanged": "skyward.observe.events",
+    "BatchStarted": "skyward.observe.events",
+    "BatchFinished": "skyward.observe.events",
+    "TaskStarted": "skyward.observe.events",
+    "TaskCompleted": "skyward.observe.events",
+    "Metric": "skyward.observe.events",
+    "Log": "skyward.observe.events",
+    "Error": "skyward.observe.events",
+    "Compute": "skyward.core.compute",
+    "Session": "skyward.core.compute",
+    "Pool": "skyward.core.pool",
+    "HealthChecker": "skyward.core.health",
     "Offer": "skyward.catalogue",
     "InstanceType": "skyward.catalogue",
-    "App": "skyward.app",
-    "main": "skyward.runscript",
-    "NodeSnapshot": "skyward.membership",
-    "PoolSnapshot": "skyward.membership",
+    "App": "skyward.observe.app",
+    "main": "skyward.named.runscript",
+    "NodeSnapshot": "skyward.core.membership",
+    "PoolSnapshot": "skyward.core.membership",
     "offers": "skyward.catalogue",
     "Disk": "skyward.volumes",
     "Volume": "skyward.volumes",
@@ -152,10 +159,14 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from . import metrics, plugins, storage
-    from .app import App
     from .catalogue import InstanceType, Offer, offers
-    from .compute import Compute, Session
-    from .events import (
+    from .core.compute import Compute, Session
+    from .core.health import HealthChecker
+    from .core.membership import NodeSnapshot, PoolSnapshot
+    from .core.pool import Pool
+    from .named.runscript import main
+    from .observe.app import App
+    from .observe.events import (
         BatchFinished,
         BatchStarted,
         BootstrapPhase,
@@ -179,15 +190,12 @@ if TYPE_CHECKING:
         TaskStarted,
         subscribe,
     )
-    from .health import HealthChecker
-    from .logs import LogConfig
-    from .membership import NodeSnapshot, PoolSnapshot
-    from .pool import Pool
+    from .observe.logs import LogConfig
+    from .observe.secrets import Secret, secret
     from .providers.aws import AWS
     from .providers.gcp import GCP
     from .providers.local import Local
     from .providers.ssh import SSH, SSHHost
-    from .runscript import main
     from .runtime.collections import make_barrier as barrier
     from .runtime.collections import make_counter as counter
     from .runtime.collections import make_dict as dict
@@ -204,7 +212,6 @@ if TYPE_CHECKING:
     )
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
     from .runtime.shard import shard
-    from .secrets import Secret, secret
     from .storage import Storage
     from .volumes import Disk, Volume
 

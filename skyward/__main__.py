@@ -1,3 +1,3 @@
-from skyward.cli import main
+from skyward.named.cli import main
 
 raise SystemExit(main())

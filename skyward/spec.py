@@ -231,7 +231,7 @@ class Options:
         if self.worker is not None and not isinstance(self.worker, Worker):
             raise ConfigError(f"Options(worker={self.worker!r}) is not valid: pass sky.Worker(...).")
         if self.health_checker is not None:
-            from .health import HealthChecker
+            from .core.health import HealthChecker
 
             if not isinstance(self.health_checker, HealthChecker):
                 raise ConfigError(
@@ -263,7 +263,7 @@ def check_session_option(where: str, name: str, value: Any) -> None:
             f"False (False or 'silent' for no console)."
         )
     if name == "logging" and not isinstance(value, bool):
-        from .logs import LogConfig
+        from .observe.logs import LogConfig
 
         if not isinstance(value, LogConfig):
             raise ConfigError(

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skyward import events as ev
 from skyward.errors import ProviderError, StackError
+from skyward.observe import events as ev
 from skyward.version import __version__
 
 from . import keys, notes
@@ -106,7 +106,7 @@ class CloudPool:
         # An unnamed pool's kind ("aws"/"gcp"): it leaves a note (notes.py) while it exists,
         # so that `skyward ls` / `down --expired` find it if this process dies without teardown.
         self._track = track
-        # The pool's lock (skyward.pkglock), once its nodes installed it: kept in the stack config.
+        # The pool's lock (skyward.records.pkglock), once its nodes installed it: kept in the stack config.
         self._lock_json: str | None = None
         self.stack = PoolStack(
             plan.stack, _Program(self, program), pool=pool_id, plugins=plugins or {},

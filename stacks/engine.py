@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skyward import events as ev
 from skyward.errors import PendingOperationsError, PulumiNotFoundError, StackError, StackLockedError
+from skyward.observe import events as ev
 from skyward.paths import skyward_home
 
 from . import backend

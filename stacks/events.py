@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from skyward import events as ev
+from skyward.observe import events as ev
 
 
 def resource_name(urn: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import skyward as sky
-from skyward.autoscale import ScaleState, decide
+from skyward.core.autoscale import ScaleState, decide
 
 OPTS = sky.Options(autoscale_cooldown=10, autoscale_idle_timeout=30)
 ELASTIC = sky.Nodes(desired=2, max=6)

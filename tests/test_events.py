@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import skyward as sky
+from skyward.observe import events as ev
 
 
 @sky.function
@@ -32,7 +33,7 @@ def test_lifecycle_events_in_order_and_one_completion_per_task() -> None:
             with pytest.raises(ValueError):
                 fail() >> pool
             pid = pool.id
-        sky.events.bus.flush()
+        ev.bus.flush()
     finally:
         unsubscribe()
     mine = [e for e in seen if e.pool == pid]
@@ -58,7 +59,7 @@ def test_map_reports_a_batch_with_item_counts() -> None:
         unsubscribe = pool.subscribe(seen.append)
         pool.map(work, range(1000), chunksize=100)
         sky.gather(work(1), work(2)) >> pool
-        sky.events.bus.flush()
+        ev.bus.flush()
         unsubscribe()
     batches = [e for e in seen if isinstance(e, sky.BatchStarted)]
     assert [(b.kind, b.total) for b in batches] == [("map", 1000), ("gather", 2)]

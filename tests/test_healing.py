@@ -15,7 +15,7 @@ import pytest
 from conftest import alive, wait_gone
 
 import skyward as sky
-from skyward import events
+from skyward.observe import events
 
 pytestmark = pytest.mark.timeout(300)
 QUIET = sky.Options(console=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import skyward.secrets as secrets
+import skyward.observe.secrets as secrets
 from skyward.errors import ConfigError
-from skyward.logs import TRACE, LogConfig, LogHandle, configure
+from skyward.observe.logs import TRACE, LogConfig, LogHandle, configure
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import skyward as sky
-from skyward import console as console_mod
-from skyward.membership import NodeSnapshot, PoolSnapshot
+from skyward.core.membership import NodeSnapshot, PoolSnapshot
+from skyward.observe import console as console_mod
 
 
 @sky.function
@@ -126,7 +126,7 @@ def test_app_refuses_a_bad_console_and_a_second_entry() -> None:
 
 
 def test_pools_outside_an_app_keep_their_own_console() -> None:
-    from skyward import app
+    from skyward.observe import app
 
     assert app.current() is None
     with sky.App(console=False):
@@ -295,7 +295,7 @@ def test_a_type_checker_sees_the_operators_result_types(tmp_path: Path) -> None:
     ).stdout
     revealed = [line.split("Revealed type is ", 1)[1].strip('"') for line in out.splitlines() if "Revealed type" in line]
     assert revealed == [
-        "skyward.function.PendingFunction[str]",
+        "skyward.core.function.PendingFunction[str]",
         "str",
         "list[str]",
         "concurrent.futures._base.Future[str]",
@@ -309,7 +309,7 @@ def test_a_type_checker_sees_the_operators_result_types(tmp_path: Path) -> None:
 
 
 def test_app_leaves_no_subscription_behind() -> None:
-    from skyward import events
+    from skyward.observe import events
 
     before = len(events.bus._subs)
     with sky.App(console="log"):

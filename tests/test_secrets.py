@@ -8,9 +8,16 @@ import time
 
 import pytest
 
-import skyward.secrets as secrets
+import skyward.observe.secrets as secrets
 from skyward.errors import ConfigError
-from skyward.secrets import RedactingFilter, Secret, is_secret_name, redact, register, secret
+from skyward.observe.secrets import (
+    RedactingFilter,
+    Secret,
+    is_secret_name,
+    redact,
+    register,
+    secret,
+)
 
 
 @pytest.fixture(autouse=True)

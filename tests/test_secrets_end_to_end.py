@@ -31,7 +31,7 @@ PROGRAM = textwrap.dedent(f"""
             leak() @ pool
         except RuntimeError:
             pass
-        sky.events.bus.flush()
+        ev.bus.flush()
     print("EVENTS", repr(events))
 """)
 

@@ -39,8 +39,9 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from skyward import audit, registry
 from skyward.errors import ConfigError, PoolExistsError, PoolNotFoundError, SkywardError
+from skyward.named import registry
+from skyward.records import audit
 
 from . import views
 from .live import LivePool

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from skyward.paths import skyward_home
 
 if TYPE_CHECKING:
-    from skyward.events import Event
-    from skyward.pool import Pool
+    from skyward.core.pool import Pool
+    from skyward.observe.events import Event
 
 log = logging.getLogger("skyward.dashboard")
 
@@ -111,7 +111,7 @@ def _flush_at_exit() -> None:
     link = _link
     if link is None:
         return
-    from skyward.events import bus
+    from skyward.observe.events import bus
 
     bus.flush(1.0)
     with contextlib.suppress(Exception):
@@ -192,7 +192,7 @@ class _Link:
             return
 
     def sync(self, live: list[Pool]) -> None:
-        from skyward.events import ClusterDestroyed, ClusterDetached, bus
+        from skyward.observe.events import ClusterDestroyed, ClusterDetached, bus
 
         for pool in live:
             if pool.id in self.subscribed or pool.id in self.ended:

@@ -17,12 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skyward import audit, named, registry, secrets
-from skyward import events as ev
 from skyward.errors import ConfigError, ProviderError, SkywardError
+from skyward.named import pools as named
+from skyward.named import registry
+from skyward.observe import events as ev
+from skyward.observe import secrets
+from skyward.records import audit
 
 if TYPE_CHECKING:
-    from skyward.pool import Pool
+    from skyward.core.pool import Pool
 
 # Pulumi inline programs share process-global state (two `up`s cannot run at once in one
 # process): the dashboard starts, resizes and stops one pool at a time.
@@ -160,8 +163,8 @@ def attached(name: str) -> Iterator[Pool]:
 
 def log_tail(name: str, node: int | None, lines: int) -> list[dict[str, Any]]:
     """The last ``lines`` lines of each node's agent log (what `skyward logs` shows)."""
-    from skyward.function import function
-    from skyward.nodeops import tail
+    from skyward.core.function import function
+    from skyward.named.nodeops import tail
 
     nodes = (named.get(name).get("cluster") or {}).get("nodes", [])
     out: list[dict[str, Any]] = []
@@ -182,7 +185,7 @@ def log_tail(name: str, node: int | None, lines: int) -> list[dict[str, Any]]:
 # -- actions -----------------------------------------------------------------------------------
 def up(name: str, project: Path | None) -> dict[str, Any]:
     """Start pool ``name`` from skyward.toml and leave it running (`skyward up NAME`)."""
-    from skyward.config import load
+    from skyward.named.config import load
     from skyward.spec import Options
 
     cfg = load(name, project=project)
@@ -224,8 +227,8 @@ def resize(name: str, nodes: Any) -> dict[str, Any]:
 
 def run_command(name: str, command: Any, timeout: float) -> list[dict[str, Any]]:
     """``command`` in a shell on every node (`skyward exec NAME -- CMD`): one result per node."""
-    from skyward.function import function
-    from skyward.nodeops import run_shell
+    from skyward.core.function import function
+    from skyward.named.nodeops import run_shell
 
     if not isinstance(command, str) or not command.strip():
         raise ConfigError("exec needs a command: give {\"command\": \"hostname\"}.")
@@ -241,7 +244,7 @@ def run_command(name: str, command: Any, timeout: float) -> list[dict[str, Any]]
 def config_pools(project: Path | None) -> dict[str, Any]:
     """The pools skyward.toml defines, each validated on its own (one bad table does not hide
     the others), with whether it runs now."""
-    from skyward.config import defined_pools, describe_source, load
+    from skyward.named.config import defined_pools, describe_source, load
 
     out = []
     for name in sorted(defined_pools(project)):
@@ -261,7 +264,7 @@ def config_pools(project: Path | None) -> dict[str, Any]:
 
 def preview(name: str, project: Path | None) -> dict[str, Any]:
     """What `up NAME` would create and what it costs per hour; creates nothing."""
-    from skyward.config import load
+    from skyward.named.config import load
 
     cfg = load(name, project=project)
     learn_secrets(cfg.data)

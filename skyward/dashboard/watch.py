@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from skyward import named
 from skyward.errors import SkywardError
+from skyward.named import pools as named
 
 log = logging.getLogger("skyward.dashboard")
 
@@ -79,7 +79,7 @@ class NodeWatch:
                        "name": sample["name"], "value": float(sample["value"]), "unit": sample.get("unit", "")})
 
     def _output(self, node: int, task: int, stream: int, data: bytes) -> None:
-        from skyward import secrets
+        from skyward.observe import secrets
 
         self.on_event({"type": "Log", "pool": self.pool_id, "time": time.time(), "node": node,
                        "level": "stderr" if stream == 2 else "stdout",

@@ -77,7 +77,7 @@ def _portable(entry: tuple[Any, ...]) -> bool:
 
 def decode(result: Frame | BaseException, name: str) -> Any:
     """A RESULT (or REPLY) frame -> the value, or raise the task's exception."""
-    from skyward.pool import decode_result
+    from skyward.core.pool import decode_result
 
     return decode_result(result, f"a joblib batch ({name})")
 
@@ -165,7 +165,7 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
     def _resolve(self) -> _ClientTarget | _NodeTarget:
         if self._pool is not None:
             return _ClientTarget(self._pool)
-        from skyward.target import active_pool
+        from skyward.core.target import active_pool
 
         pool = active_pool()
         if pool is not None:

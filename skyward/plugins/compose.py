@@ -31,7 +31,7 @@ from skyward.errors import ConfigError, PluginError, SerializationError
 from .plugin import Plugin
 
 if TYPE_CHECKING:
-    from skyward.pool import Pool
+    from skyward.core.pool import Pool
     from skyward.providers.base import Cluster
     from skyward.spec import Image, Spec
 
@@ -58,7 +58,7 @@ def validate(plugins: Iterable[Any]) -> tuple[Plugin, ...]:
 
 def prepare(spec: Spec, cluster: Cluster) -> tuple[Image, tuple[str, ...]]:
     """The final Image and the plugin bootstrap ops for ``spec`` on ``cluster`` (see module doc)."""
-    from skyward import secrets
+    from skyward.observe import secrets
     from skyward.spec import Image
 
     plugins = validate(spec.plugins)

@@ -241,7 +241,7 @@ def huggingface(token: str | None = None, *,
     hub repo ids (``"org/name"``) downloaded into the nodes' HF cache during bootstrap, before
     any task runs, so ``from_pretrained`` reads them from disk. The token is a secret: it is
     redacted from logs and events, and the bootstrap ops only name $HF_TOKEN."""
-    from skyward import secrets
+    from skyward.observe import secrets
 
     if isinstance(models, str):
         raise ConfigError(f"huggingface(models={models!r}): models is a list of repo ids; write models=[{models!r}].")

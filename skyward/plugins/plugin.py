@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from skyward.errors import ConfigError
 
 if TYPE_CHECKING:
-    from skyward.pool import Pool
+    from skyward.core.pool import Pool
     from skyward.providers.base import Cluster
     from skyward.runtime.info import InstanceInfo
     from skyward.spec import Image

@@ -346,7 +346,7 @@ def flush_client(pool: Any) -> None:
 def _backend(what: str) -> Backend:
     if context.on_node():
         return _on_node_backend(what)
-    from skyward.target import active_pool
+    from skyward.core.target import active_pool
 
     pool = active_pool()
     if pool is None:

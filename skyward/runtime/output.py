@@ -66,7 +66,7 @@ def _filter(streams: tuple[str, ...], only: Only) -> Callable[[F], F]:
     _check_only(only)
 
     def decorate(fn: F) -> F:
-        from skyward.function import RemoteFunction
+        from skyward.core.function import RemoteFunction
 
         if isinstance(fn, RemoteFunction):  # accept both orders of @sky.function and this
             return RemoteFunction(_Filtered(fn.fn, streams, only), timeout=fn.timeout)  # type: ignore[return-value]

@@ -16,8 +16,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 import skyward as sky
-from skyward import events as ev
 from skyward.dashboard import hook
+from skyward.observe import events as ev
 
 from .conftest import CLI
 from .dashboard_helpers import SECRET, TOML, dashboard, program, wait_for
@@ -186,7 +186,7 @@ def test_the_hook_costs_a_pool_nothing_while_no_dashboard_runs(tmp_path: Path, m
 
 def test_without_the_extra_the_command_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from skyward.cli import main
+    from skyward.named.cli import main
 
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now raises ImportError
     assert main(["dashboard", "--port", "0"]) == 2
@@ -196,7 +196,7 @@ def test_without_the_extra_the_command_says_how_to_install_it(monkeypatch: pytes
 
 @pytest.mark.parametrize("port", ["99999", "65536", "-1"])
 def test_a_port_out_of_range_is_a_usage_error(port: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from skyward.cli import main
+    from skyward.named.cli import main
 
     assert main(["dashboard", "--port", port]) == 2  # not an OverflowError from bind()
     err = capsys.readouterr().err

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import skyward as sky
-from skyward import cli
+from skyward.named import cli
 
 from .test_examples import PAGES, ROOT, blocks
 from .test_site import hooks

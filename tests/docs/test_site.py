@@ -84,7 +84,7 @@ def test_every_public_name_has_an_api_entry_that_exists_in_the_source() -> None:
 
 
 def test_cli_reference_has_every_subcommand_and_flag() -> None:
-    from skyward import cli
+    from skyward.named import cli
 
     text = hooks.cli_markdown()
     parser = cli._parser()

@@ -29,7 +29,7 @@ def test_transforms_and_ops_compose_in_plugin_order() -> None:
     assert ops[0].startswith("mkdir -p") and "nvidia-cuda-mps-control -d" in ops[1]
     assert "huggingface_hub.login" in ops[2] and "hf_secret123" not in "".join(ops)
     assert {"transformers", "datasets", "tokenizers", "huggingface_hub"} <= set(image.pip)
-    from skyward import secrets
+    from skyward.observe import secrets
 
     assert "hf_secret123" not in secrets.redact("token hf_secret123")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import skyward as sky
-from skyward import pkglock
 from skyward.bootstrap.script import NodePlan, env_key, render
+from skyward.records import pkglock
 
 UV_OUTPUT = """\
 cloudpickle==3.1.2 \\

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import skyward as sky
-from skyward import audit, record
-from skyward.cli import main
 from skyward.errors import RecordError
+from skyward.named.cli import main
+from skyward.records import audit, record
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pkgindex import Index

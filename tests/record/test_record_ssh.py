@@ -16,8 +16,8 @@ import pytest
 from sshhosts import SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
-from skyward import record
-from skyward.cli import main
+from skyward.named.cli import main
+from skyward.records import record
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pkgindex import Index
@@ -118,6 +118,6 @@ def _apt_lock(hosts: SSHHosts, shims: Path) -> None:
         assert (sky.function(lambda: 1)() >> pool) == 1
         pool_id = pool.id
     assert "install" in (shims / "calls").read_text()  # the apt phase ran, through the shim
-    from skyward.pkglock import apt_versions
+    from skyward.records.pkglock import apt_versions
 
     assert record.read(pool_id)["lock"]["apt"] == apt_versions(["openssh-server"]) != {}

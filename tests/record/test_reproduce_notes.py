@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import skyward as sky
-from skyward import record
 from skyward.errors import RecordError
+from skyward.records import record
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +58,7 @@ def test_a_changed_price_is_said_and_the_same_price_is_not() -> None:
 
 
 def test_diff_of_an_edited_record_says_so_and_still_compares(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from skyward.cli import main
+    from skyward.named.cli import main
 
     cloud_record("edit0001", "t3.medium", 0.1)
     cloud_record("edit0002", "t3.medium", 0.1)

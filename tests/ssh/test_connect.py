@@ -76,7 +76,7 @@ def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_ho
     """Issue 19 item 2 on SSH: each node of a named pool is judged on its own."""
     import json
 
-    from skyward.pool import Pool
+    from skyward.core.pool import Pool
 
     hosts = ssh_hosts(2)
     ssh = _provider(hosts)

@@ -21,8 +21,8 @@ import pytest
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
-from skyward import events
-from skyward.pool import Pool
+from skyward.core.pool import Pool
+from skyward.observe import events
 
 pytestmark = pytest.mark.timeout(600)
 QUIET = sky.Options(console=False)
@@ -411,8 +411,8 @@ def test_jump_is_checked_where_it_is_given() -> None:
 
 def test_jump_and_known_hosts_come_from_skyward_toml(tmp_path: Path) -> None:
     """A named pool's [pools.NAME.ssh] table takes jump and known_hosts as sky.SSH does."""
-    from skyward import config
-    from skyward.named import provider_from
+    from skyward.named import config
+    from skyward.named.pools import provider_from
 
     (tmp_path / "skyward.toml").write_text(
         '[pools.lab]\nprovider = "ssh"\n[pools.lab.ssh]\nhosts = ["10.0.0.1"]\n'

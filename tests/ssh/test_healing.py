@@ -16,7 +16,7 @@ import pytest
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
-from skyward import events
+from skyward.observe import events
 
 pytestmark = pytest.mark.timeout(600)
 QUIET = sky.Options(console=False)

@@ -48,7 +48,7 @@ class Recorder:
             self.events.append(event)
 
     def of(self, kind: type) -> list[Any]:
-        from skyward import events
+        from skyward.observe import events
 
         events.bus.flush()
         with self._lock:
@@ -236,7 +236,7 @@ def test_a_failing_apt_phase_names_host_phase_code_and_output(three_hosts: SSHHo
 
 def test_a_missing_pip_requirement_fails_before_any_node_is_touched(three_hosts: SSHHosts, local_index: str,
                                                                    recorder: Recorder) -> None:
-    # Every pool resolves its packages once on the client (its lock, skyward/pkglock.py), so a
+    # Every pool resolves its packages once on the client (its lock, skyward/records/pkglock.py), so a
     # requirement the index does not have fails there, naming it, before any host runs a script.
     with pytest.raises(sky.ProviderError, match="skyward-no-such-package") as info:
         open_and_close(provider=provider(three_hosts[:2], install="index"), nodes=2, options=QUIET,
@@ -405,7 +405,7 @@ def test_a_node_whose_sshd_forbids_forwarding_is_reached_through_a_relay(ssh_hos
 def test_describe_attach_and_destroy_a_running_ssh_pool(three_hosts: SSHHosts) -> None:
     """What named pools (`skyward up` / sky.Compute(name=...)) rely on: a second client reaches
     the running agents from the description, leaves them running, and destroy stops them."""
-    from skyward.pool import Pool
+    from skyward.core.pool import Pool
 
     ssh = provider(three_hosts[:2])
     spec = sky.Spec(provider=ssh, nodes=2)

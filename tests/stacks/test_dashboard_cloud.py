@@ -20,7 +20,7 @@ from stackfakes import FakeWorkspace
 from test_end_to_end import boot
 from test_named_cloud import home, two_hosts  # noqa: F401 - fixtures
 
-from skyward import named
+from skyward.named import pools as named
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,8 +29,8 @@ def test_a_cloud_pools_stack_resources_and_updates_without_secrets(
     two_hosts: SSHHosts, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from skyward import cli
     from skyward.dashboard import views
+    from skyward.named import cli
 
     ws = FakeWorkspace(node_outputs=boot(two_hosts))
     real = named.provider_from

@@ -19,8 +19,8 @@ pytest.importorskip("pulumi")
 from pulumi import automation as auto
 from stackfakes import CAPACITY_STDERR, LOCK_STDERR, FakeWorkspace, command_error, make_plan
 
-from skyward import events as ev
 from skyward.errors import PendingOperationsError, StackError, StackLockedError
+from skyward.observe import events as ev
 from skyward.stacks import backend, engine, keys
 from skyward.stacks.cloudpool import CloudPool
 

@@ -3,7 +3,7 @@ a pool's description reopens its stack in "another process" (a fresh provider an
 object over the same workspace state), tasks run on the attached nodes, detaching leaves them
 up, and destroying from the description stops the agents and destroys and removes the stack.
 
-The CLI test runs ``skyward.cli.main`` in this process: the fake workspace lives in memory, so
+The CLI test runs ``skyward.named.cli.main`` in this process: the fake workspace lives in memory, so
 ``skyward`` in a subprocess could not reach it. The only thing replaced is how a record's
 provider is built (``named.provider_from``), to hand it the fake workspace.
 """
@@ -25,8 +25,8 @@ from stackfakes import FakeWorkspace
 from test_end_to_end import boot
 
 import skyward as sky
-from skyward import named
-from skyward.pool import Pool
+from skyward.core.pool import Pool
+from skyward.named import pools as named
 from skyward.providers.ssh import SSHCluster
 from skyward.spec import Worker
 
@@ -114,7 +114,7 @@ def test_describe_attach_run_detach_destroy_round_trip(two_hosts: SSHHosts, home
 def test_a_named_cloud_pool_from_the_cli_up_attach_history_down(
     two_hosts: SSHHosts, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from skyward import cli
+    from skyward.named import cli
 
     ws = FakeWorkspace(node_outputs=boot(two_hosts))
     real = named.provider_from

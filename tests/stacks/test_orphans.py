@@ -13,7 +13,7 @@ pytest.importorskip("pulumi")
 
 from stackfakes import FakeWorkspace, make_plan
 
-from skyward import cli
+from skyward.named import cli
 from skyward.stacks import keys, orphans
 from skyward.stacks.cloudpool import CloudPool
 

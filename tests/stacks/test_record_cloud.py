@@ -20,7 +20,7 @@ from stackfakes import FakeWorkspace, fresh_mocks  # noqa: E402
 from test_end_to_end import boot  # noqa: E402
 
 import skyward as sky  # noqa: E402
-from skyward import record  # noqa: E402
+from skyward.records import record  # noqa: E402
 from skyward.stacks import aws  # noqa: E402
 from skyward.stacks.plan import PoolPlan  # noqa: E402
 

@@ -15,6 +15,7 @@ import pytest
 from s3server import S3Server, mounts_under, needs_fuse, sigterm_once_mounted
 
 import skyward as sky
+from skyward.observe import events as ev
 
 pytestmark = needs_fuse
 QUIET = sky.Options(console=False)
@@ -51,7 +52,7 @@ def test_a_task_reads_an_uploaded_file_on_every_node(s3: S3Server, bucket: str, 
     try:
         with sky.Compute(nodes=2, volumes=[sky.Volume(bucket, mount, prefix="ds", storage=st)], options=QUIET) as pool:
             assert mounts_under(mount) == [mount]  # one mount for the pool, not one per node
-            sky.events.bus.flush()
+            ev.bus.flush()
             phases = [(e.node, e.status) for e in seen
                       if isinstance(e, sky.BootstrapPhase) and e.pool == pool.id and e.phase == "volumes"]
             assert phases == [(-1, "started"), (-1, "done")]  # a phase of its own, once for the pool

@@ -18,6 +18,7 @@ from s3server import S3Server, needs_fuse, sigterm_once_mounted
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
+from skyward.observe import events as ev
 
 pytestmark = [needs_fuse, pytest.mark.timeout(600)]
 MOUNT = "/tmp/skyward-volumes"  # /tmp is each host's own tmpfs
@@ -82,7 +83,7 @@ def test_three_hosts_read_a_bucket_and_write_results(hosts: SSHHosts, bridge_s3:
         with sky.Compute(provider=provider(hosts), nodes=3, volumes=volumes,
                          options=sky.Options(console=False)) as pool:
             out = use_volumes(ro, rw) @ pool
-            sky.events.bus.flush()
+            ev.bus.flush()
             phases = [(e.node, e.status) for e in seen
                       if isinstance(e, sky.BootstrapPhase) and e.pool == pool.id and e.phase == "volumes"]
             assert sorted(phases) == [(n, s) for n in range(3) for s in ("done", "started")]

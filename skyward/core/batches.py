@@ -1,5 +1,5 @@
 """Batches: ``map`` and parallel groups (``&``, gather), their chunking, ordering and
-batch events. A mixin of ``Pool`` (skyward.pool)."""
+batch events. A mixin of ``Pool`` (skyward.core.pool)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame, Kind
 
-from . import events as ev
-from .console import Console
+from ..errors import ConfigError, DispatchError, NodeLostError
+from ..observe import events as ev
+from ..observe.console import Console
 from .dispatch import Dispatch, _results
-from .errors import ConfigError, DispatchError, NodeLostError
 from .function import PendingFunctionGroup, RemoteFunction, unwrap
 
 log = logging.getLogger("skyward")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .spec import Nodes, Options
+from ..spec import Nodes, Options
 
 
 @dataclass

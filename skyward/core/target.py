@@ -1,7 +1,7 @@
 """What a dispatch operator points at: the pool type's marker and the active pool.
 
-The operators (skyward.function) and the collections' client side (skyward.runtime.collections)
-reach a pool through this module instead of importing skyward.pool, which imports them: the pool
+The operators (skyward.core.function) and the collections' client side (skyward.runtime.collections)
+reach a pool through this module instead of importing skyward.core.pool, which imports them: the pool
 registers itself as the active one here, and is recognised by the ``DispatchTarget`` base class.
 """
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class DispatchTarget:
-    """A base of ``skyward.pool.Pool``: what ``f() >> x`` accepts as ``x`` without looking
+    """A base of ``skyward.core.pool.Pool``: what ``f() >> x`` accepts as ``x`` without looking
     further (a plain class, so that the check on every call is a fast ``isinstance``)."""
 
     __slots__ = ()

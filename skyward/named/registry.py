@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, PoolBusyError
-from .paths import skyward_home
+from ..errors import ConfigError, PoolBusyError
+from ..paths import skyward_home
 
 FORMAT = 1
 # A pool's name: its record's file name, its [pools.NAME] table, its stack's prefix.

@@ -7,10 +7,10 @@ import argparse
 import time
 from typing import Any
 
-from . import audit, record
+from ..errors import RecordError
+from ..paths import skyward_home
+from ..records import audit, record
 from .cliout import EXIT_FAILED, EXIT_OK, err, format_table, money, print_json
-from .errors import RecordError
-from .paths import skyward_home
 
 
 def _when(t: float | None) -> str:
@@ -100,9 +100,9 @@ def _show(r: dict[str, Any]) -> None:
 
 
 def reproduce(args: argparse.Namespace) -> int:
+    from ..spec import Options
     from .config import PoolConfig
-    from .named import check_name, provision
-    from .spec import Options
+    from .pools import check_name, provision
 
     rep = record.reproduction(args.pool_id)
     record.say(rep, args.strict)  # warnings (shown on stderr), or the refusal

@@ -16,8 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar, final, overload
 
-from .errors import ConfigError, DispatchError, NoActivePoolError
-from .runtime import context as _context
+from ..errors import ConfigError, DispatchError, NoActivePoolError
+from ..runtime import context as _context
 from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ProviderError
-from .version import __version__
+from ..errors import ProviderError
+from ..version import __version__
 
 # Reproducing a pool: the packages of its record, installed as they are (see pinned()).
 _PINNED: contextvars.ContextVar[tuple[Package, ...] | None] = contextvars.ContextVar(

@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextvars
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
 from . import console as _console
-from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .spec import ConsoleMode
+    from ..spec import ConsoleMode
 
 _current: contextvars.ContextVar[App | None] = contextvars.ContextVar("skyward_app", default=None)
 

@@ -1,6 +1,6 @@
 """A live pool: the ``Pool`` its users hold, made of three parts that read on their own:
-membership (skyward.membership: nodes, heartbeat, resize), dispatch (skyward.dispatch: one
-task at a time) and batches (skyward.batches: map and gather)."""
+membership (skyward.core.membership: nodes, heartbeat, resize), dispatch (skyward.core.dispatch: one
+task at a time) and batches (skyward.core.batches: map and gather)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,21 @@ from typing import TYPE_CHECKING, Any
 
 from skyward.bootstrap.channel import NodeChannel
 
-from . import app, console, logs, secrets, target
-from . import events as ev
+from ..dashboard import hook as dashboard_hook
+from ..errors import ConfigError
+from ..observe import app, console, logs, secrets
+from ..observe import events as ev
+from ..observe.console import Console
+from ..spec import Options, PoolSpec, Worker
+from . import target
 from .batches import Batches
-from .console import Console
-from .dashboard import hook as dashboard_hook
 from .dispatch import decode_result
-from .errors import ConfigError
 from .function import not_pending
 from .healing import Healing
-from .spec import Options, PoolSpec, Worker
 from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
-    from .providers.base import Cluster
+    from ..providers.base import Cluster
 
 __all__ = ["Pool", "active_pool", "decode_result"]
 
@@ -124,8 +125,8 @@ class Pool(Batches, Healing, DispatchTarget):
         self._start_health_checks()
 
     def _write_record(self) -> None:
-        """The pool's record (skyward.record): who, where from, the spec, the offer, the lock."""
-        from . import record
+        """The pool's record (skyward.records.record): who, where from, the spec, the offer, the lock."""
+        from ..records import record
 
         try:
             self.record: dict[str, Any] | None = record.write(record.for_pool(self))
@@ -163,7 +164,7 @@ class Pool(Batches, Healing, DispatchTarget):
     def _enter_plugins(self) -> None:
         """around_client hooks, in plugin order, in this (the user's) thread: joblib's backend
         setting is thread-local. On failure the pool is closed and PluginError raised."""
-        from .plugins.compose import enter_client_hooks
+        from ..plugins.compose import enter_client_hooks
 
         try:
             self._client_hooks = enter_client_hooks(self.spec.plugins, self, self._cluster)

@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ConfigError
-from .paths import skyward_home
-from .providers import PROVIDERS, provider_class
+from ..errors import ConfigError
+from ..paths import skyward_home
+from ..providers import PROVIDERS, provider_class
 from .registry import check_name
 
 PROJECT_FILE = "skyward.toml"
@@ -105,7 +105,7 @@ class PoolTable(_Table):
     @classmethod
     def _accelerator(cls, value: str | None) -> str | None:
         if value is not None:
-            from .accelerators import parse
+            from ..accelerators import parse
 
             parse(value)  # AcceleratorError is a ValueError: pydantic reports it with the key
         return value

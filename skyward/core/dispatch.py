@@ -1,5 +1,5 @@
 """Task dispatch: picking a node, sending a task, retrying it when its node is lost, and
-decoding what comes back. A mixin of ``Pool`` (skyward.pool), which holds the state."""
+decoding what comes back. A mixin of ``Pool`` (skyward.core.pool), which holds the state."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import NESTED, Frame, Kind
 
-from . import events as ev
-from . import secrets
-from .errors import (
+from ..errors import (
     ConfigError,
     NodeLostError,
     PoolClosedError,
@@ -27,12 +25,14 @@ from .errors import (
     RemoteTraceback,
     SerializationError,
 )
+from ..observe import events as ev
+from ..observe import secrets
+from ..spec import Options, Spec, Worker
 from .function import PendingFunction
-from .spec import Options, Spec, Worker
 from .streaming import split_stream_args, streams_out, submit_streaming
 
 if TYPE_CHECKING:
-    from .providers.base import Cluster
+    from ..providers.base import Cluster
 
 log = logging.getLogger("skyward")
 T = TypeVar("T")
@@ -81,7 +81,7 @@ class Dispatch:
         except Exception as exc:  # the node was lost meanwhile; submit discarded the buffers
             done(exc)
 
-    # -- which nodes take work (skyward.healing refines these: replacements, health checks) --
+    # -- which nodes take work (skyward.core.healing refines these: replacements, health checks) --
     def _ready(self) -> list[NodeChannel]:
         """The nodes that take tasks now, in rank order."""
         return [ch for ch in self._channels if ch.lost is None]
@@ -106,7 +106,7 @@ class Dispatch:
         """Where the nodes reach the collection server: the head node's agent serves it on the
         head's private address (asked once per head; a named pool's head answers every program
         that attaches with the same address, so its collections outlive each of them)."""
-        from .runtime.collections import serve_address
+        from ..runtime.collections import serve_address
 
         if not pairs:
             return None
@@ -121,12 +121,12 @@ class Dispatch:
         return where
 
     def _collections_node_lost(self, rank: int) -> None:
-        from .runtime.collections import node_lost
+        from ..runtime.collections import node_lost
 
         node_lost(self, rank)
 
     def _flush_collections(self) -> None:
-        from .runtime.collections import flush_client
+        from ..runtime.collections import flush_client
 
         flush_client(self)
 
@@ -223,7 +223,7 @@ class Dispatch:
                 f"expected a pending function (a call of a @sky.function function), got {type(pending).__name__}."
             )
         out, split = streams_out(pending.fn), split_stream_args(pending.fn, pending.args, pending.kwargs)
-        if out or split is not None:  # generator tasks, iterator arguments (skyward.streaming)
+        if out or split is not None:  # generator tasks, iterator arguments (skyward.core.streaming)
             return submit_streaming(self, ch, pending, out, split, batch)
         flags, body, buffers = self._encode(
             (pending.fn, pending.args, pending.kwargs, self._timeout(pending)),

@@ -4,7 +4,7 @@
     ...
     handle.close()
 
-Everything is attached to the ``"skyward"`` logger (children such as ``"skyward.pool"``
+Everything is attached to the ``"skyward"`` logger (children such as ``"skyward.core.pool"``
 flow into it). The rules:
 
 * The file gets every record at ``level`` and above, in the format
@@ -13,7 +13,7 @@ flow into it). The rules:
 * The console (stderr, when ``console`` is true) shows WARNING and above, or ``level`` if
   that is higher: a pool logs a lot at INFO and the terminal belongs to the user's program.
   Full detail is in the file.
-* Every handler added carries a :class:`~skyward.secrets.RedactingFilter`.
+* Every handler added carries a :class:`~skyward.observe.secrets.RedactingFilter`.
 * While any configuration is open the logger does not propagate to the root logger, so an
   application's own ``basicConfig`` does not print skyward's records a second time.
   ``configure(False)`` touches nothing at all: the application owns logging then, and
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from skyward.errors import ConfigError
+from skyward.observe.secrets import RedactingFilter
 from skyward.paths import skyward_home
-from skyward.secrets import RedactingFilter
 
 __all__ = ["LEVELS", "TRACE", "LogConfig", "LogHandle", "configure"]
 

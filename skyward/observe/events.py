@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-log = logging.getLogger("skyward.events")
+log = logging.getLogger("skyward.observe.events")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import audit, registry
-from . import events as ev
-from .errors import (
+from ..errors import (
     ConfigError,
     PoolBusyError,
     PoolExistsError,
@@ -32,15 +30,18 @@ from .errors import (
     ProviderError,
     SkywardError,
 )
-from .providers import provider_class
+from ..observe import events as ev
+from ..providers import provider_class
+from ..records import audit
+from ..spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
+from ..version import __version__
+from . import registry
 from .registry import check_name
-from .spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
-from .version import __version__
 
 if TYPE_CHECKING:
+    from ..core.pool import Pool
+    from ..providers.base import ProviderConfig
     from .config import PoolConfig
-    from .pool import Pool
-    from .providers.base import ProviderConfig
 
 log = logging.getLogger("skyward")
 
@@ -225,8 +226,8 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     this process, until their ttl passes with no client); otherwise the pool is this
     program's and is destroyed when it closes. ``built``: the spec and worker already made
     (`skyward reproduce`), ``cfg.data`` then only describes them for later attaches."""
-    from .pool import Pool
-    from .providers.base import ProviderConfig
+    from ..core.pool import Pool
+    from ..providers.base import ProviderConfig
 
     spec, worker = built if built is not None else spec_from(cfg.data)
     if type(spec.provider).attach is ProviderConfig.attach:
@@ -308,7 +309,7 @@ def _client(pool_id: str) -> dict[str, Any]:
 def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(name=...)",
            audited: bool = True) -> Pool:
     """Connect to the running pool of ``record``; closing the pool detaches and leaves it up."""
-    from .pool import Pool
+    from ..core.pool import Pool
 
     name = record["name"]
     cluster_desc = record["cluster"]
@@ -443,7 +444,7 @@ def _destroy_record(record: dict[str, Any], reason: str) -> None:
     registry.remove(record["name"])
     audit.append(record["name"], "destroyed", record.get("id", ""), reason=reason,
                  provider=record.get("provider"), stack=_stack_name(record))
-    from . import record as records
+    from ..records import record as records
 
     if record.get("id") and records.exists(record["id"]):
         records.closed(record["id"])

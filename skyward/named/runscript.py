@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,8 +61,8 @@ def _exit_code(exc: SystemExit) -> int:
 def run_script(name: str, script: Path, argv: Sequence[str] = (), options: Any = None) -> int:
     """Run ``script`` with named pool ``name`` active; returns the script's exit code."""
     global _marked
-    from .compute import Compute
-    from .named import check_name
+    from ..core.compute import Compute
+    from .pools import check_name
 
     check_name(name)
     if not script.is_file():

@@ -316,13 +316,13 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
 
 
 class EventLog:
-    """Writes a pool's lifecycle events to the ``skyward.events`` logger (the log file)."""
+    """Writes a pool's lifecycle events to the ``skyward.observe.events`` logger (the log file)."""
 
     def __init__(self, pool: str, title: str) -> None:
         self._title = title
         self._batches: dict[int, str] = {}
         self._phase = _Attaching()
-        self._log = logging.getLogger("skyward.events")
+        self._log = logging.getLogger("skyward.observe.events")
         # At DEBUG the file also keeps the tasks' output, prefixed by node.
         kinds = (*_LINE_EVENTS, ev.Log) if self._log.isEnabledFor(logging.DEBUG) else _LINE_EVENTS
         self._unsubscribe = ev.bus.subscribe(self._on_event, pool, kinds)

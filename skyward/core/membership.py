@@ -1,5 +1,5 @@
 """Node membership: connecting nodes, configuring their topology, noticing lost nodes,
-the lease heartbeat, resizing and autoscaling. A mixin of ``Pool`` (skyward.pool)."""
+the lease heartbeat, resizing and autoscaling. A mixin of ``Pool`` (skyward.core.pool)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from skyward.bootstrap.channel import NodeChannel
 
-from . import events as ev
-from . import secrets
+from ..metrics import to_config
+from ..observe import events as ev
+from ..observe import secrets
+from ..spec import Nodes, NodeSpec
 from .autoscale import ScaleState, decide
 from .dispatch import Dispatch
-from .metrics import to_config
-from .spec import Nodes, NodeSpec
 
 log = logging.getLogger("skyward")
 
@@ -77,7 +77,7 @@ class Membership(Dispatch):
         if not self.spec.plugins:
             return None
         if not hasattr(self, "_plugins_blob"):
-            from .plugins.compose import encode_for_nodes
+            from ..plugins.compose import encode_for_nodes
 
             self._plugins_blob = encode_for_nodes(self.spec.plugins)
         return self._plugins_blob

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .paths import skyward_home
-from .version import __version__
+from ..paths import skyward_home
+from ..version import __version__
 
 EVENTS = ("recorded", "provisioned", "attached", "detached", "resized", "node lost", "node replaced", "exec",
           "destroyed", "closed")

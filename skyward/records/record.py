@@ -10,7 +10,7 @@ chained), so a record that was edited afterwards is refused. It holds:
   or type says they are secret are kept as a hash only); ``rebuild`` holds the same objects
   pickled (providers, plugins and volumes included, secrets left out) for ``reproduce``;
 * ``offer``/``hourly_cost``/``nodes``: what was chosen and its price per node-hour;
-* ``lock``: what the nodes installed exactly (skyward.pkglock) -- packages with versions and
+* ``lock``: what the nodes installed exactly (skyward.records.pkglock) -- packages with versions and
   hashes, apt versions, the Python version the nodes run, skyward's version, and for clouds
   the image id, instance type, region and zone.
 
@@ -36,14 +36,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import RecordError
+from ..paths import skyward_home
+from ..version import __version__
 from . import audit
-from .errors import RecordError
-from .paths import skyward_home
-from .version import __version__
 
 if TYPE_CHECKING:
-    from .pool import Pool
-    from .spec import Spec, Worker
+    from ..core.pool import Pool
+    from ..spec import Spec, Worker
 
 FORMAT = 1
 # The record being reproduced by the pool opened now (its id): the new record names it.
@@ -114,7 +114,7 @@ def _plain(value: Any) -> Any:
 
 
 def _secret(name: str, value: str) -> bool:
-    from .secrets import Secret, is_secret_name
+    from ..observe.secrets import Secret, is_secret_name
 
     return isinstance(value, Secret) or is_secret_name(name)
 

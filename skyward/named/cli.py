@@ -28,13 +28,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ..errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
+from ..version import __version__
 from .cliout import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, format_table, money, print_json
-from .errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
-from .version import __version__
 
 if TYPE_CHECKING:
-    from .named import PoolStatus
-    from .pool import Pool
+    from ..core.pool import Pool
+    from .pools import PoolStatus
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
 
     # Commands that live in their own modules register themselves (handler= on the parser).
-    from .dashboard.command import add_dashboard
+    from ..dashboard.command import add_dashboard
     from .runscript import add_run
 
     add_dashboard(command)
@@ -207,7 +207,7 @@ def _progress(message: str) -> Iterator[None]:
 
 def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, Any]:
     """What listings show of a record: never the token or how to log in."""
-    from .named import _total_cost
+    from .pools import _total_cost
 
     cluster = record.get("cluster") or {}
     nodes = [{k: n.get(k) for k in ("index", "hostname", "private_ip", "public_ip")}
@@ -237,7 +237,7 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
 
 
 def _opportunistic_cleanup() -> None:
-    from .named import cleanup_expired
+    from .pools import cleanup_expired
 
     for st in cleanup_expired():
         err(f"removed expired pool {st.name!r} ({st.state})")
@@ -263,8 +263,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 # -- commands ----------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
-    from .named import provision
-    from .spec import Options
+    from ..spec import Options
+    from .pools import provision
 
     cfg = _load(args)
     _opportunistic_cleanup()
@@ -288,7 +288,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from . import named, registry
+    from . import pools as named
+    from . import registry
 
     if bool(args.name) + args.all + args.expired != 1:
         raise ConfigError("down takes one of: a pool NAME, --all, or --expired.")
@@ -334,14 +335,14 @@ def _orphans() -> list[Any]:
     """Unnamed cloud pools of this machine whose program died without teardown (their stacks
     may still hold instances and disks); empty when the cloud extras are not installed."""
     try:
-        from .stacks import orphans
+        from ..stacks import orphans
     except ImportError:
         return []
     return orphans.orphans()
 
 
 def _destroy_orphans() -> tuple[list[str], list[str]]:
-    from .stacks import orphans
+    from ..stacks import orphans
 
     gone, failed = [], []
     for orphan in _orphans():
@@ -357,7 +358,7 @@ def _destroy_orphans() -> tuple[list[str], list[str]]:
 
 
 def _orphan_rows() -> list[dict[str, Any]]:
-    from .stacks import orphans
+    from ..stacks import orphans
 
     rows = []
     for orphan in _orphans():
@@ -378,7 +379,7 @@ def _orphan_rows() -> list[dict[str, Any]]:
 def _may_stop(record: dict[str, Any], force: bool) -> bool:
     """A pool programs are attached to: say so; stop it with --force, or when the user at the
     terminal says yes. Not on a terminal and not forced: leave it running."""
-    from .named import live_clients
+    from .pools import live_clients
 
     clients = live_clients(record)
     if not clients:
@@ -399,7 +400,7 @@ def _may_stop(record: dict[str, Any], force: bool) -> bool:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from .named import statuses
+    from .pools import statuses
 
     listed = statuses()
     rows = [_summary(st.record, st) for st in listed]
@@ -436,7 +437,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .named import get, status_of
+    from .pools import get, status_of
 
     record = get(args.name)
     st = status_of(record)
@@ -462,7 +463,7 @@ def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Open each node's agent connection, read its handshake, disconnect."""
     from skyward.bootstrap.channel import NodeChannel
 
-    from .named import provider_from
+    from .pools import provider_from
 
     description = record["cluster"]
     base = [{"index": n["index"], "hostname": n.get("hostname"), "private_ip": n.get("private_ip"),
@@ -493,8 +494,8 @@ def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from . import audit, record
-    from .named import check_name, stack_history
+    from ..records import audit, record
+    from .pools import check_name, stack_history
 
     if args.name is None or record.exists(args.name):
         from .recordcli import history
@@ -537,7 +538,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from .named import spec_from
+    from .pools import spec_from
 
     running = _running_record(args.name) if args.name is not None else None
     try:
@@ -624,7 +625,7 @@ def _flag_words(args: argparse.Namespace) -> list[str]:
 def _running_record(name: str) -> dict[str, Any] | None:
     """The record of pool ``name`` when it runs now (None: not registered, or gone)."""
     from . import registry
-    from .named import status_of
+    from .pools import status_of
 
     record = registry.read(name) if registry.NAME_RULE.match(name) else None
     return record if record is not None and not status_of(record).gone else None
@@ -642,7 +643,7 @@ def _running_note(record: dict[str, Any]) -> str:
 
 def cmd_offers(args: argparse.Namespace) -> int:
     try:
-        from . import catalogue
+        from .. import catalogue
         query = catalogue.offers
     except (ImportError, AttributeError):
         raise ProviderError(
@@ -657,7 +658,7 @@ def cmd_offers(args: argparse.Namespace) -> int:
         print_json(rows)
         return EXIT_OK
     if not rows:
-        from .accelerators import parse
+        from ..accelerators import parse
 
         wanted = None if args.accelerator is None else parse(args.accelerator)
         if wanted is not None and not catalogue.renters(wanted.name):  # a card no cloud rents: who does
@@ -693,8 +694,8 @@ def _offer_dict(offer: Any, allocation: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _attached(name: str) -> Iterator[Pool]:
-    from .named import attach, get, status_of
-    from .spec import Options
+    from ..spec import Options
+    from .pools import attach, get, status_of
 
     record = get(name)
     st = status_of(record)
@@ -711,8 +712,8 @@ def _attached(name: str) -> Iterator[Pool]:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from . import audit
-    from .function import function
+    from ..core.function import function
+    from ..records import audit
     from .nodeops import run_shell
 
     cmd = list(args.cmd)
@@ -751,9 +752,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from .function import function
-    from .named import get
+    from ..core.function import function
     from .nodeops import tail
+    from .pools import get
 
     nodes = get(args.name)["cluster"]["nodes"] if get(args.name).get("cluster") else []
     if args.node is not None and not 0 <= args.node < len(nodes):

@@ -11,9 +11,8 @@ from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, PoolClosedError
-from .pool import Pool
-from .spec import (
+from ..errors import ConfigError, PoolClosedError
+from ..spec import (
     SPEC_FIELDS,
     Options,
     Spec,
@@ -22,12 +21,13 @@ from .spec import (
     select_spec,
     unknown_field_error,
 )
+from .pool import Pool
 
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from .logs import LogConfig
-    from .spec import ConsoleMode, SpecKwargs
+    from ..observe.logs import LogConfig
+    from ..spec import ConsoleMode, SpecKwargs
 
 log = logging.getLogger("skyward")
 
@@ -64,7 +64,7 @@ def _build_specs(specs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Spe
 
 def _check_named(name: str, specs: tuple[Any, ...], kwargs: Mapping[str, Any],
                  worker: Worker | None, options: Options) -> None:
-    from .named import check_name
+    from ..named.pools import check_name
 
     check_name(name)
     given = [*(["specs"] if specs else []), *sorted(kwargs), *(["worker"] if worker or options.worker else [])]
@@ -95,7 +95,7 @@ class Compute:
         **kwargs: Unpack[SpecKwargs],
     ) -> None:
         """``reproduce=POOL_ID``: open the pool of that record again, everything pinned (see
-        skyward.record); ``provider=`` may replace the recorded provider (same kind), ``strict``
+        skyward.records.record); ``provider=`` may replace the recorded provider (same kind), ``strict``
         refuses when anything cannot be the same."""
         self.name = name
         self.options = options or Options()
@@ -117,13 +117,13 @@ class Compute:
         if self.reproduce is not None:
             return _reproduce(self.reproduce, self._provider, self.options, self.strict)
         if self.name is not None:
-            from .named import open_named
+            from ..named.pools import open_named
 
             return open_named(self.name, self.options)
         spec = select_spec(self.specs, self.options)
         spec.provider.preflight(spec)  # e.g. no Pulumi CLI: say so before anything is written
         if spec.plugins:
-            from .plugins.compose import validate
+            from ..plugins.compose import validate
 
             validate(spec.plugins)  # a wrong item fails here, before anything is provisioned
         if spec.ttl == 0:
@@ -176,14 +176,14 @@ def _check_reproduce(pool_id: str, name: str | None, specs: tuple[Any, ...], kwa
 
 def _reproduce(pool_id: str, provider: Any, options: Options, strict: bool) -> Pool:
     """Open the pool of record ``pool_id`` again; what cannot be the same is said first."""
-    from .record import reproduction, say
+    from ..records.record import reproduction, say
 
     rep = reproduction(pool_id, provider=provider)
     say(rep, strict)
     spec = rep.spec
     spec.provider.preflight(spec)
     if spec.plugins:
-        from .plugins.compose import validate
+        from ..plugins.compose import validate
 
         validate(spec.plugins)
     with rep.pinned():

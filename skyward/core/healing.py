@@ -1,7 +1,7 @@
 """Pools that heal: lost nodes are replaced keeping their rank, health checks find nodes that
 are up but unwell, and ``Nodes(min=)`` lets work start before the slow nodes are there.
 
-A mixin of ``Pool`` (skyward.pool) on top of membership. The pieces:
+A mixin of ``Pool`` (skyward.core.pool) on top of membership. The pieces:
 
 * A lost node (its connection broke, it went silent, or it failed ``consecutive_failures``
   health checks in a row) keeps its place in the pool's list, marked lost, while a thread
@@ -28,9 +28,9 @@ from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame, Kind
 
-from . import events as ev
+from ..errors import NodeLostError, PoolClosedError, ProviderError
+from ..observe import events as ev
 from .dispatch import decode_result
-from .errors import NodeLostError, PoolClosedError, ProviderError
 from .health import HealthChecker, verdict
 from .membership import Membership
 
@@ -70,7 +70,7 @@ class Healing(Membership):
         self._health_thread: threading.Thread | None = None
         checker = self.options.health_checker
         if checker is not None and not isinstance(checker, HealthChecker):
-            from .errors import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError(
                 f"Options(health_checker={checker!r}) is not valid: pass sky.HealthChecker(fn, ...)."

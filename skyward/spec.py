@@ -7,10 +7,11 @@ wrote it, with the value, the rule and the next step in the message.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
+from . import defaults
 from .errors import ConfigError, NoOfferError
 
 if TYPE_CHECKING:
@@ -231,7 +232,7 @@ class Options:
         if self.worker is not None and not isinstance(self.worker, Worker):
             raise ConfigError(f"Options(worker={self.worker!r}) is not valid: pass sky.Worker(...).")
         if self.health_checker is not None:
-            from .core.health import HealthChecker
+            from .health import HealthChecker
 
             if not isinstance(self.health_checker, HealthChecker):
                 raise ConfigError(
@@ -277,16 +278,6 @@ def check_session_option(where: str, name: str, value: Any) -> None:
         )
 
 
-# What a Spec without provider= gets (sky.Local()). The providers import this module, so it
-# does not import them: the package, above both, sets the factory (skyward/__init__.py).
-_default_provider: Callable[[], Any] | None = None
-
-
-def set_default_provider(factory: Callable[[], Any]) -> None:
-    global _default_provider
-    _default_provider = factory
-
-
 @dataclass(frozen=True, slots=True)
 class Spec:
     """What to provision: a provider and the shape of its nodes."""
@@ -308,12 +299,13 @@ class Spec:
 
     def __post_init__(self) -> None:
         if self.provider is None:
-            if _default_provider is None:
+            factory = defaults.provider  # sky.Local(), set by the package (skyward/defaults.py)
+            if factory is None:
                 raise ConfigError(
                     "Spec() without provider= before skyward finished importing: pass a provider, "
                     "e.g. provider=sky.Local()."
                 )
-            object.__setattr__(self, "provider", _default_provider())
+            object.__setattr__(self, "provider", factory())
         elif not getattr(self.provider, "is_skyward_provider", False):
             raise ConfigError(
                 f"provider={self.provider!r} is not a provider: use sky.Local(), sky.SSH(...), "

@@ -10,7 +10,6 @@ until an operator hands the snapshot to a pool:
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar, final
 
 from ..errors import ConfigError, DispatchError, NoActivePoolError
 from ..runtime import context as _context
-from .target import DispatchTarget, active_pool
+from .target import DispatchTarget, StandsForActivePool, active_pool
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -143,45 +142,6 @@ def _not_run_message(pending: PendingFunction[Any], what: str) -> str:
         f"function only captures the call. Run it on a pool with `{short}(...) >> pool` (`@ pool` "
         f"on every node, `> pool` for a Future), or here and now with {short}.local(...)."
     )
-
-
-def not_pending(value: Any, op: str) -> DispatchError:
-    """The error for ``value <op> pool`` when ``value`` is not a pending call: usually the result
-    of a plain function that has just run here."""
-    text = repr(value)
-    text = text if len(text) <= 60 else text[:57] + "..."
-    return DispatchError(
-        f"`{op}` dispatches a pending call to a pool, and the left side is a {type(value).__name__} "
-        f"({text}). If it is what a plain function returned, that function already ran here, on "
-        f"this machine: mark it with @sky.function, so that calling it captures the call and "
-        f"`{op}` runs it on the pool."
-    )
-
-
-class StandsForActivePool:
-    """What the right-hand side of an operator may be to mean "the active pool": the skyward
-    module (``>> sky``) and ``sky.sky``. A pending call's operator resolves it (resolve_pool);
-    anything else pushed at it lands here, and ``1 >> sky`` says what went wrong."""
-
-    __slots__ = ()
-
-    def __rrshift__(self, value: Any) -> Any:
-        raise not_pending(value, ">>")
-
-    def __rmatmul__(self, value: Any) -> Any:
-        raise not_pending(value, "@")
-
-    def __lt__(self, value: Any) -> Any:  # `value > sky`, reflected
-        raise not_pending(value, ">")
-
-
-class SkywardModule(StandsForActivePool, types.ModuleType):
-    """The class of the ``skyward`` module (a module has no operators of its own)."""
-
-    def __reduce__(self) -> Any:  # a task that references `sky` pickles it by name, as any module
-        import importlib
-
-        return importlib.import_module, (self.__name__,)
 
 
 @final

@@ -722,8 +722,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
     with _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
         results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ pool
-        reached = [ch.node for ch in pool._channels]
-        missing = pool._cluster.unreachable()
+        reached = [ch.node for ch in pool.members.channels]
+        missing = pool.cluster.unreachable()
     from .registry import read
 
     record = read(args.name) or {}
@@ -761,8 +761,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise ConfigError(f"--node {args.node}: pool {args.name!r} has nodes 0 to {len(nodes) - 1}.")
     out = []
     with _attached(args.name) as pool:
-        target = {ch.node: r for r, ch in enumerate(pool._channels)}  # the live nodes' ranks here
-        missing = pool._cluster.unreachable()
+        target = {ch.node: r for r, ch in pool.members.ranked()}  # the live nodes' ranks here
+        missing = pool.cluster.unreachable()
         for rank, node in enumerate(nodes):
             if args.node is not None and rank != args.node:
                 continue

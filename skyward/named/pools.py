@@ -253,7 +253,7 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
             registry.remove(cfg.name)
             raise
         try:
-            record.update(id=pool.id, state="running", cluster=pool._cluster.describe(),
+            record.update(id=pool.id, state="running", cluster=pool.cluster.describe(),
                           last_seen=time.time())
             if not keep:
                 record["clients"] = [_client(pool.id)]
@@ -269,7 +269,7 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     if keep:
         return pool
     _Recorder(pool, cfg.name).start()
-    pool._on_close.append(lambda: _destroyed_by_owner(cfg.name, pool.id))
+    pool.on_close(lambda: _destroyed_by_owner(cfg.name, pool.id))
     return pool
 
 
@@ -349,7 +349,7 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
         if audited:
             audit.append(name, "detached", record["id"], client=pool.id, by=why)
 
-    pool._on_close.append(on_close)
+    pool.on_close(on_close)
     return pool
 
 
@@ -400,19 +400,19 @@ class _Recorder:
     def start(self) -> None:
         kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced)
         self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
-        self.pool._on_close.insert(0, self.stop)
+        self.pool.on_close(self.stop, first=True)
 
     def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
 
     def _on_event(self, event: ev.Event) -> None:
-        if self.pool._closed:
+        if not self.pool.is_active:
             return
         record = registry.read(self.name) or {}
         pool_id = record.get("id", self.pool.id)
         if isinstance(event, ev.ClusterProvisioned | ev.InstanceDestroyed):
-            description = self.pool._cluster.describe()
+            description = self.pool.cluster.describe()
 
             def store(r: dict[str, Any]) -> None:
                 r["cluster"] = description
@@ -424,7 +424,7 @@ class _Recorder:
         elif isinstance(event, ev.InstanceLost):
             audit.append(self.name, "node lost", pool_id, node=event.node, reason=event.reason)
         elif isinstance(event, ev.InstanceReplaced):  # the registry describes the new node
-            description = self.pool._cluster.describe()
+            description = self.pool.cluster.describe()
 
             def keep(r: dict[str, Any]) -> None:
                 r["cluster"] = description

@@ -169,10 +169,11 @@ def _rebuild_blob(spec: Spec, worker: Worker) -> str:
 # -- writing -----------------------------------------------------------------------------------
 def for_pool(pool: Pool) -> dict[str, Any]:
     """The record of a pool whose nodes are ready."""
-    spec, cluster = pool.spec, pool._cluster
+    spec, cluster = pool.spec, pool.cluster
     provider = spec.provider
     lock = dict(cluster.lock or {}) or {"packages": [], "apt": {}, "skyward": __version__}
-    facts = pool._channels[0].facts if pool._channels else {}
+    head = pool.members.head()
+    facts = head.facts if head is not None else {}
     if facts.get("python"):
         lock["python"] = facts["python"]  # what the nodes run, to the patch release
     cloud = getattr(cluster, "cloud_lock", None)

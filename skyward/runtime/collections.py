@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import logging
 import os
 import pickle
 import threading
@@ -36,6 +37,8 @@ from typing import Any, ClassVar, Literal
 from skyward.errors import CollectionError, CollectionTimeoutError, ConfigError, NoActivePoolError
 
 from . import context
+
+log = logging.getLogger("skyward")
 
 Consistency = Literal["strong", "eventual"]
 _NO_VALUE: Any = object()
@@ -264,83 +267,111 @@ class _NodeSender:
         conn.call(body, bufs, done)
 
 
-def _client_backend(pool: Any, what: str) -> Backend:
-    backend = getattr(pool, "_collections", None)
-    if backend is not None:
-        return backend
-    if pool.options.cluster is False:
-        raise ConfigError(
-            f"{what}: distributed collections are off for this pool (it was opened with "
-            f"Options(cluster=False)). Leave Options(cluster=...) at its default to use them."
-        )
-    from skyward.bootstrap.frames import Kind
+class ClientState:
+    """The client's side of a pool's collections: one part of a ``Pool`` (skyward.core.pool).
 
-    def send(body: bytes, bufs: list[Any], done: Callable[[Any], None]) -> None:
-        channels = pool._channels
-        if not channels:
-            from skyward.errors import PoolClosedError
+    ``head`` gives the channel to the head node (rank 0), whose agent serves the collections;
+    the client's own reads and writes go through it. It remembers where the head serves them
+    (``served``, asked once per head) and why an earlier head's state is gone (``lost``, set by
+    healing when the head is replaced: each process is told once)."""
 
-            raise PoolClosedError(f"{what}: the pool is closed; use collections inside its `with` block.")
-        channels[0].submit(Kind.STATE, 0, body, bufs, done)
+    def __init__(self, options: Any, head: Callable[[], Any], pool_id: str) -> None:
+        self.options, self.head, self.pool_id = options, head, pool_id
+        self.backend: Backend | None = None
+        self.served: tuple[Any, builtins.dict[str, Any] | None] | None = None  # (head channel, address)
+        self.lost: str | None = None
+        self._lock = threading.Lock()
 
-    with pool._lock:
-        backend = getattr(pool, "_collections", None)
-        if backend is None:
-            backend = pool._collections = Backend(send, "node 0, through the client's channel")
-    return backend
+    def client_backend(self, what: str) -> Backend:
+        backend = self.backend
+        if backend is not None:
+            return backend
+        if self.options.cluster is False:
+            raise ConfigError(
+                f"{what}: distributed collections are off for this pool (it was opened with "
+                f"Options(cluster=False)). Leave Options(cluster=...) at its default to use them."
+            )
+        from skyward.bootstrap.frames import Kind
 
+        def send(body: bytes, bufs: list[Any], done: Callable[[Any], None]) -> None:
+            head = self.head()
+            if head is None:
+                from skyward.errors import PoolClosedError
 
-def _to_head(pool: Any, op: tuple[Any, ...], done: Any) -> None:
-    """Send one pool-level operation to the head node's collection server, through the
-    client's channel to it; ``done(frame)`` gets the answer."""
-    from skyward.bootstrap.frames import Kind
-    from skyward.bootstrap.state import encode_request
+                raise PoolClosedError(f"{what}: the pool is closed; use collections inside its `with` block.")
+            head.submit(Kind.STATE, 0, body, bufs, done)
 
-    pool._channels[0].submit(Kind.STATE, 0, encode_request([op], []), [], done)
+        with self._lock:
+            if self.backend is None:
+                self.backend = Backend(send, "node 0, through the client's channel")
+            return self.backend
 
+    def _to_head(self, op: tuple[Any, ...], done: Any) -> None:
+        """Send one pool-level operation to the head node's collection server, through the
+        client's channel to it; ``done(frame)`` gets the answer."""
+        from skyward.bootstrap.frames import Kind
+        from skyward.bootstrap.state import encode_request
 
-def serve_address(pool: Any, head_private_ip: str) -> builtins.dict[str, Any] | None:
-    """Ask the head node's agent to serve collections on its private address; what the
-    nodes' CONFIGURE carries (None: collections are off; {"error": ...}: they failed)."""
-    if pool.options.cluster is False:
-        return None
-    fut: Future[Any] = Future()
+        head = self.head()
+        if head is None:
+            raise ConnectionError("the pool has no head node")
+        head.submit(Kind.STATE, 0, encode_request([op], []), [], done)
 
-    def done(frame: Any) -> None:
+    def address(self, pairs: list[tuple[Any, Any]]) -> builtins.dict[str, Any] | None:
+        """Where the nodes reach the collection server (what CONFIGURE carries): the head
+        node's agent serves it on the head's private address (asked once per head; a named
+        pool's head answers every program that attaches with the same address, so its
+        collections outlive each of them). None: collections are off; {"error": ...}: they failed."""
+        if not pairs:
+            return None
+        endpoint, head = pairs[0]
+        cached = self.served
+        if cached is not None and cached[0] is head:
+            return cached[1]
+        where = self._serve(endpoint.private_ip)
+        self.served = (head, where)
+        if where is not None and "error" in where:
+            log.warning("pool %s: distributed collections are unavailable: %s", self.pool_id, where["error"])
+        return where
+
+    def _serve(self, head_private_ip: str) -> builtins.dict[str, Any] | None:
+        """Ask the head node's agent to serve collections on its private address."""
+        if self.options.cluster is False:
+            return None
+        fut: Future[Any] = Future()
+
+        def done(frame: Any) -> None:
+            try:
+                fut.set_result(_decode(frame, "node 0"))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
         try:
-            fut.set_result(_decode(frame, "node 0"))
-        except BaseException as exc:
-            fut.set_exception(exc)
+            self._to_head(("serve", "", "", (head_private_ip, self.lost), 0), done)
+            return fut.result(timeout=30)
+        except Exception as exc:
+            return {"error": str(exc)}
 
-    try:
-        lost = getattr(pool, "_state_lost", None)  # set when the head was replaced (healing.py)
-        _to_head(pool, ("serve", "", "", (head_private_ip, lost), 0), done)
-        return fut.result(timeout=30)
-    except Exception as exc:
-        return {"error": str(exc)}
-
-
-def node_lost(pool: Any, rank: int) -> None:
-    """Tell the head node's server that the client lost the node at ``rank``: the locks its
-    tasks held are released (a Log event says so) and its barriers break, even when its
-    connections stay open (a node frozen or cut off answers nothing but TCP keepalives)."""
-    served = getattr(pool, "_state_served", None)
-    if rank == 0 or served is None or not served[1] or "error" in served[1]:
-        return
-    try:
-        _to_head(pool, ("node_lost", "pool", "", (rank,), 0), lambda _answer: None)
-    except Exception:  # the head itself is gone: so are the locks
-        pass
-
-
-def flush_client(pool: Any) -> None:
-    """Send the client's buffered eventual writes (before the pool closes)."""
-    backend = getattr(pool, "_collections", None)
-    if backend is not None and backend.pending():
+    def node_lost(self, rank: int) -> None:
+        """Tell the head node's server that the client lost the node at ``rank``: the locks
+        its tasks held are released (a Log event says so) and its barriers break, even when
+        its connections stay open (a node frozen or cut off answers nothing but TCP keepalives)."""
+        served = self.served
+        if rank == 0 or served is None or not served[1] or "error" in served[1]:
+            return
         try:
-            backend.flush().result(timeout=10)
-        except Exception:
+            self._to_head(("node_lost", "pool", "", (rank,), 0), lambda _answer: None)
+        except Exception:  # the head itself is gone: so are the locks
             pass
+
+    def flush(self) -> None:
+        """Send the client's buffered eventual writes (before the pool closes)."""
+        backend = self.backend
+        if backend is not None and backend.pending():
+            try:
+                backend.flush().result(timeout=10)
+            except Exception:
+                pass
 
 
 def _backend(what: str) -> Backend:
@@ -354,7 +385,7 @@ def _backend(what: str) -> Backend:
             f"{what} needs an active pool and there is none here. Call it inside a "
             f"@sky.function running on a pool, or on the client inside `with sky.Compute(...) as pool:`."
         )
-    return _client_backend(pool, what)
+    return pool.shared.client_backend(what)
 
 
 def _who() -> tuple[int, int, int]:

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..observe import app, console, logs, secrets
 from ..observe import events as ev
 from ..observe.console import Console
-from ..runtime.collections import ClientState
+from ..runtime.collections import Barrier, ClientState, Consistency, Counter, Dict, Lock, Queue, Set
 from ..spec import Nodes, NodeSpec, Options, PoolSpec, Worker
 from . import target
 from .autoscale import Autoscaler
@@ -333,6 +333,33 @@ class Pool(DispatchTarget):
         self._console.stop()  # flushes the event queue first
         self._event_log.close()
         self._log.close()
+
+    # -- the pool's collections, from the client (skyward.runtime.collections) -----------------
+    # The same objects the pool's tasks get from sky.dict(name)... : one name is one object for
+    # every task and for this program, whether or not the pool is the active one here.
+    def dict(self, name: str, *, consistency: Consistency | None = None) -> Dict:
+        """The pool's dict called ``name`` (``sky.dict`` inside its tasks)."""
+        return self.shared.dict(name, consistency)
+
+    def set(self, name: str, *, consistency: Consistency | None = None) -> Set:
+        """The pool's set called ``name`` (``sky.set`` inside its tasks)."""
+        return self.shared.set(name, consistency)
+
+    def counter(self, name: str, *, consistency: Consistency | None = None) -> Counter:
+        """The pool's counter called ``name`` (``sky.counter`` inside its tasks)."""
+        return self.shared.counter(name, consistency)
+
+    def queue(self, name: str) -> Queue:
+        """The pool's FIFO queue called ``name`` (``sky.queue`` inside its tasks)."""
+        return self.shared.queue(name)
+
+    def barrier(self, name: str, n: int) -> Barrier:
+        """The pool's barrier called ``name`` for ``n`` participants (``sky.barrier``)."""
+        return self.shared.barrier(name, n)
+
+    def lock(self, name: str, timeout: float | None = 30) -> Lock:
+        """The pool's lock called ``name`` (``sky.lock`` inside its tasks)."""
+        return self.shared.lock(name, timeout)
 
     def subscribe(self, callback: Callable[[ev.Event], None]) -> Callable[[], None]:
         """Call ``callback(event)`` for every event of this pool from now on (in order, on

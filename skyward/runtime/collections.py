@@ -364,6 +364,36 @@ class ClientState:
         except Exception:  # the head itself is gone: so are the locks
             pass
 
+    # -- the collections themselves, bound to this pool (pool.dict(name)...) ---------------
+    def dict(self, name: str, consistency: Consistency | None = None) -> Dict:
+        name = _check_name("dict", name)
+        return Dict(name, _check_consistency("dict", consistency), self.client_backend(f"pool.dict({name!r})"))
+
+    def set(self, name: str, consistency: Consistency | None = None) -> Set:
+        name = _check_name("set", name)
+        return Set(name, _check_consistency("set", consistency), self.client_backend(f"pool.set({name!r})"))
+
+    def counter(self, name: str, consistency: Consistency | None = None) -> Counter:
+        name = _check_name("counter", name)
+        return Counter(name, _check_consistency("counter", consistency),
+                       self.client_backend(f"pool.counter({name!r})"))
+
+    def queue(self, name: str) -> Queue:
+        name = _check_name("queue", name)
+        return Queue(name, "strong", self.client_backend(f"pool.queue({name!r})"))
+
+    def barrier(self, name: str, n: int) -> Barrier:
+        _check_participants(name, n)
+        name = _check_name("barrier", name)
+        b = Barrier(name, n, self.client_backend(f"pool.barrier({name!r})"))
+        b._declare()
+        return b
+
+    def lock(self, name: str, timeout: float | None = 30) -> Lock:
+        _check_lock_timeout(name, timeout)
+        name = _check_name("lock", name)
+        return Lock(name, timeout, self.client_backend(f"pool.lock({name!r})"))
+
     def flush(self) -> None:
         """Send the client's buffered eventual writes (before the pool closes)."""
         backend = self.backend
@@ -398,6 +428,16 @@ def _check_name(factory: str, name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"sky.{factory}(name={name!r}) is not valid: the name must be a non-empty string.")
     return name
+
+
+def _check_participants(name: Any, n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"sky.barrier({name!r}, n={n!r}) is not valid: n is the number of participants, an int >= 1.")
+
+
+def _check_lock_timeout(name: Any, timeout: Any) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise ConfigError(f"sky.lock({name!r}, timeout={timeout!r}) is not valid: a positive number of seconds, or None.")
 
 
 def _check_consistency(factory: str, consistency: Any) -> Consistency:
@@ -783,8 +823,7 @@ def make_queue(name: str) -> Queue:
 
 def make_barrier(name: str, n: int) -> Barrier:
     """The pool's barrier called ``name`` for ``n`` participants."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"sky.barrier({name!r}, n={n!r}) is not valid: n is the number of participants, an int >= 1.")
+    _check_participants(name, n)
     b = Barrier(_check_name("barrier", name), n)
     b._declare()
     return b
@@ -792,8 +831,7 @@ def make_barrier(name: str, n: int) -> Barrier:
 
 def make_lock(name: str, timeout: float | None = 30) -> Lock:
     """The pool's lock called ``name``; ``acquire`` gives up after ``timeout`` seconds."""
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-        raise ConfigError(f"sky.lock({name!r}, timeout={timeout!r}) is not valid: a positive number of seconds, or None.")
+    _check_lock_timeout(name, timeout)
     return Lock(_check_name("lock", name), timeout)
 
 

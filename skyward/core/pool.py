@@ -112,6 +112,9 @@ class Pool(DispatchTarget):
         self._console = Console(mode, self.id, title).start()
         provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
         if cluster is None:
+            from ..records import record
+
+            self._origin = record.origin_soon()  # for the record, while the nodes start
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
         try:
             members.attach(cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name))
@@ -143,7 +146,7 @@ class Pool(DispatchTarget):
         from ..records import record
 
         try:
-            self.record: dict[str, Any] | None = record.write(record.for_pool(self))
+            self.record: dict[str, Any] | None = record.write(record.for_pool(self, self._origin))
         except Exception:  # the pool works without it; say so loudly
             log.exception("pool %s: writing its record failed; it cannot be reproduced", self.id)
             self.record = None

@@ -109,11 +109,32 @@ def uv_binary() -> str:
 
 @functools.cache
 def uv_version() -> str:
+    """``uv --version`` of the uv skyward uses, asked once per uv binary (kept beside the
+    cache: every pool's lock names its resolver, and a process start costs tens of ms)."""
     try:
-        out = subprocess.run([uv_binary(), "--version"], capture_output=True, text=True, timeout=30).stdout
+        binary = uv_binary()
+        st = os.stat(binary)
+    except (OSError, ProviderError):
+        return "uv"
+    key = hashlib.sha256(f"{binary}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    from ..paths import skyward_home
+
+    cached = skyward_home() / "cache" / f"uv-version-{key}"
+    try:
+        return cached.read_text().strip() or "uv"
+    except OSError:
+        pass
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return "uv"
-    return out.strip() or "uv"
+    version = out.strip() or "uv"
+    with contextlib.suppress(OSError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(version)
+        tmp.replace(cached)
+    return version
 
 
 @functools.cache
@@ -214,6 +235,9 @@ def unavailable(packages: Sequence[Package], *, python: str, platform: str | Non
 def installed(requirements: Iterable[str]) -> tuple[Package, ...]:
     """The installed distributions these requirements use here, with their dependency closure
     (versions only: the installer recorded no hashes)."""
+    requirements = list(requirements)
+    if not requirements:
+        return ()
     import importlib.metadata as md
 
     from packaging.requirements import InvalidRequirement, Requirement

@@ -31,8 +31,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,8 +169,23 @@ def _rebuild_blob(spec: Spec, worker: Worker) -> str:
 
 
 # -- writing -----------------------------------------------------------------------------------
-def for_pool(pool: Pool) -> dict[str, Any]:
-    """The record of a pool whose nodes are ready."""
+def origin_soon() -> Future[dict[str, Any]]:
+    """``origin()`` computed on a thread of its own (its git calls take tens of milliseconds):
+    a pool asks for it when it opens and its record takes it once the nodes are ready."""
+    future: Future[dict[str, Any]] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(origin())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="skyward-origin", daemon=True).start()
+    return future
+
+
+def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The record of a pool whose nodes are ready (``where``: its ``origin_soon()``)."""
     spec, cluster = pool.spec, pool.cluster
     provider = spec.provider
     lock = dict(cluster.lock or {}) or {"packages": [], "apt": {}, "skyward": __version__}
@@ -204,7 +221,7 @@ def for_pool(pool: Pool) -> dict[str, Any]:
         "who": who,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "origin": origin(),
+        "origin": where.result() if where is not None else origin(),
         "spec": _as_asked(spec_view(spec, pool.worker), _SOURCE.get()),
         "nodes": pool.current_nodes(),
         "offer": chosen,

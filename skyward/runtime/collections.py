@@ -24,7 +24,6 @@ also be awaited in asyncio code.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import logging
 import os
@@ -50,6 +49,8 @@ class Result(Future[Any]):
     """A Future that asyncio code can also ``await``."""
 
     def __await__(self) -> Generator[Any, None, Any]:
+        import asyncio  # only for `await`: opening a pool does not import asyncio
+
         return asyncio.wrap_future(self).__await__()
 
 

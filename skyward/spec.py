@@ -46,9 +46,17 @@ class Nodes:
     min: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("Nodes.desired", self.desired)
+        _positive_int("Nodes.desired", self.desired, minimum=0)
+        if self.desired == 0 and (isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1):
+            # Scale to zero: a pool that provisions on its first task and sleeps when idle.
+            raise ConfigError(
+                f"Nodes(desired=0, max={self.max!r}) is not valid: a pool that starts with no node "
+                f"wakes on its first task and grows up to max, so max must be an int >= 1, "
+                f"e.g. sky.Nodes(desired=0, max=4) or nodes=(0, 4)."
+            )
         if self.min is not None:
-            _positive_int("Nodes.min", self.min)
+            # min=0: work may start before any node is ready (they join as they come).
+            _positive_int("Nodes.min", self.min, minimum=0)
             if self.min > self.desired:
                 raise ConfigError(
                     f"Nodes(min={self.min}, desired={self.desired}) is not valid: min is how many "

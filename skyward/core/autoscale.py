@@ -76,8 +76,10 @@ class Autoscaler:
                 live = [ch for ch in members.channels if ch.lost is None]
                 size = len(members.channels)  # a lost node being replaced still counts: no scale-up
             busy = sum(ch.inflight for ch in live)
-            target = decide(members.nodes, size, busy, self.worker.slots, time.monotonic(),
-                            state, self.options)
+            now = time.monotonic()
+            if busy:
+                members.idle_since = now
+            target = decide(members.nodes, size, busy, self.worker.slots, now, state, self.options)
             if target is None:
                 continue
             log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)

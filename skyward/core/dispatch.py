@@ -220,6 +220,8 @@ class Dispatcher:
 
     def broadcast(self, pending: PendingFunction[T]) -> list[T]:
         self.check_open()
+        if not self.members.size():
+            self.members.wait_ready()  # an asleep pool wakes: "every node" is then its node
         futures = [self.submit(self.members.wait_rank(rank), pending) for rank in range(self.members.size())]
         return results(futures)
 

@@ -136,7 +136,7 @@ class Healing:
             return
         self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
         if rank == 0:  # the new head serves the collections, empty: each process is told once
-            self.shared.lost = f"node {old.node}, the head node that held them, was lost ({reason})"
+            self.shared.head_gone(f"node {old.node}, the head node that held them, was lost ({reason})")
         members.configure_all()
         if self.options.health_checker is None:
             members.mark_checked(ch)
@@ -226,7 +226,7 @@ class Healing:
             endpoint, ch = got
             members.insert(rank, endpoint, ch)
             if rank == 0:  # the new head serves the collections, empty: each process is told once
-                self.shared.lost = f"node {index}, the head node that held them, had died ({why})"
+                self.shared.head_gone(f"node {index}, the head node that held them, had died ({why})")
             self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
             replaced = ev.InstanceReplaced(pool=self.pool_id, node=index, new_node=ch.node, rank=rank,
                                            seconds=time.monotonic() - started, reason=why)

@@ -102,6 +102,9 @@ class Membership:
         self.stop = threading.Event()  # set once the pool closes: every loop of every part ends
         self.resize_lock = threading.Lock()
         self.requested = time.monotonic()
+        self.idle_since = time.monotonic()  # when the last task ended (the autoscaler keeps it)
+        self.waking: threading.Thread | None = None  # an asleep pool starting a node for its work
+        self.wake_error: BaseException | None = None
         self._print_lock = threading.Lock()
         self._plugins_blob: str | None = None
         # Wired by the pool (skyward.core.pool):
@@ -109,6 +112,7 @@ class Membership:
         self.on_nested: Callable[[NodeChannel, Frame], None] = lambda origin, frame: None
         self.on_stopped: Callable[[], None] = lambda: None
         self.state_address: Callable[[Pairs], dict[str, Any] | None] = lambda pairs: None
+        self.on_head_gone: Callable[[str], None] = lambda why: None  # the collections' state went with it
 
     def attach(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -120,14 +124,17 @@ class Membership:
         return [ch for ch in self.channels if ch.lost is None and ch not in unchecked]
 
     def node_may_come(self) -> bool:
-        """Whether a node can take tasks now or later (a lost one may be replaced)."""
+        """Whether a node can take tasks now or later (a lost one may be replaced, an asleep
+        pool wakes)."""
         if self.closed:
             return False
         with self.lock:
-            return self.joining > 0 or any(ch.lost is None or ch not in self.given_up for ch in self.channels)
+            return self.joining > 0 or self.waking is not None or self.asleep() or any(
+                ch.lost is None or ch not in self.given_up for ch in self.channels)
 
     def wait_ready(self) -> list[NodeChannel]:
-        """The ready nodes, waiting while none is (raises when none will come back)."""
+        """The ready nodes, waiting while none is (raises when none will come back). An asleep
+        pool (``Nodes(desired=0)`` and no node) wakes for it."""
         with self.changed:
             while True:
                 ready = self.ready()
@@ -135,15 +142,52 @@ class Membership:
                     return ready
                 if self.closed:
                     raise PoolClosedError("the pool was closed while tasks waited for a node.")
+                self._wake_if_asleep()
                 if not self.node_may_come():
                     raise self.no_node_error()
                 self.changed.wait(0.25)
+
+    # -- scale to zero ---------------------------------------------------------------------------
+    def asleep(self) -> bool:
+        """No node, and the pool may have none: ``Nodes(desired=0, max=N)``."""
+        return not self.closed and not self.channels and self.nodes.desired == 0 and (self.nodes.max or 0) > 0
+
+    def _wake_if_asleep(self) -> None:
+        """Start a node for work that waits (once; call with the lock held). A wake that failed
+        raises here, once, for the work that waited; the next task tries again."""
+        if self.waking is not None or not self.asleep():
+            return
+        if self.wake_error is not None:
+            error, self.wake_error = self.wake_error, None
+            raise ProviderError(f"the pool has no node and could not start one for this task: {error}") from error
+        self.waking = threading.Thread(target=self._wake, name="skyward-wake", daemon=True)
+        self.waking.start()
+
+    def _wake(self) -> None:
+        started = time.monotonic()
+        log.info("pool %s: waking: a task came and the pool has no node", self.name or self.pool_id)
+        try:
+            self.scale_to(1)  # the autoscaler grows it further while tasks wait
+        except BaseException as exc:
+            self.wake_error = exc
+            self.emit(ev.Error(pool=self.pool_id, message=f"the pool could not wake: {exc}"))
+        else:
+            self.emit(ev.ClusterWoke(pool=self.pool_id, nodes=len(self.channels),
+                                     seconds=time.monotonic() - started))
+        finally:
+            with self.changed:
+                self.waking = None
+                self.changed.notify_all()
 
     def wait_rank(self, rank: int) -> NodeChannel:
         """The node at ``rank``, waiting while it is being replaced or checked."""
         with self.changed:
             while True:
                 ch = self.channels[rank] if rank < len(self.channels) else None
+                if ch is None and (self.waking is not None or self.asleep()):
+                    self._wake_if_asleep()
+                    self.changed.wait(0.25)
+                    continue
                 if ch is None:
                     raise NodeLostError(f"node rank {rank} left the pool (it was resized) before the task was sent.")
                 if ch.lost is None and ch not in self.unchecked:
@@ -286,6 +330,8 @@ class Membership:
                 self.mark_checked(ch)
 
     def add_nodes(self, count: int) -> None:
+        if count <= 0:
+            return  # a pool born asleep (Nodes(desired=0)): its first task starts a node
         endpoints = self.cluster.start(count)
         for e in endpoints:
             self.emit(ev.InstanceProvisioned(
@@ -459,6 +505,12 @@ class Membership:
             self.cluster.stop(endpoints)
             for ch in leaving:
                 self.emit(ev.InstanceDestroyed(pool=self.pool_id, node=ch.node))
+            if target == 0:  # asleep: the head went, and the collections' state with it
+                idle = time.monotonic() - self.idle_since
+                self.on_head_gone(f"the pool scaled to zero nodes after {idle:.0f} s idle, and its head node, "
+                                  f"which held them, stopped")
+                log.info("pool %s: asleep (no node) after %.0f s idle", self.name or self.pool_id, idle)
+                self.emit(ev.ClusterAsleep(pool=self.pool_id, idle_seconds=idle))
             self.configure_all()
 
     # -- the lease -------------------------------------------------------------------------------

@@ -68,6 +68,14 @@ def _close_leftovers() -> None:
 class Pool(DispatchTarget):
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
+    # Its parts (see the module's doc); skyward's own tools and plugins read a pool through them.
+    members: Membership
+    dispatcher: Dispatcher
+    batches: Batches
+    healing: Healing
+    autoscaler: Autoscaler
+    shared: ClientState
+
     def __init__(
         self, spec: PoolSpec, options: Options, worker: Worker, *,
         cluster: Cluster | None = None, name: str | None = None,
@@ -95,6 +103,7 @@ class Pool(DispatchTarget):
         members.on_nested = self.dispatcher.route_nested
         members.on_stopped = self._stopped_from_outside
         members.state_address = self.shared.address
+        members.on_head_gone = self.shared.head_gone
         self.attach_events: list[ev.Event] = []  # what replacing dead nodes at attach told (for the trail)
         try:
             self._log = logs.configure(options.logging)

@@ -283,6 +283,11 @@ class ClientState:
         self.lost: str | None = None
         self._lock = threading.Lock()
 
+    def head_gone(self, why: str) -> None:
+        """The head node that held the collections is gone (replaced, or the pool went to sleep):
+        the next head serves them empty, and each process that uses them is told ``why`` once."""
+        self.lost, self.served = why, None
+
     def client_backend(self, what: str) -> Backend:
         backend = self.backend
         if backend is not None:

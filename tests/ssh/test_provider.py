@@ -148,7 +148,7 @@ def test_only_sshd_listens_outside_loopback_and_the_agent_wants_its_token(
         pytest.skip("needs one network namespace per host")
     # The head's agent also serves the pool's collections, on its private address only (never
     # 0.0.0.0; tests/ssh/test_collections.py checks that it refuses a wrong token).
-    served = getattr(ssh_pool, "_state_served", (None, None))[1]
+    served = (ssh_pool.shared.served or (None, None))[1]
     state = [f"{served['host']}:{served['port']}"] if served and "port" in served else []
     for host, node in zip(three_hosts, sorted(ssh_pool.cluster._nodes.values(), key=lambda n: n.index),
                           strict=True):

@@ -41,7 +41,7 @@ from .dispatch import Dispatcher, decode_result, emitter
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction
 from .healing import Healing
 from .membership import Membership, PoolSnapshot
-from .target import DispatchTarget, active_pool, not_pending
+from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
     from ..providers.base import Cluster
@@ -266,16 +266,6 @@ class Pool(DispatchTarget):
         if not self._tokens:
             self._exit_plugins()
         self.close()
-
-    # `value >> pool` where value is no pending call: a plain function's result, computed here.
-    def __rrshift__(self, value: Any) -> Any:
-        raise not_pending(value, ">>")
-
-    def __rmatmul__(self, value: Any) -> Any:
-        raise not_pending(value, "@")
-
-    def __lt__(self, value: Any) -> Any:  # `value > pool`, reflected
-        raise not_pending(value, ">")
 
     def _enter_plugins(self) -> None:
         """around_client hooks, in plugin order, in this (the user's) thread: joblib's backend

@@ -18,18 +18,9 @@ if TYPE_CHECKING:
     from .pool import Pool
 
 
-class DispatchTarget:
-    """A base of ``skyward.core.pool.Pool``: what ``f() >> x`` accepts as ``x`` without looking
-    further (a plain class, so that the check on every call is a fast ``isinstance``)."""
-
-    __slots__ = ()
-
-
-class StandsForActivePool:
-    """What the right-hand side of an operator may be to mean "the active pool": the skyward
-    module (``>> sky``) and ``sky.sky``. A pending call's operator resolves it
-    (skyward.core.function.resolve_pool); anything else pushed at it lands here, and
-    ``1 >> sky`` says what went wrong."""
+class RefusesPlainValues:
+    """The right-hand side of the operators: a pending call's operator handles it first; any
+    other value pushed at it lands here, and ``1 >> pool`` says what went wrong."""
 
     __slots__ = ()
 
@@ -39,8 +30,23 @@ class StandsForActivePool:
     def __rmatmul__(self, value: Any) -> Any:
         raise not_pending(value, "@")
 
-    def __lt__(self, value: Any) -> Any:  # `value > sky`, reflected
+    def __lt__(self, value: Any) -> Any:  # `value > pool`, reflected
         raise not_pending(value, ">")
+
+
+class DispatchTarget(RefusesPlainValues):
+    """A base of ``skyward.core.pool.Pool``: what ``f() >> x`` accepts as ``x`` without looking
+    further (a plain class, so that the check on every call is a fast ``isinstance``)."""
+
+    __slots__ = ()
+
+
+class StandsForActivePool(RefusesPlainValues):
+    """What the right-hand side of an operator may be to mean "the active pool": the skyward
+    module (``>> sky``) and ``sky.sky``. A pending call's operator resolves it
+    (skyward.core.function.resolve_pool)."""
+
+    __slots__ = ()
 
 
 def not_pending(value: Any, op: str) -> DispatchError:

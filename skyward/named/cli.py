@@ -133,10 +133,12 @@ def _parser() -> argparse.ArgumentParser:
 
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
+    from .eventlog import add_events
     from .runscript import add_run
 
     add_dashboard(command)
     add_run(command)
+    add_events(command)
     return parser
 
 

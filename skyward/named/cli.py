@@ -130,6 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--node", type=int, help="only this node")
     p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then print new lines as they come, prefixed by node, until Ctrl-C")
 
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
@@ -754,6 +756,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    if args.follow:
+        from .follow import follow
+
+        return follow(args)
     from ..core.function import function
     from .nodeops import tail
     from .pools import get

@@ -4,7 +4,8 @@
     skyward ls | status NAME | history NAME                  what runs, how it is, who did what
     skyward history [POOL_ID] [--verify] | diff A B          every pool's record, the trail's integrity
     skyward reproduce POOL_ID [--name NAME] [--strict]       a pool again, everything pinned
-    skyward exec NAME -- CMD | logs NAME                     a shell command on every node; agent logs
+    skyward exec NAME -- CMD | logs NAME [-f]                a shell command on every node; agent logs
+    skyward install NAME PKG... | events NAME                packages on every node; a post-mortem
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
 
@@ -136,11 +137,13 @@ def _parser() -> argparse.ArgumentParser:
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
     from .eventlog import add_events
+    from .install import add_install
     from .runscript import add_run
 
     add_dashboard(command)
     add_run(command)
     add_events(command)
+    add_install(command)
     return parser
 
 

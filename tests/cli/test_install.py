@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,25 @@ def test_install_errors_name_the_pool_the_package_and_the_node(cli: CLI, index: 
     as_json = cli("install", "lv", "skylive", "--json")
     nodes = as_json.json()["nodes"]
     assert [(n["node"], n["ok"]) for n in nodes] == [(0, True), (1, False)] and not as_json.json()["recorded"]
+
+
+def test_install_on_a_pool_whose_slots_are_all_busy_does_not_wait(cli: CLI, index: WheelIndex) -> None:
+    _toml(cli, index, "lv")
+    assert cli("up", "lv").code == 0
+    program = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import time
+        import skyward as sky
+        with sky.Compute(name="lv", options=sky.Options(console="silent")) as pool:
+            print("busy", flush=True)
+            sky.function(time.sleep)(120) @ pool
+    """)], cwd=cli.cwd, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert program.stdout is not None and program.stdout.readline().strip() == "busy"
+        time.sleep(0.5)  # the sleeps hold every node's only slot
+        start = time.monotonic()
+        done = cli("install", "lv", "skylive")
+        assert done.code == 0, done
+        assert time.monotonic() - start < 30  # the agents installed beside the busy workers
+    finally:
+        program.kill()
+        program.communicate()

@@ -256,8 +256,17 @@ class LocalCluster(Cluster):
             entry = entry or os.getcwd()
             if not any(entry.startswith(p) for p in prefixes) and entry not in paths:
                 paths.append(entry)
+        # Packages `skyward install` adds while the pool runs: one folder for the pool's nodes
+        # (they share this machine), first on their path, there from the start so that workers
+        # already running find what lands in it.
+        site = self._root / "site"
+        site.mkdir(exist_ok=True)
+        paths.insert(0, str(site))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["SKYWARD_SITE"] = str(site)
+        with contextlib.suppress(ProviderError):
+            env["SKYWARD_UV"] = pkglock.uv_binary()
         env.update(image.env)
         for name, command in image.shell_vars.items():
             env[name] = _shell_value(name, command, env)

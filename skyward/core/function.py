@@ -85,7 +85,7 @@ class PendingFunction(Generic[T]):
         if isinstance(other, PendingFunction):
             return PendingFunctionGroup((self, other))
         if isinstance(other, PendingFunctionGroup):
-            return PendingFunctionGroup((self, *other.items), other.stream, other.ordered)
+            return PendingFunctionGroup((self, *other.items), other.stream, other.ordered, other.timeout)
         raise DispatchError(_and_error(other))
 
     def __repr__(self) -> str:
@@ -174,17 +174,28 @@ def _and_error(other: Any) -> str:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PendingFunctionGroup:
-    """Pending functions that run in parallel; only ``>>`` dispatches a group."""
+    """Pending functions that run in parallel; only ``>>`` dispatches a group.
+
+    ``timeout``: seconds each of its functions may take (None: each keeps its own); set, it is
+    every function's timeout, including those joined to the group later with ``&``."""
 
     items: tuple[PendingFunction[Any], ...]
     stream: bool = False
     ordered: bool = True
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        timeout = _check_timeout(self.timeout)
+        object.__setattr__(self, "timeout", timeout)
+        if timeout is not None:  # the pool reads each function's own timeout
+            object.__setattr__(self, "items", tuple(replace(p, timeout=timeout) for p in self.items))
 
     def __and__(self, other: Any) -> PendingFunctionGroup:
         if isinstance(other, PendingFunction):
-            return PendingFunctionGroup((*self.items, other), self.stream, self.ordered)
+            return PendingFunctionGroup((*self.items, other), self.stream, self.ordered, self.timeout)
         if isinstance(other, PendingFunctionGroup):
-            return PendingFunctionGroup((*self.items, *other.items), self.stream, self.ordered)
+            return PendingFunctionGroup((*self.items, *other.items), self.stream, self.ordered,
+                                        self.timeout if self.timeout is not None else other.timeout)
         raise DispatchError(_and_error(other))
 
     def __rshift__(self, target: Any) -> tuple[Any, ...] | Iterator[Any]:
@@ -206,9 +217,8 @@ class PendingFunctionGroup:
         return len(self.items)
 
     def with_timeout(self, seconds: float) -> PendingFunctionGroup:
-        """The same group with ``seconds`` as the timeout of each of its functions."""
-        timeout = _check_timeout(seconds)
-        return replace(self, items=tuple(replace(p, timeout=timeout) for p in self.items))
+        """The same group with ``seconds`` as its ``timeout``: the timeout of each of its functions."""
+        return replace(self, timeout=_check_timeout(seconds))
 
 
 def gather(*pendings: PendingFunction[Any], stream: bool = False, ordered: bool = True) -> PendingFunctionGroup:

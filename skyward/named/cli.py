@@ -4,7 +4,8 @@
     skyward ls | status NAME | history NAME                  what runs, how it is, who did what
     skyward history [POOL_ID] [--verify] | diff A B          every pool's record, the trail's integrity
     skyward reproduce POOL_ID [--name NAME] [--strict]       a pool again, everything pinned
-    skyward exec NAME -- CMD | logs NAME                     a shell command on every node; agent logs
+    skyward exec NAME -- CMD | logs NAME [-f]                a shell command on every node; agent logs
+    skyward install NAME PKG... | events NAME                packages on every node; a post-mortem
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
 
@@ -130,13 +131,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--node", type=int, help="only this node")
     p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then print new lines as they come, prefixed by node, until Ctrl-C")
 
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
+    from .eventlog import add_events
+    from .install import add_install
     from .runscript import add_run
 
     add_dashboard(command)
     add_run(command)
+    add_events(command)
+    add_install(command)
     return parser
 
 
@@ -752,6 +759,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    if args.follow:
+        from .follow import follow
+
+        return follow(args)
     from ..core.function import function
     from .nodeops import tail
     from .pools import get

@@ -31,6 +31,7 @@ from ..errors import (
     SkywardError,
 )
 from ..observe import events as ev
+from ..observe import journal
 from ..providers import provider_class
 from ..records import audit
 from ..spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
@@ -248,10 +249,12 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
         record = _record(cfg, spec, "", ephemeral=not keep)
         registry.write(record)
         try:
-            pool = Pool(spec, options, worker, name=cfg.name)
+            with journal.capture(cfg.name, "provision") as events:  # kept for `skyward events`
+                pool = Pool(spec, options, worker, name=cfg.name)
         except BaseException:
             registry.remove(cfg.name)
             raise
+        pool.on_close(events.bind(pool.id))
         try:
             record.update(id=pool.id, state="running", cluster=pool.cluster.describe(),
                           last_seen=time.time())
@@ -322,11 +325,14 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
         r["clients"] = [*_live_clients(r), _client(client_id)]
 
     registry.update(name, add)
-    try:
-        pool = Pool(spec, options, worker, cluster=cluster, name=name)
+    try:  # a program's attach is kept for `skyward events`; the CLI's own looks are not
+        with journal.capture(name, "attach") if audited else contextlib.nullcontext() as events:
+            pool = Pool(spec, options, worker, cluster=cluster, name=name)
     except BaseException:
         _detached(name, client_id)
         raise
+    if events is not None:
+        pool.on_close(events.bind(pool.id))
     missing = cluster.unreachable()
     if missing:  # attached to the nodes that answer; say which did not, and why
         log.warning(

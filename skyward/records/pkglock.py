@@ -198,19 +198,38 @@ def resolve(requirements: Sequence[str], *, python: str, platform: str | None = 
             indexes: Sequence[str] = ()) -> tuple[Package, ...]:
     """Resolve ``requirements`` once, with hashes, for ``python`` (a version such as "3.12", or an
     interpreter's path) on ``platform`` (uv's --python-platform; None: this machine)."""
-    if not requirements:
-        return ()
-    proc = _compile(requirements, ["--generate-hashes", *_target(python, platform), *sources(indexes)],
-                    "the pool's packages")
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+    found, said = attempt(requirements, python=python, platform=platform, indexes=indexes)
+    if found is None:
+        code, _, tail = said.partition("\n")
         raise ProviderError(
             f"could not resolve the pool's packages {list(requirements)} for Python {python}"
-            f"{f' on {platform}' if platform else ''} (uv exit code {proc.returncode}); every pool "
+            f"{f' on {platform}' if platform else ''} ({code}); every pool "
             f"resolves them once on this machine, so its package index must be reachable from here. "
             f"Check the requirement names and versions. uv said:\n{tail}"
         )
-    return parse(proc.stdout)
+    return found
+
+
+def attempt(requirements: Sequence[str], *, python: str, platform: str | None = None, indexes: Sequence[str] = (),
+            constraints: Sequence[Package] = ()) -> tuple[tuple[Package, ...] | None, str]:
+    """``resolve``, saying instead of raising: (the packages, "") or (None, "uv exit code N" and,
+    on the lines after, the end of what uv said). ``constraints``: versions the resolution must
+    keep (a running pool's packages)."""
+    if not requirements:
+        return (), ""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="skyward-lock-") as folder:
+        options = ["--generate-hashes", *_target(python, platform), *sources(indexes)]
+        if constraints:
+            path = os.path.join(folder, "constraints.txt")
+            with open(path, "w") as f:
+                f.write("".join(f"{p.name}=={p.version}\n" for p in constraints))
+            options += ["--constraint", path]
+        proc = _compile(requirements, options, "the pool's packages")
+    if proc.returncode != 0:
+        return None, "\n".join([f"uv exit code {proc.returncode}", *proc.stderr.strip().splitlines()[-15:]])
+    return parse(proc.stdout), ""
 
 
 def unavailable(packages: Sequence[Package], *, python: str, platform: str | None = None,

@@ -327,10 +327,11 @@ class CloudPool:
             "version": self.plan.version,
             **({"lock": self._lock_json} if self._lock_json else {}),
         }
-        # Secrets are not config: config values travel to the Pulumi CLI as command-line
-        # arguments (visible in `ps`, and limited to 128 KiB each). The program exports them as
-        # a secret output instead (encrypted in the state); the nodes' private host keys are in
-        # their (secret) user data there, and in a named pool's 0600 record.
+        # These go to the stack's settings file (engine.PoolStack._write_config), whatever the
+        # pool's size. Secrets are not config: secret config values reach the Pulumi CLI as
+        # command-line arguments (visible in `ps`, limited to 128 KiB each). The program exports
+        # them as a secret output instead (encrypted in the state); the nodes' private host keys
+        # are in their (secret) user data there, and in a named pool's 0600 record.
         return self.stack.up()
 
     def keep_lock(self, lock: dict[str, Any]) -> None:

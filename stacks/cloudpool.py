@@ -475,12 +475,11 @@ def new_plan(
 
 
 def placeholder_nodes(count: int, *, spot: bool) -> tuple[NodePlan, ...]:
-    """Nodes with throwaway host keys (for a preview: the real ones are made at ``up``)."""
-    out = []
-    for index in range(count):
-        host = keys.ed25519(f"preview-node-{index}")
-        out.append(NodePlan(index=index, spot=spot, host_key=host.public, host_key_private=host.private))
-    return tuple(out)
+    """Nodes with a throwaway host key, one for all (for a preview, which shows no key: the real
+    ones, one per node, are made at ``up``)."""
+    host = keys.ed25519("preview-node")
+    return tuple(NodePlan(index=index, spot=spot, host_key=host.public, host_key_private=host.private)
+                 for index in range(count))
 
 
 def launch(

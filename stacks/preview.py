@@ -21,8 +21,10 @@ in its index, on two stand-ins numbered 99..9 and 88..8 (77..7 and 66..6 for a s
 The stand-ins' resources are those named after them (``node-<index>...``); every node of the
 kind gets the first stand-in's lines with its own index written in, once replacing the first
 stand-in's index by the second's gave exactly the second stand-in's lines. A kind that fails
-that check (a digit string that also occurs in other text, something that depends on the index
-another way) is run on all of its real nodes. The tests compare both ways on mixed plans.
+that check because a stand-in's digits also occur in other text (Canonical's AWS account
+099720109477 holds 99) is tried again with stand-ins whose digits occur in no line seen so
+far; one that still fails (its lines follow the index some other way) is run on all of its
+real nodes. The tests compare both ways on mixed plans.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ def _ordered(rows: list[dict[str, str]]) -> list[dict[str, str]]:
 
 
 # -- large pools: the program run on a sample of nodes ---------------------------------------------
-_STAND_IN_DIGITS = "98765432"  # pairs of stand-in digits: (9, 8) for the first kind of node...
 _OWNER = re.compile(r"^node-(\d+)(?:-|$)")  # node.name, and what the programs name after it
+_ATTEMPTS = 3  # sample runs with new stand-ins for the kinds whose check failed, before their real nodes
 
 
 def _sampled(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[dict[str, str]] | None:
@@ -120,35 +122,58 @@ def _sampled(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[dict[st
     for node in plan.nodes:
         if node.index >= 10:
             groups.setdefault((_kind(node), len(str(node.index))), []).append(node)
-    stand_ins: dict[tuple[Any, int], tuple[int, int]] = {}
-    per_width: dict[int, int] = {}
-    for kind, width in groups:
-        k = per_width.get(width, 0)
-        per_width[width] = k + 1
-        if 2 * k + 1 >= len(_STAND_IN_DIGITS):
-            return None  # more kinds of node than stand-in digits
-        stand_ins[(kind, width)] = (int(_STAND_IN_DIGITS[2 * k] * width), int(_STAND_IN_DIGITS[2 * k + 1] * width))
-    sample = [n for n in plan.nodes if n.index < 10]
-    for key, (a, b) in stand_ins.items():
-        first = groups[key][0]
-        sample += [replace(first, index=a), replace(first, index=b)]
-    shared, by_node = _by_node(_rows(declared(program, plan.with_nodes(tuple(sample)))))
-    marks = [str(i) for pair in stand_ins.values() for i in pair]
-    if any(m in r["name"] for r in shared for m in marks):
-        return None  # a per-node resource not named after its node: no way to tell whose it is
-    rows = shared + [r for n in plan.nodes if n.index < 10 for r in by_node.get(n.index, [])]
-    unsure: list[NodePlan] = []
-    for key, (a, b) in stand_ins.items():
-        template = _ordered(by_node.get(a, []))
-        if not template or _with_index(template, str(a), str(b)) != _ordered(by_node.get(b, [])):
-            unsure += groups[key]  # its index is not only a string in names and details
-            continue
-        for node in groups[key]:
-            rows += _with_index(template, str(a), str(node.index))
+    small = [n for n in plan.nodes if n.index < 10]
+    rows: list[dict[str, str]] = []
+    pending = list(groups)
+    seen = ""  # the text of the lines so far: a stand-in's index must not occur in it
+    for attempt in range(_ATTEMPTS):
+        if not pending:
+            break
+        stand_ins = _stand_ins(pending, seen)
+        sample = small if attempt == 0 else []
+        for key, (a, b) in stand_ins.items():
+            first = groups[key][0]
+            sample = [*sample, replace(first, index=a), replace(first, index=b)]
+        found = _rows(declared(program, plan.with_nodes(tuple(sample))))
+        shared, by_node = _by_node(found)
+        if attempt == 0:
+            marks = [str(i) for pair in stand_ins.values() for i in pair]
+            if any(m in r["name"] for r in shared for m in marks):
+                return None  # a per-node resource not named after its node: no way to tell whose it is
+            rows += shared + [r for n in small for r in by_node.get(n.index, [])]
+        seen += "\n".join(f"{r['name']} {r['detail']}" for r in found)
+        for key, (a, b) in stand_ins.items():
+            template = _ordered(by_node.get(a, []))
+            if template and _with_index(template, str(a), str(b)) == _ordered(by_node.get(b, [])):
+                pending.remove(key)
+                for node in groups[key]:
+                    rows += _with_index(template, str(a), str(node.index))
+            # else: its index also occurs in other text, or the lines follow it another way
+    unsure = [n for key in pending for n in groups[key]]
     if unsure:
         _, theirs = _by_node(_rows(declared(program, plan.with_nodes(tuple(unsure)))))
         rows += [r for n in unsure for r in theirs.get(n.index, [])]
     return rows
+
+
+def _stand_ins(keys: list[tuple[Any, int]], seen: str) -> dict[tuple[Any, int], tuple[int, int]]:
+    """Two indices per kind of node, of its index's width, occurring nowhere in ``seen`` and
+    distinct from each other: 99/88, 77/66... first, then counting down from the largest."""
+    used: set[int] = set()
+    out = {}
+    for key in keys:
+        width = key[1]
+        preferred = [int(d * width) for d in "98765432"]
+        pair: list[int] = []
+        for i in [*preferred, *range(10 ** width - 1, 10 ** (width - 1) - 1, -1)]:
+            if i not in used and str(i) not in seen and not any(str(i) in str(j) or str(j) in str(i) for j in used):
+                pair.append(i)
+                used.add(i)
+                if len(pair) == 2:
+                    break
+        if len(pair) == 2:
+            out[key] = (pair[0], pair[1])
+    return out
 
 
 def _kind(node: NodePlan) -> tuple[Any, ...]:

@@ -9,9 +9,9 @@ registry record in a scratch SKYWARD_HOME, whose nodes sit on closed loopback po
 
 Figures:
 
-* preview: ``provider.preview(spec)`` of an AWS pool of each size, in this process after a
-  warm-up preview (imports excluded), median of ``--reps``; and once in a fresh process, imports
-  included (``cold``). ms/node = the whole preview's time / nodes.
+* preview: ``provider.preview(spec)`` of an AWS and a GCP pool of each size, in this process
+  after a warm-up preview (imports excluded), median of ``--reps``; and an AWS one in a new
+  process, imports included. ms/node = the whole preview's time / nodes.
 * up: the plan (a host key per node) and ``CloudPool.start(n)`` through the fake workspace,
   config written to the stack's settings file; the longest command-line argument the Pulumi CLI
   would have been given.
@@ -51,24 +51,30 @@ import skyward as sky  # noqa: E402
 CIDRS = ["10.0.0.0/8"]
 
 
-def _spec(nodes: int, workspace: Any = None) -> sky.Spec:
+def _spec(nodes: int, workspace: Any = None, cloud: str = "aws") -> sky.Spec:
+    if cloud == "gcp":
+        return sky.Spec(provider=sky.GCP(project="p", detect_address=False, allow_ssh_from=CIDRS),
+                        nodes=nodes, allocation="on-demand")
     return sky.Spec(provider=sky.AWS(detect_address=False, allow_ssh_from=CIDRS, workspace=workspace),
                     nodes=nodes, allocation="on-demand")
 
 
+_INSTANCE = {"aws": "aws:ec2/instance:Instance", "gcp": "gcp:compute/instance:Instance"}
+
+
 # -- preview -------------------------------------------------------------------------------------
-def preview_warm(sizes: list[int], reps: int) -> dict[int, float]:
-    small = _spec(4)
+def preview_warm(sizes: list[int], reps: int, cloud: str) -> dict[int, float]:
+    small = _spec(4, cloud=cloud)
     small.provider.preview(small)  # imports, first run of the program
     out = {}
     for n in sizes:
-        spec = _spec(n)
+        spec = _spec(n, cloud=cloud)
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
             found = spec.provider.preview(spec)
             times.append(time.perf_counter() - t0)
-        assert len([r for r in found["resources"] if r["type"] == "aws:ec2/instance:Instance"]) == n
+        assert len([r for r in found["resources"] if r["type"] == _INSTANCE[cloud]]) == n
         out[n] = statistics.median(times)
     return out
 
@@ -197,14 +203,16 @@ def main() -> None:
     out: dict[str, Any] = {"cpus": os.cpu_count(), "load": os.getloadavg()[0], "python": sys.version.split()[0]}
     print(f"{out['cpus']} CPUs, load {out['load']:.2f}, Python {out['python']}")
 
-    warm = preview_warm(sizes, args.reps)
+    print("\npreview                              seconds   ms/node")
+    out["preview"] = {}
+    for cloud in ("aws", "gcp"):
+        warm = preview_warm(sizes, args.reps, cloud)
+        out["preview"][cloud] = {n: {"seconds": s, "ms_per_node": 1000 * s / n} for n, s in warm.items()}
+        for n, s in warm.items():
+            print(f"  {cloud.upper()} {n:>5} nodes                {s:8.3f}  {1000 * s / n:8.3f}")
     cold = preview_cold(sizes[0])
-    out["preview"] = {n: {"seconds": s, "ms_per_node": 1000 * s / n} for n, s in warm.items()}
-    out["preview_cold"] = {sizes[0]: {"seconds": cold, "ms_per_node": 1000 * cold / sizes[0]}}
-    print("\npreview (AWS, on-demand)        seconds   ms/node")
-    for n, s in warm.items():
-        print(f"  {n:>5} nodes                  {s:8.3f}  {1000 * s / n:8.3f}")
-    print(f"  {sizes[0]:>5} nodes, cold process    {cold:8.3f}  {1000 * cold / sizes[0]:8.3f}   (imports included)")
+    out["preview_cold"] = {"aws": {sizes[0]: {"seconds": cold, "ms_per_node": 1000 * cold / sizes[0]}}}
+    print(f"  AWS {sizes[0]:>5} nodes, new process   {cold:8.3f}  {1000 * cold / sizes[0]:8.3f}   (imports included)")
 
     big = max(sizes)
     ws, _, nodes, up = come_up(big)

@@ -235,7 +235,8 @@ def test_two_programs_open_pools_on_the_same_hosts_at_once(fresh: SSHHosts, tmp_
     assert len(nodes) == 2 and all(r.get("ok") for r in reports if "ok" in r)
     long_nodes, short_nodes = nodes
     assert {d for _, d, _ in long_nodes}.isdisjoint({d for _, d, _ in short_nodes})  # own folders
-    assert {p for _, _, p in long_nodes}.isdisjoint({p for _, _, p in short_nodes})  # own agents
+    # Own agents: (host, pid) pairs, each host being its own PID namespace (pids repeat across hosts).
+    assert {(h, p) for h, _, p in long_nodes}.isdisjoint({(h, p) for h, _, p in short_nodes})
     for h in shared:
         assert pool_folders(h) == []
 

@@ -36,9 +36,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from . import serialize, versions
+from . import serialize, shm, versions
 from .frames import (
     FLAG_STREAM_IN,
     FLAG_STREAM_OUT,
@@ -616,6 +617,9 @@ class Agent:
             if replace:
                 self.workers[self.workers.index(w)] = self._spawn(w.index)
             sends = self._assign()
+            spill = self.config.get("spill") if self.config is not None else None
+        if spill and not w.launched:  # its shared-memory segments nobody holds
+            shm.sweep(Path(spill), w.proc.pid)
         if lost:
             from skyward.errors import WorkerDiedError
 

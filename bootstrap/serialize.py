@@ -1,24 +1,25 @@
 """Payload encoding: cloudpickle protocol 5 with out-of-band buffers, lz4 where it pays.
 
-Large contiguous buffers (numpy arrays, bytes, torch tensors via numpy) travel beside the
-pickle instead of inside it, so a 200 MB array is never copied into the pickle stream. A part
-is compressed only if it is large and a sample of it compresses well; random floats are sent
-as they are, because compressing them costs more time than the bytes it saves.
+Large contiguous buffers (numpy arrays, torch tensors via numpy, anything pickled with
+protocol 5 out-of-band buffers) travel beside the pickle instead of inside it, so a 200 MB array is never
+copied into the pickle stream. On a Local pool (``spill``: the pool's shared-memory folder)
+each such buffer is copied once into a shared-memory segment (``shm``) and the receiver
+rebuilds the array on it without a copy. Otherwise a part is compressed only if it is large
+and a sample of it compresses well; random floats are sent as they are, because compressing
+them costs more time than the bytes it saves.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
 import pickle
 import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import lz4.block
 
+from . import shm
 from .frames import Frame
 
 COMPRESS_MIN = 64 * 1024
@@ -27,7 +28,7 @@ _SAMPLE = 64 * 1024
 _RATIO = 0.6
 FLAG_BODY_LZ4 = 1
 BUF_LZ4 = 1  # the buffer is lz4-compressed
-BUF_SPILLED = 2  # the buffer's data is the path of a shared-memory file holding it
+BUF_SPILLED = 2  # the buffer's data is a reference to a shared-memory segment (shm.REF + path)
 
 Buffers = list[tuple[int, bytes | bytearray | memoryview]]
 
@@ -45,44 +46,12 @@ def _maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     return BUF_LZ4, packed
 
 
-def _spill(data: bytes | memoryview, directory: Path) -> bytes | None:
-    """Write a large buffer to a file in ``directory`` (tmpfs); None when there is no room."""
-    n = memoryview(data).nbytes
-    st = os.statvfs(directory)
-    if st.f_bavail * st.f_frsize < 2 * n:
-        return None
-    path = directory / uuid.uuid4().hex
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        return None
-    os.close(fd)
-    return os.fsencode(path)
-
-
-def _unspill(path: bytes | bytearray | memoryview) -> mmap.mmap:
-    """Map a spilled buffer (copy-on-write, so arrays on it are writable) and unlink its file."""
-    name = os.fsdecode(bytes(path))
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else mmap.mmap(-1, 1)
-    finally:
-        os.close(fd)
-        os.unlink(name)
-
-
 def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     """Pickle obj; returns (flags, body, buffers) ready for a frame.
 
-    With ``spill`` (a directory on a filesystem both ends can see, Local pools only), buffers
-    of SPILL_MIN bytes or more go through files there instead of through the sockets: one
-    copy in, none out, instead of a copy on every hop.
+    With ``spill`` (a folder in shared memory that both ends can map, Local pools only),
+    buffers of SPILL_MIN bytes or more go through shared-memory segments instead of through
+    the sockets: one copy in, none out. When the folder is full they go through the stream.
     """
     raw: list[pickle.PickleBuffer] = []
     body: bytes | memoryview = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
@@ -96,12 +65,12 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
             view = pb.raw()
         except BufferError:  # not contiguous: ship a contiguous copy
             view = memoryview(bytes(pb))
-        bflags, data = _maybe_compress(view)
-        if spill is not None and memoryview(data).nbytes >= SPILL_MIN:
-            path = _spill(data, spill)
-            if path is not None:
-                bflags, data = bflags | BUF_SPILLED, path
-        buffers.append((bflags, data))
+        if spill is not None and view.nbytes >= SPILL_MIN:
+            ref = shm.put(spill, view)
+            if ref is not None:
+                buffers.append((BUF_SPILLED, ref))
+                continue
+        buffers.append(_maybe_compress(view))
     return flags, body, buffers
 
 
@@ -110,7 +79,7 @@ def loads(flags: int, body: bytes | bytearray | memoryview, buffers: Buffers) ->
         body = lz4.block.decompress(body)
     bufs: list[Any] = []
     for bflags, data in buffers:
-        buf: Any = _unspill(data) if bflags & BUF_SPILLED else data
+        buf: Any = shm.get(data) if bflags & BUF_SPILLED else data
         if bflags & BUF_LZ4:
             buf = bytearray(lz4.block.decompress(buf))
         bufs.append(buf)
@@ -122,10 +91,10 @@ def loads_frame(frame: Frame) -> Any:
 
 
 def discard(buffers: Buffers) -> None:
-    """Remove the spill files of a payload that will never be read."""
+    """Give back the shared-memory segments of a payload that will never be read."""
     for bflags, data in buffers:
         if bflags & BUF_SPILLED:
-            Path(os.fsdecode(bytes(data))).unlink(missing_ok=True)
+            shm.release(data)
 
 
 # -- results and errors ---------------------------------------------------------------------

@@ -33,7 +33,7 @@ BUF_SPILLED = 2  # the buffer's data is a reference to a shared-memory segment (
 Buffers = list[tuple[int, bytes | bytearray | memoryview]]
 
 
-def _maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
+def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     n = memoryview(data).nbytes
     if n < COMPRESS_MIN:
         return 0, data
@@ -56,7 +56,7 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
     raw: list[pickle.PickleBuffer] = []
     body: bytes | memoryview = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
     flags = 0
-    compressed, body = _maybe_compress(body)
+    compressed, body = maybe_compress(body)
     if compressed:
         flags |= FLAG_BODY_LZ4
     buffers: Buffers = []
@@ -70,7 +70,7 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
             if ref is not None:
                 buffers.append((BUF_SPILLED, ref))
                 continue
-        buffers.append(_maybe_compress(view))
+        buffers.append(maybe_compress(view))
     return flags, body, buffers
 
 

@@ -75,7 +75,16 @@ class Owner:
 
     def put(self, data: memoryview) -> bytes | None:
         """Copy ``data`` into a free segment and return its reference; None: no room."""
-        n = data.nbytes
+        got = self.reserve(data.nbytes)
+        if got is None:
+            return None
+        seg, ref = got
+        _copy(seg.mm, HEADER, data)
+        return ref
+
+    def reserve(self, n: int) -> tuple[_Segment, bytes] | None:
+        """A free segment of ``n`` bytes or more, marked lent, and its reference (the caller
+        fills it); None: no room."""
         with self.lock:
             seg = self._take(n)
             if seg is None:
@@ -86,9 +95,8 @@ class Owner:
             seg.gen += 1
             _GENS.pack_into(seg.mm, 0, seg.gen, seg.gen - 1)  # busy from here on
             seg.used = time.monotonic()
-        _copy(seg.mm, HEADER, data)
         _janitor.watch(self)
-        return REF.pack(seg.gen, n) + os.fsencode(seg.path)
+        return seg, REF.pack(seg.gen, n) + os.fsencode(seg.path)
 
     def _take(self, n: int) -> _Segment | None:
         best = None
@@ -209,9 +217,7 @@ _owners: dict[Path, Owner] = {}
 _owners_lock = threading.Lock()
 
 
-def put(directory: Path, data: memoryview) -> bytes | None:
-    """Place ``data`` in a segment of ``directory``; its reference, or None when there is no
-    room (send the bytes through the stream)."""
+def _owner(directory: Path, n: int) -> Owner | None:
     owner = _owners.get(directory)
     if owner is None:
         with _owners_lock:
@@ -220,12 +226,32 @@ def put(directory: Path, data: memoryview) -> bytes | None:
                 try:
                     owner = _owners[directory] = Owner(directory)
                 except OSError as exc:
-                    _full(directory, data.nbytes, exc)
+                    _full(directory, n, exc)
                     return None
-    ref = owner.put(data)
-    if ref is None:
+    return owner
+
+
+def put(directory: Path, data: memoryview) -> bytes | None:
+    """Place ``data`` in a segment of ``directory``; its reference, or None when there is no
+    room (send the bytes through the stream)."""
+    owner = _owner(directory, data.nbytes)
+    ref = owner.put(data) if owner is not None else None
+    if ref is None and owner is not None:
         _full(directory, data.nbytes, None)
     return ref
+
+
+def reserve(directory: Path, n: int) -> tuple[memoryview, bytes] | None:
+    """A lent segment to receive ``n`` bytes into: a writable view of its data (fill it,
+    then let it go) and its reference; None when there is no room."""
+    owner = _owner(directory, n)
+    got = owner.reserve(n) if owner is not None else None
+    if got is None:
+        if owner is not None:
+            _full(directory, n, None)
+        return None
+    seg, ref = got
+    return memoryview(seg.mm)[HEADER : HEADER + n], ref
 
 
 _warned: set[Path] = set()
@@ -335,7 +361,7 @@ def _unlink_if_orphaned(path: bytes) -> None:
         pid = int(os.path.basename(path).split(b"-", 1)[0])
     except ValueError:
         return
-    if pid == os.getpid() or _alive(pid):
+    if pid == os.getpid() or alive(pid):
         return
     try:
         os.unlink(path)
@@ -343,7 +369,7 @@ def _unlink_if_orphaned(path: bytes) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

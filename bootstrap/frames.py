@@ -4,10 +4,11 @@ A frame is a fixed header, the lengths of its out-of-band buffers, a body and th
 
     kind:u8 flags:u8 nbufs:u16 task_id:u64 body_len:u64 | nbufs x u64 | body | buf0 | buf1 ...
 
-The top two bits of a buffer length are that buffer's flags (lz4-compressed, or spilled to a
-shared-memory file whose path is the data; see ``serialize``). Frames are
+The top two bits of a buffer length are that buffer's flags (lz4-compressed, or in a
+shared-memory segment that the data names; see ``serialize`` and ``shm``). Frames are
 written with one ``sendmsg`` (scatter/gather, no concatenation of large buffers) and read
-through a buffered reader that receives large parts straight into their final bytearray.
+through a buffered reader that receives large parts straight into their final bytearray (or
+into a shared-memory segment, for an agent serving a remote client).
 """
 
 from __future__ import annotations

@@ -118,8 +118,12 @@ class Owner:
             return None
         try:
             # Allocates every page now: a full tmpfs fails here (ENOSPC), never with SIGBUS
-            # in the middle of a memcpy into the mapping.
-            os.posix_fallocate(fd, 0, size)
+            # in the middle of a memcpy into the mapping. (Systems without it: a sparse file.)
+            allocate = getattr(os, "posix_fallocate", None)
+            if allocate is not None:
+                allocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         except (OSError, ValueError):
             os.close(fd)
@@ -181,17 +185,19 @@ def _copy(mm: mmap.mmap, offset: int, data: memoryview) -> None:
 
 
 class _Janitor:
-    """One daemon thread per process, alive while any owner has segments: unlinks the free
-    ones left unused for IDLE seconds."""
+    """One daemon thread per process, alive while it owns segments or maps others': unlinks
+    its free segments left unused for IDLE seconds, and unmaps the segments their owners
+    removed (a mapping would keep their memory)."""
 
     def __init__(self) -> None:
         self.owners: weakref.WeakSet[Owner] = weakref.WeakSet()
         self.lock = threading.Lock()
         self.running = False
 
-    def watch(self, owner: Owner) -> None:
+    def watch(self, owner: Owner | None = None) -> None:
         with self.lock:
-            self.owners.add(owner)
+            if owner is not None:
+                self.owners.add(owner)
             if self.running:
                 return
             self.running = True
@@ -206,6 +212,7 @@ class _Janitor:
             for owner in owners:
                 with owner.lock:
                     busy |= owner.trim(IDLE)
+            busy |= _unmap_stale()
             with self.lock:
                 if not busy:
                     self.running = False
@@ -296,15 +303,26 @@ def _mapping(path: bytes) -> mmap.mmap:
         os.close(fd)
     with _maps_lock:
         _maps[path] = mm
-        # Forget mappings of segments their owner removed (their pages live while mapped),
-        # and the oldest beyond _MAPS_MAX; views made from them keep them mapped meanwhile.
-        stale = [p for p in _maps if p != path and not os.path.exists(p)]
-        dropped = [_maps.pop(p) for p in stale]
-        while len(_maps) > _MAPS_MAX:
+        dropped = []
+        while len(_maps) > _MAPS_MAX:  # the oldest; views made from them keep them mapped
             dropped.append(_maps.pop(next(iter(_maps))))
     for old in dropped:
         _unmap(old)
+    _unmap_stale(keep=path)
+    _janitor.watch()
     return mm
+
+
+def _unmap_stale(keep: bytes = b"") -> bool:
+    """Forget the mappings of segments their owner removed (their memory lives while mapped);
+    returns whether any mapping is left."""
+    with _maps_lock:
+        stale = [p for p in _maps if p != keep and not os.path.exists(p)]
+        dropped = [_maps.pop(p) for p in stale]
+        left = bool(_maps)
+    for old in dropped:
+        _unmap(old)
+    return left
 
 
 def _unmap(mm: mmap.mmap) -> None:

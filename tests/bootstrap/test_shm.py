@@ -175,3 +175,21 @@ def test_allocation_failing_mid_way_leaves_nothing(monkeypatch: pytest.MonkeyPat
         finally:
             shm.forget(folder)
         assert list(folder.iterdir()) == []
+
+
+def test_mappings_of_removed_segments_are_dropped(spill: Path) -> None:
+    """A receiver's mapping would keep a removed segment's memory: the janitor's sweep (here
+    called directly) unmaps it."""
+    arr = np.random.default_rng(8).random(500_000)
+    out = serialize.loads(*serialize.dumps(arr, spill=spill))
+    del out
+    (path,) = list(spill.iterdir())
+    assert os.fsencode(path) in shm._maps
+    owner = shm._owners[spill]
+    with owner.lock:
+        owner.trim(0.0)  # the owner removes it
+    assert not path.exists()
+    assert any(str(path) in line for line in Path("/proc/self/maps").read_text().splitlines())
+    shm._unmap_stale()
+    assert os.fsencode(path) not in shm._maps
+    assert not any(str(path) in line for line in Path("/proc/self/maps").read_text().splitlines())

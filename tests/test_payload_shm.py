@@ -64,7 +64,7 @@ def _root(arr: np.ndarray) -> object:
 def test_arrays_travel_through_reused_segments_without_copies() -> None:
     arr = np.random.default_rng(0).random(MB8)
     with sky.Compute(nodes=1) as pool:
-        spill = pool._cluster.spill_dir
+        spill = pool.cluster.spill_dir
         assert spill is not None and str(spill).startswith("/dev/shm/")
         owner, writable, _, _ = where_is(arr) >> pool
         assert (owner, writable) == ("mmap", True)
@@ -88,7 +88,7 @@ def test_an_exception_in_the_block_removes_the_segments() -> None:
     arr = np.random.default_rng(1).random(MB8)
     spill = None
     with pytest.raises(RuntimeError, match="user bug"), sky.Compute(nodes=2) as pool:
-        spill = pool._cluster.spill_dir
+        spill = pool.cluster.spill_dir
         results = [echo(arr) >> pool for _ in range(2)]
         assert len(_files(spill)) >= 2
         raise RuntimeError("user bug")
@@ -100,7 +100,7 @@ def test_an_exception_in_the_block_removes_the_segments() -> None:
 def test_a_killed_worker_or_node_leaves_no_segment_behind() -> None:
     arr = np.random.default_rng(2).random(MB8)
     with sky.Compute(nodes=2) as pool:
-        spill = pool._cluster.spill_dir
+        spill = pool.cluster.spill_dir
         assert spill is not None
         infos = where_is(arr) @ pool  # every worker has received a segment
         for _ in range(2):
@@ -135,7 +135,7 @@ def hold(arr):
 with sky.Compute(nodes=2, ttl=3) as pool:
     arr = np.ones(1_000_000)
     kept = [hold(arr) >> pool for _ in range(2)]
-    print(pool._cluster.spill_dir, *sorted({p for p, _ in kept}), flush=True)
+    print(pool.cluster.spill_dir, *sorted({p for p, _ in kept}), flush=True)
     time.sleep(600)
 """
 
@@ -176,7 +176,7 @@ def test_a_full_shared_memory_falls_back_to_the_stream(full_shm: Path, capfd: py
     small = np.random.default_rng(3).random(250_000)  # 2 MB: fits
     big = np.random.default_rng(4).random(4 * MB8)  # 32 MB: does not
     with sky.Compute(nodes=1) as pool:
-        spill = pool._cluster.spill_dir
+        spill = pool.cluster.spill_dir
         assert spill is not None and spill.parent == full_shm
         back = echo(big) >> pool
         np.testing.assert_array_equal(back, big)
@@ -197,7 +197,7 @@ def test_a_program_that_ends_without_closing_its_pool_leaves_no_segment(tmp_path
         session = sky.Session()
         pool = session.compute(nodes=1)
         out = sky.function(lambda a: (os.getppid(), a))(np.ones(1_000_000)) >> pool
-        print(pool._cluster.spill_dir, out[0], flush=True)
+        print(pool.cluster.spill_dir, out[0], flush=True)
     """))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

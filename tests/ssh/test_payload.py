@@ -75,7 +75,7 @@ def _node_dirs() -> set[str]:
 def test_through_the_tunnel_the_worker_maps_what_the_agent_received(hosts: SSHHosts) -> None:
     before = _node_dirs()
     with sky.Compute(provider=provider(hosts), nodes=1, options=QUIET) as pool:
-        assert isinstance(pool._channels[0]._sock, ChannelSocket)  # the SSH tunnel
+        assert isinstance(pool.members.channels[0]._sock, ChannelSocket)  # the SSH tunnel
         for seed in range(3):
             blob = _blob(seed)
             digest, owner, _ = inspect(blob) >> pool
@@ -91,7 +91,7 @@ def test_through_the_tunnel_the_worker_maps_what_the_agent_received(hosts: SSHHo
 
 def test_direct_connections_skip_the_tunnel_after_the_token_check(hosts: SSHHosts) -> None:
     with sky.Compute(provider=provider(hosts, direct=True), nodes=2, options=QUIET) as pool:
-        socks = [ch._sock for ch in pool._channels]
+        socks = [ch._sock for ch in pool.members.channels]
         assert all(isinstance(s, socket.socket) for s in socks)
         peers = {s.getpeername()[0] for s in socks}
         assert peers == {h.address for h in hosts}

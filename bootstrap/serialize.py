@@ -1,7 +1,7 @@
 """Payload encoding: cloudpickle protocol 5 with out-of-band buffers, lz4 where it pays.
 
 Large contiguous buffers (numpy arrays, torch tensors via numpy, anything pickled with
-protocol 5 out-of-band buffers) travel beside the pickle instead of inside it, so a 200 MB array is never
+protocol 5 out-of-band buffers, and bytes and bytearrays of SPILL_MIN or more) travel beside the pickle instead of inside it, so a 200 MB array is never
 copied into the pickle stream. On a Local pool (``spill``: the pool's shared-memory folder)
 each such buffer is copied once into a shared-memory segment (``shm``) and the receiver
 rebuilds the array on it without a copy. Otherwise a part is compressed only if it is large
@@ -11,7 +11,9 @@ them costs more time than the bytes it saves.
 
 from __future__ import annotations
 
+import io
 import pickle
+import struct
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,10 @@ SPILL_MIN = 1024 * 1024
 _SAMPLE = 64 * 1024
 _RATIO = 0.6
 FLAG_BODY_LZ4 = 1
+# Large bytes and bytearrays travel as buffers too; the body starts with how many (EXTRAS) and
+# those buffers come first. Pickle calls no hook for exact bytes, so a persistent id carries them.
+FLAG_BODY_OOB = 2
+EXTRAS = struct.Struct("!I")
 BUF_LZ4 = 1  # the buffer is lz4-compressed
 BUF_SPILLED = 2  # the buffer's data is a reference to a shared-memory segment (shm.REF + path)
 
@@ -46,6 +52,51 @@ def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     return BUF_LZ4, packed
 
 
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with large bytes and bytearrays out of band (see FLAG_BODY_OOB)."""
+
+    def __init__(self, file: Any, extras: list[pickle.PickleBuffer], buffer_callback: Any) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+        self.extras = extras
+        self.seen: dict[int, int] = {}  # id -> index: the same object twice travels once
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if (kind is bytes or kind is bytearray) and len(obj) >= SPILL_MIN:
+            index = self.seen.get(id(obj))
+            if index is None:
+                index = self.seen[id(obj)] = len(self.extras)
+                self.extras.append(pickle.PickleBuffer(obj))  # keeps obj (and its id) alive
+            return (kind is bytearray, index)
+        return None
+
+
+def _holds_bytes(obj: Any, depth: int) -> bool:
+    """Whether ``obj`` is, or holds within ``depth`` levels of short tuples, lists and dicts, a
+    bytes or bytearray of SPILL_MIN or more (a cheap look before pickling)."""
+    kind = type(obj)
+    if kind is bytes or kind is bytearray:
+        return len(obj) >= SPILL_MIN
+    if depth <= 0:
+        return False
+    if kind is tuple or kind is list:
+        return len(obj) <= 32 and any(_holds_bytes(x, depth - 1) for x in obj)
+    if kind is dict:
+        return len(obj) <= 32 and any(_holds_bytes(x, depth - 1) for x in obj.values())
+    return False
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, body: bytes | bytearray | memoryview, extras: list[Any], buffers: list[Any]) -> None:
+        super().__init__(io.BytesIO(body), buffers=buffers)
+        self.extras = extras
+
+    def persistent_load(self, pid: Any) -> Any:
+        mutable, index = pid
+        data = self.extras[index]
+        return bytearray(data) if mutable else bytes(data)  # a copy that owns its bytes
+
+
 def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     """Pickle obj; returns (flags, body, buffers) ready for a frame.
 
@@ -54,8 +105,22 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
     the sockets: one copy in, none out. When the folder is full they go through the stream.
     """
     raw: list[pickle.PickleBuffer] = []
-    body: bytes | memoryview = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
+    body: bytes | memoryview = b""
     flags = 0
+    # Large bytes where a task's arguments or a result usually hold them: pickled once, with
+    # the hook. Elsewhere (deeper, in long lists) a large pickle is pickled again with it.
+    if not _holds_bytes(obj, 3):
+        body = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
+    if not body or len(body) >= SPILL_MIN:
+        extras: list[pickle.PickleBuffer] = []
+        again: list[pickle.PickleBuffer] = []
+        with io.BytesIO() as file:
+            _Pickler(file, extras, again.append).dump(obj)
+            if extras:
+                body, raw = EXTRAS.pack(len(extras)) + file.getbuffer(), extras + again
+                flags |= FLAG_BODY_OOB
+            elif not body:
+                body, raw = file.getvalue(), again
     compressed, body = maybe_compress(body)
     if compressed:
         flags |= FLAG_BODY_LZ4
@@ -83,6 +148,9 @@ def loads(flags: int, body: bytes | bytearray | memoryview, buffers: Buffers) ->
         if bflags & BUF_LZ4:
             buf = bytearray(lz4.block.decompress(buf))
         bufs.append(buf)
+    if flags & FLAG_BODY_OOB:
+        (count,) = EXTRAS.unpack_from(body, 0)
+        return _Unpickler(memoryview(body)[EXTRAS.size :], bufs[:count], bufs[count:]).load()
     return pickle.loads(body, buffers=bufs)
 
 

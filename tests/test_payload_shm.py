@@ -84,6 +84,16 @@ def test_arrays_travel_through_reused_segments_without_copies() -> None:
     assert _mapped(spill) == []
 
 
+def test_large_bytes_go_through_shared_memory_both_ways() -> None:
+    data = os.urandom(16 << 20)
+    with sky.Compute(nodes=1) as pool:
+        spill = pool.cluster.spill_dir
+        assert spill is not None
+        for _ in range(2):
+            assert (echo(data) >> pool) == data
+        assert len(_files(spill)) == 2  # one segment each way, reused
+
+
 def test_an_exception_in_the_block_removes_the_segments() -> None:
     arr = np.random.default_rng(1).random(MB8)
     spill = None

@@ -193,3 +193,26 @@ def test_mappings_of_removed_segments_are_dropped(spill: Path) -> None:
     shm._unmap_stale()
     assert os.fsencode(path) not in shm._maps
     assert not any(str(path) in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+def test_large_bytes_travel_out_of_band_too(spill: Path) -> None:
+    """Pickle keeps bytes inside its stream (no hook sees them): a persistent id takes the
+    large ones out, so they reach shared memory (Local) or travel beside the body (remote)."""
+    big, mutable = os.urandom(3 << 20), bytearray(os.urandom(2 << 20))
+    value = {"b": big, "nested": [mutable, b"small", big]}
+    flags, body, buffers = serialize.dumps(value, spill=spill)
+    assert flags & serialize.FLAG_BODY_OOB and len(body) < 1000
+    assert [b[0] for b in buffers] == [serialize.BUF_SPILLED] * 2  # `big` once, though twice in
+    out = serialize.loads(flags, body, buffers)
+    assert out == value and type(out["nested"][0]) is bytearray and type(out["b"]) is bytes
+    assert all(seg.free() for seg in _segments(spill))  # copied out: the segments are free again
+    flags, body, buffers = serialize.dumps(value)  # no folder: beside the body, not inside it
+    assert flags & serialize.FLAG_BODY_OOB and len(body) < 1000 and len(buffers) == 2
+    assert serialize.loads(flags, body, buffers) == value
+    small = serialize.dumps([b"x" * 1000])
+    assert not small[0] & serialize.FLAG_BODY_OOB and small[2] == []
+    # Deeper than the quick look goes (a long list): found when the pickle turns out large.
+    deep = [[i, b"x"] for i in range(100)] + [[[[big]]]]
+    flags, body, buffers = serialize.dumps(deep, spill=spill)
+    assert flags & serialize.FLAG_BODY_OOB and len(body) < 5000 and len(buffers) == 1
+    assert serialize.loads(flags, body, buffers) == deep

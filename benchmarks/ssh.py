@@ -7,7 +7,9 @@ when run as root, sshd on loopback addresses otherwise).
   client's own caches warm) and warm (the same hosts again: every phase skipped)
 * enter time on 16 hosts vs 4 (cold), the parallel-bootstrap ratio (target <= 2x)
 * no-op `>>` round trip through the SSH tunnel (target <= 1 ms median)
-* 100 MB argument through the tunnel (target >= 200 MB/s)
+* 100 MB argument through the tunnel (target >= 300 MB/s), and 100 MB back (a result)
+* the same over a direct connection (sky.SSH(direct=True): plain TCP to the agent on the
+  host's private address, token-checked)
 
 The same round trip and 100 MB on a Local node are measured in the same run, as the baseline.
 """
@@ -48,9 +50,24 @@ def size_of(data: Any) -> int:
     return int(data.nbytes)
 
 
-def provider(hosts: SSHHosts) -> sky.SSH:
+@sky.function
+def blob_of(n: int) -> Any:
+    """A node's cached array of n random bytes: the result direction (making it is not timed)."""
+    import builtins
+
+    import numpy
+
+    # A function of this script travels by value: its globals are new on every call. The
+    # worker's builtins module is the same from one call to the next.
+    cached = builtins.__dict__.setdefault("_skyward_bench_blobs", {})
+    if n not in cached:
+        cached[n] = numpy.frombuffer(os.urandom(n), dtype=numpy.uint8)
+    return cached[n]
+
+
+def provider(hosts: SSHHosts, direct: bool = False) -> sky.SSH:
     return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
-                          for h in hosts])
+                          for h in hosts], direct=direct)
 
 
 def enter_to_first_result(hosts: SSHHosts) -> float:
@@ -61,7 +78,8 @@ def enter_to_first_result(hosts: SSHHosts) -> float:
 
 
 def transport(pool: Any, label: str, quick: bool) -> dict[str, float]:
-    """No-op round trip (median, p90) and 100 MB argument throughput on one node of ``pool``."""
+    """No-op round trip (median, p90), 100 MB argument and 100 MB result throughput on one
+    node of ``pool``."""
     for _ in range(200):
         noop() >> pool
     lat = []
@@ -79,10 +97,17 @@ def transport(pool: Any, label: str, quick: bool) -> dict[str, float]:
         t = time.perf_counter()
         assert (size_of(blob) >> pool) == len(blob)
         rates.append(len(blob) / (time.perf_counter() - t) / 1e6)
+    blob_of(len(blob)) >> pool
+    back = []
+    for _ in range(2 if quick else 5):
+        t = time.perf_counter()
+        assert len(blob_of(len(blob)) >> pool) == len(blob)
+        back.append(len(blob) / (time.perf_counter() - t) / 1e6)
     return {
         f"{label}_roundtrip_median_ms": lat[len(lat) // 2] * 1e3,
         f"{label}_roundtrip_p90_ms": lat[int(len(lat) * 0.9)] * 1e3,
         f"{label}_100MB_MBps": statistics.median(rates),
+        f"{label}_100MB_back_MBps": statistics.median(back),
     }
 
 
@@ -105,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         numpy = sky.Image(pip=[f"numpy=={np.__version__}"])
         with sky.Compute(provider=provider(hosts), nodes=1, image=numpy, options=QUIET) as pool:
             results.update(transport(pool, "ssh", args.quick))
+        with sky.Compute(provider=provider(hosts, direct=True), nodes=1, image=numpy, options=QUIET) as pool:
+            results.update(transport(pool, "ssh_direct", args.quick))
     # The baseline of the same run: the same calls to a Local node (loopback TCP, /dev/shm).
     with sky.Compute(nodes=1, options=QUIET) as pool:
         results.update(transport(pool, "local", args.quick))

@@ -23,6 +23,7 @@ import argparse
 import base64
 import collections
 import hmac
+import ipaddress
 import itertools
 import json
 import os
@@ -36,9 +37,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from . import serialize, versions
+from . import serialize, shm, versions
 from .frames import (
     FLAG_STREAM_IN,
     FLAG_STREAM_OUT,
@@ -70,6 +72,8 @@ class Route:
     client_tid: int
     worker: WorkerProc | None = None
     nested: int = 0  # nested submissions of this task that await their REPLY
+    # The task's shared-memory buffers: given back if its worker dies before it lets them go.
+    spilled: list[tuple[int, Any]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -88,6 +92,11 @@ class WorkerProc:
 class Agent:
     def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None) -> None:
         self.token = token.encode()
+        # This node's shared-memory folder, for pools whose client is on another host (made
+        # at the first CONFIGURE without a pool-wide one): large buffers from the client are
+        # received straight into segments there and mapped by the workers, and the workers'
+        # large results reach the agent the same way.
+        self.node_spill: Path | None = None
         self.ttl = ttl
         self.orphan_cleanup = orphan_cleanup or []
         self.orphaned = False
@@ -115,11 +124,15 @@ class Agent:
         self.spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None  # see prestart
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def serve(self, listener: socket.socket) -> None:
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+    def serve(self, listener: socket.socket, *more: socket.socket) -> None:
+        """Serve clients on ``listener`` (loopback) and ``more`` (the direct listener on the
+        node's private address, ``--direct``): the same token check on each."""
+        for sock in (listener, *more):
+            threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
         threading.Thread(target=self._lease_watchdog, daemon=True).start()
         self.stopping.wait()
-        listener.close()
+        for sock in (listener, *more):
+            sock.close()
         if self.collector is not None:
             self.collector.stop()
         self._stop_workers()
@@ -130,6 +143,9 @@ class Agent:
         with self.lock:
             for c in self.conns:
                 _close(c.sock)
+        if self.node_spill is not None:
+            shm.forget(self.node_spill)
+            shutil.rmtree(self.node_spill, ignore_errors=True)
         if self.orphaned:
             for path in self.orphan_cleanup:
                 _unmount_volumes(path)  # sky.Volume: a pool folder's mounts go before the folder
@@ -177,8 +193,24 @@ class Agent:
             tune(sock)
             threading.Thread(target=self._serve_conn, args=(sock,), daemon=True).start()
 
+    def _remote_spill(self) -> Path | None:
+        """The node's shared-memory folder when the client is on another host (no pool-wide
+        folder in the configuration), else None."""
+        config = self.config
+        if config is None or config.get("spill") or self.node_spill is None:
+            return None
+        return self.node_spill
+
+    def _reserve(self, kind: int, n: int) -> tuple[memoryview, bytes] | None:
+        """Where a client's large buffer is received (FrameReader): a segment of the node's
+        folder, for frames that go to a worker."""
+        if n < serialize.SPILL_MIN or kind not in _TO_WORKERS:
+            return None
+        spill = self._remote_spill()
+        return shm.reserve(spill, n) if spill is not None else None
+
     def _serve_conn(self, sock: socket.socket) -> None:
-        reader, writer = FrameReader(sock), FrameWriter(sock)
+        reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
         try:
             hello = reader.read()
             info = json.loads(bytes(hello.body)) if hello.kind == Kind.HELLO else {}
@@ -255,6 +287,8 @@ class Agent:
             first = self.config is None
             self.config = config
             if first:
+                if not config.get("spill"):
+                    self.node_spill = _node_spill_dir()
                 self.settings = config["worker"]
                 self.launchers = _launchers(config.get("plugins"))
                 n = self.settings["processes"]
@@ -298,11 +332,12 @@ class Agent:
 
     def _send_config(self, w: WorkerProc) -> None:
         assert self.config is not None
+        spill = self.config.get("spill") or (str(self.node_spill) if self.node_spill is not None else None)
         body = json.dumps({
             "threads": self.settings["threads"],  # a spare worker learns them here (prestart)
             "exclusive": self.settings["exclusive"],
             "topology": self._topology_for(w.index),
-            "spill": self.config.get("spill"),
+            "spill": spill,
             "plugins": self.config.get("plugins"),
             "state": self._state_for_workers(),
         }).encode()
@@ -473,7 +508,7 @@ class Agent:
 
     # -- tasks -------------------------------------------------------------------------------
     def _submit(self, conn: Conn, frame: Frame) -> None:
-        route = Route(conn, frame.task_id)
+        route = Route(conn, frame.task_id, spilled=[b for b in frame.buffers if b[0] & serialize.BUF_SPILLED])
         with self.lock:
             tid = next(self.tids)
             self.routes[tid] = route
@@ -647,6 +682,9 @@ class Agent:
             if replace:
                 self.workers[self.workers.index(w)] = self._spawn(w.index)
             sends = self._assign()
+            spill = self.config.get("spill") if self.config is not None else None
+        if spill and not w.launched:  # its shared-memory segments nobody holds
+            shm.sweep(Path(spill), w.proc.pid)
         if lost:
             from skyward.errors import WorkerDiedError
 
@@ -659,6 +697,7 @@ class Agent:
             )
             flags, body, buffers = serialize.dumps_error(err, tb_text="")
             for _, route in lost:
+                serialize.discard(route.spilled)  # the dead worker's views of them are gone
                 self._reply(route, Frame(Kind.RESULT, 0, body, flags, buffers))
         self._send(sends)
 
@@ -690,13 +729,16 @@ class Agent:
 
     def _reply(self, route: Route, frame: Frame) -> None:
         if not route.conn.open:
+            serialize.discard(frame.buffers)  # nobody will read them
             return
+        buffers = frame.buffers
+        if buffers and self._remote_spill() is not None:
+            buffers = _inline(buffers)  # the client is on another host: the bytes themselves
         try:
-            route.conn.writer.send_parts(
-                frame.kind, route.client_tid, frame.flags, frame.body, frame.buffers
-            )
+            route.conn.writer.send_parts(frame.kind, route.client_tid, frame.flags, frame.body, buffers)
         except OSError:
             route.conn.open = False
+            serialize.discard(frame.buffers)
 
     def _broadcast(self, frame: Frame) -> None:
         with self.lock:
@@ -709,6 +751,47 @@ class Agent:
         for line in iter(pipe.readline, b""):
             self._broadcast(Frame(Kind.OUTPUT, 0, line, stream))
         pipe.close()
+
+
+# Frames from a client that the agent passes to a worker (their buffers may go to shared memory).
+_TO_WORKERS = frozenset({Kind.TASK, Kind.MAP, Kind.REPLY, Kind.FEED})
+
+
+def _inline(buffers: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """A worker's shared-memory buffers as bytes for a client on another host (compressed
+    where it pays, as the worker would have for the stream); each segment is given back when
+    its view is dropped, once sent."""
+    out = []
+    for bflags, data in buffers:
+        if bflags & serialize.BUF_SPILLED:
+            try:
+                view = shm.get(data).raw()
+            except OSError:
+                view = memoryview(b"")  # gone (the worker's folder was removed): an error there
+            out.append(serialize.maybe_compress(view))
+        else:
+            out.append((bflags, data))
+    return out
+
+
+def _node_spill_dir() -> Path | None:
+    """A shared-memory folder of this agent's own (``/dev/shm/skyward-node-<pid>-*``); those of
+    agents that were killed are removed first. None where /dev/shm cannot be used."""
+    shm_root = Path("/dev/shm")
+    if not (shm_root.is_dir() and os.access(shm_root, os.W_OK)):
+        return None
+    for old in shm_root.glob("skyward-node-*"):
+        try:
+            pid = int(old.name.split("-")[2])
+            mine = old.stat().st_uid == os.getuid()
+        except (IndexError, ValueError, OSError):
+            continue
+        if mine and pid != os.getpid() and not shm.alive(pid):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"skyward-node-{os.getpid()}-", dir=shm_root))
+    except OSError:
+        return None
 
 
 def _launchers(blob: str | None) -> list[Any]:
@@ -756,6 +839,29 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
+def _direct_listener(address: str) -> socket.socket | str:
+    """A listener on ``address`` for clients that skip the SSH tunnel, or why there is none:
+    only private addresses (RFC 1918, IPv6 unique-local, loopback) that this host has."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    if not (ip.is_private or ip.is_loopback) or ip.is_unspecified:
+        return f"{address} is not a private address; the agent is reached through SSH only"
+    try:
+        sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"cannot listen on {address}: {exc}"
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, 0))
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        return f"cannot listen on {address} ({exc}): it is not an address of this host"
+    return sock
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="skyward-agent")
     parser.add_argument("--host", default="127.0.0.1")
@@ -764,6 +870,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", default=None, help="file for the agent's own log lines")
     parser.add_argument("--orphan-cleanup", action="append", default=[], metavar="PATH",
                         help="folder to remove when the lease expires (the client is gone)")
+    parser.add_argument("--direct", default=None, metavar="ADDRESS",
+                        help="also listen on this private address (sky.SSH(direct=True)): clients "
+                             "that present the token connect there without an SSH tunnel")
     args = parser.parse_args(argv)
     token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
     if not token:
@@ -774,7 +883,13 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind((args.host, args.port))
     listener.listen(16)
     port = listener.getsockname()[1]
-    print(json.dumps({"port": port, "pid": os.getpid()}), flush=True)
+    hello: dict[str, Any] = {"port": port, "pid": os.getpid()}
+    direct = _direct_listener(args.direct) if args.direct else None
+    if isinstance(direct, str):
+        hello["direct_error"] = direct
+    elif direct is not None:
+        hello["direct"] = direct.getsockname()[1]
+    print(json.dumps(hello), flush=True)
     # After the handshake, stdout/stderr go to the log (or nowhere): whoever started us may
     # stop reading, and a write to a closed pipe must never kill the agent.
     target = os.open(args.log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -786,7 +901,13 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")
     agent.prestart()
-    agent.serve(listener)
+    if isinstance(direct, socket.socket):
+        _log(f"serving directly on {args.direct}:{hello['direct']} too (token-checked, not encrypted)")
+        agent.serve(listener, direct)
+    else:
+        if isinstance(direct, str):
+            _log(f"not serving directly: {direct}")
+        agent.serve(listener)
     _log("stopped")
 
 

@@ -177,6 +177,9 @@ class NodeChannel:
                             self._streams.pop(frame.task_id, None)
                     if done is not None:
                         done(frame)
+                        # Not kept until the next result: the callback's future holds the value,
+                        # and a large one (a shared-memory segment) must go when the caller drops it.
+                        done = None
                 elif frame.kind in (Kind.YIELD, Kind.PULL):
                     handler = self._streams.get(frame.task_id)
                     if handler is not None:

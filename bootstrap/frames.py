@@ -4,10 +4,11 @@ A frame is a fixed header, the lengths of its out-of-band buffers, a body and th
 
     kind:u8 flags:u8 nbufs:u16 task_id:u64 body_len:u64 | nbufs x u64 | body | buf0 | buf1 ...
 
-The top two bits of a buffer length are that buffer's flags (lz4-compressed, or spilled to a
-shared-memory file whose path is the data; see ``serialize``). Frames are
+The top two bits of a buffer length are that buffer's flags (lz4-compressed, or in a
+shared-memory segment that the data names; see ``serialize`` and ``shm``). Frames are
 written with one ``sendmsg`` (scatter/gather, no concatenation of large buffers) and read
-through a buffered reader that receives large parts straight into their final bytearray.
+through a buffered reader that receives large parts straight into their final bytearray (or
+into a shared-memory segment, for an agent serving a remote client).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -141,11 +143,24 @@ def _sendmsg_all(sock: socket.socket, parts: list[bytes | bytearray | memoryview
                 sent = 0
 
 
-class FrameReader:
-    """Reads frames from a socket. Not thread-safe: one reader thread per socket."""
+# A reader's place for a large buffer (see FrameReader): given the frame's kind and the
+# buffer's size, a writable view to receive it into and the reference to hand on instead of
+# the bytes, or None to keep it in memory. ``abort`` gives the place back when the frame is cut.
+Reserve = Callable[[int, int], "tuple[memoryview, bytes] | None"]
+SPILLED = 2  # serialize.BUF_SPILLED: the buffer's data is a shared-memory reference
 
-    def __init__(self, sock: socket.socket) -> None:
+
+class FrameReader:
+    """Reads frames from a socket. Not thread-safe: one reader thread per socket.
+
+    With ``reserve`` (an agent serving a remote client), a large plain buffer is received
+    straight into the shared-memory segment it names, and the frame carries the segment's
+    reference: the worker maps it instead of reading the bytes from another socket."""
+
+    def __init__(self, sock: socket.socket, reserve: Reserve | None = None,
+                 abort: Callable[[bytes], None] | None = None) -> None:
         self._sock = sock
+        self._reserve, self._abort = reserve, abort
         self._buf = bytearray(_READ_CHUNK)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -169,9 +184,36 @@ class FrameReader:
         body = self._take(body_len)
         buffers: list[tuple[int, bytes | bytearray | memoryview]] = []
         for n in lengths:
+            bflags, size = n >> FLAG_SHIFT, n & LENGTH_MASK
+            place = self._reserve(kind, size) if self._reserve is not None and not bflags else None
+            if place is not None:
+                view, ref = place
+                try:
+                    self._take_into(view)
+                except BaseException:
+                    if self._abort is not None:
+                        self._abort(ref)
+                    raise
+                finally:
+                    view.release()
+                buffers.append((SPILLED, ref))
+                continue
             # Buffers always come back as bytearrays so that arrays rebuilt on them are writable.
-            buffers.append((n >> FLAG_SHIFT, self._take(n & LENGTH_MASK, writable=True)))
+            buffers.append((bflags, self._take(size, writable=True)))
         return Frame(kind, task_id, body, flags, buffers)
+
+    def _take_into(self, out: memoryview) -> None:
+        """Fill ``out`` from what is buffered, then straight from the socket."""
+        n = out.nbytes
+        avail = min(self._end - self._start, n)
+        out[:avail] = self._view[self._start : self._start + avail]
+        self._start += avail
+        got = avail
+        while got < n:
+            r = self._sock.recv_into(out[got:], n - got)
+            if not r:
+                raise EOFError("connection closed in the middle of a frame")
+            got += r
 
     def _take(self, n: int, small: bool = False, writable: bool = False) -> bytes | bytearray:
         avail = self._end - self._start

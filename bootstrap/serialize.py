@@ -1,24 +1,27 @@
 """Payload encoding: cloudpickle protocol 5 with out-of-band buffers, lz4 where it pays.
 
-Large contiguous buffers (numpy arrays, bytes, torch tensors via numpy) travel beside the
-pickle instead of inside it, so a 200 MB array is never copied into the pickle stream. A part
-is compressed only if it is large and a sample of it compresses well; random floats are sent
-as they are, because compressing them costs more time than the bytes it saves.
+Large contiguous buffers (numpy arrays, torch tensors via numpy, anything pickled with
+protocol 5 out-of-band buffers, and bytes and bytearrays of SPILL_MIN or more) travel beside the pickle instead of inside it, so a 200 MB array is never
+copied into the pickle stream. On a Local pool (``spill``: the pool's shared-memory folder)
+each such buffer is copied once into a shared-memory segment (``shm``) and the receiver
+rebuilds the array on it without a copy. Otherwise a part is compressed only if it is large
+and a sample of it compresses well; random floats are sent as they are, because compressing
+them costs more time than the bytes it saves.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
+import io
 import pickle
+import struct
 import traceback
-import uuid
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import lz4.block
 
+from . import shm
 from .frames import Frame
 
 COMPRESS_MIN = 64 * 1024
@@ -26,13 +29,17 @@ SPILL_MIN = 1024 * 1024
 _SAMPLE = 64 * 1024
 _RATIO = 0.6
 FLAG_BODY_LZ4 = 1
+# Large bytes and bytearrays travel as buffers too; the body starts with how many (EXTRAS) and
+# those buffers come first. Pickle calls no hook for exact bytes, so a persistent id carries them.
+FLAG_BODY_OOB = 2
+EXTRAS = struct.Struct("!I")
 BUF_LZ4 = 1  # the buffer is lz4-compressed
-BUF_SPILLED = 2  # the buffer's data is the path of a shared-memory file holding it
+BUF_SPILLED = 2  # the buffer's data is a reference to a shared-memory segment (shm.REF + path)
 
 Buffers = list[tuple[int, bytes | bytearray | memoryview]]
 
 
-def _maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
+def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     n = memoryview(data).nbytes
     if n < COMPRESS_MIN:
         return 0, data
@@ -45,49 +52,76 @@ def _maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     return BUF_LZ4, packed
 
 
-def _spill(data: bytes | memoryview, directory: Path) -> bytes | None:
-    """Write a large buffer to a file in ``directory`` (tmpfs); None when there is no room."""
-    n = memoryview(data).nbytes
-    st = os.statvfs(directory)
-    if st.f_bavail * st.f_frsize < 2 * n:
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with large bytes and bytearrays out of band (see FLAG_BODY_OOB)."""
+
+    def __init__(self, file: Any, extras: list[pickle.PickleBuffer], buffer_callback: Any) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+        self.extras = extras
+        self.seen: dict[int, int] = {}  # id -> index: the same object twice travels once
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if (kind is bytes or kind is bytearray) and len(obj) >= SPILL_MIN:
+            index = self.seen.get(id(obj))
+            if index is None:
+                index = self.seen[id(obj)] = len(self.extras)
+                self.extras.append(pickle.PickleBuffer(obj))  # keeps obj (and its id) alive
+            return (kind is bytearray, index)
         return None
-    path = directory / uuid.uuid4().hex
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        return None
-    os.close(fd)
-    return os.fsencode(path)
 
 
-def _unspill(path: bytes | bytearray | memoryview) -> mmap.mmap:
-    """Map a spilled buffer (copy-on-write, so arrays on it are writable) and unlink its file."""
-    name = os.fsdecode(bytes(path))
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else mmap.mmap(-1, 1)
-    finally:
-        os.close(fd)
-        os.unlink(name)
+def _holds_bytes(obj: Any, depth: int) -> bool:
+    """Whether ``obj`` is, or holds within ``depth`` levels of short tuples, lists and dicts, a
+    bytes or bytearray of SPILL_MIN or more (a cheap look before pickling)."""
+    kind = type(obj)
+    if kind is bytes or kind is bytearray:
+        return len(obj) >= SPILL_MIN
+    if depth <= 0:
+        return False
+    if kind is tuple or kind is list:
+        return len(obj) <= 32 and any(_holds_bytes(x, depth - 1) for x in obj)
+    if kind is dict:
+        return len(obj) <= 32 and any(_holds_bytes(x, depth - 1) for x in obj.values())
+    return False
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, body: bytes | bytearray | memoryview, extras: list[Any], buffers: list[Any]) -> None:
+        super().__init__(io.BytesIO(body), buffers=buffers)
+        self.extras = extras
+
+    def persistent_load(self, pid: Any) -> Any:
+        mutable, index = pid
+        data = self.extras[index]
+        return bytearray(data) if mutable else bytes(data)  # a copy that owns its bytes
 
 
 def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     """Pickle obj; returns (flags, body, buffers) ready for a frame.
 
-    With ``spill`` (a directory on a filesystem both ends can see, Local pools only), buffers
-    of SPILL_MIN bytes or more go through files there instead of through the sockets: one
-    copy in, none out, instead of a copy on every hop.
+    With ``spill`` (a folder in shared memory that both ends can map, Local pools only),
+    buffers of SPILL_MIN bytes or more go through shared-memory segments instead of through
+    the sockets: one copy in, none out. When the folder is full they go through the stream.
     """
     raw: list[pickle.PickleBuffer] = []
-    body: bytes | memoryview = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
+    body: bytes | memoryview = b""
     flags = 0
-    compressed, body = _maybe_compress(body)
+    # Large bytes where a task's arguments or a result usually hold them: pickled once, with
+    # the hook. Elsewhere (deeper, in long lists) a large pickle is pickled again with it.
+    if not _holds_bytes(obj, 3):
+        body = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
+    if not body or len(body) >= SPILL_MIN:
+        extras: list[pickle.PickleBuffer] = []
+        again: list[pickle.PickleBuffer] = []
+        with io.BytesIO() as file:
+            _Pickler(file, extras, again.append).dump(obj)
+            if extras:
+                body, raw = EXTRAS.pack(len(extras)) + file.getbuffer(), extras + again
+                flags |= FLAG_BODY_OOB
+            elif not body:
+                body, raw = file.getvalue(), again
+    compressed, body = maybe_compress(body)
     if compressed:
         flags |= FLAG_BODY_LZ4
     buffers: Buffers = []
@@ -96,12 +130,12 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
             view = pb.raw()
         except BufferError:  # not contiguous: ship a contiguous copy
             view = memoryview(bytes(pb))
-        bflags, data = _maybe_compress(view)
-        if spill is not None and memoryview(data).nbytes >= SPILL_MIN:
-            path = _spill(data, spill)
-            if path is not None:
-                bflags, data = bflags | BUF_SPILLED, path
-        buffers.append((bflags, data))
+        if spill is not None and view.nbytes >= SPILL_MIN:
+            ref = shm.put(spill, view)
+            if ref is not None:
+                buffers.append((BUF_SPILLED, ref))
+                continue
+        buffers.append(maybe_compress(view))
     return flags, body, buffers
 
 
@@ -110,10 +144,13 @@ def loads(flags: int, body: bytes | bytearray | memoryview, buffers: Buffers) ->
         body = lz4.block.decompress(body)
     bufs: list[Any] = []
     for bflags, data in buffers:
-        buf: Any = _unspill(data) if bflags & BUF_SPILLED else data
+        buf: Any = shm.get(data) if bflags & BUF_SPILLED else data
         if bflags & BUF_LZ4:
             buf = bytearray(lz4.block.decompress(buf))
         bufs.append(buf)
+    if flags & FLAG_BODY_OOB:
+        (count,) = EXTRAS.unpack_from(body, 0)
+        return _Unpickler(memoryview(body)[EXTRAS.size :], bufs[:count], bufs[count:]).load()
     return pickle.loads(body, buffers=bufs)
 
 
@@ -122,10 +159,10 @@ def loads_frame(frame: Frame) -> Any:
 
 
 def discard(buffers: Buffers) -> None:
-    """Remove the spill files of a payload that will never be read."""
+    """Give back the shared-memory segments of a payload that will never be read."""
     for bflags, data in buffers:
         if bflags & BUF_SPILLED:
-            Path(os.fsdecode(bytes(data))).unlink(missing_ok=True)
+            shm.release(data)
 
 
 # -- results and errors ---------------------------------------------------------------------

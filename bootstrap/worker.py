@@ -116,7 +116,7 @@ class Worker:
         self.lock = threading.Lock()
         self.abandoned: set[int] = set()
         self.streams = (TaskStream(self, STDOUT, 1), TaskStream(self, STDERR, 2))
-        self.spill: Path | None = None  # where large results go when the client shares this host
+        self.spill: Path | None = None  # shared memory for large results: the pool's (Local) or the node's
         self.plugins: Any = None  # skyward.runtime.plugins.NodePlugins when the pool has plugins
         self._exiting = threading.Lock()
         # Nested dispatch: our id -> callback for the REPLY; a reader thread while any is out.

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from skyward.bootstrap import shm
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
@@ -214,6 +215,8 @@ class LocalCluster(Cluster):
                 self._mounts = None
             self._procs.clear()
             self._nodes.clear()
+        if self.spill_dir is not None:  # the pool lives on; this program's segments go
+            shm.forget(self.spill_dir)
 
     def ask_to_shut_down(self) -> None:
         """Tell every described agent to stop (it then stops its workers); best effort."""
@@ -398,6 +401,7 @@ class LocalCluster(Cluster):
     def _remove_dirs(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
         if self.spill_dir is not None:
+            shm.forget(self.spill_dir)  # this process's mappings of the pool's segments
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
@@ -488,11 +492,13 @@ def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:
         deadline = time.monotonic() + 2.0
 
 
+SHM = Path("/dev/shm")  # where Local pools make their shared-memory folder (tests point it elsewhere)
+
+
 def _spill_dir(pool_id: str, fallback: Path) -> Path:
     """Shared memory when the machine has it (a copy into RAM, no socket hops), else disk."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=shm))
+    if SHM.is_dir() and os.access(SHM, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=SHM))
     path = fallback / "spill"
     path.mkdir(mode=0o700)
     return path

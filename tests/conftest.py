@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,3 +67,17 @@ def kill_all(pids: list[int]) -> None:
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def small_tmpfs(size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted for a test (a /dev/shm that fills up); unmounted after."""
+    if os.geteuid() != 0:
+        pytest.fail("mounting a small tmpfs needs root (the test environment runs as root)")
+    folder = Path(tempfile.mkdtemp(prefix="skyward-tmpfs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()

@@ -94,18 +94,3 @@ def test_describe_unpicklable_names_the_argument() -> None:
     lock = threading.Lock()
     assert "positional argument 1" in serialize.describe_unpicklable(len, (1, lock), {})
     assert "keyword argument 'k'" in serialize.describe_unpicklable(len, (), {"k": lock})
-
-
-def test_large_buffers_spill_to_files_and_are_removed_on_read(tmp_path) -> None:
-    arr = np.random.default_rng(1).random(500_000)  # 4 MB
-    flags, body, buffers = serialize.dumps((arr, b"small"), spill=tmp_path)
-    assert buffers[0][0] & serialize.BUF_SPILLED
-    assert len(list(tmp_path.iterdir())) == 1
-    out, small = serialize.loads(flags, body, buffers)
-    np.testing.assert_array_equal(out, arr)
-    out[0] = 42.0  # copy-on-write mapping: writable
-    assert small == b"small"
-    assert list(tmp_path.iterdir()) == []  # unlinked once mapped
-    _, _, again = serialize.dumps(arr, spill=tmp_path)
-    serialize.discard(again)
-    assert list(tmp_path.iterdir()) == []

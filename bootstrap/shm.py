@@ -1,0 +1,449 @@
+"""Shared-memory segments: large buffers between processes of one host (Local pools).
+
+A segment is a file in the pool's spill folder (``/dev/shm/skyward-<pool>-*``), made and
+written by one process, its owner, and lent to one receiver at a time::
+
+    page 0: sent generation (u64, the owner's) | released generation (u64, the receiver's)
+    page 1...: the buffer
+
+The owner keeps each segment mapped and reuses it: sending a buffer is one memcpy into
+memory that is already mapped and allocated (a fresh tmpfs page costs a fault and zeroing, five
+times the copy). It bumps the sent generation and sends a reference (generation, length,
+path) in the frame instead of the bytes. The receiver maps the segment once, shared and
+writable, and keeps the mapping; each buffer it is sent is a view on that mapping, so an array
+rebuilt on it is neither copied nor read-only (the bytes are the receiver's until it lets go).
+When the last view goes (the array and everything made from it is garbage), the receiver
+writes the generation into the released slot, and the owner may reuse the segment. A payload
+that is never read is released by ``release`` (``serialize.discard``).
+
+Nothing outlives the pool: the spill folder is removed when the pool closes, and by the
+agents' orphan clean-up when the client was killed. A segment whose owner died is unlinked by
+whoever releases it last. Owners unlink their free segments after ``IDLE`` seconds unused and
+beyond ``keep_bytes``. A full folder (``posix_fallocate`` fails, or less than ``RESERVE`` of
+the filesystem would stay free) makes ``put`` return None: the caller sends the bytes through
+the stream instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import pickle
+import struct
+import sys
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+HEADER = mmap.ALLOCATIONGRANULARITY  # the buffer starts on a page boundary (aligned arrays)
+_GENS = struct.Struct("=QQ")  # sent, released
+_RELEASED = 8  # offset of the released generation
+REF = struct.Struct("!QQ")  # generation, length; the path follows
+IDLE = 30.0  # seconds a free segment is kept for reuse
+KEEP = 2 << 30  # at most this many bytes of free segments kept per process and folder...
+KEEP_FRACTION = 8  # ...and at most 1/8 of the filesystem
+RESERVE = 16  # a new segment must leave 1/16 of the filesystem free
+_GRAIN = 1 << 20  # segment sizes are rounded up to this
+
+
+class _Segment:
+    __slots__ = ("capacity", "gen", "mm", "path", "used")
+
+    def __init__(self, path: Path, mm: mmap.mmap, capacity: int) -> None:
+        self.path, self.mm, self.capacity = path, mm, capacity
+        self.gen = 0
+        self.used = time.monotonic()
+
+    def free(self) -> bool:
+        sent, released = _GENS.unpack_from(self.mm, 0)
+        return bool(sent == released)
+
+
+class Owner:
+    """The segments this process writes into one folder."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.segments: list[_Segment] = []
+        self.lock = threading.Lock()
+        st = os.statvfs(directory)
+        self.keep_bytes = min(KEEP, st.f_blocks * st.f_frsize // KEEP_FRACTION)
+
+    def put(self, data: memoryview) -> bytes | None:
+        """Copy ``data`` into a free segment and return its reference; None: no room."""
+        got = self.reserve(data.nbytes)
+        if got is None:
+            return None
+        seg, ref = got
+        _copy(seg.mm, HEADER, data)
+        return ref
+
+    def reserve(self, n: int) -> tuple[_Segment, bytes] | None:
+        """A free segment of ``n`` bytes or more, marked lent, and its reference (the caller
+        fills it); None: no room."""
+        with self.lock:
+            seg = self._take(n)
+            if seg is None:
+                seg = self._create(n)
+                if seg is None:
+                    return None
+                self.segments.append(seg)
+            seg.gen += 1
+            _GENS.pack_into(seg.mm, 0, seg.gen, seg.gen - 1)  # busy from here on
+            seg.used = time.monotonic()
+        _janitor.watch(self)
+        return seg, REF.pack(seg.gen, n) + os.fsencode(seg.path)
+
+    def _take(self, n: int) -> _Segment | None:
+        best = None
+        for seg in self.segments:
+            if seg.capacity >= n and (best is None or seg.capacity < best.capacity) and seg.free():
+                best = seg
+        return best
+
+    def _create(self, n: int) -> _Segment | None:
+        capacity = -(-n // _GRAIN) * _GRAIN
+        size = HEADER + capacity
+        self.trim(IDLE, need=size)
+        if not _room(self.directory, size):
+            return None
+        try:
+            path = self.directory / f"{os.getpid()}-{uuid.uuid4().hex}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return None
+        try:
+            # Allocates every page now: a full tmpfs fails here (ENOSPC), never with SIGBUS
+            # in the middle of a memcpy into the mapping. (Systems without it: a sparse file.)
+            allocate = getattr(os, "posix_fallocate", None)
+            if allocate is not None:
+                allocate(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        except (OSError, ValueError):
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            return None
+        os.close(fd)
+        return _Segment(path, mm, capacity)
+
+    def trim(self, idle: float, need: int = 0) -> bool:
+        """Unlink free segments unused for ``idle`` seconds, and those beyond ``keep_bytes``
+        (less ``need``); returns whether any segment is left (call with the lock held or from
+        the janitor)."""
+        now = time.monotonic()
+        kept = 0
+        left = []
+        for seg in sorted(self.segments, key=lambda s: -s.used):  # most recently used first
+            if seg.free() and (now - seg.used >= idle or kept + seg.capacity + need > self.keep_bytes):
+                _drop(seg)
+            else:
+                kept += seg.capacity if seg.free() else 0
+                left.append(seg)
+        self.segments = left
+        return bool(left)
+
+    def close(self) -> None:
+        with self.lock:
+            for seg in self.segments:
+                _drop(seg)
+            self.segments = []
+
+
+def _room(directory: Path, size: int) -> bool:
+    """Whether ``size`` more bytes leave 1/RESERVE of the folder's filesystem free."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return (st.f_bavail * st.f_frsize - size) * RESERVE >= st.f_blocks * st.f_frsize
+
+
+def _drop(seg: _Segment) -> None:
+    seg.path.unlink(missing_ok=True)  # a receiver's mapping keeps its pages until it unmaps
+    try:
+        seg.mm.close()
+    except BufferError:
+        pass  # cannot happen for an owner's mapping; the pages go with the last reference
+
+
+def _copy(mm: mmap.mmap, offset: int, data: memoryview) -> None:
+    """memcpy, with the GIL released when NumPy is loaded (it is, when arrays are sent)."""
+    n = data.nbytes
+    np = sys.modules.get("numpy")
+    if np is not None and n >= 1 << 20:
+        dst = np.frombuffer(mm, np.uint8, n, offset)
+        np.copyto(dst, np.frombuffer(data, np.uint8))
+        del dst
+    else:
+        mm[offset : offset + n] = data
+
+
+class _Janitor:
+    """One daemon thread per process, alive while it owns segments or maps others': unlinks
+    its free segments left unused for IDLE seconds, and unmaps the segments their owners
+    removed (a mapping would keep their memory)."""
+
+    def __init__(self) -> None:
+        self.owners: weakref.WeakSet[Owner] = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.running = False
+
+    def watch(self, owner: Owner | None = None) -> None:
+        with self.lock:
+            if owner is not None:
+                self.owners.add(owner)
+            if self.running:
+                return
+            self.running = True
+        threading.Thread(target=self._run, name="skyward-shm-janitor", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(IDLE / 3)
+            with self.lock:
+                owners = list(self.owners)
+            busy = False
+            for owner in owners:
+                with owner.lock:
+                    busy |= owner.trim(IDLE)
+            busy |= _unmap_stale()
+            with self.lock:
+                if not busy:
+                    self.running = False
+                    return
+
+
+_janitor = _Janitor()
+_owners: dict[Path, Owner] = {}
+_owners_lock = threading.Lock()
+
+
+def _owner(directory: Path, n: int) -> Owner | None:
+    owner = _owners.get(directory)
+    if owner is None:
+        with _owners_lock:
+            owner = _owners.get(directory)
+            if owner is None:
+                try:
+                    owner = _owners[directory] = Owner(directory)
+                except OSError as exc:
+                    _full(directory, n, exc)
+                    return None
+    return owner
+
+
+def put(directory: Path, data: memoryview) -> bytes | None:
+    """Place ``data`` in a segment of ``directory``; its reference, or None when there is no
+    room (send the bytes through the stream)."""
+    owner = _owner(directory, data.nbytes)
+    ref = owner.put(data) if owner is not None else None
+    if ref is None and owner is not None:
+        _full(directory, data.nbytes, None)
+    return ref
+
+
+def reserve(directory: Path, n: int) -> tuple[memoryview, bytes] | None:
+    """A lent segment to receive ``n`` bytes into: a writable view of its data (fill it,
+    then let it go) and its reference; None when there is no room."""
+    owner = _owner(directory, n)
+    got = owner.reserve(n) if owner is not None else None
+    if got is None:
+        if owner is not None:
+            _full(directory, n, None)
+        return None
+    seg, ref = got
+    return memoryview(seg.mm)[HEADER : HEADER + n], ref
+
+
+_warned: set[Path] = set()
+
+
+def _full(directory: Path, n: int, exc: OSError | None) -> None:
+    """Say once per folder that shared memory is full and the bytes take the slower path."""
+    if directory in _warned:
+        return
+    _warned.add(directory)
+    why = f" ({exc})" if exc is not None else ""
+    logging.getLogger("skyward.shm").warning(
+        "no room for a %.0f MB buffer in the shared-memory folder %s%s; large buffers go through "
+        "the pool's sockets instead (slower) until there is. Free space in /dev/shm (df -h /dev/shm), "
+        "or make it larger.", n / 1e6, directory, why,
+    )
+
+
+# -- receiving -----------------------------------------------------------------------------
+
+_MAPS_MAX = 64
+_maps: dict[bytes, mmap.mmap] = {}  # path -> mapping of another process's segment (insertion = LRU)
+_maps_lock = threading.Lock()
+
+
+def _mapping(path: bytes) -> mmap.mmap:
+    with _maps_lock:
+        mm = _maps.pop(path, None)
+        if mm is not None:
+            _maps[path] = mm  # most recent last
+            return mm
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"the shared-memory segment {os.fsdecode(path)} is gone: its pool was closed, or its "
+            f"folder was removed while a payload was on its way"
+        ) from None
+    try:
+        mm = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    with _maps_lock:
+        _maps[path] = mm
+        dropped = []
+        while len(_maps) > _MAPS_MAX:  # the oldest; views made from them keep them mapped
+            dropped.append(_maps.pop(next(iter(_maps))))
+    for old in dropped:
+        _unmap(old)
+    _unmap_stale(keep=path)
+    _janitor.watch()
+    return mm
+
+
+def _unmap_stale(keep: bytes = b"") -> bool:
+    """Forget the mappings of segments their owner removed (their memory lives while mapped);
+    returns whether any mapping is left."""
+    with _maps_lock:
+        stale = [p for p in _maps if p != keep and not os.path.exists(p)]
+        dropped = [_maps.pop(p) for p in stale]
+        left = bool(_maps)
+    for old in dropped:
+        _unmap(old)
+    return left
+
+
+def _unmap(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # views on it are alive: it is unmapped with the last of them
+
+
+def get(ref: bytes | bytearray | memoryview) -> Any:
+    """The buffer a reference names: a writable view on the segment, which stays lent to this
+    process until the view and everything made from it are gone."""
+    ref = bytes(ref)
+    gen, n = REF.unpack_from(ref, 0)
+    path = ref[REF.size :]
+    mm = _mapping(path)
+    view = memoryview(mm)[HEADER : HEADER + n]
+    # NumPy keeps the object whose buffer it uses: a PickleBuffer hands out ``view`` itself,
+    # so ``view`` lives exactly as long as arrays rebuilt on it.
+    done = weakref.finalize(view, _release_mapped, mm, gen, path)
+    done.atexit = False
+    return pickle.PickleBuffer(view)
+
+
+def _release_mapped(mm: mmap.mmap, gen: int, path: bytes) -> None:
+    try:
+        struct.pack_into("=Q", mm, _RELEASED, gen)
+    except (ValueError, TypeError):  # closed meanwhile
+        return
+    _unlink_if_orphaned(path)
+
+
+def release(ref: bytes | bytearray | memoryview) -> None:
+    """Give back a segment whose payload will never be read (any process may)."""
+    ref = bytes(ref)
+    gen, _ = REF.unpack_from(ref, 0)
+    path = ref[REF.size :]
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, struct.pack("=Q", gen), _RELEASED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    _unlink_if_orphaned(path)
+
+
+def _unlink_if_orphaned(path: bytes) -> None:
+    """A segment released after its owner died is nobody's: remove it."""
+    try:
+        pid = int(os.path.basename(path).split(b"-", 1)[0])
+    except ValueError:
+        return
+    if pid == os.getpid() or alive(pid):
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def forget(directory: Path) -> None:
+    """The pool that used ``directory`` is closed (or detached): unlink this process's
+    segments there and drop its mappings of the others'."""
+    with _owners_lock:
+        owner = _owners.pop(directory, None)
+    if owner is not None:
+        owner.close()
+    prefix = os.fsencode(directory) + b"/"
+    with _maps_lock:
+        gone = [p for p in _maps if p.startswith(prefix)]
+        dropped = [_maps.pop(p) for p in gone]
+    for mm in dropped:
+        _unmap(mm)
+
+
+def sweep(directory: Path, pid: int) -> None:
+    """Remove the free segments of a process that exited (the agent calls it for its workers);
+    those lent to a receiver go when it releases them (``_unlink_if_orphaned``)."""
+    prefix = f"{pid}-"
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            sent, released = _GENS.unpack(os.pread(fd, _GENS.size, 0))
+        except (OSError, struct.error):
+            continue
+        finally:
+            os.close(fd)
+        if sent == released:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def held(directory: Path) -> int:
+    """How many segments this process owns in ``directory`` (tests, diagnostics)."""
+    owner = _owners.get(directory)
+    return len(owner.segments) if owner is not None else 0

@@ -75,6 +75,7 @@ def test_ssh_is_a_shell_in_the_nodes_folder_with_the_pools_environment(demo: CLI
         assert term.wait_for(r"@@after=(\d+)")[1] == "130"
 
         term.type("exit 4")
+        term.wait_for(r"exit 4\s*\nexit\s*\n\s*outer\$")  # back in the outer shell (keys typed before go to the node)
         term.type('echo "@@rc=$?"')
         assert term.wait_for(r"@@rc=(\d+)")[1] == "4"
     finally:
@@ -83,6 +84,23 @@ def test_ssh_is_a_shell_in_the_nodes_folder_with_the_pools_environment(demo: CLI
     assert row["state"] == "running", row  # detached again
     (entry,) = audit(demo, "ssh")
     assert (entry["node"], entry["exit_code"], entry["command"]) == (1, 4, "(interactive shell)")
+
+
+def test_ssh_with_a_command_on_a_terminal_gives_it_the_keys_ctrl_c_included(demo: CLI, tmp_path: Path) -> None:
+    term = Tmux(tmp_path, demo.env, demo.cwd)
+    try:
+        term.type(f"{SKYWARD} ssh demo -- python -q")  # an interactive program, not a shell
+        term.wait_for(r">>>$")
+        term.keys("C-c")  # the program's: Python says KeyboardInterrupt and goes on
+        term.wait_for(r"KeyboardInterrupt\s*\n>>>$")
+        term.type("print(6 * 7)")
+        term.wait_for(r"\n42\s*\n>>>$")
+        term.type("raise SystemExit(5)")
+        term.wait_for(r"SystemExit\(5\)\s*\n\s*outer\$")
+        term.type('echo "@@rc=$?"')
+        assert term.wait_for(r"@@rc=(\d+)")[1] == "5"
+    finally:
+        term.close()
 
 
 def test_ssh_with_a_command_runs_it_there_and_exits_with_its_status(demo: CLI) -> None:

@@ -53,7 +53,9 @@ class Tmux:
         self._cmd("resize-window", "-t", "main", "-x", str(width), "-y", str(height))
 
     def screen(self) -> str:
-        return self._cmd("capture-pane", "-p", "-J", "-S", "-", "-t", "main")
+        """What the terminal shows, scrollback included, without the blank end (so a pattern's
+        ``$`` is where the cursor's line ends)."""
+        return self._cmd("capture-pane", "-p", "-J", "-S", "-", "-t", "main").rstrip()
 
     def wait_for(self, pattern: str, timeout: float = 60) -> re.Match[str]:
         deadline = time.monotonic() + timeout

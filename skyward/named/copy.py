@@ -334,7 +334,11 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
             sizes[f.node.rank] = _tree_size(payload)
 
         _each(found, fetch, lambda f: f.node)
-        for f in found:  # everything arrived: only now does anything appear at the destinations
+        for f in found:  # everything arrived: can every copy go where it is going?
+            clash = _clash(payloads[f.node.rank], targets[f.node.rank])
+            if clash is not None:
+                raise SkywardError(_clash_message(clash, "this machine", f"{src} from {f.node.label}"))
+        for f in found:  # only now does anything appear at the destinations
             _place(payloads[f.node.rank], targets[f.node.rank])
     return [{"node": f.node.rank, "hostname": f.node.hostname, "source": f"{f.node.pool}:{f.path}",
              "target": str(targets[f.node.rank]), "bytes": sizes[f.node.rank]} for f in found]
@@ -395,18 +399,34 @@ def _extract(tar: tarfile.TarFile, into: Path) -> None:
     tar.extractall(into, filter=keep)
 
 
+def _is_folder(path: Path) -> bool:
+    """A real folder of the copy (a link to one is copied as the link)."""
+    return path.is_dir() and not path.is_symlink()
+
+
+def _clash(payload: Path, target: Path) -> Path | None:
+    """The first path where the copy has a folder and the destination has something else, or
+    the other way round (a folder the destination has, or links to, is merged into)."""
+    if not (target.exists() or target.is_symlink()):
+        return None
+    if _is_folder(payload) != target.is_dir():
+        return target
+    if _is_folder(payload):
+        for child in sorted(payload.iterdir()):
+            found = _clash(child, target / child.name)
+            if found is not None:
+                return found
+    return None
+
+
 def _place(payload: Path, target: Path) -> None:
     """Move a received copy to its destination: a rename, or, onto a folder that exists, each
-    file renamed into it (like ``cp -r`` onto a folder)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if payload.is_dir() and target.is_dir():
-        for root, dirs, files in os.walk(payload):
-            rel = Path(root).relative_to(payload)
-            for d in dirs:
-                (target / rel / d).mkdir(exist_ok=True)
-            for f in files:
-                _rename(Path(root) / f, target / rel / f)
+    entry moved into it (like ``cp -r`` onto a folder). ``_clash`` was checked first."""
+    if _is_folder(payload) and target.is_dir():
+        for child in sorted(payload.iterdir()):
+            _place(child, target / child.name)
         return
+    target.parent.mkdir(parents=True, exist_ok=True)
     _rename(payload, target)
 
 
@@ -498,10 +518,12 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
                 f"target={q(t.path)}\n"
                 'anc=$(dirname -- "$target"); while [ ! -d "$anc" ]; do anc=$(dirname -- "$anc"); done\n'
                 f'stage=$(mktemp -d "$anc/{_STAGE}XXXXXX") || exit 1\n'
-                'echo "@@stage $stage"\n'
                 "trap 'rm -rf -- \"$stage\"' EXIT\n"
                 'tar -x --no-same-owner -f - -C "$stage" || exit 1\n'
+                f"payload=\"$stage\"/{q(base)}\n"
+                + _CLASH +
                 "trap - EXIT\n"
+                'echo "@@stage $stage"\n'
             )
             counter = [0]
             proc = t.node.start(script)
@@ -517,7 +539,10 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
                 proc.kill()
                 bar.add(-counter[0])
                 raise
-            t.stage = _facts(out.decode(errors="replace")).get("stage", "")
+            facts = _facts(out.decode(errors="replace"))
+            if "clash" in facts:
+                raise SkywardError(_clash_message(Path(facts["clash"]), t.node.label, str(src)))
+            t.stage = facts.get("stage", "")
             if code != 0 or not t.stage:
                 t.stage = ""
                 _tar_status(t.node, code or 1, proc.stderr, f"receiving {src}")
@@ -550,6 +575,27 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
         raise SkywardError(f"moving {src} into place failed on " + "; ".join(failed))
     return [{"node": t.node.rank, "hostname": t.node.hostname, "source": str(src),
              "target": f"{t.node.pool}:{t.path}", "bytes": size} for t in targets]
+
+
+# After unpacking an upload (in bash, $payload and $target set): the first path where the copy
+# has a folder and the node has something else, or the other way round; the stage is removed.
+_CLASH = """\
+if [ -d "$payload" ] && [ ! -L "$payload" ] && [ -d "$target" ]; then
+  clash=$(cd -- "$payload" && find . -mindepth 1 -exec sh -c '
+    for p; do
+      t="$0/${p#./}"
+      if [ -d "$p" ] && [ ! -L "$p" ]; then
+        if { [ -e "$t" ] || [ -L "$t" ]; } && [ ! -d "$t" ]; then echo "$t"; fi
+      elif [ -d "$t" ]; then echo "$t"; fi
+    done' "$target" {} + | head -n 1)
+  if [ -n "$clash" ]; then echo "@@clash $clash"; exit 0; fi
+fi
+"""
+
+
+def _clash_message(where: Path, label: str, what: str) -> str:
+    return (f"{where}: the copy of {what} has a folder where {label} has a file, or a file where it has a "
+            f"folder; move it away or copy to another destination. Nothing was copied.")
 
 
 def _abort(targets: list[_Target]) -> None:

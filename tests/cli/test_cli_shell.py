@@ -194,13 +194,30 @@ def test_cp_of_a_path_missing_on_one_node_names_it_and_copies_nothing(demo: CLI,
     assert refused.code == 1 and "blocker: is a file on node 1" in refused.err, refused
     assert not (nodes[0] / "blocker").exists()
 
+    # A folder of the copy where a node has a file (deep inside): refused before anything moves.
+    data = make_tree(tmp_path)
+    (nodes[0] / "inputs" / "data").mkdir(parents=True)
+    (nodes[0] / "inputs" / "data" / "sub").write_text("a file where the copy has a folder\n")
+    clash = demo("cp", str(data), "demo:inputs/")
+    assert clash.code == 1, clash
+    assert f"{nodes[0]}/inputs/data/sub: the copy of {data} has a folder where node 0" in clash.err, clash
+    assert not (nodes[1] / "inputs").exists()  # node 1 could take it, and got nothing either
+    local = tmp_path / "local"
+    (local / "data").mkdir(parents=True)
+    (local / "data" / "a.txt").mkdir()  # a folder here where the node has a file
+    assert demo("cp", str(data), "demo:fine/", "--node", "1").code == 0
+    fetched = demo("cp", "demo:fine/data", str(local), "--node", "1")
+    assert fetched.code == 1 and f"{local}/data/a.txt: the copy of" in fetched.err, fetched
+    assert sorted(p.name for p in (local / "data").iterdir()) == ["a.txt"]  # nothing else arrived
+
     nothing = demo("cp", str(tmp_path / "nope.txt"), "demo:")
     assert nothing.code == 1 and "nope.txt: no such file or folder here" in nothing.err, nothing
     both = demo("cp", str(src), str(tmp_path / "y"))
     assert both.code == 2 and "NAME:PATH" in both.err, both
     unknown = demo("cp", str(src), "other:x")
     assert unknown.code == 1 and "no pool named 'other'" in unknown.err, unknown
-    assert [p.name for p in nodes[0].iterdir() if p.name.startswith(".skyward-cp-")] == []
+    for d in [*nodes, tmp_path]:  # no staging folder left anywhere
+        assert not list(d.rglob(".skyward-cp-*"))
 
 
 def test_cp_shows_a_progress_bar_on_a_terminal_only(demo: CLI, tmp_path: Path) -> None:

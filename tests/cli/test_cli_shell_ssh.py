@@ -165,6 +165,15 @@ def test_cp_both_ways_on_every_node_with_a_folder_per_node(lab: Lab, tmp_path: P
     assert home.code == 0, home
     assert lab.on_host(1, "cat ~/notes/a.txt") == "alpha\n"
 
+    # A file the login user cannot read, deep in a folder: the copy fails half way on that node,
+    # naming it, and nothing arrives from either node.
+    lab.on_host(0, f"mkdir -p {lab.cwd(0)}/half && echo ok > {lab.cwd(0)}/half/ok")
+    lab.on_host(1, f"mkdir -p {lab.cwd(1)}/half && echo ok > {lab.cwd(1)}/half/ok && "
+                   f"echo no > {lab.cwd(1)}/half/secret && chmod 000 {lab.cwd(1)}/half/secret")
+    half = lab.cli("cp", "lab:half", str(tmp_path / "half"))
+    assert half.code == 1 and "node 1" in half.err and "Permission denied" in half.err, half
+    assert not (tmp_path / "half").exists() and not list(tmp_path.glob(".skyward-cp-*"))
+
     lab.on_host(0, f"echo only-here > {lab.cwd(0)}/lonely.txt")
     missing = lab.cli("cp", "lab:lonely.txt", str(tmp_path / "lonely"))
     assert missing.code == 1 and "lonely.txt: no such file or folder on node 1" in missing.err, missing

@@ -216,15 +216,21 @@ class _Progress:
 
 
 class _Counted:
-    """A node process's stdout as a file tarfile reads, counting what it reads."""
+    """A node process's stdout as a file tarfile reads, counting what arrives. It arrives in
+    large chunks, served in the small reads tarfile makes."""
 
     def __init__(self, proc: Process, progress: _Progress, counter: list[int]) -> None:
         self._proc, self._progress, self._counter = proc, progress, counter
+        self._buf, self._pos = b"", 0
 
     def read(self, n: int = -1) -> bytes:
-        data = self._proc.read(n if n > 0 else 1 << 20)
-        self._counter[0] += len(data)
-        self._progress.add(len(data))
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = self._proc.read(), 0
+            self._counter[0] += len(self._buf)
+            self._progress.add(len(self._buf))
+        end = len(self._buf) if n < 0 else self._pos + n
+        data = self._buf[self._pos:end]
+        self._pos += len(data)
         return data
 
 
@@ -322,7 +328,7 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
                 proc.close_stdin()
                 with tarfile.open(fileobj=_Counted(proc, bar, counter), mode="r|") as tar:  # type: ignore[call-overload]
                     _extract(tar, into)
-                while proc.read(1 << 16):  # the archive's end padding
+                while proc.read():  # the archive's end padding
                     pass
                 code = proc.wait()
             except BaseException:
@@ -532,7 +538,7 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
                     tar.add(str(origin), arcname=base)
                 proc.close_stdin()
                 out = bytearray()
-                while chunk := proc.read(65536):
+                while chunk := proc.read():
                     out += chunk
                 code = proc.wait()
             except BaseException:

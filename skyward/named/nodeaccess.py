@@ -48,7 +48,7 @@ class Process(Protocol):
 
     def write(self, data: bytes | memoryview) -> None: ...
     def close_stdin(self) -> None: ...
-    def read(self, n: int) -> bytes: ...
+    def read(self) -> bytes: ...  # what has arrived on stdout, any size; b"" at the end
     def wait(self) -> int: ...
     def kill(self) -> None: ...
     @property
@@ -88,7 +88,7 @@ class Node(abc.ABC):
         try:
             proc.close_stdin()
             out = bytearray()
-            while chunk := proc.read(65536):
+            while chunk := proc.read():
                 out += chunk
             code = proc.wait()
         except BaseException:
@@ -150,9 +150,9 @@ class _PopenProcess:
         with contextlib.suppress(BrokenPipeError):
             self._p.stdin.close()
 
-    def read(self, n: int) -> bytes:
+    def read(self) -> bytes:
         assert self._p.stdout is not None
-        return os.read(self._p.stdout.fileno(), n)
+        return os.read(self._p.stdout.fileno(), _CHUNK)
 
     def wait(self) -> int:
         code = self._p.wait()
@@ -219,7 +219,7 @@ class _ChannelProcess:
 
     def _collect(self) -> None:
         with contextlib.suppress(OSError, EOFError):
-            while chunk := self._chan.recv_stderr(65536):
+            while chunk := self._chan.recv_stderr(_WINDOW):
                 self._err += chunk
 
     def write(self, data: bytes | memoryview) -> None:
@@ -234,8 +234,10 @@ class _ChannelProcess:
         with contextlib.suppress(OSError, EOFError):
             self._chan.shutdown_write()
 
-    def read(self, n: int) -> bytes:
-        return bytes(self._chan.recv(n))
+    def read(self) -> bytes:
+        # Everything buffered at once: paramiko moves the rest of its buffer (up to the window,
+        # 64 MB) on every read that takes less than all of it, which made small reads crawl.
+        return bytes(self._chan.recv(_WINDOW))
 
     def wait(self) -> int:
         code = self._chan.recv_exit_status()

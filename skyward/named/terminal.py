@@ -49,7 +49,7 @@ def _pump_terminal(chan: paramiko.Channel, stdin: int, stdout: int) -> None:
     while True:
         ready, _, _ = select.select(watch, [], [])
         if chan in ready:
-            data = chan.recv(65536)
+            data = chan.recv(_WINDOW)  # all that arrived: a partial read moves paramiko's buffer
             if not data:
                 return
             _write_all(stdout, data)
@@ -74,9 +74,9 @@ def _pump_pipes(chan: paramiko.Channel, stdin: int, stdout: int, stderr: int) ->
     while True:
         select.select([chan], [], [], 1.0)
         while chan.recv_ready():
-            _write_all(stdout, chan.recv(65536))
+            _write_all(stdout, chan.recv(_WINDOW))
         while chan.recv_stderr_ready():
-            _write_all(stderr, chan.recv_stderr(65536))
+            _write_all(stderr, chan.recv_stderr(_WINDOW))
         if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
             return
         if chan.closed:

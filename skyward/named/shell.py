@@ -2,7 +2,8 @@
 named pool, in the node's working directory with the environment its tasks see.
 
 Without a command: an interactive bash (your ``~/.bashrc`` first, then the pool's environment;
-the prompt starts with ``(NAME:N)``). With one: ``CMD ARGS`` run by bash there, on a terminal
+the prompt starts with ``(NAME:N)``), or, when stdin is not a terminal, bash reading the
+commands from it (``skyward ssh NAME < script.sh``). With one: ``CMD ARGS`` run by bash there, on a terminal
 when this command runs on one, and its exit status is this command's. Local nodes are this
 machine, so the shell is a local one; SSH and cloud nodes are reached through the pool's own
 SSH connection (see nodeaccess.py).
@@ -33,11 +34,14 @@ def add_ssh(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_ssh)
 
 
-def shell_script(node: Node, command: str | None) -> str:
-    """What bash runs on the node: the pool's environment, then an interactive shell or ``command``."""
+def shell_script(node: Node, command: str | None, *, interactive: bool = True) -> str:
+    """What bash runs on the node: the pool's environment, then ``command``, an interactive
+    shell, or (not ``interactive``: stdin is a pipe or a file) the commands read from stdin."""
     setup = node.activate()
     if command is not None:
         return f"{setup}exec bash -c {q(command)}"
+    if not interactive:
+        return f"{setup}exec bash -s"
     # --rcfile replaces ~/.bashrc: read it first, then the pool's environment wins.
     prompt = f"({node.pool}:{node.rank}) "
     rc = f'if [ -f ~/.bashrc ]; then . ~/.bashrc; fi\n{setup}PS1={q(prompt)}"${{PS1-\\$ }}"\n'
@@ -57,7 +61,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
         if command is None and sys.stderr.isatty():
             err(f"{node.label} of pool {args.name!r}, in {node.cwd}; `exit` or Ctrl-D leaves")
         started = time.time()
-        code = node.attach(shell_script(node, command))
+        code = node.attach(shell_script(node, command, interactive=sys.stdin.isatty()))
     audit.append(args.name, "ssh", record.get("id", ""), node=node.rank, hostname=node.hostname,
                  command=command if command is not None else "(interactive shell)", exit_code=code,
                  seconds=round(time.time() - started, 1))

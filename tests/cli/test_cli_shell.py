@@ -113,6 +113,10 @@ def test_ssh_with_a_command_runs_it_there_and_exits_with_its_status(demo: CLI) -
     fed = subprocess.run([sys.executable, "-m", "skyward", "ssh", "demo", "--", "tr a-z A-Z"], input="hello\n",
                          cwd=demo.cwd, env=demo.env, capture_output=True, text=True, timeout=60)
     assert (fed.returncode, fed.stdout) == (0, "HELLO\n"), fed
+    script = subprocess.run([sys.executable, "-m", "skyward", "ssh", "demo", "--node", "1"],
+                            input='pwd\necho "$GREETING"\nexit 3\n', cwd=demo.cwd, env=demo.env,
+                            capture_output=True, text=True, timeout=60)  # no terminal: a script on stdin
+    assert (script.returncode, script.stdout) == (3, f"{node_dirs(demo)[1]}\nhi there\n"), script
 
 
 def test_ssh_refuses_what_it_cannot_do_with_the_rule_and_the_way_out(demo: CLI) -> None:

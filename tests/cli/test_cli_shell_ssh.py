@@ -132,6 +132,10 @@ def test_ssh_with_a_command_keeps_stdout_stderr_stdin_and_the_exit_status(lab: L
                          input="hello\n", cwd=lab.cli.cwd, env=lab.cli.env, capture_output=True, text=True,
                          timeout=60)
     assert (fed.returncode, fed.stdout) == (0, "HELLO\n"), fed
+    script = subprocess.run([sys.executable, "-m", "skyward", "ssh", "lab", "--node", "1"],
+                            input='pwd\necho "$GREETING"\nexit 3\n', cwd=lab.cli.cwd, env=lab.cli.env,
+                            capture_output=True, text=True, timeout=60)  # no terminal: a script on stdin
+    assert (script.returncode, script.stdout) == (3, f"{lab.cwd(1)}\nhi there\n"), script
     where = lab.cli("ssh", "lab", "--node", "1", "--", "hostname")
     assert where.out.strip() == lab.hosts[1].name
 

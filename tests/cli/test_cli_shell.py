@@ -6,8 +6,10 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,26 @@ def test_cp_shows_a_progress_bar_on_a_terminal_only(demo: CLI, tmp_path: Path) -
     for d in node_dirs(demo):
         assert (d / "copy.bin").read_bytes() == big.read_bytes()
     json.dumps(audit(demo, "cp"))  # recorded like every change
+
+
+def test_a_node_that_cannot_be_reached_is_named_and_the_others_still_answer(demo: CLI, tmp_path: Path) -> None:
+    pid = demo.record("demo")["cluster"]["nodes"][1]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:  # ours to reap (the tests are its subreaper)
+                break
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    src = tmp_path / "x.txt"
+    src.write_text("x\n")
+    every = demo("cp", str(src), "demo:")
+    assert every.code == 1, every
+    assert "node 1" in every.err and "cannot be reached" in every.err and "--node" in every.err, every
+    assert not (node_dirs(demo)[0] / "x.txt").exists()  # nothing went to the node that answers either
+    shell = demo("ssh", "demo", "--node", "1", "--", "true")
+    assert shell.code == 1 and "node 1" in shell.err, shell
+    assert demo("cp", str(src), "demo:", "--node", "0").code == 0
+    assert demo("ssh", "demo", "--node", "0", "--", "cat x.txt").out == "x\n"

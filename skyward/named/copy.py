@@ -42,7 +42,7 @@ from .nodeaccess import Node, Process, open_nodes
 q = shlex.quote
 _BAR_FROM = 1 << 20  # copies of at least this many bytes show a progress bar on a terminal
 _STAGE = ".skyward-cp-"
-_REMOTE = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<path>.*)", re.S)
+_REMOTE = re.compile(r"(?P<name>[a-z0-9][a-z0-9_-]{0,62}):(?P<path>.*)", re.S)  # registry.NAME_RULE
 
 
 def add_cp(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -66,8 +66,8 @@ class Endpoint:
 
 
 def parse(word: str) -> Endpoint:
-    """``NAME:PATH`` is on a pool's nodes (a pool name, then a colon, before any ``/``);
-    anything else is here (``./a:b`` for a local name with a colon)."""
+    """``NAME:PATH`` is on a pool's nodes (what a pool may be named, then a colon); anything
+    else is here (``./a:b`` for a local name with a colon)."""
     m = _REMOTE.fullmatch(word)
     return Endpoint(m["name"], m["path"]) if m else Endpoint(None, word)
 
@@ -163,8 +163,16 @@ def _node_failure(node: Node, what: str, facts: dict[str, str], path: str) -> st
 
 def _check_all(nodes: list[Node], check: Callable[[Node], Any]) -> list[Any]:
     """``check`` on every node at once; every node's refusal in one error (nothing copied)."""
+    def guarded(node: Node) -> Any:
+        try:
+            return check(node)
+        except SkywardError as exc:
+            return str(exc)
+        except Exception as exc:  # a connection that broke: this node's answer, not a traceback
+            return f"{node.label}: {type(exc).__name__}: {exc}"
+
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as ex:
-        answers = list(ex.map(check, nodes))
+        answers = list(ex.map(guarded, nodes))
     problems = [a for a in answers if isinstance(a, str)]
     if problems:
         raise SkywardError("; ".join(problems) + ". Nothing was copied.")

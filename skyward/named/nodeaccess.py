@@ -201,12 +201,27 @@ class SSHNode(Node):
         return "\n".join(lines) + "\n"
 
     def start(self, script: str) -> Process:
-        return _ChannelProcess(self._transport, f"bash -c {q(script)}")
+        with self._session():
+            return _ChannelProcess(self._transport, f"bash -c {q(script)}")
 
     def attach(self, script: str) -> int:
         from .terminal import run_channel
 
-        return run_channel(self._transport, f"bash -c {q(script)}")
+        with self._session():
+            return run_channel(self._transport, f"bash -c {q(script)}")
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """A session the SSH connection refused, or a connection that broke: this node's error."""
+        import paramiko
+
+        try:
+            yield
+        except BrokenPipeError:  # this side's stdout closed (`skyward ssh NAME -- cmd | head`)
+            raise
+        except (paramiko.SSHException, EOFError, ConnectionError) as exc:
+            raise ProviderError(f"{self.label}: its SSH connection failed ({type(exc).__name__}: {exc}); "
+                                f"`skyward status {self.pool}` shows whether it answers.") from None
 
 
 class _ChannelProcess:

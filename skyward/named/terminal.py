@@ -63,23 +63,32 @@ def _pump_terminal(chan: paramiko.Channel, stdin: int, stdout: int) -> None:
 
 
 def _pump_pipes(chan: paramiko.Channel, stdin: int, stdout: int, stderr: int) -> None:
+    # The thread reads its own copy of stdin's descriptor: it may still be blocked reading
+    # when the command has ended, and a descriptor number the caller closes is soon another
+    # file's.
+    source = os.dup(stdin)
+
     def forward() -> None:
-        with contextlib.suppress(OSError, EOFError):
-            while data := os.read(stdin, 65536):
-                chan.sendall(data)
-        with contextlib.suppress(OSError, EOFError):
-            chan.shutdown_write()
+        try:
+            with contextlib.suppress(OSError, EOFError):
+                while data := os.read(source, 65536):
+                    chan.sendall(data)
+            with contextlib.suppress(OSError, EOFError):
+                chan.shutdown_write()
+        finally:
+            os.close(source)
 
     threading.Thread(target=forward, name="skyward-ssh-stdin", daemon=True).start()
     while True:
         select.select([chan], [], [], 1.0)
+        # Looked at before draining: everything the node sent comes before its EOF, so once
+        # the EOF is seen, what is buffered is all there will be.
+        ended = chan.eof_received or chan.closed
         while chan.recv_ready():
             _write_all(stdout, chan.recv(_WINDOW))
         while chan.recv_stderr_ready():
             _write_all(stderr, chan.recv_stderr(_WINDOW))
-        if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
-            return
-        if chan.closed:
+        if ended:
             return
 
 

@@ -136,6 +136,16 @@ def test_ssh_with_a_command_keeps_stdout_stderr_stdin_and_the_exit_status(lab: L
                             input='pwd\necho "$GREETING"\nexit 3\n', cwd=lab.cli.cwd, env=lab.cli.env,
                             capture_output=True, text=True, timeout=60)  # no terminal: a script on stdin
     assert (script.returncode, script.stdout) == (3, f"{lab.cwd(1)}\nhi there\n"), script
+    # Every byte before the exit status arrives, each time (the end of the output races the
+    # channel's close).
+    for _ in range(10):
+        again = lab.cli("ssh", "lab", "--", "seq 1 300; seq 1 50 >&2; exit 2")
+        assert (again.code, again.out, again.err) == (2, "".join(f"{i}\n" for i in range(1, 301)),
+                                                      "".join(f"{i}\n" for i in range(1, 51))), again
+    # A reader that leaves early: no traceback, and the node's command does not run on forever.
+    cut = subprocess.run(f"{SKYWARD} ssh lab -- 'yes | head -c 50000000' | head -c 6", shell=True, cwd=lab.cli.cwd,
+                         env=lab.cli.env, capture_output=True, text=True, timeout=60)
+    assert cut.stdout == "y\ny\ny\n" and "Traceback" not in cut.stderr, cut
     where = lab.cli("ssh", "lab", "--node", "1", "--", "hostname")
     assert where.out.strip() == lab.hosts[1].name
 

@@ -282,10 +282,10 @@ def ranks_of(record: dict[str, Any], node: int | None) -> list[int]:
 
 
 @contextlib.contextmanager
-def open_nodes(name: str, node: int | None, *, default_all: bool = True) -> Iterator[tuple[dict[str, Any], list[Node]]]:
-    """Attach to running pool ``name`` and hand out its nodes (``node``: only that rank; none:
-    every node, or node 0 when not ``default_all``). A node that cannot be reached is an error
-    naming it: nothing runs on the others then."""
+def open_nodes(name: str, node: int | None) -> Iterator[tuple[dict[str, Any], list[Node]]]:
+    """Attach to running pool ``name`` and hand out its nodes (``node``: only that rank; None:
+    every node). A node that cannot be reached is an error naming it: nothing runs on the
+    others then."""
     from ..spec import Options
     from .pools import attach, get, status_of
 
@@ -294,7 +294,7 @@ def open_nodes(name: str, node: int | None, *, default_all: bool = True) -> Iter
     if st.gone or st.state == "provisioning":
         raise ProviderError(f"pool {name!r} is {st.state}; `skyward ls` shows the pools that run, "
                             f"`skyward up {name}` starts it again.")
-    wanted = ranks_of(record, node if node is not None or default_all else 0)
+    wanted = ranks_of(record, node)
     if not wanted:
         raise ProviderError(f"pool {name!r} has no nodes now; `skyward status {name}` shows why.")
     pool = attach(record, Options(console="silent", logging=False), audited=False)

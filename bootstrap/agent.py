@@ -112,6 +112,7 @@ class Agent:
         # (id(connection), client's task id) -> agent task id, for streaming tasks: CREDIT, STOP
         # and FEED frames from the client name the task by the client's id.
         self.streaming: dict[tuple[int, int], int] = {}
+        self.spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None  # see prestart
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
@@ -146,6 +147,7 @@ class Agent:
                 self.shutdown(f"no client renewed the lease for {self.ttl:g} s (ttl)")
 
     def _stop_workers(self) -> None:
+        self._drop_spare()
         with self.lock:
             workers = list(self.workers)
             for w in workers:
@@ -257,6 +259,8 @@ class Agent:
                 self.launchers = _launchers(config.get("plugins"))
                 n = self.settings["processes"]
                 command = self._launch_command()
+                if command is not None:
+                    self._drop_spare()
                 if command is None:
                     for i in range(n):
                         self.workers.append(self._spawn(i))
@@ -295,6 +299,8 @@ class Agent:
     def _send_config(self, w: WorkerProc) -> None:
         assert self.config is not None
         body = json.dumps({
+            "threads": self.settings["threads"],  # a spare worker learns them here (prestart)
+            "exclusive": self.settings["exclusive"],
             "topology": self._topology_for(w.index),
             "spill": self.config.get("spill"),
             "plugins": self.config.get("plugins"),
@@ -326,15 +332,24 @@ class Agent:
             return where
         return {**where, "token": self.token.decode()}
 
-    def _spawn(self, index: int) -> WorkerProc:
+    def prestart(self) -> None:
+        """Start one worker process now, before any client has configured the node: its
+        interpreter starts and imports while the client connects, and the first CONFIGURE
+        (which says how many threads it runs) adopts it (``_spawn``). Without it the pool's
+        first task would wait for a worker process to start."""
+        with self.lock:
+            if self.spare is None and not self.stopping.is_set():
+                self.spare = self._popen_worker(None)
+
+    def _popen_worker(self, settings: dict[str, Any] | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
-        env.update(
-            SKYWARD_WORKER_FD=str(theirs.fileno()),
-            SKYWARD_AGENT_PID=str(os.getpid()),
-            SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
-            SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
-        )
+        env.update(SKYWARD_WORKER_FD=str(theirs.fileno()), SKYWARD_AGENT_PID=str(os.getpid()))
+        if settings is not None:  # else the first CONFIGURE says (a spare, see prestart)
+            env.update(
+                SKYWARD_WORKER_THREADS=str(settings["threads"]),
+                SKYWARD_WORKER_EXCLUSIVE="1" if settings["exclusive"] else "0",
+            )
         proc = subprocess.Popen(
             [sys.executable, "-m", "skyward.bootstrap.worker"],
             pass_fds=[theirs.fileno()],
@@ -345,6 +360,22 @@ class Agent:
             start_new_session=True,
         )
         theirs.close()
+        return proc, ours
+
+    def _drop_spare(self) -> None:
+        """The spare worker is not needed (a plugin launcher starts the workers): stop it."""
+        with self.lock:
+            spare, self.spare = self.spare, None
+        if spare is not None:
+            proc, sock = spare
+            _close(sock)  # its first read ends: it exits
+            _kill_group(proc)
+            proc.wait()
+
+    def _spawn(self, index: int) -> WorkerProc:
+        with self.lock:
+            spare, self.spare = self.spare, None
+        proc, ours = spare if spare is not None else self._popen_worker(self.settings)
         w = WorkerProc(index, proc, FrameWriter(ours), ours, self.settings["capacity"])
         self._send_config(w)
         threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
@@ -754,6 +785,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")
+    agent.prestart()
     agent.serve(listener)
     _log("stopped")
 

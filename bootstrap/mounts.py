@@ -96,6 +96,8 @@ def _section(storage: Storage | None, native: dict[str, str] | None) -> dict[str
         section["env_auth"] = "true"
     else:
         section["access_key_id"], section["secret_access_key"] = keys
+        if (token := storage.token()) is not None:  # temporary keys (AWS_SESSION_TOKEN)
+            section["session_token"] = token
     return section
 
 

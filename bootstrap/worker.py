@@ -504,10 +504,16 @@ def main() -> None:
         threads=int(os.environ.pop("SKYWARD_WORKER_THREADS", "1")),
         exclusive=os.environ.pop("SKYWARD_WORKER_EXCLUSIVE", "0") == "1",
     )
-    first = worker.reader.read()
+    try:
+        first = worker.reader.read()
+    except (EOFError, OSError):
+        raise SystemExit(0) from None  # a spare worker the agent did not need (see agent.prestart)
     if first.kind != Kind.CONFIGURE:
         raise SystemExit("skyward worker: expected CONFIGURE first")
-    worker.configure(json.loads(bytes(first.body)))
+    config = json.loads(bytes(first.body))
+    if "threads" in config:  # a spare started before the agent knew its settings
+        worker.threads, worker.exclusive = int(config["threads"]), bool(config["exclusive"])
+    worker.configure(config)
     worker.serve()
 
 

@@ -55,7 +55,7 @@ API_SECTIONS: dict[str, tuple[str, str]] = {
     "skyward.typing": ("specs", "Specs, images and options"),
     "skyward.volumes": ("storage", "Storage and volumes"),
     "skyward.storage": ("storage", "Storage and volumes"),
-    "skyward.core.health": ("healing", "Healing"),
+    "skyward.health": ("healing", "Healing"),
     "skyward.core.healing": ("healing", "Healing"),
     "skyward.accelerators": ("specs", "Specs, images and options"),
     "skyward.time": ("specs", "Specs, images and options"),

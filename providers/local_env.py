@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from skyward.errors import ConfigError, ProviderError
 from skyward.paths import skyward_home
 from skyward.records import pkglock
@@ -22,6 +20,10 @@ from skyward.records.pkglock import Package
 
 def unsatisfied(requirements: tuple[str, ...]) -> list[str]:
     """The requirements this interpreter does not already meet."""
+    if not requirements:
+        return []
+    from packaging.requirements import InvalidRequirement, Requirement
+
     missing = []
     for text in requirements:
         try:

@@ -509,14 +509,17 @@ class SSHCluster(Cluster):
                            check=False)
 
     def _start_agent(self, node: _Node, remote: Remote) -> tuple[int, int, dict[str, str]]:
-        shipped = self._ship is not None and self._ship.includes is not None
-        pythonpath = '"$POOL/includes${PYTHONPATH:+:$PYTHONPATH}"' if shipped else '"${PYTHONPATH:-}"'
         peer = shlex.quote(node.host.private_ip or remote.host)
+        # PYTHONPATH: the includes when they were shipped (the folder says so, also to a pool
+        # attached from its description), and the node's folder of packages `skyward install`
+        # adds while the pool runs (SKYWARD_SITE; there from the start, so running workers find them).
         command = f"""set -e
 SKY={shlex.quote(node.home)}; POOL={shlex.quote(node.pool_dir)}
 IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
 cd "$POOL"; . ./env.sh
-export PYTHONPATH={pythonpath}
+mkdir -p site
+PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
+export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
 rm -f agent.json
 setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
   --orphan-cleanup "$POOL" </dev/null >agent.json 2>>agent.log &

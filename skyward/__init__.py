@@ -19,16 +19,8 @@ import importlib
 import sys as _sys
 from typing import TYPE_CHECKING, Any
 
-from . import accelerators, time
-from .core.function import (
-    PendingFunction,
-    PendingFunctionGroup,
-    RemoteFunction,
-    function,
-    gather,
-    sky,
-)
-from .core.function import SkywardModule as _SkywardModule
+from . import defaults as _defaults
+from .core.target import SkywardModule as _SkywardModule
 from .errors import (
     AcceleratorError,
     BootstrapError,
@@ -63,26 +55,11 @@ from .errors import (
     WorkerDiedError,
 )
 from .providers import default_provider as _default_provider
-from .spec import (
-    AllocationStrategy,
-    Image,
-    Nodes,
-    NodeSpec,
-    Options,
-    PipIndex,
-    PoolSpec,
-    SelectionStrategy,
-    Spec,
-    SpecKwargs,
-    Worker,
-    WorkerExecutor,
-)
-from .spec import set_default_provider as _set_default_provider
 from .version import __version__
 
 # Spec() with no provider gets sky.Local(): spec.py sits below the providers, so the package
-# tells it which one (the factory imports skyward.providers.local on first use).
-_set_default_provider(_default_provider)
+# hands it the factory (skyward/defaults.py; it imports skyward.providers.local on first use).
+_defaults.provider = _default_provider
 
 # `1 >> sky` (a plain function's result pushed at the module) explains itself. The module and
 # sky.sky (the reference project's singleton) both stand for the active pool.
@@ -90,6 +67,26 @@ _sys.modules[__name__].__class__ = _SkywardModule
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
+    "accelerators": "skyward.accelerators",
+    "time": "skyward.time",
+    "PendingFunction": "skyward.core.function",
+    "PendingFunctionGroup": "skyward.core.function",
+    "RemoteFunction": "skyward.core.function",
+    "function": "skyward.core.function",
+    "gather": "skyward.core.function",
+    "sky": "skyward.core.function",
+    "AllocationStrategy": "skyward.spec",
+    "Image": "skyward.spec",
+    "Nodes": "skyward.spec",
+    "NodeSpec": "skyward.spec",
+    "Options": "skyward.spec",
+    "PipIndex": "skyward.spec",
+    "PoolSpec": "skyward.spec",
+    "SelectionStrategy": "skyward.spec",
+    "Spec": "skyward.spec",
+    "SpecKwargs": "skyward.spec",
+    "Worker": "skyward.spec",
+    "WorkerExecutor": "skyward.spec",
     "metrics": "skyward.metrics",
     "LogConfig": "skyward.observe.logs",
     "Secret": "skyward.observe.secrets",
@@ -99,6 +96,8 @@ _LAZY = {
     "ClusterRequested": "skyward.observe.events",
     "ClusterProvisioned": "skyward.observe.events",
     "ClusterReady": "skyward.observe.events",
+    "ClusterAsleep": "skyward.observe.events",
+    "ClusterWoke": "skyward.observe.events",
     "ClusterDestroyed": "skyward.observe.events",
     "ClusterDetached": "skyward.observe.events",
     "InstanceProvisioned": "skyward.observe.events",
@@ -119,7 +118,7 @@ _LAZY = {
     "Compute": "skyward.core.compute",
     "Session": "skyward.core.compute",
     "Pool": "skyward.core.pool",
-    "HealthChecker": "skyward.core.health",
+    "HealthChecker": "skyward.health",
     "Offer": "skyward.catalogue",
     "InstanceType": "skyward.catalogue",
     "App": "skyward.observe.app",
@@ -158,23 +157,33 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import metrics, plugins, storage
+    from . import accelerators, metrics, plugins, storage, time
     from .catalogue import InstanceType, Offer, offers
     from .core.compute import Compute, Session
-    from .core.health import HealthChecker
+    from .core.function import (
+        PendingFunction,
+        PendingFunctionGroup,
+        RemoteFunction,
+        function,
+        gather,
+        sky,
+    )
     from .core.membership import NodeSnapshot, PoolSnapshot
     from .core.pool import Pool
+    from .health import HealthChecker
     from .named.runscript import main
     from .observe.app import App
     from .observe.events import (
         BatchFinished,
         BatchStarted,
         BootstrapPhase,
+        ClusterAsleep,
         ClusterDestroyed,
         ClusterDetached,
         ClusterProvisioned,
         ClusterReady,
         ClusterRequested,
+        ClusterWoke,
         Error,
         Event,
         InstanceBootstrapped,
@@ -212,6 +221,20 @@ if TYPE_CHECKING:
     )
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
     from .runtime.shard import shard
+    from .spec import (
+        AllocationStrategy,
+        Image,
+        Nodes,
+        NodeSpec,
+        Options,
+        PipIndex,
+        PoolSpec,
+        SelectionStrategy,
+        Spec,
+        SpecKwargs,
+        Worker,
+        WorkerExecutor,
+    )
     from .storage import Storage
     from .volumes import Disk, Volume
 
@@ -241,11 +264,13 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "BootstrapError",
     "BootstrapPhase",
     "CallbackWriter",
+    "ClusterAsleep",
     "ClusterDestroyed",
     "ClusterDetached",
     "ClusterProvisioned",
     "ClusterReady",
     "ClusterRequested",
+    "ClusterWoke",
     "CollectionError",
     "CollectionTimeoutError",
     "Compute",

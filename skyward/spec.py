@@ -7,10 +7,11 @@ wrote it, with the value, the rule and the next step in the message.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
 
+from . import defaults
 from .errors import ConfigError, NoOfferError
 
 if TYPE_CHECKING:
@@ -45,9 +46,17 @@ class Nodes:
     min: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("Nodes.desired", self.desired)
+        _positive_int("Nodes.desired", self.desired, minimum=0)
+        if self.desired == 0 and (isinstance(self.max, bool) or not isinstance(self.max, int) or self.max < 1):
+            # Scale to zero: a pool that provisions on its first task and sleeps when idle.
+            raise ConfigError(
+                f"Nodes(desired=0, max={self.max!r}) is not valid: a pool that starts with no node "
+                f"wakes on its first task and grows up to max, so max must be an int >= 1, "
+                f"e.g. sky.Nodes(desired=0, max=4) or nodes=(0, 4)."
+            )
         if self.min is not None:
-            _positive_int("Nodes.min", self.min)
+            # min=0: work may start before any node is ready (they join as they come).
+            _positive_int("Nodes.min", self.min, minimum=0)
             if self.min > self.desired:
                 raise ConfigError(
                     f"Nodes(min={self.min}, desired={self.desired}) is not valid: min is how many "
@@ -231,7 +240,7 @@ class Options:
         if self.worker is not None and not isinstance(self.worker, Worker):
             raise ConfigError(f"Options(worker={self.worker!r}) is not valid: pass sky.Worker(...).")
         if self.health_checker is not None:
-            from .core.health import HealthChecker
+            from .health import HealthChecker
 
             if not isinstance(self.health_checker, HealthChecker):
                 raise ConfigError(
@@ -277,16 +286,6 @@ def check_session_option(where: str, name: str, value: Any) -> None:
         )
 
 
-# What a Spec without provider= gets (sky.Local()). The providers import this module, so it
-# does not import them: the package, above both, sets the factory (skyward/__init__.py).
-_default_provider: Callable[[], Any] | None = None
-
-
-def set_default_provider(factory: Callable[[], Any]) -> None:
-    global _default_provider
-    _default_provider = factory
-
-
 @dataclass(frozen=True, slots=True)
 class Spec:
     """What to provision: a provider and the shape of its nodes."""
@@ -308,12 +307,13 @@ class Spec:
 
     def __post_init__(self) -> None:
         if self.provider is None:
-            if _default_provider is None:
+            factory = defaults.provider  # sky.Local(), set by the package (skyward/defaults.py)
+            if factory is None:
                 raise ConfigError(
                     "Spec() without provider= before skyward finished importing: pass a provider, "
                     "e.g. provider=sky.Local()."
                 )
-            object.__setattr__(self, "provider", _default_provider())
+            object.__setattr__(self, "provider", factory())
         elif not getattr(self.provider, "is_skyward_provider", False):
             raise ConfigError(
                 f"provider={self.provider!r} is not a provider: use sky.Local(), sky.SSH(...), "

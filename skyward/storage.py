@@ -11,9 +11,11 @@ ranged reads, both several parts at a time, with a progress bar on a terminal fo
 A ``Storage`` is also what ``sky.Volume(storage=...)`` mounts on the nodes (see volumes.py).
 
 Credentials are a string, or a callable returning one (plain or ``async``), resolved when a
-transfer needs them (and again every few minutes, so rotating secrets keep working).
-``S3()`` without keys uses the AWS credential chain: the environment, web identity, the
-container or instance role, and ``~/.aws`` profiles when boto3 is installed.
+transfer needs them (and again every few minutes, so rotating secrets keep working). The
+presets read what is not given from the provider's usual environment variables (``ENV_VARS``),
+by name: the value is read when a transfer needs it, so it never travels in a pickle or a
+record. ``S3()`` without keys and without ``AWS_ACCESS_KEY_ID`` uses the AWS credential chain:
+web identity, the container or instance role, and ``~/.aws`` profiles when boto3 is installed.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Storage:
     address buckets as ``endpoint/bucket`` instead of ``bucket.endpoint`` (local servers,
     MinIO). ``region``: the signing region (default: read from an AWS endpoint, else
     ``us-east-1``). ``provider``: the vendor name rclone uses when a Volume mounts this store.
+    ``session_token``: the token of temporary keys (AWS STS), with the two keys.
     """
 
     endpoint: str
@@ -58,6 +61,7 @@ class Storage:
     path_style: bool = False
     region: str | None = None
     provider: str = "Other"
+    session_token: Credential | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.endpoint, str) or not re.match(r"^https?://[^/\s]+", self.endpoint):
@@ -71,7 +75,12 @@ class Storage:
                 "Storage(access_key=..., secret_key=...): give both keys, or neither to use the "
                 "ambient credentials (for S3: the AWS credential chain)."
             )
-        for name in ("access_key", "secret_key"):
+        if self.session_token is not None and self.access_key is None:
+            raise ConfigError(
+                "Storage(session_token=...) goes with access_key= and secret_key= (temporary keys); "
+                "give all three, or none to use the ambient credentials."
+            )
+        for name in ("access_key", "secret_key", "session_token"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str) and not callable(value):
                 raise ConfigError(
@@ -103,6 +112,10 @@ class Storage:
         if self.access_key is None or self.secret_key is None:
             return None
         return _resolve(self.access_key, "access_key"), _resolve(self.secret_key, "secret_key")
+
+    def token(self) -> str | None:
+        """The session token now (temporary keys), or None."""
+        return None if self.session_token is None else _resolve(self.session_token, "session_token")
 
     # -- the five operations ----------------------------------------------------------------
     def upload(self, bucket: str, local_path: str | os.PathLike[str], *, key: str | None = None) -> str:
@@ -225,14 +238,14 @@ class Storage:
 
     def _credential_provider(self) -> Callable[[], dict[str, Any]] | None:
         if self.access_key is not None:
-            static = isinstance(self.access_key, str) and isinstance(self.secret_key, str)
+            static = all(isinstance(v, str | None) for v in (self.access_key, self.secret_key, self.session_token))
 
             def provide() -> dict[str, Any]:
                 keys = self.credentials()
                 assert keys is not None
                 # Callables are asked again after a while: rotated secrets keep working.
                 expires = None if static else datetime.now(UTC) + timedelta(minutes=5)
-                return {"access_key_id": keys[0], "secret_access_key": keys[1], "token": None,
+                return {"access_key_id": keys[0], "secret_access_key": keys[1], "token": self.token(),
                         "expires_at": expires}
 
             return provide
@@ -265,8 +278,8 @@ class Storage:
         elif any(w in low for w in ("accessdenied", "forbidden", "403", "signature", "invalidaccesskeyid",
                                      "unauthenticated", "permission")):
             why = ("the store refused the credentials: check the access and secret keys (or, without keys, "
-                   "the AWS credential chain: AWS_PROFILE, ~/.aws/credentials, the instance role) and that "
-                   "they may use this bucket")
+                   "the AWS credential chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+                   "~/.aws/credentials, the instance role) and that they may use this bucket")
         elif any(w in low for w in ("connect", "dns", "resolve", "timed out", "timeout", "refused")):
             why = f"could not reach {self.endpoint}: check the endpoint URL and the network"
         else:
@@ -276,7 +289,7 @@ class Storage:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Storage, (self.endpoint, self.access_key, self.secret_key, self.path_style, self.region,
-                          self.provider))
+                          self.provider, self.session_token))
 
 
 # The obstore stores (one per bucket) of each Storage in use; equal Storages share them.
@@ -402,40 +415,128 @@ class _progress:
 
 
 # -- presets: each returns a Storage -----------------------------------------------------------
-def S3(*, region: str = "us-east-1", access_key: Credential | None = None,
+# What each preset reads from the environment when an argument is not given: argument ->
+# variables, the first one set wins. The provider's own names where it has them (AWS, the b2
+# command, Cloudflare's wrangler); GCS HMAC keys and Wasabi have none of their own, so these
+# follow the AWS pattern.
+ENV_VARS: dict[str, dict[str, tuple[str, ...]]] = {
+    "S3": {"access_key": ("AWS_ACCESS_KEY_ID",), "secret_key": ("AWS_SECRET_ACCESS_KEY",),
+           "session_token": ("AWS_SESSION_TOKEN",), "region": ("AWS_REGION", "AWS_DEFAULT_REGION")},
+    "R2": {"account_id": ("R2_ACCOUNT_ID", "CLOUDFLARE_ACCOUNT_ID"), "access_key": ("R2_ACCESS_KEY_ID",),
+           "secret_key": ("R2_SECRET_ACCESS_KEY",)},
+    "GCS": {"access_key": ("GCS_ACCESS_KEY_ID",), "secret_key": ("GCS_SECRET_ACCESS_KEY",)},
+    "Wasabi": {"access_key": ("WASABI_ACCESS_KEY",), "secret_key": ("WASABI_SECRET_KEY",)},
+    "Backblaze": {"key_id": ("B2_APPLICATION_KEY_ID",), "app_key": ("B2_APPLICATION_KEY",)},
+    "Hyperstack": {"api_key": ("HYPERSTACK_API_KEY",)},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FromEnv:
+    """A credential read from the environment variable ``name`` each time it is needed (where
+    the transfer runs: on a node, the node's environment), so only the name is ever pickled."""
+
+    name: str
+    preset: str = "Storage"
+    argument: str = "access_key"
+
+    def __call__(self) -> str:
+        value = os.environ.get(self.name)
+        if not value:
+            raise StorageError(
+                f"sky.storage.{self.preset}: {self.name} is not set in this environment (it was where the "
+                f"preset was made, and the {self.argument} is read from it when a transfer needs it). Set "
+                f"{self.name} here (on nodes: Image(env=...)), or pass {self.argument}= to the preset."
+            )
+        return value
+
+    def __repr__(self) -> str:
+        return f"FromEnv({self.name!r})"
+
+
+def _env_name(names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if os.environ.get(n)), None)
+
+
+def _fill(preset: str, given: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The preset's arguments, each one not given taken from its environment variable (by name,
+    for credentials); ConfigError naming every argument still missing and what to set."""
+    out, missing = dict(given), []
+    for argument, names in ENV_VARS[preset].items():
+        if argument not in given or given[argument] is not None:
+            continue
+        found = _env_name(names)
+        if found is not None:
+            # Not secret, and part of the endpoint: read now. Credentials: read when used.
+            out[argument] = os.environ[found] if argument in ("region", "account_id") else \
+                FromEnv(found, preset, argument)
+        elif argument not in optional:
+            missing.append(f"{argument}= (or {' or '.join(names)})")
+    if missing:
+        raise ConfigError(
+            f"sky.storage.{preset}() is missing {', '.join(missing)}: pass the argument"
+            f"{'s' if len(missing) > 1 else ''}, or set the environment variable{'s' if len(missing) > 1 else ''} "
+            f"named in parentheses."
+        )
+    return out
+
+
+def S3(*, region: str | None = None, access_key: Credential | None = None,
+       secret_key: Credential | None = None, session_token: Credential | None = None) -> Storage:
+    """Amazon S3 in ``region`` (default ``AWS_REGION``, ``AWS_DEFAULT_REGION``, else ``us-east-1``).
+
+    Keys not given come from ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and
+    ``AWS_SESSION_TOKEN``; with neither key given nor set, the AWS credential chain."""
+    given = {"region": region, "access_key": access_key, "secret_key": secret_key, "session_token": session_token}
+    keyed = access_key is not None or secret_key is not None or any(
+        _env_name(ENV_VARS["S3"][k]) for k in ("access_key", "secret_key"))
+    args = _fill("S3", given, optional=("region", "session_token") if keyed else
+                 ("region", "access_key", "secret_key", "session_token"))
+    where = args["region"] or "us-east-1"
+    return Storage(f"https://s3.{where}.amazonaws.com", args["access_key"], args["secret_key"], region=where,
+                   provider="AWS", session_token=args["session_token"] if args["access_key"] is not None else None)
+
+
+def R2(*, account_id: str | None = None, access_key: Credential | None = None,
        secret_key: Credential | None = None) -> Storage:
-    """Amazon S3 in ``region``; without keys, the AWS credential chain."""
-    return Storage(f"https://s3.{region}.amazonaws.com", access_key, secret_key, region=region, provider="AWS")
+    """Cloudflare R2 of ``account_id`` (an R2 API token's S3 keys); not given, they come from
+    ``R2_ACCOUNT_ID`` (or ``CLOUDFLARE_ACCOUNT_ID``), ``R2_ACCESS_KEY_ID``, ``R2_SECRET_ACCESS_KEY``."""
+    args = _fill("R2", {"account_id": account_id, "access_key": access_key, "secret_key": secret_key})
+    return Storage(f"https://{args['account_id']}.r2.cloudflarestorage.com", args["access_key"], args["secret_key"],
+                   region="auto", provider="Cloudflare")
 
 
-def R2(*, account_id: str, access_key: Credential, secret_key: Credential) -> Storage:
-    """Cloudflare R2 of ``account_id`` (an R2 API token's S3 keys)."""
-    return Storage(f"https://{account_id}.r2.cloudflarestorage.com", access_key, secret_key, region="auto",
-                   provider="Cloudflare")
+def GCS(*, access_key: Credential | None = None, secret_key: Credential | None = None) -> Storage:
+    """Google Cloud Storage through its S3-compatible XML API (HMAC keys of a service account);
+    not given, they come from ``GCS_ACCESS_KEY_ID`` and ``GCS_SECRET_ACCESS_KEY``."""
+    args = _fill("GCS", {"access_key": access_key, "secret_key": secret_key})
+    return Storage("https://storage.googleapis.com", args["access_key"], args["secret_key"], region="auto",
+                   provider="GCS")
 
 
-def GCS(*, access_key: Credential, secret_key: Credential) -> Storage:
-    """Google Cloud Storage through its S3-compatible XML API (HMAC keys of a service account)."""
-    return Storage("https://storage.googleapis.com", access_key, secret_key, region="auto", provider="GCS")
+def Wasabi(*, region: str = "us-east-1", access_key: Credential | None = None,
+           secret_key: Credential | None = None) -> Storage:
+    """Wasabi in ``region``; keys not given come from ``WASABI_ACCESS_KEY`` and ``WASABI_SECRET_KEY``."""
+    args = _fill("Wasabi", {"access_key": access_key, "secret_key": secret_key})
+    return Storage(f"https://s3.{region}.wasabisys.com", args["access_key"], args["secret_key"], region=region,
+                   provider="Wasabi")
 
 
-def Wasabi(*, region: str = "us-east-1", access_key: Credential, secret_key: Credential) -> Storage:
-    """Wasabi in ``region``."""
-    return Storage(f"https://s3.{region}.wasabisys.com", access_key, secret_key, region=region, provider="Wasabi")
+def Backblaze(*, region: str, key_id: Credential | None = None, app_key: Credential | None = None) -> Storage:
+    """Backblaze B2's S3-compatible API in ``region`` (e.g. ``us-west-004``): an application key;
+    not given, it comes from ``B2_APPLICATION_KEY_ID`` and ``B2_APPLICATION_KEY`` (as for the b2 command)."""
+    args = _fill("Backblaze", {"key_id": key_id, "app_key": app_key})
+    return Storage(f"https://s3.{region}.backblazeb2.com", args["key_id"], args["app_key"], region=region,
+                   provider="Other")
 
 
-def Backblaze(*, region: str, key_id: Credential, app_key: Credential) -> Storage:
-    """Backblaze B2's S3-compatible API in ``region`` (e.g. ``us-west-004``): an application key."""
-    return Storage(f"https://s3.{region}.backblazeb2.com", key_id, app_key, region=region, provider="Other")
-
-
-def Hyperstack(*, api_key: Credential, region: str = "CANADA-1", secret_key: Credential | None = None,
+def Hyperstack(*, api_key: Credential | None = None, region: str = "CANADA-1", secret_key: Credential | None = None,
                endpoint: str | None = None) -> Storage:
     """Hyperstack's S3-compatible object storage in ``region``.
 
-    ``api_key`` is the access key (and the secret too unless ``secret_key`` is given);
-    ``endpoint`` overrides the regional URL this preset assumes."""
+    ``api_key`` (default: ``HYPERSTACK_API_KEY``) is the access key, and the secret too unless
+    ``secret_key`` is given; ``endpoint`` overrides the regional URL this preset assumes."""
+    args = _fill("Hyperstack", {"api_key": api_key})
     url = endpoint or f"https://{region.lower()}.s3.hyperstack.cloud"
-    return Storage(url, api_key, secret_key if secret_key is not None else api_key, path_style=True,
+    return Storage(url, args["api_key"], secret_key if secret_key is not None else args["api_key"], path_style=True,
                    region=region, provider="Other")
-

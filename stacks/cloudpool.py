@@ -327,10 +327,11 @@ class CloudPool:
             "version": self.plan.version,
             **({"lock": self._lock_json} if self._lock_json else {}),
         }
-        # Secrets are not config: config values travel to the Pulumi CLI as command-line
-        # arguments (visible in `ps`, and limited to 128 KiB each). The program exports them as
-        # a secret output instead (encrypted in the state); the nodes' private host keys are in
-        # their (secret) user data there, and in a named pool's 0600 record.
+        # These go to the stack's settings file (engine.PoolStack._write_config), whatever the
+        # pool's size. Secrets are not config: secret config values reach the Pulumi CLI as
+        # command-line arguments (visible in `ps`, limited to 128 KiB each). The program exports
+        # them as a secret output instead (encrypted in the state); the nodes' private host keys
+        # are in their (secret) user data there, and in a named pool's 0600 record.
         return self.stack.up()
 
     def keep_lock(self, lock: dict[str, Any]) -> None:
@@ -474,12 +475,11 @@ def new_plan(
 
 
 def placeholder_nodes(count: int, *, spot: bool) -> tuple[NodePlan, ...]:
-    """Nodes with throwaway host keys (for a preview: the real ones are made at ``up``)."""
-    out = []
-    for index in range(count):
-        host = keys.ed25519(f"preview-node-{index}")
-        out.append(NodePlan(index=index, spot=spot, host_key=host.public, host_key_private=host.private))
-    return tuple(out)
+    """Nodes with a throwaway host key, one for all (for a preview, which shows no key: the real
+    ones, one per node, are made at ``up``)."""
+    host = keys.ed25519("preview-node")
+    return tuple(NodePlan(index=index, spot=spot, host_key=host.public, host_key_private=host.private)
+                 for index in range(count))
 
 
 def launch(

@@ -16,6 +16,13 @@ Ctrl-C during an operation asks the Pulumi CLI to stop gracefully (it finishes t
 operations in flight and saves the state), waits for it, then re-raises KeyboardInterrupt; a
 second Ctrl-C stops waiting.
 
+Configuration goes to the stack's settings file (``Pulumi.<stack>.yaml`` in the workspace
+folder), through the automation API's own ``stack_settings`` / ``save_stack_settings``: never
+on a command line. ``set_all_config`` runs ``pulumi config set-all key=value...``, whose every
+value is one argument (visible in ``ps``, and at most 128 KiB on Linux: a pool's plan passes
+that near 960 nodes). Only secret values still go through ``set_all_config`` (the CLI encrypts
+them), and one too large for an argument is refused before the CLI runs.
+
 Inline programs share process-global state in the pulumi SDK, so one operation runs at a
 time per process (``_ENGINE``), and operations block: call them from a plain thread, never
 from an event loop.
@@ -48,6 +55,9 @@ Program = Callable[[], None]
 Connect = Callable[[str, Program], Any]
 
 _ENGINE = threading.Lock()
+# The largest command-line argument skyward hands the Pulumi CLI (Linux refuses one string over
+# 128 KiB, MAX_ARG_STRLEN; half of that leaves room for the rest of the command line).
+MAX_ARGUMENT = 64 * 1024
 
 
 def workspace_dir(name: str) -> Path:
@@ -127,12 +137,10 @@ class PoolStack:
         return self._stack
 
     def _configure(self) -> None:
-        from pulumi import automation as auto
-
-        values = {f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v) for k, v in self.config.items()}
-        values.update({f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v, secret=True) for k, v in self.secrets.items()})
-        if values:
-            self.stack.set_all_config(values)
+        if self.config:
+            self._write_config(self.config)
+        if self.secrets:
+            self._set_secrets(self.secrets)
         if not self._plugins_ready:
             for plugin, version in self.plugins.items():
                 self._emit(ev.Log(pool=self.pool, level="INFO", message=f"stack: installing the {plugin} plugin v{version}"))
@@ -176,11 +184,42 @@ class PoolStack:
 
     def set_config(self, values: Mapping[str, str]) -> None:
         """Add these values to the stack config now, without an update (and to every later one)."""
+        self.config = {**self.config, **values}
+        self._run("config", lambda: self._write_config(values))
+
+    def _write_config(self, values: Mapping[str, str]) -> None:
+        """Plain config values into the stack's settings file, by the automation API's
+        read-modify-write of ``Pulumi.<stack>.yaml`` (what ``pulumi config set`` edits too):
+        its encryption salt and secure values stay as they are."""
         from pulumi import automation as auto
 
-        self.config = {**self.config, **values}
-        self._run("config", lambda: self.stack.set_all_config(
-            {f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v) for k, v in values.items()}))
+        workspace = self.stack.workspace
+        try:
+            settings = workspace.stack_settings(self.name)
+        except FileNotFoundError:  # a stack the CLI made without writing one yet
+            settings = auto.StackSettings()
+        config = dict(settings.config or {})
+        config.update({f"{backend.PROJECT}:{k}": str(v) for k, v in values.items()})
+        settings.config = config
+        workspace.save_stack_settings(self.name, settings)
+
+    def _set_secrets(self, values: Mapping[str, str]) -> None:
+        """Secret values go through ``pulumi config set-all --secret`` (the CLI encrypts them):
+        each is a command-line argument, so one too large for that is refused here."""
+        from pulumi import automation as auto
+
+        for key, value in values.items():
+            size = len(f"{backend.PROJECT}:{key}={value}".encode())
+            if size > MAX_ARGUMENT:
+                raise StackError(
+                    f"stack {self.name}: secret config value {key!r} is {size:,} bytes; a secret reaches "
+                    f"the Pulumi CLI as one command-line argument, at most {MAX_ARGUMENT:,} bytes here. "
+                    f"Pass large secrets to the program another way (skyward exports a pool's secrets "
+                    f"as a secret stack output), or make this one smaller.",
+                    stack=self.name, operation="config",
+                )
+        self.stack.set_all_config(
+            {f"{backend.PROJECT}:{k}": auto.ConfigValue(value=v, secret=True) for k, v in values.items()})
 
     def history(self) -> list[dict[str, Any]]:
         """Every update of the stack (newest first): kind, result, start/end, changes, config."""

@@ -13,6 +13,18 @@ value where none was set also becomes the default every *other* thread sees (pul
 with its own event loop, under the engine's lock (``engine._ENGINE``: one Pulumi program at a
 time per process), and the settings' defaults are put back afterwards: a later real ``up`` in
 the same process, or a test's own mocks, see what they saw before.
+
+Pools of thousands: Pulumi's SDK costs a few milliseconds per resource it registers, mocks or
+not, so a large pool's program is not run on every node. It runs on the nodes numbered 0-9
+and, for each other kind of node (same plan but for index and host key) and number of digits
+in its index, on two stand-ins numbered 99..9 and 88..8 (77..7 and 66..6 for a second kind...).
+The stand-ins' resources are those named after them (``node-<index>...``); every node of the
+kind gets the first stand-in's lines with its own index written in, once replacing the first
+stand-in's index by the second's gave exactly the second stand-in's lines. A kind that fails
+that check because a stand-in's digits also occur in other text (Canonical's AWS account
+099720109477 holds 99) is tried again with stand-ins whose digits occur in no line seen so
+far; one that still fails (its lines follow the index some other way) is run on all of its
+real nodes. The tests compare both ways on mixed plans.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ if TYPE_CHECKING:
     from skyward.catalogue import Offer
     from skyward.spec import Spec
 
-    from .plan import PoolPlan
+    from .plan import NodePlan, PoolPlan
 
 # Shown in place of this machine's public address: preview does not ask the internet for it.
 THIS_MACHINE = "<this machine's public address>/32"
@@ -73,12 +85,120 @@ def declared(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[Declare
     return found
 
 
-def resources(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[dict[str, str]]:
-    """``[{"type", "name", "detail"}]``, one per resource ``up`` would create, in declaration order."""
-    order = list(_DETAILS)
-    found = sorted(declared(program, plan), key=lambda r: (
-        order.index(r.type) if r.type in order else len(order), _natural(r.name)))
+# A pool of up to this many nodes is previewed by running its program on every node.
+FULL_RUN_NODES = 16
+
+
+def resources(program: Callable[[PoolPlan], Any], plan: PoolPlan, *,
+              full_run_nodes: int = FULL_RUN_NODES) -> list[dict[str, str]]:
+    """``[{"type", "name", "detail"}]``, one per resource ``up`` would create, in declaration order.
+    A plan of more than ``full_run_nodes`` nodes runs the program on a sample (module docstring)."""
+    rows = _sampled(program, plan) if len(plan.nodes) > full_run_nodes else None
+    if rows is None:
+        rows = _rows(declared(program, plan))
+    return _ordered(rows)
+
+
+def _rows(found: Sequence[Declared]) -> list[dict[str, str]]:
     return [{"type": r.type, "name": r.name, "detail": detail(r)} for r in found]
+
+
+def _ordered(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    order = {t: i for i, t in enumerate(_DETAILS)}
+    return sorted(rows, key=lambda r: (order.get(r["type"], len(order)), _natural(r["name"])))
+
+
+# -- large pools: the program run on a sample of nodes ---------------------------------------------
+_OWNER = re.compile(r"^node-(\d+)(?:-|$)")  # node.name, and what the programs name after it
+_ATTEMPTS = 3  # sample runs with new stand-ins for the kinds whose check failed, before their real nodes
+
+
+def _sampled(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[dict[str, str]] | None:
+    """The rows of every node from a run on nodes 0-9 and two stand-ins per kind of node; None
+    when the plan does not lend itself to that (then the program runs on every node)."""
+    from dataclasses import replace
+
+    groups: dict[tuple[Any, int], list[NodePlan]] = {}
+    for node in plan.nodes:
+        if node.index >= 10:
+            groups.setdefault((_kind(node), len(str(node.index))), []).append(node)
+    small = [n for n in plan.nodes if n.index < 10]
+    rows: list[dict[str, str]] = []
+    pending = list(groups)
+    seen = ""  # the text of the lines so far: a stand-in's index must not occur in it
+    for attempt in range(_ATTEMPTS):
+        if not pending:
+            break
+        stand_ins = _stand_ins(pending, seen)
+        sample = small if attempt == 0 else []
+        for key, (a, b) in stand_ins.items():
+            first = groups[key][0]
+            sample = [*sample, replace(first, index=a), replace(first, index=b)]
+        found = _rows(declared(program, plan.with_nodes(tuple(sample))))
+        shared, by_node = _by_node(found)
+        if attempt == 0:
+            marks = [str(i) for pair in stand_ins.values() for i in pair]
+            if any(m in r["name"] for r in shared for m in marks):
+                return None  # a per-node resource not named after its node: no way to tell whose it is
+            rows += shared + [r for n in small for r in by_node.get(n.index, [])]
+        seen += "\n".join(f"{r['name']} {r['detail']}" for r in found)
+        for key, (a, b) in stand_ins.items():
+            template = _ordered(by_node.get(a, []))
+            if template and _with_index(template, str(a), str(b)) == _ordered(by_node.get(b, [])):
+                pending.remove(key)
+                for node in groups[key]:
+                    rows += _with_index(template, str(a), str(node.index))
+            # else: its index also occurs in other text, or the lines follow it another way
+    unsure = [n for key in pending for n in groups[key]]
+    if unsure:
+        _, theirs = _by_node(_rows(declared(program, plan.with_nodes(tuple(unsure)))))
+        rows += [r for n in unsure for r in theirs.get(n.index, [])]
+    return rows
+
+
+def _stand_ins(keys: list[tuple[Any, int]], seen: str) -> dict[tuple[Any, int], tuple[int, int]]:
+    """Two indices per kind of node, of its index's width, occurring nowhere in ``seen`` and
+    distinct from each other: 99/88, 77/66... first, then counting down from the largest."""
+    used: set[int] = set()
+    out = {}
+    for key in keys:
+        width = key[1]
+        preferred = [int(d * width) for d in "98765432"]
+        pair: list[int] = []
+        for i in [*preferred, *range(10 ** width - 1, 10 ** (width - 1) - 1, -1)]:
+            if i not in used and str(i) not in seen and not any(str(i) in str(j) or str(j) in str(i) for j in used):
+                pair.append(i)
+                used.add(i)
+                if len(pair) == 2:
+                    break
+        if len(pair) == 2:
+            out[key] = (pair[0], pair[1])
+    return out
+
+
+def _kind(node: NodePlan) -> tuple[Any, ...]:
+    """What a node's resources follow from besides its index (the host keys show in no line)."""
+    from dataclasses import fields
+
+    return tuple(getattr(node, f.name) for f in fields(node) if f.name not in ("index", "host_key", "host_key_private"))
+
+
+def _by_node(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], dict[int, list[dict[str, str]]]]:
+    """(the rows named after no node, the rows of each node by index)."""
+    shared: list[dict[str, str]] = []
+    by_node: dict[int, list[dict[str, str]]] = {}
+    for r in rows:
+        owner = _OWNER.match(r["name"])
+        if owner is None:
+            shared.append(r)
+        else:
+            by_node.setdefault(int(owner.group(1)), []).append(r)
+    return shared, by_node
+
+
+def _with_index(rows: list[dict[str, str]], old: str, new: str) -> list[dict[str, str]]:
+    return [{"type": r["type"], "name": r["name"].replace(old, new), "detail": r["detail"].replace(old, new)}
+            for r in rows]
 
 
 def _natural(name: str) -> list[Any]:
@@ -221,14 +341,31 @@ _DEFAULT = "_ContextProperty__default"  # ContextProperty.__default, name-mangle
 
 
 # -- one line per resource -------------------------------------------------------------------------
+# What a line shows for an input that is another resource's output, unknown until `up`.
+UNKNOWN = "(known after up)"
+
+
 def detail(r: Declared) -> str:
     describe = _DETAILS.get(r.type)
     if describe is None:
         return ""
     try:
-        return describe(r.inputs)
+        return describe(_known(r.inputs))
     except (KeyError, TypeError, ValueError, IndexError):  # a shape we did not expect: no detail
         return ""
+
+
+def _known(value: Any) -> Any:
+    """``value`` with pulumi's unknowns (outputs of resources not created yet) as ``UNKNOWN``."""
+    from pulumi.output import Unknown
+
+    if isinstance(value, Unknown):
+        return UNKNOWN
+    if isinstance(value, dict):
+        return {k: _known(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_known(v) for v in value]
+    return value
 
 
 def _n(value: Any) -> str:

@@ -38,8 +38,8 @@ class Recorder:
 
 def agent_pids(pool: sky.Pool) -> dict[int, int]:
     """rank -> agent pid of a Local pool's nodes."""
-    by_index = {n["index"]: n["pid"] for n in pool._cluster.describe()["nodes"]}
-    return {rank: by_index[ch.node] for rank, ch in enumerate(pool._channels)}
+    by_index = {n["index"]: n["pid"] for n in pool.cluster.describe()["nodes"]}
+    return {rank: by_index[ch.node] for rank, ch in enumerate(pool.members.channels)}
 
 
 def wait_for(predicate: Any, timeout: float = 30.0) -> None:
@@ -66,14 +66,14 @@ def test_a_killed_node_is_replaced_with_its_rank_and_its_task_runs_again() -> No
     with sky.Compute(nodes=3, options=QUIET) as pool:
         unsubscribe = pool.subscribe(recorder)
         pids = agent_pids(pool)
-        old_node = pool._channels[1].node
+        old_node = pool.members.channels[1].node
         running = [pool.run_async(slow_square(i)) for i in range(12)]
         os.kill(pids[1], signal.SIGKILL)
         assert [f.result(timeout=60) for f in running] == [i * i for i in range(12)]
         wait_for(lambda: pool.current_nodes() == 3 and recorder.of(sky.InstanceReplaced))
         (replaced,) = recorder.of(sky.InstanceReplaced)
         assert (replaced.node, replaced.rank) == (old_node, 1)
-        assert replaced.new_node not in (ch.node for ch in pool._channels if ch.node != replaced.new_node)
+        assert replaced.new_node not in (ch.node for ch in pool.members.channels if ch.node != replaced.new_node)
         assert 0 < replaced.seconds < 30
         assert [e.node for e in recorder.of(sky.InstanceLost)] == [old_node]
         ranks = rank_and_pid() @ pool
@@ -90,8 +90,8 @@ def test_a_node_its_provider_took_back_is_reported_preempted() -> None:
     recorder = Recorder()
     with sky.Compute(nodes=2, options=QUIET) as pool:
         unsubscribe = pool.subscribe(recorder)
-        taken = pool._channels[1].node
-        pool._cluster.preempted = lambda index: "spot capacity reclaimed" if index == taken else None  # type: ignore[method-assign]
+        taken = pool.members.channels[1].node
+        pool.cluster.preempted = lambda index: "spot capacity reclaimed" if index == taken else None  # type: ignore[method-assign]
         os.kill(agent_pids(pool)[1], signal.SIGKILL)
         wait_for(lambda: recorder.of(sky.InstanceReplaced))
         (preempted,) = recorder.of(sky.InstancePreempted)
@@ -103,7 +103,7 @@ def test_a_node_its_provider_took_back_is_reported_preempted() -> None:
 def test_a_replaced_head_is_the_head_again() -> None:
     with sky.Compute(nodes=2, options=QUIET) as pool:
         pids = agent_pids(pool)
-        head = pool._channels[0]
+        head = pool.members.channels[0]
         os.kill(pids[0], signal.SIGKILL)
         wait_for(lambda: head.lost is not None)
         rank, pid = pool.run(rank_and_pid(), target="head")  # waits for the new head
@@ -142,7 +142,7 @@ def test_chaos_a_node_killed_every_two_seconds() -> None:
             while not stop.wait(2.0):
                 pids = agent_pids(pool)
                 seen.update(pids.values())
-                live = [pid for rank, pid in pids.items() if pool._channels[rank].lost is None]
+                live = [pid for rank, pid in pids.items() if pool.members.channels[rank].lost is None]
                 if live:
                     victim = rng.choice(live)
                     os.kill(victim, signal.SIGKILL)
@@ -243,7 +243,7 @@ def test_elastic_pools_heal_without_scaling() -> None:
         pids = agent_pids(pool)
         os.kill(pids[1], signal.SIGKILL)
         wait_for(lambda: recorder.of(sky.InstanceReplaced) and pool.current_nodes() == 2)
-        assert len(pool._channels) == 2 and not recorder.of(sky.ClusterProvisioned)
+        assert len(pool.members.channels) == 2 and not recorder.of(sky.ClusterProvisioned)
         pool.resize(3)  # and they still resize
         assert pool.current_nodes() == 3
         unsubscribe()

@@ -215,3 +215,36 @@ def test_the_checker_finds_a_cycle(tmp_path: Path) -> None:
     (pkg / "sub" / "b.py").write_text("class B: ...\n")
     assert cycles(import_graph({pkg: "pkg"})[1]) == []
 
+
+
+# The pool's parts (docs/how-it-works.md, "The pool's parts"): each core module may import only
+# the core modules listed for it. Membership is at the bottom and calls no other part; the pool
+# wires them; nothing below the pool imports it.
+CORE_MAY_IMPORT = {
+    "skyward.core.target": set(),
+    "skyward.core.function": {"target"},
+    "skyward.core.streaming": set(),
+    "skyward.core.membership": set(),
+    "skyward.core.dispatch": {"membership", "function", "streaming"},
+    "skyward.core.batches": {"dispatch", "function", "streaming"},
+    "skyward.core.healing": {"membership", "dispatch"},
+    "skyward.core.autoscale": {"membership"},
+    "skyward.core.pool": {"membership", "dispatch", "batches", "healing", "autoscale", "function", "target"},
+    "skyward.core.compute": {"pool"},
+}
+
+
+def test_the_pools_parts_depend_one_way() -> None:
+    mods, graph = import_graph(PACKAGES)
+    core = {m for m in mods if m.startswith("skyward.core.")}
+    assert core == set(CORE_MAY_IMPORT), f"core modules changed: {sorted(core ^ set(CORE_MAY_IMPORT))}"
+    wrong = []
+    for module, allowed in CORE_MAY_IMPORT.items():
+        for dep, lines in graph[module].items():
+            if dep.startswith("skyward.core.") and dep.removeprefix("skyward.core.") not in allowed:
+                wrong.append(f"{module} -> {dep} (line {', '.join(map(str, lines))})")
+    # Outside the core, only what opens pools may import the pool itself.
+    for module, deps in graph.items():
+        if "skyward.core.pool" in deps and module not in {"skyward.core.compute", "skyward.named.pools"}:
+            wrong.append(f"{module} -> skyward.core.pool")
+    assert not wrong, "imports against the parts' order:\n  " + "\n  ".join(wrong)

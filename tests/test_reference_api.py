@@ -230,6 +230,22 @@ def test_group_with_timeout_applies_to_each_function(pool: sky.Pool) -> None:
         group.with_timeout(0)
 
 
+def test_group_timeout_is_a_field_beside_with_timeout(pool: sky.Pool) -> None:
+    group = nap(0.01) & nap(2)
+    assert group.timeout is None
+    timed = group.with_timeout(0.5)
+    assert timed.timeout == 0.5 and group.timeout is None
+    joined = timed & nap(0.01)  # a function joined later runs under the group's timeout too
+    assert joined.timeout == 0.5 and [p.timeout for p in joined.items] == [0.5, 0.5, 0.5]
+    assert (nap(0.01) & timed).timeout == 0.5
+    made = sky.PendingFunctionGroup((nap(0.01), nap(2)), timeout=0.5)  # as a field, it is in force
+    assert [p.timeout for p in made.items] == [0.5, 0.5]
+    with pytest.raises(sky.TaskTimeoutError):
+        made >> pool
+    with pytest.raises(sky.ConfigError, match="timeout=-1"):
+        sky.PendingFunctionGroup((nap(0.01),), timeout=-1)
+
+
 # --- small defects ---------------------------------------------------------------------------
 
 

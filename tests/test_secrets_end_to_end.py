@@ -14,6 +14,7 @@ HF = "hf_TokenValue1234567890"
 PROGRAM = textwrap.dedent(f"""
     import os, sys
     import skyward as sky
+    from skyward.observe import events as ev
 
     events = []
     sky.subscribe(events.append)

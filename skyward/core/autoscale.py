@@ -1,11 +1,18 @@
-"""Elastic pools: when to grow and when to shrink (pure logic; the pool runs the loop)."""
+"""Elastic pools: when to grow and when to shrink (``decide``, pure logic) and the loop that
+applies it to a pool's membership (``Autoscaler``, one part of a ``Pool``)."""
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 from dataclasses import dataclass
 
-from ..spec import Nodes, Options
+from ..spec import Nodes, Options, Worker
+from .membership import Membership
+
+log = logging.getLogger("skyward")
 
 
 @dataclass
@@ -38,3 +45,47 @@ def decide(nodes: Nodes, live: int, busy: int, slots: int, now: float,
         return None
     state.idle_since = None
     return None
+
+
+class Autoscaler:
+    """Runs ``decide`` about once a second while the pool's size range is elastic."""
+
+    def __init__(self, members: Membership, options: Options, worker: Worker) -> None:
+        self.members, self.options, self.worker = members, options, worker
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the loop if the pool is elastic now and it does not run yet."""
+        members = self.members
+        nodes = members.nodes
+        if nodes.max is None or nodes.max <= nodes.desired:
+            return
+        with members.lock:
+            if self._thread is not None or members.closed:
+                return
+            self._thread = threading.Thread(target=self._loop, name="skyward-autoscale", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        """Tasks already queued on a node stay there; new nodes take their share of what is
+        dispatched after they join (round-robin for >>, the next chunks of a running map)."""
+        members = self.members
+        state = ScaleState(last_change=time.monotonic())
+        while not members.stop.wait(min(1.0, self.options.reconcile_tick_interval)):
+            with members.lock:
+                live = [ch for ch in members.channels if ch.lost is None]
+                size = len(members.channels)  # a lost node being replaced still counts: no scale-up
+            busy = sum(ch.inflight for ch in live)
+            now = time.monotonic()
+            if busy:
+                members.idle_since = now
+            target = decide(members.nodes, size, busy, self.worker.slots, now, state, self.options)
+            if target is None:
+                continue
+            log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)
+            try:
+                members.scale_to(target)
+            except Exception as exc:  # a failed scale step must not end the pool
+                if members.closed:
+                    return
+                log.warning("autoscale step failed: %s", exc)

@@ -1,5 +1,9 @@
 """Batches: ``map`` and parallel groups (``&``, gather), their chunking, ordering and
-batch events. A mixin of ``Pool`` (skyward.core.pool)."""
+batch events.
+
+One part of a ``Pool`` (skyward.core.pool), built on dispatch: a gather is one dispatched task
+per item; ``map`` sends chunks itself (a window of them per node) with dispatch's ``encode``,
+``track`` and ``decode``, and asks membership which nodes are ready."""
 
 from __future__ import annotations
 
@@ -20,35 +24,42 @@ from skyward.bootstrap.frames import Frame, Kind
 
 from ..errors import ConfigError, DispatchError, NodeLostError
 from ..observe import events as ev
-from ..observe.console import Console
-from .dispatch import Dispatch, _results
+from ..spec import Options, Worker
+from .dispatch import Dispatcher, results
 from .function import PendingFunctionGroup, RemoteFunction, unwrap
 
 log = logging.getLogger("skyward")
 T = TypeVar("T")
 
 
-class Batches(Dispatch):
+class Batches:
     """Many tasks at once, results in order."""
 
-    _console: Console
+    def __init__(self, dispatcher: Dispatcher, options: Options, worker: Worker,
+                 settle: Callable[[], None]) -> None:
+        """``settle``: called before a batch's call returns, once its last event is out (the
+        console prints the batch's last line before the caller's own output)."""
+        self.dispatcher, self.members = dispatcher, dispatcher.members
+        self.options, self.worker, self._settle = options, worker, settle
+        self.emit, self.pool_id = dispatcher.emit, dispatcher.pool_id
 
     def _batch(self, kind: Any, name: str, total: int) -> int | None:
-        if not ev.bus.wants(self.id, ev.BatchStarted):
+        if not ev.bus.wants(self.pool_id, ev.BatchStarted):
             return None
         batch = next(ev.bus.batch_ids)
-        self._emit(ev.BatchStarted(pool=self.id, batch=batch, kind=kind, name=name, total=total))
+        self.emit(ev.BatchStarted(pool=self.pool_id, batch=batch, kind=kind, name=name, total=total))
         return batch
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
         """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
         batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
-        retries = self._retries(None)
-        futures = [self._submit(self._pick(None), p, batch, retries) for p in group.items]
+        dispatch = self.dispatcher
+        retries = dispatch.retries(None)
+        futures = [dispatch.submit(dispatch.pick(None), p, batch, retries) for p in group.items]
         finished = self._finish_batch_when_done(batch, futures) if batch is not None else None
         if not group.stream:
             try:
-                return tuple(_results(futures))
+                return tuple(results(futures))
             finally:
                 if finished is not None:
                     finished.wait(5.0)  # emitted by the last future's callback, maybe not yet
@@ -58,12 +69,6 @@ class Batches(Dispatch):
         if group.ordered:
             return flatten(f.result() for f in futures)
         return flatten(f.result() for f in as_completed(futures))
-
-    def _settle(self) -> None:
-        """Let the console print a batch's last line before the call that ran it returns (its
-        lines would come after the caller's own output otherwise)."""
-        if self._console.mode == "log":
-            ev.bus.flush(2.0)
 
     def _finish_batch_when_done(self, batch: int, futures: list[Future[Any]]) -> threading.Event:
         left, start = [len(futures)], time.monotonic()
@@ -76,8 +81,8 @@ class Batches(Dispatch):
                 last = left[0] == 0
             if last:
                 done = sum(1 for f in futures if f.exception() is None)
-                self._emit(ev.BatchFinished(
-                    pool=self.id, batch=batch, ok=done == len(futures), done=done,
+                self.emit(ev.BatchFinished(
+                    pool=self.pool_id, batch=batch, ok=done == len(futures), done=done,
                     total=len(futures), seconds=time.monotonic() - start,
                 ))
                 finished.set()
@@ -106,7 +111,8 @@ class Batches(Dispatch):
         Items travel in chunks (``chunksize``, automatic by default) so that short calls are not
         dominated by round trips; ``timeout`` is per item (a chunk gets items x timeout).
         """
-        self._check_open()
+        dispatch, members = self.dispatcher, self.members
+        dispatch.check_open()
         if timeout is None and isinstance(fn, RemoteFunction):
             timeout = fn.timeout
         if timeout is None:
@@ -115,7 +121,7 @@ class Batches(Dispatch):
         data = list(_iterable(items, fn))
         if not data:
             return []
-        channels = self._ready() or self._wait_ready()
+        channels = members.ready() or members.wait_ready()
         slots = self.worker.slots
         if chunksize is None:
             # ~16 chunks per slot: small enough that uneven items or nodes even out at the
@@ -137,17 +143,17 @@ class Batches(Dispatch):
         retries = [self.options.retry_on_interruption] * len(chunks)
 
         while any(outstanding.values()) or (todo and first_error is None):
-            for ch in self._channels:  # nodes that joined meanwhile (elastic pools) take work too
+            for ch in members.channels:  # nodes that joined meanwhile (elastic pools) take work too
                 outstanding.setdefault(ch, 0)
             while todo and first_error is None:
-                ready = self._ready()
+                ready = members.ready()
                 live = [c for c in outstanding if c in ready]
                 if not live:
                     if any(outstanding.values()):
                         break  # what is out comes back (or fails over) first
-                    if not self._node_may_come():
+                    if not members.node_may_come():
                         raise NodeLostError("every node of the pool was lost during map(); no node is left to run it.")
-                    for c in self._wait_ready():  # a replacement is on its way
+                    for c in members.wait_ready():  # a replacement is on its way
                         outstanding.setdefault(c, 0)
                     continue
                 ch = min(live, key=outstanding.__getitem__)
@@ -155,11 +161,11 @@ class Batches(Dispatch):
                     break
                 sent = todo.popleft()
                 chunk = chunks[sent]
-                flags, body, buffers = self._encode(
+                flags, body, buffers = dispatch.encode(
                     (fn, chunk, timeout),
                     functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
-                finishers[sent] = self._track(ch, name, len(chunk), batch)
+                finishers[sent] = dispatch.track(ch, name, len(chunk), batch)
                 try:
                     ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
                 except NodeLostError:  # lost between the pick and the send: pick again
@@ -172,7 +178,7 @@ class Batches(Dispatch):
             index, ch, result = done.get()
             outstanding[ch] -= 1
             finish = finishers.pop(index, None)
-            if isinstance(result, NodeLostError) and retries[index] > 0 and self._node_may_come():
+            if isinstance(result, NodeLostError) and retries[index] > 0 and members.node_may_come():
                 retries[index] -= 1  # the node went away: its chunk runs again elsewhere
                 log.warning("node %d was lost during map(); its chunk of %d item(s) runs again on another node",
                             ch.node, len(chunks[index]))
@@ -181,7 +187,7 @@ class Batches(Dispatch):
                     finish(False)
                 continue
             try:
-                results[index] = self._decode(result, name, ch.node)
+                results[index] = dispatch.decode(result, name, ch.node)
             except BaseException as exc:
                 if first_error is None or index < first_error[0]:
                     first_error = (index, exc)
@@ -189,8 +195,8 @@ class Batches(Dispatch):
                 finish(results[index] is not None)
         if batch is not None:
             done_items = sum(len(chunks[i]) for i, r in enumerate(results) if r is not None)
-            self._emit(ev.BatchFinished(
-                pool=self.id, batch=batch, ok=first_error is None, done=done_items,
+            self.emit(ev.BatchFinished(
+                pool=self.pool_id, batch=batch, ok=first_error is None, done=done_items,
                 total=len(data), seconds=time.monotonic() - started,
             ))
             self._settle()

@@ -10,7 +10,6 @@ until an operator hands the snapshot to a pool:
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar, final
 
 from ..errors import ConfigError, DispatchError, NoActivePoolError
 from ..runtime import context as _context
-from .target import DispatchTarget, active_pool
+from .target import DispatchTarget, StandsForActivePool, active_pool
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -86,7 +85,7 @@ class PendingFunction(Generic[T]):
         if isinstance(other, PendingFunction):
             return PendingFunctionGroup((self, other))
         if isinstance(other, PendingFunctionGroup):
-            return PendingFunctionGroup((self, *other.items), other.stream, other.ordered)
+            return PendingFunctionGroup((self, *other.items), other.stream, other.ordered, other.timeout)
         raise DispatchError(_and_error(other))
 
     def __repr__(self) -> str:
@@ -145,45 +144,6 @@ def _not_run_message(pending: PendingFunction[Any], what: str) -> str:
     )
 
 
-def not_pending(value: Any, op: str) -> DispatchError:
-    """The error for ``value <op> pool`` when ``value`` is not a pending call: usually the result
-    of a plain function that has just run here."""
-    text = repr(value)
-    text = text if len(text) <= 60 else text[:57] + "..."
-    return DispatchError(
-        f"`{op}` dispatches a pending call to a pool, and the left side is a {type(value).__name__} "
-        f"({text}). If it is what a plain function returned, that function already ran here, on "
-        f"this machine: mark it with @sky.function, so that calling it captures the call and "
-        f"`{op}` runs it on the pool."
-    )
-
-
-class StandsForActivePool:
-    """What the right-hand side of an operator may be to mean "the active pool": the skyward
-    module (``>> sky``) and ``sky.sky``. A pending call's operator resolves it (resolve_pool);
-    anything else pushed at it lands here, and ``1 >> sky`` says what went wrong."""
-
-    __slots__ = ()
-
-    def __rrshift__(self, value: Any) -> Any:
-        raise not_pending(value, ">>")
-
-    def __rmatmul__(self, value: Any) -> Any:
-        raise not_pending(value, "@")
-
-    def __lt__(self, value: Any) -> Any:  # `value > sky`, reflected
-        raise not_pending(value, ">")
-
-
-class SkywardModule(StandsForActivePool, types.ModuleType):
-    """The class of the ``skyward`` module (a module has no operators of its own)."""
-
-    def __reduce__(self) -> Any:  # a task that references `sky` pickles it by name, as any module
-        import importlib
-
-        return importlib.import_module, (self.__name__,)
-
-
 @final
 class ActivePool(StandsForActivePool):
     """``sky.sky``: the active pool as a dispatch target, like the module itself.
@@ -214,17 +174,28 @@ def _and_error(other: Any) -> str:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PendingFunctionGroup:
-    """Pending functions that run in parallel; only ``>>`` dispatches a group."""
+    """Pending functions that run in parallel; only ``>>`` dispatches a group.
+
+    ``timeout``: seconds each of its functions may take (None: each keeps its own); set, it is
+    every function's timeout, including those joined to the group later with ``&``."""
 
     items: tuple[PendingFunction[Any], ...]
     stream: bool = False
     ordered: bool = True
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        timeout = _check_timeout(self.timeout)
+        object.__setattr__(self, "timeout", timeout)
+        if timeout is not None:  # the pool reads each function's own timeout
+            object.__setattr__(self, "items", tuple(replace(p, timeout=timeout) for p in self.items))
 
     def __and__(self, other: Any) -> PendingFunctionGroup:
         if isinstance(other, PendingFunction):
-            return PendingFunctionGroup((*self.items, other), self.stream, self.ordered)
+            return PendingFunctionGroup((*self.items, other), self.stream, self.ordered, self.timeout)
         if isinstance(other, PendingFunctionGroup):
-            return PendingFunctionGroup((*self.items, *other.items), self.stream, self.ordered)
+            return PendingFunctionGroup((*self.items, *other.items), self.stream, self.ordered,
+                                        self.timeout if self.timeout is not None else other.timeout)
         raise DispatchError(_and_error(other))
 
     def __rshift__(self, target: Any) -> tuple[Any, ...] | Iterator[Any]:
@@ -246,9 +217,8 @@ class PendingFunctionGroup:
         return len(self.items)
 
     def with_timeout(self, seconds: float) -> PendingFunctionGroup:
-        """The same group with ``seconds`` as the timeout of each of its functions."""
-        timeout = _check_timeout(seconds)
-        return replace(self, items=tuple(replace(p, timeout=timeout) for p in self.items))
+        """The same group with ``seconds`` as its ``timeout``: the timeout of each of its functions."""
+        return replace(self, timeout=_check_timeout(seconds))
 
 
 def gather(*pendings: PendingFunction[Any], stream: bool = False, ordered: bool = True) -> PendingFunctionGroup:

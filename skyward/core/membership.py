@@ -1,5 +1,15 @@
-"""Node membership: connecting nodes, configuring their topology, noticing lost nodes,
-the lease heartbeat, resizing and autoscaling. A mixin of ``Pool`` (skyward.core.pool)."""
+"""Membership: which nodes the pool has and which of them take tasks.
+
+One part of a ``Pool`` (skyward.core.pool). It owns the node table (the endpoints the provider
+gave and the channels to their agents, in rank order: 0 is the head) and each node's readiness
+(``unchecked``: no health check passed yet; ``replacing``; ``given_up``; ``joining``: nodes of
+``Nodes(min=)`` still on their way), the pool's lifecycle flags (``closed``, ``stopped``) and the
+lease heartbeat. It connects and configures nodes, adds and removes them, and tells the parts
+above it what is ready: dispatch asks ``ready()``/``wait_ready()``/``wait_rank()``, healing
+changes a node's readiness through the methods under "for healing". It calls no other part:
+what happens on a loss, to a nested task or to the collections is wired in by the pool
+(``on_lost``, ``on_nested``, ``on_stopped``, ``state_address``).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +17,26 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.bootstrap.channel import NodeChannel
+from skyward.bootstrap.frames import Frame
 
+from ..errors import NodeLostError, PoolClosedError, ProviderError
 from ..metrics import to_config
 from ..observe import events as ev
 from ..observe import secrets
-from ..spec import Nodes, NodeSpec
-from .autoscale import ScaleState, decide
-from .dispatch import Dispatch
+from ..spec import Nodes, Options, Spec, Worker
+
+if TYPE_CHECKING:
+    from ..providers.base import Cluster
 
 log = logging.getLogger("skyward")
+
+Pairs = list[tuple[Any, NodeChannel]]  # (endpoint, channel) in rank order
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,55 +77,291 @@ class PoolSnapshot:
         return sum(n.queued for n in self.nodes)
 
 
-class Membership(Dispatch):
-    """Which nodes the pool has, and keeping that true."""
+class Membership:
+    """The pool's nodes and their readiness (see the module's doc)."""
 
-    _endpoints: list[Any]
-    _nodes: Nodes
-    _resize_lock: threading.Lock
-    _print_lock: threading.Lock
-    _autoscaler: threading.Thread | None
-    _stop: threading.Event
-    name: str | None
+    cluster: Cluster  # set by attach(), before any node starts
 
-    def _node_plugins(self) -> str | None:
-        """The plugins' node-side hooks as they travel in CONFIGURE (computed once)."""
-        if not self.spec.plugins:
-            return None
-        if not hasattr(self, "_plugins_blob"):
-            from ..plugins.compose import encode_for_nodes
+    def __init__(self, pool_id: str, name: str | None, spec: Spec, options: Options, worker: Worker,
+                 emit: Callable[[ev.Event], None]) -> None:
+        self.pool_id, self.name = pool_id, name
+        self.spec, self.options, self.worker = spec, options, worker
+        self.emit = emit
+        self.lock = threading.RLock()  # guards everything below; `changed` is notified on changes
+        self.changed = threading.Condition(self.lock)
+        self.endpoints: list[Any] = []
+        self.channels: list[NodeChannel] = []  # replaced whole or changed under the lock
+        self.nodes: Nodes = spec.node_spec  # the size asked for (resize changes it)
+        self.unchecked: set[NodeChannel] = set()  # no health check passed yet: no tasks
+        self.replacing: dict[NodeChannel, threading.Thread] = {}
+        self.given_up: dict[NodeChannel, BaseException] = {}
+        self.joining = 0  # nodes of Nodes(min=) still coming
+        self.drift: dict[str, tuple[str, str, int]] = {}  # package -> (version here, on a node, that node)
+        self.closed = False
+        self.stopped: str | None = None  # why it was stopped from outside (`skyward down`), if it was
+        self.stop = threading.Event()  # set once the pool closes: every loop of every part ends
+        self.resize_lock = threading.Lock()
+        self.requested = time.monotonic()
+        self.idle_since = time.monotonic()  # when the last task ended (the autoscaler keeps it)
+        self.waking: threading.Thread | None = None  # an asleep pool starting a node for its work
+        self.wake_error: BaseException | None = None
+        self._print_lock = threading.Lock()
+        self._plugins_blob: str | None = None
+        # Wired by the pool (skyward.core.pool):
+        self.on_lost: Callable[[int, BaseException], None] = lambda node, why: None
+        self.on_nested: Callable[[NodeChannel, Frame], None] = lambda origin, frame: None
+        self.on_stopped: Callable[[], None] = lambda: None
+        self.state_address: Callable[[Pairs], dict[str, Any] | None] = lambda pairs: None
+        self.on_head_gone: Callable[[str], None] = lambda why: None  # the collections' state went with it
 
-            self._plugins_blob = encode_for_nodes(self.spec.plugins)
-        return self._plugins_blob
+    def attach(self, cluster: Cluster) -> None:
+        self.cluster = cluster
 
-    def _heartbeat(self, ttl: float) -> None:
-        interval = max(0.2, min(2.0, ttl / 4)) if ttl > 0 else 2.0
-        # A node silent this long (no answer to a ping, no byte at all) is lost: its tasks move.
-        limit = max(10.0, 5 * interval)
-        while not self._stop.wait(interval):
-            for ch in list(self._channels):
-                ch.ping()
-            for ch in list(self._channels):
-                ch.check_silence(limit)
+    # -- what takes tasks (dispatch and batches ask) ---------------------------------------------
+    def ready(self) -> list[NodeChannel]:
+        """The nodes that take tasks now, in rank order."""
+        unchecked = self.unchecked
+        return [ch for ch in self.channels if ch.lost is None and ch not in unchecked]
 
-    def _add_nodes(self, count: int) -> None:
-        endpoints = self._cluster.start(count)
-        for e in endpoints:
-            self._emit(ev.InstanceProvisioned(
-                pool=self.id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,
+    def node_may_come(self) -> bool:
+        """Whether a node can take tasks now or later (a lost one may be replaced, an asleep
+        pool wakes)."""
+        if self.closed:
+            return False
+        with self.lock:
+            return self.joining > 0 or self.waking is not None or self.asleep() or any(
+                ch.lost is None or ch not in self.given_up for ch in self.channels)
+
+    def wait_ready(self) -> list[NodeChannel]:
+        """The ready nodes, waiting while none is (raises when none will come back). An asleep
+        pool (``Nodes(desired=0)`` and no node) wakes for it."""
+        with self.changed:
+            while True:
+                ready = self.ready()
+                if ready:
+                    return ready
+                if self.closed:
+                    raise PoolClosedError("the pool was closed while tasks waited for a node.")
+                self._wake_if_asleep()
+                if not self.node_may_come():
+                    raise self.no_node_error()
+                self.changed.wait(0.25)
+
+    # -- scale to zero ---------------------------------------------------------------------------
+    def asleep(self) -> bool:
+        """No node, and the pool may have none: ``Nodes(desired=0, max=N)``."""
+        return not self.closed and not self.channels and self.nodes.desired == 0 and (self.nodes.max or 0) > 0
+
+    def _wake_if_asleep(self) -> None:
+        """Start a node for work that waits (once; call with the lock held). A wake that failed
+        raises here, once, for the work that waited; the next task tries again."""
+        if self.waking is not None or not self.asleep():
+            return
+        if self.wake_error is not None:
+            error, self.wake_error = self.wake_error, None
+            raise ProviderError(f"the pool has no node and could not start one for this task: {error}") from error
+        self.waking = threading.Thread(target=self._wake, name="skyward-wake", daemon=True)
+        self.waking.start()
+
+    def _wake(self) -> None:
+        started = time.monotonic()
+        log.info("pool %s: waking: a task came and the pool has no node", self.name or self.pool_id)
+        try:
+            self.scale_to(1)  # the autoscaler grows it further while tasks wait
+        except BaseException as exc:
+            self.wake_error = exc
+            self.emit(ev.Error(pool=self.pool_id, message=f"the pool could not wake: {exc}"))
+        else:
+            self.emit(ev.ClusterWoke(pool=self.pool_id, nodes=len(self.channels),
+                                     seconds=time.monotonic() - started))
+        finally:
+            with self.changed:
+                self.waking = None
+                self.changed.notify_all()
+
+    def wait_rank(self, rank: int) -> NodeChannel:
+        """The node at ``rank``, waiting while it is being replaced or checked."""
+        with self.changed:
+            while True:
+                ch = self.channels[rank] if rank < len(self.channels) else None
+                if ch is None and (self.waking is not None or self.asleep()):
+                    self._wake_if_asleep()
+                    self.changed.wait(0.25)
+                    continue
+                if ch is None:
+                    raise NodeLostError(f"node rank {rank} left the pool (it was resized) before the task was sent.")
+                if ch.lost is None and ch not in self.unchecked:
+                    return ch
+                if ch in self.given_up:
+                    raise self.no_node_error(rank)
+                if self.closed:
+                    raise PoolClosedError("the pool was closed while a task waited for its node.")
+                if ch.lost is not None and ch not in self.replacing:
+                    return ch  # lost this instant; its replacement has not been asked for yet
+                self.changed.wait(0.25)
+
+    def no_node_error(self, rank: int | None = None) -> NodeLostError:
+        why = next(iter(self.given_up.values()), None)
+        what = f"node rank {rank} could not be replaced" if rank is not None else "no node of the pool is left"
+        return NodeLostError(
+            f"{what}: {why or 'every node was lost'}. Open a new pool, or raise "
+            f"Options(max_provision_attempts=...) if the provider needs more tries."
+        )
+
+    def notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+    def current_nodes(self) -> int:
+        """How many nodes are connected and take tasks now."""
+        return len(self.ready())
+
+    def size(self) -> int:
+        """Nodes in the table, lost ones being replaced included."""
+        return len(self.channels)
+
+    def ranked(self) -> list[tuple[int, NodeChannel]]:
+        with self.lock:
+            return list(enumerate(self.channels))
+
+    def pairs(self) -> Pairs:
+        with self.lock:
+            return list(zip(self.endpoints, self.channels, strict=False))
+
+    def head(self) -> NodeChannel | None:
+        channels = self.channels
+        return channels[0] if channels else None
+
+    def snapshot(self) -> PoolSnapshot:
+        slots = self.worker.slots
+        nodes = []
+        for rank, (endpoint, ch) in enumerate(self.pairs()):
+            inflight = ch.inflight
+            nodes.append(NodeSnapshot(
+                rank=rank, node=ch.node, state="ready" if ch.lost is None else "lost",
+                host=endpoint.hostname, private_ip=endpoint.private_ip, public_ip=endpoint.public_ip,
+                slots=slots, running=min(inflight, slots), queued=max(0, inflight - slots),
             ))
-        self._emit(ev.ClusterProvisioned(pool=self.id, nodes=len(self._channels) + len(endpoints)))
-        with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as ex:
-            channels = list(ex.map(self._connect, endpoints))
-        for ch in channels:
-            self._emit(ev.InstanceBootstrapped(pool=self.id, node=ch.node))
-        with self._lock:
-            self._endpoints.extend(endpoints)
-            self._channels.extend(channels)
-        self._configure_all()
+        return PoolSnapshot(pool=self.pool_id, name=self.name, active=not self.closed, nodes=tuple(nodes))
 
-    def _connect(self, endpoint: Any) -> NodeChannel:
-        ch = self._open_channel(endpoint)
+    # -- starting ------------------------------------------------------------------------------
+    def start(self) -> bool:
+        """Start the pool's nodes; return once ``Nodes.min`` of them (default: all) are ready,
+        True when all are (else ClusterReady comes when the last one joins)."""
+        nodes = self.nodes
+        if nodes.min is None or nodes.min >= nodes.desired:
+            self.add_nodes(nodes.desired)
+            return True
+        self.joining = nodes.desired
+        failures: list[BaseException] = []
+        stream = self.cluster.start_each(nodes.desired)
+        thread = threading.Thread(target=self._join, args=(stream, failures), name="skyward-join", daemon=True)
+        thread.start()
+        with self.changed:
+            while len(self.channels) < nodes.min:
+                if self.joining == 0 or len(failures) > nodes.desired - nodes.min:
+                    break
+                self.changed.wait(0.25)
+        if len(self.channels) < nodes.min:
+            thread.join()
+            raise failures[0] if failures else ProviderError(f"fewer than Nodes(min={nodes.min}) nodes started.")
+        log.info("pool %s: %d of %d node(s) ready (min=%d); the others join as they come",
+                 self.pool_id, len(self.channels), nodes.desired, nodes.min)
+        return False
+
+    def ready_at_last(self) -> None:
+        self.emit(ev.ClusterReady(pool=self.pool_id, nodes=len(self.channels),
+                                  seconds=time.monotonic() - self.requested))
+
+    def _join(self, stream: Iterator[Any], failures: list[BaseException]) -> None:
+        """Connect nodes as the provider brings them up (Nodes(min=))."""
+        try:
+            for item in stream:
+                if self.closed:
+                    if not isinstance(item, BaseException):
+                        self.cluster.stop([item])
+                    continue
+                if isinstance(item, BaseException):
+                    failures.append(item)
+                    log.warning("pool %s: a node failed to start: %s", self.pool_id, item)
+                    self.emit(ev.Error(pool=self.pool_id, message=f"a node failed to start: {item}"))
+                else:
+                    self._join_one(item, failures)
+                with self.changed:
+                    self.joining -= 1
+                    self.changed.notify_all()
+        except BaseException as exc:  # the provider itself failed (before any node started)
+            failures.append(exc)
+            self.emit(ev.Error(pool=self.pool_id, message=str(exc)))
+        finally:
+            with self.changed:
+                self.joining = 0
+                self.changed.notify_all()
+        missing = self.nodes.desired - len(self.channels)
+        if missing > 0 and not self.closed and self.channels:
+            try:  # one more go for the nodes that failed, all at once
+                self.scale_to(self.nodes.desired)
+            except Exception as exc:
+                self.emit(ev.Error(pool=self.pool_id, message=(
+                    f"the pool runs with {len(self.channels)} of {self.nodes.desired} node(s): {exc}")))
+                return
+        if not self.closed:
+            self.ready_at_last()
+
+    def _join_one(self, endpoint: Any, failures: list[BaseException]) -> None:
+        self.emit(ev.InstanceProvisioned(
+            pool=self.pool_id, node=endpoint.index, hostname=endpoint.hostname, private_ip=endpoint.private_ip,
+        ))
+        try:
+            ch = self.connect(endpoint)
+        except Exception as exc:
+            failures.append(exc)
+            self.cluster.stop([endpoint])
+            return
+        with self.resize_lock:
+            with self.lock:
+                self.endpoints.append(endpoint)
+                self.channels.append(ch)
+                self.unchecked.add(ch)  # no tasks before its CONFIGURE (and its first health check)
+            self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
+            self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.channels)))
+            self.configure_all()
+            if self.options.health_checker is None:
+                self.mark_checked(ch)
+
+    def add_nodes(self, count: int) -> None:
+        if count <= 0:
+            return  # a pool born asleep (Nodes(desired=0)): its first task starts a node
+        endpoints = self.cluster.start(count)
+        for e in endpoints:
+            self.emit(ev.InstanceProvisioned(
+                pool=self.pool_id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,
+            ))
+        self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.channels) + len(endpoints)))
+        with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as ex:
+            channels = list(ex.map(self.connect, endpoints))
+        for ch in channels:
+            self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
+        with self.lock:
+            self.endpoints.extend(endpoints)
+            self.channels.extend(channels)
+            if self.options.health_checker is not None:  # no tasks before a check has passed
+                self.unchecked.update(channels)
+        self.configure_all()
+
+    # -- one node's connection -------------------------------------------------------------------
+    def connect(self, endpoint: Any) -> NodeChannel:
+        ch = NodeChannel(
+            endpoint.connect(),
+            node=endpoint.index,
+            token=self.cluster.token,
+            ttl=self.spec.ttl,
+            on_output=self._print_output,
+            on_lost=self._node_lost,
+            on_metric=self._metric,
+            on_submit=lambda origin, frame: self.on_nested(origin, frame),
+            on_stopping=self._pool_stopped,
+        )
         self._compare_versions(ch)
         return ch
 
@@ -122,75 +374,91 @@ class Membership(Dispatch):
         theirs = ch.facts.get("packages")
         if not isinstance(theirs, dict):
             return  # an agent of an older version: it does not say
-        with self._lock:
-            found = [d for d in versions.differences(versions.installed(), theirs) if d[0] not in self._drift]
+        with self.lock:
+            found = [d for d in versions.differences(versions.installed(), theirs) if d[0] not in self.drift]
             for name, here, there in found:
-                self._drift[name] = (here, there, ch.node)
+                self.drift[name] = (here, there, ch.node)
         if found:
             listed = ", ".join(f"{name} {there} (here {here})" for name, here, there in found)
             log.warning(
                 "pool %s: node %d has other versions of packages this machine has too: %s. A value "
                 "made of one of them (an argument, a result) may fail to unpickle on the other side; "
                 "install the same version here, or pin the node's to this machine's in Image(pip=[...]).",
-                self.name or self.id, ch.node, listed)
-
-    def _open_channel(self, endpoint: Any) -> NodeChannel:
-        return NodeChannel(
-            endpoint.connect(),
-            node=endpoint.index,
-            token=self._cluster.token,
-            ttl=self.spec.ttl,
-            on_output=self._print_output,
-            on_lost=self._node_lost,
-            on_metric=self._metric,
-            on_submit=self._route_nested,
-            on_stopping=self._pool_stopped,
-        )
+                self.name or self.pool_id, ch.node, listed)
 
     def _pool_stopped(self, node: int, message: str) -> None:
         """An agent says the pool is being stopped from outside (``skyward down``): say it once,
-        and close this side in the background (dispatch from now on raises PoolStoppedError)."""
-        with self._lock:
-            if self._stopped is not None or self._closed:
+        and let the pool close this side (dispatch from now on raises PoolStoppedError)."""
+        with self.lock:
+            if self.stopped is not None or self.closed:
                 return
-            self._stopped = message
+            self.stopped = message
         log.warning("%s", message)
-        close: Any = getattr(self, "close")  # noqa: B009 - the Pool's, which this is a part of
-        threading.Thread(target=close, name="skyward-stopped", daemon=True).start()
+        self.on_stopped()
 
     def _metric(self, node: int, sample: dict[str, Any]) -> None:
-        if ev.bus.wants(self.id, ev.Metric):
-            self._emit(ev.Metric(
-                pool=self.id, node=node, name=sample["name"], value=float(sample["value"]),
+        if ev.bus.wants(self.pool_id, ev.Metric):
+            self.emit(ev.Metric(
+                pool=self.pool_id, node=node, name=sample["name"], value=float(sample["value"]),
                 unit=sample.get("unit", ""),
             ))
 
     def _node_lost(self, node: int, why: BaseException) -> None:
-        if not self._closed:
-            log.warning("pool %s: node %d was lost (%s)", self.id, node, why)
-            self._emit(ev.InstanceLost(pool=self.id, node=node, reason=str(why) or type(why).__name__))
-            try:
-                self._cluster.node_lost(node)
-            except Exception:  # the provider's bookkeeping must not break the pool
-                log.exception("pool %s: the provider failed to drop lost node %d", self.id, node)
+        if self.closed:
+            return
+        log.warning("pool %s: node %d was lost (%s)", self.pool_id, node, why)
+        self.emit(ev.InstanceLost(pool=self.pool_id, node=node, reason=str(why) or type(why).__name__))
+        try:
+            self.cluster.node_lost(node)
+        except Exception:  # the provider's bookkeeping must not break the pool
+            log.exception("pool %s: the provider failed to drop lost node %d", self.pool_id, node)
+        self.on_lost(node, why)
 
-    def _configure_all(self) -> None:
-        with self._lock:
-            pairs = list(zip(self._endpoints, self._channels, strict=True))
+    def _print_output(self, node: int, task: int, stream: int, data: bytes) -> None:
+        text = secrets.redact(data.decode("utf-8", "replace"))
+        if ev.bus.wants(self.pool_id, ev.Log):
+            self.emit(ev.Log(pool=self.pool_id, level="stderr" if stream == 2 else "stdout", message=text, node=node))
+        lines = text.splitlines()
+        out = sys.stderr if stream == 2 else sys.stdout
+        prefix = f"[node {node}] "
+        with self._print_lock:
+            try:
+                out.write("".join(prefix + line + "\n" for line in lines))
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+    # -- configuring the nodes -------------------------------------------------------------------
+    def _node_plugins(self) -> str | None:
+        """The plugins' node-side hooks as they travel in CONFIGURE (computed once)."""
+        if not self.spec.plugins:
+            return None
+        if self._plugins_blob is None:
+            from ..plugins.compose import encode_for_nodes
+
+            self._plugins_blob = encode_for_nodes(self.spec.plugins)
+        return self._plugins_blob
+
+    def configure_all(self) -> None:
+        """Tell every node the pool as it is now: its rank and peers, the worker settings, the
+        metrics, the plugins and where the collections are served."""
+        with self.lock:
+            pairs = list(zip(self.endpoints, self.channels, strict=True))
         settings = self.worker.agent_settings()
         metrics = to_config(self.spec.image.metrics)  # Image normalized them already
-        state = self._state_address(pairs)  # where the head node serves collections (dispatch.py)
+        state = self.state_address(pairs)  # where the head node serves collections
         for position, (_, ch) in enumerate(pairs):
             ch.configure({
-                "topology": self._topology(position, pairs),
+                "topology": self.topology(position, pairs),
                 "worker": settings,
                 "metrics": metrics,
-                "spill": str(self._cluster.spill_dir) if self._cluster.spill_dir else None,
+                "spill": str(self.cluster.spill_dir) if self.cluster.spill_dir else None,
                 "plugins": self._node_plugins(),
                 "state": state,
             })
 
-    def _topology(self, position: int, pairs: list[tuple[Any, NodeChannel]]) -> dict[str, Any]:
+    def topology(self, position: int, pairs: Pairs) -> dict[str, Any]:
+        """What ``sky.instance_info()`` says on the node at ``position``."""
         acc = self.spec.accelerator
         assert acc is None or not isinstance(acc, str)  # Spec converts strings
         count = float(getattr(acc, "count", 0) or 0)
@@ -198,8 +466,8 @@ class Membership(Dispatch):
             "node": position,
             "total_nodes": len(pairs),
             "head_addr": pairs[0][0].private_ip,
-            "head_port": self._cluster.head_port,
-            "job_id": self.id,
+            "head_port": self.cluster.head_port,
+            "job_id": self.pool_id,
             "peers": [
                 {"node": i, "private_ip": e.private_ip, "public_ip": e.public_ip}
                 for i, (e, _) in enumerate(pairs)
@@ -210,118 +478,131 @@ class Membership(Dispatch):
                 "type": acc.name, "count": count, "memory_gb": acc.memory_gb,
                 "is_trainium": acc.name.lower().startswith("trainium"),
             },
-            "network": {"interface": self._cluster.interface, "bandwidth_gbps": None},
+            "network": {"interface": self.cluster.interface, "bandwidth_gbps": None},
         }
 
-    def current_nodes(self) -> int:
-        """How many nodes are connected and ready now."""
-        return sum(1 for ch in self._channels if ch.lost is None)
-
-    @property
-    def is_active(self) -> bool:
-        """True from the moment the pool is ready until it is closed."""
-        return not self._closed
-
-    @property
-    def concurrency(self) -> int:
-        """How many tasks the pool runs at once: the ready nodes' slots together."""
-        return self.current_nodes() * self.worker.slots
-
-    def snapshot(self) -> PoolSnapshot:
-        """The nodes as they are now: rank, state, host, slots and the tasks each is running."""
-        with self._lock:
-            pairs = list(zip(self._endpoints, self._channels, strict=False))
-        slots = self.worker.slots
-        nodes = []
-        for rank, (endpoint, ch) in enumerate(pairs):
-            inflight = ch.inflight
-            nodes.append(NodeSnapshot(
-                rank=rank, node=ch.node, state="ready" if ch.lost is None else "lost",
-                host=endpoint.hostname, private_ip=endpoint.private_ip, public_ip=endpoint.public_ip,
-                slots=slots, running=min(inflight, slots), queued=max(0, inflight - slots),
-            ))
-        return PoolSnapshot(pool=self.id, name=self.name, active=self.is_active, nodes=tuple(nodes))
-
-    def resize(self, nodes: NodeSpec) -> None:
-        """Change the pool's size (and, with sky.Nodes, its elastic range) now.
-
-        Removed nodes finish their running tasks first. With ``Nodes(desired, max=...)`` the
-        pool keeps autoscaling between ``desired`` and ``max``.
-        """
-        self._check_open()
-        target = Nodes.of(nodes)
-        if isinstance(nodes, int) and self._nodes.max is not None and target.desired <= self._nodes.max:
-            target = Nodes(desired=target.desired, max=self._nodes.max)  # keep the elastic range
-        self._nodes = target
-        self._scale_to(target.desired)
-        self._start_autoscaler()
-
-    def _scale_to(self, target: int) -> None:
-        with self._resize_lock:
-            with self._lock:
-                current = len(self._channels)
+    # -- size ------------------------------------------------------------------------------------
+    def scale_to(self, target: int) -> None:
+        """Add or remove nodes (the last ranks leave, once their running tasks are done)."""
+        with self.resize_lock:
+            with self.lock:
+                current = len(self.channels)
             if target > current:
-                self._add_nodes(target - current)
+                self.add_nodes(target - current)
                 return
             if target == current:
                 return
-            with self._lock:
-                leaving = self._channels[target:]
-                endpoints = self._endpoints[target:]
-                self._channels = self._channels[:target]
-                self._endpoints = self._endpoints[:target]
+            with self.lock:
+                leaving = self.channels[target:]
+                endpoints = self.endpoints[target:]
+                self.channels = self.channels[:target]
+                self.endpoints = self.endpoints[:target]
             deadline = time.monotonic() + self.options.shutdown_timeout
             while any(ch.inflight for ch in leaving) and time.monotonic() < deadline:
-                self._stop.wait(0.05)
+                self.stop.wait(0.05)
             for ch in leaving:
                 ch.close(shutdown_agent=True)
-            self._cluster.stop(endpoints)
+            self.cluster.stop(endpoints)
             for ch in leaving:
-                self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
-            self._configure_all()
+                self.emit(ev.InstanceDestroyed(pool=self.pool_id, node=ch.node))
+            if target == 0:  # asleep: the head went, and the collections' state with it
+                idle = time.monotonic() - self.idle_since
+                self.on_head_gone(f"the pool scaled to zero nodes after {idle:.0f} s idle, and its head node, "
+                                  f"which held them, stopped")
+                log.info("pool %s: asleep (no node) after %.0f s idle", self.name or self.pool_id, idle)
+                self.emit(ev.ClusterAsleep(pool=self.pool_id, idle_seconds=idle))
+            self.configure_all()
 
-    # -- elastic pools -----------------------------------------------------------------------
-    def _start_autoscaler(self) -> None:
-        if self._nodes.max is None or self._nodes.max <= self._nodes.desired:
-            return
-        with self._lock:
-            if self._autoscaler is not None or self._closed:
-                return
-            self._autoscaler = threading.Thread(target=self._autoscale, name="skyward-autoscale", daemon=True)
-        self._autoscaler.start()
+    # -- the lease -------------------------------------------------------------------------------
+    def start_heartbeat(self, ttl: float) -> None:
+        threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True).start()
 
-    def _autoscale(self) -> None:
-        """Tasks already queued on a node stay there; new nodes take their share of what is
-        dispatched after they join (round-robin for >>, the next chunks of a running map)."""
-        state = ScaleState(last_change=time.monotonic())
-        while not self._stop.wait(min(1.0, self.options.reconcile_tick_interval)):
-            with self._lock:
-                live = [ch for ch in self._channels if ch.lost is None]
-                size = len(self._channels)  # a lost node being replaced still counts: no scale-up
-            busy = sum(ch.inflight for ch in live)
-            target = decide(self._nodes, size, busy, self.worker.slots, time.monotonic(),
-                            state, self.options)
-            if target is None:
-                continue
-            log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)
-            try:
-                self._scale_to(target)
-            except Exception as exc:  # a failed scale step must not end the pool
-                if self._closed:
-                    return
-                log.warning("autoscale step failed: %s", exc)
+    def _heartbeat(self, ttl: float) -> None:
+        interval = max(0.2, min(2.0, ttl / 4)) if ttl > 0 else 2.0
+        # A node silent this long (no answer to a ping, no byte at all) is lost: its tasks move.
+        limit = max(10.0, 5 * interval)
+        while not self.stop.wait(interval):
+            for ch in list(self.channels):
+                ch.ping()
+            for ch in list(self.channels):
+                ch.check_silence(limit)
 
-    # -- output ------------------------------------------------------------------------------
-    def _print_output(self, node: int, task: int, stream: int, data: bytes) -> None:
-        text = secrets.redact(data.decode("utf-8", "replace"))
-        if ev.bus.wants(self.id, ev.Log):
-            self._emit(ev.Log(pool=self.id, level="stderr" if stream == 2 else "stdout", message=text, node=node))
-        lines = text.splitlines()
-        out = sys.stderr if stream == 2 else sys.stdout
-        prefix = f"[node {node}] "
-        with self._print_lock:
-            try:
-                out.write("".join(prefix + line + "\n" for line in lines))
-                out.flush()
-            except (OSError, ValueError):
-                pass
+    def close(self) -> list[NodeChannel] | None:
+        """Mark the pool closed and hand back its channels (None when it already was)."""
+        with self.changed:
+            if self.closed:
+                return None
+            self.closed = True
+            channels, self.channels = self.channels, []
+            self.changed.notify_all()
+        self.stop.set()
+        return channels
+
+    # -- for healing: a node's readiness ---------------------------------------------------------
+    def at(self, rank: int, ch: NodeChannel) -> Any | None:
+        """The endpoint at ``rank`` if ``ch`` is still the node there (else None)."""
+        with self.lock:
+            if rank < len(self.channels) and self.channels[rank] is ch:
+                return self.endpoints[rank]
+            return None
+
+    def claim_for_replacement(self, rank: int, ch: NodeChannel, thread: threading.Thread) -> bool | None:
+        """Record that ``thread`` replaces ``ch`` (at ``rank``); None when it needs no
+        replacement (the pool closed, it is being replaced or given up, or it left); else
+        whether it had never passed a health check."""
+        with self.lock:
+            if self.closed or ch in self.replacing or ch in self.given_up:
+                return None
+            if rank >= len(self.channels) or self.channels[rank] is not ch:
+                return None  # the pool shrank past it meanwhile
+            self.replacing[ch] = thread
+            return ch in self.unchecked
+
+    def replaced(self, ch: NodeChannel) -> None:
+        """The replacement of ``ch`` ended, however it did."""
+        with self.changed:
+            self.replacing.pop(ch, None)
+            self.changed.notify_all()
+
+    def swap(self, rank: int, old: NodeChannel, endpoint: Any, ch: NodeChannel) -> bool:
+        """Put a new node in ``old``'s place (unchecked until configured); False when the pool
+        closed or shrank past ``rank`` meanwhile."""
+        with self.changed:
+            if self.closed or rank >= len(self.channels) or self.channels[rank] is not old:
+                return False
+            self.channels[rank] = ch
+            self.endpoints[rank] = endpoint
+            self.unchecked.add(ch)  # no tasks before its CONFIGURE (and its first health check)
+            return True
+
+    def insert(self, rank: int, endpoint: Any, ch: NodeChannel) -> None:
+        """A node in place of a dead one of an attached pool, at ``rank``."""
+        with self.lock:
+            self.endpoints.insert(rank, endpoint)
+            self.channels.insert(rank, ch)
+            if self.options.health_checker is not None:
+                self.unchecked.add(ch)
+
+    def rank_for_index(self, index: int) -> int:
+        with self.lock:
+            return sum(1 for e in self.endpoints if e.index < index)
+
+    def mark_checked(self, ch: NodeChannel) -> bool:
+        """``ch`` takes tasks from now on; False when it already did."""
+        with self.changed:
+            if ch not in self.unchecked:
+                return False
+            self.unchecked.discard(ch)
+            self.changed.notify_all()
+            return True
+
+    def give_up(self, ch: NodeChannel, error: BaseException) -> int:
+        """``ch`` will not be replaced; returns how many nodes are still ready."""
+        with self.changed:
+            self.given_up[ch] = error
+            self.changed.notify_all()
+            return len(self.ready())
+
+    def ranks_of(self, node: int) -> list[tuple[int, NodeChannel]]:
+        with self.lock:
+            return [(rank, ch) for rank, ch in enumerate(self.channels) if ch.node == node]

@@ -1,33 +1,46 @@
-"""A live pool: the ``Pool`` its users hold, made of three parts that read on their own:
-membership (skyward.core.membership: nodes, heartbeat, resize), dispatch (skyward.core.dispatch: one
-task at a time) and batches (skyward.core.batches: map and gather)."""
+"""A live pool: the ``Pool`` its users hold, and the wiring of its parts.
+
+Each part is an object with its own state; dependencies run one way, and the pool wires them:
+
+* ``members`` (skyward.core.membership): the node table and each node's readiness, connecting,
+  configuring and resizing nodes, the lease heartbeat. Calls no other part: what happens on a
+  loss, a nested task or a stop from outside is wired in here.
+* ``dispatcher`` (skyward.core.dispatch): one task at a time, on membership.
+* ``batches`` (skyward.core.batches): ``map`` and gather, on dispatch.
+* ``healing`` (skyward.core.healing): replacements and health checks, on membership.
+* ``autoscaler`` (skyward.core.autoscale): the elastic size loop, on membership.
+* ``shared`` (skyward.runtime.collections.ClientState): the client's side of the collections.
+
+The pool itself holds the lifecycle (open, ``with``, plugins' client hooks, close, detach), the
+views of its events (console, log file) and the public methods, which hand the work to a part.
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextvars
-import itertools
 import logging
 import threading
-import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
-
-from skyward.bootstrap.channel import NodeChannel
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..dashboard import hook as dashboard_hook
 from ..errors import ConfigError
 from ..observe import app, console, logs, secrets
 from ..observe import events as ev
 from ..observe.console import Console
-from ..spec import Options, PoolSpec, Worker
+from ..runtime.collections import Barrier, ClientState, Consistency, Counter, Dict, Lock, Queue, Set
+from ..spec import Nodes, NodeSpec, Options, PoolSpec, Worker
 from . import target
+from .autoscale import Autoscaler
 from .batches import Batches
-from .dispatch import decode_result
-from .function import not_pending
+from .dispatch import Dispatcher, decode_result, emitter
+from .function import PendingFunction, PendingFunctionGroup, RemoteFunction
 from .healing import Healing
+from .membership import Membership, PoolSnapshot
 from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
@@ -36,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["Pool", "active_pool", "decode_result"]
 
 log = logging.getLogger("skyward")
+T = TypeVar("T")
 
 # Pools a program opened and never closed (a Session without `with`, say) are closed when the
 # interpreter exits, instead of leaving their nodes to the lease watchdog.
@@ -51,8 +65,16 @@ def _close_leftovers() -> None:
             log.exception("closing pool %s at exit failed", pool.id)
 
 
-class Pool(Batches, Healing, DispatchTarget):
+class Pool(DispatchTarget):
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
+
+    # Its parts (see the module's doc); skyward's own tools and plugins read a pool through them.
+    members: Membership
+    dispatcher: Dispatcher
+    batches: Batches
+    healing: Healing
+    autoscaler: Autoscaler
+    shared: ClientState
 
     def __init__(
         self, spec: PoolSpec, options: Options, worker: Worker, *,
@@ -68,20 +90,21 @@ class Pool(Batches, Healing, DispatchTarget):
         self.name = name
         self._owned = cluster is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
-        self._channels: list[NodeChannel] = []
-        self._endpoints: list[Any] = []
-        self._rr = itertools.count()
-        self._lock = threading.RLock()
-        self._print_lock = threading.Lock()
-        self._closed = False
-        self._drift: dict[str, tuple[str, str, int]] = {}  # package versions that differ on nodes
-        self._stop = threading.Event()
         self._tokens: list[contextvars.Token[Any]] = []
-        self._nodes = spec.node_spec
-        self._resize_lock = threading.Lock()
-        self._autoscaler: threading.Thread | None = None
-        self._requested = time.monotonic()
-        self._init_healing()
+        self._emit = emitter(self.id)
+        # The parts, lowest first; each is handed what it uses.
+        self.members = members = Membership(self.id, name, spec, options, worker, self._emit)
+        self.shared = ClientState(options, members.head, self.id)
+        self.healing = Healing(members, options, self.shared, self._emit)  # checks health_checker=
+        self.dispatcher = Dispatcher(members, options, self._emit)
+        self.batches = Batches(self.dispatcher, options, worker, self._settle)
+        self.autoscaler = Autoscaler(members, options, worker)
+        members.on_lost = self.healing.node_lost
+        members.on_nested = self.dispatcher.route_nested
+        members.on_stopped = self._stopped_from_outside
+        members.state_address = self.shared.address
+        members.on_head_gone = self.shared.head_gone
+        self.attach_events: list[ev.Event] = []  # what replacing dead nodes at attach told (for the trail)
         try:
             self._log = logs.configure(options.logging)
         except ConfigError as exc:
@@ -98,17 +121,22 @@ class Pool(Batches, Healing, DispatchTarget):
         self._console = Console(mode, self.id, title).start()
         provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
         if cluster is None:
+            from ..records import record
+
+            self._origin = record.origin_soon()  # for the record, while the nodes start
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
         try:
-            self._cluster = cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name)
+            members.attach(cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name))
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self._stop_views()
             raise
-        secrets.register(self._cluster.token)  # the agents' token never shows in logs either
+        secrets.register(self.cluster.token)  # the agents' token never shows in logs either
         _open_pools.add(self)
         try:
-            complete = self._start_nodes()  # all nodes, or Nodes(min=) of them (the rest join later)
+            complete = members.start()  # all nodes, or Nodes(min=) of them (the rest join later)
+            if complete and not self._owned and self.cluster.heal_at_attach:
+                self.attach_events = self.healing.replace_unreachable()  # its dead nodes, now
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self.close()
@@ -116,25 +144,114 @@ class Pool(Batches, Healing, DispatchTarget):
         if self._owned:
             self._write_record()
         if complete:
-            self._ready_at_last()
-        ttl = spec.ttl
-        self._beat = threading.Thread(target=self._heartbeat, args=(ttl,), name="skyward-lease", daemon=True)
-        self._beat.start()
+            members.ready_at_last()
+        members.start_heartbeat(spec.ttl)
         dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
-        self._start_autoscaler()
-        self._start_health_checks()
+        self.autoscaler.start()
+        self.healing.start_health_checks()
 
     def _write_record(self) -> None:
         """The pool's record (skyward.records.record): who, where from, the spec, the offer, the lock."""
         from ..records import record
 
         try:
-            self.record: dict[str, Any] | None = record.write(record.for_pool(self))
+            self.record: dict[str, Any] | None = record.write(record.for_pool(self, self._origin))
         except Exception:  # the pool works without it; say so loudly
             log.exception("pool %s: writing its record failed; it cannot be reproduced", self.id)
             self.record = None
             return
         self._on_close.append(lambda: record.closed(self.id) if self._owned else None)
+
+    # -- what skyward's own tools read (named pools, records, the dashboard, plugins) ----------
+    @property
+    def cluster(self) -> Cluster:
+        """The provider's handle on the nodes (``describe``, ``unreachable``, ``spill_dir``...)."""
+        return self.members.cluster
+
+    @property
+    def owned(self) -> bool:
+        """True when closing the pool destroys its nodes (False once attached or detached)."""
+        return self._owned
+
+    def on_close(self, hook: Callable[[], None], *, first: bool = False) -> None:
+        """Call ``hook()`` once the pool has closed (``first``: before the hooks added so far)."""
+        if first:
+            self._on_close.insert(0, hook)
+        else:
+            self._on_close.append(hook)
+
+    # -- dispatch (skyward.core.dispatch, skyward.core.batches) --------------------------------
+    def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
+        """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
+        return self.dispatcher.run(pending, target=target)
+
+    def run_async(self, pending: PendingFunction[T], *, target: int | str | None = None) -> Future[T]:
+        """Like ``run`` but returns at once with a Future."""
+        return self.dispatcher.run_async(pending, target=target)
+
+    def broadcast(self, pending: PendingFunction[T]) -> list[T]:
+        """Run on every node; results in node order."""
+        return self.dispatcher.broadcast(pending)
+
+    def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
+        """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
+        return self.batches.run_parallel(group)
+
+    @overload
+    def map(self, fn: RemoteFunction[..., T], items: Iterable[Any], *,
+            chunksize: int | None = None, timeout: float | None = None) -> list[T]: ...
+    @overload
+    def map(self, fn: Callable[..., T], items: Iterable[Any], *,
+            chunksize: int | None = None, timeout: float | None = None) -> list[T]: ...
+
+    def map(self, fn: Callable[..., Any], items: Iterable[Any], *,
+            chunksize: int | None = None, timeout: float | None = None) -> list[Any]:
+        """``fn(item)`` for every item, spread over the nodes; results in input order.
+
+        Items travel in chunks (``chunksize``, automatic by default) so that short calls are not
+        dominated by round trips; ``timeout`` is per item (a chunk gets items x timeout).
+        """
+        return self.batches.map(fn, items, chunksize=chunksize, timeout=timeout)
+
+    def _settle(self) -> None:
+        """Let the console print a batch's last line before the call that ran it returns (its
+        lines would come after the caller's own output otherwise)."""
+        if self._console.mode == "log":
+            ev.bus.flush(2.0)
+
+    # -- size (skyward.core.membership, skyward.core.autoscale) --------------------------------
+    def current_nodes(self) -> int:
+        """How many nodes are connected and take tasks now."""
+        return self.members.current_nodes()
+
+    @property
+    def is_active(self) -> bool:
+        """True from the moment the pool is ready until it is closed."""
+        return not self.members.closed
+
+    @property
+    def concurrency(self) -> int:
+        """How many tasks the pool runs at once: the ready nodes' slots together."""
+        return self.current_nodes() * self.worker.slots
+
+    def snapshot(self) -> PoolSnapshot:
+        """The nodes as they are now: rank, state, host, slots and the tasks each is running."""
+        return self.members.snapshot()
+
+    def resize(self, nodes: NodeSpec) -> None:
+        """Change the pool's size (and, with sky.Nodes, its elastic range) now.
+
+        Removed nodes finish their running tasks first. With ``Nodes(desired, max=...)`` the
+        pool keeps autoscaling between ``desired`` and ``max``.
+        """
+        self.dispatcher.check_open()
+        members = self.members
+        size = Nodes.of(nodes)
+        if isinstance(nodes, int) and members.nodes.max is not None and size.desired <= members.nodes.max:
+            size = Nodes(desired=size.desired, max=members.nodes.max)  # keep the elastic range
+        members.nodes = size
+        members.scale_to(size.desired)
+        self.autoscaler.start()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:
@@ -150,24 +267,13 @@ class Pool(Batches, Healing, DispatchTarget):
             self._exit_plugins()
         self.close()
 
-    # `value >> pool` where value is no pending call: a plain function's result, computed here.
-    def __rrshift__(self, value: Any) -> Any:
-        raise not_pending(value, ">>")
-
-    def __rmatmul__(self, value: Any) -> Any:
-        raise not_pending(value, "@")
-
-    def __lt__(self, value: Any) -> Any:  # `value > pool`, reflected
-        raise not_pending(value, ">")
-
-    # -- plugins (skyward.plugins) -------------------------------------------------------------
     def _enter_plugins(self) -> None:
         """around_client hooks, in plugin order, in this (the user's) thread: joblib's backend
         setting is thread-local. On failure the pool is closed and PluginError raised."""
         from ..plugins.compose import enter_client_hooks
 
         try:
-            self._client_hooks = enter_client_hooks(self.spec.plugins, self, self._cluster)
+            self._client_hooks = enter_client_hooks(self.spec.plugins, self, self.cluster)
         except BaseException:
             target.leave(self._tokens.pop())
             self.close()
@@ -179,34 +285,36 @@ class Pool(Batches, Healing, DispatchTarget):
         if hooks is not None:
             hooks.close()  # in reverse order of entry
 
+    def _stopped_from_outside(self) -> None:
+        """An agent said the pool is being stopped (``skyward down``): close this side in the
+        background (dispatch raises PoolStoppedError from now on)."""
+        threading.Thread(target=self.close, name="skyward-stopped", daemon=True).start()
+
     def close(self) -> None:
         """Stop every node and destroy what the provider created. Safe to call twice.
 
         A pool that attached to running nodes (a named pool) only disconnects: its nodes keep
         running for the next client, until their ttl passes with no client or ``skyward down``."""
-        if not self._closed:
-            self._flush_collections()  # the client's buffered eventual writes (dispatch.py)
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            channels, self._channels = self._channels, []
-        self._stop.set()
+        if not self.members.closed:
+            self.shared.flush()  # the client's buffered eventual writes
+        channels = self.members.close()
+        if channels is None:
+            return
         _open_pools.discard(self)
         owned = self._owned
         try:
             for ch in channels:
                 ch.close(shutdown_agent=owned)
             if owned:
-                self._cluster.close()
+                self.cluster.close()
             else:
-                self._cluster.detach()
+                self.cluster.detach()
         finally:
             if owned:
                 for ch in channels:
                     self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
                 self._emit(ev.ClusterDestroyed(pool=self.id))
-            elif self._stopped is not None:  # stopped from outside: its nodes do not keep running
+            elif self.members.stopped is not None:  # stopped from outside: its nodes do not keep running
                 self._emit(ev.ClusterDestroyed(pool=self.id))
             else:
                 self._emit(ev.ClusterDetached(pool=self.id, nodes=len(channels)))
@@ -227,6 +335,33 @@ class Pool(Batches, Healing, DispatchTarget):
         self._console.stop()  # flushes the event queue first
         self._event_log.close()
         self._log.close()
+
+    # -- the pool's collections, from the client (skyward.runtime.collections) -----------------
+    # The same objects the pool's tasks get from sky.dict(name)... : one name is one object for
+    # every task and for this program, whether or not the pool is the active one here.
+    def dict(self, name: str, *, consistency: Consistency | None = None) -> Dict:
+        """The pool's dict called ``name`` (``sky.dict`` inside its tasks)."""
+        return self.shared.dict(name, consistency)
+
+    def set(self, name: str, *, consistency: Consistency | None = None) -> Set:
+        """The pool's set called ``name`` (``sky.set`` inside its tasks)."""
+        return self.shared.set(name, consistency)
+
+    def counter(self, name: str, *, consistency: Consistency | None = None) -> Counter:
+        """The pool's counter called ``name`` (``sky.counter`` inside its tasks)."""
+        return self.shared.counter(name, consistency)
+
+    def queue(self, name: str) -> Queue:
+        """The pool's FIFO queue called ``name`` (``sky.queue`` inside its tasks)."""
+        return self.shared.queue(name)
+
+    def barrier(self, name: str, n: int) -> Barrier:
+        """The pool's barrier called ``name`` for ``n`` participants (``sky.barrier``)."""
+        return self.shared.barrier(name, n)
+
+    def lock(self, name: str, timeout: float | None = 30) -> Lock:
+        """The pool's lock called ``name`` (``sky.lock`` inside its tasks)."""
+        return self.shared.lock(name, timeout)
 
     def subscribe(self, callback: Callable[[ev.Event], None]) -> Callable[[], None]:
         """Call ``callback(event)`` for every event of this pool from now on (in order, on

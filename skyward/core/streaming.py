@@ -93,22 +93,22 @@ def split_stream_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     return new_args, new_kwargs, iterators
 
 
-def submit_streaming(pool: Any, ch: NodeChannel, pending: Any, out: bool,
+def submit_streaming(dispatch: Any, ch: NodeChannel, pending: Any, out: bool,
                      split: tuple[tuple[Any, ...], dict[str, Any], list[Iterator[Any]]] | None,
                      batch: int | None = None) -> Future[Any]:
     """Send a task that streams out (``out``) and/or in (``split``)."""
     from skyward.bootstrap import serialize
 
     args, kwargs = (split[0], split[1]) if split is not None else (pending.args, pending.kwargs)
-    flags, body, buffers = pool._encode(
-        (pending.fn, args, kwargs, pool._timeout(pending)),
+    flags, body, buffers = dispatch.encode(
+        (pending.fn, args, kwargs, dispatch.timeout_of(pending)),
         lambda: serialize.describe_unpicklable(pending.fn, args, kwargs),
     )
     flags |= (FLAG_STREAM_OUT if out else 0) | (FLAG_STREAM_IN if split is not None else 0)
     name = pending.name
     future: Future[Any] = Future()
     future.set_running_or_notify_cancel()
-    finish = pool._track(ch, name, 1, batch)
+    finish = dispatch.track(ch, name, 1, batch)
     tid_box: list[int] = [0]
     sent = threading.Event()  # a PULL may arrive before submit() has returned the task's id
 
@@ -139,7 +139,7 @@ def submit_streaming(pool: Any, ch: NodeChannel, pending: Any, out: bool,
             if feeder is not None:
                 feeder.stop()
             try:
-                value, error = pool._decode(result, name, ch.node), None
+                value, error = dispatch.decode(result, name, ch.node), None
             except BaseException as exc:
                 value, error = None, exc
             if finish is not None:
@@ -154,7 +154,7 @@ def submit_streaming(pool: Any, ch: NodeChannel, pending: Any, out: bool,
     finally:
         sent.set()
     if out:
-        future.set_result(StreamReader(send, name, ch.node, pool._decode, inbox))
+        future.set_result(StreamReader(send, name, ch.node, dispatch.decode, inbox))
     return future
 
 

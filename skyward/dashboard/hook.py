@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import http.client
 import json
 import logging
 import os
@@ -34,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from skyward.paths import skyward_home
 
 if TYPE_CHECKING:
+    import http.client
+
     from skyward.core.pool import Pool
     from skyward.observe.events import Event
 
@@ -73,10 +74,12 @@ def opened(pool: Pool) -> None:
 
 
 def _watch() -> None:
+    import http.client  # here, on the watcher's thread: opening a pool does not wait for it
+
     global _thread, _link
     while True:
         with _lock:
-            live = [p for p in _pools if not p._closed]
+            live = [p for p in _pools if p.is_active]
             if not live and (_link is None or _link.idle()):
                 if _link is not None:
                     _link.close()
@@ -132,21 +135,21 @@ def snapshot(pool: Pool) -> dict[str, Any]:
         cost = spec.provider.hourly_cost(spec)
     except Exception:  # a price lookup must not stop the pool from showing
         cost = None
-    endpoints, channels = list(pool._endpoints), list(pool._channels)
+    members = pool.members
     nodes = [{"index": ch.node, "hostname": e.hostname, "private_ip": e.private_ip,
-              "lost": ch.lost is not None} for e, ch in zip(endpoints, channels, strict=False)]
+              "lost": ch.lost is not None} for e, ch in members.pairs()]
     return {
         "id": pool.id,
         "name": pool.name,
         "provider": provider,
-        "owned": pool._owned,
+        "owned": pool.owned,
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
-        "started": time.time() - (time.monotonic() - pool._requested),
+        "started": time.time() - (time.monotonic() - members.requested),
         "nodes": nodes,
-        "desired": pool._nodes.desired,
-        "max": pool._nodes.max,
+        "desired": members.nodes.desired,
+        "max": members.nodes.max,
         "accelerator": None if spec.accelerator is None else str(spec.accelerator),
         "ttl": spec.ttl,
         "hourly_cost": cost,
@@ -172,6 +175,8 @@ class _Link:
         return not self.queue and not self.subscribed
 
     def _post(self, path: str, body: Any) -> None:
+        import http.client
+
         data = json.dumps(body, default=str).encode()
         headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once

@@ -4,7 +4,8 @@
     skyward ls | status NAME | history NAME                  what runs, how it is, who did what
     skyward history [POOL_ID] [--verify] | diff A B          every pool's record, the trail's integrity
     skyward reproduce POOL_ID [--name NAME] [--strict]       a pool again, everything pinned
-    skyward exec NAME -- CMD | logs NAME                     a shell command on every node; agent logs
+    skyward exec NAME -- CMD | logs NAME [-f]                a shell command on every node; agent logs
+    skyward install NAME PKG... | events NAME                packages on every node; a post-mortem
     skyward ssh NAME [-- CMD] | cp SRC DEST                  a shell on a node; files to and from nodes
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
@@ -88,8 +89,14 @@ def _parser() -> argparse.ArgumentParser:
 
     command("ls", "List the named pools: provider, nodes, state, age, expiry, cost.")
 
-    p = command("status", "One pool's nodes: reachable or not, hostname, agent, clients.")
+    p = command("status", "One pool's nodes: reachable or not, hostname, agent, clients. A pool of "
+                          "more than 64 nodes is shown from its last probe (with its age) unless --probe.")
     p.add_argument("name")
+    fresh = p.add_mutually_exclusive_group()
+    fresh.add_argument("--probe", action="store_true",
+                       help="contact every node now (32 at a time), whatever the pool's size")
+    fresh.add_argument("--cached", action="store_true",
+                       help="contact no node: show the last probe's results and when they were taken")
 
     p = command("history", "Recent pools and their ids; a pool's record (POOL_ID) or a name's audit "
                            "trail (NAME); --verify checks the trail's hash chain.")
@@ -131,15 +138,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--node", type=int, help="only this node")
     p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then print new lines as they come, prefixed by node, until Ctrl-C")
 
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
     from .copy import add_cp
+    from .eventlog import add_events
+    from .install import add_install
     from .runscript import add_run
     from .shell import add_ssh
 
     add_dashboard(command)
     add_run(command)
+    add_events(command)
+    add_install(command)
     add_ssh(command)
     add_cp(command)
     return parser
@@ -442,60 +455,46 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from . import probe
     from .pools import get, status_of
 
     record = get(args.name)
     st = status_of(record)
-    nodes = _probe(record) if not st.gone and st.state != "provisioning" else []
+    running = not st.gone and st.state != "provisioning"
+    count = len((record.get("cluster") or {}).get("nodes", []))
+    live = running and (args.probe or (not args.cached and count <= probe.LIVE_NODES))
+    at: float | None = None
+    if not running:
+        nodes: list[dict[str, Any]] = []
+    elif live:
+        with _progress(f"contacting {count} node(s), {probe.PARALLEL} at a time"):
+            nodes = probe.probe(record)
+        at = time.time()
+        probe.save(record, nodes, at)
+    else:
+        nodes, at = probe.last(record)
+    age = None if at is None else round(time.time() - at, 1)
     out = {**_summary(record, st), "nodes": nodes,
-           "clients": [{k: c.get(k) for k in ("who", "pid", "since")} for c in record.get("clients", [])]}
-    healthy = bool(nodes) and all(n["reachable"] for n in nodes)
+           "clients": [{k: c.get(k) for k in ("who", "pid", "since")} for c in record.get("clients", [])],
+           "probe": {"live": live, "at": at, "age_seconds": age}}
+    # Unhealthy: a node known to be down (nodes never probed count as neither).
+    healthy = bool(nodes) and not any(n["reachable"] is False for n in nodes)
     if args.json:
         print_json(out)
         return EXIT_OK if healthy else EXIT_FAILED
     print(f"pool {record['name']!r}: {st.state}, {record.get('provider')}, {len(nodes)} node(s), "
           f"ttl {record.get('ttl')} s, {len(out['clients'])} client(s) attached")
+    if running and not live:
+        when = "never probed" if at is None else f"health as of its last probe, {_duration(age or 0)} ago"
+        print(f"{when}; `skyward status {record['name']} --probe` contacts the {count} node(s) now "
+              f"({probe.PARALLEL} at a time)")
     if nodes:
         rows = [[str(n["index"]), n.get("hostname") or "-", n.get("private_ip") or "-",
-                 "ok" if n["reachable"] else "UNREACHABLE", str(n.get("agent_pid") or "-"),
+                 {True: "ok", False: "UNREACHABLE", None: "?"}[n["reachable"]], str(n.get("agent_pid") or "-"),
                  str(n.get("python") or "-"), "-" if n.get("tasks") is None else str(n["tasks"]),
                  n.get("error") or ""] for n in nodes]
         print(format_table(["NODE", "HOST", "IP", "HEALTH", "AGENT PID", "PYTHON", "TASKS", ""], rows))
     return EXIT_OK if healthy else EXIT_FAILED
-
-
-def _probe(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Open each node's agent connection, read its handshake, disconnect."""
-    from skyward.bootstrap.channel import NodeChannel
-
-    from .pools import provider_from
-
-    description = record["cluster"]
-    base = [{"index": n["index"], "hostname": n.get("hostname"), "private_ip": n.get("private_ip"),
-             "reachable": False} for n in description["nodes"]]
-    try:
-        cluster = provider_from(record["config"]).attach(description)
-        endpoints = cluster.start(len(description["nodes"]))
-    except SkywardError as exc:
-        return [{**b, "error": str(exc)} for b in base]
-    by_index = {b["index"]: b for b in base}
-    for index, why in cluster.unreachable().items():  # each node judged on its own
-        if index in by_index:
-            by_index[index]["error"] = why
-    for endpoint in endpoints:
-        b = by_index[endpoint.index]
-        try:
-            ch = NodeChannel(endpoint.connect(), node=endpoint.index, token=cluster.token,
-                             ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
-        except (OSError, SkywardError) as exc:
-            b["error"] = str(exc)
-            continue
-        facts = ch.facts
-        ch.close()
-        b.update(reachable=True, hostname=facts.get("hostname", b["hostname"]),
-                 agent_pid=facts.get("pid"), python=facts.get("python"), tasks=facts.get("tasks"))
-    cluster.detach()
-    return base
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -727,8 +726,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
     with _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
         results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ pool
-        reached = [ch.node for ch in pool._channels]
-        missing = pool._cluster.unreachable()
+        reached = [ch.node for ch in pool.members.channels]
+        missing = pool.cluster.unreachable()
     from .registry import read
 
     record = read(args.name) or {}
@@ -757,6 +756,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    if args.follow:
+        from .follow import follow
+
+        return follow(args)
     from ..core.function import function
     from .nodeops import tail
     from .pools import get
@@ -766,8 +769,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise ConfigError(f"--node {args.node}: pool {args.name!r} has nodes 0 to {len(nodes) - 1}.")
     out = []
     with _attached(args.name) as pool:
-        target = {ch.node: r for r, ch in enumerate(pool._channels)}  # the live nodes' ranks here
-        missing = pool._cluster.unreachable()
+        target = {ch.node: r for r, ch in pool.members.ranked()}  # the live nodes' ranks here
+        missing = pool.cluster.unreachable()
         for rank, node in enumerate(nodes):
             if args.node is not None and rank != args.node:
                 continue

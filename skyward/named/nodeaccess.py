@@ -12,9 +12,8 @@ its handshake reports it), the pool's environment variables (``Image.env``, ``sh
 SSH nodes the node's ``env.sh``), the shipped ``includes`` on ``PYTHONPATH``, and the node's
 Python first on ``PATH`` (on SSH nodes the pool's virtualenv, activated).
 
-Pool internals used (``skyward.core`` is not imported): ``pool._channels`` (each node's
-``NodeChannel``: ``.node`` and the handshake's ``.facts["cwd"]``) and ``pool._cluster``
-(``unreachable()``, and ``remote(index)`` of SSH clusters).
+The pool is attached for a look (``agentcalls.attached``: each node's channel, whose handshake
+says its working directory); ``pool.cluster.remote(index)`` of SSH clusters is the connection.
 """
 
 from __future__ import annotations
@@ -194,7 +193,10 @@ class SSHNode(Node):
         # What the agent's start command does (providers/ssh.py), plus the venv on PATH.
         lines = [f"cd -- {q(self.cwd)} || exit 1",
                  "if [ -f ./env.sh ]; then . ./env.sh; fi",
-                 'if [ -d ./includes ]; then export PYTHONPATH="$PWD/includes${PYTHONPATH:+:$PYTHONPATH}"; fi']
+                 # the shipped includes, and the live folder `skyward install` fills
+                 'PP=""; if [ -d ./includes ]; then PP="$PWD/includes"; fi',
+                 'if [ -d ./site ]; then PP="${PP:+$PP:}$PWD/site"; export SKYWARD_SITE="$PWD/site"; fi',
+                 'if [ -n "$PP" ]; then export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"; fi; unset PP']
         if self.venv:
             lines += [f"if [ -d {q(self.venv)} ]; then export VIRTUAL_ENV={q(self.venv)}; "
                       f'export PATH="$VIRTUAL_ENV/bin${{PATH:+:$PATH}}"; fi']
@@ -283,40 +285,27 @@ def ranks_of(record: dict[str, Any], node: int | None) -> list[int]:
 
 @contextlib.contextmanager
 def open_nodes(name: str, node: int | None) -> Iterator[tuple[dict[str, Any], list[Node]]]:
-    """Attach to running pool ``name`` and hand out its nodes (``node``: only that rank; None:
-    every node). A node that cannot be reached is an error naming it: nothing runs on the
-    others then."""
-    from ..spec import Options
-    from .pools import attach, get, status_of
+    """Attach to running pool ``name`` for a look (agentcalls.attached: no healing, no audit
+    entry) and hand out its nodes (``node``: only that rank; None: every node). A node that
+    cannot be reached is an error naming it: nothing runs on the others then."""
+    from .agentcalls import attached
+    from .pools import get
 
-    record = get(name)
-    st = status_of(record)
-    if st.gone or st.state == "provisioning":
-        raise ProviderError(f"pool {name!r} is {st.state}; `skyward ls` shows the pools that run, "
-                            f"`skyward up {name}` starts it again.")
-    wanted = ranks_of(record, node)
-    if not wanted:
-        raise ProviderError(f"pool {name!r} has no nodes now; `skyward status {name}` shows why.")
-    pool = attach(record, Options(console="silent", logging=False), audited=False)
-    try:
-        described = record["cluster"]["nodes"]
-        channels = {ch.node: ch for ch in pool._channels}
-        missing = pool._cluster.unreachable()
+    wanted = ranks_of(get(name), node)  # a wrong --node fails before anything connects
+    with attached(name) as (pool, described):
+        record = get(name)
+        if not wanted or wanted[-1] >= len(described):
+            raise ProviderError(f"pool {name!r} has {len(described)} node(s) now; `skyward status {name}` "
+                                f"lists them.")
         nodes: list[Node] = []
         for rank in wanted:
-            desc = described[rank]
-            index = int(desc["index"])
-            host = str(desc.get("hostname") or "?")
-            ch = channels.get(index)
-            if ch is None:
-                why = missing.get(index, "not attached")
+            found = described[rank]
+            if found.channel is None:
                 raise ProviderError(
-                    f"node {rank} ({host}) of pool {name!r} cannot be reached: {why}. `skyward status "
+                    f"{found.label} of pool {name!r} cannot be reached: {found.why}. `skyward status "
                     f"{name}` shows each node" + ("; --node picks one that answers." if len(wanted) > 1 else "."))
-            nodes.append(_node(record, pool._cluster, rank, desc, ch.facts))
+            nodes.append(_node(record, pool.cluster, rank, found.description, found.channel.facts))
         yield record, nodes
-    finally:
-        pool.close()
 
 
 def _node(record: dict[str, Any], cluster: Any, rank: int, desc: dict[str, Any], facts: dict[str, Any]) -> Node:

@@ -31,6 +31,7 @@ from ..errors import (
     SkywardError,
 )
 from ..observe import events as ev
+from ..observe import journal
 from ..providers import provider_class
 from ..records import audit
 from ..spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
@@ -248,12 +249,14 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
         record = _record(cfg, spec, "", ephemeral=not keep)
         registry.write(record)
         try:
-            pool = Pool(spec, options, worker, name=cfg.name)
+            with journal.capture(cfg.name, "provision") as events:  # kept for `skyward events`
+                pool = Pool(spec, options, worker, name=cfg.name)
         except BaseException:
             registry.remove(cfg.name)
             raise
+        pool.on_close(events.bind(pool.id))
         try:
-            record.update(id=pool.id, state="running", cluster=pool._cluster.describe(),
+            record.update(id=pool.id, state="running", cluster=pool.cluster.describe(),
                           last_seen=time.time())
             if not keep:
                 record["clients"] = [_client(pool.id)]
@@ -269,7 +272,7 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     if keep:
         return pool
     _Recorder(pool, cfg.name).start()
-    pool._on_close.append(lambda: _destroyed_by_owner(cfg.name, pool.id))
+    pool.on_close(lambda: _destroyed_by_owner(cfg.name, pool.id))
     return pool
 
 
@@ -322,11 +325,14 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
         r["clients"] = [*_live_clients(r), _client(client_id)]
 
     registry.update(name, add)
-    try:
-        pool = Pool(spec, options, worker, cluster=cluster, name=name)
+    try:  # a program's attach is kept for `skyward events`; the CLI's own looks are not
+        with journal.capture(name, "attach") if audited else contextlib.nullcontext() as events:
+            pool = Pool(spec, options, worker, cluster=cluster, name=name)
     except BaseException:
         _detached(name, client_id)
         raise
+    if events is not None:
+        pool.on_close(events.bind(pool.id))
     missing = cluster.unreachable()
     if missing:  # attached to the nodes that answer; say which did not, and why
         log.warning(
@@ -349,7 +355,7 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
         if audited:
             audit.append(name, "detached", record["id"], client=pool.id, by=why)
 
-    pool._on_close.append(on_close)
+    pool.on_close(on_close)
     return pool
 
 
@@ -400,19 +406,19 @@ class _Recorder:
     def start(self) -> None:
         kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced)
         self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
-        self.pool._on_close.insert(0, self.stop)
+        self.pool.on_close(self.stop, first=True)
 
     def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
 
     def _on_event(self, event: ev.Event) -> None:
-        if self.pool._closed:
+        if not self.pool.is_active:
             return
         record = registry.read(self.name) or {}
         pool_id = record.get("id", self.pool.id)
         if isinstance(event, ev.ClusterProvisioned | ev.InstanceDestroyed):
-            description = self.pool._cluster.describe()
+            description = self.pool.cluster.describe()
 
             def store(r: dict[str, Any]) -> None:
                 r["cluster"] = description
@@ -424,7 +430,7 @@ class _Recorder:
         elif isinstance(event, ev.InstanceLost):
             audit.append(self.name, "node lost", pool_id, node=event.node, reason=event.reason)
         elif isinstance(event, ev.InstanceReplaced):  # the registry describes the new node
-            description = self.pool._cluster.describe()
+            description = self.pool.cluster.describe()
 
             def keep(r: dict[str, Any]) -> None:
                 r["cluster"] = description

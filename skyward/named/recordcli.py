@@ -97,6 +97,9 @@ def _show(r: dict[str, Any]) -> None:
         print(f"    {p['name']}=={p['version']}" + (f"  ({len(p['hashes'])} hash(es))" if p.get("hashes") else ""))
     for name, version in (lock.get("apt") or {}).items():
         print(f"    apt {name}={version}")
+    for added in r.get("installs") or []:  # `skyward install`, while the pool ran
+        print(f"  installed {_when(added.get('time'))} by {added.get('who')}: {' '.join(added.get('requirements') or [])}"
+              f" ({', '.join(added.get('resolved') or []) or 'nothing new'})")
 
 
 def reproduce(args: argparse.Namespace) -> int:

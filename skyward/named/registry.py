@@ -80,6 +80,35 @@ def write(record: dict[str, Any]) -> None:
 def remove(name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         _path(name).unlink()
+    with contextlib.suppress(FileNotFoundError):
+        _probe_path(name).unlink()
+
+
+# -- the last probe of a pool's nodes (skyward/named/probe.py), beside its record ------------------
+def _probe_path(name: str) -> Path:
+    return pools_dir() / f"{name}.probe"  # not .json: names() lists records only
+
+
+def write_probe(name: str, data: dict[str, Any]) -> None:
+    """Replace the pool's last probe atomically (0600, like the record)."""
+    folder = pools_dir()
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.probe.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, _probe_path(name))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_probe(name: str) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((skyward_home() / "registry" / f"{name}.probe").read_text())
+    except (OSError, ValueError):
+        return None
+    return data
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ Mode = Literal["rich", "minimal", "log", "silent"]
 
 _LINE_EVENTS: tuple[type[ev.Event], ...] = (
     ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed, ev.ClusterDetached,
+    ev.ClusterAsleep, ev.ClusterWoke,
     ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstanceLost,
     ev.InstancePreempted, ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
 )
@@ -159,7 +160,7 @@ class Console:
     @staticmethod
     def _minimal(event: ev.Event) -> bool:
         return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed | ev.ClusterDetached
-                          | ev.InstanceLost | ev.InstanceReplaced)
+                          | ev.InstanceLost | ev.InstanceReplaced | ev.ClusterAsleep | ev.ClusterWoke)
 
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
@@ -308,6 +309,10 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
                 f"in {event.seconds:.1f} s")
     if isinstance(event, ev.InstanceDestroyed):
         return f"node {event.node}: stopped"
+    if isinstance(event, ev.ClusterAsleep):
+        return f"{title}: asleep, no node after {event.idle_seconds:.0f} s idle; the next task wakes it"
+    if isinstance(event, ev.ClusterWoke):
+        return f"{title}: woke, {event.nodes} node(s) in {event.seconds:.2f} s"
     if isinstance(event, ev.ClusterDestroyed):
         return f"{title}: destroyed"
     if isinstance(event, ev.ClusterDetached):

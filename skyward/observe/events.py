@@ -48,6 +48,22 @@ class ClusterReady(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterAsleep(Event):
+    """A pool of ``Nodes(desired=0)`` stopped its last node (it sat idle for
+    ``Options.autoscale_idle_timeout``): it costs nothing until its next task wakes it."""
+
+    idle_seconds: float  # how long it had been idle
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterWoke(Event):
+    """A pool with no node got a task and started ``nodes`` node(s) for it."""
+
+    nodes: int
+    seconds: float  # from the task that woke it to a ready node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterDestroyed(Event):
     pass
 

@@ -77,36 +77,34 @@ def _portable(entry: tuple[Any, ...]) -> bool:
 
 def decode(result: Frame | BaseException, name: str) -> Any:
     """A RESULT (or REPLY) frame -> the value, or raise the task's exception."""
-    from skyward.core.pool import decode_result
+    from skyward.core.dispatch import decode_result
 
     return decode_result(result, f"a joblib batch ({name})")
 
 
 class _ClientTarget:
-    """Sends batches straight to the pool's nodes."""
+    """Sends batches straight to the pool's nodes, through its dispatcher (skyward.core.dispatch)."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
+        self.dispatcher = pool.dispatcher
 
     def slots(self) -> int:
-        live = [ch for ch in self.pool._channels if ch.lost is None]
-        return max(1, len(live)) * self.pool.worker.slots
+        return max(1, len(self.dispatcher.members.ready())) * self.pool.worker.slots
 
     def submit(self, payload: tuple[int, Any, Any], done: Callable[[Frame | BaseException], None]) -> Callable[[], None]:
-        self.pool._check_open()
-        live = [ch for ch in self.pool._channels if ch.lost is None]
-        if not live:
+        self.dispatcher.check_open()
+        ch = self.dispatcher.least_busy()
+        if ch is None:
             serialize.discard(payload[2])
             raise NodeLostError("every node of the pool was lost; no node is left to run joblib batches.")
-        start = next(self.pool._rr) % len(live)  # ties go round-robin
-        ch = min(live[start:] + live[:start], key=lambda c: c.inflight)
         flags, body, buffers = payload
         tid = ch.submit(Kind.TASK, flags, body, buffers, done)
         return lambda: ch.cancel(tid)
 
     @property
     def spill(self) -> Any:
-        return self.pool._cluster.spill_dir
+        return self.pool.cluster.spill_dir
 
 
 class _NodeTarget:

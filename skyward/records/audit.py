@@ -1,11 +1,11 @@
 """The audit trail: append-only JSONL files under ``SKYWARD_HOME/audit/``, one per pool name
 (``NAME.jsonl``) and one for every pool's record (``_pools.jsonl``; no pool name starts with _).
 
-One line per lifecycle event (recorded, provisioned, attached, detached, resized, node lost,
-node replaced, exec, destroyed, closed) saying who (user@host), when, what, and the pool's offer, cost estimate
-and the skyward version; never a secret. Lines are appended with one ``write`` on an O_APPEND
-descriptor under an exclusive ``flock``, so concurrent writers never interleave; nothing ever
-rewrites the file. It outlives the pool: ``skyward history NAME`` shows every pool that ever
+One line per lifecycle event (recorded, amended, provisioned, attached, detached, resized, node
+lost, node replaced, exec, installed, install failed, destroyed, closed) saying who (user@host),
+when, what, and the pool's offer, cost estimate and the skyward version; never a secret. Lines
+are appended with one ``write`` on an O_APPEND descriptor under an exclusive ``flock``, so
+concurrent writers never interleave; nothing ever rewrites the file. It outlives the pool: ``skyward history NAME`` shows every pool that ever
 had that name.
 
 The trail is tamper-evident: each line carries its position (``n``) and the SHA-256 of the
@@ -28,8 +28,8 @@ from typing import Any
 from ..paths import skyward_home
 from ..version import __version__
 
-EVENTS = ("recorded", "provisioned", "attached", "detached", "resized", "node lost", "node replaced", "exec",
-          "destroyed", "closed")
+EVENTS = ("recorded", "amended", "provisioned", "attached", "detached", "resized", "node lost", "node replaced",
+          "exec", "installed", "install failed", "destroyed", "closed")
 POOLS = "_pools"  # the trail of every pool's record, named or not
 
 

@@ -109,11 +109,32 @@ def uv_binary() -> str:
 
 @functools.cache
 def uv_version() -> str:
+    """``uv --version`` of the uv skyward uses, asked once per uv binary (kept beside the
+    cache: every pool's lock names its resolver, and a process start costs tens of ms)."""
     try:
-        out = subprocess.run([uv_binary(), "--version"], capture_output=True, text=True, timeout=30).stdout
+        binary = uv_binary()
+        st = os.stat(binary)
+    except (OSError, ProviderError):
+        return "uv"
+    key = hashlib.sha256(f"{binary}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    from ..paths import skyward_home
+
+    cached = skyward_home() / "cache" / f"uv-version-{key}"
+    try:
+        return cached.read_text().strip() or "uv"
+    except OSError:
+        pass
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return "uv"
-    return out.strip() or "uv"
+    version = out.strip() or "uv"
+    with contextlib.suppress(OSError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(version)
+        tmp.replace(cached)
+    return version
 
 
 @functools.cache
@@ -177,19 +198,38 @@ def resolve(requirements: Sequence[str], *, python: str, platform: str | None = 
             indexes: Sequence[str] = ()) -> tuple[Package, ...]:
     """Resolve ``requirements`` once, with hashes, for ``python`` (a version such as "3.12", or an
     interpreter's path) on ``platform`` (uv's --python-platform; None: this machine)."""
-    if not requirements:
-        return ()
-    proc = _compile(requirements, ["--generate-hashes", *_target(python, platform), *sources(indexes)],
-                    "the pool's packages")
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+    found, said = attempt(requirements, python=python, platform=platform, indexes=indexes)
+    if found is None:
+        code, _, tail = said.partition("\n")
         raise ProviderError(
             f"could not resolve the pool's packages {list(requirements)} for Python {python}"
-            f"{f' on {platform}' if platform else ''} (uv exit code {proc.returncode}); every pool "
+            f"{f' on {platform}' if platform else ''} ({code}); every pool "
             f"resolves them once on this machine, so its package index must be reachable from here. "
             f"Check the requirement names and versions. uv said:\n{tail}"
         )
-    return parse(proc.stdout)
+    return found
+
+
+def attempt(requirements: Sequence[str], *, python: str, platform: str | None = None, indexes: Sequence[str] = (),
+            constraints: Sequence[Package] = ()) -> tuple[tuple[Package, ...] | None, str]:
+    """``resolve``, saying instead of raising: (the packages, "") or (None, "uv exit code N" and,
+    on the lines after, the end of what uv said). ``constraints``: versions the resolution must
+    keep (a running pool's packages)."""
+    if not requirements:
+        return (), ""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="skyward-lock-") as folder:
+        options = ["--generate-hashes", *_target(python, platform), *sources(indexes)]
+        if constraints:
+            path = os.path.join(folder, "constraints.txt")
+            with open(path, "w") as f:
+                f.write("".join(f"{p.name}=={p.version}\n" for p in constraints))
+            options += ["--constraint", path]
+        proc = _compile(requirements, options, "the pool's packages")
+    if proc.returncode != 0:
+        return None, "\n".join([f"uv exit code {proc.returncode}", *proc.stderr.strip().splitlines()[-15:]])
+    return parse(proc.stdout), ""
 
 
 def unavailable(packages: Sequence[Package], *, python: str, platform: str | None = None,
@@ -214,6 +254,9 @@ def unavailable(packages: Sequence[Package], *, python: str, platform: str | Non
 def installed(requirements: Iterable[str]) -> tuple[Package, ...]:
     """The installed distributions these requirements use here, with their dependency closure
     (versions only: the installer recorded no hashes)."""
+    requirements = list(requirements)
+    if not requirements:
+        return ()
     import importlib.metadata as md
 
     from packaging.requirements import InvalidRequirement, Requirement

@@ -1,8 +1,10 @@
 """Every pool's record: who opened it, when, from where, what it was asked for, what it got.
 
 A record is written once, when a pool's nodes are ready, as ``SKYWARD_HOME/records/<id>.json``
-(0600, never rewritten), and its SHA-256 goes into the audit trail (``audit._pools.jsonl``, hash
-chained), so a record that was edited afterwards is refused. It holds:
+(0600), and its SHA-256 goes into the audit trail (``audit._pools.jsonl``, hash chained), so a
+record that was edited afterwards is refused. The one change it takes later is an amendment
+(``amend``: packages ``skyward install`` added to the running pool), whose new hash goes into
+the trail the same way. It holds:
 
 * ``who``/``created``/``origin``: user@host, time, the script, its arguments, the working
   directory, and the git commit and dirty flag when the script runs inside a git repository;
@@ -12,7 +14,9 @@ chained), so a record that was edited afterwards is refused. It holds:
 * ``offer``/``hourly_cost``/``nodes``: what was chosen and its price per node-hour;
 * ``lock``: what the nodes installed exactly (skyward.records.pkglock) -- packages with versions and
   hashes, apt versions, the Python version the nodes run, skyward's version, and for clouds
-  the image id, instance type, region and zone.
+  the image id, instance type, region and zone;
+* ``installs``: what ``skyward install`` added to the running pool, when and by whom (its
+  packages are in ``lock`` too).
 
 ``reproduce`` turns a record back into a spec with all of that pinned and says what cannot be
 the same before anything is created; ``diff`` compares two records.
@@ -31,8 +35,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,12 +173,28 @@ def _rebuild_blob(spec: Spec, worker: Worker) -> str:
 
 
 # -- writing -----------------------------------------------------------------------------------
-def for_pool(pool: Pool) -> dict[str, Any]:
-    """The record of a pool whose nodes are ready."""
-    spec, cluster = pool.spec, pool._cluster
+def origin_soon() -> Future[dict[str, Any]]:
+    """``origin()`` computed on a thread of its own (its git calls take tens of milliseconds):
+    a pool asks for it when it opens and its record takes it once the nodes are ready."""
+    future: Future[dict[str, Any]] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(origin())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="skyward-origin", daemon=True).start()
+    return future
+
+
+def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The record of a pool whose nodes are ready (``where``: its ``origin_soon()``)."""
+    spec, cluster = pool.spec, pool.cluster
     provider = spec.provider
     lock = dict(cluster.lock or {}) or {"packages": [], "apt": {}, "skyward": __version__}
-    facts = pool._channels[0].facts if pool._channels else {}
+    head = pool.members.head()
+    facts = head.facts if head is not None else {}
     if facts.get("python"):
         lock["python"] = facts["python"]  # what the nodes run, to the patch release
     cloud = getattr(cluster, "cloud_lock", None)
@@ -203,7 +225,7 @@ def for_pool(pool: Pool) -> dict[str, Any]:
         "who": who,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "origin": origin(),
+        "origin": where.result() if where is not None else origin(),
         "spec": _as_asked(spec_view(spec, pool.worker), _SOURCE.get()),
         "nodes": pool.current_nodes(),
         "offer": chosen,
@@ -215,8 +237,7 @@ def for_pool(pool: Pool) -> dict[str, Any]:
     }
 
 
-def write(record: dict[str, Any]) -> dict[str, Any]:
-    """Store a record (atomically, 0600) and put its hash in the trail."""
+def _store(record: dict[str, Any]) -> None:
     folder = records_dir()
     fd, tmp = tempfile.mkstemp(prefix=f".{record['id']}.", dir=folder)
     try:
@@ -227,6 +248,11 @@ def write(record: dict[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write(record: dict[str, Any]) -> dict[str, Any]:
+    """Store a record (atomically, 0600) and put its hash in the trail."""
+    _store(record)
     lock = record.get("lock") or {}
     audit.append(audit.POOLS, "recorded", record["id"], pool_name=record.get("name"),
                  provider=record.get("provider"), nodes=record.get("nodes"), offer=_offer_text(record),
@@ -239,6 +265,18 @@ def write(record: dict[str, Any]) -> dict[str, Any]:
 
 def closed(pool_id: str) -> None:
     audit.append(audit.POOLS, "closed", pool_id)
+
+
+def amend(pool_id: str, change: Callable[[dict[str, Any]], None], what: str, **details: Any) -> dict[str, Any]:
+    """Change the record of a running pool (``change(record)`` in place): only the record the
+    trail vouches for is changed, and the changed one's hash goes into the trail as an
+    ``amended`` entry saying ``what``, so an edit by hand is still refused. Callers serialize
+    amendments of one pool (the named pool's registry lock)."""
+    found = verified(pool_id)
+    change(found)
+    _store(found)
+    audit.append(audit.POOLS, "amended", pool_id, what=what, record_sha256=digest(found), **details)
+    return found
 
 
 def _offer_text(record: dict[str, Any]) -> str:
@@ -274,6 +312,8 @@ def trail() -> dict[str, dict[str, Any]]:
         pool = str(e.get("pool"))
         if e.get("event") == "recorded":
             out[pool] = {"recorded": e, "closed": None}
+        elif e.get("event") == "amended" and pool in out:  # the record's hash from now on
+            out[pool]["recorded"] = {**out[pool]["recorded"], "record_sha256": e.get("record_sha256")}
         elif e.get("event") == "closed" and pool in out:
             out[pool]["closed"] = e.get("time")
     return out

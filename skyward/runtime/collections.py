@@ -24,8 +24,8 @@ also be awaited in asyncio code.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
+import logging
 import os
 import pickle
 import threading
@@ -37,6 +37,8 @@ from skyward.errors import CollectionError, CollectionTimeoutError, ConfigError,
 
 from . import context
 
+log = logging.getLogger("skyward")
+
 Consistency = Literal["strong", "eventual"]
 _NO_VALUE: Any = object()
 MISSING: Any = object()  # a key that is not there (decoded "miss")
@@ -47,6 +49,8 @@ class Result(Future[Any]):
     """A Future that asyncio code can also ``await``."""
 
     def __await__(self) -> Generator[Any, None, Any]:
+        import asyncio  # only for `await`: opening a pool does not import asyncio
+
         return asyncio.wrap_future(self).__await__()
 
 
@@ -264,83 +268,146 @@ class _NodeSender:
         conn.call(body, bufs, done)
 
 
-def _client_backend(pool: Any, what: str) -> Backend:
-    backend = getattr(pool, "_collections", None)
-    if backend is not None:
-        return backend
-    if pool.options.cluster is False:
-        raise ConfigError(
-            f"{what}: distributed collections are off for this pool (it was opened with "
-            f"Options(cluster=False)). Leave Options(cluster=...) at its default to use them."
-        )
-    from skyward.bootstrap.frames import Kind
+class ClientState:
+    """The client's side of a pool's collections: one part of a ``Pool`` (skyward.core.pool).
 
-    def send(body: bytes, bufs: list[Any], done: Callable[[Any], None]) -> None:
-        channels = pool._channels
-        if not channels:
-            from skyward.errors import PoolClosedError
+    ``head`` gives the channel to the head node (rank 0), whose agent serves the collections;
+    the client's own reads and writes go through it. It remembers where the head serves them
+    (``served``, asked once per head) and why an earlier head's state is gone (``lost``, set by
+    healing when the head is replaced: each process is told once)."""
 
-            raise PoolClosedError(f"{what}: the pool is closed; use collections inside its `with` block.")
-        channels[0].submit(Kind.STATE, 0, body, bufs, done)
+    def __init__(self, options: Any, head: Callable[[], Any], pool_id: str) -> None:
+        self.options, self.head, self.pool_id = options, head, pool_id
+        self.backend: Backend | None = None
+        self.served: tuple[Any, builtins.dict[str, Any] | None] | None = None  # (head channel, address)
+        self.lost: str | None = None
+        self._lock = threading.Lock()
 
-    with pool._lock:
-        backend = getattr(pool, "_collections", None)
-        if backend is None:
-            backend = pool._collections = Backend(send, "node 0, through the client's channel")
-    return backend
+    def head_gone(self, why: str) -> None:
+        """The head node that held the collections is gone (replaced, or the pool went to sleep):
+        the next head serves them empty, and each process that uses them is told ``why`` once."""
+        self.lost, self.served = why, None
 
+    def client_backend(self, what: str) -> Backend:
+        backend = self.backend
+        if backend is not None:
+            return backend
+        if self.options.cluster is False:
+            raise ConfigError(
+                f"{what}: distributed collections are off for this pool (it was opened with "
+                f"Options(cluster=False)). Leave Options(cluster=...) at its default to use them."
+            )
+        from skyward.bootstrap.frames import Kind
 
-def _to_head(pool: Any, op: tuple[Any, ...], done: Any) -> None:
-    """Send one pool-level operation to the head node's collection server, through the
-    client's channel to it; ``done(frame)`` gets the answer."""
-    from skyward.bootstrap.frames import Kind
-    from skyward.bootstrap.state import encode_request
+        def send(body: bytes, bufs: list[Any], done: Callable[[Any], None]) -> None:
+            head = self.head()
+            if head is None:
+                from skyward.errors import PoolClosedError
 
-    pool._channels[0].submit(Kind.STATE, 0, encode_request([op], []), [], done)
+                raise PoolClosedError(f"{what}: the pool is closed; use collections inside its `with` block.")
+            head.submit(Kind.STATE, 0, body, bufs, done)
 
+        with self._lock:
+            if self.backend is None:
+                self.backend = Backend(send, "node 0, through the client's channel")
+            return self.backend
 
-def serve_address(pool: Any, head_private_ip: str) -> builtins.dict[str, Any] | None:
-    """Ask the head node's agent to serve collections on its private address; what the
-    nodes' CONFIGURE carries (None: collections are off; {"error": ...}: they failed)."""
-    if pool.options.cluster is False:
-        return None
-    fut: Future[Any] = Future()
+    def _to_head(self, op: tuple[Any, ...], done: Any) -> None:
+        """Send one pool-level operation to the head node's collection server, through the
+        client's channel to it; ``done(frame)`` gets the answer."""
+        from skyward.bootstrap.frames import Kind
+        from skyward.bootstrap.state import encode_request
 
-    def done(frame: Any) -> None:
+        head = self.head()
+        if head is None:
+            raise ConnectionError("the pool has no head node")
+        head.submit(Kind.STATE, 0, encode_request([op], []), [], done)
+
+    def address(self, pairs: list[tuple[Any, Any]]) -> builtins.dict[str, Any] | None:
+        """Where the nodes reach the collection server (what CONFIGURE carries): the head
+        node's agent serves it on the head's private address (asked once per head; a named
+        pool's head answers every program that attaches with the same address, so its
+        collections outlive each of them). None: collections are off; {"error": ...}: they failed."""
+        if not pairs:
+            return None
+        endpoint, head = pairs[0]
+        cached = self.served
+        if cached is not None and cached[0] is head:
+            return cached[1]
+        where = self._serve(endpoint.private_ip)
+        self.served = (head, where)
+        if where is not None and "error" in where:
+            log.warning("pool %s: distributed collections are unavailable: %s", self.pool_id, where["error"])
+        return where
+
+    def _serve(self, head_private_ip: str) -> builtins.dict[str, Any] | None:
+        """Ask the head node's agent to serve collections on its private address."""
+        if self.options.cluster is False:
+            return None
+        fut: Future[Any] = Future()
+
+        def done(frame: Any) -> None:
+            try:
+                fut.set_result(_decode(frame, "node 0"))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
         try:
-            fut.set_result(_decode(frame, "node 0"))
-        except BaseException as exc:
-            fut.set_exception(exc)
+            self._to_head(("serve", "", "", (head_private_ip, self.lost), 0), done)
+            return fut.result(timeout=30)
+        except Exception as exc:
+            return {"error": str(exc)}
 
-    try:
-        lost = getattr(pool, "_state_lost", None)  # set when the head was replaced (healing.py)
-        _to_head(pool, ("serve", "", "", (head_private_ip, lost), 0), done)
-        return fut.result(timeout=30)
-    except Exception as exc:
-        return {"error": str(exc)}
-
-
-def node_lost(pool: Any, rank: int) -> None:
-    """Tell the head node's server that the client lost the node at ``rank``: the locks its
-    tasks held are released (a Log event says so) and its barriers break, even when its
-    connections stay open (a node frozen or cut off answers nothing but TCP keepalives)."""
-    served = getattr(pool, "_state_served", None)
-    if rank == 0 or served is None or not served[1] or "error" in served[1]:
-        return
-    try:
-        _to_head(pool, ("node_lost", "pool", "", (rank,), 0), lambda _answer: None)
-    except Exception:  # the head itself is gone: so are the locks
-        pass
-
-
-def flush_client(pool: Any) -> None:
-    """Send the client's buffered eventual writes (before the pool closes)."""
-    backend = getattr(pool, "_collections", None)
-    if backend is not None and backend.pending():
+    def node_lost(self, rank: int) -> None:
+        """Tell the head node's server that the client lost the node at ``rank``: the locks
+        its tasks held are released (a Log event says so) and its barriers break, even when
+        its connections stay open (a node frozen or cut off answers nothing but TCP keepalives)."""
+        served = self.served
+        if rank == 0 or served is None or not served[1] or "error" in served[1]:
+            return
         try:
-            backend.flush().result(timeout=10)
-        except Exception:
+            self._to_head(("node_lost", "pool", "", (rank,), 0), lambda _answer: None)
+        except Exception:  # the head itself is gone: so are the locks
             pass
+
+    # -- the collections themselves, bound to this pool (pool.dict(name)...) ---------------
+    def dict(self, name: str, consistency: Consistency | None = None) -> Dict:
+        name = _check_name("dict", name)
+        return Dict(name, _check_consistency("dict", consistency), self.client_backend(f"pool.dict({name!r})"))
+
+    def set(self, name: str, consistency: Consistency | None = None) -> Set:
+        name = _check_name("set", name)
+        return Set(name, _check_consistency("set", consistency), self.client_backend(f"pool.set({name!r})"))
+
+    def counter(self, name: str, consistency: Consistency | None = None) -> Counter:
+        name = _check_name("counter", name)
+        return Counter(name, _check_consistency("counter", consistency),
+                       self.client_backend(f"pool.counter({name!r})"))
+
+    def queue(self, name: str) -> Queue:
+        name = _check_name("queue", name)
+        return Queue(name, "strong", self.client_backend(f"pool.queue({name!r})"))
+
+    def barrier(self, name: str, n: int) -> Barrier:
+        _check_participants(name, n)
+        name = _check_name("barrier", name)
+        b = Barrier(name, n, self.client_backend(f"pool.barrier({name!r})"))
+        b._declare()
+        return b
+
+    def lock(self, name: str, timeout: float | None = 30) -> Lock:
+        _check_lock_timeout(name, timeout)
+        name = _check_name("lock", name)
+        return Lock(name, timeout, self.client_backend(f"pool.lock({name!r})"))
+
+    def flush(self) -> None:
+        """Send the client's buffered eventual writes (before the pool closes)."""
+        backend = self.backend
+        if backend is not None and backend.pending():
+            try:
+                backend.flush().result(timeout=10)
+            except Exception:
+                pass
 
 
 def _backend(what: str) -> Backend:
@@ -354,7 +421,7 @@ def _backend(what: str) -> Backend:
             f"{what} needs an active pool and there is none here. Call it inside a "
             f"@sky.function running on a pool, or on the client inside `with sky.Compute(...) as pool:`."
         )
-    return _client_backend(pool, what)
+    return pool.shared.client_backend(what)
 
 
 def _who() -> tuple[int, int, int]:
@@ -367,6 +434,16 @@ def _check_name(factory: str, name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"sky.{factory}(name={name!r}) is not valid: the name must be a non-empty string.")
     return name
+
+
+def _check_participants(name: Any, n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"sky.barrier({name!r}, n={n!r}) is not valid: n is the number of participants, an int >= 1.")
+
+
+def _check_lock_timeout(name: Any, timeout: Any) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise ConfigError(f"sky.lock({name!r}, timeout={timeout!r}) is not valid: a positive number of seconds, or None.")
 
 
 def _check_consistency(factory: str, consistency: Any) -> Consistency:
@@ -752,8 +829,7 @@ def make_queue(name: str) -> Queue:
 
 def make_barrier(name: str, n: int) -> Barrier:
     """The pool's barrier called ``name`` for ``n`` participants."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"sky.barrier({name!r}, n={n!r}) is not valid: n is the number of participants, an int >= 1.")
+    _check_participants(name, n)
     b = Barrier(_check_name("barrier", name), n)
     b._declare()
     return b
@@ -761,8 +837,7 @@ def make_barrier(name: str, n: int) -> Barrier:
 
 def make_lock(name: str, timeout: float | None = 30) -> Lock:
     """The pool's lock called ``name``; ``acquire`` gives up after ``timeout`` seconds."""
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-        raise ConfigError(f"sky.lock({name!r}, timeout={timeout!r}) is not valid: a positive number of seconds, or None.")
+    _check_lock_timeout(name, timeout)
     return Lock(_check_name("lock", name), timeout)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from skyward.errors import NoActivePoolError
 
-# The topology of the pool as this node sees it (a plain dict, see skyward.core.pool._topology).
+# The topology of the pool as this node sees it (a plain dict, see skyward.core.membership.Membership.topology).
 _topology: dict[str, Any] | None = None
 _version = 0
 

@@ -146,6 +146,8 @@ def test_ssh_with_a_command_keeps_stdout_stderr_stdin_and_the_exit_status(lab: L
     cut = subprocess.run(f"{SKYWARD} ssh lab -- 'yes | head -c 50000000' | head -c 6", shell=True, cwd=lab.cli.cwd,
                          env=lab.cli.env, capture_output=True, text=True, timeout=60)
     assert cut.stdout == "y\ny\ny\n" and "Traceback" not in cut.stderr, cut
+    path = lab.cli("ssh", "lab", "--node", "1", "--", 'echo "$PYTHONPATH $SKYWARD_SITE"')
+    assert path.out.split() == [f"{lab.cwd(1)}/site", f"{lab.cwd(1)}/site"], path  # where `install` puts packages
     where = lab.cli("ssh", "lab", "--node", "1", "--", "hostname")
     assert where.out.strip() == lab.hosts[1].name
 

@@ -376,7 +376,7 @@ def test_lock_is_callable_after_a_pool(pool: sky.Pool) -> None:
 
 
 def test_the_listener_admits_only_the_pool_token(pool: sky.Pool) -> None:
-    where = pool._state_served[1]
+    where = pool.shared.served[1]
     assert where["host"] == "127.0.0.1"  # Local: the private address is loopback
     for hello in (b'{"token": "wrong"}', b"x" * 10_000):
         with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
@@ -385,13 +385,13 @@ def test_the_listener_admits_only_the_pool_token(pool: sky.Pool) -> None:
             assert s.recv(100) == b""  # closed without a word
     # with the token a peer is served (what every worker does)
     with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
-        FrameWriter(s).send_parts(Kind.HELLO, 0, 0, json.dumps({"token": pool._cluster.token}).encode())
+        FrameWriter(s).send_parts(Kind.HELLO, 0, 0, json.dumps({"token": pool.cluster.token}).encode())
         assert FrameReader(s).read().kind == Kind.WELCOME
 
 
 def _agent_pid(pool: sky.Pool, rank: int) -> int:
-    by_index = {n["index"]: n["pid"] for n in pool._cluster.describe()["nodes"]}
-    return int(by_index[pool._channels[rank].node])
+    by_index = {n["index"]: n["pid"] for n in pool.cluster.describe()["nodes"]}
+    return int(by_index[pool.members.channels[rank].node])
 
 
 def _wait(predicate: Any, timeout: float) -> None:

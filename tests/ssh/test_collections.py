@@ -59,7 +59,7 @@ def test_barrier_lock_and_dict_across_three_hosts(ssh_pool: sky.Pool, three_host
     results = meet(3) @ ssh_pool
     assert [r["node"] for r in results] == [0, 1, 2]
     assert sorted(sky.dict("ssh-hosts")["seen"]) == [0, 1, 2]
-    served = ssh_pool._state_served[1]
+    served = ssh_pool.shared.served[1]
     assert served["host"] == three_hosts[0].address  # the head's private address, not 0.0.0.0
     assert served["host"] not in ("0.0.0.0", "127.0.0.1")
 
@@ -107,7 +107,7 @@ def test_streams_through_the_ssh_tunnel(ssh_pool: sky.Pool) -> None:
 
 
 def test_the_state_listener_refuses_a_wrong_token(ssh_pool: sky.Pool) -> None:
-    served = ssh_pool._state_served[1]
+    served = ssh_pool.shared.served[1]
 
     @sky.function
     def knock(host: str, port: int) -> bytes:

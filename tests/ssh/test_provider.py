@@ -102,7 +102,7 @@ def test_broadcast_reaches_three_distinct_hosts(ssh_pool: sky.Pool, three_hosts:
         assert sorted(a["hostname"] for a in answers) == sorted(h.name for h in three_hosts)
     for a in answers:
         assert a["peers"] == [h.address for h in three_hosts]
-        assert a["head"] == (three_hosts[0].address, ssh_pool._cluster.head_port)
+        assert a["head"] == (three_hosts[0].address, ssh_pool.cluster.head_port)
 
 
 @sky.function
@@ -148,9 +148,9 @@ def test_only_sshd_listens_outside_loopback_and_the_agent_wants_its_token(
         pytest.skip("needs one network namespace per host")
     # The head's agent also serves the pool's collections, on its private address only (never
     # 0.0.0.0; tests/ssh/test_collections.py checks that it refuses a wrong token).
-    served = getattr(ssh_pool, "_state_served", (None, None))[1]
+    served = (ssh_pool.shared.served or (None, None))[1]
     state = [f"{served['host']}:{served['port']}"] if served and "port" in served else []
-    for host, node in zip(three_hosts, sorted(ssh_pool._cluster._nodes.values(), key=lambda n: n.index),
+    for host, node in zip(three_hosts, sorted(ssh_pool.cluster._nodes.values(), key=lambda n: n.index),
                           strict=True):
         listening = on_host(host, "ss -ltnH").split("\n")
         exposed = [line.split()[3] for line in listening if line.strip()

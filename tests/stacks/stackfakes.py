@@ -163,10 +163,33 @@ class Update:
     resource_changes: dict[str, int] = field(default_factory=dict)
 
 
+class _Cli:
+    """Stands where LocalWorkspace's CLI runner stands: the real LocalWorkspace methods build the
+    command line (so the fake sees the argv the Pulumi CLI would get), this records it."""
+
+    def __init__(self, ws: FakeWorkspace) -> None:
+        self.ws = ws
+
+    def _run_pulumi_cmd_sync(self, args: list[str], on_output: Any = None, on_error: Any = None) -> Any:
+        from pulumi.automation._cmd import CommandResult
+
+        self.ws.argv.append(["pulumi", *args])
+        return CommandResult(stdout="", stderr="", code=0)
+
+
+# What the automation API's Stack.<op> puts on the CLI's command line (its inline-program
+# flags left out): the operation and the stack, never the config.
+_CLI_OP = {"update": "up", "preview": "preview", "refresh": "refresh", "destroy": "destroy"}
+
+
 class FakeStack:
     def __init__(self, ws: FakeWorkspace, name: str, program: Any) -> None:
         self.workspace, self.name, self.program = ws, name, program
-        self.config: dict[str, Any] = ws.configs.get(name, {})
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The stack's config: its settings file's values and set_all_config's, as ConfigValues."""
+        return self.workspace.configs.setdefault(self.name, {})
 
     @property
     def state(self) -> dict[str, Any]:
@@ -174,6 +197,8 @@ class FakeStack:
 
     def _op(self, kind: str, on_event: Any = None) -> None:
         self.workspace.calls.append((kind, self.name))
+        if kind in _CLI_OP:
+            self.workspace.argv.append(["pulumi", _CLI_OP[kind], "--yes", "--stack", self.name])
         failure = self.workspace.fail.get(kind)
         if failure:
             exc = failure.pop(0)
@@ -184,10 +209,12 @@ class FakeStack:
         if kind in ("update", "preview") and self.state["pending_operations"]:
             raise command_error(PENDING_STDERR.format(name=self.name))
 
-    def set_all_config(self, values: dict[str, Any]) -> None:
+    def set_all_config(self, values: dict[str, Any], *, path: bool = False) -> None:
+        from pulumi.automation import LocalWorkspace
+
         self.workspace.calls.append(("config", self.name))
-        self.config = {**self.config, **values}
-        self.workspace.configs[self.name] = self.config
+        LocalWorkspace.set_all_config(_Cli(self.workspace), self.name, values, path=path)  # type: ignore[arg-type]
+        self.config.update(values)
 
     def up(self, on_event: Any = None, on_output: Any = None, color: str | None = None) -> Any:
         self._op("update")
@@ -273,10 +300,38 @@ class FakeWorkspace:
     node_outputs: Any = None
     placement: dict[str, Any] = field(default_factory=dict)  # what the program's lookups resolved
     booted: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    # Every command line the Pulumi CLI would have been run with (["pulumi", "config", ...]).
+    argv: list[list[str]] = field(default_factory=list)
+    settings_bytes: dict[str, int] = field(default_factory=dict)  # size of each stack's settings file
 
     def __call__(self, name: str, program: Any) -> FakeStack:
         self.calls.append(("select", name))
+        self.argv.append(["pulumi", "stack", "select", "--create", "--stack", name])
+        self.configs.setdefault(name, {})  # `stack init` writes the settings file (its salt)
         return FakeStack(self, name, program)
+
+    # The stack's settings file (Pulumi.<stack>.yaml), as LocalWorkspace reads and writes it:
+    # plain values as strings, secret ones as {secure: ciphertext}; writing it is config.
+    def stack_settings(self, name: str) -> Any:
+        from pulumi.automation import StackSettings
+        from pulumi.automation._stack_settings import StackSettingsSecureConfigValue
+
+        if name not in self.configs:
+            raise FileNotFoundError(f"failed to find stack settings file in workdir: fake/{name}")
+        config = {k: StackSettingsSecureConfigValue(secure=_seal(v.value)) if v.secret else v.value
+                  for k, v in self.configs[name].items()}
+        return StackSettings(secrets_provider="passphrase", encryption_salt="v1:fake-salt", config=config)
+
+    def save_stack_settings(self, name: str, settings: Any) -> None:
+        from pulumi.automation import ConfigValue, StackSettings
+
+        self.calls.append(("config", name))
+        written = StackSettings._deserialize(settings._serialize())  # what the YAML file keeps
+        assert written.encryption_salt == "v1:fake-salt", "the stack's encryption salt must be kept"
+        self.configs[name] = {
+            k: ConfigValue(value=v, secret=False) if isinstance(v, str) else ConfigValue(value=_unseal(v.secure), secret=True)
+            for k, v in (written.config or {}).items()}
+        self.settings_bytes[name] = len(json.dumps(settings._serialize()))
 
     def install_plugin(self, name: str, version: str, kind: str = "resource") -> None:
         self.plugins.append((name, version))
@@ -303,6 +358,18 @@ class FakeWorkspace:
             nodes.append(out)
         return {"nodes": nodes, **({"placement": dict(self.placement)} if self.placement else {})}
 
+
+
+def _seal(value: str) -> str:
+    import base64
+
+    return "v1:" + base64.b64encode(value.encode()).decode()
+
+
+def _unseal(secure: str) -> str:
+    import base64
+
+    return base64.b64decode(secure.removeprefix("v1:")).decode()
 
 
 def install_mocks(recorder: Recorder) -> Recorder:

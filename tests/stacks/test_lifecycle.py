@@ -62,9 +62,9 @@ def test_create_configures_the_stack_then_updates_it_and_returns_its_nodes(home:
     secret = {k for k, v in config.items() if v.secret}
     assert set(public) == {"skyward:pool", "skyward:plan", "skyward:version"}
     assert json.loads(public["skyward:pool"])["offer"] == {"instance_type": "m7i.large"}
-    # No secret is config: config travels to the CLI on its command line (`ps` shows it, and an
-    # argument is limited to 128 KiB: a few hundred nodes' host keys). The program exports
-    # the pool's secrets as a secret output instead.
+    # No secret is config: secret config values travel to the CLI on its command line (`ps`
+    # shows them, and an argument is limited to 128 KiB). The program exports the pool's
+    # secrets as a secret output instead.
     assert secret == set()
     everything = json.dumps({k: v.value for k, v in config.items()})
     assert "s3cret" not in everything

@@ -75,7 +75,7 @@ def test_describe_attach_run_detach_destroy_round_trip(two_hosts: SSHHosts, home
     ws = FakeWorkspace(node_outputs=boot(two_hosts))
     opts = sky.Options(console=False)
     pool = sky.Compute(provider=_provider(ws, two_hosts), nodes=2, options=opts).open()
-    description = json.loads(json.dumps(pool._cluster.describe()))  # JSON types only
+    description = json.loads(json.dumps(pool.cluster.describe()))  # JSON types only
     pool.detach()  # what `skyward up` does: the nodes and the stack stay
 
     stack = description["stack"]
@@ -91,7 +91,7 @@ def test_describe_attach_run_detach_destroy_round_trip(two_hosts: SSHHosts, home
     with Pool(spec, opts, Worker(), cluster=again.attach(description)) as attached:
         assert sorted(where() @ attached) == sorted(h.address for h in two_hosts)
         assert attached.map(lambda x: x + 1, range(4)) == [1, 2, 3, 4]
-        assert json.loads(json.dumps(attached._cluster.describe()))["stack"]["name"] == stack["name"]
+        assert json.loads(json.dumps(attached.cluster.describe()))["stack"]["name"] == stack["name"]
     assert [kind for kind, _ in ws.calls].count("update") == 1  # attaching provisioned nothing
     assert not ws.removed and _agents_running(description) is True  # detached: still up
 

@@ -134,3 +134,110 @@ def test_without_the_sdk_preview_says_what_it_would_need(monkeypatch: pytest.Mon
     text = str(info.value)
     assert "pip install 'skyward[aws]'" in text and "pulumi_aws" in text
     assert "A100" in text and "/h for 2 node(s)" in text  # it still says what it would be and cost
+
+
+# -- pools of thousands: the program runs on a sample of nodes (stacks/preview.py) -----------------
+def _mixed(plan: Any, count: int) -> Any:
+    """``plan`` with ``count`` nodes, spot and on-demand in turn, one shared throwaway host key."""
+    from dataclasses import replace
+
+    node = plan.nodes[0]
+    return plan.with_nodes(tuple(replace(node, index=i, spot=i % 3 == 0) for i in range(count)))
+
+
+def _counting(program: Any) -> tuple[Any, list[int]]:
+    """``program``, noting how many nodes each run declared."""
+    runs: list[int] = []
+
+    def counted(plan: Any) -> Any:
+        runs.append(len(plan.nodes))
+        return program(plan)
+
+    return counted, runs
+
+
+def _both_ways(program: Any, plan: Any) -> tuple[list[dict[str, str]], list[dict[str, str]], list[int]]:
+    from skyward.stacks.preview import resources
+
+    counted, runs = _counting(program)
+    sampled = resources(counted, plan, full_run_nodes=0)
+    full = resources(program, plan, full_run_nodes=10**6)
+    return sampled, full, runs
+
+
+def test_a_large_aws_plan_previews_from_a_sample_line_for_line_as_a_full_run() -> None:
+    from dataclasses import replace
+
+    from skyward.stacks.plan import BucketPlan, DiskPlan
+
+    plan = replace(make_plan(nodes=1, gpu=True, disks=(DiskPlan(200, "/data"), DiskPlan(50, "/scratch", "io2"))),
+                   buckets=(BucketPlan("corpus", "train", True),))
+    plan = _mixed(plan, 125)  # indices of one, two and three digits
+    sampled, full, runs = _both_ways(aws.program, plan)
+    assert sampled == full
+    assert len([r for r in full if r["type"] == INSTANCE]) == 125
+    assert runs == [10 + 2 * 2 + 2 * 2]  # nodes 0-9 and two stand-ins per kind (spot or not) and width
+
+
+def test_large_gcp_and_tpu_plans_preview_from_a_sample_as_a_full_run() -> None:
+    from dataclasses import replace
+
+    from skyward.stacks import gcp
+    from skyward.stacks.plan import BucketPlan, DiskPlan
+
+    plan = replace(make_plan(nodes=1, region="us-central1", zone="us-central1-b", instance_type="e2-standard-4",
+                             disks=(DiskPlan(50, "/d"),), expires_in=3600, settings={"project": "p"}),
+                   buckets=(BucketPlan("corpus", "", False),))
+    sampled, full, runs = _both_ways(gcp.program, _mixed(plan, 104))
+    assert sampled == full and len(runs) == 1
+    names = [r["name"] for r in full]
+    assert "node-103-disk-0-self-delete" in names and "node-103-bucket-0" in names
+    assert not any("object at 0x" in r["detail"] for r in full)  # unknowns read as such
+    assert any("(known after up) on instance sky-train-ab12cd34-103 only" in r["detail"] for r in full)
+
+    tpu = make_plan(nodes=1, region="us-central1", zone="us-central1-a", instance_type="tpu-v5litepod-4",
+                    settings={"project": "proj", "accelerator_type": "v5litepod-4",
+                              "tpu": {"runtime_version": "v2-alpha-tpuv5-lite", "hosts": 1}})
+    sampled, full, runs = _both_ways(gcp.program, _mixed(tpu, 23))
+    assert sampled == full and len([r for r in full if r["type"] == "gcp:tpu/v2Vm:V2Vm"]) == 23
+
+
+def test_a_program_whose_lines_follow_the_index_another_way_runs_on_every_node_of_that_kind() -> None:
+    """The stand-ins' check: odd nodes differ from even ones, so 99 and 88 disagree and the
+    kind's real nodes run; the result is still the full run's."""
+
+    def program(plan: Any) -> Any:
+        import pulumi_aws
+
+        provider = pulumi_aws.Provider("aws", region=plan.region)
+        for node in plan.nodes:
+            pulumi_aws.ec2.Instance(node.name, ami="ami-1", instance_type="m7i.large" if node.index % 2 else "m7i.xlarge",
+                                    opts=pulumi.ResourceOptions(provider=provider))
+
+    plan = _mixed(make_plan(nodes=1), 40)
+    sampled, full, runs = _both_ways(program, plan)
+    assert sampled == full
+    # nodes 0-9 and 2 kinds x 2 stand-ins; other stand-ins twice; then the 30 real nodes of both kinds
+    assert runs == [10 + 4, 4, 4, 30]
+
+
+def test_a_5000_node_preview_lists_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.stacks import preview
+
+    real, runs = preview.declared, []
+
+    def counted(program: Any, plan: Any) -> Any:
+        runs.append(len(plan.nodes))
+        return real(program, plan)
+
+    monkeypatch.setattr(preview, "declared", counted)
+    spec = sky.Spec(provider=sky.AWS(detect_address=False, allow_ssh_from=["10.0.0.0/8"]), nodes=5000,
+                    allocation="spot")
+    out = spec.provider.preview(spec)
+    # 99 also occurs in Canonical's account id (099720109477), on every line: the 2-digit kind
+    # is tried again with other stand-ins, not run on its 90 real nodes.
+    assert runs == [10 + 3 * 2, 2], runs
+    instances = _of(out, INSTANCE)
+    assert [r["name"] for r in instances] == [f"node-{i}" for i in range(5000)]
+    assert len({r["detail"] for r in instances}) == 1 and "spot (one-time" in instances[0]["detail"]
+    assert out["hourly_cost"] == round(out["hourly_cost_per_node"] * 5000, 4)

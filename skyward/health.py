@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,168 @@
+"""Every benchmark in one command, beside the peers that are installed, in one table.
+
+    .venv/bin/python benchmarks/all.py [--quick] [--json PATH] [--skip NAME[,NAME...]]
+
+Runs, one after another, each in a process of its own (so that none inherits another's
+warm caches or threads):
+
+* run.py      round trip, map, array there and back, CPU-bound work: skyward (2 Local nodes)
+              beside ProcessPoolExecutor, loky, and Ray and Dask when installed
+* startup.py  a fresh interpreter to its first result, sky.Compute entered to its first
+              result, import time
+* ssh.py      SSH hosts (tests/sshhosts.py): enter times, round trip and payload through the
+              tunnel and the direct path, with a Local node as the baseline
+* scale.py    pools of thousands through the fake Pulumi workspace: preview per node, up,
+              client memory per node, `skyward ls` and `skyward status` of a 1,000-node pool
+
+then prints the figures the performance issue names, each against its target, and writes
+every sub-benchmark's own JSON into one file with --json. Install the peers with
+`pip install -e '.[bench]'`; the figures of the README and the benchmarks guide come from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+PARTS = ("run", "startup", "ssh", "scale")
+
+
+def run_part(name: str, quick: bool, out: Path) -> dict[str, Any] | None:
+    args = [sys.executable, str(HERE / f"{name}.py"), "--json", str(out)]
+    if quick and name in ("run", "ssh"):
+        args.append("--quick")
+    if quick and name == "startup":
+        args += ["--rounds", "3"]
+    if quick and name == "scale":
+        args += ["--sizes", "1000,5000", "--reps", "1"]
+    print(f"== {name}.py", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    proc = subprocess.run(args, stdout=sys.stderr)  # their own tables go to stderr: progress
+    print(f"== {name}.py: exit {proc.returncode} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if proc.returncode != 0 or not out.exists():
+        return None
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def _row(results: dict[str, Any], bench: str, system: str, case: str | None = None) -> dict[str, Any] | None:
+    for r in results.get("results", []):
+        if r["bench"] == bench and r["system"] == system and (case is None or r["case"] == case):
+            return dict(r)
+    return None
+
+
+def _startup(data: dict[str, Any], case: str, system: str) -> float | None:
+    for r in data.get("rows", []):
+        if r["case"].startswith(case) and r["system"] == system:
+            return float(r["median_s"])
+    return None
+
+
+Line = tuple[str, str, str, str]  # what, skyward, peers, target and verdict
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("PASS" if ok else "MISS")
+
+
+def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
+    lines: list[Line] = []
+    run = parts.get("run") or {}
+    if run:
+        sky = _row(run, "roundtrip", "skyward", "no-op call, sequential")
+        ppe = _row(run, "roundtrip", "PPE")
+        if sky and ppe:
+            peers = ", ".join(f"{r['system']} {r['median']:.3f} ms" for r in run["results"]
+                              if r["bench"] == "roundtrip" and r["system"] not in ("skyward",)
+                              and not r["case"].startswith("no-op from"))
+            ratio = sky["median"] / ppe["median"]
+            lines.append(("no-op round trip", f"{sky['median']:.3f} ms ({ratio:.2f}x PPE)", peers,
+                          f"<= 1.10x PPE {_verdict(ratio <= 1.10)}"))
+        arrays = [r for r in run["results"] if r["bench"] == "array" and r["unit"] in ("MB/s", "GB/s")]
+        sky_arr = next((r for r in arrays if r["system"] == "skyward"), None)
+        if sky_arr is not None:
+            ray = next((r for r in arrays if r["system"] == "Ray" and r["case"] == sky_arr["case"]), None)
+            peers = ", ".join(f"{r['system']} {r['median']:,.0f} {r['unit']}" for r in arrays
+                              if r["system"] != "skyward" and r["case"] == sky_arr["case"])
+            target = "" if ray is None else f">= Ray's {_verdict(sky_arr['median'] >= ray['median'])}"
+            lines.append((f"array there and back ({sky_arr['case']})",
+                          f"{sky_arr['median']:,.0f} {sky_arr['unit']}", peers, target))
+    start = parts.get("startup") or {}
+    if start:
+        entered = _startup(start, "sky.Compute", "skyward")
+        fresh = {r["system"]: r["median_s"] for r in start["rows"] if r["case"].startswith("fresh")}
+        peers = ", ".join(f"{k} {v:.3f} s" for k, v in fresh.items() if k != "skyward")
+        if entered is not None:
+            lines.append(("sky.Compute(nodes=2) entered -> first result", f"{entered:.3f} s", "",
+                          f"<= 0.15 s {_verdict(entered <= 0.15)}"))
+        if "skyward" in fresh:
+            lines.append(("fresh interpreter -> first result", f"{fresh['skyward']:.3f} s", peers, ""))
+        imp = _startup(start, "import", "import skyward")
+        if imp is not None:
+            lines.append(("import skyward", f"{imp * 1000:.1f} ms", "", f"<= 50 ms {_verdict(imp <= 0.05)}"))
+    ssh = parts.get("ssh") or {}
+    mbps = {k: v for k, v in ssh.items() if isinstance(v, float) and k.endswith("mb_s") and k.startswith("ssh")}
+    if mbps:
+        best = max(mbps.values())
+        lines.append(("SSH payload (test hosts)", ", ".join(f"{k} {v:.0f} MB/s" for k, v in mbps.items()), "",
+                      f">= 300 MB/s {_verdict(best >= 300)}"))
+    scale = parts.get("scale") or {}
+    if scale:
+        worst = max(v["ms_per_node"] for cloud in scale["preview"].values() for v in cloud.values())
+        lines.append(("preview, per node (1k-5k nodes, AWS and GCP)", f"<= {worst:.2f} ms", "",
+                      f"<= 2 ms {_verdict(worst <= 2)}"))
+        up = scale["up"]
+        lines.append((f"plan + up of {up['nodes']:,} nodes (fake workspace)",
+                      f"{up['seconds']:.2f} s, longest argument {up['longest_argument_bytes']} B", "", ""))
+        mem = scale["memory"]
+        lines.append(("client memory per node", f"{mem['kept_bytes_per_node'] / 1024:.2f} KiB", "", ""))
+        cli = scale["cli"]
+        ok = max(cli["ls_seconds"], cli["status_seconds"]) < 1
+        lines.append((f"skyward ls / status, {cli['nodes']:,}-node pool",
+                      f"{cli['ls_seconds']:.2f} s / {cli['status_seconds']:.2f} s", "", f"< 1 s {_verdict(ok)}"))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="every skyward benchmark, one table")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
+    parser.add_argument("--json", metavar="PATH", help="write every part's figures to one file")
+    parser.add_argument("--skip", default="", help="parts to leave out: " + ", ".join(PARTS))
+    args = parser.parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    unknown = skip - set(PARTS)
+    if unknown:
+        parser.error(f"--skip {','.join(sorted(unknown))}: not a part; the parts are {', '.join(PARTS)}")
+    parts: dict[str, dict[str, Any] | None] = {}
+    with tempfile.TemporaryDirectory(prefix="skyward-bench-") as tmp:
+        for name in PARTS:
+            if name not in skip:
+                parts[name] = run_part(name, args.quick, Path(tmp) / f"{name}.json")
+    table = Table(title=f"skyward benchmarks ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f})")
+    for column in ("what", "skyward", "peers in the same run", "target"):
+        table.add_column(column)
+    for line in summary(parts):
+        table.add_row(*line)
+    Console().print(table)
+    failed = [name for name, data in parts.items() if data is None]
+    if failed:
+        print(f"these parts failed (their output is above): {', '.join(failed)}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(parts, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

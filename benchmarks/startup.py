@@ -1,0 +1,155 @@
+"""Start-up: a fresh interpreter to its first result, and `import skyward`, beside the peers.
+
+    .venv/bin/python benchmarks/startup.py [--rounds N] [--json PATH]
+
+Each measurement runs in a new interpreter, as a user's script would: it imports the system,
+opens 2 workers (sky.Compute(nodes=2) on sky.Local(), ProcessPoolExecutor(2), loky, Ray with
+2 CPUs, a Dask LocalCluster of 2 worker processes), runs one trivial task, and reports the
+time from the start of the script (after the interpreter itself started) to that result.
+Peers that are not installed are left out. Rounds interleave the systems; the table shows
+medians. `import skyward` is timed the same way, beside a bare interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+PROGRAMS = {
+    "skyward": """
+        import skyward as sky
+
+        @sky.function
+        def one() -> int:
+            return 1
+
+        mark("open")
+        with sky.Compute(nodes=2, options=sky.Options(console=False, logging=False)) as pool:
+            assert one() >> pool == 1
+            mark("first")
+    """,
+    "PPE": """
+        from concurrent.futures import ProcessPoolExecutor
+        import _work
+
+        with ProcessPoolExecutor(2) as ex:
+            ex.submit(_work.noop).result()
+            mark("first")
+    """,
+    "loky": """
+        from joblib.externals.loky import get_reusable_executor
+        import _work
+
+        ex = get_reusable_executor(max_workers=2)
+        ex.submit(_work.noop).result()
+        mark("first")
+        ex.shutdown(wait=True, kill_workers=True)
+    """,
+    "Ray": """
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+
+        @ray.remote
+        def one():
+            return 1
+
+        assert ray.get(one.remote()) == 1
+        mark("first")
+        ray.shutdown()
+    """,
+    "Dask": """
+        from dask.distributed import Client, LocalCluster
+        import _work
+
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            with Client(cluster) as client:
+                client.submit(_work.noop).result()
+                mark("first")
+    """,
+}
+NEEDS = {"loky": "joblib", "Ray": "ray", "Dask": "distributed"}
+
+PRELUDE = """
+import json, sys, time
+T0 = time.perf_counter()
+sys.path.insert(0, {here!r})
+MARKS = {{}}
+def mark(name):
+    MARKS[name] = time.perf_counter() - T0
+"""
+EPILOGUE = """
+print("MARKS " + json.dumps(MARKS), flush=True)
+"""
+
+IMPORTS = {
+    "python": "pass",
+    "import skyward": "import skyward",
+    "import skyward; sky.Compute": "import skyward as sky; sky.Compute",
+}
+
+
+def installed(module: str) -> bool:
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def run_program(body: str) -> dict[str, float]:
+    code = PRELUDE.format(here=str(HERE)) + textwrap.dedent(body) + EPILOGUE
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    for line in proc.stdout.splitlines():
+        if line.startswith("MARKS "):
+            marks: dict[str, float] = json.loads(line[6:])
+            return marks
+    raise RuntimeError(f"no result (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
+
+
+def time_import(statement: str) -> float:
+    code = (f"import time; t = time.perf_counter(); {statement}; "
+            "print((time.perf_counter() - t))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    systems = [s for s in PROGRAMS if s not in NEEDS or installed(NEEDS[s])]
+    first: dict[str, list[float]] = {s: [] for s in systems}
+    entered: list[float] = []  # skyward: sky.Compute(...) entered -> first result
+    imports: dict[str, list[float]] = {k: [] for k in IMPORTS}
+    for r in range(args.rounds):
+        order = systems[r % len(systems):] + systems[: r % len(systems)]
+        for s in order:
+            marks = run_program(PROGRAMS[s])
+            first[s].append(marks["first"])
+            if "open" in marks:
+                entered.append(marks["first"] - marks["open"])
+        for k, stmt in IMPORTS.items():
+            imports[k].append(time_import(stmt))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    rows = [{"case": "fresh interpreter -> first result (2 workers)", "system": s,
+             "median_s": statistics.median(v), "min_s": min(v)} for s, v in first.items()]
+    rows.append({"case": "sky.Compute(nodes=2) entered -> first result", "system": "skyward",
+                 "median_s": statistics.median(entered), "min_s": min(entered)})
+    rows += [{"case": "import", "system": k, "median_s": statistics.median(v), "min_s": min(v)}
+             for k, v in imports.items()]
+    width = max(len(r["system"]) for r in rows)
+    for r in rows:
+        print(f"{r['case']:<46} {r['system']:<{width}}  median {r['median_s'] * 1000:8.1f} ms"
+              f"  min {r['min_s'] * 1000:8.1f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "rounds": args.rounds}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""The event journal of named pools (skyward/observe/journal.py): bounded, private, each pool's
+own events only, secrets masked."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from skyward.observe import events as ev
+from skyward.observe import journal, secrets
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_the_journal_keeps_two_generations_at_most(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal, "MAX_BYTES", 4096)
+    for i in range(400):
+        journal.append("big", [{"time": float(i), "event": "Error", "message": f"line {i}"}])
+    files = sorted(p.name for p in (home / "events").iterdir())
+    assert files == ["big.1.jsonl", "big.jsonl"]
+    assert all((home / "events" / f).stat().st_size <= 4096 for f in files)
+    kept = journal.read("big")
+    assert kept[-1]["message"] == "line 399" and len(kept) < 400  # the oldest went, the newest stay
+    assert [e["time"] for e in kept] == sorted(e["time"] for e in kept)
+    assert stat.S_IMODE((home / "events" / "big.jsonl").stat().st_mode) == 0o600
+    assert stat.S_IMODE((home / "events").stat().st_mode) == 0o700
+
+
+def test_a_journal_writes_its_own_pool_only_and_masks_secrets(home: Path) -> None:
+    secrets.register("hunter2-token-value")
+    j = journal.Journal("mine", "provision")
+    ev.bus.emit(ev.ClusterRequested(pool="other", provider="local", nodes=1))  # another pool of this process
+    ev.bus.emit(ev.ClusterRequested(pool="p1", provider="local", nodes=2))
+    ev.bus.flush()
+    close = j.bind("p1")  # held events of p1 are written, the others dropped
+    ev.bus.emit(ev.Error(pool="p1", message="failed with hunter2-token-value inside"))
+    ev.bus.emit(ev.Error(pool="other", message="not mine"))
+    close()
+    ev.bus.emit(ev.Error(pool="p1", message="after close"))
+    ev.bus.flush()
+    kept = journal.read("mine")
+    assert [(e["event"], e["pool"]) for e in kept] == [("ClusterRequested", "p1"), ("Error", "p1")]
+    assert kept[1]["message"] == "failed with *** inside" and kept[1]["role"] == "provision"
+    assert kept[1]["pid"] == os.getpid()
+    assert isinstance(journal.rebuilt(kept[0]), ev.ClusterRequested)
+
+
+def test_a_failed_opening_keeps_the_attempt_that_raised(home: Path) -> None:
+    j = journal.Journal("failing", "provision")
+    ev.bus.emit(ev.ClusterRequested(pool="a", provider="local", nodes=1))
+    ev.bus.emit(ev.ClusterRequested(pool="b", provider="local", nodes=1))  # opened at the same time
+    ev.bus.emit(ev.Error(pool="b", message="the other pool broke"))
+    ev.bus.emit(ev.Error(pool="a", message="no such package"))
+    j.failed(RuntimeError("no such package"))
+    assert [(e["event"], e["pool"]) for e in journal.read("failing")] == [("ClusterRequested", "a"), ("Error", "a")]

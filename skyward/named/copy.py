@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,7 +281,7 @@ def _find(src: str) -> Callable[[Node], _Found | str]:
         '[ -r "$full" ] || { echo "@@unreadable"; exit 0; }\n'
         'echo "@@kind $kind"; echo "@@path $full"; echo "@@base $base"\n'
         'echo "@@size $(find -H "$full" -type f -exec wc -c {} + 2>/dev/null | '
-        "awk 'NF == 2 && $2 == \"total\" {next} {s += $1} END {print s + 0}')\"\n"
+        "awk 'NF == 2 && $2 == \"total\" {next} {s += $1} END {printf \"%.0f\\n\", s}')\"\n"
     )
 
     def check(node: Node) -> _Found | str:
@@ -294,7 +294,7 @@ def _find(src: str) -> Callable[[Node], _Found | str]:
             return f"{src}: could not be looked at on {node.label} (exit {code}): {error.strip()[-300:]}"
         if facts["base"] in ("/", ""):
             return f"{src} is the root folder of {node.label}: name a folder inside it"
-        return _Found(node, facts["kind"], facts["path"], facts["base"], int(facts.get("size") or 0))
+        return _Found(node, facts["kind"], facts["path"], facts["base"], int(float(facts.get("size") or 0)))
 
     return check
 
@@ -319,6 +319,7 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
     with _staging(list(targets.values())) as stages, _Progress(label, total, show) as bar:
         payloads: dict[int, Path] = {}
         sizes: dict[int, int] = {}
+        live: list[Process] = []
 
         def fetch(f: _Found) -> None:
             stage = stages[targets[f.node.rank]] / f"node-{f.node.rank}"
@@ -332,6 +333,7 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
                 script = f"exec tar -C {q(os.path.dirname(f.path))} -chf - {q(f.base)}"
             counter = [0]
             proc = f.node.start(script)
+            live.append(proc)
             try:
                 proc.close_stdin()
                 with tarfile.open(fileobj=_Counted(proc, bar, counter), mode="r|") as tar:  # type: ignore[call-overload]
@@ -347,7 +349,7 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
             payloads[f.node.rank] = payload
             sizes[f.node.rank] = _tree_size(payload)
 
-        _each(found, fetch, lambda f: f.node)
+        _each(found, fetch, lambda f: f.node, live)
         for f in found:  # everything arrived: can every copy go where it is going?
             clash = _clash(payloads[f.node.rank], targets[f.node.rank])
             if clash is not None:
@@ -469,10 +471,21 @@ def _tar_status(node: Node, code: int, stderr: str, doing: str) -> None:
                        f"Nothing was copied.")
 
 
-def _each(items: list[Any], work: Callable[[Any], None], node_of: Callable[[Any], Node]) -> None:
-    """``work`` on every item at once; the first failure (naming its node) once all have ended."""
-    with ThreadPoolExecutor(max_workers=min(32, len(items))) as ex:
-        futures = [(item, ex.submit(work, item)) for item in items]
+def _each(items: list[Any], work: Callable[[Any], None], node_of: Callable[[Any], Node],
+          live: list[Process]) -> None:
+    """``work`` on every item at once; the first failure (naming its node) once all have ended.
+    Interrupted (Ctrl-C), the transfers in ``live`` are ended first, then it is raised."""
+    ex = ThreadPoolExecutor(max_workers=min(32, len(items)))
+    futures = [(item, ex.submit(work, item)) for item in items]
+    try:
+        wait([f for _, f in futures])
+    except BaseException:
+        for proc in list(live):
+            with contextlib.suppress(Exception):
+                proc.interrupt()
+        ex.shutdown(wait=True)
+        raise
+    ex.shutdown(wait=True)
     for item, future in futures:
         exc = future.exception()
         if exc is None:
@@ -526,13 +539,14 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
         return _Target(node, facts["target"])
 
     targets: list[_Target] = _check_all(nodes, where)
+    live: list[Process] = []
     with _Progress(f"{base} to {len(targets)} node(s)", size * len(targets), show) as bar:
         def send(t: _Target) -> None:
             script = (
                 f"target={q(t.path)}\n"
                 'anc=$(dirname -- "$target"); while [ ! -d "$anc" ]; do anc=$(dirname -- "$anc"); done\n'
                 f'stage=$(mktemp -d "$anc/{_STAGE}XXXXXX") || exit 1\n'
-                "trap 'rm -rf -- \"$stage\"' EXIT\n"
+                "trap 'rm -rf -- \"$stage\"' EXIT; trap 'exit 1' HUP INT TERM\n"
                 'tar -x --no-same-owner -f - -C "$stage" || exit 1\n'
                 f"payload=\"$stage\"/{q(base)}\n"
                 + _CLASH +
@@ -541,6 +555,7 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
             )
             counter = [0]
             proc = t.node.start(script)
+            live.append(proc)
             try:
                 with tarfile.open(fileobj=_Sink(proc, bar, counter), mode="w|", bufsize=1 << 20) as tar:  # type: ignore[call-overload]
                     tar.add(str(origin), arcname=base)
@@ -562,7 +577,7 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
                 _tar_status(t.node, code or 1, proc.stderr, f"receiving {src}")
 
         try:
-            _each(targets, send, lambda t: t.node)
+            _each(targets, send, lambda t: t.node, live)
         except BaseException:
             _abort(targets)
             raise

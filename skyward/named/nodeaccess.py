@@ -50,6 +50,7 @@ class Process(Protocol):
     def read(self) -> bytes: ...  # what has arrived on stdout, any size; b"" at the end
     def wait(self) -> int: ...
     def kill(self) -> None: ...
+    def interrupt(self) -> None: ...  # from another thread: make it end (its reader sees the end)
     @property
     def stderr(self) -> str: ...
 
@@ -129,8 +130,9 @@ class LocalNode(Node):
 
 class _PopenProcess:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        # A session of its own: the terminal's Ctrl-C is skyward's, which then interrupts it.
         self._p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
+                                   stderr=subprocess.PIPE, start_new_session=True)
         self._err = bytearray()
         self._reader = threading.Thread(target=self._collect, daemon=True)
         self._reader.start()
@@ -172,6 +174,10 @@ class _PopenProcess:
         except subprocess.TimeoutExpired:
             self._p.kill()
         self.wait()
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self._p.pid, signal.SIGTERM)
 
     @property
     def stderr(self) -> str:
@@ -265,6 +271,9 @@ class _ChannelProcess:
     def kill(self) -> None:
         self._chan.close()
         self._reader.join(10)
+
+    def interrupt(self) -> None:
+        self._chan.close()  # the node's command sees its input end, or its output go nowhere
 
     @property
     def stderr(self) -> str:

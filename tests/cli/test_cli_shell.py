@@ -265,3 +265,26 @@ def test_a_node_that_cannot_be_reached_is_named_and_the_others_still_answer(demo
     assert shell.code == 1 and "node 1" in shell.err, shell
     assert demo("cp", str(src), "demo:", "--node", "0").code == 0
     assert demo("ssh", "demo", "--node", "0", "--", "cat x.txt").out == "x\n"
+
+
+def test_ctrl_c_stops_a_long_copy_at_once_and_leaves_nothing(demo: CLI, tmp_path: Path) -> None:
+    node = node_dirs(demo)[0]
+    huge = tmp_path / "huge.bin"
+    with open(huge, "wb") as f:  # 8 GB that read as zeros and take no disk: a copy of many seconds
+        f.truncate(8 << 30)
+    (node / "huge.bin").hardlink_to(huge)
+    got = tmp_path / "got.bin"
+    term = Tmux(tmp_path, demo.env, demo.cwd)
+    try:
+        for n, (src, dest, way) in enumerate([("demo:huge.bin", str(got), "from"), (str(huge), "demo:up.bin", "to")]):
+            term.type(f"{SKYWARD} cp {src} {dest} --node 0; echo \"@@cp{n}=$?\"")
+            term.wait_for(rf"huge\.bin {way} 1 node\(s\).*[1-9]\d*\.\d MB/s")  # under way
+            started = time.monotonic()
+            term.keys("C-c")
+            assert term.wait_for(rf"@@cp{n}=(\d+)", timeout=20)[1] == "130", term.screen()
+            assert time.monotonic() - started < 10
+    finally:
+        term.close()
+    assert not got.exists() and not (node / "up.bin").exists()
+    for d in (node, tmp_path):
+        assert not list(d.rglob(".skyward-cp-*")), list(d.rglob(".skyward-cp-*"))

@@ -911,6 +911,15 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             raise failed[0][1]
         return reached
 
+    def remote(self, index: int) -> Remote:
+        """The SSH connection node ``index``'s agent tunnel rides on (its pinned host key, its
+        jump host): ``skyward ssh`` and ``skyward cp`` open their sessions on it."""
+        with self._lock:
+            node = self._nodes.get(index)
+        if node is None or node.remote is None or node.remote.conn is None:
+            raise ProviderError(f"node {index} of this pool is not connected")
+        return node.remote
+
     def detach(self) -> None:
         with self._lock:
             nodes = [*self._nodes.values(), *self._described]

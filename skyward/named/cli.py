@@ -6,6 +6,7 @@
     skyward reproduce POOL_ID [--name NAME] [--strict]       a pool again, everything pinned
     skyward exec NAME -- CMD | logs NAME [-f]                a shell command on every node; agent logs
     skyward install NAME PKG... | events NAME                packages on every node; a post-mortem
+    skyward ssh NAME [-- CMD] | cp SRC DEST                  a shell on a node; files to and from nodes
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
 
@@ -142,14 +143,18 @@ def _parser() -> argparse.ArgumentParser:
 
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
+    from .copy import add_cp
     from .eventlog import add_events
     from .install import add_install
     from .runscript import add_run
+    from .shell import add_ssh
 
     add_dashboard(command)
     add_run(command)
     add_events(command)
     add_install(command)
+    add_ssh(command)
+    add_cp(command)
     return parser
 
 
@@ -162,9 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         words, command = words[:at], words[at + 1:]
     args = parser.parse_args(words)
     if command:
-        if args.command not in ("exec", "run"):
-            parser.error("only `skyward exec NAME -- CMD` and `skyward run NAME SCRIPT -- ARGS` "
-                         "take words after --")
+        if args.command not in ("exec", "run", "ssh"):
+            parser.error("only `skyward exec NAME -- CMD`, `skyward ssh NAME -- CMD` and "
+                         "`skyward run NAME SCRIPT -- ARGS` take words after --")
         args.cmd = [*args.cmd, *command]
     if args.command is None:  # a command is required: the help says which
         parser.print_help(sys.stderr)

@@ -1,0 +1,333 @@
+"""A running named pool's nodes as places to run processes (``skyward ssh``, ``skyward cp``).
+
+Each node is reached the way the pool reaches it. A Local node is this machine: a ``bash`` in
+the node's working directory. An SSH node (and a cloud node, which is an SSH node of a stack)
+is a session on the very SSH connection its agent's tunnel rides on, so the pool's pinned host
+keys and its jump host apply, and nothing else is trusted. While a command runs, the pool is
+attached like any client: its lease is renewed (a long shell does not let it expire) and
+``skyward ls`` shows it in use.
+
+What a shell gets is what the pool's tasks get: the node's working directory (the agent's, as
+its handshake reports it), the pool's environment variables (``Image.env``, ``shell_vars``; on
+SSH nodes the node's ``env.sh``), the shipped ``includes`` on ``PYTHONPATH``, and the node's
+Python first on ``PATH`` (on SSH nodes the pool's virtualenv, activated).
+
+The pool is attached for a look (``agentcalls.attached``: each node's channel, whose handshake
+says its working directory); ``pool.cluster.remote(index)`` of SSH clusters is the connection.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import ConfigError, ProviderError
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from ..bootstrap.remote import Remote
+
+q = shlex.quote
+_WINDOW = 64 << 20  # SSH channel window: copies stream many MB per round trip
+_CHUNK = 1 << 20
+
+
+class Process(Protocol):
+    """A command running on a node, its stdin and stdout as pipes (stderr is collected)."""
+
+    def write(self, data: bytes | memoryview) -> None: ...
+    def close_stdin(self) -> None: ...
+    def read(self) -> bytes: ...  # what has arrived on stdout, any size; b"" at the end
+    def wait(self) -> int: ...
+    def kill(self) -> None: ...
+    def interrupt(self) -> None: ...  # from another thread: make it end (its reader sees the end)
+    @property
+    def stderr(self) -> str: ...
+
+
+@dataclass
+class Node(abc.ABC):
+    """One node of a named pool: ``rank`` is its position in the pool (``--node N``)."""
+
+    pool: str
+    rank: int
+    index: int
+    hostname: str
+    cwd: str
+
+    @property
+    def label(self) -> str:
+        return f"node {self.rank} ({self.hostname})"
+
+    @abc.abstractmethod
+    def activate(self) -> str:
+        """Shell code that enters the node's working directory with the pool's environment."""
+
+    @abc.abstractmethod
+    def start(self, script: str) -> Process:
+        """Run ``script`` with bash on the node, stdin/stdout as pipes."""
+
+    @abc.abstractmethod
+    def attach(self, script: str) -> int:
+        """Run ``script`` with bash on the node, attached to this terminal (or to this process's
+        stdin/stdout/stderr when they are not one); its exit status."""
+
+    def run(self, script: str) -> tuple[int, str, str]:
+        """``script`` to the end: exit status, stdout, stderr."""
+        proc = self.start(script)
+        try:
+            proc.close_stdin()
+            out = bytearray()
+            while chunk := proc.read():
+                out += chunk
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            raise
+        return code, out.decode(errors="replace"), proc.stderr
+
+
+# -- Local nodes: this machine ----------------------------------------------------------------------
+@dataclass
+class LocalNode(Node):
+    env: dict[str, str] = field(default_factory=dict)  # the pool's variables (record: cluster.env)
+
+    def _environ(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def activate(self) -> str:
+        # Local nodes run the client's interpreter (skyward's own, here).
+        bindir = os.path.dirname(sys.executable)
+        return (f"cd -- {q(self.cwd)} || exit 1\n"
+                f"export PATH={q(bindir)}\"${{PATH:+:$PATH}}\"\n")
+
+    def start(self, script: str) -> Process:
+        return _PopenProcess(["bash", "-c", script], self._environ())
+
+    def attach(self, script: str) -> int:
+        # The variables go in the environment, not on a command line other users can read.
+        proc = subprocess.Popen(["bash", "-c", script], env=self._environ())
+        # The terminal's Ctrl-C / Ctrl-\ / Ctrl-Z are the shell's: this process waits them out.
+        # (Ignored only now: an ignored signal would be ignored by the child too.)
+        saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)}
+        try:
+            code = proc.wait()
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+        return 128 - code if code < 0 else code
+
+
+class _PopenProcess:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        # A session of its own: the terminal's Ctrl-C is skyward's, which then interrupts it.
+        self._p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+        self._err = bytearray()
+        self._reader = threading.Thread(target=self._collect, daemon=True)
+        self._reader.start()
+
+    def _collect(self) -> None:
+        assert self._p.stderr is not None
+        while chunk := os.read(self._p.stderr.fileno(), 65536):
+            self._err += chunk
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self._p.stdin is not None
+        self._p.stdin.write(data)
+
+    def close_stdin(self) -> None:
+        assert self._p.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self._p.stdin.close()
+
+    def read(self) -> bytes:
+        assert self._p.stdout is not None
+        return os.read(self._p.stdout.fileno(), _CHUNK)
+
+    def wait(self) -> int:
+        code = self._p.wait()
+        self._reader.join()
+        for pipe in (self._p.stdout, self._p.stderr):
+            if pipe is not None:
+                pipe.close()
+        return 128 - code if code < 0 else code
+
+    def kill(self) -> None:
+        # End of input and output first: the command ends on its own (its cleanup traps run,
+        # a tar stops at a truncated archive or a closed pipe); killed only if it does not.
+        self.close_stdin()
+        if self._p.stdout is not None:
+            self._p.stdout.close()
+        try:
+            self._p.wait(5)
+        except subprocess.TimeoutExpired:
+            self._p.kill()
+        self.wait()
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self._p.pid, signal.SIGTERM)
+
+    @property
+    def stderr(self) -> str:
+        return self._err.decode(errors="replace")
+
+
+# -- SSH nodes (and cloud nodes): sessions on the pool's SSH connection -------------------------------
+@dataclass
+class SSHNode(Node):
+    remote: Remote | None = None
+    venv: str | None = None  # the pool's virtualenv on the node
+
+    @property
+    def _transport(self) -> paramiko.Transport:
+        assert self.remote is not None
+        return self.remote.transport
+
+    def activate(self) -> str:
+        # What the agent's start command does (providers/ssh.py), plus the venv on PATH.
+        lines = [f"cd -- {q(self.cwd)} || exit 1",
+                 "if [ -f ./env.sh ]; then . ./env.sh; fi",
+                 # the shipped includes, and the live folder `skyward install` fills
+                 'PP=""; if [ -d ./includes ]; then PP="$PWD/includes"; fi',
+                 'if [ -d ./site ]; then PP="${PP:+$PP:}$PWD/site"; export SKYWARD_SITE="$PWD/site"; fi',
+                 'if [ -n "$PP" ]; then export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"; fi; unset PP']
+        if self.venv:
+            lines += [f"if [ -d {q(self.venv)} ]; then export VIRTUAL_ENV={q(self.venv)}; "
+                      f'export PATH="$VIRTUAL_ENV/bin${{PATH:+:$PATH}}"; fi']
+        return "\n".join(lines) + "\n"
+
+    def start(self, script: str) -> Process:
+        with self._session():
+            return _ChannelProcess(self._transport, f"bash -c {q(script)}")
+
+    def attach(self, script: str) -> int:
+        from .terminal import run_channel
+
+        with self._session():
+            return run_channel(self._transport, f"bash -c {q(script)}")
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """A session the SSH connection refused, or a connection that broke: this node's error."""
+        import paramiko
+
+        try:
+            yield
+        except BrokenPipeError:  # this side's stdout closed (`skyward ssh NAME -- cmd | head`)
+            raise
+        except (paramiko.SSHException, EOFError, ConnectionError) as exc:
+            raise ProviderError(f"{self.label}: its SSH connection failed ({type(exc).__name__}: {exc}); "
+                                f"`skyward status {self.pool}` shows whether it answers.") from None
+
+
+class _ChannelProcess:
+    def __init__(self, transport: paramiko.Transport, command: str) -> None:
+        self._chan = transport.open_session(window_size=_WINDOW)
+        self._chan.exec_command(command)
+        self._err = bytearray()
+        self._reader = threading.Thread(target=self._collect, daemon=True)
+        self._reader.start()
+
+    def _collect(self) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            while chunk := self._chan.recv_stderr(_WINDOW):
+                self._err += chunk
+
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            sent = self._chan.send(view[:_CHUNK])
+            if sent <= 0:
+                raise BrokenPipeError("the node closed the SSH channel while receiving")
+            view = view[sent:]
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self._chan.shutdown_write()
+
+    def read(self) -> bytes:
+        # Everything buffered at once: paramiko moves the rest of its buffer (up to the window,
+        # 64 MB) on every read that takes less than all of it, which made small reads crawl.
+        return bytes(self._chan.recv(_WINDOW))
+
+    def wait(self) -> int:
+        code = self._chan.recv_exit_status()
+        self._reader.join(10)
+        self._chan.close()
+        return 255 if code < 0 else code  # no status: the command was killed by a signal
+
+    def kill(self) -> None:
+        self._chan.close()
+        self._reader.join(10)
+
+    def interrupt(self) -> None:
+        self._chan.close()  # the node's command sees its input end, or its output go nowhere
+
+    @property
+    def stderr(self) -> str:
+        return self._err.decode(errors="replace")
+
+
+# -- opening a pool's nodes -----------------------------------------------------------------------------
+def ranks_of(record: dict[str, Any], node: int | None) -> list[int]:
+    """The ranks ``--node`` picks (all without it), checked against the pool's nodes."""
+    count = len((record.get("cluster") or {}).get("nodes", []))
+    if node is None:
+        return list(range(count))
+    if not 0 <= node < count:
+        raise ConfigError(f"--node {node}: pool {record['name']!r} has nodes 0 to {count - 1} "
+                          f"(`skyward status {record['name']}` lists them).")
+    return [node]
+
+
+@contextlib.contextmanager
+def open_nodes(name: str, node: int | None) -> Iterator[tuple[dict[str, Any], list[Node]]]:
+    """Attach to running pool ``name`` for a look (agentcalls.attached: no healing, no audit
+    entry) and hand out its nodes (``node``: only that rank; None: every node). A node that
+    cannot be reached is an error naming it: nothing runs on the others then."""
+    from .agentcalls import attached
+    from .pools import get
+
+    wanted = ranks_of(get(name), node)  # a wrong --node fails before anything connects
+    with attached(name) as (pool, described):
+        record = get(name)
+        if not wanted or wanted[-1] >= len(described):
+            raise ProviderError(f"pool {name!r} has {len(described)} node(s) now; `skyward status {name}` "
+                                f"lists them.")
+        nodes: list[Node] = []
+        for rank in wanted:
+            found = described[rank]
+            if found.channel is None:
+                raise ProviderError(
+                    f"{found.label} of pool {name!r} cannot be reached: {found.why}. `skyward status "
+                    f"{name}` shows each node" + ("; --node picks one that answers." if len(wanted) > 1 else "."))
+            nodes.append(_node(record, pool.cluster, rank, found.description, found.channel.facts))
+        yield record, nodes
+
+
+def _node(record: dict[str, Any], cluster: Any, rank: int, desc: dict[str, Any], facts: dict[str, Any]) -> Node:
+    name, index = record["name"], int(desc["index"])
+    host = str(facts.get("hostname") or desc.get("hostname") or "?")
+    cwd = str(facts.get("cwd") or desc.get("pool_dir") or "")
+    if record.get("provider") == "local":
+        env = {str(k): str(v) for k, v in ((record.get("cluster") or {}).get("env") or {}).items()}
+        return LocalNode(name, rank, index, host, cwd, env=env)
+    remote = getattr(cluster, "remote", None)
+    if remote is None:
+        raise ProviderError(f"pool {name!r}: provider {record.get('provider')!r} gives no shell on its "
+                            f"nodes in this version of skyward; `skyward exec {name} -- CMD` runs commands there.")
+    home, python = desc.get("home") or "", desc.get("agent_python") or ""
+    venv = os.path.dirname(os.path.dirname(f"{home}/{python}")) if home and python else None
+    return SSHNode(name, rank, index, host, cwd, remote=remote(index), venv=venv)

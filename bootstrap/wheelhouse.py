@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,8 @@ def uv_binary_gz() -> Path:
     digest = hashlib.sha256(f"{src}:{src.stat().st_size}:{src.stat().st_mtime_ns}".encode()).hexdigest()[:16]
     out = cache_dir("uv", digest) / "uv.gz"
     if not out.exists():
-        tmp = out.with_suffix(".tmp")
+        # A name of this process's own: two programs packing uv at once each write theirs.
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         with open(src, "rb") as f, gzip.open(tmp, "wb", compresslevel=6) as g:
             shutil.copyfileobj(f, g, 1 << 20)
         tmp.replace(out)
@@ -120,7 +122,9 @@ def _write_wheel(out: Path, version: str, files: list[tuple[str, Path]]) -> None
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: skyward\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
-    tmp = out.with_suffix(".tmp")
+    # A name of this process's own: two programs building the same wheel at once each write
+    # theirs, and the second rename replaces the first with the same bytes.
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for arc, path in files:
             data = path.read_bytes()

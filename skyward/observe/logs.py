@@ -234,7 +234,8 @@ def _open_file_handler(config: LogConfig, path: Path) -> logging.Handler:
     folder = path.parent
     try:
         if not folder.exists():
-            folder.mkdir(parents=True, mode=0o700)
+            # exist_ok: another program may make it at the same moment (two pools starting).
+            folder.mkdir(parents=True, mode=0o700, exist_ok=True)
             # mkdir's mode is filtered by the umask; make it exactly 0700.
             folder.chmod(0o700)
         rotation = _parse_rotation(config.rotation)

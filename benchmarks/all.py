@@ -91,14 +91,14 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
             lines.append(("no-op round trip", f"{sky['median']:.3f} ms ({ratio:.2f}x PPE)", peers,
                           f"<= 1.10x PPE {_verdict(ratio <= 1.10)}"))
         arrays = [r for r in run["results"] if r["bench"] == "array" and r["unit"] in ("MB/s", "GB/s")]
-        sky_arr = next((r for r in arrays if r["system"] == "skyward"), None)
+        sky_arr = next((r for r in arrays if r["system"] == "skyward" and r["case"].startswith("echo")), None)
         if sky_arr is not None:
-            ray = next((r for r in arrays if r["system"] == "Ray" and r["case"] == sky_arr["case"]), None)
-            peers = ", ".join(f"{r['system']} {r['median']:,.0f} {r['unit']}" for r in arrays
+            ray = next((r for r in arrays if r["system"] == "ray" and r["case"] == sky_arr["case"]), None)
+            peers = ", ".join(f"{r['system']} {r['median']:,.2f} {r['unit']}" for r in arrays
                               if r["system"] != "skyward" and r["case"] == sky_arr["case"])
             target = "" if ray is None else f">= Ray's {_verdict(sky_arr['median'] >= ray['median'])}"
             lines.append((f"array there and back ({sky_arr['case']})",
-                          f"{sky_arr['median']:,.0f} {sky_arr['unit']}", peers, target))
+                          f"{sky_arr['median']:,.2f} {sky_arr['unit']}", peers, target))
     start = parts.get("startup") or {}
     if start:
         entered = _startup(start, "sky.Compute", "skyward")
@@ -113,9 +113,11 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
         if imp is not None:
             lines.append(("import skyward", f"{imp * 1000:.1f} ms", "", f"<= 50 ms {_verdict(imp <= 0.05)}"))
     ssh = parts.get("ssh") or {}
-    mbps = {k: v for k, v in ssh.items() if isinstance(v, float) and k.endswith("mb_s") and k.startswith("ssh")}
+    mbps = {k.replace("_100MB", " 100 MB").replace("_MBps", "").replace("_", " "): v for k, v in ssh.items()
+            if isinstance(v, float) and k.endswith("_MBps") and not k.startswith("local")}
+    tunnel = [v for k, v in ssh.items() if isinstance(v, float) and k.startswith("ssh_100MB") and k.endswith("_MBps")]
     if mbps:
-        best = max(mbps.values())
+        best = min(tunnel) if tunnel else max(mbps.values())  # both directions through the tunnel
         lines.append(("SSH payload (test hosts)", ", ".join(f"{k} {v:.0f} MB/s" for k, v in mbps.items()), "",
                       f">= 300 MB/s {_verdict(best >= 300)}"))
     scale = parts.get("scale") or {}

@@ -109,6 +109,9 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
                           f"<= 0.15 s {_verdict(entered <= 0.15)}"))
         if "skyward" in fresh:
             lines.append(("fresh interpreter -> first result", f"{fresh['skyward']:.3f} s", peers, ""))
+        wake = _startup(start, "nodes=(0, 2)", "skyward")
+        if wake is not None:
+            lines.append(("an asleep pool's first task -> result (wake from zero)", f"{wake:.3f} s", "", ""))
         imp = _startup(start, "import", "import skyward")
         if imp is not None:
             lines.append(("import skyward", f"{imp * 1000:.1f} ms", "", f"<= 50 ms {_verdict(imp <= 0.05)}"))

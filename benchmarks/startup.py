@@ -34,6 +34,11 @@ PROGRAMS = {
         with sky.Compute(nodes=2, options=sky.Options(console=False, logging=False)) as pool:
             assert one() >> pool == 1
             mark("first")
+        # A pool that scales to zero, asleep: its first task wakes it (starts the head node).
+        with sky.Compute(nodes=(0, 2), options=sky.Options(console=False, logging=False)) as asleep:
+            mark("wake")
+            assert one() >> asleep == 1
+            mark("woke")
     """,
     "PPE": """
         from concurrent.futures import ProcessPoolExecutor
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     systems = [s for s in PROGRAMS if s not in NEEDS or installed(NEEDS[s])]
     first: dict[str, list[float]] = {s: [] for s in systems}
     entered: list[float] = []  # skyward: sky.Compute(...) entered -> first result
+    woke: list[float] = []  # skyward: an asleep pool's first task -> its result
     imports: dict[str, list[float]] = {k: [] for k in IMPORTS}
     for r in range(args.rounds):
         order = systems[r % len(systems):] + systems[: r % len(systems)]
@@ -133,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             first[s].append(marks["first"])
             if "open" in marks:
                 entered.append(marks["first"] - marks["open"])
+            if "woke" in marks:
+                woke.append(marks["woke"] - marks["wake"])
         for k, stmt in IMPORTS.items():
             imports[k].append(time_import(stmt))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
@@ -140,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
              "median_s": statistics.median(v), "min_s": min(v)} for s, v in first.items()]
     rows.append({"case": "sky.Compute(nodes=2) entered -> first result", "system": "skyward",
                  "median_s": statistics.median(entered), "min_s": min(entered)})
+    rows.append({"case": "nodes=(0, 2) asleep: first task -> result (wake)", "system": "skyward",
+                 "median_s": statistics.median(woke), "min_s": min(woke)})
     rows += [{"case": "import", "system": k, "median_s": statistics.median(v), "min_s": min(v)}
              for k, v in imports.items()]
     width = max(len(r["system"]) for r in rows)

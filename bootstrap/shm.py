@@ -39,6 +39,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .procs import alive
+
 HEADER = mmap.ALLOCATIONGRANULARITY  # the buffer starts on a page boundary (aligned arrays)
 _GENS = struct.Struct("=QQ")  # sent, released
 _RELEASED = 8  # offset of the released generation
@@ -385,20 +387,6 @@ def _unlink_if_orphaned(path: bytes) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def forget(directory: Path) -> None:

@@ -33,6 +33,7 @@ from skyward.runtime import context
 
 from . import serialize
 from .frames import FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
+from .procs import alive as _alive
 
 STDOUT, STDERR = 1, 2
 _GRACE = 1.0  # seconds a timed-out thread gets to unwind before it is given up on
@@ -474,21 +475,6 @@ class Worker:
                 f"new slot replaces it. Use Worker(executor='process') to have such tasks killed."
             )
             self._start_slot()
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not: init may never reap it here)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def main() -> None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from skyward.bootstrap.procs import alive as _running
 
 from .notes import folder, forget
 
@@ -47,19 +48,6 @@ class Orphan:
     @property
     def path(self) -> Path:
         return folder() / f"{self.stack}.json"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def orphans() -> list[Orphan]:

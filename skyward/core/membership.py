@@ -245,10 +245,14 @@ class Membership:
         return PoolSnapshot(pool=self.pool_id, name=self.name, active=not self.closed, nodes=tuple(nodes))
 
     # -- starting ------------------------------------------------------------------------------
-    def start(self) -> bool:
+    def start(self, first: list[Any] | None = None) -> bool:
         """Start the pool's nodes; return once ``Nodes.min`` of them (default: all) are ready,
-        True when all are (else ClusterReady comes when the last one joins)."""
+        True when all are (else ClusterReady comes when the last one joins). ``first``: the
+        endpoints of nodes the cluster started already (every node of the pool)."""
         nodes = self.nodes
+        if first is not None:
+            self.add_nodes(len(first), first)
+            return True
         if nodes.min is None or nodes.min >= nodes.desired:
             self.add_nodes(nodes.desired)
             return True
@@ -329,10 +333,11 @@ class Membership:
             if self.options.health_checker is None:
                 self.mark_checked(ch)
 
-    def add_nodes(self, count: int) -> None:
+    def add_nodes(self, count: int, started: list[Any] | None = None) -> None:
+        """Start ``count`` nodes (or connect ``started``, nodes the cluster started already)."""
         if count <= 0:
             return  # a pool born asleep (Nodes(desired=0)): its first task starts a node
-        endpoints = self.cluster.start(count)
+        endpoints = started if started is not None else self.cluster.start(count)
         for e in endpoints:
             self.emit(ev.InstanceProvisioned(
                 pool=self.pool_id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,

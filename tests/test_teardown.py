@@ -235,8 +235,9 @@ def test_nodes_started_early_stop_when_the_pool_fails_to_open(tmp_path: Path) ->
     blocker = tmp_path / "file"
     blocker.write_text("")
     options = sky.Options(console=False, logging=sky.LogConfig(file=str(blocker / "skyward.log")))
-    with pytest.raises(sky.ConfigError, match="cannot be opened"), sky.Compute(nodes=2, options=options):
-        pass  # never reached
+    with pytest.raises(sky.ConfigError, match="cannot be opened"):
+        with sky.Compute(nodes=2, options=options):
+            pass  # never reached
     time.sleep(1.5)  # long past any start still under way: a node left behind would be up by now
     deadline = time.monotonic() + 10
     while _agent_pids() - before and time.monotonic() < deadline:

@@ -134,9 +134,6 @@ class ProviderConfig:
     """Base of sky.Local, sky.SSH, sky.AWS, sky.GCP: configuration plus a factory of clusters."""
 
     is_skyward_provider: ClassVar[bool] = True
-    # Its nodes start in a fraction of a second and report nothing while they start (no
-    # bootstrap phases): a pool may start them on a thread while its own modules load.
-    starts_early: ClassVar[bool] = False
     kind: ClassVar[str] = "?"
 
     def check(self, spec: Spec) -> str | None:

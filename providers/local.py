@@ -49,7 +49,6 @@ class Local(ProviderConfig):
 
     workdir: str | None = None
     kind: ClassVar[str] = "local"
-    starts_early: ClassVar[bool] = True
 
     def check(self, spec: Spec) -> str | None:
         image = spec.image

@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import uuid
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -23,55 +21,15 @@ from ..spec import (
     select_spec,
     unknown_field_error,
 )
+from .pool import Pool
 
 if TYPE_CHECKING:
     from typing import Unpack
 
     from ..observe.logs import LogConfig
-    from ..providers.base import Cluster
     from ..spec import ConsoleMode, SpecKwargs
-    from .pool import Pool
 
 log = logging.getLogger("skyward")
-
-
-class EarlyStart:
-    """A pool's first nodes, started on a thread before the pool itself exists (providers with
-    ``starts_early``). The pool takes them (``take``); if it never does, ``discard`` stops them."""
-
-    def __init__(self, spec: Spec, options: Options) -> None:
-        self.pool_id = uuid.uuid4().hex[:8]
-        self._future: Future[tuple[Cluster, list[Any]]] = Future()
-        self._taken = False
-        threading.Thread(target=self._run, args=(spec, options), name="skyward-early-start", daemon=True).start()
-
-    def _run(self, spec: Spec, options: Options) -> None:
-        try:
-            cluster = spec.provider.create(spec, self.pool_id, options)
-            try:
-                endpoints = cluster.start(spec.node_spec.desired)
-            except BaseException:
-                cluster.close()
-                raise
-        except BaseException as exc:
-            self._future.set_exception(exc)
-        else:
-            self._future.set_result((cluster, endpoints))
-
-    def take(self) -> tuple[Cluster, list[Any]]:
-        """The cluster and its started nodes' endpoints (raises what starting them raised)."""
-        self._taken = True
-        return self._future.result()
-
-    def discard(self) -> None:
-        if self._taken:
-            return  # the pool has them: it closes them
-        self._taken = True
-        try:
-            cluster, _ = self._future.result()
-        except BaseException:
-            return  # nothing started, or what started was closed already
-        cluster.close()
 
 
 def _resolve_worker(options: Options, worker: Worker | None) -> Worker:
@@ -173,19 +131,7 @@ class Compute:
                 "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "
                 "until you stop them yourself.", stacklevel=3,
             )
-        # A provider whose nodes start in a blink starts them now, on a thread, while the pool's
-        # own modules load: the two take about as long, and neither waits for the other.
-        nodes = spec.node_spec
-        early = EarlyStart(spec, self.options) if (
-            getattr(spec.provider, "starts_early", False) and nodes.min is None and nodes.desired > 0) else None
-        try:
-            from .pool import Pool
-
-            return Pool(spec, self.options, self.worker, early=early)
-        except BaseException:
-            if early is not None:
-                early.discard()  # the pool did not take its nodes: they stop now
-            raise
+        return Pool(spec, self.options, self.worker)
 
     def __enter__(self) -> Pool:
         self.pool = self.open()
@@ -241,8 +187,6 @@ def _reproduce(pool_id: str, provider: Any, options: Options, strict: bool) -> P
 
         validate(spec.plugins)
     with rep.pinned():
-        from .pool import Pool
-
         return Pool(spec, options, rep.worker)
 
 

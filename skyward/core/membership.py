@@ -245,14 +245,10 @@ class Membership:
         return PoolSnapshot(pool=self.pool_id, name=self.name, active=not self.closed, nodes=tuple(nodes))
 
     # -- starting ------------------------------------------------------------------------------
-    def start(self, first: list[Any] | None = None) -> bool:
+    def start(self) -> bool:
         """Start the pool's nodes; return once ``Nodes.min`` of them (default: all) are ready,
-        True when all are (else ClusterReady comes when the last one joins). ``first``: the
-        endpoints of nodes the cluster started already (every node of the pool)."""
+        True when all are (else ClusterReady comes when the last one joins)."""
         nodes = self.nodes
-        if first is not None:
-            self.add_nodes(len(first), first)
-            return True
         if nodes.min is None or nodes.min >= nodes.desired:
             self.add_nodes(nodes.desired)
             return True
@@ -333,11 +329,10 @@ class Membership:
             if self.options.health_checker is None:
                 self.mark_checked(ch)
 
-    def add_nodes(self, count: int, started: list[Any] | None = None) -> None:
-        """Start ``count`` nodes (or connect ``started``, nodes the cluster started already)."""
+    def add_nodes(self, count: int) -> None:
         if count <= 0:
             return  # a pool born asleep (Nodes(desired=0)): its first task starts a node
-        endpoints = started if started is not None else self.cluster.start(count)
+        endpoints = self.cluster.start(count)
         for e in endpoints:
             self.emit(ev.InstanceProvisioned(
                 pool=self.pool_id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,

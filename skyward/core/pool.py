@@ -45,7 +45,6 @@ from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
     from ..providers.base import Cluster
-    from .compute import EarlyStart
 
 __all__ = ["Pool", "active_pool", "decode_result"]
 
@@ -79,16 +78,15 @@ class Pool(DispatchTarget):
 
     def __init__(
         self, spec: PoolSpec, options: Options, worker: Worker, *,
-        cluster: Cluster | None = None, name: str | None = None, early: EarlyStart | None = None,
+        cluster: Cluster | None = None, name: str | None = None,
     ) -> None:
         """``cluster``: nodes that already run (a named pool another process started, from
         ``provider.attach``); the pool then connects to them and, on close, detaches and leaves
-        them running instead of destroying them. ``early``: its first nodes, started by
-        ``sky.Compute`` while this module loaded (skyward.core.compute.EarlyStart)."""
+        them running instead of destroying them."""
         self.spec = spec
         self.options = options
         self.worker = worker
-        self.id = early.pool_id if early is not None else uuid.uuid4().hex[:8]
+        self.id = uuid.uuid4().hex[:8]
         self.name = name
         self._owned = cluster is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
@@ -127,10 +125,7 @@ class Pool(DispatchTarget):
 
             self._origin = record.origin_soon()  # for the record, while the nodes start
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
-        first: list[Any] | None = None  # endpoints of nodes already started (early)
         try:
-            if early is not None:
-                cluster, first = early.take()
             members.attach(cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name))
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
@@ -139,7 +134,7 @@ class Pool(DispatchTarget):
         secrets.register(self.cluster.token)  # the agents' token never shows in logs either
         _open_pools.add(self)
         try:
-            complete = members.start(first)  # all nodes, or Nodes(min=) of them (the rest join later)
+            complete = members.start()  # all nodes, or Nodes(min=) of them (the rest join later)
             if complete and not self._owned and self.cluster.heal_at_attach:
                 self.attach_events = self.healing.replace_unreachable()  # its dead nodes, now
         except BaseException as exc:

@@ -9,7 +9,6 @@ use its ``encode``, ``track``, ``decode`` and ``submit``."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
@@ -32,7 +31,6 @@ from ..errors import (
     SerializationError,
 )
 from ..observe import events as ev
-from ..observe import secrets
 from ..spec import Options
 from .function import PendingFunction
 from .membership import Membership
@@ -40,18 +38,6 @@ from .streaming import split_stream_args, streams_out, submit_streaming
 
 log = logging.getLogger("skyward")
 T = TypeVar("T")
-
-
-def emitter(pool_id: str) -> Callable[[ev.Event], None]:
-    """The pool's ``emit``: an Error event's message may quote a secret (Log events are built
-    redacted), so it is redacted on its way out."""
-
-    def emit(event: ev.Event) -> None:
-        if isinstance(event, ev.Error):
-            event = dataclasses.replace(event, message=secrets.redact(event.message))
-        ev.bus.emit(event)
-
-    return emit
 
 
 class Dispatcher:

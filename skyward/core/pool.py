@@ -37,7 +37,7 @@ from ..spec import Nodes, NodeSpec, Options, PoolSpec, Worker
 from . import target
 from .autoscale import Autoscaler
 from .batches import Batches
-from .dispatch import Dispatcher, decode_result, emitter
+from .dispatch import Dispatcher, decode_result
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction
 from .healing import Healing
 from .membership import Membership, PoolSnapshot
@@ -91,7 +91,7 @@ class Pool(DispatchTarget):
         self._owned = cluster is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
         self._tokens: list[contextvars.Token[Any]] = []
-        self._emit = emitter(self.id)
+        self._emit = ev.emit  # Error messages redacted
         # The parts, lowest first; each is handed what it uses.
         self.members = members = Membership(self.id, name, spec, options, worker, self._emit)
         self.shared = ClientState(options, members.head, self.id)

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 log = logging.getLogger("skyward.observe.events")
@@ -282,6 +282,16 @@ class _Bus:
 
 
 bus = _Bus()
+
+
+def emit(event: Event) -> None:
+    """Emit a pool's event. An Error's message may quote a secret (Log events are built
+    redacted), so it is redacted on its way out."""
+    if isinstance(event, Error):
+        from .secrets import redact
+
+        event = replace(event, message=redact(event.message))
+    bus.emit(event)
 
 
 def subscribe(callback: Callback) -> Callable[[], None]:

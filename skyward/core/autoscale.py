@@ -77,14 +77,13 @@ class Autoscaler:
                 size = len(members.channels)  # a lost node being replaced still counts: no scale-up
             busy = sum(ch.inflight for ch in live)
             now = time.monotonic()
-            if busy:
-                members.idle_since = now
+            idle_since = state.idle_since  # decide() clears it when it shrinks the pool
             target = decide(members.nodes, size, busy, self.worker.slots, now, state, self.options)
             if target is None:
                 continue
             log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)
             try:
-                members.scale_to(target)
+                members.scale_to(target, idle=now - idle_since if idle_since is not None else None)
             except Exception as exc:  # a failed scale step must not end the pool
                 if members.closed:
                     return

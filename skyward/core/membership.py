@@ -102,7 +102,6 @@ class Membership:
         self.stop = threading.Event()  # set once the pool closes: every loop of every part ends
         self.resize_lock = threading.Lock()
         self.requested = time.monotonic()
-        self.idle_since = time.monotonic()  # when the last task ended (the autoscaler keeps it)
         self.waking: threading.Thread | None = None  # an asleep pool starting a node for its work
         self.wake_error: BaseException | None = None
         self._print_lock = threading.Lock()
@@ -482,8 +481,9 @@ class Membership:
         }
 
     # -- size ------------------------------------------------------------------------------------
-    def scale_to(self, target: int) -> None:
-        """Add or remove nodes (the last ranks leave, once their running tasks are done)."""
+    def scale_to(self, target: int, idle: float | None = None) -> None:
+        """Add or remove nodes (the last ranks leave, once their running tasks are done). ``idle``:
+        how long the pool had been idle, when the autoscaler shrinks it (said when it sleeps)."""
         with self.resize_lock:
             with self.lock:
                 current = len(self.channels)
@@ -506,11 +506,11 @@ class Membership:
             for ch in leaving:
                 self.emit(ev.InstanceDestroyed(pool=self.pool_id, node=ch.node))
             if target == 0:  # asleep: the head went, and the collections' state with it
-                idle = time.monotonic() - self.idle_since
-                self.on_head_gone(f"the pool scaled to zero nodes after {idle:.0f} s idle, and its head node, "
-                                  f"which held them, stopped")
-                log.info("pool %s: asleep (no node) after %.0f s idle", self.name or self.pool_id, idle)
-                self.emit(ev.ClusterAsleep(pool=self.pool_id, idle_seconds=idle))
+                why = f"after {idle:.0f} s idle" if idle is not None else "by a resize"
+                self.on_head_gone(f"the pool scaled to zero nodes {why}, and its head node, which held them, "
+                                  f"stopped")
+                log.info("pool %s: asleep (no node) %s", self.name or self.pool_id, why)
+                self.emit(ev.ClusterAsleep(pool=self.pool_id, idle_seconds=idle or 0.0))
             self.configure_all()
 
     # -- the lease -------------------------------------------------------------------------------

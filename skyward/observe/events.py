@@ -52,7 +52,7 @@ class ClusterAsleep(Event):
     """A pool of ``Nodes(desired=0)`` stopped its last node (it sat idle for
     ``Options.autoscale_idle_timeout``): it costs nothing until its next task wakes it."""
 
-    idle_seconds: float  # how long it had been idle
+    idle_seconds: float  # how long it had been idle (0 when a resize put it to sleep)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

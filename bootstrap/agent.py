@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import contextlib
 import hmac
 import ipaddress
 import itertools
@@ -36,9 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import serialize, shm, versions
 from .frames import (
@@ -51,6 +50,11 @@ from .frames import (
     Kind,
     tune,
 )
+from .lane import LaneCount
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL = 1
 
@@ -59,34 +63,40 @@ def _log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), "agent:", msg, file=sys.stderr, flush=True)
 
 
-@dataclass(eq=False)
+# Plain classes, not dataclasses: importing dataclasses (and inspect with it) would be a
+# fifth of the agent's start-up, which every Local node pays on the way to its first task.
 class Conn:
-    sock: socket.socket
-    writer: FrameWriter
-    open: bool = True
+    __slots__ = ("open", "sock", "writer")
+
+    def __init__(self, sock: socket.socket, writer: FrameWriter) -> None:
+        self.sock, self.writer = sock, writer
+        self.open = True
 
 
-@dataclass(eq=False)
 class Route:
-    conn: Conn
-    client_tid: int
-    worker: WorkerProc | None = None
-    nested: int = 0  # nested submissions of this task that await their REPLY
-    # The task's shared-memory buffers: given back if its worker dies before it lets them go.
-    spilled: list[tuple[int, Any]] = field(default_factory=list)
+    __slots__ = ("client_tid", "conn", "nested", "spilled", "worker")
+
+    def __init__(self, conn: Conn, client_tid: int, spilled: list[tuple[int, Any]] | None = None) -> None:
+        self.conn, self.client_tid = conn, client_tid
+        self.worker: WorkerProc | None = None
+        self.nested = 0  # nested submissions of this task that await their REPLY
+        # The task's shared-memory buffers: given back if its worker dies before it lets them go.
+        self.spilled = spilled if spilled is not None else []
 
 
-@dataclass(eq=False)
 class WorkerProc:
-    index: int
-    proc: subprocess.Popen[bytes]
-    writer: FrameWriter
-    sock: socket.socket
-    capacity: int
-    inflight: dict[int, Route] = field(default_factory=dict)
-    retiring: bool = False
-    lent: int = 0  # slots lent by tasks of this worker that wait for nested work
-    launched: bool = False  # started by a plugin launcher: shares its process with others
+    __slots__ = ("capacity", "index", "inflight", "lane", "lane_count", "launched", "lent", "proc",
+                 "retiring", "sock", "writer")
+
+    def __init__(self, index: int, proc: subprocess.Popen[bytes], writer: FrameWriter, sock: socket.socket,
+                 capacity: int, launched: bool = False) -> None:
+        self.index, self.proc, self.writer, self.sock, self.capacity = index, proc, writer, sock, capacity
+        self.inflight: dict[int, Route] = {}
+        self.retiring = False
+        self.lent = 0  # slots lent by tasks of this worker that wait for nested work
+        self.launched = launched  # started by a plugin launcher: shares its process with others
+        self.lane: str | None = None  # where its lane listens (lane.py), when clients may use it
+        self.lane_count: LaneCount | None = None  # how many lane tasks it runs now
 
 
 class Agent:
@@ -121,7 +131,11 @@ class Agent:
         # (id(connection), client's task id) -> agent task id, for streaming tasks: CREDIT, STOP
         # and FEED frames from the client name the task by the client's id.
         self.streaming: dict[tuple[int, int], int] = {}
-        self.spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None  # see prestart
+        self.spare: tuple[subprocess.Popen[bytes], socket.socket, _LaneSetup | None] | None = None  # see prestart
+        # Where workers' lane listeners go (lane.py): beside the agent's own Unix socket, when
+        # it has one (a Local node: its clients are on this host).
+        self.lane_dir: str | None = None
+        self.lane_ids = itertools.count(1)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket, *more: socket.socket) -> None:
@@ -169,6 +183,7 @@ class Agent:
             for w in workers:
                 w.retiring = True
         for w in workers:
+            _unlink(w.lane)
             try:
                 w.proc.terminate()  # a worker busy in tasks reads no frames; SIGTERM reaches it
             except OSError:
@@ -228,7 +243,7 @@ class Agent:
                 self.ttl = float(info["ttl"])
             self.renewed = time.monotonic()
             # What this node is doing for every client (`skyward status` shows it).
-            running = sum(len(w.inflight) for w in self.workers)
+            running = sum(len(w.inflight) + (w.lane_count.get() if w.lane_count else 0) for w in self.workers)
             queued = len(self.pending)
             clients = len(self.conns)
         welcome = {
@@ -257,6 +272,7 @@ class Agent:
                     self._cancel(conn, frame.task_id)
                 elif frame.kind == Kind.CONFIGURE:
                     self._configure(json.loads(bytes(frame.body)))
+                    self._offer_lane(conn)
                 elif frame.kind == Kind.PING:
                     writer.send_parts(Kind.PONG, 0, 0, b"")
                 elif frame.kind == Kind.STATE:
@@ -340,6 +356,7 @@ class Agent:
             "spill": spill,
             "plugins": self.config.get("plugins"),
             "state": self._state_for_workers(),
+            "lane": {"token": self.token.decode()} if w.lane else None,
         }).encode()
         try:
             w.writer.send_parts(Kind.CONFIGURE, 0, 0, body)
@@ -376,10 +393,18 @@ class Agent:
             if self.spare is None and not self.stopping.is_set():
                 self.spare = self._popen_worker(None)
 
-    def _popen_worker(self, settings: dict[str, Any] | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    def _popen_worker(self, settings: dict[str, Any] | None) -> tuple[subprocess.Popen[bytes], socket.socket, _LaneSetup | None]:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env.update(SKYWARD_WORKER_FD=str(theirs.fileno()), SKYWARD_AGENT_PID=str(os.getpid()))
+        lane = self._lane_listener(settings)
+        fds = [theirs.fileno()]
+        if lane is not None:
+            env["SKYWARD_LANE_FD"] = str(lane.listener.fileno())
+            fds.append(lane.listener.fileno())
+            if lane.count is not None:
+                env["SKYWARD_LANE_COUNT_FD"] = str(lane.count.fd)
+                fds.append(lane.count.fd)
         if settings is not None:  # else the first CONFIGURE says (a spare, see prestart)
             env.update(
                 SKYWARD_WORKER_THREADS=str(settings["threads"]),
@@ -387,7 +412,7 @@ class Agent:
             )
         proc = subprocess.Popen(
             [sys.executable, "-m", "skyward.bootstrap.worker"],
-            pass_fds=[theirs.fileno()],
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -395,23 +420,48 @@ class Agent:
             start_new_session=True,
         )
         theirs.close()
-        return proc, ours
+        if lane is not None:
+            lane.listener.close()  # the worker has its own copy
+        return proc, ours, lane
+
+    def _lane_listener(self, settings: dict[str, Any] | None) -> _LaneSetup | None:
+        """A listener for a worker's lane (lane.py): on nodes with a Unix socket, for a worker
+        that runs its tasks in threads and lives on (a spare: its CONFIGURE decides)."""
+        if self.lane_dir is None:
+            return None
+        if settings is not None and (settings["exclusive"] or not settings.get("reuse", True)):
+            return None
+        path = os.path.join(self.lane_dir, f"lane-{next(self.lane_ids)}.sock")
+        sock = _unix_listener(path)
+        if isinstance(sock, str):
+            _log(f"no lane for a worker: {sock}")
+            return None
+        return _LaneSetup(sock, path, LaneCount.create())
 
     def _drop_spare(self) -> None:
         """The spare worker is not needed (a plugin launcher starts the workers): stop it."""
         with self.lock:
             spare, self.spare = self.spare, None
         if spare is not None:
-            proc, sock = spare
+            proc, sock, lane = spare
             _close(sock)  # its first read ends: it exits
+            if lane is not None:
+                lane.drop()
             _kill_group(proc)
             proc.wait()
 
     def _spawn(self, index: int) -> WorkerProc:
         with self.lock:
             spare, self.spare = self.spare, None
-        proc, ours = spare if spare is not None else self._popen_worker(self.settings)
+        proc, ours, lane = spare if spare is not None else self._popen_worker(self.settings)
         w = WorkerProc(index, proc, FrameWriter(ours), ours, self.settings["capacity"])
+        # One thread-executor worker per node, reused: the lane may carry its tasks.
+        if lane is not None and (self.settings["exclusive"] or not self.settings.get("reuse", True)
+                                 or self.settings["processes"] != 1):
+            lane.drop()  # the worker closes its listener when its CONFIGURE has no lane
+            lane = None
+        if lane is not None:
+            w.lane, w.lane_count = lane.path, lane.count
         self._send_config(w)
         threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
         for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
@@ -683,9 +733,14 @@ class Agent:
                 self.workers[self.workers.index(w)] = self._spawn(w.index)
             sends = self._assign()
             spill = self.config.get("spill") if self.config is not None else None
+            offer = self._lane_offer() if w.lane is not None else None
+            count, w.lane_count = w.lane_count, None
+        _unlink(w.lane)
+        if count is not None:
+            count.close()
         if spill and not w.launched:  # its shared-memory segments nobody holds
             shm.sweep(Path(spill), w.proc.pid)
-        if lost:
+        if lost or w.lane is not None:
             from skyward.errors import WorkerDiedError
 
             how = _describe_exit(rc)
@@ -699,7 +754,26 @@ class Agent:
             for _, route in lost:
                 serialize.discard(route.spilled)  # the dead worker's views of them are gone
                 self._reply(route, Frame(Kind.RESULT, 0, body, flags, buffers))
+            if w.lane is not None:  # the tasks the clients sent it directly end the same way
+                self._broadcast(Frame(Kind.LANE_LOST, 0, body, flags))
+                if offer is not None:
+                    self._broadcast(offer)
         self._send(sends)
+
+    def _offer_lane(self, conn: Conn) -> None:
+        """Tell a client where this node's worker takes tasks directly (lane.py), if it does."""
+        with self.lock:
+            offer = self._lane_offer()
+        if offer is not None:
+            self._reply(Route(conn, 0), offer)
+
+    def _lane_offer(self) -> Frame | None:
+        """The LANE frame for the node's worker (call with the lock held)."""
+        live = [w for w in self.workers if not w.retiring]
+        if len(live) != 1 or live[0].lane is None:
+            return None
+        w = live[0]
+        return Frame(Kind.LANE, 0, json.dumps({"path": w.lane, "capacity": w.capacity}).encode())
 
     def _stopped_from_outside(self, by: Conn, body: bytes) -> None:
         """SHUTDOWN with a reason (JSON ``{"message": ...}``) from a command stopping the pool:
@@ -831,6 +905,28 @@ def _unmount_volumes(folder: str) -> None:
             _log(f"unmounting the pool's volumes failed: {exc}")
 
 
+class _LaneSetup:
+    """A lane made for a worker before it starts: its listener, the listener's path and the
+    counter of its running lane tasks (lane.py)."""
+
+    __slots__ = ("count", "listener", "path")
+
+    def __init__(self, listener: socket.socket, path: str, count: LaneCount | None) -> None:
+        self.listener, self.path, self.count = listener, path, count
+
+    def drop(self) -> None:
+        """Not used after all (the node's settings allow no lane)."""
+        _unlink(self.path)
+        if self.count is not None:
+            self.count.close()
+
+
+def _unlink(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def _close(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -862,6 +958,29 @@ def _direct_listener(address: str) -> socket.socket | str:
     return sock
 
 
+def _unix_listener(path: str) -> socket.socket | str:
+    """A listener on a Unix socket at ``path`` (only this user may connect), or why there is
+    none: on a host without them, or a path too long for one (about 100 bytes)."""
+    if not hasattr(socket, "AF_UNIX"):
+        return "this platform has no Unix sockets"
+    if len(os.fsencode(path)) > 100:
+        return f"the path {path!r} is too long for a Unix socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        old = os.umask(0o077)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        return f"cannot listen on {path}: {exc}"
+    return sock
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="skyward-agent")
     parser.add_argument("--host", default="127.0.0.1")
@@ -870,6 +989,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", default=None, help="file for the agent's own log lines")
     parser.add_argument("--orphan-cleanup", action="append", default=[], metavar="PATH",
                         help="folder to remove when the lease expires (the client is gone)")
+    parser.add_argument("--unix", default=None, metavar="PATH",
+                        help="also listen on a Unix socket at PATH (Local pools: a client on "
+                             "this host skips the TCP stack; same token check)")
     parser.add_argument("--direct", default=None, metavar="ADDRESS",
                         help="also listen on this private address (sky.SSH(direct=True)): clients "
                              "that present the token connect there without an SSH tunnel")
@@ -889,6 +1011,13 @@ def main(argv: list[str] | None = None) -> None:
         hello["direct_error"] = direct
     elif direct is not None:
         hello["direct"] = direct.getsockname()[1]
+    more = [direct] if isinstance(direct, socket.socket) else []
+    unix = _unix_listener(args.unix) if args.unix else None
+    if isinstance(unix, str):
+        hello["unix_error"] = unix
+    elif unix is not None:
+        hello["unix"] = args.unix
+        more.append(unix)
     print(json.dumps(hello), flush=True)
     # After the handshake, stdout/stderr go to the log (or nowhere): whoever started us may
     # stop reading, and a write to a closed pipe must never kill the agent.
@@ -897,17 +1026,24 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(target, 2)
     os.close(target)
     agent = Agent(token, args.ttl, args.orphan_cleanup)
+    if isinstance(unix, socket.socket):
+        agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")
     agent.prestart()
     if isinstance(direct, socket.socket):
         _log(f"serving directly on {args.direct}:{hello['direct']} too (token-checked, not encrypted)")
-        agent.serve(listener, direct)
-    else:
-        if isinstance(direct, str):
-            _log(f"not serving directly: {direct}")
-        agent.serve(listener)
+    elif isinstance(direct, str):
+        _log(f"not serving directly: {direct}")
+    if isinstance(unix, str):
+        _log(f"not serving on a Unix socket: {unix}")
+    try:
+        agent.serve(listener, *more)
+    finally:
+        if isinstance(unix, socket.socket):
+            with contextlib.suppress(OSError):
+                os.unlink(args.unix)
     _log("stopped")
 
 

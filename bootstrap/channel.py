@@ -14,10 +14,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from skyward.errors import NodeLostError, PoolStoppedError, ProtocolError, SkywardError
+from skyward.errors import (
+    NodeLostError,
+    PoolStoppedError,
+    ProtocolError,
+    SkywardError,
+    WorkerDiedError,
+)
 
 from . import serialize
-from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind, tune
+from .lane import ClientLane
 
 Done = Callable[[Frame | BaseException], None]
 OnOutput = Callable[[int, int, int, bytes], None]  # node, task id, stream, text
@@ -60,6 +67,16 @@ class NodeChannel:
         self._ids = itertools.count(1)
         self.lost: BaseException | None = None
         self._closing = False
+        # The lane (lane.py): where the node's worker takes plain tasks directly, once the
+        # agent has said so (LANE); opened at the first task that may use it.
+        self._token = token
+        self._lane_offer: dict[str, Any] | None = None
+        self._lane: ClientLane | None = None
+        self._lanes: list[ClientLane] = []  # every lane not yet drained (LANE_LOST reaches them)
+        self._lane_lock = threading.Lock()
+        # From a CONFIGURE until the agent's answering LANE: the worker must read the new
+        # configuration (it comes through the agent) before any task sent by the lane.
+        self._lane_held = False
         self._writer.send_parts(
             Kind.HELLO, 0, 0, json.dumps({"token": token, "ttl": ttl}).encode()
         )
@@ -81,11 +98,19 @@ class NodeChannel:
     def inflight(self) -> int:
         return len(self._pending)
 
+    @property
+    def lane(self) -> str | None:
+        """Where this node's worker takes plain tasks straight from here (lane.py), once a
+        task has opened it; None while they go through the agent."""
+        lane = self._lane
+        return lane.path if lane is not None else None
+
     def submit(self, kind: int, flags: int, body: Any, buffers: list[Any], done: Done,
                on_frame: Callable[[Frame], None] | None = None) -> int:
         """Send a request; ``done`` gets its RESULT. ``on_frame`` gets the task's YIELD and
         PULL frames (streaming) until then."""
         tid = next(self._ids)
+        lane = self._lane_for(kind, flags) if on_frame is None else None
         with self._lock:
             if self.lost is not None:
                 serialize.discard(buffers)
@@ -93,6 +118,15 @@ class NodeChannel:
             self._pending[tid] = done
             if on_frame is not None:
                 self._streams[tid] = on_frame
+            if lane is not None:
+                lane.tids.add(tid)
+        if lane is not None:
+            try:
+                lane.writer.send_parts(kind, tid, flags, body, buffers)
+                return tid
+            except OSError:  # the worker went: the agent has it (and starts a new one)
+                with self._lock:
+                    lane.tids.discard(tid)
         try:
             self._writer.send_parts(kind, tid, flags, body, buffers)
         except OSError as exc:
@@ -103,6 +137,76 @@ class NodeChannel:
             raise self._lost_error() from exc
         return tid
 
+    def _lane_for(self, kind: int, flags: int) -> ClientLane | None:
+        """The lane a task goes by, or None (the agent's way): plain tasks and map chunks, while
+        fewer than the node's capacity are out on it."""
+        if kind not in (Kind.TASK, Kind.MAP) or flags & (FLAG_STREAM_OUT | FLAG_STREAM_IN) or self._lane_held:
+            return None
+        lane = self._lane
+        if lane is None:
+            if self._lane_offer is None:
+                return None
+            lane = self._open_lane()
+            if lane is None:
+                return None
+        return lane if len(lane.tids) < lane.capacity else None
+
+    def _open_lane(self) -> ClientLane | None:
+        with self._lane_lock:
+            offer = self._lane_offer
+            if self._lane is not None or offer is None:
+                return self._lane
+            try:
+                lane = ClientLane(str(offer["path"]), self._token, int(offer["capacity"]))
+            except (OSError, EOFError, ValueError, KeyError):
+                self._lane_offer = None  # not reachable from here: the agent's way it is
+                return None
+            with self._lock:
+                if self.lost is not None or self._closing:
+                    lane.close()
+                    return None
+                self._lanes.append(lane)
+            lane.start(self._lane_loop, f"skyward-{self.label}-lane")
+            self._lane = lane
+            return lane
+
+    def _lane_loop(self, lane: ClientLane) -> None:
+        """Read a lane until it closes; then end the tasks still out on it, with the error the
+        agent sent (LANE_LOST) once it has, or a lost node's."""
+        try:
+            while True:
+                frame = lane.reader.read()
+                if frame.kind == Kind.RESULT:
+                    with self._lock:
+                        lane.tids.discard(frame.task_id)
+                    self._complete(frame)
+                elif frame.kind == Kind.OUTPUT:
+                    self._on_output(self.node, frame.task_id, frame.flags, bytes(frame.body))
+        except (EOFError, OSError):
+            pass
+        with self._lane_lock:
+            if self._lane is lane:
+                self._lane = None
+        lane.close()
+        if lane.tids and self.lost is None and not self._closing and self.stopped is None:
+            lane.told.wait(5.0)  # the agent saw the worker exit: its LANE_LOST says how
+        with self._lock:
+            if lane in self._lanes:
+                self._lanes.remove(lane)
+            left = [done for done in (self._pending.pop(t, None) for t in lane.tids) if done is not None]
+            lane.tids.clear()
+        for done in left:
+            if lane.lost is not None:
+                done(lane.lost)
+            elif self.lost is not None or self._closing or self.stopped is not None:
+                done(self._lost_error())
+            else:
+                done(WorkerDiedError(
+                    f"the worker process on {self.label} closed its direct connection before "
+                    f"returning a result, and its agent did not say why. Retry the task; the "
+                    f"agent log on that node tells what happened."
+                ))
+
     def send(self, kind: int, body: bytes = b"") -> None:
         try:
             self._writer.send_parts(kind, 0, 0, body)
@@ -110,6 +214,7 @@ class NodeChannel:
             self._mark_lost(exc)
 
     def configure(self, config: dict[str, Any]) -> None:
+        self._lane_held = True
         self.send(Kind.CONFIGURE, json.dumps(config).encode())
 
     def reply(self, agent_tid: int, flags: int, body: Any, buffers: list[Any]) -> None:
@@ -163,23 +268,24 @@ class NodeChannel:
         except OSError:
             pass
         self._sock.close()
+        with self._lane_lock:
+            self._lane, self._lane_offer = None, None
+        with self._lock:
+            lanes = list(self._lanes)
+        for lane in lanes:
+            lane.close()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
+        for lane in lanes:
+            if threading.current_thread() is not lane.thread:
+                lane.thread.join(timeout=5)
 
     def _read_loop(self) -> None:
         try:
             while True:
                 frame = self._reader.read()
                 if frame.kind == Kind.RESULT:
-                    with self._lock:
-                        done = self._pending.pop(frame.task_id, None)
-                        if self._streams:
-                            self._streams.pop(frame.task_id, None)
-                    if done is not None:
-                        done(frame)
-                        # Not kept until the next result: the callback's future holds the value,
-                        # and a large one (a shared-memory segment) must go when the caller drops it.
-                        done = None
+                    self._complete(frame)
                 elif frame.kind in (Kind.YIELD, Kind.PULL):
                     handler = self._streams.get(frame.task_id)
                     if handler is not None:
@@ -192,12 +298,36 @@ class NodeChannel:
                     self._on_submit(self, frame)
                 elif frame.kind == Kind.PONG:
                     self._ping_at = None
+                elif frame.kind == Kind.LANE:
+                    offer = json.loads(bytes(frame.body))
+                    with self._lane_lock:
+                        if self._lane is not None and self._lane.path != offer.get("path"):
+                            self._lane = None  # the old worker's: it drains and closes
+                        self._lane_offer = offer if offer.get("path") and not self._closing else None
+                        self._lane_held = False  # the worker has read the configuration before it
+                elif frame.kind == Kind.LANE_LOST:
+                    with self._lock:
+                        lanes = list(self._lanes)
+                    for lane in lanes:
+                        lane.lost = Frame(Kind.RESULT, 0, frame.body, frame.flags, frame.buffers)
+                        lane.told.set()
                 elif frame.kind == Kind.STOPPING:
                     self.stopped = str(json.loads(bytes(frame.body)).get("message") or "the pool was stopped")
                     if self._on_stopping is not None:
                         self._on_stopping(self.node, self.stopped)
         except (EOFError, OSError) as exc:
             self._mark_lost(exc)
+
+    def _complete(self, frame: Frame) -> None:
+        with self._lock:
+            done = self._pending.pop(frame.task_id, None)
+            if self._streams:
+                self._streams.pop(frame.task_id, None)
+        if done is not None:
+            # Not kept by this frame's reader until the next result: the callback's future
+            # holds the value, and a large one (a shared-memory segment) must go when the
+            # caller drops it.
+            done(frame)
 
     def _lost_error(self) -> SkywardError:
         if self.stopped is not None:  # not lost: stopped on purpose, and we were told
@@ -215,6 +345,10 @@ class NodeChannel:
             pending = list(self._pending.values())
             self._pending.clear()
             self._streams.clear()
+            lanes = list(self._lanes)
+        self._lane_offer = self._lane = None
+        for lane in lanes:  # their tasks end here, with the node's error
+            lane.close()
         err = self._lost_error()
         for done in pending:
             done(err)

@@ -17,7 +17,6 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import IntEnum
 
 HEADER = struct.Struct("!BBHQQ")
@@ -67,6 +66,13 @@ class Kind(IntEnum):
     STOP = 20
     PULL = 21
     FEED = 22
+    # The lane (lane.py): a client on the node's own host sends plain tasks straight to the
+    # worker of a thread-executor node, skipping the agent's relay. LANE (agent -> client,
+    # JSON) says where the worker listens and how many tasks it takes; LANE_LOST (agent ->
+    # client, a RESULT's flags and body: the error) says the worker exited, for the tasks it
+    # had from the lane.
+    LANE = 23
+    LANE_LOST = 24
 
 
 # Flags of a TASK frame beside serialize's (bit 0): the client streams the task's generator
@@ -80,14 +86,20 @@ FLAG_STREAM_IN = 0x20
 NESTED = struct.Struct("!QB")
 
 
-@dataclass(slots=True)
 class Frame:
-    kind: int
-    task_id: int = 0
-    body: bytes | bytearray | memoryview = b""
-    flags: int = 0
-    # Each buffer: (flags, data); flags are serialize.BUF_LZ4 / serialize.BUF_SPILLED.
-    buffers: list[tuple[int, bytes | bytearray | memoryview]] = field(default_factory=list)
+    """One frame. (A plain class: the agent imports this module, and dataclasses would cost
+    it a fifth of its start-up.)"""
+
+    __slots__ = ("body", "buffers", "flags", "kind", "task_id")
+
+    def __init__(self, kind: int, task_id: int = 0, body: bytes | bytearray | memoryview = b"", flags: int = 0,
+                 buffers: list[tuple[int, bytes | bytearray | memoryview]] | None = None) -> None:
+        self.kind, self.task_id, self.body, self.flags = kind, task_id, body, flags
+        # Each buffer: (flags, data); flags are serialize.BUF_LZ4 / serialize.BUF_SPILLED.
+        self.buffers: list[tuple[int, bytes | bytearray | memoryview]] = buffers if buffers is not None else []
+
+    def __repr__(self) -> str:
+        return f"Frame(kind={self.kind}, task_id={self.task_id}, body={len(self.body)} bytes, flags={self.flags}, buffers={len(self.buffers)})"
 
 
 class FrameWriter:
@@ -201,6 +213,10 @@ class FrameReader:
             # Buffers always come back as bytearrays so that arrays rebuilt on them are writable.
             buffers.append((bflags, self._take(size, writable=True)))
         return Frame(kind, task_id, body, flags, buffers)
+
+    def buffered(self) -> bool:
+        """Whether bytes of a next frame are already here (a select on the socket would miss them)."""
+        return self._end > self._start
 
     def _take_into(self, out: memoryview) -> None:
         """Fill ``out`` from what is buffered, then straight from the socket."""

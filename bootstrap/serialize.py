@@ -14,15 +14,16 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-import traceback
 from pathlib import Path
-from typing import Any
-
-import cloudpickle
-import lz4.block
 
 from . import shm
 from .frames import Frame
+
+# Imported on first use: an agent relays payloads without pickling them, and these two (with
+# what cloudpickle imports: typing, dataclasses, inspect...) would be most of its start-up.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 COMPRESS_MIN = 64 * 1024
 SPILL_MIN = 1024 * 1024
@@ -43,6 +44,8 @@ def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     n = memoryview(data).nbytes
     if n < COMPRESS_MIN:
         return 0, data
+    import lz4.block
+
     sample = memoryview(data)[:_SAMPLE]
     if len(lz4.block.compress(sample, store_size=False)) > _RATIO * sample.nbytes:
         return 0, data
@@ -52,23 +55,34 @@ def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     return BUF_LZ4, packed
 
 
-class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, with large bytes and bytearrays out of band (see FLAG_BODY_OOB)."""
+_PICKLER: Any = None
 
-    def __init__(self, file: Any, extras: list[pickle.PickleBuffer], buffer_callback: Any) -> None:
-        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
-        self.extras = extras
-        self.seen: dict[int, int] = {}  # id -> index: the same object twice travels once
 
-    def persistent_id(self, obj: Any) -> Any:
-        kind = type(obj)
-        if (kind is bytes or kind is bytearray) and len(obj) >= SPILL_MIN:
-            index = self.seen.get(id(obj))
-            if index is None:
-                index = self.seen[id(obj)] = len(self.extras)
-                self.extras.append(pickle.PickleBuffer(obj))  # keeps obj (and its id) alive
-            return (kind is bytearray, index)
-        return None
+def _pickler() -> Any:
+    """cloudpickle's Pickler with large bytes and bytearrays out of band (see FLAG_BODY_OOB),
+    made on first use."""
+    global _PICKLER
+    if _PICKLER is None:
+        import cloudpickle
+
+        class _Pickler(cloudpickle.Pickler):
+            def __init__(self, file: Any, extras: list[pickle.PickleBuffer], buffer_callback: Any) -> None:
+                super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+                self.extras = extras
+                self.seen: dict[int, int] = {}  # id -> index: the same object twice travels once
+
+            def persistent_id(self, obj: Any) -> Any:
+                kind = type(obj)
+                if (kind is bytes or kind is bytearray) and len(obj) >= SPILL_MIN:
+                    index = self.seen.get(id(obj))
+                    if index is None:
+                        index = self.seen[id(obj)] = len(self.extras)
+                        self.extras.append(pickle.PickleBuffer(obj))  # keeps obj (and its id) alive
+                    return (kind is bytearray, index)
+                return None
+
+        _PICKLER = _Pickler
+    return _PICKLER
 
 
 def _holds_bytes(obj: Any, depth: int) -> bool:
@@ -110,12 +124,14 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
     # Large bytes where a task's arguments or a result usually hold them: pickled once, with
     # the hook. Elsewhere (deeper, in long lists) a large pickle is pickled again with it.
     if not _holds_bytes(obj, 3):
+        import cloudpickle
+
         body = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
     if not body or len(body) >= SPILL_MIN:
         extras: list[pickle.PickleBuffer] = []
         again: list[pickle.PickleBuffer] = []
         with io.BytesIO() as file:
-            _Pickler(file, extras, again.append).dump(obj)
+            _pickler()(file, extras, again.append).dump(obj)
             if extras:
                 body, raw = EXTRAS.pack(len(extras)) + file.getbuffer(), extras + again
                 flags |= FLAG_BODY_OOB
@@ -141,11 +157,15 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
 
 def loads(flags: int, body: bytes | bytearray | memoryview, buffers: Buffers) -> Any:
     if flags & FLAG_BODY_LZ4:
+        import lz4.block
+
         body = lz4.block.decompress(body)
     bufs: list[Any] = []
     for bflags, data in buffers:
         buf: Any = shm.get(data) if bflags & BUF_SPILLED else data
         if bflags & BUF_LZ4:
+            import lz4.block
+
             buf = bytearray(lz4.block.decompress(buf))
         bufs.append(buf)
     if flags & FLAG_BODY_OOB:
@@ -186,6 +206,8 @@ def dumps_ok(value: Any, what: str, spill: Path | None = None) -> tuple[int, byt
 
 def dumps_error(exc: BaseException, tb_text: str | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     if tb_text is None:
+        import traceback
+
         tb_text = "".join(traceback.format_exception(exc))
     # Keep the exception's own chain out of the pickle: it is already in tb_text.
     exc.__traceback__ = None
@@ -199,6 +221,7 @@ def dumps_error(exc: BaseException, tb_text: str | None = None) -> tuple[int, by
 
 def describe_unpicklable(fn: Any, args: tuple, kwargs: dict) -> str:
     """Name the first part of a call that cannot be pickled, for an error message."""
+    import cloudpickle
 
     def check(obj: Any) -> str | None:
         try:

@@ -26,7 +26,6 @@ the stream instead.
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import pickle
@@ -37,9 +36,12 @@ import time
 import uuid
 import weakref
 from pathlib import Path
-from typing import Any
 
 from .procs import alive
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 HEADER = mmap.ALLOCATIONGRANULARITY  # the buffer starts on a page boundary (aligned arrays)
 _GENS = struct.Struct("=QQ")  # sent, released
@@ -272,6 +274,8 @@ def _full(directory: Path, n: int, exc: OSError | None) -> None:
         return
     _warned.add(directory)
     why = f" ({exc})" if exc is not None else ""
+    import logging
+
     logging.getLogger("skyward.shm").warning(
         "no room for a %.0f MB buffer in the shared-memory folder %s%s; large buffers go through "
         "the pool's sockets instead (slower) until there is. Free space in /dev/shm (df -h /dev/shm), "

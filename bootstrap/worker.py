@@ -33,6 +33,7 @@ from skyward.runtime import context
 
 from . import serialize
 from .frames import FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
+from .lane import LANE_BIT, LaneCount, WorkerLanes
 from .procs import alive as _alive
 
 STDOUT, STDERR = 1, 2
@@ -107,7 +108,9 @@ class TaskStream(io.TextIOBase):
 
 
 class Worker:
-    def __init__(self, sock: socket.socket, threads: int, exclusive: bool) -> None:
+    def __init__(self, sock: socket.socket, threads: int, exclusive: bool,
+                 lane_listener: socket.socket | None = None, lane_count: LaneCount | None = None) -> None:
+        self.sock = sock
         self.reader = FrameReader(sock)
         self.writer = FrameWriter(sock)
         self.threads = threads
@@ -127,11 +130,20 @@ class Worker:
         # Streaming (stream.py): generator tasks sending values, iterator arguments arriving.
         self._streams: dict[int, Any] = {}  # task id -> stream.OutStream
         self._feeds: dict[tuple[int, int], Any] = {}  # (task id, argument) -> stream.FeedIterator
+        # Clients on this host send tasks straight here (lane.py) once the agent says so.
+        self._lane_listener, self._lane_count = lane_listener, lane_count
+        self.lanes: WorkerLanes | None = None
 
     def configure(self, config: dict[str, Any]) -> None:
         context.configure(config["topology"])
         context.state = config.get("state")
         self.spill = Path(config["spill"]) if config.get("spill") else None
+        listener, self._lane_listener = self._lane_listener, None
+        if listener is not None:
+            if config.get("lane") and not self.exclusive and self.lanes is None:
+                self.lanes = WorkerLanes(listener, str(config["lane"]["token"]).encode(), self._lane_count)
+            else:
+                listener.close()  # the agent keeps this worker's tasks to itself
         if config.get("plugins") and self.plugins is None:
             import cloudpickle
 
@@ -151,9 +163,18 @@ class Worker:
             self.plugins.enter_app(self._info())
 
     # -- plumbing ----------------------------------------------------------------------------
+    def _writer_for(self, tid: int) -> tuple[FrameWriter, int] | None:
+        """Where a task's frames go: the agent, or the lane it came by (None: that lane closed)."""
+        if tid & LANE_BIT and self.lanes is not None:
+            return self.lanes.writer_for(tid)
+        return self.writer, tid
+
     def send_output(self, tid: int, stream: int, text: str) -> None:
+        dest = self._writer_for(tid)
+        if dest is None:
+            return
         try:
-            self.writer.send_parts(Kind.OUTPUT, tid, stream, text.encode("utf-8", "replace"))
+            dest[0].send_parts(Kind.OUTPUT, dest[1], stream, text.encode("utf-8", "replace"))
         except OSError:
             pass
 
@@ -162,6 +183,15 @@ class Worker:
 
     def _send_result(self, tid: int, payload: tuple[int, Any, serialize.Buffers]) -> None:
         flags, body, buffers = payload
+        if tid & LANE_BIT:
+            dest = self._writer_for(tid)
+            try:
+                if dest is None:
+                    raise OSError("the lane closed")
+                dest[0].send_parts(Kind.RESULT, dest[1], flags, body, buffers)
+            except OSError:
+                serialize.discard(buffers)  # the client went away: nobody reads them
+            return
         self.writer.send_parts(Kind.RESULT, tid, flags, body, buffers)
 
     # -- main loop ---------------------------------------------------------------------------
@@ -204,10 +234,16 @@ class Worker:
             if threading.get_ident() in self.abandoned:
                 return  # a replacement slot took this one's place while it was stuck
 
+    def _read(self) -> Frame:
+        """The next frame from the agent, or a task from a lane (call holding read_lock)."""
+        if self.lanes is None:
+            return self.reader.read()
+        return self.lanes.next_frame(self.reader, self.sock)
+
     def _next_task(self) -> Frame:
         while True:
             try:
-                frame = self.reader.read()
+                frame = self._read()
             except (EOFError, OSError):
                 self.exit()  # the agent is gone: nothing left to serve
             if frame.kind in (Kind.TASK, Kind.MAP):
@@ -279,7 +315,7 @@ class Worker:
                         self._nested_reader = False
                         return
                 try:
-                    frame = self.reader.read()
+                    frame = self._read()
                 except (EOFError, OSError):
                     self.exit()
             finally:
@@ -340,6 +376,8 @@ class Worker:
         entry = _Entry(tid, threading.get_ident())
         with self.lock:
             self.running[tid] = entry
+            if tid & LANE_BIT and self.lanes is not None:
+                self.lanes.running(+1)
         token = context.current_task.set(tid)
         payload: tuple[int, Any, serialize.Buffers] | None = None
         try:
@@ -363,7 +401,8 @@ class Worker:
                 answer = entry.state != "timed_out"
                 entry.state = "done"
             with self.lock:
-                self.running.pop(tid, None)
+                if self.running.pop(tid, None) is not None and tid & LANE_BIT and self.lanes is not None:
+                    self.lanes.running(-1)
             if answer and payload is not None:
                 self._send_result(tid, payload)
         except TaskTimeoutError:  # a late async exception landing in our own code
@@ -485,10 +524,14 @@ def main() -> None:
     else:
         sock = socket.socket(fileno=int(os.environ.pop("SKYWARD_WORKER_FD")))
     tune(sock)
+    lane_fd = os.environ.pop("SKYWARD_LANE_FD", "")
+    count_fd = os.environ.pop("SKYWARD_LANE_COUNT_FD", "")
     worker = Worker(
         sock,
         threads=int(os.environ.pop("SKYWARD_WORKER_THREADS", "1")),
         exclusive=os.environ.pop("SKYWARD_WORKER_EXCLUSIVE", "0") == "1",
+        lane_listener=socket.socket(fileno=int(lane_fd)) if lane_fd else None,
+        lane_count=LaneCount(int(count_fd)) if count_fd else None,
     )
     try:
         first = worker.reader.read()

@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from skyward.errors import ConfigError
+
+TYPE_CHECKING = False  # (not from typing: node processes import this; see skyward/__init__)
 
 if TYPE_CHECKING:
     from .base import ProviderConfig

@@ -5,6 +5,9 @@ spec does not import them; ``skyward/__init__.py``, above both, sets the factory
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 provider: Callable[[], Any] | None = None

@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextvars
 import importlib
 import types
-from typing import TYPE_CHECKING, Any
 
 from ..errors import DispatchError
 
+TYPE_CHECKING = False  # (not from typing: node processes import this; see skyward/__init__)
+
 if TYPE_CHECKING:
+    from typing import Any
+
     from .pool import Pool
 
 

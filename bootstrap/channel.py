@@ -273,6 +273,7 @@ class NodeChannel:
         with self._lock:
             lanes = list(self._lanes)
         for lane in lanes:
+            lane.told.set()
             lane.close()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
@@ -313,6 +314,10 @@ class NodeChannel:
                         lane.told.set()
                 elif frame.kind == Kind.STOPPING:
                     self.stopped = str(json.loads(bytes(frame.body)).get("message") or "the pool was stopped")
+                    with self._lock:
+                        lanes = list(self._lanes)
+                    for lane in lanes:
+                        lane.told.set()  # their tasks end with PoolStoppedError, told or not
                     if self._on_stopping is not None:
                         self._on_stopping(self.node, self.stopped)
         except (EOFError, OSError) as exc:
@@ -348,6 +353,7 @@ class NodeChannel:
             lanes = list(self._lanes)
         self._lane_offer = self._lane = None
         for lane in lanes:  # their tasks end here, with the node's error
+            lane.told.set()  # a lane's reader waiting for LANE_LOST: nothing more will come
             lane.close()
         err = self._lost_error()
         for done in pending:

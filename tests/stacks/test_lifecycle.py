@@ -27,12 +27,7 @@ from skyward.stacks.cloudpool import CloudPool
 PLUGIN = {"aws": "7.51.1"}
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    for name in ("PULUMI_BACKEND_URL", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # tests/stacks/conftest.py
 
 
 def cloud_pool(ws: FakeWorkspace, *, spot: bool = False, fallback: bool = False, zone: str | None = None,

@@ -31,12 +31,7 @@ from skyward.stacks.cloudpool import CloudPool
 SANE = 4096  # bytes: the longest argument a Pulumi command line should need here
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    for name in ("PULUMI_BACKEND_URL", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # tests/stacks/conftest.py
 
 
 def _addresses(n: int) -> list[str]:

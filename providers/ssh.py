@@ -323,16 +323,22 @@ class SSHCluster(Cluster):
         return endpoints
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
+        """Release these nodes (a pool shrinking, or asleep at zero). Their hosts become unused
+        again: a plain SSH pool's next growth or wake takes them; a cloud's stack drops them."""
         with self._lock:
             nodes = [self._nodes[e.index] for e in endpoints if e.index in self._nodes]
         self._release(nodes)
+        if self._grow is None:
+            with self._lock:
+                self._free.extend(n.host for n in nodes if n.host not in self._free)
 
     def close(self) -> None:
         with self._lock:
             nodes = [*self._nodes.values(), *self._described, *self._stale_nodes()]
             self._described = []
         try:
-            self._release(nodes)
+            # No shrink first: a cloud's on_close destroys the stack, instances and all, in one go.
+            self._release(nodes, shrink=False)
         finally:
             if self._on_close is not None:
                 self._on_close()
@@ -563,8 +569,9 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                                  exit_code=None, output=tail.splitlines(),
                                  why=f"did not report its port within {_AGENT_START_TIMEOUT} s") from None
 
-    def _release(self, nodes: list[_Node]) -> None:
-        """Stop the agents (and everything they started) and remove the pools' folders."""
+    def _release(self, nodes: list[_Node], shrink: bool = True) -> None:
+        """Stop the agents (and everything they started) and remove the pools' folders; then,
+        with ``shrink``, tell a cloud's stack that their hosts are no longer needed."""
 
         def one(node: _Node) -> None:
             if node.remote is None and node.agent_pid is not None:  # described, never reconnected
@@ -601,7 +608,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         if nodes:
             with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
                 list(pool.map(one, nodes))
-        if self._shrink is not None:
+        if shrink and self._shrink is not None:
             self._shrink([n.host for n in nodes])
 
     def node_lost(self, index: int) -> None:

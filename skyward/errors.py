@@ -71,6 +71,10 @@ class PoolBusyError(SkywardError, RuntimeError):
     """Another skyward command is creating, changing or destroying this named pool right now."""
 
 
+class PoolAsleepError(SkywardError, RuntimeError):
+    """A named pool sleeps with no node, and the command needs a node that runs."""
+
+
 class PoolExistsError(SkywardError, RuntimeError):
     """A named pool of that name is already running."""
 

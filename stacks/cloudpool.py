@@ -236,16 +236,16 @@ class CloudPool:
         return "the cloud removed its spot instance (a refresh found it gone)"
 
     def shrink(self, nodes: Iterable[Any]) -> None:
-        """Remove these nodes (indices, NodeAddresses or ssh Hosts) from the pool: one stack update."""
+        """Remove these nodes (indices, NodeAddresses or ssh Hosts) from the pool: one stack update.
+        Down to no node at all, that update leaves the pool asleep (``Nodes(desired=0)``): its
+        network, security group and key pair stay, no instance does, and it costs nothing until
+        ``grow`` wakes it. (Closing destroys the stack instead, without shrinking first.)"""
         gone = {self._index_of(n) for n in nodes}
         with self._lock:
             if not gone or self._closed:
                 return
             self.plan = self.plan.with_nodes(tuple(n for n in self.plan.nodes if n.index not in gone))
-            if self.plan.nodes:
-                self._up()
-            # else: the pool is closing (SSHCluster.close releases every node, then calls close):
-            # one destroy does it, without an update that terminates the nodes first.
+            self._up()
 
     def close(self) -> None:
         """Refresh, destroy and remove the stack; forget the pool's client key. Idempotent."""

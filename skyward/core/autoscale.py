@@ -7,6 +7,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..spec import Nodes, Options, Worker
@@ -53,6 +54,9 @@ class Autoscaler:
     def __init__(self, members: Membership, options: Options, worker: Worker) -> None:
         self.members, self.options, self.worker = members, options, worker
         self._thread: threading.Thread | None = None
+        # Whether an idle pool may shrink now: a named pool's other programs may be using the
+        # nodes this one sees idle (skyward.named.pools sets it; the next idle period asks again).
+        self.may_shrink: Callable[[], bool] = lambda: True
 
     def start(self) -> None:
         """Start the loop if the pool is elastic now and it does not run yet."""
@@ -80,6 +84,9 @@ class Autoscaler:
             idle_since = state.idle_since  # decide() clears it when it shrinks the pool
             target = decide(members.nodes, size, busy, self.worker.slots, now, state, self.options)
             if target is None:
+                continue
+            if target < size and not self.may_shrink():
+                log.info("autoscale: idle here, but another program uses the pool; keeping %d node(s)", size)
                 continue
             log.info("autoscale: %d task(s) in flight on %d node(s); scaling to %d", busy, len(live), target)
             try:

@@ -90,6 +90,7 @@ class Pool(DispatchTarget):
         self.name = name
         self._owned = cluster is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
+        self._before_close: list[Callable[[Pool], None]] = []  # named pools: sleep when the last client leaves
         self._tokens: list[contextvars.Token[Any]] = []
         self._emit = ev.emit  # Error messages redacted
         # The parts, lowest first; each is handed what it uses.
@@ -180,6 +181,11 @@ class Pool(DispatchTarget):
         else:
             self._on_close.append(hook)
 
+    def before_close(self, hook: Callable[[Pool], None]) -> None:
+        """Call ``hook(pool)`` once when the pool starts closing, while its nodes are still
+        connected (not when it was stopped from outside); a hook that fails is logged."""
+        self._before_close.append(hook)
+
     # -- dispatch (skyward.core.dispatch, skyward.core.batches) --------------------------------
     def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
         """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
@@ -253,6 +259,14 @@ class Pool(DispatchTarget):
         members.scale_to(size.desired)
         self.autoscaler.start()
 
+    def set_range(self, nodes: Nodes) -> None:
+        """Change the elastic range without resizing now: the autoscaler moves the pool within
+        it from here on (an attached named pool of ``nodes = [0, N]`` that has nodes running gets
+        its floor of 0 back, so that it sleeps when idle)."""
+        self.dispatcher.check_open()
+        self.members.nodes = nodes
+        self.autoscaler.start()
+
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:
         self._tokens.append(target.enter(self))
@@ -295,6 +309,13 @@ class Pool(DispatchTarget):
 
         A pool that attached to running nodes (a named pool) only disconnects: its nodes keep
         running for the next client, until their ttl passes with no client or ``skyward down``."""
+        hooks, self._before_close = self._before_close, []
+        if not self.members.closed and self.members.stopped is None:
+            for before in hooks:
+                try:
+                    before(self)
+                except Exception:  # closing goes on: the hook's work is a courtesy
+                    log.exception("pool %s: a hook before closing failed", self.name or self.id)
         if not self.members.closed:
             self.shared.flush()  # the client's buffered eventual writes
         channels = self.members.close()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from skyward.errors import ConfigError, ProviderError, SkywardError
 from skyward.named import pools as named
-from skyward.named import registry
+from skyward.named import registry, sleep
 from skyward.observe import events as ev
 from skyward.observe import secrets
 from skyward.records import audit
@@ -74,6 +74,9 @@ def named_summary(record: dict[str, Any], st: named.PoolStatus | None = None) ->
     hosts = [{k: n.get(k) for k in _NODE_KEYS} for n in cluster.get("nodes", [])]
     total = named._total_cost(record)
     created = float(record.get("created", now))
+    so_far = None if total is None else round(total * (now - created) / 3600, 6)
+    if sleep.may_sleep(record) and total is not None:  # what its wakes cost, not its age at today's size
+        so_far = sleep.spent(record, now)
     return {
         "ref": record["name"],
         "id": record.get("id"),
@@ -82,6 +85,9 @@ def named_summary(record: dict[str, Any], st: named.PoolStatus | None = None) ->
         "provider": record.get("provider"),
         "state": st.state,
         "nodes": len(hosts),
+        "nodes_label": nodes_label(record, len(hosts)),
+        "max_nodes": sleep.ceiling(record),
+        "may_sleep": sleep.may_sleep(record),
         "hosts": hosts,
         "ttl": record.get("ttl"),
         "created": created,
@@ -89,13 +95,18 @@ def named_summary(record: dict[str, Any], st: named.PoolStatus | None = None) ->
         "expires": st.expires,
         "expires_in_seconds": None if st.expires is None else round(st.expires - now, 1),
         "hourly_cost": total,
-        "cost_so_far": None if total is None else round(total * (now - created) / 3600, 6),
+        "cost_so_far": so_far,
         "offer": record.get("offer"),
         "owner": (record.get("owner") or {}).get("who"),
         "clients": [{k: c.get(k) for k in ("who", "pid", "since")} for c in record.get("clients", [])],
         "ephemeral": record.get("ephemeral", False),
         "stack": named._stack_name(record),
     }
+
+
+def nodes_label(record: dict[str, Any], nodes: int) -> str:
+    """``2``, or ``0/4`` for a pool that sleeps at zero (nodes now / the most it grows to)."""
+    return f"{nodes}/{sleep.ceiling(record)}" if sleep.may_sleep(record) else str(nodes)
 
 
 def named_pools() -> list[dict[str, Any]]:
@@ -106,7 +117,8 @@ def named_pool(name: str) -> dict[str, Any]:
     named.check_name(name)
     record = named.get(name)
     return {**named_summary(record), "config": masked_config(record.get("config") or {}),
-            "sources": list(record.get("sources") or [])}
+            "sources": list(record.get("sources") or []),
+            "wakes": sleep.wakes(name) if sleep.may_sleep(record) else []}
 
 
 def history(name: str) -> list[dict[str, Any]]:
@@ -150,10 +162,7 @@ def attached(name: str) -> Iterator[Pool]:
     """A short connection to a running named pool (not counted as a client in the trail)."""
     from skyward.spec import Options
 
-    record = named.get(name)
-    st = named.status_of(record)
-    if st.gone or st.state == "provisioning":
-        raise ProviderError(f"pool {name!r} is {st.state}; it cannot be reached now.")
+    record = named.for_a_look(name)
     pool = named.attach(record, Options(console="silent", logging=False), audited=False)
     try:
         yield pool
@@ -204,19 +213,25 @@ def down(name: str) -> dict[str, Any]:
 
 
 def resize(name: str, nodes: Any) -> dict[str, Any]:
-    """Grow or shrink a running named pool to ``nodes`` nodes."""
-    from skyward.spec import Options
+    """Grow or shrink a running named pool to ``nodes`` nodes (0: put a pool of ``nodes = [0, N]``
+    to sleep now; an asleep one wakes with the nodes asked for)."""
+    from skyward.named.sleep import may_sleep
+    from skyward.spec import Nodes, Options
 
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ConfigError(f"nodes={nodes!r} is not valid: a pool has at least 1 node; give an int >= 1.")
     record = named.get(name)
+    least = 0 if may_sleep(record) else 1
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < least:
+        rule = ("an int >= 0 (0 puts it to sleep)" if least == 0
+                else "an int >= 1 (only a pool of nodes = [0, N] may have none)")
+        raise ConfigError(f"nodes={nodes!r} is not valid for pool {name!r}: give {rule}.")
     st = named.status_of(record)
     if st.gone or st.state == "provisioning":
         raise ProviderError(f"pool {name!r} is {st.state}; only a running pool can be resized.")
     with _provisioning:
-        pool = named.attach(record, Options(console="silent", logging=False), why="skyward dashboard")
+        pool = named.attach(record, Options(console="silent", logging=False), why="skyward dashboard",
+                            sleeps=False)
         try:
-            pool.resize(nodes)
+            pool.resize(nodes or Nodes(desired=0, max=pool.members.nodes.max))
             # The pool's recorder writes the new size to the registry and the trail from the
             # event thread, and ignores events once the pool is closed: let it catch up first.
             ev.bus.flush(10.0)

@@ -44,15 +44,9 @@ class Node:
 def attached(name: str) -> Iterator[tuple[Pool, list[Node]]]:
     """The running pool ``name``, attached for a look, and its nodes in rank order."""
     from ..spec import Options
-    from .pools import attach, get, status_of
+    from .pools import attach, for_a_look
 
-    record = get(name)
-    st = status_of(record)
-    if st.gone or st.state == "provisioning":
-        raise ProviderError(
-            f"pool {name!r} is {st.state}; `skyward ls` shows the pools that run, "
-            f"`skyward up {name}` starts it again."
-        )
+    record = for_a_look(name)
     # A look replaces nothing: a node lost meanwhile is the programs' to replace (and the
     # registry's to describe); here it is only reported.
     pool = attach(record, Options(console="silent", logging=False, max_provision_attempts=1), audited=False)

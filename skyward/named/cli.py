@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("name", help="the pool's name ([pools.NAME] in skyward.toml)")
         p.add_argument("--config", type=Path, help="skyward.toml to read (default: nearest one)")
         p.add_argument("--provider", help="local, ssh, aws or gcp")
-        p.add_argument("--nodes", type=int, help="number of nodes")
+        p.add_argument("--nodes", metavar="N|DESIRED:MAX",
+                       help="N nodes, or DESIRED:MAX: an elastic pool that starts with DESIRED and grows "
+                            "up to MAX while tasks wait; 0:MAX sleeps with no node when idle")
         p.add_argument("--accelerator", help="e.g. A100, H100:8")
         p.add_argument("--ttl", type=int, help="seconds with no client before the nodes stop; 0 = never")
         p.add_argument("--region", help="cloud region")
@@ -225,6 +227,7 @@ def _progress(message: str) -> Iterator[None]:
 
 def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, Any]:
     """What listings show of a record: never the token or how to log in."""
+    from . import sleep
     from .pools import _total_cost
 
     cluster = record.get("cluster") or {}
@@ -236,6 +239,9 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
         "id": record.get("id"),
         "provider": record.get("provider"),
         "nodes": len(nodes),
+        "max_nodes": sleep.ceiling(record),
+        "may_sleep": sleep.may_sleep(record),  # nodes = [0, N]: asleep (0 nodes) when idle
+        "asleep_since": record.get("asleep_since") if sleep.is_asleep(record) else None,
         "hosts": nodes,
         "ttl": record.get("ttl"),
         "created": record.get("created"),
@@ -268,6 +274,10 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, key, None)
         if value is not None:
             flags[key] = value
+    if "nodes" in flags:
+        from .config import parse_nodes
+
+        flags["nodes"] = parse_nodes(flags["nodes"])
     return flags
 
 
@@ -299,8 +309,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         return EXIT_OK
     stops = (f"stops after {ttl} s with no client attached" if ttl
              else "never stops by itself (ttl 0): run `skyward down` when done")
-    print(f"pool {cfg.name!r} is up: {nodes} {record.get('provider')} node(s), "
-          f"{money(_summary(record)['hourly_cost'])}/h; it {stops}.")
+    summary = _summary(record)
+    if summary["may_sleep"] and nodes == 0:
+        ends = (f"it is removed after {ttl} s with no client attached" if ttl
+                else "it stays until `skyward down` (ttl 0)")
+        print(f"pool {cfg.name!r} is up and asleep: 0/{summary['max_nodes']} {record.get('provider')} node(s), "
+              f"costing nothing until a program's first task wakes it; it sleeps again when idle; {ends}.")
+    else:
+        print(f"pool {cfg.name!r} is up: {nodes} {record.get('provider')} node(s), "
+              f"{money(summary['hourly_cost'])}/h; it {stops}.")
     print(f"attach with sky.Compute(name={cfg.name!r}); stop with `skyward down {cfg.name}`.")
     return EXIT_OK
 
@@ -443,7 +460,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             state += f" ({r['clients']} client(s))"
         if r["nodes_down"]:
             state += f", {len(r['nodes_down'])} of {r['nodes']} nodes down"
-        table.append([r["name"], str(r["provider"]), str(r["nodes"]), state,
+        if r["state"] == "asleep" and r["clients"]:
+            state += f" ({r['clients']} client(s))"
+        table.append([r["name"], str(r["provider"]), _nodes_cell(r), state,
                       _duration(r["age_seconds"]), expiry, money(r["hourly_cost"])])
     for r in orphan_rows:
         table.append([r["name"], r["provider"], str(r["nodes"]), r["state"], _duration(r["age_seconds"]), "-", "-"])
@@ -454,12 +473,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _nodes_cell(row: dict[str, Any]) -> str:
+    """``2``, or ``0/4`` for a pool that sleeps at zero: the nodes now / the most it grows to."""
+    return f"{row['nodes']}/{row['max_nodes']}" if row.get("may_sleep") else str(row["nodes"])
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from . import probe
     from .pools import get, status_of
 
     record = get(args.name)
     st = status_of(record)
+    if st.asleep:
+        return _status_asleep(args, record, st)
     running = not st.gone and st.state != "provisioning"
     count = len((record.get("cluster") or {}).get("nodes", []))
     live = running and (args.probe or (not args.cached and count <= probe.LIVE_NODES))
@@ -482,7 +508,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return EXIT_OK if healthy else EXIT_FAILED
-    print(f"pool {record['name']!r}: {st.state}, {record.get('provider')}, {len(nodes)} node(s), "
+    count_text = f"{len(nodes)}/{out['max_nodes']}" if out["may_sleep"] else str(len(nodes))
+    print(f"pool {record['name']!r}: {st.state}, {record.get('provider')}, {count_text} node(s), "
           f"ttl {record.get('ttl')} s, {len(out['clients'])} client(s) attached")
     if running and not live:
         when = "never probed" if at is None else f"health as of its last probe, {_duration(age or 0)} ago"
@@ -494,7 +521,48 @@ def cmd_status(args: argparse.Namespace) -> int:
                  str(n.get("python") or "-"), "-" if n.get("tasks") is None else str(n["tasks"]),
                  n.get("error") or ""] for n in nodes]
         print(format_table(["NODE", "HOST", "IP", "HEALTH", "AGENT PID", "PYTHON", "TASKS", ""], rows))
+    if out["may_sleep"]:
+        _print_wakes(record["name"])
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def _status_asleep(args: argparse.Namespace, record: dict[str, Any], st: PoolStatus) -> int:
+    """A pool sleeping at zero nodes: nothing to contact; when it fell asleep, what wakes it, and
+    each wake (how long it took, what it cost). Exit 0: asleep is a healthy state."""
+    from . import sleep
+
+    name = record["name"]
+    out = {**_summary(record, st), "nodes": [],
+           "clients": [{k: c.get(k) for k in ("who", "pid", "since")} for c in record.get("clients", [])],
+           "probe": {"live": False, "at": None, "age_seconds": None}, "wakes": sleep.wakes(name)}
+    if args.json:
+        print_json(out)
+        return EXIT_OK
+    since = out["asleep_since"]
+    ago = "" if since is None else f" for {_duration(time.time() - float(since))}"
+    expiry = ("never expires (ttl 0)" if not out["ttl"] else "expires once a client leaves" if st.expires is None
+              else f"removed in {_duration(st.expires - time.time())} unless a program attaches")
+    print(f"pool {name!r}: asleep{ago}, {record.get('provider')}, 0/{out['max_nodes']} node(s), "
+          f"ttl {record.get('ttl')} s, {len(out['clients'])} client(s) attached")
+    print(f"no node runs and it costs nothing; a program's first task wakes it "
+          f"(sky.Compute(name={name!r})); it {expiry}.")
+    _print_wakes(name)
+    return EXIT_OK
+
+
+def _print_wakes(name: str) -> None:
+    from . import sleep
+
+    woke = sleep.wakes(name)
+    if not woke:
+        print("it has not woken yet")
+        return
+    rows = [[time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(w["at"] or 0))),
+             "-" if w["seconds"] is None else f"{float(w['seconds']):.2f} s", str(w["nodes"] or "-"),
+             "awake now" if w["awake_seconds"] is None else _duration(float(w["awake_seconds"])),
+             money(w["cost"])] for w in woke[-10:]]
+    print(f"\nwakes ({len(woke)}, the last {len(rows)}):" if len(woke) > len(rows) else "\nwakes:")
+    print(format_table(["WOKE", "TOOK", "NODES", "AWAKE FOR", "COST"], rows))
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -623,7 +691,8 @@ def _flags_only(args: argparse.Namespace) -> Any:
 
 
 def _flag_words(args: argparse.Namespace) -> list[str]:
-    return [f"--{k.replace('_', '-')} {v}" for k, v in _flags(args).items()]
+    return [f"--{k.replace('_', '-')} {':'.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in _flags(args).items()]
 
 
 def _running_record(name: str) -> dict[str, Any] | None:
@@ -699,15 +768,9 @@ def _offer_dict(offer: Any, allocation: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def _attached(name: str) -> Iterator[Pool]:
     from ..spec import Options
-    from .pools import attach, get, status_of
+    from .pools import attach, for_a_look
 
-    record = get(name)
-    st = status_of(record)
-    if st.gone or st.state == "provisioning":
-        raise ProviderError(
-            f"pool {name!r} is {st.state}; `skyward ls` shows the pools that run, "
-            f"`skyward up {name}` starts it again."
-        )
+    record = for_a_look(name)
     pool = attach(record, Options(console="silent", logging=False), audited=False)
     try:
         yield pool

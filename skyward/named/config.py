@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
 from ..paths import skyward_home
@@ -58,9 +58,17 @@ class WorkerTable(_Table):
 
 
 class NodesTable(_Table):
-    desired: int = Field(ge=1)
+    desired: int = Field(ge=0)  # 0: the pool sleeps with no node and wakes on its first task
     min: int | None = Field(None, ge=1)
     max: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> NodesTable:
+        if self.desired == 0 and self.max is None:
+            raise ValueError(NODES_RULE)
+        if self.max is not None and self.max < self.desired:
+            raise ValueError(f"max ({self.max}) is the ceiling, so it must be >= desired ({self.desired})")
+        return self
 
 
 class PoolTable(_Table):
@@ -88,18 +96,14 @@ class PoolTable(_Table):
     @field_validator("nodes")
     @classmethod
     def _nodes(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if _count(value, 1):
             return value
-        if (isinstance(value, list) and len(value) == 2
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        if (isinstance(value, list) and len(value) == 2 and _count(value[0], 0) and _count(value[1], 1)
                 and value[0] <= value[1]):
             return value
         if isinstance(value, dict):
             return NodesTable.model_validate(value).model_dump(exclude_none=True)
-        raise ValueError(
-            "nodes must be an integer >= 1 (nodes = 2), a [start, max] pair (nodes = [2, 8]) "
-            "or a table (nodes = { desired = 4, min = 2, max = 8 })"
-        )
+        raise ValueError(NODES_RULE)
 
     @field_validator("accelerator")
     @classmethod
@@ -109,6 +113,38 @@ class PoolTable(_Table):
 
             parse(value)  # AcceleratorError is a ValueError: pydantic reports it with the key
         return value
+
+
+NODES_RULE = (
+    "nodes must be an integer >= 1 (nodes = 2), a [desired, max] pair with 0 <= desired <= max and "
+    "max >= 1 (nodes = [2, 8]; nodes = [0, 4] sleeps with no node when idle and wakes on its first "
+    "task) or a table (nodes = { desired = 4, min = 2, max = 8 })"
+)
+
+
+def _count(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def parse_nodes(text: str) -> int | list[int]:
+    """``--nodes``: ``N`` (a fixed size, N >= 1) or ``DESIRED:MAX`` (elastic: starts with DESIRED,
+    grows up to MAX while tasks wait, shrinks back to DESIRED when idle; DESIRED 0 sleeps with no
+    node). The TOML value it stands for: ``N`` or ``[DESIRED, MAX]``."""
+    parts = text.strip().split(":")
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1 and numbers[0] >= 1:
+        return numbers[0]
+    if len(numbers) == 2 and 0 <= numbers[0] <= numbers[1] and numbers[1] >= 1:
+        return numbers
+    raise ConfigError(
+        f"command line: --nodes {text!r} is not valid: give N, a fixed number of nodes >= 1 (--nodes 2), or "
+        f"DESIRED:MAX with 0 <= DESIRED <= MAX and MAX >= 1, an elastic pool that starts with DESIRED "
+        f"nodes and grows up to MAX (--nodes 2:8); --nodes 0:4 starts with no node, wakes on the first "
+        f"task and sleeps again when idle."
+    )
 
 
 # -- where the files are -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     ConfigError,
+    PoolAsleepError,
     PoolBusyError,
     PoolExistsError,
     PoolNotFoundError,
@@ -36,7 +37,7 @@ from ..providers import provider_class
 from ..records import audit
 from ..spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
 from ..version import __version__
-from . import registry
+from . import registry, sleep
 from .registry import check_name
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Wor
 class PoolStatus:
     name: str
     record: dict[str, Any]
-    state: str  # provisioning | running | in use | expired | failed
+    state: str  # provisioning | running | in use | asleep | expired | failed
     expires: float | None  # epoch seconds; None: not while clients are attached / ttl 0
     alive: bool | None  # what the provider could tell without connecting
     nodes_down: tuple[int, ...] = ()  # of a running pool, the nodes known to be down
@@ -102,6 +103,11 @@ class PoolStatus:
     @property
     def gone(self) -> bool:
         return self.state in ("expired", "failed")
+
+    @property
+    def asleep(self) -> bool:
+        """No node now, and the pool may be so (``nodes = [0, N]``): its next task wakes it."""
+        return self.state == "asleep"
 
 
 def _pid_running(pid: int) -> bool:
@@ -131,6 +137,8 @@ def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
         if mine and not _pid_running(int(owner.get("pid", 0))):
             return PoolStatus(name, record, "failed", None, None)
         return PoolStatus(name, record, "provisioning", None, None)
+    if sleep.is_asleep(record):
+        return _asleep_status(record, now)
     alive: bool | None = None
     down: tuple[int, ...] = ()
     cluster = record.get("cluster")
@@ -144,6 +152,8 @@ def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
         except SkywardError:
             alive = None
     if alive is False:
+        if sleep.may_sleep(record):  # its nodes are gone, and it may have none: asleep, until its ttl
+            return _asleep_status(record, now)
         return PoolStatus(name, record, "expired", None, False)
     if _live_clients(record):
         return PoolStatus(name, record, "in use", None, alive, down)
@@ -154,6 +164,17 @@ def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
     if alive is None and now > expires + _GRACE:
         return PoolStatus(name, record, "expired", expires, None)
     return PoolStatus(name, record, "running", expires, alive, down)
+
+
+def _asleep_status(record: dict[str, Any], now: float) -> PoolStatus:
+    """A pool sleeping at zero nodes: no agent to ask, so its ttl counts on our clock alone,
+    from the last program leaving (never while one is attached; never with ttl 0)."""
+    name = record["name"]
+    ttl = int(record.get("ttl", 0))
+    if _live_clients(record) or ttl == 0:
+        return PoolStatus(name, record, "asleep", None, None)
+    expires = float(record.get("last_seen", record.get("created", now))) + ttl
+    return PoolStatus(name, record, "expired" if now > expires else "asleep", expires, None)
 
 
 def statuses() -> list[PoolStatus]:
@@ -171,6 +192,25 @@ def get(name: str) -> dict[str, Any]:
         raise PoolNotFoundError(
             f"no pool named {name!r} is registered; `skyward ls` lists the pools, "
             f"`skyward up {name}` starts one."
+        )
+    return record
+
+
+def for_a_look(name: str) -> dict[str, Any]:
+    """The record of pool ``name`` when it has nodes to look at (exec, logs, ssh, cp, install,
+    the dashboard's looks); else an error that says why and what to do."""
+    record = get(name)
+    st = status_of(record)
+    if st.asleep:
+        raise PoolAsleepError(
+            f"pool {name!r} is asleep (0 of {sleep.ceiling(record)} nodes): it has no node to run this "
+            f"on. A program's first task wakes it (with sky.Compute(name={name!r}) as pool: ...); run "
+            f"this again while it is awake (`skyward status {name}` says)."
+        )
+    if st.gone or st.state == "provisioning":
+        raise ProviderError(
+            f"pool {name!r} is {st.state}; `skyward ls` shows the pools that run, "
+            f"`skyward up {name}` starts it again."
         )
     return record
 
@@ -258,6 +298,8 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
         try:
             record.update(id=pool.id, state="running", cluster=pool.cluster.describe(),
                           last_seen=time.time())
+            if sleep.is_asleep(record):  # nodes = [0, N]: started asleep, its first task wakes it
+                record["asleep_since"] = record["last_seen"]
             if not keep:
                 record["clients"] = [_client(pool.id)]
             registry.write(record)
@@ -310,19 +352,29 @@ def _client(pool_id: str) -> dict[str, Any]:
 
 
 def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(name=...)",
-           audited: bool = True) -> Pool:
-    """Connect to the running pool of ``record``; closing the pool detaches and leaves it up."""
+           audited: bool = True, sleeps: bool | None = None) -> Pool:
+    """Connect to the running pool of ``record``; closing the pool detaches and leaves it up.
+
+    A pool of ``nodes = [0, N]`` may be asleep (no node): its first task wakes it. ``sleeps``
+    (default: ``audited``, a program's attach): this program's autoscaler may put it back to
+    sleep when idle, and puts it to sleep when this program is the last to leave."""
     from ..core.pool import Pool
 
     name = record["name"]
-    cluster_desc = record["cluster"]
+    sleepy = sleep.may_sleep(record)
+    # A pool that sleeps at zero starts the nodes its tasks need: a node found dead is dropped
+    # from it, never replaced (a program's attach replaces dead nodes of other pools; `exec`
+    # and the other looks replace nothing).
+    cluster_desc, dropped = _without_dead_nodes(record) if sleepy else (record["cluster"], [])
     spec, worker = spec_from(record["config"], nodes=len(cluster_desc["nodes"]))
     cluster = spec.provider.attach(cluster_desc)
-    cluster.heal_at_attach = audited  # a program's attach replaces dead nodes; `exec` only looks
+    cluster.heal_at_attach = audited and not sleepy
     client_id = uuid.uuid4().hex[:8]
 
     def add(r: dict[str, Any]) -> None:
         r["clients"] = [*_live_clients(r), _client(client_id)]
+        if dropped and r.get("id") == record.get("id"):
+            r["cluster"] = cluster_desc
 
     registry.update(name, add)
     try:  # a program's attach is kept for `skyward events`; the CLI's own looks are not
@@ -345,6 +397,8 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
                      nodes=pool.current_nodes())
         for index, reason in sorted(missing.items()):
             audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id)
+        for index, reason in dropped:
+            audit.append(name, "node dropped", record["id"], node=index, reason=reason, by=pool.id)
         recorder = _Recorder(pool, name)
         for event in pool.attach_events:  # dead nodes replaced before the recorder listened
             recorder._on_event(event)
@@ -356,7 +410,54 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
             audit.append(name, "detached", record["id"], client=pool.id, by=why)
 
     pool.on_close(on_close)
+    if sleepy and (audited if sleeps is None else sleeps):
+        _sleep_when_idle(pool, record, client_id)
     return pool
+
+
+def _without_dead_nodes(record: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[int, str]]]:
+    """The record's cluster description without the nodes known to be gone (a Local agent that
+    exited), and [(node, why)] of those dropped. Providers that cannot tell keep every node."""
+    description = record["cluster"]
+    nodes = description.get("nodes") or []
+    if not nodes:
+        return description, []
+    try:
+        each = provider_from(record["config"]).nodes_alive(description)
+    except SkywardError:
+        return description, []
+    dead = {int(n["index"]) for n, alive in zip(nodes, each, strict=False) if alive is False}
+    if not dead:
+        return description, []
+    why = "its agent no longer runs; a pool that sleeps at zero starts the nodes its tasks need instead"
+    kept = [n for n in nodes if int(n["index"]) not in dead]
+    return {**description, "nodes": kept}, [(index, why) for index in sorted(dead)]
+
+
+def _sleep_when_idle(pool: Pool, record: dict[str, Any], client_id: str) -> None:
+    """An attached pool of ``nodes = [0, N]``: its autoscaler may shrink it to zero when idle
+    (unless another program is attached: it may be using the nodes this one sees idle), and
+    when this program is the last to leave, the pool goes to sleep at once."""
+    name, top = record["name"], sleep.ceiling(record)
+
+    def others() -> bool:
+        current = registry.read(name)
+        if current is None or current.get("id") != record.get("id"):
+            return True  # not the pool this program attached to any more: leave it alone
+        return any(c.get("id") != client_id for c in _live_clients(current))
+
+    pool.autoscaler.may_shrink = lambda: not others()
+    if pool.members.nodes.desired > 0:
+        pool.set_range(Nodes(desired=0, max=top))
+
+    def last_one_out(p: Pool) -> None:
+        if p.members.size() == 0 or others():
+            return
+        log.info("pool %s: the last program attached leaves; putting it to sleep", name)
+        p.resize(Nodes(desired=0, max=top))
+        ev.bus.flush(10.0)  # the recorder writes the sleep before this program detaches
+
+    pool.before_close(last_one_out)
 
 
 def _detached(name: str, client_id: str) -> None:
@@ -402,9 +503,14 @@ class _Recorder:
     def __init__(self, pool: Pool, name: str) -> None:
         self.pool, self.name = pool, name
         self._unsubscribe: Callable[[], None] | None = None
+        nodes = pool.members.size()
+        woke = (registry.read(name) or {}).get("woke")
+        self.meter = sleep.Meter(nodes=nodes, at=time.time(),
+                                 woke_at=float(woke) if nodes and isinstance(woke, int | float) else None)
 
     def start(self) -> None:
-        kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced)
+        kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced,
+                 ev.ClusterWoke, ev.ClusterAsleep)
         self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
         self.pool.on_close(self.stop, first=True)
 
@@ -419,6 +525,7 @@ class _Recorder:
         pool_id = record.get("id", self.pool.id)
         if isinstance(event, ev.ClusterProvisioned | ev.InstanceDestroyed):
             description = self.pool.cluster.describe()
+            self.meter.count(len(description["nodes"]), time.time())
 
             def store(r: dict[str, Any]) -> None:
                 r["cluster"] = description
@@ -427,6 +534,8 @@ class _Recorder:
                 registry.update(self.name, store)
             audit.append(self.name, "resized", pool_id, nodes=len(description["nodes"]),
                          by=self.pool.id)
+        elif isinstance(event, ev.ClusterWoke | ev.ClusterAsleep):
+            self._slept_or_woke(event, record, pool_id)
         elif isinstance(event, ev.InstanceLost):
             audit.append(self.name, "node lost", pool_id, node=event.node, reason=event.reason)
         elif isinstance(event, ev.InstanceReplaced):  # the registry describes the new node
@@ -439,6 +548,32 @@ class _Recorder:
                 registry.update(self.name, keep)
             audit.append(self.name, "node replaced", pool_id, node=event.node, new_node=event.new_node,
                          rank=event.rank, seconds=round(event.seconds, 3), reason=event.reason, by=self.pool.id)
+
+    def _slept_or_woke(self, event: ev.ClusterWoke | ev.ClusterAsleep, record: dict[str, Any], pool_id: str) -> None:
+        """A wake: how long it took and the price per hour of what woke. A sleep: how long the
+        pool was awake and what that cost (node-seconds at the record's price per node-hour)."""
+        now = time.time()
+        description = self.pool.cluster.describe()
+
+        def mark(r: dict[str, Any]) -> None:
+            r["cluster"] = description
+            if isinstance(event, ev.ClusterWoke):
+                r.pop("asleep_since", None)
+                r["woke"] = now
+            else:
+                r["asleep_since"] = now
+
+        with contextlib.suppress(SkywardError):
+            registry.update(self.name, mark)
+        if isinstance(event, ev.ClusterWoke):
+            rate = sleep.cost(record, event.nodes * 3600.0)
+            audit.append(self.name, "woke", pool_id, nodes=event.nodes, seconds=round(event.seconds, 3),
+                         hourly_cost=None if rate is None else round(rate, 4), by=self.pool.id)
+            return
+        awake, used = self.meter.slept(now)
+        audit.append(self.name, "asleep", pool_id, idle_seconds=round(event.idle_seconds, 1),
+                     awake_seconds=round(awake, 3), node_seconds=round(used, 3), cost=sleep.cost(record, used),
+                     by=self.pool.id)
 
 
 # -- stop ----------------------------------------------------------------------------------------
@@ -551,7 +686,8 @@ def _announce_stop(record: dict[str, Any], message: str, wait: float = 10.0) -> 
 
 
 def cleanup_expired() -> list[PoolStatus]:
-    """Destroy the pools whose ttl ran out (or whose nodes are gone); skip busy ones."""
+    """Destroy the pools whose ttl ran out (or whose nodes are gone); skip busy ones. An asleep
+    pool (no node, ``nodes = [0, N]``) is kept until its ttl runs out."""
     removed = []
     for st in statuses():
         if not st.gone:

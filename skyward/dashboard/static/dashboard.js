@@ -117,7 +117,7 @@ async function renderPools() {
     h("td", {}, p.kind === "named" ? "named" : `program ${p.program || ""} (pid ${p.pid})`),
     h("td", {}, badge(p.state)),
     h("td", {}, p.provider || "-"),
-    h("td", { class: "num" }, p.nodes),
+    h("td", { class: "num" }, p.nodes_label || p.nodes),
     h("td", {}, duration(p.age_seconds)),
     h("td", {}, expiry(p)),
     h("td", { class: "num" }, money(p.hourly_cost)),
@@ -270,7 +270,7 @@ function outputSection(detail, live) {
   const blocks = Object.entries(out).map(([node, lines]) =>
     h("div", { class: "log" }, h("h3", {}, `node ${node}: task output`), h("pre", { id: `output-${node}` }, lines.slice(-60).join("\n"))));
   const section = h("section", { id: "logs" }, h("h2", {}, "Logs"), blocks.length ? blocks : h("p", { class: "muted" }, "No task output yet."));
-  if (detail.kind === "named" && detail.state !== "expired") {
+  if (detail.kind === "named" && !["expired", "asleep"].includes(detail.state)) {
     const target = h("div", { id: "agent-logs" });
     section.append(h("button", {
       id: "load-agent-logs",
@@ -299,6 +299,21 @@ function historySection(entries) {
     rows.length ? table(["when", "who", "what", "pool id", "details"], rows, { id: "audit-table" }) : h("p", { class: "muted" }, "Nothing recorded."));
 }
 
+// A pool of nodes = [0, N]: each wake, how long it took, and once it slept again what it cost.
+function wakesSection(detail) {
+  if (!detail.may_sleep) return null;
+  const asleep = detail.state === "asleep" ? h("p", { class: "muted", id: "asleep-note" },
+    `Asleep: no node runs and it costs nothing; a program's first task wakes it (up to ${detail.max_nodes} node(s)).`) : null;
+  const rows = (detail.wakes || []).slice().reverse().map((w) => h("tr", {},
+    h("td", {}, when(w.at)), h("td", { class: "num" }, w.seconds === null || w.seconds === undefined ? "-" : `${Number(w.seconds).toFixed(2)} s`),
+    h("td", { class: "num" }, w.nodes === undefined ? "-" : w.nodes),
+    h("td", {}, w.awake_seconds === null || w.awake_seconds === undefined ? "awake now" : duration(w.awake_seconds)),
+    h("td", { class: "num" }, w.cost === null || w.cost === undefined ? "-" : money(w.cost))));
+  return h("section", { id: "wakes" }, h("h2", {}, "Wakes"), asleep,
+    rows.length ? table(["woke", "took", "nodes", "awake for", "cost"], rows, { id: "wakes-table" })
+      : h("p", { class: "muted" }, "It has not woken yet."));
+}
+
 function stackSection(stack) {
   if (!stack || (!stack.stack && !Object.keys(stack.updates || {}).length)) return h("section", { id: "stack", hidden: true });
   const parts = [h("h2", {}, `Cloud stack ${stack.stack || ""}`)];
@@ -321,14 +336,15 @@ function actions(detail) {
   const typed = document.getElementById("resize-nodes");
   const keep = typed && typed.dataset.touched === "1" ? typed.value : null;
   const size = h("input", {
-    type: "number", min: 1, value: keep !== null ? keep : detail.nodes, id: "resize-nodes", "aria-label": "nodes",
+    type: "number", min: detail.may_sleep ? 0 : 1, value: keep !== null ? keep : detail.nodes, id: "resize-nodes", "aria-label": "nodes",
     dataset: keep !== null ? { touched: "1" } : {}, oninput: (e) => { e.target.dataset.touched = "1"; },
   });
   const resize = h("button", {
     id: "resize",
     onclick: async () => {
       const n = parseInt(size.value, 10);
-      if (!(n >= 1)) { flash("give a number of nodes, 1 or more"); return; }
+      const least = detail.may_sleep ? 0 : 1;
+      if (!(n >= least)) { flash(`give a number of nodes, ${least} or more` + (least ? "" : " (0 puts it to sleep)")); return; }
       if (!(await confirmAction(`Resize pool ${detail.name} from ${detail.nodes} to ${n} node(s)?`))) return;
       resize.disabled = true; resize.textContent = "resizing...";
       try { await api(`/api/pools/${encodeURIComponent(detail.name)}/resize`, { method: "POST", body: JSON.stringify({ nodes: n }) }); flash(`pool ${detail.name} now has ${n} node(s)`, "ok"); }
@@ -364,13 +380,13 @@ async function loadPool() {
   const live = d.kind === "program" ? d : d.live;
   const head = h("div", { class: "pool-head" }, h("h1", {}, d.name || d.ref, " ", badge(d.state)), h("dl", { class: "facts" }));
   const facts = [["kind", d.kind === "named" ? "named pool" : `program ${d.program} (pid ${d.pid})`],
-    ["provider", d.provider], ["nodes", d.nodes], ["age", duration(d.age_seconds)], ["expires", expiry(d)],
+    ["provider", d.provider], ["nodes", d.nodes_label || d.nodes], ["age", duration(d.age_seconds)], ["expires", expiry(d)],
     ["$/h", money(d.hourly_cost)], ["cost so far", money(d.cost_so_far)]];
   if (d.kind === "named") facts.push(["owner", d.owner || "-"], ["clients", (d.clients || []).length], ["offer", d.offer || "-"]);
   // One element per fact, so that a label and its value always wrap together.
   head.querySelector("dl").replaceChildren(...facts.map(([k, v]) => h("div", { class: "fact" }, h("dt", {}, k), h("dd", {}, v))));
   const programs = (d.programs || []).length ? h("p", { class: "muted" }, "Used now by: " + d.programs.map((p) => `${p.program} (pid ${p.pid})`).join(", ")) : null;
-  setMain(head, actions(d), programs, nodesSection(d, live), tasksSection(d, live), outputSection(d, live),
+  setMain(head, actions(d), programs, wakesSection(d), nodesSection(d, live), tasksSection(d, live), outputSection(d, live),
     h("section", { id: "audit" }), h("section", { id: "stack", hidden: true }));
   for (const node of Object.keys(charts)) redraw(charts[node]);
   showChartsNote();

@@ -20,7 +20,6 @@ Task ids: a lane's frames carry the client's own ids; inside the worker a lane t
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import json
 import mmap
@@ -105,6 +104,8 @@ class WorkerLanes:
         try:
             hello = reader.read()
             info = json.loads(bytes(hello.body)) if hello.kind == Kind.HELLO else {}
+            import hmac  # here: the client imports this module too, and has no use for it
+
             if not hmac.compare_digest(str(info.get("token", "")).encode(), self._token):
                 sock.close()
                 return

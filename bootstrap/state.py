@@ -41,15 +41,21 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
 from skyward.errors import CollectionError, CollectionTimeoutError
 
 from .frames import HEADER, Frame, FrameReader, FrameWriter, Kind, tune
 
-Blob = tuple[int, bytes, list[tuple[int, Any]]]  # a value as the caller pickled it
-Reply = tuple[tuple[Any, ...], list[tuple[int, Any]]]  # (tag...), buffers
+# Plain slotted classes and no typing at run time: the head node's agent imports this module
+# on the way to the pool's first task (its CONFIGURE carries the collections' address), and
+# dataclasses and typing would double what that import costs.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Blob = tuple[int, bytes, list[tuple[int, Any]]]  # a value as the caller pickled it
+if TYPE_CHECKING:
+    Reply = tuple[tuple[Any, ...], list[tuple[int, Any]]]  # (tag...), buffers
 _HELLO_MAX = 4096
 _HANDSHAKE_S = 10.0
 
@@ -64,18 +70,18 @@ def encode_request(ops: list[tuple[Any, ...]], vals: list[tuple[int, bytes, int]
 
 
 # -- the server ---------------------------------------------------------------------------------
-@dataclass(eq=False)
 class Peer:
     """One connection that sends requests: a worker process, or the client's channel."""
 
-    writer: FrameWriter
-    node: int
-    pid: int
-    label: str
-    sock: socket.socket | None = None  # state-listener peers only (closed on node loss)
-    alive: bool = True
-    gone: bool = False  # its locks were released and its waits dropped
-    told: bool = False  # it was told that the state before a head loss is gone
+    __slots__ = ("alive", "gone", "label", "node", "pid", "sock", "told", "writer")
+
+    def __init__(self, writer: FrameWriter, node: int, pid: int, label: str,
+                 sock: socket.socket | None = None) -> None:
+        self.writer, self.node, self.pid, self.label = writer, node, pid, label
+        self.sock = sock  # state-listener peers only (closed on node loss)
+        self.alive = True
+        self.gone = False  # its locks were released and its waits dropped
+        self.told = False  # it was told that the state before a head loss is gone
 
     def send(self, rid: int, reply: Reply) -> None:
         if not self.alive:
@@ -93,36 +99,39 @@ class Peer:
             self.alive = False
 
 
-@dataclass(eq=False)
 class _Waiter:
-    peer: Peer
-    rid: int
-    kind: str
-    name: str
-    deadline: float | None
-    who: Any = None
-    done: bool = False
+    __slots__ = ("deadline", "done", "kind", "name", "peer", "rid", "who")
+
+    def __init__(self, peer: Peer, rid: int, kind: str, name: str, deadline: float | None, who: Any = None) -> None:
+        self.peer, self.rid, self.kind, self.name, self.deadline, self.who = peer, rid, kind, name, deadline, who
+        self.done = False
 
 
-@dataclass(eq=False)
 class _Queue:
-    items: collections.deque[Blob] = field(default_factory=collections.deque)
-    getters: collections.deque[_Waiter] = field(default_factory=collections.deque)
+    __slots__ = ("getters", "items")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[Blob] = collections.deque()
+        self.getters: collections.deque[_Waiter] = collections.deque()
 
 
-@dataclass(eq=False)
 class _Lock:
-    holder: Any = None  # (node, pid, thread id) of the holding task
-    peer: Peer | None = None
-    waiters: collections.deque[_Waiter] = field(default_factory=collections.deque)
+    __slots__ = ("holder", "peer", "waiters")
+
+    def __init__(self) -> None:
+        self.holder: Any = None  # (node, pid, thread id) of the holding task
+        self.peer: Peer | None = None
+        self.waiters: collections.deque[_Waiter] = collections.deque()
 
 
-@dataclass(eq=False)
 class _Barrier:
-    n: int
-    waiting: list[_Waiter] = field(default_factory=list)
-    participants: set[Peer] = field(default_factory=set)
-    broken: str | None = None
+    __slots__ = ("broken", "n", "participants", "waiting")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.waiting: list[_Waiter] = []
+        self.participants: set[Peer] = set()
+        self.broken: str | None = None
 
 
 def _ok(value: Any = None) -> Reply:

@@ -533,6 +533,9 @@ def main() -> None:
         lane_listener=socket.socket(fileno=int(lane_fd)) if lane_fd else None,
         lane_count=LaneCount(int(count_fd)) if count_fd else None,
     )
+    # While the client connects and configures: the first task is unpickled with it when its
+    # function came by value, and results are pickled with it (serialize loads it on first use).
+    import cloudpickle  # noqa: F401
     try:
         first = worker.reader.read()
     except (EOFError, OSError):

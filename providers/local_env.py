@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -22,6 +21,8 @@ def unsatisfied(requirements: tuple[str, ...]) -> list[str]:
     """The requirements this interpreter does not already meet."""
     if not requirements:
         return []
+    import importlib.metadata  # on first use: it imports email, zipfile... (tens of ms)
+
     from packaging.requirements import InvalidRequirement, Requirement
 
     missing = []

@@ -27,7 +27,6 @@ flow into it). The rules:
 from __future__ import annotations
 
 import logging
-import logging.handlers
 import os
 import re
 import sys
@@ -211,12 +210,13 @@ class _PrivateFileMixin:
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
-class _SizeFileHandler(_PrivateFileMixin, logging.handlers.RotatingFileHandler):
-    pass
+def _rotating(by_size: bool) -> Any:
+    """The rotating file handler that opens its files 0600 (logging.handlers, which imports
+    much, is loaded only when a pool logs to a file)."""
+    import logging.handlers
 
-
-class _TimeFileHandler(_PrivateFileMixin, logging.handlers.TimedRotatingFileHandler):
-    pass
+    base = logging.handlers.RotatingFileHandler if by_size else logging.handlers.TimedRotatingFileHandler
+    return type(base.__name__.replace("Rotating", "PrivateRotating"), (_PrivateFileMixin, base), {})
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -241,11 +241,11 @@ def _open_file_handler(config: LogConfig, path: Path) -> logging.Handler:
         rotation = _parse_rotation(config.rotation)
         handler: logging.Handler
         if isinstance(rotation, _SizeRotation):
-            handler = _SizeFileHandler(
+            handler = _rotating(by_size=True)(
                 path, maxBytes=rotation.max_bytes, backupCount=config.retention, encoding="utf-8"
             )
         else:
-            handler = _TimeFileHandler(
+            handler = _rotating(by_size=False)(
                 path,
                 when=rotation.when,
                 interval=rotation.interval,

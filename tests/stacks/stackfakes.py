@@ -10,9 +10,11 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import pytest
 
 from skyward.stacks import keys
 from skyward.stacks.plan import DiskPlan, NodePlan, PoolPlan
@@ -391,3 +393,15 @@ def fresh_mocks() -> Recorder:
     """Fresh Pulumi mocks for one test (programs declare resources into them). The program
     tests wrap it in a `mocks` fixture: a conftest.py here would shadow tests/conftest.py."""
     return install_mocks(Recorder())
+
+
+
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A SKYWARD_HOME of the test's own, and no Pulumi backend or passphrase from the caller's
+    environment: what a stack test module's ``home`` fixture returns. (A helper, not a fixture
+    in a conftest.py: this folder is not a package, and a second top-level ``conftest`` module
+    would shadow the suite's own, which tests import helpers from.)"""
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    for name in ("PULUMI_BACKEND_URL", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "home"

@@ -17,7 +17,14 @@ import pytest
 pytest.importorskip("pulumi")
 
 from pulumi import automation as auto
-from stackfakes import CAPACITY_STDERR, LOCK_STDERR, FakeWorkspace, command_error, make_plan
+from stackfakes import (
+    CAPACITY_STDERR,
+    LOCK_STDERR,
+    FakeWorkspace,
+    command_error,
+    isolated_home,
+    make_plan,
+)
 
 from skyward.errors import PendingOperationsError, StackError, StackLockedError
 from skyward.observe import events as ev
@@ -27,7 +34,9 @@ from skyward.stacks.cloudpool import CloudPool
 PLUGIN = {"aws": "7.51.1"}
 
 
-pytestmark = pytest.mark.usefixtures("home")  # tests/stacks/conftest.py
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return isolated_home(tmp_path, monkeypatch)
 
 
 def cloud_pool(ws: FakeWorkspace, *, spot: bool = False, fallback: bool = False, zone: str | None = None,

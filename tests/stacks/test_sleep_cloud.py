@@ -7,12 +7,13 @@ mocks (skyward.stacks.preview.resources); closing still destroys in one go."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pulumi")
 
-from stackfakes import FakeWorkspace, make_plan
+from stackfakes import FakeWorkspace, isolated_home, make_plan
 
 import skyward as sky
 from skyward.stacks import aws, gcp, keys
@@ -22,7 +23,9 @@ from skyward.stacks.preview import resources
 INSTANCE = "aws:ec2/instance:Instance"
 
 
-pytestmark = pytest.mark.usefixtures("home")  # tests/stacks/conftest.py
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return isolated_home(tmp_path, monkeypatch)
 
 
 def _ops(ws: FakeWorkspace) -> list[str]:

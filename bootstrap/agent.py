@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from . import serialize, shm, versions
+from .forked import Forked, fork_worker
 from .frames import (
     FLAG_STREAM_IN,
     FLAG_STREAM_OUT,
@@ -88,7 +89,7 @@ class WorkerProc:
     __slots__ = ("capacity", "index", "inflight", "lane", "lane_count", "launched", "lent", "proc",
                  "retiring", "sock", "writer")
 
-    def __init__(self, index: int, proc: subprocess.Popen[bytes], writer: FrameWriter, sock: socket.socket,
+    def __init__(self, index: int, proc: subprocess.Popen[bytes] | Forked, writer: FrameWriter, sock: socket.socket,
                  capacity: int, launched: bool = False) -> None:
         self.index, self.proc, self.writer, self.sock, self.capacity = index, proc, writer, sock, capacity
         self.inflight: dict[int, Route] = {}
@@ -131,7 +132,7 @@ class Agent:
         # (id(connection), client's task id) -> agent task id, for streaming tasks: CREDIT, STOP
         # and FEED frames from the client name the task by the client's id.
         self.streaming: dict[tuple[int, int], int] = {}
-        self.spare: tuple[subprocess.Popen[bytes], socket.socket, _LaneSetup | None] | None = None  # see prestart
+        self.spare: tuple[subprocess.Popen[bytes] | Forked, socket.socket, _LaneSetup | None] | None = None  # see prestart
         # Where workers' lane listeners go (lane.py): beside the agent's own Unix socket, when
         # it has one (a Local node: its clients are on this host).
         self.lane_dir: str | None = None
@@ -384,14 +385,38 @@ class Agent:
             return where
         return {**where, "token": self.token.decode()}
 
-    def prestart(self) -> None:
-        """Start one worker process now, before any client has configured the node: its
-        interpreter starts and imports while the client connects, and the first CONFIGURE
-        (which says how many threads it runs) adopts it (``_spawn``). Without it the pool's
-        first task would wait for a worker process to start."""
+    def prestart(self, ours: list[socket.socket] | None = None) -> None:
+        """Start one worker process now, before any client has configured the node: it
+        imports while the client connects, and the first CONFIGURE (which says how many
+        threads it runs) adopts it (``_spawn``). Without it the pool's first task would wait
+        for a worker process to start. Called before the agent serves (no thread yet), it is
+        forked from this process (forked.py; ``ours``: the listeners it closes), which spares
+        it a new interpreter and the imports it shares with the agent."""
         with self.lock:
             if self.spare is None and not self.stopping.is_set():
-                self.spare = self._popen_worker(None)
+                forked = self._fork_spare(ours or []) if threading.active_count() == 1 else None
+                self.spare = forked or self._popen_worker(None)
+
+    def _fork_spare(self, ours: list[socket.socket]) -> tuple[Forked, socket.socket, _LaneSetup | None] | None:
+        mine, theirs = socket.socketpair()
+        lane = self._lane_listener(None)
+
+        def run() -> None:
+            from . import worker
+
+            worker.spare(theirs, lane.listener if lane else None, lane.count if lane else None)
+
+        env = {"SKYWARD_AGENT_PID": str(os.getpid())}
+        proc = fork_worker(env, [*ours, mine], run)
+        theirs.close()
+        if lane is not None:
+            lane.listener.close()  # the worker has its own copy
+        if proc is None:
+            mine.close()
+            if lane is not None:
+                lane.drop()
+            return None
+        return proc, mine, lane
 
     def _popen_worker(self, settings: dict[str, Any] | None) -> tuple[subprocess.Popen[bytes], socket.socket, _LaneSetup | None]:
         ours, theirs = socket.socketpair()
@@ -887,7 +912,7 @@ def _describe_exit(rc: int) -> str:
     return f"exited with exit code {rc}"
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | Forked) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -1031,7 +1056,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")
-    agent.prestart()
+    agent.prestart([listener, *more])
     if isinstance(direct, socket.socket):
         _log(f"serving directly on {args.direct}:{hello['direct']} too (token-checked, not encrypted)")
     elif isinstance(direct, str):

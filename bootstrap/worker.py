@@ -533,6 +533,17 @@ def main() -> None:
         lane_listener=socket.socket(fileno=int(lane_fd)) if lane_fd else None,
         lane_count=LaneCount(int(count_fd)) if count_fd else None,
     )
+    run(worker)
+
+
+def spare(sock: socket.socket, lane_listener: socket.socket | None, lane_count: LaneCount | None) -> None:
+    """A spare worker forked from its agent (forked.py): its settings come with CONFIGURE."""
+    tune(sock)
+    run(Worker(sock, threads=1, exclusive=False, lane_listener=lane_listener, lane_count=lane_count))
+
+
+def run(worker: Worker) -> None:
+    """Wait for the node's configuration, then serve until the worker exits."""
     # While the client connects and configures: the first task is unpickled with it when its
     # function came by value, and results are pickled with it (serialize loads it on first use).
     import cloudpickle  # noqa: F401

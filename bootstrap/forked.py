@@ -1,0 +1,129 @@
+"""A node's first worker, forked from its agent instead of started as a new interpreter.
+
+On a Local pool every node's agent and worker start at once with the client, and on a small
+machine that start is CPU-bound: a new interpreter and the imports it shares with the agent are
+a third of what a worker costs before its first task. The agent forks its spare worker (see
+``Agent.prestart``) while it is still single-threaded, before it serves anyone; the child
+closes what is the agent's, becomes the session leader of its own process group (as a started
+worker does), and runs the same worker code. Workers started later (replacements, process
+executors, plugin launchers) are new interpreters, as before: by then the agent has threads,
+and forking a threaded process is not safe.
+
+``Forked`` is the part of ``subprocess.Popen`` that the agent uses, for such a child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO
+
+
+class Forked:
+    """A forked worker, as the agent handles a started one: pid, pipes, poll, wait, signals."""
+
+    def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.pid, self.stdout, self.stderr = pid, stdout, stderr
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # one reaper at a time (wait and poll from two threads)
+
+    def poll(self) -> int | None:
+        return self._reap(block=False)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            code = self._reap(block=True)
+            assert code is not None
+            return code
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self._reap(block=False)
+            if code is not None:
+                return code
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["skyward worker (forked)"], timeout)
+            time.sleep(0.005)
+
+    def _reap(self, block: bool) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            try:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:  # not ours to reap any more: count it as gone
+                self.returncode = 0
+                return 0
+            if pid == 0:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def fork_worker(env: dict[str, str], close: list[socket.socket], run: Callable[[], None]) -> Forked | None:
+    """Fork a worker that calls ``run()`` (it serves until the worker exits) with ``env`` added
+    to its environment, fds 1 and 2 on pipes to us, stdin on /dev/null and the sockets in
+    ``close`` (the agent's) closed. None where this platform cannot fork."""
+    if not hasattr(os, "fork"):
+        return None
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: from here on only os._exit leaves
+        code = 1
+        try:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the worker installs its own when it serves
+            for sock in close:
+                sock.close()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (null, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            os.environ.update(env)
+            sys.argv = ["skyward-worker"]
+            try:  # what ps -o comm and top show (its command line stays the agent's)
+                with open("/proc/self/comm", "w") as comm:
+                    comm.write("skyward-worker")
+            except OSError:
+                pass
+            run()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr, flush=True)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    return Forked(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))

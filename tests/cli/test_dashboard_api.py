@@ -267,3 +267,33 @@ def test_listening_beyond_loopback_warns(cli: CLI) -> None:
         assert d.proc.stderr is not None
         assert "not loopback" in d.proc.stderr.readline()
         assert d.api("GET", "/api/pools").status_code == 200
+
+
+def test_an_asleep_pool_through_the_api_shows_zero_of_its_max_and_each_wake(cli: CLI) -> None:
+    """A pool of nodes = [0, 2] (issue 25): the dashboard's API says asleep, 0/2, and lists the
+    wake a program's first task made, with how long it took and what it cost."""
+    cli.toml('[pools.nap]\nprovider = "local"\nnodes = [0, 2]\nttl = 300\n')
+    with dashboard(cli) as d:
+        def call(method: str, path: str, status: int = 200, **kwargs: Any) -> Any:
+            r = d.api(method, path, **kwargs)
+            assert r.status_code == status, (method, path, r.text)
+            return r.json()
+
+        made = call("POST", "/api/pools", 201, json={"name": "nap"})
+        assert (made["state"], made["nodes"], made["nodes_label"], made["max_nodes"]) == ("asleep", 0, "0/2", 2)
+        assert call("GET", "/api/pools/nap")["wakes"] == []
+
+        ran = cli.python("""
+            import skyward as sky
+            with sky.Compute(name="nap", options=sky.Options(console="silent")) as pool:
+                assert sky.function(abs)(-3) >> pool == 3
+        """)
+        assert ran.code == 0, ran
+        detail = call("GET", "/api/pools/nap")
+        assert (detail["state"], detail["nodes_label"]) == ("asleep", "0/2"), detail  # the last out put it to sleep
+        (wake,) = detail["wakes"]
+        assert wake["nodes"] == 1 and wake["seconds"] > 0 and wake["awake_seconds"] is not None, wake
+        assert wake["cost"] == 0.0 and detail["cost_so_far"] == 0.0  # Local: no price
+
+        assert call("DELETE", "/api/pools/nap")["state"] == "destroyed"
+        assert _missing(cli, "nap")

@@ -24,7 +24,6 @@ import base64
 import collections
 import contextlib
 import hmac
-import ipaddress
 import itertools
 import json
 import os
@@ -32,9 +31,7 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,6 +52,7 @@ from .lane import LaneCount
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
     from typing import Any
 
 PROTOCOL = 1
@@ -178,6 +176,8 @@ class Agent:
                 self.shutdown(f"no client renewed the lease for {self.ttl:g} s (ttl)")
 
     def _stop_workers(self) -> None:
+        import subprocess
+
         self._drop_spare()
         with self.lock:
             workers = list(self.workers)
@@ -419,6 +419,10 @@ class Agent:
         return proc, mine, lane
 
     def _popen_worker(self, settings: dict[str, Any] | None) -> tuple[subprocess.Popen[bytes], socket.socket, _LaneSetup | None]:
+        # (Imported here: a node's first worker is forked, and the agent's start is on the way
+        # to every Local pool's first task.)
+        import subprocess
+
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env.update(SKYWARD_WORKER_FD=str(theirs.fileno()), SKYWARD_AGENT_PID=str(os.getpid()))
@@ -522,6 +526,9 @@ class Agent:
 
     def _launch(self, command: str) -> None:
         """Start the launcher; every process it starts connects back as one worker."""
+        import subprocess
+        import tempfile
+
         folder = tempfile.mkdtemp(prefix=f"skyward-launch-{os.getpid()}-")  # whose it is, by pid
         self.launch_dirs.append(folder)
         path = os.path.join(folder, "agent.sock")
@@ -876,6 +883,8 @@ def _inline(buffers: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 def _node_spill_dir() -> Path | None:
     """A shared-memory folder of this agent's own (``/dev/shm/skyward-node-<pid>-*``); those of
     agents that were killed are removed first. None where /dev/shm cannot be used."""
+    import tempfile
+
     shm_root = Path("/dev/shm")
     if not (shm_root.is_dir() and os.access(shm_root, os.W_OK)):
         return None
@@ -922,6 +931,8 @@ def _kill_group(proc: subprocess.Popen[bytes] | Forked) -> None:
 def _unmount_volumes(folder: str) -> None:
     """Run the pool's unmount script (bootstrap/mounts.py), if the volumes phase wrote one;
     no agent is left to wait for after an orphaned pool, so at most a few minutes of uploads."""
+    import subprocess
+
     script = os.path.join(folder, "unmount.sh")
     if os.path.isfile(script):
         try:
@@ -963,6 +974,8 @@ def _close(sock: socket.socket) -> None:
 def _direct_listener(address: str) -> socket.socket | str:
     """A listener on ``address`` for clients that skip the SSH tunnel, or why there is none:
     only private addresses (RFC 1918, IPv6 unique-local, loopback) that this host has."""
+    import ipaddress
+
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -50,6 +49,8 @@ class Forked:
             if code is not None:
                 return code
             if time.monotonic() >= deadline:
+                import subprocess
+
                 raise subprocess.TimeoutExpired(["skyward worker (forked)"], timeout)
             time.sleep(0.005)
 

@@ -33,7 +33,6 @@ import struct
 import sys
 import threading
 import time
-import uuid
 import weakref
 from pathlib import Path
 
@@ -116,7 +115,7 @@ class Owner:
         if not _room(self.directory, size):
             return None
         try:
-            path = self.directory / f"{os.getpid()}-{uuid.uuid4().hex}"
+            path = self.directory / f"{os.getpid()}-{os.urandom(16).hex()}"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
             return None

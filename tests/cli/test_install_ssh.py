@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshhosts import SSHHosts, SSHHostsUnavailable
+from sshhosts import SSHHosts
 
 from .conftest import CLI
+from .ssh_helpers import netns_hosts, on_host
 from .test_logs_follow import Follower
 from .wheelindex import WheelIndex
 
@@ -35,20 +36,8 @@ PROBE = """
 
 @pytest.fixture
 def hosts() -> Iterator[SSHHosts]:
-    made = SSHHosts(2, mode="netns")
-    try:
-        made.start()
-    except SSHHostsUnavailable as exc:
-        pytest.skip(f"SSH test hosts unavailable: {exc}")
-    try:
+    with netns_hosts(2) as made:
         yield made
-    finally:
-        made.close()
-
-
-def on_host(host, command: str) -> str:  # type: ignore[no-untyped-def]
-    argv = [*host.ssh_argv("/dev/null", strict="no"), command]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
 
 
 @pytest.mark.timeout(480)

@@ -5,12 +5,11 @@ puts it back to sleep, the trail says each, and `skyward down` leaves nothing on
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
-from sshhosts import SSHHosts, SSHHostsUnavailable
 
 from .conftest import CLI
+from .ssh_helpers import netns_hosts, on_host
 
 CLIENT = """
     import json, socket
@@ -23,19 +22,9 @@ CLIENT = """
 """
 
 
-def on_host(host, command: str) -> str:  # type: ignore[no-untyped-def]
-    argv = [*host.ssh_argv("/dev/null", strict="no"), command]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
-
-
 @pytest.mark.timeout(300)
 def test_a_named_ssh_pool_sleeps_at_zero_and_wakes_on_a_host(cli: CLI) -> None:
-    hosts = SSHHosts(2, mode="netns")
-    try:
-        hosts.start()
-    except SSHHostsUnavailable as exc:
-        pytest.skip(f"SSH test hosts unavailable: {exc}")
-    try:
+    with netns_hosts(2) as hosts:
         targets = json.dumps([f"{h.user}@{h.address}:{h.port}" for h in hosts])
         cli.toml(f'[pools.lab]\nprovider = "ssh"\nnodes = [0, 2]\nttl = 120\n\n'
                  f'[pools.lab.ssh]\nhosts = {targets}\nkey = "{hosts[0].key_path}"\n')
@@ -61,5 +50,3 @@ def test_a_named_ssh_pool_sleeps_at_zero_and_wakes_on_a_host(cli: CLI) -> None:
         for h in hosts:
             left = on_host(h, "pgrep -af skyward.bootstrap | grep -v pgrep; true")
             assert left.strip() == "", left
-    finally:
-        hosts.close()

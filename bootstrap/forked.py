@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -33,7 +32,6 @@ class Forked:
     def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.pid, self.stdout, self.stderr = pid, stdout, stderr
         self.returncode: int | None = None
-        self._lock = threading.Lock()  # one reaper at a time (wait and poll from two threads)
 
     def poll(self) -> int | None:
         return self._reap(block=False)
@@ -55,20 +53,23 @@ class Forked:
             time.sleep(0.005)
 
     def _reap(self, block: bool) -> int | None:
+        """The exit code once the child is gone (None while it runs). Never holds a lock while
+        it waits: one thread may wait for good while another polls with a deadline."""
         if self.returncode is not None:
             return self.returncode
-        with self._lock:
-            if self.returncode is not None:
-                return self.returncode
-            try:
-                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
-            except ChildProcessError:  # not ours to reap any more: count it as gone
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:  # another thread of ours reaped it: it records the code now
+            deadline = time.monotonic() + 1.0
+            while self.returncode is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if self.returncode is None:
                 self.returncode = 0
-                return 0
-            if pid == 0:
-                return None
-            self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
+        if pid == 0:
+            return None
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:

@@ -4,6 +4,7 @@ started later are new interpreters. Both serve the same."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -38,3 +39,33 @@ def test_the_first_worker_is_forked_and_its_replacement_started() -> None:
         cmdline = Path(f"/proc/{pid2}/cmdline").read_bytes().decode().replace("\0", " ")
         assert "skyward.bootstrap.worker" in cmdline
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_a_timed_wait_ends_at_its_deadline_while_another_thread_waits_for_good() -> None:
+    """The agent waits for a worker on its reader thread and, when it stops, with a deadline on
+    another: the deadline must hold (a worker stuck in C code ignores SIGTERM)."""
+    import subprocess
+    import threading
+    import time
+
+    from skyward.bootstrap.forked import fork_worker
+
+    def stuck() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(30)
+
+    proc = fork_worker({}, [], stuck)
+    assert proc is not None
+    waiter = threading.Thread(target=proc.wait)
+    waiter.start()
+    try:
+        time.sleep(0.2)
+        proc.terminate()  # ignored
+        start = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.5)
+        assert time.monotonic() - start < 2
+    finally:
+        proc.kill()
+        waiter.join(5)
+    assert proc.returncode == -signal.SIGKILL and not waiter.is_alive()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from skyward.bootstrap import shm
+from skyward.bootstrap.procs import alive
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
@@ -479,13 +480,7 @@ def process_running(pid: int, started: int | None) -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # no /proc (macOS): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return alive(pid)
     if fields[0] == "Z":
         return False
     return started is None or int(fields[19]) == started

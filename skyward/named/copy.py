@@ -37,7 +37,7 @@ from typing import Any
 
 from ..errors import ConfigError, SkywardError
 from .cliout import EXIT_OK, print_json
-from .nodeaccess import Node, Process, open_nodes
+from .nodeaccess import Node, Process, finish, open_nodes
 
 q = shlex.quote
 _BAR_FROM = 1 << 20  # copies of at least this many bytes show a progress bar on a terminal
@@ -139,6 +139,19 @@ def _facts(out: str) -> dict[str, str]:
 
 def _in_cwd(node: Node) -> str:
     return f'cd -- {q(node.cwd)} 2>/dev/null || {{ echo "@@nocwd"; exit 0; }}\n'
+
+
+def _look(node: Node, script: str, path: str, what: str, needed: str) -> dict[str, str] | str:
+    """Run a looking ``script`` (in the node's working directory) for ``path``: the ``@@`` facts
+    it printed, or why it refused or failed, in words (``needed``: the fact it must print)."""
+    code, out, error = node.run(_in_cwd(node) + script)
+    facts = _facts(out)
+    refused = _node_failure(node, what, facts, path)
+    if refused is not None:
+        return refused
+    if code != 0 or needed not in facts:
+        return f"{path}: could not be looked at on {node.label} (exit {code}): {error.strip()[-300:]}"
+    return facts
 
 
 def _node_failure(node: Node, what: str, facts: dict[str, str], path: str) -> str | None:
@@ -285,13 +298,9 @@ def _find(src: str) -> Callable[[Node], _Found | str]:
     )
 
     def check(node: Node) -> _Found | str:
-        code, out, error = node.run(_in_cwd(node) + script_tail)
-        facts = _facts(out)
-        refused = _node_failure(node, "", facts, src)
-        if refused is not None:
-            return refused
-        if code != 0 or "path" not in facts:
-            return f"{src}: could not be looked at on {node.label} (exit {code}): {error.strip()[-300:]}"
+        facts = _look(node, script_tail, src, "", needed="path")
+        if isinstance(facts, str):
+            return facts
         if facts["base"] in ("/", ""):
             return f"{src} is the root folder of {node.label}: name a folder inside it"
         return _Found(node, facts["kind"], facts["path"], facts["base"], int(float(facts.get("size") or 0)))
@@ -529,13 +538,9 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
     )
 
     def where(node: Node) -> _Target | str:
-        code, out, error = node.run(_in_cwd(node) + check)
-        facts = _facts(out)
-        refused = _node_failure(node, str(src), facts, dest)
-        if refused is not None:
-            return refused
-        if code != 0 or "target" not in facts:
-            return f"{dest}: could not be looked at on {node.label} (exit {code}): {error.strip()[-300:]}"
+        facts = _look(node, check, dest, str(src), needed="target")
+        if isinstance(facts, str):
+            return facts
         return _Target(node, facts["target"])
 
     targets: list[_Target] = _check_all(nodes, where)
@@ -559,11 +564,7 @@ def upload(src: Path, dest: str, nodes: list[Node], *, show: bool) -> list[dict[
             try:
                 with tarfile.open(fileobj=_Sink(proc, bar, counter), mode="w|", bufsize=1 << 20) as tar:  # type: ignore[call-overload]
                     tar.add(str(origin), arcname=base)
-                proc.close_stdin()
-                out = bytearray()
-                while chunk := proc.read():
-                    out += chunk
-                code = proc.wait()
+                code, out = finish(proc)
             except BaseException:
                 proc.kill()
                 bar.add(-counter[0])

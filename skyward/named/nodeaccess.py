@@ -85,16 +85,22 @@ class Node(abc.ABC):
     def run(self, script: str) -> tuple[int, str, str]:
         """``script`` to the end: exit status, stdout, stderr."""
         proc = self.start(script)
-        try:
-            proc.close_stdin()
-            out = bytearray()
-            while chunk := proc.read():
-                out += chunk
-            code = proc.wait()
-        except BaseException:
-            proc.kill()
-            raise
+        code, out = finish(proc)
         return code, out.decode(errors="replace"), proc.stderr
+
+
+def finish(proc: Process) -> tuple[int, bytes]:
+    """Close ``proc``'s stdin, read its stdout to the end and wait: (exit status, stdout). It is
+    killed if anything fails meanwhile (Ctrl-C included)."""
+    try:
+        proc.close_stdin()
+        out = bytearray()
+        while chunk := proc.read():
+            out += chunk
+        return proc.wait(), bytes(out)
+    except BaseException:
+        proc.kill()
+        raise
 
 
 # -- Local nodes: this machine ----------------------------------------------------------------------

@@ -765,14 +765,16 @@ class Agent:
                 self.workers[self.workers.index(w)] = self._spawn(w.index)
             sends = self._assign()
             spill = self.config.get("spill") if self.config is not None else None
-            offer = self._lane_offer() if w.lane is not None else None
+            # Its lane's clients hear of it unless the agent is stopping it (they are leaving too).
+            told = w.lane is not None and replace
+            offer = self._lane_offer() if told else None
             count, w.lane_count = w.lane_count, None
         _unlink(w.lane)
         if count is not None:
             count.close()
         if spill and not w.launched:  # its shared-memory segments nobody holds
             shm.sweep(Path(spill), w.proc.pid)
-        if lost or w.lane is not None:
+        if lost or told:
             from skyward.errors import WorkerDiedError
 
             how = _describe_exit(rc)
@@ -786,7 +788,7 @@ class Agent:
             for _, route in lost:
                 serialize.discard(route.spilled)  # the dead worker's views of them are gone
                 self._reply(route, Frame(Kind.RESULT, 0, body, flags, buffers))
-            if w.lane is not None:  # the tasks the clients sent it directly end the same way
+            if told:  # the tasks the clients sent it directly end the same way
                 self._broadcast(Frame(Kind.LANE_LOST, 0, body, flags))
                 if offer is not None:
                     self._broadcast(offer)

@@ -270,11 +270,7 @@ class NodeChannel:
         self._sock.close()
         with self._lane_lock:
             self._lane, self._lane_offer = None, None
-        with self._lock:
-            lanes = list(self._lanes)
-        for lane in lanes:
-            lane.told.set()
-            lane.close()
+        lanes = self._wake_lanes(close=True)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         for lane in lanes:
@@ -307,21 +303,27 @@ class NodeChannel:
                         self._lane_offer = offer if offer.get("path") and not self._closing else None
                         self._lane_held = False  # the worker has read the configuration before it
                 elif frame.kind == Kind.LANE_LOST:
-                    with self._lock:
-                        lanes = list(self._lanes)
-                    for lane in lanes:
-                        lane.lost = Frame(Kind.RESULT, 0, frame.body, frame.flags, frame.buffers)
-                        lane.told.set()
+                    self._wake_lanes(lost=Frame(Kind.RESULT, 0, frame.body, frame.flags, frame.buffers))
                 elif frame.kind == Kind.STOPPING:
                     self.stopped = str(json.loads(bytes(frame.body)).get("message") or "the pool was stopped")
-                    with self._lock:
-                        lanes = list(self._lanes)
-                    for lane in lanes:
-                        lane.told.set()  # their tasks end with PoolStoppedError, told or not
+                    self._wake_lanes()  # their tasks end with PoolStoppedError, told or not
                     if self._on_stopping is not None:
                         self._on_stopping(self.node, self.stopped)
         except (EOFError, OSError) as exc:
             self._mark_lost(exc)
+
+    def _wake_lanes(self, lost: Frame | None = None, close: bool = False) -> list[ClientLane]:
+        """Tell the lanes not drained yet that the agent will say nothing more of their tasks
+        (``lost``: the error those end with; ``close``: close the lanes too); returns them."""
+        with self._lock:
+            lanes = list(self._lanes)
+        for lane in lanes:
+            if lost is not None:
+                lane.lost = lost
+            lane.told.set()
+            if close:
+                lane.close()
+        return lanes
 
     def _complete(self, frame: Frame) -> None:
         with self._lock:
@@ -350,11 +352,8 @@ class NodeChannel:
             pending = list(self._pending.values())
             self._pending.clear()
             self._streams.clear()
-            lanes = list(self._lanes)
         self._lane_offer = self._lane = None
-        for lane in lanes:  # their tasks end here, with the node's error
-            lane.told.set()  # a lane's reader waiting for LANE_LOST: nothing more will come
-            lane.close()
+        self._wake_lanes(close=True)  # their tasks end here, with the node's error
         err = self._lost_error()
         for done in pending:
             done(err)

@@ -19,11 +19,9 @@ Handshake on stdout (one JSON line) so whoever started the agent learns its port
 
 from __future__ import annotations
 
-import argparse
 import base64
 import collections
 import contextlib
-import hmac
 import itertools
 import json
 import os
@@ -49,6 +47,7 @@ from .frames import (
     tune,
 )
 from .lane import LaneCount
+from .token import same_token
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -120,6 +119,7 @@ class Agent:
         self.config: dict[str, Any] | None = None
         self.settings: dict[str, Any] = {}
         self.collector: Any = None
+        self.metric_specs: list[dict[str, Any]] = []  # sampled once the first CONFIGURE is answered
         self.launchers: list[Any] = []
         # Plugin launchers' socket folders and listeners: removed when the agent stops.
         self.launch_dirs: list[str] = []
@@ -146,8 +146,10 @@ class Agent:
         self.stopping.wait()
         for sock in (listener, *more):
             sock.close()
-        if self.collector is not None:
-            self.collector.stop()
+        with self.lock:
+            collector = self.collector
+        if collector is not None:
+            collector.stop()
         self._stop_workers()
         for launch_listener in self.launch_listeners:
             launch_listener.close()
@@ -230,7 +232,7 @@ class Agent:
         try:
             hello = reader.read()
             info = json.loads(bytes(hello.body)) if hello.kind == Kind.HELLO else {}
-            if not hmac.compare_digest(str(info.get("token", "")).encode(), self.token):
+            if not same_token(info, self.token):
                 _log("refused a connection with a wrong token")
                 _close(sock)
                 return
@@ -274,6 +276,7 @@ class Agent:
                 elif frame.kind == Kind.CONFIGURE:
                     self._configure(json.loads(bytes(frame.body)))
                     self._offer_lane(conn)
+                    self._start_metrics()
                 elif frame.kind == Kind.PING:
                     writer.send_parts(Kind.PONG, 0, 0, b"")
                 elif frame.kind == Kind.STATE:
@@ -317,22 +320,33 @@ class Agent:
                         self.workers.append(self._spawn(i))
                 else:
                     self._launch(command)
-                self._start_metrics(config.get("metrics") or [])
+                # Started once the client has its answer (_serve_conn): the sampler's imports
+                # cost the first task 20 ms of a node's CPU when they come before it.
+                self.metric_specs = config.get("metrics") or []
             else:  # topology changed (resize): tell every live worker
                 for w in self.workers:
                     self._send_config(w)
             sends = self._assign()  # tasks that arrived before the first CONFIGURE
         self._send(sends)
 
-    def _start_metrics(self, specs: list[dict[str, Any]]) -> None:
-        if not specs:
-            return
+    def _start_metrics(self) -> None:
+        """Start sampling the configured metrics (once, on a thread of its own)."""
+        with self.lock:
+            specs, self.metric_specs = self.metric_specs, []
+        if specs and not self.stopping.is_set():
+            threading.Thread(target=self._sample, args=(specs,), name="skyward-metrics", daemon=True).start()
+
+    def _sample(self, specs: list[dict[str, Any]]) -> None:
         from skyward.metrics import from_config
 
         from .metrics import Collector
 
-        self.collector = Collector(from_config(specs), self._emit_metric)
-        self.collector.start()
+        collector = Collector(from_config(specs), self._emit_metric)
+        with self.lock:  # serve() reads it under the lock once stopping is set
+            if self.stopping.is_set():
+                return
+            collector.start()
+            self.collector = collector
 
     def _emit_metric(self, name: str, value: float, unit: str) -> None:
         body = json.dumps({"name": name, "value": value, "unit": unit}).encode()
@@ -1021,21 +1035,52 @@ def _unix_listener(path: str) -> socket.socket | str:
     return sock
 
 
+class _Args:
+    """The agent's command line (see ``_parse_args``)."""
+
+    def __init__(self) -> None:
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.ttl = 600.0
+        self.log: str | None = None  # file for the agent's own log lines
+        self.orphan_cleanup: list[str] = []  # folders to remove when the lease expires
+        self.unix: str | None = None  # also listen on this Unix socket (Local pools)
+        self.direct: str | None = None  # also listen on this private address (sky.SSH(direct=True))
+
+
+_OPTIONS = {"--host": "host", "--port": "port", "--ttl": "ttl", "--log": "log",
+            "--orphan-cleanup": "orphan_cleanup", "--unix": "unix", "--direct": "direct"}
+
+
+def _parse_args(argv: list[str]) -> _Args:
+    """``--host H --port P --ttl S --log FILE --orphan-cleanup DIR (repeatable) --unix PATH
+    --direct ADDRESS``, each as ``--name value`` or ``--name=value``. The agent's only callers
+    are skyward's providers, so a plain loop does (argparse costs every node's start 6 ms)."""
+    args = _Args()
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        attr = _OPTIONS.get(name)
+        if attr is None:
+            raise SystemExit(f"skyward agent: unknown option {argv[i]!r}; it takes {', '.join(_OPTIONS)}")
+        if not eq:
+            i += 1
+            if i == len(argv):
+                raise SystemExit(f"skyward agent: {name} needs a value")
+            value = argv[i]
+        i += 1
+        try:
+            if attr == "orphan_cleanup":
+                args.orphan_cleanup.append(value)
+            else:
+                setattr(args, attr, int(value) if attr == "port" else float(value) if attr == "ttl" else value)
+        except ValueError:
+            raise SystemExit(f"skyward agent: {name} takes a number, got {value!r}") from None
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="skyward-agent")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ttl", type=float, default=600.0)
-    parser.add_argument("--log", default=None, help="file for the agent's own log lines")
-    parser.add_argument("--orphan-cleanup", action="append", default=[], metavar="PATH",
-                        help="folder to remove when the lease expires (the client is gone)")
-    parser.add_argument("--unix", default=None, metavar="PATH",
-                        help="also listen on a Unix socket at PATH (Local pools: a client on "
-                             "this host skips the TCP stack; same token check)")
-    parser.add_argument("--direct", default=None, metavar="ADDRESS",
-                        help="also listen on this private address (sky.SSH(direct=True)): clients "
-                             "that present the token connect there without an SSH tunnel")
-    args = parser.parse_args(argv)
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
     token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
     if not token:
         raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
@@ -1066,7 +1111,7 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(target, 2)
     os.close(target)
     agent = Agent(token, args.ttl, args.orphan_cleanup)
-    if isinstance(unix, socket.socket):
+    if isinstance(unix, socket.socket) and args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
@@ -1081,7 +1126,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         agent.serve(listener, *more)
     finally:
-        if isinstance(unix, socket.socket):
+        if isinstance(unix, socket.socket) and args.unix:
             with contextlib.suppress(OSError):
                 os.unlink(args.unix)
     _log("stopped")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import hmac
 import itertools
 import json
 import os
@@ -40,11 +39,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 
 from skyward.errors import CollectionError, CollectionTimeoutError
 
 from .frames import HEADER, Frame, FrameReader, FrameWriter, Kind, tune
+from .token import same_token
 
 # Plain slotted classes and no typing at run time: the head node's agent imports this module
 # on the way to the pool's first task (its CONFIGURE carries the collections' address), and
@@ -491,7 +490,7 @@ class StateServer:
             if kind != Kind.HELLO or nbufs or body_len > _HELLO_MAX:
                 raise ValueError("not a HELLO")
             info = json.loads(_recv_exact(sock, body_len))
-            if not hmac.compare_digest(str(info.get("token", "")).encode(), self.token):
+            if not same_token(info, self.token):
                 raise ValueError("wrong token")
             sock.settimeout(None)
         except (OSError, ValueError, EOFError):
@@ -628,6 +627,8 @@ class StateConnection:
 
 def call_sync(conn: StateConnection, body: bytes, buffers: list[tuple[int, Any]]) -> Frame:
     """One request, waiting for its answer (tests and tools)."""
+    from concurrent.futures import Future  # here: the head's agent needs none at start (7 ms)
+
     fut: Future[Frame] = Future()
 
     def done(result: Frame | BaseException) -> None:

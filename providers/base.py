@@ -149,6 +149,14 @@ class ProviderConfig:
         provider needs (a CLI, an SDK extra); the error says how to install it."""
         return None
 
+    def launch(self, spec: Spec, pool_id: str) -> Cluster | None:
+        """The cluster for a new pool with its nodes already starting, for a provider that can
+        start them at once (Local: processes), called before the pool's own modules load so
+        that both overlap; the pool connects to them as to ``create``'s. None (the default):
+        the pool calls ``create`` instead. A failure here only loses the head start: the pool
+        then calls ``create``, which reports it."""
+        return None
+
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> Cluster:
         """The cluster for one pool (``options``: the pool's Options, for timeouts; ``name``: a
         named pool's name, which cloud stacks carry in theirs)."""

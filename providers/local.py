@@ -8,12 +8,12 @@ cached overlay that goes first on the nodes' PYTHONPATH.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
 import logging
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -88,6 +88,23 @@ class Local(ProviderConfig):
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> LocalCluster:
         return LocalCluster(self, spec, pool_id)
 
+    def launch(self, spec: Spec, pool_id: str) -> LocalCluster | None:
+        # Only the plain case: plugins, volumes and packages to install have steps of their
+        # own that may fail or print, which the pool reports in order (create).
+        image = spec.image
+        if spec.plugins or spec.volumes or image.pip or image.includes or image.apt or image.shell_vars:
+            return None
+        desired = spec.node_spec.desired
+        if desired <= 0:  # a pool born asleep starts its first node on its first task
+            return None
+        cluster = LocalCluster(self, spec, pool_id)
+        try:
+            cluster.launch(desired)
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
     # -- named pools (see ProviderConfig for the contract) -------------------------------------
     def attach(self, description: dict[str, Any]) -> LocalCluster:
         return LocalCluster.from_description(description)
@@ -115,6 +132,12 @@ def _local_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
+def _token() -> str:
+    """What secrets.token_urlsafe(32) returns, without the secrets module's imports (hmac,
+    hashlib, random: 5 ms of every Local pool's start)."""
+    return base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,13 +146,14 @@ def _free_port() -> int:
 
 class LocalCluster(Cluster):
     def __init__(self, config: Local, spec: Spec, pool_id: str) -> None:
-        self.token = secrets.token_urlsafe(32)
+        self.token = _token()
         self.head_port = _free_port()
         self.interface = "lo"
         self._ttl = spec.ttl
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
         self.spill_dir = _spill_dir(pool_id, self._root)
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._launched: list[tuple[int, subprocess.Popen[bytes]]] = []  # started, not yet handed out
         # Running nodes as describe() reports them; those this process did not start (an
         # attached pool) are waited for and stopped by pid, as they are not our children.
         self._nodes: dict[int, dict[str, Any]] = {}
@@ -139,12 +163,14 @@ class LocalCluster(Cluster):
         self._lock = threading.Lock()
         self.spec = spec
         try:
-            from skyward.plugins.compose import prepare
             from skyward.records.pkglock import current_pin
 
             self._pin = current_pin()  # reproducing a pool: its recorded packages
+            image, ops = spec.image, tuple[str, ...]()  # (the pool registers the image's secrets itself)
+            if spec.plugins:  # the plugin machinery loads only for pools that have plugins
+                from skyward.plugins.compose import prepare
 
-            image, ops = prepare(spec, self)  # plugin transforms see this cluster
+                image, ops = prepare(spec, self)  # plugin transforms see this cluster
             self._env = self._environment(image)
             self._run_ops(ops)
             self._mounts = _mount_volumes(spec, pool_id, self._root)  # one per pool, shared by its nodes
@@ -179,6 +205,7 @@ class LocalCluster(Cluster):
         spill = description.get("spill_dir")
         self.spill_dir = Path(spill) if spill else None
         self._procs = {}
+        self._launched = []
         self._nodes = {int(n["index"]): dict(n) for n in description["nodes"]}
         self._handed = set()
         self._unreachable = {}
@@ -313,9 +340,12 @@ class LocalCluster(Cluster):
                     f"none of the {len(known)} Local node(s) of this pool runs any more ({why}). "
                     f"`skyward down` removes its record; `skyward up` starts it again."
                 )
-            indices = list(range(self._next, self._next + count - len(known)))
+            # Nodes launch() started ahead first, then new ones.
+            need = count - len(known)
+            launched, self._launched = self._launched[:need], self._launched[need:]
+            indices = list(range(self._next, self._next + need - len(launched)))
             self._next += len(indices)
-            started = [(i, self._spawn(i)) for i in indices]
+            started = launched + [(i, self._spawn(i)) for i in indices]
         endpoints = [_endpoint(n["index"], n["port"], n.get("unix")) for n in live]
         for i, proc in started:
             port, unix = self._handshake(i, proc)
@@ -329,6 +359,13 @@ class LocalCluster(Cluster):
                 self._handed.add(i)
             endpoints.append(_endpoint(i, port, unix))
         return endpoints
+
+    def launch(self, count: int) -> None:
+        """Start ``count`` agents now without waiting for them: ``start`` takes them first."""
+        with self._lock:
+            first = self._next
+            self._next += count
+            self._launched += [(i, self._spawn(i)) for i in range(first, first + count)]
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         node_dir = self._root / f"node-{index}"

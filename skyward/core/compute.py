@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import warnings
@@ -15,19 +16,20 @@ from ..errors import ConfigError, PoolClosedError
 from ..spec import (
     SPEC_FIELDS,
     Options,
+    PoolSpec,
     Spec,
     Worker,
     check_session_option,
     select_spec,
     unknown_field_error,
 )
-from .pool import Pool
 
 if TYPE_CHECKING:
     from typing import Unpack
 
     from ..observe.logs import LogConfig
     from ..spec import ConsoleMode, SpecKwargs
+    from .pool import Pool
 
 log = logging.getLogger("skyward")
 
@@ -131,7 +133,7 @@ class Compute:
                 "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "
                 "until you stop them yourself.", stacklevel=3,
             )
-        return Pool(spec, self.options, self.worker)
+        return _open_pool(spec, self.options, self.worker)
 
     def __enter__(self) -> Pool:
         self.pool = self.open()
@@ -187,7 +189,30 @@ def _reproduce(pool_id: str, provider: Any, options: Options, strict: bool) -> P
 
         validate(spec.plugins)
     with rep.pinned():
+        from .pool import Pool
+
         return Pool(spec, options, rep.worker)
+
+
+def _open_pool(spec: PoolSpec, options: Options, worker: Worker) -> Pool:
+    """A new pool. A provider that can start its nodes at once (Local: processes) starts them
+    before the pool's own modules load, so the two overlap; the pool then connects to them.
+    That head start is only an optimisation: when it fails, the pool starts its nodes itself
+    and reports what goes wrong the usual way."""
+    pool_id = os.urandom(4).hex()  # the pool's id (Pool makes one the same way when not given)
+    launched = None
+    try:
+        launched = spec.provider.launch(spec, pool_id)
+    except Exception:
+        log.debug("starting the nodes ahead of the pool failed; the pool starts them", exc_info=True)
+    from .pool import Pool
+
+    try:
+        return Pool(spec, options, worker, pool_id=pool_id, launched=launched)
+    except BaseException:
+        if launched is not None:
+            launched.close()  # a pool that failed before it took them (closing twice is harmless)
+        raise
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:

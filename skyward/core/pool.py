@@ -20,8 +20,8 @@ from __future__ import annotations
 import atexit
 import contextvars
 import logging
+import os
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -79,14 +79,17 @@ class Pool(DispatchTarget):
     def __init__(
         self, spec: PoolSpec, options: Options, worker: Worker, *,
         cluster: Cluster | None = None, name: str | None = None,
+        pool_id: str | None = None, launched: Cluster | None = None,
     ) -> None:
         """``cluster``: nodes that already run (a named pool another process started, from
         ``provider.attach``); the pool then connects to them and, on close, detaches and leaves
-        them running instead of destroying them."""
+        them running instead of destroying them. ``launched``: this pool's own nodes, already
+        starting (``provider.launch``, under ``pool_id``); the pool owns them as if it had
+        created them."""
         self.spec = spec
         self.options = options
         self.worker = worker
-        self.id = uuid.uuid4().hex[:8]
+        self.id = pool_id or os.urandom(4).hex()  # 8 hex digits (uuid would load platform: 2 ms)
         self.name = name
         self._owned = cluster is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
@@ -127,7 +130,9 @@ class Pool(DispatchTarget):
             self._origin = record.origin_soon()  # for the record, while the nodes start
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
         try:
-            members.attach(cluster if cluster is not None else spec.provider.create(spec, self.id, self.options, name=name))
+            if cluster is None:  # nodes this pool starts: already starting (launched), or now
+                cluster = launched if launched is not None else spec.provider.create(spec, self.id, self.options, name=name)
+            members.attach(cluster)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self._stop_views()

@@ -80,3 +80,18 @@ def test_lease_renewed_by_pings_then_expires_after_disconnect() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_command_line_forms_and_mistakes() -> None:
+    from skyward.bootstrap.agent import _parse_args
+
+    args = _parse_args(["--ttl", "30", "--port=0", "--orphan-cleanup", "/a", "--orphan-cleanup=/b",
+                        "--unix", "/tmp/x.sock", "--log", "agent.log"])
+    assert (args.ttl, args.port, args.orphan_cleanup, args.unix, args.log) == (30.0, 0, ["/a", "/b"], "/tmp/x.sock", "agent.log")
+    assert (args.host, args.direct) == ("127.0.0.1", None)
+    with pytest.raises(SystemExit, match="unknown option '--tll'"):
+        _parse_args(["--tll", "3"])
+    with pytest.raises(SystemExit, match="--ttl takes a number, got 'soon'"):
+        _parse_args(["--ttl", "soon"])
+    with pytest.raises(SystemExit, match="--log needs a value"):
+        _parse_args(["--log"])

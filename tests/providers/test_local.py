@@ -125,3 +125,51 @@ def test_failed_start_leaves_no_folders(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(sky.ConfigError), sky.Compute(image=sky.Image(includes=["missing"])):
         pass
     assert pool_dirs() == before
+
+
+def test_agents_start_before_the_pool_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sky.Compute starts a plain Local pool's agents first (provider.launch), and the pool
+    connects to those very processes instead of starting others."""
+    from skyward.providers.local import LocalCluster
+
+    launched: list[int] = []
+    original = LocalCluster.launch
+
+    def spy(self: LocalCluster, count: int) -> None:
+        original(self, count)
+        launched.extend(proc.pid for _, proc in self._launched)
+
+    monkeypatch.setattr(LocalCluster, "launch", spy)
+    with sky.Compute(nodes=2) as pool:
+        assert sorted(read_env("SKYWARD_AGENT_PID") @ pool) == sorted(map(str, launched))
+        assert len(launched) == 2
+    # Not for what has steps of its own (they report in the pool's order) or a pool born asleep.
+    local = sky.Local()
+    for spec in (sky.Spec(provider=local, nodes=(0, 2)), sky.Spec(provider=local, image=sky.Image(pip=["six"])),
+                 sky.Spec(provider=local, plugins=[sky.plugins.joblib()])):
+        assert local.launch(spec, "nolaunch") is None
+
+
+def test_a_pool_that_fails_before_taking_its_launched_agents_stops_them(tmp_path: Path) -> None:
+    from conftest import alive, pool_dirs
+
+    before = pool_dirs()
+    started: list[int] = []
+    from skyward.providers.local import LocalCluster
+
+    original = LocalCluster.launch
+
+    def spy(self: LocalCluster, count: int) -> None:
+        original(self, count)
+        started.extend(proc.pid for _, proc in self._launched)
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a log file under a file: the pool refuses it before taking its nodes
+    bad_log = sky.LogConfig(file=str(blocked / "skyward.log"))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(LocalCluster, "launch", spy)
+        with pytest.raises(sky.ConfigError), sky.Compute(nodes=2, options=sky.Options(logging=bad_log)):
+            pass
+    assert len(started) == 2
+    assert not [pid for pid in started if alive(pid)]
+    assert pool_dirs() == before

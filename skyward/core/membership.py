@@ -8,7 +8,7 @@ lease heartbeat. It connects and configures nodes, adds and removes them, and te
 above it what is ready: dispatch asks ``ready()``/``wait_ready()``/``wait_rank()``, healing
 changes a node's readiness through the methods under "for healing". It calls no other part:
 what happens on a loss, to a nested task or to the collections is wired in by the pool
-(``on_lost``, ``on_nested``, ``on_stopped``, ``state_address``).
+(``on_lost``, ``on_nested``, ``on_stopped``, ``state_address``, ``ask_state``).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ class Membership:
         self.on_nested: Callable[[NodeChannel, Frame], None] = lambda origin, frame: None
         self.on_stopped: Callable[[], None] = lambda: None
         self.state_address: Callable[[Pairs], dict[str, Any] | None] = lambda pairs: None
+        self.ask_state: Callable[[Any, NodeChannel], None] = lambda endpoint, channel: None
         self.on_head_gone: Callable[[str], None] = lambda why: None  # the collections' state went with it
 
     def attach(self, cluster: Cluster) -> None:
@@ -337,8 +338,16 @@ class Membership:
                 pool=self.pool_id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,
             ))
         self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.channels) + len(endpoints)))
+        head = endpoints[0] if not self.channels else None  # a pool's first node is its head
+
+        def connect(endpoint: Any) -> NodeChannel:
+            ch = self.connect(endpoint)
+            if endpoint is head:
+                self.ask_state(endpoint, ch)  # where it serves collections, asked at once
+            return ch
+
         with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as ex:
-            channels = list(ex.map(self.connect, endpoints))
+            channels = list(ex.map(connect, endpoints))
         for ch in channels:
             self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
         with self.lock:

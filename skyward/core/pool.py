@@ -107,6 +107,7 @@ class Pool(DispatchTarget):
         members.on_nested = self.dispatcher.route_nested
         members.on_stopped = self._stopped_from_outside
         members.state_address = self.shared.address
+        members.ask_state = self.shared.ask
         members.on_head_gone = self.shared.head_gone
         self.attach_events: list[ev.Event] = []  # what replacing dead nodes at attach told (for the trail)
         try:

@@ -268,6 +268,15 @@ class _NodeSender:
         conn.call(body, bufs, done)
 
 
+def _answer(fut: Future[Any]) -> builtins.dict[str, Any] | None:
+    """The head's answer to a serve request: its address, or {"error": why}."""
+    try:
+        where: builtins.dict[str, Any] | None = fut.result(timeout=30)
+        return where
+    except Exception as exc:
+        return {"error": str(exc)}
+
+
 class ClientState:
     """The client's side of a pool's collections: one part of a ``Pool`` (skyward.core.pool).
 
@@ -281,6 +290,7 @@ class ClientState:
         self.backend: Backend | None = None
         self.served: tuple[Any, builtins.dict[str, Any] | None] | None = None  # (head channel, address)
         self.lost: str | None = None
+        self.asking: tuple[Any, Future[Any]] | None = None  # (head channel, its answer to come)
         self._lock = threading.Lock()
 
     def head_gone(self, why: str) -> None:
@@ -312,16 +322,24 @@ class ClientState:
                 self.backend = Backend(send, "node 0, through the client's channel")
             return self.backend
 
-    def _to_head(self, op: tuple[Any, ...], done: Any) -> None:
+    def _to_head(self, op: tuple[Any, ...], done: Any, head: Any = None) -> None:
         """Send one pool-level operation to the head node's collection server, through the
-        client's channel to it; ``done(frame)`` gets the answer."""
+        client's channel to it (``head``: that channel, when the pool does not list it yet);
+        ``done(frame)`` gets the answer."""
         from skyward.bootstrap.frames import Kind
         from skyward.bootstrap.state import encode_request
 
-        head = self.head()
+        head = head if head is not None else self.head()
         if head is None:
             raise ConnectionError("the pool has no head node")
         head.submit(Kind.STATE, 0, encode_request([op], []), [], done)
+
+    def ask(self, endpoint: Any, head: Any) -> None:
+        """Ask the node that is about to be the head to serve the collections now, as soon as
+        its channel is open (``address`` then waits for its answer): the question travels
+        while the other nodes connect instead of after them."""
+        if self.options.cluster is not False:
+            self.asking = (head, self._request(endpoint.private_ip, head))
 
     def address(self, pairs: list[tuple[Any, Any]]) -> builtins.dict[str, Any] | None:
         """Where the nodes reach the collection server (what CONFIGURE carries): the head
@@ -334,16 +352,20 @@ class ClientState:
         cached = self.served
         if cached is not None and cached[0] is head:
             return cached[1]
-        where = self._serve(endpoint.private_ip)
+        asking, self.asking = self.asking, None
+        if self.options.cluster is False:
+            where = None
+        elif asking is not None and asking[0] is head:
+            where = _answer(asking[1])
+        else:
+            where = _answer(self._request(endpoint.private_ip))
         self.served = (head, where)
         if where is not None and "error" in where:
             log.warning("pool %s: distributed collections are unavailable: %s", self.pool_id, where["error"])
         return where
 
-    def _serve(self, head_private_ip: str) -> builtins.dict[str, Any] | None:
+    def _request(self, head_private_ip: str, head: Any = None) -> Future[Any]:
         """Ask the head node's agent to serve collections on its private address."""
-        if self.options.cluster is False:
-            return None
         fut: Future[Any] = Future()
 
         def done(frame: Any) -> None:
@@ -353,10 +375,10 @@ class ClientState:
                 fut.set_exception(exc)
 
         try:
-            self._to_head(("serve", "", "", (head_private_ip, self.lost), 0), done)
-            return fut.result(timeout=30)
+            self._to_head(("serve", "", "", (head_private_ip, self.lost), 0), done, head)
         except Exception as exc:
-            return {"error": str(exc)}
+            fut.set_exception(exc)
+        return fut
 
     def node_lost(self, rank: int) -> None:
         """Tell the head node's server that the client lost the node at ``rank``: the locks

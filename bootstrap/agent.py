@@ -1051,6 +1051,7 @@ class _Args:
         self.orphan_cleanup: list[str] = []  # folders to remove when the lease expires
         self.unix: str | None = None  # also listen on this Unix socket (Local pools)
         self.direct: str | None = None  # also listen on this private address (sky.SSH(direct=True))
+        self.fork_server = False  # fork this machine's agents on request instead (zygote.py)
 
 
 _OPTIONS = {"--host": "host", "--port": "port", "--ttl": "ttl", "--log": "log",
@@ -1059,15 +1060,21 @@ _OPTIONS = {"--host": "host", "--port": "port", "--ttl": "ttl", "--log": "log",
 
 def _parse_args(argv: list[str]) -> _Args:
     """``--host H --port P --ttl S --log FILE --orphan-cleanup DIR (repeatable) --unix PATH
-    --direct ADDRESS``, each as ``--name value`` or ``--name=value``. The agent's only callers
+    --direct ADDRESS``, each as ``--name value`` or ``--name=value``, or ``--fork-server``
+    alone (zygote.py). The agent's only callers
     are skyward's providers, so a plain loop does (argparse costs every node's start 6 ms)."""
     args = _Args()
     i = 0
     while i < len(argv):
+        if argv[i] == "--fork-server":
+            args.fork_server = True
+            i += 1
+            continue
         name, eq, value = argv[i].partition("=")
         attr = _OPTIONS.get(name)
         if attr is None:
-            raise SystemExit(f"skyward agent: unknown option {argv[i]!r}; it takes {', '.join(_OPTIONS)}")
+            raise SystemExit(f"skyward agent: unknown option {argv[i]!r}; it takes "
+                             f"{', '.join(_OPTIONS)} and --fork-server")
         if not eq:
             i += 1
             if i == len(argv):
@@ -1086,6 +1093,12 @@ def _parse_args(argv: list[str]) -> _Args:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    if args.fork_server:  # (the token stays in the environment: each forked agent takes it)
+        from .zygote import preload, serve
+
+        preload()
+        serve(main)
+        return
     token = os.environ.pop("SKYWARD_AGENT_TOKEN", "")
     if not token:
         raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
@@ -1108,7 +1121,9 @@ def main(argv: list[str] | None = None) -> None:
     elif unix is not None:
         hello["unix"] = args.unix
         more.append(unix)
-    print(json.dumps(hello), flush=True)
+    # One write: a fork server's agents share one pipe (zygote.py), so a line must not be split.
+    sys.stdout.flush()
+    os.write(1, json.dumps(hello).encode() + b"\n")
     # After the handshake, stdout/stderr go to the log (or nowhere): whoever started us may
     # stop reading, and a write to a closed pipe must never kill the agent.
     target = os.open(args.log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -25,19 +25,21 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap import shm
 from skyward.bootstrap.procs import alive
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .local_fork import ForkedAgent, ForkServer
 
 if TYPE_CHECKING:
     from skyward.spec import Image, Options, Spec
 
 log = logging.getLogger("skyward.local")
 _START_TIMEOUT = 30.0
+Agent = subprocess.Popen[bytes] | ForkedAgent  # a node's agent process, as this module holds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +154,9 @@ class LocalCluster(Cluster):
         self._ttl = spec.ttl
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
         self.spill_dir = _spill_dir(pool_id, self._root)
-        self._procs: dict[int, subprocess.Popen[bytes]] = {}
-        self._launched: list[tuple[int, subprocess.Popen[bytes]]] = []  # started, not yet handed out
+        self._procs: dict[int, Agent] = {}
+        self._forks: ForkServer | Literal[False] | None = None  # started on the first node
+        self._launched: list[tuple[int, Agent]] = []  # started, not yet handed out
         # Running nodes as describe() reports them; those this process did not start (an
         # attached pool) are waited for and stopped by pid, as they are not our children.
         self._nodes: dict[int, dict[str, Any]] = {}
@@ -205,6 +208,7 @@ class LocalCluster(Cluster):
         spill = description.get("spill_dir")
         self.spill_dir = Path(spill) if spill else None
         self._procs = {}
+        self._forks = None
         self._launched = []
         self._nodes = {int(n["index"]): dict(n) for n in description["nodes"]}
         self._handed = set()
@@ -237,6 +241,10 @@ class LocalCluster(Cluster):
     def detach(self) -> None:
         with self._lock:
             _DETACHED.extend(self._procs.values())  # no "still running" warnings at exit
+            if self._forks:  # it stays until its agents have exited
+                self._forks.detach()
+                _DETACHED.append(self._forks.proc)
+                self._forks = None
             if self._mounts is not None:  # the volumes stay mounted for the pool's other users
                 self._unmount = self._mounts.describe()
                 _DETACHED.extend(self._mounts.procs)
@@ -367,41 +375,62 @@ class LocalCluster(Cluster):
             self._next += count
             self._launched += [(i, self._spawn(i)) for i in range(first, first + count)]
 
-    def _spawn(self, index: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, index: int) -> Agent:
         node_dir = self._root / f"node-{index}"
         node_dir.mkdir(exist_ok=True)
-        env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
+        log_path = node_dir / "agent.log"
         # If the client dies without closing the pool, the agents' lease watchdog removes the
         # pool's folders too (whichever agent gets there first; the others find them gone).
-        cmd = [sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", str(self._ttl),
-               "--log", str(node_dir / "agent.log"), "--orphan-cleanup", str(self._root),
-               # Same host: a Unix socket costs the round trip a third less than TCP loopback.
-               "--unix", str(node_dir / "agent.sock")]
+        args = ["--ttl", str(self._ttl), "--log", str(log_path), "--orphan-cleanup", str(self._root),
+                # Same host: a Unix socket costs the round trip a third less than TCP loopback.
+                "--unix", str(node_dir / "agent.sock")]
         if self.spill_dir is not None:
-            cmd += ["--orphan-cleanup", str(self.spill_dir)]
-        with open(node_dir / "agent.log", "ab") as log_file:
-            proc = subprocess.Popen(
-                cmd, cwd=node_dir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=log_file, start_new_session=True,
-            )
+            args += ["--orphan-cleanup", str(self.spill_dir)]
+        proc: Agent | None = None
+        if self._forks is not False:  # forked from the pool's fork server (local_fork.py)...
+            try:
+                if self._forks is None:
+                    self._forks = ForkServer(dict(self._env, SKYWARD_AGENT_TOKEN=self.token), self._root)
+                proc = self._forks.fork(index, args, node_dir, log_path)
+            except OSError as exc:  # ...or, where it cannot run, a new interpreter as before
+                log.warning("the Local fork server is not available (%s); each node starts its own interpreter", exc)
+                dead, self._forks = self._forks, False
+                if dead:
+                    dead.close(timeout=1)
+        if proc is None:
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "skyward.bootstrap.agent", *args], cwd=node_dir,
+                    env=dict(self._env, SKYWARD_AGENT_TOKEN=self.token), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
+                )
         self._procs[index] = proc
         return proc
 
-    def _handshake(self, index: int, proc: subprocess.Popen[bytes]) -> tuple[int, str | None]:
+    def _handshake(self, index: int, proc: Agent) -> tuple[int, str | None]:
         """The agent's TCP port and Unix socket path (None where it has none) from its hello."""
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT)
-        line = proc.stdout.readline() if ready else b""
-        proc.stdout.close()
+        if isinstance(proc, ForkedAgent):
+            line = proc.hello(_START_TIMEOUT)
+        else:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], _START_TIMEOUT)
+            line = proc.stdout.readline() if ready else b""
+            proc.stdout.close()
         try:
             hello = json.loads(line)
             return int(hello["port"]), hello.get("unix")
         except (ValueError, KeyError):
-            log_file = self._root / f"node-{index}" / "agent.log"
-            tail = log_file.read_text(errors="replace").strip().splitlines()[-20:] if log_file.exists() else []
+            logs = [self._root / f"node-{index}" / "agent.log"]
+            if isinstance(proc, ForkedAgent):
+                logs.append(proc.server.log)
+            tails = []
+            for log_file in logs:
+                tail = log_file.read_text(errors="replace").strip().splitlines()[-20:] if log_file.exists() else []
+                tails.append(f"its log ({log_file}) ends with:\n" + "\n".join(tail))
+            code = proc.poll()
             raise ProviderError(
-                f"the agent for Local node {index} did not start (exit code {proc.poll()}); its log "
-                f"({log_file}) ends with:\n" + "\n".join(tail)
+                f"the agent for Local node {index} did not start"
+                f"{f' (exit code {code})' if not isinstance(proc, ForkedAgent) else ''}; " + "\n".join(tails)
             ) from None
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
@@ -418,6 +447,7 @@ class LocalCluster(Cluster):
             ours = {p.pid for p in procs}
             foreign = [n for n in self._nodes.values() if n["pid"] not in ours]
             self._nodes.clear()
+            forks, self._forks = self._forks, None
         try:
             _reap(procs)
             _stop_foreign(foreign)
@@ -427,6 +457,8 @@ class LocalCluster(Cluster):
             raise
         finally:
             try:
+                if forks:  # its agents are gone: it exits
+                    forks.close()
                 self._unmount_volumes()
             finally:
                 self._remove_dirs()
@@ -447,7 +479,7 @@ class LocalCluster(Cluster):
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
-_DETACHED: list[subprocess.Popen[bytes]] = []
+_DETACHED: list[Agent] = []
 
 
 def _not_running(node: dict[str, Any]) -> str:
@@ -555,7 +587,7 @@ def _spill_dir(pool_id: str, fallback: Path) -> Path:
     return path
 
 
-def _reap(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+def _reap(procs: list[Agent], grace: float = 5.0) -> None:
     """Wait for agents that were told to stop; SIGTERM, then SIGKILL the stragglers."""
     deadline = time.monotonic() + grace
     for sig in (None, signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
@@ -575,7 +607,7 @@ def _reap(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
         p.wait()
 
 
-def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_exit(proc: Agent, timeout: float) -> None:
     """Wait up to ``timeout`` s for ``proc`` to exit, woken by its exit (a pidfd) instead of
     Popen.wait's polling, whose sleeps add tens of milliseconds to every pool's close."""
     try:

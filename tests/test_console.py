@@ -56,7 +56,9 @@ def test_rich_view_in_a_terminal(tmp_path: Path) -> None:
     rc, text = run_in_terminal(script)
     assert rc == 0, text
     assert "result 1999000" in text
-    assert re.search(r"│\s*0\s*│.*│\s*ready\s*│", text), text  # a line per node
+    # A line per node. A pool this small may be ready and gone between two redraws (8 a
+    # second), so its last frame may show every node destroyed, never ready.
+    assert re.search(r"│\s*0\s*│.*│\s*(ready|destroyed)\s*│", text), text
     assert re.search(r"│\s*1\s*│.*│\s*(ready|destroyed)\s*│", text), text
     assert "map work" in text and "100%" in text and "2000/2000" in text, text
 

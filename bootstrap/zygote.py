@@ -1,0 +1,121 @@
+"""A Local pool's fork server: one interpreter that has loaded the agent, from which every node's
+agent of the pool is forked.
+
+On a Local pool all the nodes start at once on this machine, and that start is CPU-bound: each
+agent used to be a new interpreter that loaded the same modules (half of an agent's cost before
+its first task). The provider now starts one process, ``python -m skyward.bootstrap.agent
+--fork-server`` (which loads the agent module and starts no thread), and asks it for each node:
+one JSON line on its stdin, ``{"index": 0, "argv": [...], "cwd": ..., "log": ...}``. It forks a
+child that becomes that node's agent as if it had been started with ``argv``: its own session,
+stdin on /dev/null, stderr on the node's log, the pool's token in its environment. On stdout the
+server says ``{"forked": index, "pid": pid}`` and the child then prints its usual hello
+(``{"port": ..., "pid": ...}``); both are single writes shorter than a pipe's atomic size, so
+the provider matches them by pid whatever their order.
+
+The server reaps its children and exits once its stdin is closed (the client closed the pool,
+detached from it, or died) and no agent of its runs any more. Agents stop on their own lease as
+before; the server needs no ttl of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+from collections.abc import Callable
+
+
+def preload() -> None:
+    """Load what every node's first worker loads before its first task (the worker and
+    cloudpickle), so that the agents' forked workers (forked.py) have it too: once per pool
+    instead of once per node."""
+    import cloudpickle  # noqa: F401
+
+    from . import worker  # noqa: F401
+
+
+def serve(run_agent: Callable[[list[str]], None]) -> None:
+    """Fork an agent per request on stdin (``run_agent(argv)`` in the child) until stdin ends
+    and the last agent has exited."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # (the wakeup fd is what wakes the loop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
+    children: set[int] = set()
+    pending = b""
+    reading = True
+    while reading or children:
+        ready, _, _ = select.select([0, wake_r] if reading else [wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        _reap(children)
+        if 0 not in ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            reading = False
+            continue
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = _fork(request, run_agent, (wake_r, wake_w))
+            children.add(pid)
+            os.write(1, json.dumps({"forked": request["index"], "pid": pid}).encode() + b"\n")
+
+
+def _reap(children: set[int]) -> None:
+    for pid in list(children):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            children.discard(pid)
+
+
+def _fork(request: dict[str, object], run_agent: Callable[[list[str]], None], ours: tuple[int, int]) -> int:
+    argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1  # the agent: from here on only os._exit leaves
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in ours:
+            os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        log = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 2)
+        os.close(log)
+        os.chdir(str(request["cwd"]))
+        sys.argv = ["skyward-agent", *argv]
+        try:  # what ps -o comm and top show (its command line stays the fork server's)
+            with open("/proc/self/comm", "w") as comm:
+                comm.write("skyward-agent")
+        except OSError:
+            pass
+        run_agent(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr, flush=True)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)

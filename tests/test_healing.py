@@ -223,17 +223,20 @@ def test_a_node_takes_no_task_before_its_first_check_passed(tmp_path: Path) -> N
 def test_give_up_after_max_provision_attempts() -> None:
     checker = sky.HealthChecker(lambda info: "broken", interval=0.1, timeout=5, consecutive_failures=1)
     recorder = Recorder()
-    sky.subscribe(recorder)
+    unsubscribe = sky.subscribe(recorder)  # (every pool's events: undone below, for the tests after)
     options = sky.Options(console=False, health_checker=checker, max_provision_attempts=2,
                           provision_retry_delay=0.1)
-    with sky.Compute(nodes=1, options=options) as pool:
-        with pytest.raises(sky.NodeLostError, match=r"could not be replaced after 2 attempt\(s\).*max_provision_attempts"):
-            slow_square(2) >> pool
-        deadline = time.monotonic() + 5  # events reach subscribers in bursts, after the raise maybe
-        while not any("could not be replaced" in e.message for e in recorder.of(sky.Error) if e.pool == pool.id):
-            assert time.monotonic() < deadline, recorder.of(sky.Error)
-            time.sleep(0.05)
-        assert len([e for e in recorder.of(sky.InstanceReplaced) if e.pool == pool.id]) == 1
+    try:
+        with sky.Compute(nodes=1, options=options) as pool:
+            with pytest.raises(sky.NodeLostError, match=r"could not be replaced after 2 attempt\(s\).*max_provision_attempts"):
+                slow_square(2) >> pool
+            deadline = time.monotonic() + 5  # events reach subscribers in bursts, after the raise maybe
+            while not any("could not be replaced" in e.message for e in recorder.of(sky.Error) if e.pool == pool.id):
+                assert time.monotonic() < deadline, recorder.of(sky.Error)
+                time.sleep(0.05)
+            assert len([e for e in recorder.of(sky.InstanceReplaced) if e.pool == pool.id]) == 1
+    finally:
+        unsubscribe()
 
 
 def test_elastic_pools_heal_without_scaling() -> None:

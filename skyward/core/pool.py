@@ -17,6 +17,7 @@ views of its events (console, log file) and the public methods, which hand the w
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextvars
 import logging
@@ -152,10 +153,19 @@ class Pool(DispatchTarget):
             self._write_record()
         if complete:
             members.ready_at_last()
-        members.start_heartbeat(spec.ttl)
-        dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
-        self.autoscaler.start()
-        self.healing.start_health_checks()
+        # The pool's own threads start from one that nobody waits for: Thread.start() waits
+        # until the new thread runs, which on a busy machine puts a few ms each on the way to
+        # the first task. (A pool closed before then finds them stopping at once.)
+        _thread.start_new_thread(self._start_threads, ())
+
+    def _start_threads(self) -> None:
+        try:
+            self.members.start_heartbeat(self.spec.ttl)
+            dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
+            self.autoscaler.start()
+            self.healing.start_health_checks()
+        except Exception:
+            log.exception("pool %s: starting its background threads failed", self.name or self.id)
 
     def _write_record(self) -> None:
         """The pool's record (skyward.records.record): who, where from, the spec, the offer, the lock."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import logging
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -77,6 +76,8 @@ class Cluster(abc.ABC):
         try:
             self.stop([lost])
         except Exception:  # the lost node's leftovers must not undo its replacement
+            import logging
+
             logging.getLogger("skyward").exception("stopping lost node %d failed", lost.index)
         return new
 

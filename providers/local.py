@@ -12,7 +12,6 @@ import base64
 import contextlib
 import functools
 import json
-import logging
 import os
 import select
 import shutil
@@ -35,9 +34,10 @@ from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 from .local_fork import ForkedAgent, ForkServer
 
 if TYPE_CHECKING:
+    import logging
+
     from skyward.spec import Image, Options, Spec
 
-log = logging.getLogger("skyward.local")
 _START_TIMEOUT = 30.0
 Agent = subprocess.Popen[bytes] | ForkedAgent  # a node's agent process, as this module holds it
 
@@ -132,6 +132,14 @@ def _local_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _log() -> logging.Logger:
+    """This module's logger. (logging loads when needed: a Local pool's nodes start before the
+    client has loaded it, see ``LocalProvider.launch``.)"""
+    import logging
+
+    return logging.getLogger("skyward.local")
 
 
 def _token() -> str:
@@ -270,21 +278,19 @@ class LocalCluster(Cluster):
 
     # -- environment -------------------------------------------------------------------------
     def _environment(self, image: Image) -> dict[str, str]:
-        import platform
-
         from skyward.records import pkglock
 
         from .local_env import locked, overlay
 
         if image.apt:
-            log.warning("Local nodes use this machine as it is: Image(apt=%s) is not installed.", list(image.apt))
+            _log().warning("Local nodes use this machine as it is: Image(apt=%s) is not installed.", list(image.apt))
         paths: list[str] = []
         indexes = [ix.url for ix in image.pip_indexes]
         packages, install = locked(image.pip, indexes, self._pin)
         if install:
             paths.append(str(overlay([p.line(pkglock.all_hashed(install)) for p in install], indexes, exact=True)))
         # The record's lock: what the nodes import for Image.pip, and what this machine has of Image.apt.
-        self.lock = pkglock.describe(packages, python=platform.python_version(), platform=None, indexes=indexes,
+        self.lock = pkglock.describe(packages, python=".".join(map(str, sys.version_info[:3])), platform=None, indexes=indexes,
                                   apt=pkglock.apt_versions(image.apt), pinned_from=self._pin is not None)
         if image.includes:
             paths.append(str(self._copy_includes(image.includes, image.excludes)))
@@ -393,7 +399,7 @@ class LocalCluster(Cluster):
                     self._forks = ForkServer(dict(self._env, SKYWARD_AGENT_TOKEN=self.token), self._root)
                 proc = self._forks.fork(index, args, node_dir, log_path)
             except OSError as exc:  # ...or, where it cannot run, a new interpreter as before
-                log.warning("the Local fork server is not available (%s); each node starts its own interpreter", exc)
+                _log().warning("the Local fork server is not available (%s); each node starts its own interpreter", exc)
                 dead, self._forks = self._forks, False
                 if dead:
                     dead.close(timeout=1)

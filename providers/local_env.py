@@ -4,7 +4,6 @@ requirements it does not already satisfy, built once with uv and cached by conte
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
@@ -84,6 +83,8 @@ def overlay(requirements: list[str], extra_indexes: list[str], *, exact: bool = 
     """A directory holding ``requirements`` installed for this interpreter (cached). ``exact``:
     they are a lock (``name==version``, maybe with hashes): installed as they are, no resolution."""
     key = "\n".join([sys.version, *sorted(requirements), *extra_indexes, str(exact)])
+    import hashlib
+
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = skyward_home() / "cache" / "local-overlays"
     root.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -30,9 +29,6 @@ if TYPE_CHECKING:
     from ..observe.logs import LogConfig
     from ..spec import ConsoleMode, SpecKwargs
     from .pool import Pool
-
-log = logging.getLogger("skyward")
-
 
 def _resolve_worker(options: Options, worker: Worker | None) -> Worker:
     if worker is not None and not isinstance(worker, Worker):
@@ -204,7 +200,10 @@ def _open_pool(spec: PoolSpec, options: Options, worker: Worker) -> Pool:
     try:
         launched = spec.provider.launch(spec, pool_id)
     except Exception:
-        log.debug("starting the nodes ahead of the pool failed; the pool starts them", exc_info=True)
+        import logging  # (not at the top: the nodes start before the pool's modules, logging included)
+
+        logging.getLogger("skyward").debug("starting the nodes ahead of the pool failed; the pool starts them",
+                                           exc_info=True)
     from .pool import Pool
 
     try:

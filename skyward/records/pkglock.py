@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +73,8 @@ def all_hashed(packages: Sequence[Package]) -> bool:
 
 
 def digest(packages: Iterable[Package]) -> str:
+    import hashlib  # (here: OpenSSL's import is 3 ms of a Local pool's way to its nodes)
+
     return hashlib.sha256(text(packages).encode()).hexdigest()[:16]
 
 
@@ -121,7 +123,8 @@ def uv_version() -> str:
         st = os.stat(binary)
     except (OSError, ProviderError):
         return "uv"
-    key = hashlib.sha256(f"{binary}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    # (zlib: loaded already, where hashlib's OpenSSL import would cost a Local pool's start 3 ms)
+    key = f"{zlib.crc32(binary.encode()):08x}-{st.st_size}-{st.st_mtime_ns}"
     from ..paths import skyward_home
 
     cached = skyward_home() / "cache" / f"uv-version-{key}"

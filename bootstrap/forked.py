@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO
+    from typing import IO, NoReturn
 
 
 class Forked:
@@ -85,6 +85,36 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
+def live_forked(name: str, start: Callable[[], None]) -> NoReturn:
+    """The life of a forked child: named ``name`` where ps -o comm and top look (its command
+    line stays its parent's), then ``start()``; only os._exit leaves, with start's exit status
+    (1 and the traceback on stderr for an exception)."""
+    code = 1
+    try:
+        try:
+            with open("/proc/self/comm", "w") as comm:
+                comm.write(name)
+        except OSError:
+            pass
+        start()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr, flush=True)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
 def fork_worker(env: dict[str, str], close: list[socket.socket], run: Callable[[], None]) -> Forked | None:
     """Fork a worker that calls ``run()`` (it serves until the worker exits) with ``env`` added
     to its environment, fds 1 and 2 on pipes to us, stdin on /dev/null and the sockets in
@@ -94,9 +124,9 @@ def fork_worker(env: dict[str, str], close: list[socket.socket], run: Callable[[
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the worker: from here on only os._exit leaves
-        code = 1
-        try:
+    if pid == 0:  # the worker
+
+        def start() -> None:
             os.setsid()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the worker installs its own when it serves
             for sock in close:
@@ -109,23 +139,9 @@ def fork_worker(env: dict[str, str], close: list[socket.socket], run: Callable[[
                 os.close(fd)
             os.environ.update(env)
             sys.argv = ["skyward-worker"]
-            try:  # what ps -o comm and top show (its command line stays the agent's)
-                with open("/proc/self/comm", "w") as comm:
-                    comm.write("skyward-worker")
-            except OSError:
-                pass
             run()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if not isinstance(exc.code, int | None):
-                print(exc.code, file=sys.stderr, flush=True)
-        except BaseException:
-            import traceback
 
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+        live_forked("skyward-worker", start)
     os.close(out_w)
     os.close(err_w)
     return Forked(pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))

@@ -26,6 +26,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from .forked import live_forked
+
 
 def preload() -> None:
     """Load what every node's first worker loads before its first task (the worker and
@@ -82,8 +84,8 @@ def _fork(request: dict[str, object], run_agent: Callable[[list[str]], None], ou
     pid = os.fork()
     if pid:
         return pid
-    code = 1  # the agent: from here on only os._exit leaves
-    try:
+
+    def start() -> None:  # the agent
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -97,25 +99,6 @@ def _fork(request: dict[str, object], run_agent: Callable[[list[str]], None], ou
         os.close(log)
         os.chdir(str(request["cwd"]))
         sys.argv = ["skyward-agent", *argv]
-        try:  # what ps -o comm and top show (its command line stays the fork server's)
-            with open("/proc/self/comm", "w") as comm:
-                comm.write("skyward-agent")
-        except OSError:
-            pass
         run_agent(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int | None):
-            print(exc.code, file=sys.stderr, flush=True)
-    except BaseException:
-        import traceback
 
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+    live_forked("skyward-agent", start)

@@ -3,7 +3,8 @@
 Each node gets its own working directory under one temporary root per pool. The nodes run
 the client's interpreter with the client's import path, so everything importable here is
 importable there; only Image.pip requirements that are not already met are installed, into a
-cached overlay that goes first on the nodes' PYTHONPATH.
+cached overlay that goes first on the nodes' PYTHONPATH. The agents are forked from one fork
+server per pool (local_fork.py), or each started as its own interpreter where it cannot run.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _local_gpus() -> int:
 
 def _log() -> logging.Logger:
     """This module's logger. (logging loads when needed: a Local pool's nodes start before the
-    client has loaded it, see ``LocalProvider.launch``.)"""
+    client has loaded it, see ``Local.launch``.)"""
     import logging
 
     return logging.getLogger("skyward.local")

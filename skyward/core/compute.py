@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..spec import ConsoleMode, SpecKwargs
     from .pool import Pool
 
+
 def _resolve_worker(options: Options, worker: Worker | None) -> Worker:
     if worker is not None and not isinstance(worker, Worker):
         raise ConfigError(f"worker={worker!r} is not valid: pass sky.Worker(...).")

@@ -1061,8 +1061,8 @@ _OPTIONS = {"--host": "host", "--port": "port", "--ttl": "ttl", "--log": "log",
 def _parse_args(argv: list[str]) -> _Args:
     """``--host H --port P --ttl S --log FILE --orphan-cleanup DIR (repeatable) --unix PATH
     --direct ADDRESS``, each as ``--name value`` or ``--name=value``, or ``--fork-server``
-    alone (zygote.py). The agent's only callers
-    are skyward's providers, so a plain loop does (argparse costs every node's start 6 ms)."""
+    alone (zygote.py). The agent's only callers are skyward's providers, so a plain loop does
+    (argparse costs every node's start 6 ms)."""
     args = _Args()
     i = 0
     while i < len(argv):

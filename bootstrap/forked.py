@@ -21,6 +21,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from .procs import wait_gone
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, NoReturn
@@ -46,11 +48,10 @@ class Forked:
             code = self._reap(block=False)
             if code is not None:
                 return code
-            if time.monotonic() >= deadline:
+            if not wait_gone(self.pid, max(0.0, deadline - time.monotonic())):
                 import subprocess
 
                 raise subprocess.TimeoutExpired(["skyward worker (forked)"], timeout)
-            time.sleep(0.005)
 
     def _reap(self, block: bool) -> int | None:
         """The exit code once the child is gone (None while it runs). Never holds a lock while

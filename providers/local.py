@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap import shm
-from skyward.bootstrap.procs import alive
+from skyward.bootstrap.procs import alive, wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
@@ -393,11 +393,12 @@ class LocalCluster(Cluster):
                 "--unix", str(node_dir / "agent.sock")]
         if self.spill_dir is not None:
             args += ["--orphan-cleanup", str(self.spill_dir)]
+        env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
         proc: Agent | None = None
         if self._forks is not False:  # forked from the pool's fork server (local_fork.py)...
             try:
                 if self._forks is None:
-                    self._forks = ForkServer(dict(self._env, SKYWARD_AGENT_TOKEN=self.token), self._root)
+                    self._forks = ForkServer(env, self._root)
                 proc = self._forks.fork(index, args, node_dir, log_path)
             except OSError as exc:  # ...or, where it cannot run, a new interpreter as before
                 _log().warning("the Local fork server is not available (%s); each node starts its own interpreter", exc)
@@ -408,7 +409,7 @@ class LocalCluster(Cluster):
             with open(log_path, "ab") as log_file:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "skyward.bootstrap.agent", *args], cwd=node_dir,
-                    env=dict(self._env, SKYWARD_AGENT_TOKEN=self.token), stdin=subprocess.DEVNULL,
+                    env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
                 )
         self._procs[index] = proc
@@ -577,8 +578,8 @@ def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:
                     os.killpg(n["pid"], sig)  # agents lead their own session and group
                 except OSError:
                     pass
-        while time.monotonic() < deadline and any(process_running(n["pid"], n.get("started")) for n in alive):
-            time.sleep(0.02)
+        for n in alive:
+            wait_gone(n["pid"], max(0.0, deadline - time.monotonic()))
         deadline = time.monotonic() + 2.0
 
 
@@ -615,23 +616,11 @@ def _reap(procs: list[Agent], grace: float = 5.0) -> None:
 
 
 def _wait_exit(proc: Agent, timeout: float) -> None:
-    """Wait up to ``timeout`` s for ``proc`` to exit, woken by its exit (a pidfd) instead of
-    Popen.wait's polling, whose sleeps add tens of milliseconds to every pool's close."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd (old kernel), or already reaped
-        fd = None
-    if fd is not None:
-        try:
-            select.select([fd], [], [], timeout)
-        finally:
-            os.close(fd)
-        if proc.poll() is not None:
-            return
-    try:
-        proc.wait(timeout if fd is None else 0.01)
-    except subprocess.TimeoutExpired:
-        pass
+    """Wait up to ``timeout`` s for ``proc`` to exit, woken by its exit (procs.wait_gone)
+    instead of Popen.wait's polling, whose sleeps add tens of milliseconds to every pool's
+    close; then reap it if it is our child."""
+    wait_gone(proc.pid, timeout)
+    proc.poll()
 
 
 def _shell_value(name: str, command: str, env: dict[str, str]) -> str:

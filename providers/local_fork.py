@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skyward.bootstrap.procs import alive
+from skyward.bootstrap.procs import alive, wait_gone
 
 
 class ForkServer:
@@ -136,23 +136,12 @@ class ForkedAgent:
         pid = self.pid
         if pid > 0 and alive(pid):
             return None
-        self.returncode = -1 if self.returncode is None else self.returncode  # (its status is the server's)
+        if self.returncode is None:
+            self.returncode = -1  # (its exit status is the server's to read)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0)
-            try:
-                fd = os.pidfd_open(self.pid)
-            except (AttributeError, OSError):
-                time.sleep(0.01 if left is None else min(0.01, left))
-                continue
-            try:
-                select.select([fd], [], [], left)
-            finally:
-                os.close(fd)
-        assert self.returncode is not None
-        return self.returncode
+        if self.poll() is None and not wait_gone(self.pid, timeout):
+            raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0)
+        code = self.poll()
+        return -1 if code is None else code

@@ -23,13 +23,13 @@ from skyward.bootstrap.procs import alive, wait_gone
 
 class ForkServer:
     def __init__(self, env: dict[str, str], root: Path) -> None:
-        with open(root / "fork-server.log", "ab") as log_file:
+        self.log = root / "fork-server.log"
+        with open(self.log, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "skyward.bootstrap.agent", "--fork-server"],
                 cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
                 start_new_session=True,
             )
-        self.log = root / "fork-server.log"
         self._lock = threading.Lock()  # one reader of its stdout at a time
         self._pending = b""
         self._pids: dict[int, int] = {}  # node index -> agent pid
@@ -83,16 +83,10 @@ class ForkServer:
     def close(self, timeout: float = 5.0) -> None:
         """No more agents: the server exits once the ones it forked have (they are stopped by
         pid); waits up to ``timeout`` s for that, then kills it."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        self.detach()
+        if not wait_gone(self.proc.pid, timeout):  # (Popen.wait polls with sleeps)
             self.proc.kill()
-            self.proc.wait()
+        self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 

@@ -4,7 +4,9 @@ Every request needs the access token, given as ``Authorization: Bearer TOKEN`` (
 curl), as ``?token=TOKEN`` (the URL ``skyward dashboard`` prints; a page visited that way
 sets an HttpOnly, SameSite=Strict cookie and redirects to the same page without it), or
 that cookie. Requests that change something and authenticate by cookie alone must also send
-``X-Skyward-Request: 1``, which a page of another site cannot add.
+``X-Skyward-Request: 1``, which a page of another site cannot add. ``skyward dashboard --open``
+gives the browser no token at all: a one-time code, posted to ``/login`` by a 0600 page, is
+exchanged once for the cookie (``Hub.login_code``), so nothing secret is on a command line.
 
 Blocking work (registry, providers, stacks, attaching to nodes) runs in worker threads, never
 on the event loop. Pages are static HTML shells; ``app.js`` renders them from the API and
@@ -20,11 +22,14 @@ import hmac
 import html
 import json
 import logging
+import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -52,6 +57,7 @@ STATIC = Path(__file__).parent / "static"
 COOKIE = "skyward_token"
 POLL = 1.0  # seconds between looks at the registry and the audit trail for changes
 LIVE_KEPT = 600.0  # seconds an ended program's pool stays listed
+CODE_TTL = 120.0  # seconds a one-time login code is good for (a browser's first start is slow)
 
 
 @dataclass
@@ -66,6 +72,30 @@ class Hub:
     watched: dict[str, LivePool] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
     subscribers: set[tuple[asyncio.Queue[dict[str, Any]], str | None]] = field(default_factory=set)
+    # One-time login codes (``--open``) and when each expires (time.monotonic()).
+    codes: dict[str, float] = field(default_factory=dict)
+    codes_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def login_code(self, ttl: float = CODE_TTL) -> str:
+        """A code that ``POST /login`` exchanges for the session cookie once, within ``ttl`` s.
+
+        It stands in for the token where the token would be seen: a browser's command line is
+        readable by every local user, a code that is spent (or expired) is worth nothing."""
+        code = secrets.token_urlsafe(24)
+        with self.codes_lock:
+            self.codes[code] = time.monotonic() + ttl
+        return code
+
+    def redeem(self, code: str) -> bool:
+        """Spend ``code``: True once for a code this hub issued and that has not expired."""
+        now = time.monotonic()
+        with self.codes_lock:
+            for known, expires in list(self.codes.items()):
+                if expires < now:
+                    del self.codes[known]
+            # Compare each in constant time; pop only the one that matched.
+            match = next((k for k in self.codes if hmac.compare_digest(k.encode(), code.encode())), None)
+            return match is not None and self.codes.pop(match, None) is not None
 
     def publish(self, message: dict[str, Any], ref: str | None = None, name: str | None = None) -> None:
         for queue, wanted in list(self.subscribers):
@@ -107,6 +137,40 @@ def _unauthorized(api: bool) -> Response:
     return HTMLResponse("<!doctype html><title>skyward: token required</title><h1>401: token required</h1>"
                         "<p>Open the URL that <code>skyward dashboard</code> printed (it ends in "
                         "<code>?token=...</code>).</p>", 401)
+
+
+_LOGGED_IN = """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="0; url=/"><title>skyward</title></head>
+<body><p><a href="/">Open the dashboard</a></p><script>location.replace("/")</script></body></html>
+"""
+
+
+def login(hub: Hub) -> Endpoint:
+    """``POST /login`` with ``code=...`` (a form, as the page ``--open`` writes posts it): a
+    one-time code for the session cookie. The answer is a page that goes on to ``/`` by itself:
+    the browser came from a file (another site), and a redirect would carry the cross-site origin
+    along, so the SameSite=Strict cookie would not be sent with the first page."""
+
+    async def endpoint(request: Request) -> Response:
+        body = b""
+        async for chunk in request.stream():  # unauthenticated: read no more than a code needs
+            body += chunk
+            if len(body) > 1024:
+                body = b""
+                break
+        code = (parse_qs(body.decode("latin-1")).get("code") or [""])[0]
+        if not code or not hub.redeem(code):
+            return HTMLResponse(
+                "<!doctype html><title>skyward: code used or expired</title>"
+                "<h1>401: this login code was used already or has expired</h1>"
+                f"<p>A code from <code>skyward dashboard --open</code> logs in once, within {int(CODE_TTL)} s. "
+                "Open the URL that <code>skyward dashboard</code> printed instead.</p>",
+                401, headers={"Cache-Control": "no-store"})
+        response = HTMLResponse(_LOGGED_IN, headers={"Cache-Control": "no-store"})
+        response.set_cookie(COOKIE, hub.token, httponly=True, samesite="strict", path="/")
+        return response
+
+    return endpoint
 
 
 def _error(exc: BaseException) -> JSONResponse:
@@ -444,6 +508,7 @@ def build(token: str, project: Path | None = None) -> Starlette:
         Route("/", page(hub, "pools")),
         Route("/pools/{ref}", page(hub, "pool")),
         Route("/config", page(hub, "config")),
+        Route("/login", login(hub), methods=["POST"]),
         Route("/api/pools", api(hub, list_pools)),
         Route("/api/pools", api(hub, create_pool, changes=True), methods=["POST"]),
         Route("/api/pools/{ref}", api(hub, get_pool)),

@@ -3,11 +3,17 @@
 The server file (``SKYWARD_HOME/dashboard/server.json``, 0600) says where the dashboard
 listens and its token; running programs read it to register their pools (``hook``). It is
 removed when the server stops.
+
+``--open`` hands the browser the path of a 0600 page beside it (``open-*.html``), never a URL
+with the token: every local user can read every process's command line. The page posts a
+one-time code to ``/login``, which the server exchanges once for the session cookie; the page
+is removed once the code expires, or when the server stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
 import ipaddress
 import json
 import os
@@ -76,6 +82,23 @@ def _write_server_file(info: dict[str, Any]) -> Path:
     return path
 
 
+_OPEN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>skyward</title></head>
+<body><form method="post" action="{action}"><input type="hidden" name="code" value="{code}">
+<p>Logging in to the skyward dashboard... <button type="submit">Open the dashboard</button></p></form>
+<script>document.forms[0].submit()</script></body></html>
+"""
+
+
+def _write_open_page(folder: Path, action: str, code: str) -> Path:
+    """The page ``--open`` gives the browser: it posts ``code`` to ``action`` (0600: the code is a
+    key until it is spent)."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, name = tempfile.mkstemp(prefix="open-", suffix=".html", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(_OPEN_PAGE.format(action=html.escape(action), code=html.escape(code)))
+    return Path(name)
+
+
 def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = False,
           token: str | None = None, project: Path | None = None,
           announce: Any = None) -> None:
@@ -83,7 +106,7 @@ def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = Fal
     check_installed()
     import uvicorn
 
-    from .app import build
+    from .app import CODE_TTL, build
 
     other = running_server()
     if other is not None and other.get("pid") != os.getpid():
@@ -97,11 +120,13 @@ def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = Fal
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     base = f"http://{shown}:{bound_port}"
     app = build(token, project)
+    hub = app.state.hub
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on",
                             access_log=False)
     server = uvicorn.Server(config)
     path = _write_server_file({"url": base, "token": token, "pid": os.getpid()})
     url = f"{base}/?token={token}"
+    opener: Path | None = None
     try:
         if announce is not None:
             announce(url)
@@ -109,9 +134,16 @@ def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = Fal
             print(f"skyward: warning: listening on {host}, not loopback: anyone who can reach this "
                   f"machine and has the token can stop your pools.", file=sys.stderr, flush=True)
         if open_browser:
-            threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+            opener = _write_open_page(path.parent, f"{base}/login", hub.login_code())
+            threading.Timer(0.5, webbrowser.open, args=(opener.as_uri(),)).start()
+            # Spent or not, the code is worthless after its ttl: the page goes then.
+            expire = threading.Timer(CODE_TTL + 1, opener.unlink, kwargs={"missing_ok": True})
+            expire.daemon = True
+            expire.start()
         server.run(sockets=[sock])
     finally:
+        if opener is not None:
+            opener.unlink(missing_ok=True)
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text()).get("pid") == os.getpid():
                 path.unlink()

@@ -227,16 +227,47 @@ def test_an_idle_named_pools_page_gets_its_nodes_metrics_without_keeping_it_aliv
                  or d.api("GET", "/api/pools/idle").json()["state"] == "expired", 30, "the pool to expire")
 
 
-def test_open_hands_the_url_with_its_token_to_the_browser(cli: CLI, tmp_path: Path) -> None:
-    opened = tmp_path / "opened.txt"
-    opener = tmp_path / "browser.sh"
-    opener.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+def _login_form(page: str) -> tuple[str, str]:
+    """(the form's action, its one-time code) from the page ``--open`` hands the browser."""
+    import re
+
+    action = re.search(r'<form[^>]* action="([^"]+)"', page)
+    code = re.search(r'name="code" value="([^"]+)"', page)
+    assert action and code, page
+    return action[1], code[1]
+
+
+def test_open_puts_no_secret_on_the_browsers_command_line(cli: CLI, tmp_path: Path) -> None:
+    """Issue 33, finding 7: every local user reads every command line (`ps`), and the token in
+    the browser's argv opened `POST /api/pools/NAME/exec`. The browser now gets the path of a
+    0600 page that posts a one-time code, which the server exchanges once for the cookie."""
+    opened = tmp_path / "argv.json"
+    opener = tmp_path / "browser"
+    opener.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"open({str(opened)!r}, 'w').write(json.dumps(sys.argv))\n")
     opener.chmod(0o755)
-    cli.env["BROWSER"] = f"{opener} %s"  # what webbrowser.open runs
+    cli.env["BROWSER"] = str(opener)  # what webbrowser.open runs, with the URL as its argument
     with dashboard(cli, "--open") as d:
-        wait_for(lambda: opened.exists() and opened.read_text().strip(), 30, "the browser to be opened")
-        assert opened.read_text().strip() == d.url and "?token=" in d.url
-        assert d.base.startswith("http://127.0.0.1:")
+        argv = json.loads(wait_for(lambda: opened.exists() and opened.read_text(), 30, "the browser to be opened"))
+        assert not any(d.token in arg for arg in argv), argv
+        url = argv[-1]
+        assert url.startswith("file://"), argv
+        page = Path(url.removeprefix("file://"))
+        assert page.stat().st_mode & 0o077 == 0, oct(page.stat().st_mode)  # only the user reads it
+        action, code = _login_form(page.read_text())
+        assert action == d.base + "/login" and d.token not in page.read_text()
+        # What the browser got logs in, once: the exchange sets the session cookie ...
+        r = httpx.post(action, data={"code": code})
+        assert r.status_code == 200, r.text
+        cookie = r.cookies.get("skyward_token")
+        assert cookie == d.token and "HttpOnly" in r.headers["set-cookie"]
+        with httpx.Client(cookies={"skyward_token": cookie}) as browser:
+            assert browser.get(d.base + "/api/pools").status_code == 200
+        # ... and never again (whoever reads the code later gets nothing), nor does a made-up one.
+        again = httpx.post(action, data={"code": code})
+        assert again.status_code == 401 and "skyward_token" not in again.cookies
+        assert httpx.post(action, data={"code": "guess"}).status_code == 401
+        assert httpx.post(action, data={"code": d.token}).status_code == 401  # codes only
 
 
 def test_the_guides_api_table_lists_every_endpoint_and_no_other() -> None:

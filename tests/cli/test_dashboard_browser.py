@@ -5,8 +5,11 @@ tests/artifacts/dashboard/ (or $SKYWARD_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,3 +246,25 @@ def test_the_pool_page_keeps_facts_whole_reads_its_time_axis_and_explains_empty_
         assert ticks and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in ticks), ticks  # e.g. 14:45:10
         _check_facts_and_shoot(browser, "pool-charts")
         assert not [e for e in browser.find_elements(By.XPATH, NOTE) if e.is_displayed()]
+
+
+def test_open_logs_the_browser_in_without_the_token_on_its_command_line(cli: CLI, browser: Any,
+                                                                        tmp_path: Path) -> None:
+    """`--open` hands the browser a local page (its argv carries no secret; issue 33, finding 7):
+    opened in a real browser, that page logs in and shows the pools, and a second visit of it,
+    its one-time code spent, does not."""
+    argv_file = tmp_path / "argv.json"
+    opener = tmp_path / "browser"
+    opener.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"open({str(argv_file)!r}, 'w').write(json.dumps(sys.argv))\n")
+    opener.chmod(0o755)
+    cli.env["BROWSER"] = str(opener)
+    with dashboard(cli, "--open") as d:
+        argv = json.loads(wait_for(lambda: argv_file.exists() and argv_file.read_text(), 30, "the browser's argv"))
+        assert d.token not in " ".join(argv)
+        browser.get(argv[-1])  # what the real browser would have been given
+        wait_for(lambda: browser.find_elements(By.ID, "no-pools"), 30, "the pools page, logged in")
+        assert browser.current_url == d.base + "/"
+        browser.delete_all_cookies()
+        browser.get(argv[-1])
+        wait_for(lambda: "used already or has expired" in browser.page_source, 30, "the spent code's refusal")

@@ -91,9 +91,14 @@ def render(image: Image, plan: NodePlan) -> str:
         marks = '"$RUN/done"' if node_local else '"$SKY/done"'
         out.append(f"phase {name} {q(phase_key or '')} {q(check)} {marks}\n")
 
-    # env: exported on the node for the agent and every task (0600: values may be secrets).
-    exports = "".join(f"export {k}={q(v)}\n" for k, v in image.env.items())
-    phase("env", f"umask 077\ncat > \"$POOL/env.sh\" <<'SKYWARD_ENV'\n{exports}SKYWARD_ENV")
+    # env: exported on the node for the agent and every task (0600: values may be secrets). Each
+    # `export NAME=VALUE` line is quoted twice: printf (a builtin: no process, nothing on argv)
+    # writes the line as it is, and sourcing env.sh gives back VALUE literally. No heredoc: a value
+    # holding its delimiter on a line of its own would end it, and the rest would run as shell.
+    # (Names are shell names: spec.Image refuses any other.)
+    exports = " ".join(q(f"export {k}={q(v)}") for k, v in image.env.items())
+    phase("env", "umask 077\n" + (f"printf '%s\\n' {exports} > \"$POOL/env.sh\"" if exports
+                                   else ': > "$POOL/env.sh"'))
     # The rest of the bootstrap sees Image.env too: an index (UV_INDEX_URL), a proxy, ...
     out.append('. "$POOL/env.sh"\n')
     if image.apt:

@@ -7,6 +7,7 @@ wrote it, with the value, the rule and the next step in the message.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict
@@ -139,6 +140,17 @@ class Image:
             ):
                 raise ConfigError(f"Image({name}=...) must map strings to strings, got {value!r}.")
             object.__setattr__(self, name, dict(value))
+        for name in ("env", "shell_vars"):
+            for key in getattr(self, name):
+                _check_shell_name(name, key)
+        for key, value in self.env.items():
+            if "\0" in value:
+                raise ConfigError(
+                    f"Image(env={{{key!r}: {value!r}}}) is not valid: an environment variable cannot hold a "
+                    f"NUL byte. Remove it (or encode the value, e.g. base64)."
+                )
+        for entry in self.apt:
+            _check_apt(entry)
         from .metrics import normalize
 
         object.__setattr__(self, "metrics", normalize(self.metrics))
@@ -153,6 +165,34 @@ class Image:
 
     def __hash__(self) -> int:
         return hash((self.python, self.pip, self.apt, tuple(sorted(self.env.items())), self.includes))
+
+
+# A name bash can export: the nodes source Image.env and shell_vars as `export NAME=...` lines.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What apt-get install takes as a package, as Debian names them (policy 5.6.1, 5.6.12): a name
+# ([a-z0-9][a-z0-9+.-]+), an optional :architecture, an optional =version. Nothing that starts
+# with "-" (apt-get options such as -o APT::Update::Pre-Invoke::=..., which run commands as root)
+# and no "/" (apt-get installs a path to a .deb as it is).
+_APT_ENTRY = re.compile(r"[a-z0-9][a-z0-9+.-]+(?::[a-z0-9-]+)?(?:=[0-9][A-Za-z0-9.+~:_-]*)?")
+
+
+def _check_shell_name(field_name: str, key: str) -> None:
+    if not _SHELL_NAME.fullmatch(key):
+        raise ConfigError(
+            f"Image({field_name}={{{key!r}: ...}}) is not valid: {field_name} names must be shell variable "
+            f"names, [A-Za-z_][A-Za-z0-9_]* (letters, digits and '_', not starting with a digit). Rename it, "
+            f"e.g. {re.sub(r'[^A-Za-z0-9_]', '_', key).lstrip('0123456789') or 'MY_VAR'!r}."
+        )
+
+
+def _check_apt(entry: str) -> None:
+    if not isinstance(entry, str) or not _APT_ENTRY.fullmatch(entry):
+        raise ConfigError(
+            f"Image(apt=[{entry!r}]) is not valid: each entry is one Debian package name, optionally "
+            f"with :architecture and =version (lowercase letters, digits, '+', '-', '.'; e.g. 'git', "
+            f"'libc6:amd64', 'git=1:2.39.2-1'), never an apt-get option or a path. Write one package per "
+            f"entry; install a local .deb on the hosts yourself, or through a plugin's bootstrap op."
+        )
 
 
 def _default_metrics() -> Any:

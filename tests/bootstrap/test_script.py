@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import zipfile
 
@@ -41,8 +42,10 @@ def test_the_script_is_valid_bash() -> None:
 
 
 def test_env_values_are_quoted_literally() -> None:
+    # (tests/test_image_validation.py runs the env phase and compares what a task sees.)
     text = script.render(sky.Image(env={"A": "it's $HOME; rm -rf /"}), plan())
-    assert "export A='it'\"'\"'s $HOME; rm -rf /'" in text
+    line = "export A='it'\"'\"'s $HOME; rm -rf /'"  # what env.sh holds: printf writes it as it is
+    assert f"printf '%s\\n' {shlex.quote(line)} > " in text
 
 
 def test_wheelhouse_installs_without_an_index_and_index_mode_scopes_pip_indexes() -> None:

@@ -73,6 +73,9 @@ class AWS(CloudProvider):
         if isinstance(self.allow_ssh_from, str):
             raise ConfigError(f"AWS(allow_ssh_from={self.allow_ssh_from!r}) is a list of CIDRs: write [{self.allow_ssh_from!r}].")
         object.__setattr__(self, "allow_ssh_from", tuple(self.allow_ssh_from))
+        from skyward.stacks.network import check_cidrs
+
+        check_cidrs(self.allow_ssh_from, "sky.AWS(allow_ssh_from=...)")  # refused where given, not at `up`
         if self.max_duration is not None and self.max_duration <= 0:
             raise ConfigError(f"AWS(max_duration={self.max_duration!r}) is not valid: seconds > 0, or None for no cap.")
 

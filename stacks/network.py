@@ -9,10 +9,17 @@ from collections.abc import Iterable
 from skyward.errors import ConfigError, ProviderError
 
 _ECHO = ("https://checkip.amazonaws.com", "https://api.ipify.org")
+# The widest public prefix that may reach a pool's SSH port, per family. An IPv4 /8 is 16 M
+# addresses, more than any one organisation's egress; an IPv6 /32 is what a registry gives one
+# ISP or company. Anything wider opens the port to a large slice of the internet, and a prefix
+# written too short by mistake (/1 for /31) is exactly that.
+WIDEST = {4: 8, 6: 32}
 
 
 def check_cidrs(cidrs: Iterable[str], where: str) -> tuple[str, ...]:
-    """Validated CIDRs; the whole internet is refused (the pool's SSH port stays private)."""
+    """Validated CIDRs. The whole internet is refused, and so is any public prefix wider than
+    ``WIDEST`` (an IPv4 /8, an IPv6 /32); a wider one that is private throughout (fc00::/7) is fine:
+    the pool's SSH port stays reachable from named networks only."""
     out = []
     for cidr in cidrs:
         try:
@@ -21,10 +28,13 @@ def check_cidrs(cidrs: Iterable[str], where: str) -> tuple[str, ...]:
             raise ConfigError(
                 f"{where}: {cidr!r} is not an address or CIDR; write e.g. '203.0.113.7/32'."
             ) from None
-        if net.prefixlen == 0:
+        widest = WIDEST[net.version]
+        if net.prefixlen < widest and not net.is_private:
+            reach = "the whole internet" if net.prefixlen == 0 else f"{net.num_addresses:,} public addresses"
             raise ConfigError(
-                f"{where}: {cidr!r} would open the pool's SSH port to the whole internet; list the "
-                f"networks that need it instead (e.g. your CI's egress range)."
+                f"{where}: {cidr!r} would open the pool's SSH port to {reach}; a public prefix may be "
+                f"no wider than /{WIDEST[4]} (IPv4) or /{WIDEST[6]} (IPv6). List in allow_ssh_from the "
+                f"networks that need it instead (e.g. your CI's egress range, '203.0.113.0/24')."
             )
         out.append(str(net))
     return tuple(out)

@@ -200,12 +200,13 @@ def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) 
         hashed = "--hash=" in lock_text and all(
             ln.endswith("\\") for ln in lock_text.splitlines() if ln.strip() and not ln.startswith(" "))
         log.info("building the wheelhouse for the pool's lock (%d packages)", lock_text.count("=="))
+        from skyward.records import pkglock
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
              *(["--require-hashes"] if hashed else []),
-             *[arg for url in indexes for arg in ("--extra-index-url", url)],
              "--wheel-dir", str(folder), "-r", str(requirements)],
-            capture_output=True, text=True,
+            # The pool's indexes by pip's environment, never its argv: they may hold user:token@.
+            capture_output=True, text=True, env={**os.environ, **pkglock.pip_index_env(indexes)},
         )
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])

@@ -97,17 +97,19 @@ def overlay(requirements: list[str], extra_indexes: list[str], *, exact: bool = 
         shutil.rmtree(building, ignore_errors=True)
         cmd = [uv_binary(), "pip", "install", "--quiet", "--compile-bytecode",
                "--python", sys.executable, "--target", str(building)]
+        # The index URLs go in uv's environment, never its argv: they may hold user:token@.
         if exact:
             building.mkdir(parents=True)
             (building / ".lock.txt").write_text("\n".join(requirements) + "\n")
             hashed = all("--hash=" in r for r in requirements)
-            cmd += ["--no-deps", *(["--require-hashes"] if hashed else []), *pkglock.sources(extra_indexes),
+            where = pkglock.sources(extra_indexes)
+            cmd += ["--no-deps", *(["--require-hashes"] if hashed else []), *where.args,
                     "-r", str(building / ".lock.txt")]
+            env = where.environ()
             requirements = []
         else:
-            for url in extra_indexes:
-                cmd += ["--extra-index-url", url]
-        proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True)
+            env = {**os.environ, **pkglock.extra_index_env(extra_indexes)}
+        proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             shutil.rmtree(building, ignore_errors=True)
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])

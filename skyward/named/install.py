@@ -216,7 +216,8 @@ def _install_everywhere(name: str, plan: Plan, wheels: dict[str, bytes], timeout
             if node.channel is None:
                 result = {**base, "output": f"not reached: {node.why}"}
             else:
-                fn = functools.partial(nodeops.install_locked, lock, wheels, sources, timeout)
+                fn = functools.partial(nodeops.install_locked, lock, wheels, list(sources.args), timeout,
+                                       env=dict(sources.env))
                 try:
                     result = {**base, **call(node.channel, fn, timeout + 30), "node": node.rank}
                 except Exception as exc:
@@ -233,13 +234,16 @@ def _install_everywhere(name: str, plan: Plan, wheels: dict[str, bytes], timeout
     return sorted(results, key=lambda r: int(r["node"]))
 
 
-def _sources(plan: Plan) -> list[str]:
-    """Where uv on the nodes finds the packages when no wheels are sent (uv options)."""
+def _sources(plan: Plan) -> pkglock.Sources:
+    """Where uv on the nodes finds the packages when no wheels are sent: its options, and the
+    index URLs for its environment (never its argv: they may hold user:token@)."""
     if plan.mode == "local":  # this machine's pip settings and the pool's indexes, as its overlay
         return pkglock.sources(plan.indexes)
     if plan.mode == "index" and plan.indexes:  # the node's own index (Image.env), plus the pool's
-        return ["--index-strategy", "unsafe-best-match", *[a for u in plan.indexes for a in ("--extra-index-url", u)]]
-    return []
+        # The node adds the UV_EXTRA_INDEX_URL its own environment has (nodeops.install_locked).
+        return pkglock.Sources(("--index-strategy", "unsafe-best-match"),
+                               (("UV_EXTRA_INDEX_URL", " ".join(plan.indexes)),))
+    return pkglock.Sources()
 
 
 # -- recording -----------------------------------------------------------------------------------

@@ -81,12 +81,13 @@ def log_since(path: str, offset: int | None, lines: int, _info: Any = None, limi
 
 
 def install_locked(lock: str, wheels: dict[str, bytes], sources: list[str], timeout: float,
-                   _info: Any = None) -> dict[str, Any]:
+                   _info: Any = None, *, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Install exactly the packages of ``lock`` (a requirements file of ``name==version`` lines,
     with hashes when every line has some) into this node's live folder (``SKYWARD_SITE``, on
     the workers' path) with uv, no dependency resolution (``skyward install`` resolved them on
     the client). ``wheels``: the client's wheelhouse for nodes with no index (file name ->
-    bytes), else uv finds them through ``sources``. Nodes that share the folder (Local) take
+    bytes), else uv finds them through ``sources`` (its options) and ``env`` (the index URLs, in
+    its environment: never on its argv, which every user of the node can read). Nodes that share the folder (Local) take
     turns; a package already there is not installed again. Never raises: the outcome, the end
     of uv's output, and the versions now in the folder."""
     import fcntl
@@ -120,8 +121,12 @@ def install_locked(lock: str, wheels: dict[str, bytes], sources: list[str], time
             where = ["--no-index", "--find-links", work] if wheels else list(sources)
             cmd = [uv, "pip", "install", "--quiet", "--no-deps", "--target", site, "--python", sys.executable,
                    *(["--require-hashes"] if hashed else []), *where, "-r", os.path.join(work, "lock.txt")]
+            where = {} if wheels else dict(env or {})
+            if where.get("UV_EXTRA_INDEX_URL"):  # the node's own extra indexes too
+                urls = [*where["UV_EXTRA_INDEX_URL"].split(), *os.environ.get("UV_EXTRA_INDEX_URL", "").split()]
+                where["UV_EXTRA_INDEX_URL"] = " ".join(dict.fromkeys(urls))
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, "UV_NO_PROGRESS": "1"})
+                                  env={**os.environ, **where, "UV_NO_PROGRESS": "1"})
             out["exit_code"], text = proc.returncode, (proc.stderr or "") + (proc.stdout or "")
         except subprocess.TimeoutExpired as exc:
             out["exit_code"], text = 124, _text(exc.stderr) + f"\n(stopped after {timeout:g} s)"

@@ -9,7 +9,8 @@ recorded list back (``pinned``) and nothing is resolved at all.
 Where the packages come from is what pip is configured to use on this machine (``pip config``,
 ``PIP_INDEX_URL``/``PIP_EXTRA_INDEX_URL``/``PIP_FIND_LINKS``), plus ``Image.pip_indexes``: the
 wheelhouse is built with pip, so the two must see the same packages. ``UV_*`` settings in the
-environment win over pip's.
+environment win over pip's. The URLs reach uv (and pip) through their environment, never their
+command line: an index URL's ``user:token@`` is a secret, and ``ps`` shows argv to every user.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,22 +161,60 @@ def _pip_config() -> dict[str, str]:
     return out
 
 
-def sources(indexes: Sequence[str] = ()) -> list[str]:
-    """uv options naming the package sources pip uses here, plus the pool's own indexes."""
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """Where uv finds packages: ``args`` for its command line (nothing secret there) and ``env``,
+    the settings that name URLs (``UV_INDEX_URL``, ``UV_EXTRA_INDEX_URL``, ``UV_FIND_LINKS``), for
+    its environment. An index URL may carry ``user:token@``, and every local user can read every
+    process's command line (``ps``); only the owner can read its environment."""
+
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def environ(self, base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+        """``base`` (default: this process's environment) with these settings and ``extra``."""
+        return {**(os.environ if base is None else base), **dict(self.env), **extra}
+
+
+def _joined(*lists: Iterable[str], sep: str = " ") -> str:
+    return sep.join(dict.fromkeys(u for urls in lists for u in urls if u))
+
+
+def extra_index_env(indexes: Sequence[str], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``UV_EXTRA_INDEX_URL`` naming ``indexes`` first, then those ``base`` (default: this
+    process's environment) already names: extra indexes for uv by environment, not argv."""
+    env = os.environ if base is None else base
+    joined = _joined(indexes, env.get("UV_EXTRA_INDEX_URL", "").split())
+    return {"UV_EXTRA_INDEX_URL": joined} if joined else {}
+
+
+def pip_index_env(indexes: Sequence[str]) -> dict[str, str]:
+    """``PIP_EXTRA_INDEX_URL`` for a pip this process runs: ``indexes`` first, then the extra
+    indexes pip is configured with here (its environment wins over its config files, so the
+    configured ones are repeated; pip's command line would have added to them)."""
+    current = os.environ.get("PIP_EXTRA_INDEX_URL") or _pip_config().get("extra-index-url", "")
+    joined = _joined(indexes, current.split())
+    return {"PIP_EXTRA_INDEX_URL": joined} if joined else {}
+
+
+def sources(indexes: Sequence[str] = ()) -> Sources:
+    """The package sources pip uses here, plus the pool's own indexes, as uv settings."""
     pip = _pip_config()
     env = os.environ
 
     def setting(name: str) -> str:
         return env.get(f"PIP_{name.upper().replace('-', '_')}") or pip.get(name, "")
 
-    args: list[str] = ["--index-strategy", "unsafe-best-match"]  # like pip: the best version anywhere
+    out: dict[str, str] = {}
     if not (env.get("UV_INDEX_URL") or env.get("UV_DEFAULT_INDEX")) and setting("index-url"):
-        args += ["--index-url", setting("index-url")]
-    for url in [*indexes, *setting("extra-index-url").split()]:
-        args += ["--extra-index-url", url]
-    for link in setting("find-links").split():
-        args += ["--find-links", link]
-    return args
+        out["UV_INDEX_URL"] = setting("index-url")
+    # uv's own settings are kept (on its command line, ours would have replaced them).
+    out.update(extra_index_env([*indexes, *setting("extra-index-url").split()]))
+    links = _joined(setting("find-links").split(), env.get("UV_FIND_LINKS", "").split(","), sep=",")
+    if links:
+        out["UV_FIND_LINKS"] = links
+    # Like pip: the best version anywhere.
+    return Sources(("--index-strategy", "unsafe-best-match"), tuple(out.items()))
 
 
 def node_platform(architecture: str | None) -> str:
@@ -187,11 +226,12 @@ def node_platform(architecture: str | None) -> str:
     return f"{arch}-manylinux_2_28"
 
 
-def _compile(requirements: Sequence[str], options: list[str], what: str) -> subprocess.CompletedProcess[str]:
-    cmd = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", *options]
+def _compile(requirements: Sequence[str], options: list[str], where: Sources,
+             what: str) -> subprocess.CompletedProcess[str]:
+    cmd = [uv_binary(), "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", *options, *where.args]
     try:
         return subprocess.run(cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True,
-                              timeout=600, env={**os.environ, "UV_NO_PROGRESS": "1"})
+                              timeout=600, env=where.environ(UV_NO_PROGRESS="1"))
     except subprocess.TimeoutExpired:
         raise ProviderError(f"resolving {what} with uv took more than 600 s; is the package index reachable?") from None
 
@@ -228,13 +268,13 @@ def attempt(requirements: Sequence[str], *, python: str, platform: str | None = 
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="skyward-lock-") as folder:
-        options = ["--generate-hashes", *_target(python, platform), *sources(indexes)]
+        options = ["--generate-hashes", *_target(python, platform)]
         if constraints:
             path = os.path.join(folder, "constraints.txt")
             with open(path, "w") as f:
                 f.write("".join(f"{p.name}=={p.version}\n" for p in constraints))
             options += ["--constraint", path]
-        proc = _compile(requirements, options, "the pool's packages")
+        proc = _compile(requirements, options, sources(indexes), "the pool's packages")
     if proc.returncode != 0:
         return None, "\n".join([f"uv exit code {proc.returncode}", *proc.stderr.strip().splitlines()[-15:]])
     return parse(proc.stdout), ""
@@ -247,7 +287,7 @@ def unavailable(packages: Sequence[Package], *, python: str, platform: str | Non
     if not packages:
         return []
     reqs = [f"{p.name}=={p.version}" for p in packages]
-    proc = _compile(reqs, ["--no-deps", *_target(python, platform), *sources(indexes)], "the recorded packages")
+    proc = _compile(reqs, ["--no-deps", *_target(python, platform)], sources(indexes), "the recorded packages")
     if proc.returncode == 0:
         return []
     named = re.findall(r"no (?:matching )?versions? of ([A-Za-z0-9._-]+)==([^\s,]+?)(?:\s|,|$)", proc.stderr)

@@ -1,6 +1,7 @@
 """The node agent: one per node, the only long-lived skyward process there.
 
-It listens on 127.0.0.1 only and admits a client that presents the pool's token. Tasks arrive
+It listens on 127.0.0.1 only (a Local node: on a Unix socket in its 0700 folder, no TCP at
+all) and admits a client only after both proved the pool's secret (handshake.py). Tasks arrive
 as frames on that one connection and are relayed, unopened, to worker processes that it
 starts, watches and replaces (a task that kills its process gets an error, the node keeps
 serving). It holds a lease from the client: when nobody has renewed it for ``ttl`` seconds,
@@ -13,8 +14,9 @@ instead of inheriting one. A task that submits work to the pool (nested dispatch
 SUBMIT frame, which the agent relays to the client that sent the task; while it waits, the
 task's slot is lent to other tasks.
 
-Handshake on stdout (one JSON line) so whoever started the agent learns its port:
-``{"port": 41234, "pid": 1234}``. The token comes in the environment, never on argv.
+One JSON line on stdout tells whoever started the agent where it listens: ``{"port": 41234,
+"pid": 1234}`` (``{"unix": PATH, ...}`` with ``--unix``; ``{"error": ...}`` when it cannot). The
+pool's secret comes in the environment, never on argv.
 """
 
 from __future__ import annotations
@@ -43,15 +45,15 @@ from .frames import (
     Kind,
     tune,
 )
+from .handshake import AGENT, COLLECTIONS, LANE, Gate, Refused, admit, derive
 from .lane import LaneCount
-from .token import same_token
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from typing import Any
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the challenge-response handshake (handshake.py)
 
 
 def _log(msg: str) -> None:
@@ -96,7 +98,11 @@ class WorkerProc:
 
 class Agent:
     def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None) -> None:
-        self.token = token.encode()
+        # Keys, not the secret: what a worker gets (lane, collections) opens no agent.
+        self.key = derive(token, AGENT)
+        self.lane_key = derive(token, LANE).hex()
+        self.state_key = derive(token, COLLECTIONS)
+        self.gate = Gate()  # connections still in their handshake: few at once
         # This node's shared-memory folder, for pools whose client is on another host (made
         # at the first CONFIGURE without a pool-wide one): large buffers from the client are
         # received straight into segments there and mapped by the workers, and the workers'
@@ -135,8 +141,8 @@ class Agent:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket, *more: socket.socket) -> None:
-        """Serve clients on ``listener`` (loopback) and ``more`` (the direct listener on the
-        node's private address, ``--direct``): the same token check on each."""
+        """Serve clients on ``listener`` (loopback, or the node's Unix socket) and ``more`` (the
+        direct listener on the node's private address, ``--direct``): the same handshake on each."""
         for sock in (listener, *more):
             threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
         threading.Thread(target=self._lease_watchdog, daemon=True).start()
@@ -207,8 +213,16 @@ class Agent:
                 sock, _ = listener.accept()
             except OSError:
                 return
-            tune(sock)
+            if not self.gate.enter():  # a flood of strangers: no thread, no memory for them
+                self._refused(sock, "too many connections in their handshake")
+                continue
             threading.Thread(target=self._serve_conn, args=(sock,), daemon=True).start()
+
+    def _refused(self, sock: socket.socket, why: str) -> None:
+        _close(sock)
+        line = self.gate.refused(why)
+        if line is not None:
+            _log(line)
 
     def _remote_spill(self) -> Path | None:
         """The node's shared-memory folder when the client is on another host (no pool-wide
@@ -227,17 +241,15 @@ class Agent:
         return shm.reserve(spill, n) if spill is not None else None
 
     def _serve_conn(self, sock: socket.socket) -> None:
-        reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
-        try:
-            hello = reader.read()
-            info = json.loads(bytes(hello.body)) if hello.kind == Kind.HELLO else {}
-            if not same_token(info, self.token):
-                _log("refused a connection with a wrong token")
-                _close(sock)
-                return
-        except (EOFError, OSError, ValueError):
-            _close(sock)
+        try:  # nothing of ours (reader, shared memory, a Conn) exists until the peer proved the key
+            info, proof = admit(sock, self.key)
+        except (Refused, OSError) as exc:
+            self._refused(sock, str(exc))
             return
+        finally:
+            self.gate.leave()
+        tune(sock)
+        reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
         conn = Conn(sock, writer)
         with self.lock:
             self.conns.append(conn)
@@ -249,6 +261,7 @@ class Agent:
             queued = len(self.pending)
             clients = len(self.conns)
         welcome = {
+            "proof": proof,  # this agent holds the pool's key too: the client may send it tasks
             "protocol": PROTOCOL,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
@@ -370,7 +383,7 @@ class Agent:
             "spill": spill,
             "plugins": self.config.get("plugins"),
             "state": self._state_for_workers(),
-            "lane": {"token": self.token.decode()} if w.lane else None,
+            "lane": {"key": self.lane_key} if w.lane else None,
         }).encode()
         try:
             w.writer.send_parts(Kind.CONFIGURE, 0, 0, body)
@@ -383,7 +396,7 @@ class Agent:
             if self.state is None:
                 from .state import StateServer
 
-                self.state = StateServer(self.token, self._log_to_clients)
+                self.state = StateServer(self.state_key, self._log_to_clients, unix_dir=self.lane_dir)
             return self.state
 
     def _log_to_clients(self, text: str) -> None:
@@ -391,12 +404,13 @@ class Agent:
         self._broadcast(Frame(Kind.OUTPUT, 0, (text + "\n").encode(), 2))
 
     def _state_for_workers(self) -> dict[str, Any] | None:
-        """Where workers reach the collection server, with the token (never on argv)."""
+        """Where workers reach the collection server, with its key (never on argv; not the
+        agents' key)."""
         assert self.config is not None
         where = self.config.get("state")
         if not where or "error" in where:
             return where
-        return {**where, "token": self.token.decode()}
+        return {**where, "token": self.state_key.hex()}
 
     def prestart(self, ours: list[socket.socket] | None = None) -> None:
         """Start one worker process now, before any client has configured the node: it
@@ -1103,27 +1117,29 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
 
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((args.host, args.port))
-    listener.listen(16)
-    port = listener.getsockname()[1]
-    hello: dict[str, Any] = {"port": port, "pid": os.getpid()}
+    hello: dict[str, Any] = {"pid": os.getpid()}
+    listeners: list[socket.socket] = []
+    if args.unix:  # a Local node: its clients are on this host, so no TCP port at all
+        unix = _unix_listener(args.unix)
+        if isinstance(unix, str):
+            _say(dict(hello, error=unix))
+            raise SystemExit(f"skyward agent: {unix}")
+        hello["unix"] = args.unix
+        listeners.append(unix)
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((args.host, args.port))
+        listener.listen(16)
+        hello["port"] = listener.getsockname()[1]
+        listeners.append(listener)
     direct = _direct_listener(args.direct) if args.direct else None
     if isinstance(direct, str):
         hello["direct_error"] = direct
     elif direct is not None:
         hello["direct"] = direct.getsockname()[1]
-    more = [direct] if isinstance(direct, socket.socket) else []
-    unix = _unix_listener(args.unix) if args.unix else None
-    if isinstance(unix, str):
-        hello["unix_error"] = unix
-    elif unix is not None:
-        hello["unix"] = args.unix
-        more.append(unix)
-    # One write: a fork server's agents share one pipe (zygote.py), so a line must not be split.
-    sys.stdout.flush()
-    os.write(1, json.dumps(hello).encode() + b"\n")
+        listeners.append(direct)
+    _say(hello)
     # After the handshake, stdout/stderr go to the log (or nowhere): whoever started us may
     # stop reading, and a write to a closed pipe must never kill the agent.
     target = os.open(args.log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -1131,25 +1147,31 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(target, 2)
     os.close(target)
     agent = Agent(token, args.ttl, args.orphan_cleanup)
-    if isinstance(unix, socket.socket) and args.unix:
+    if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
-    _log(f"serving on {args.host}:{port}, ttl {args.ttl:g} s")
-    agent.prestart([listener, *more])
+    where = args.unix if args.unix else f"{args.host}:{hello['port']}"
+    _log(f"serving on {where}, ttl {args.ttl:g} s")
+    agent.prestart(listeners)
     if isinstance(direct, socket.socket):
-        _log(f"serving directly on {args.direct}:{hello['direct']} too (token-checked, not encrypted)")
+        _log(f"serving directly on {args.direct}:{hello['direct']} too (key-checked, not encrypted)")
     elif isinstance(direct, str):
         _log(f"not serving directly: {direct}")
-    if isinstance(unix, str):
-        _log(f"not serving on a Unix socket: {unix}")
     try:
-        agent.serve(listener, *more)
+        agent.serve(*listeners)
     finally:
-        if isinstance(unix, socket.socket) and args.unix:
+        if args.unix:
             with contextlib.suppress(OSError):
                 os.unlink(args.unix)
     _log("stopped")
+
+
+def _say(hello: dict[str, Any]) -> None:
+    """The start-up line on stdout. One write: a fork server's agents share one pipe
+    (zygote.py), so a line must not be split."""
+    sys.stdout.flush()
+    os.write(1, json.dumps(hello).encode() + b"\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from skyward.errors import (
 
 from . import serialize
 from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind, tune
+from .handshake import AGENT, Refused, derive, prove
 from .lane import ClientLane
 
 Done = Callable[[Frame | BaseException], None]
@@ -77,19 +78,33 @@ class NodeChannel:
         # From a CONFIGURE until the agent's answering LANE: the worker must read the new
         # configuration (it comes through the agent) before any task sent by the lane.
         self._lane_held = False
-        self._writer.send_parts(
-            Kind.HELLO, 0, 0, json.dumps({"token": token, "ttl": ttl}).encode()
-        )
+        # Both ends prove the pool's key (handshake.py); the secret itself never crosses.
         try:
+            check = prove(sock, derive(token, AGENT), {"ttl": ttl})
+            sock.settimeout(60.0)
             welcome = self._reader.read()
+            sock.settimeout(None)
+        except Refused as exc:
+            raise ProtocolError(
+                f"what answers for {self.label} did not start skyward's handshake ({exc}): it is "
+                f"not this pool's agent, or an agent of another skyward version. Check the agent "
+                f"log on that node; a named pool made by an older version is stopped with "
+                f"`skyward down NAME` and made again with `skyward up`."
+            ) from exc
         except (EOFError, OSError) as exc:
             raise ProtocolError(
                 f"the agent on {self.label} closed the connection during the handshake ({exc}); "
-                f"the pool token was probably refused. Check the agent log on that node."
+                f"it refused this pool's token. Check the agent log on that node."
             ) from exc
         if welcome.kind != Kind.WELCOME:
             raise ProtocolError(f"expected WELCOME from {self.label}, got frame kind {welcome.kind}")
         self.facts: dict[str, Any] = json.loads(bytes(welcome.body))
+        if not check(self.facts):
+            raise ProtocolError(
+                f"what answers for {self.label} did not prove that it holds this pool's key: it is "
+                f"not the pool's agent (another process may have taken its address). Nothing was "
+                f"sent to it; the pool treats the node as lost."
+            )
         self._answers_pings = bool(self.facts.get("pong"))  # agents of older versions do not
         self._thread = threading.Thread(target=self._read_loop, name=f"skyward-{self.label}", daemon=True)
         self._thread.start()

@@ -30,8 +30,12 @@ _READ_CHUNK = 256 * 1024
 
 
 class Kind(IntEnum):
-    HELLO = 1  # client -> agent: token, lease ttl
-    WELCOME = 2  # agent -> client: node facts
+    # The handshake (handshake.py): the listener's CHALLENGE (its nonce) comes first, then the
+    # client's HELLO (its nonce, its proof of the pool's key, lease ttl), then the WELCOME
+    # (the listener's proof, node facts).
+    HELLO = 1
+    WELCOME = 2
+    CHALLENGE = 41
     CONFIGURE = 3  # client -> agent -> worker: cluster topology and worker settings
     TASK = 4  # one function call
     MAP = 5  # one chunk of a map

@@ -4,7 +4,8 @@ Through the agent a task crosses two sockets each way (client -> agent -> worker
 2-core machine that relay is a fifth of a no-op call. A thread-executor node whose worker can
 take it (one worker process, reused, not started by a plugin launcher) gets a Unix-socket
 listener from its agent; the agent tells its clients where (a LANE frame), and a client on the
-same host connects there with the pool's token and writes TASK and MAP frames to the worker
+same host connects there, proves the pool's lane key (handshake.py; the worker proves it back)
+and writes TASK and MAP frames to the worker
 itself, as many as the node takes at once (``capacity``). Everything else keeps going through
 the agent: streaming tasks, tasks beyond that capacity (the agent queues them and can cancel
 them), nested work, collections, configuration and the lease.
@@ -31,13 +32,12 @@ import threading
 from collections.abc import Callable
 
 from .frames import Frame, FrameReader, FrameWriter, Kind, tune
-from .token import same_token
+from .handshake import LANE, Gate, Refused, admit, derive, prove
 
 LANE_BIT = 1 << 63
 _NO_SHIFT = 40
 TID_MASK = (1 << _NO_SHIFT) - 1
 _NO_MASK = (1 << (63 - _NO_SHIFT)) - 1
-_ADMIT_TIMEOUT = 10.0
 
 
 class LaneCount:
@@ -80,8 +80,9 @@ class _Lane:
 class WorkerLanes:
     """The worker's end: admits lane connections and reads them beside the agent's socket."""
 
-    def __init__(self, listener: socket.socket, token: bytes, count: LaneCount | None = None) -> None:
-        self._listener, self._token = listener, token
+    def __init__(self, listener: socket.socket, key: bytes, count: LaneCount | None = None) -> None:
+        self._listener, self._key = listener, key
+        self._gate = Gate(limit=4)  # connections in their handshake at once
         self._count, self._running = count, 0
         self._lanes: dict[int, _Lane] = {}
         self._ids = itertools.count(1)
@@ -97,24 +98,23 @@ class WorkerLanes:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
+            if not self._gate.enter():
+                sock.close()
+                continue
             threading.Thread(target=self._admit, args=(sock,), name="skyward-lane-admit", daemon=True).start()
 
     def _admit(self, sock: socket.socket) -> None:
-        sock.settimeout(_ADMIT_TIMEOUT)
-        reader, writer = FrameReader(sock), FrameWriter(sock)
-        try:
-            hello = reader.read()
-            info = json.loads(bytes(hello.body)) if hello.kind == Kind.HELLO else {}
-            if not same_token(info, self._token):
-                sock.close()
-                return
-            lane = _Lane(next(self._ids), sock, reader, writer)
-            writer.send_parts(Kind.WELCOME, 0, 0, json.dumps({"lane": lane.no, "pid": os.getpid()}).encode())
-            sock.settimeout(None)
+        try:  # no reader (256 KiB) and no lane number before the peer proved the key
+            _, proof = admit(sock, self._key)
+            lane = _Lane(next(self._ids), sock, FrameReader(sock), FrameWriter(sock))
+            lane.writer.send_parts(Kind.WELCOME, 0, 0, json.dumps(
+                {"lane": lane.no, "pid": os.getpid(), "proof": proof}).encode())
             tune(sock)
-        except (EOFError, OSError, ValueError):
+        except (Refused, OSError):
             sock.close()
             return
+        finally:
+            self._gate.leave()
         with self._lock:
             self._lanes[lane.no] = lane
         os.write(self._wake_w, b"x")
@@ -185,16 +185,24 @@ class ClientLane:
     """The client's end: a connection to a node's worker for plain tasks (see NodeChannel)."""
 
     def __init__(self, path: str, token: str, capacity: int, timeout: float = 5.0) -> None:
+        """Connect to the lane at ``path``; ``token`` is the pool's secret (its lane key is
+        derived here). Raises OSError when the worker is gone or does not prove the key."""
         self.path, self.capacity = path, capacity
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(path)
+            try:
+                check = prove(sock, derive(token, LANE), {}, timeout)
+            except Refused as exc:
+                raise OSError(str(exc)) from None
+            sock.settimeout(timeout)
             self.reader, self.writer = FrameReader(sock), FrameWriter(sock)
-            self.writer.send_parts(Kind.HELLO, 0, 0, json.dumps({"token": token}).encode())
             welcome = self.reader.read()
             if welcome.kind != Kind.WELCOME:
                 raise OSError(f"the worker answered frame kind {welcome.kind} instead of WELCOME")
+            if not check(json.loads(bytes(welcome.body))):
+                raise OSError(f"the lane at {path} did not prove the pool's key")
         except BaseException:
             sock.close()
             raise

@@ -7,10 +7,12 @@ client's link. Requests reach it two ways:
 
 * from the client, as STATE frames on its existing channel to the head's agent;
 * from workers on any node, over a listener the head's agent opens on the pool's private
-  address (asked for by the client with a ``serve`` request before it configures the nodes).
-  That listener admits a peer only after a HELLO carrying the pool's token (read with a size
-  cap and a deadline, so a stranger can neither stall it nor make it allocate), and the
-  stack's members-only firewall rule covers it on clouds.
+  address (asked for by the client with a ``serve`` request before it configures the nodes;
+  a Local pool's on a Unix socket in the head's 0700 folder). The listener binds a private or
+  loopback address only, never a public one, and admits a peer only after both proved the
+  pool's collections key (handshake.py: a capped, deadline-bound exchange, so a stranger can
+  neither stall it nor make it allocate); the stack's members-only firewall rule covers it on
+  clouds.
 
 A request is one frame: ``pickle((ops, vals))`` plus the values' out-of-band buffers. ``ops``
 is a list of ``(op, kind, name, args, nvals)`` applied in order under one lock (a single op
@@ -30,6 +32,7 @@ waiters are dropped and the barriers it takes part in break.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import json
@@ -42,8 +45,8 @@ from collections.abc import Callable
 
 from skyward.errors import CollectionError, CollectionTimeoutError
 
-from .frames import HEADER, Frame, FrameReader, FrameWriter, Kind, tune
-from .token import same_token
+from .frames import Frame, FrameReader, FrameWriter, Kind, tune
+from .handshake import Gate, Refused, admit, prove
 
 # Plain slotted classes and no typing at run time: the head node's agent imports this module
 # on the way to the pool's first task (its CONFIGURE carries the collections' address), and
@@ -55,8 +58,6 @@ if TYPE_CHECKING:
     Blob = tuple[int, bytes, list[tuple[int, Any]]]  # a value as the caller pickled it
 if TYPE_CHECKING:
     Reply = tuple[tuple[Any, ...], list[tuple[int, Any]]]  # (tag...), buffers
-_HELLO_MAX = 4096
-_HANDSHAKE_S = 10.0
 
 
 def encode_request(ops: list[tuple[Any, ...]], vals: list[tuple[int, bytes, int]]) -> bytes:
@@ -160,9 +161,11 @@ class StateServer:
     """The collections of one pool. Lives in the head node's agent for the agent's lifetime,
     so a named pool's collections outlive the programs that attach to it."""
 
-    def __init__(self, token: bytes, log: Callable[[str], None]) -> None:
-        self.token = token
+    def __init__(self, key: bytes, log: Callable[[str], None], unix_dir: str | None = None) -> None:
+        self.key = key  # the pool's collections key (handshake.derive), not the agents' one
         self.log = log
+        self.unix_dir = unix_dir  # a Local head: listen on a Unix socket there, no TCP
+        self.gate = Gate()
         self.lock = threading.Lock()
         self.counters: dict[str, int] = {}
         self.dicts: dict[str, dict[Any, Blob]] = {}
@@ -452,21 +455,23 @@ class StateServer:
             self.lost = lost or None
             if self.address is not None:
                 return _ok({"host": self.address[0], "port": self.address[1]})
+            if self.unix_dir is not None:
+                host = os.path.join(self.unix_dir, "state.sock")
+            else:
+                refusal = _not_private(host)
+                if refusal is not None:
+                    return _err(CollectionError(refusal))
             try:
-                family = socket.AF_INET6 if ":" in host else socket.AF_INET
-                listener = socket.socket(family, socket.SOCK_STREAM)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind((host, 0))
-                listener.listen(128)
+                listener = _listen(host)
             except OSError as exc:
                 return _err(CollectionError(
                     f"the head node could not listen for collection requests on its private "
                     f"address {host} ({exc}); the collections of this pool are unavailable. "
                     f"Check the node's private_ip, or use Options(cluster=False)."))
             self.listener = listener
-            self.address = (host, listener.getsockname()[1])
+            self.address = (host, 0 if self.unix_dir is not None else listener.getsockname()[1])
         threading.Thread(target=self._accept, args=(listener,), name="skyward-state-accept", daemon=True).start()
-        self.log_line(f"collections served on {host}:{self.address[1]}")
+        self.log_line(f"collections served on {host}" + (f":{self.address[1]}" if self.address[1] else ""))
         return _ok({"host": host, "port": self.address[1]})
 
     def log_line(self, text: str) -> None:
@@ -480,32 +485,34 @@ class StateServer:
                 sock, _ = listener.accept()
             except OSError:
                 return
+            if not self.gate.enter():  # a flood of strangers: no thread for them
+                self._refused(sock, "too many connections in their handshake")
+                continue
             threading.Thread(target=self._serve_peer, args=(sock,), daemon=True).start()
+
+    def _refused(self, sock: socket.socket, why: str) -> None:
+        _close(sock)
+        line = self.gate.refused(why)
+        if line is not None:
+            self.log_line(f"collections: {line}")
 
     def _serve_peer(self, sock: socket.socket) -> None:
         try:
-            sock.settimeout(_HANDSHAKE_S)  # an idle stranger does not keep a thread forever
-            head = _recv_exact(sock, HEADER.size)
-            kind, _, nbufs, _, body_len = HEADER.unpack(head)
-            if kind != Kind.HELLO or nbufs or body_len > _HELLO_MAX:
-                raise ValueError("not a HELLO")
-            info = json.loads(_recv_exact(sock, body_len))
-            if not same_token(info, self.token):
-                raise ValueError("wrong token")
-            sock.settimeout(None)
-        except (OSError, ValueError, EOFError):
-            self.log_line("collections: refused a connection without the pool's token")
-            _close(sock)
+            info, proof = admit(sock, self.key)
+            node, pid = int(info.get("node", -1)), int(info.get("pid", 0))  # type: ignore[call-overload]
+        except (Refused, OSError, TypeError, ValueError) as exc:
+            self._refused(sock, str(exc))
             return
+        finally:
+            self.gate.leave()
         tune(sock)
         keepalive(sock)
         writer = FrameWriter(sock)
-        node, pid = int(info.get("node", -1)), int(info.get("pid", 0))
         peer = Peer(writer, node, pid, f"node {node} (pid {pid})", sock)
         with self.lock:
             self.peers.add(peer)
         try:
-            writer.send_parts(Kind.WELCOME, 0, 0, b"{}")
+            writer.send_parts(Kind.WELCOME, 0, 0, json.dumps({"proof": proof}).encode())
             reader = FrameReader(sock)
             while True:
                 frame = reader.read()
@@ -534,14 +541,51 @@ def _remove(dq: collections.deque[_Waiter], w: _Waiter) -> None:
         pass
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("connection closed")
-        data += chunk
-    return data
+def _not_private(host: str) -> str | None:
+    """Why the collections may not listen on ``host`` (None when they may): only private and
+    loopback addresses, as the agent's direct listener."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return (f"the head node was asked to serve the collections on {host!r}, which is not an "
+                f"IP address; they are unavailable in this pool.")
+    if (ip.is_private or ip.is_loopback) and not ip.is_unspecified:
+        return None
+    return (f"the head node's address {host} is public, and the collections listener binds a "
+            f"private or loopback address only (its traffic is not encrypted): the pool's "
+            f"collections are unavailable to tasks on other nodes. Give the hosts their private "
+            f"addresses (sky.SSH(hosts=[...]) with the address of the network they share), or "
+            f"keep collections to the client and the head node.")
+
+
+def _listen(where: str) -> socket.socket:
+    """A listener on a Unix socket path (only this user may connect) or on a TCP address."""
+    if where.startswith("/"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where)
+            old = os.umask(0o077)
+            try:
+                sock.bind(where)
+            finally:
+                os.umask(old)
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    sock = socket.socket(socket.AF_INET6 if ":" in where else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((where, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def keepalive(sock: socket.socket) -> None:
@@ -565,25 +609,40 @@ def _close(sock: socket.socket) -> None:
 
 # -- a node's connection to the server ----------------------------------------------------------
 class StateConnection:
-    """A worker process's connection to the collection server (shared by its threads)."""
+    """A worker process's connection to the collection server (shared by its threads).
+
+    ``host`` is an address, or the path of a Unix socket (a Local pool; ``port`` is then 0);
+    ``token`` is the pool's collections key in hex, as the agent hands it to its workers."""
 
     def __init__(self, host: str, port: int, token: str, node: int) -> None:
-        self.where = f"{host}:{port}"
-        sock = socket.create_connection((host, port), timeout=10)
+        self.where = host if host.startswith("/") else f"{host}:{port}"
+        if host.startswith("/"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            try:
+                sock.connect(host)
+            except OSError:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection((host, port), timeout=10)
+        self._sock = sock
+        reader = FrameReader(sock)
+        try:
+            check = prove(sock, bytes.fromhex(token), {"node": node, "pid": os.getpid()}, timeout=10)
+            sock.settimeout(10)
+            welcome = reader.read()
+        except (Refused, EOFError, OSError) as exc:
+            _close(sock)
+            raise ConnectionError(f"the collection server at {self.where} refused this node ({exc})") from exc
+        if welcome.kind != Kind.WELCOME or not check(json.loads(bytes(welcome.body))):
+            _close(sock)
+            raise ConnectionError(f"what answers at {self.where} did not prove the pool's collections key: "
+                                  f"it is not this pool's collection server")
         sock.settimeout(None)
         tune(sock)
         keepalive(sock)
-        self._sock = sock
         self._writer = FrameWriter(sock)
-        self._writer.send_parts(Kind.HELLO, 0, 0, json.dumps(
-            {"token": token, "node": node, "pid": os.getpid()}).encode())
-        reader = FrameReader(sock)
-        try:
-            welcome = reader.read()
-        except (EOFError, OSError) as exc:
-            raise ConnectionError(f"the collection server at {self.where} refused this node ({exc})") from exc
-        if welcome.kind != Kind.WELCOME:
-            raise ConnectionError(f"the collection server at {self.where} answered frame kind {welcome.kind}")
         self._pending: dict[int, Callable[[Frame | BaseException], None]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)

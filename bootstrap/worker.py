@@ -141,7 +141,7 @@ class Worker:
         listener, self._lane_listener = self._lane_listener, None
         if listener is not None:
             if config.get("lane") and not self.exclusive and self.lanes is None:
-                self.lanes = WorkerLanes(listener, str(config["lane"]["token"]).encode(), self._lane_count)
+                self.lanes = WorkerLanes(listener, bytes.fromhex(str(config["lane"]["key"])), self._lane_count)
             else:
                 listener.close()  # the agent keeps this worker's tasks to itself
         if config.get("plugins") and self.plugins is None:

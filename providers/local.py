@@ -164,6 +164,7 @@ class LocalCluster(Cluster):
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
         self.spill_dir = _spill_dir(pool_id, self._root)
         self._procs: dict[int, Agent] = {}
+        self._sockets: str | None = None  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node
         self._launched: list[tuple[int, Agent]] = []  # started, not yet handed out
         # Running nodes as describe() reports them; those this process did not start (an
@@ -217,6 +218,7 @@ class LocalCluster(Cluster):
         spill = description.get("spill_dir")
         self.spill_dir = Path(spill) if spill else None
         self._procs = {}
+        self._sockets = description.get("sockets")
         self._forks = None
         self._launched = []
         self._nodes = {int(n["index"]): dict(n) for n in description["nodes"]}
@@ -240,6 +242,7 @@ class LocalCluster(Cluster):
             "interface": self.interface,
             "ttl": self._ttl,
             "root": str(self._root),
+            "sockets": self._sockets,
             "spill_dir": str(self.spill_dir) if self.spill_dir is not None else None,
             "next": self._next,
             "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
@@ -271,7 +274,7 @@ class LocalCluster(Cluster):
             if not process_running(node["pid"], node.get("started")):
                 continue
             try:
-                sock = _connect(node["port"], node.get("unix"), 5)
+                sock = _connect(node.get("port"), node.get("unix"), 5)
                 NodeChannel(sock, node=node["index"], token=self.token, ttl=self._ttl,
                             on_output=lambda *_: None).close(shutdown_agent=True)
             except (OSError, SkywardError):
@@ -361,7 +364,7 @@ class LocalCluster(Cluster):
             indices = list(range(self._next, self._next + need - len(launched)))
             self._next += len(indices)
             started = launched + [(i, self._spawn(i)) for i in indices]
-        endpoints = [_endpoint(n["index"], n["port"], n.get("unix")) for n in live]
+        endpoints = [_endpoint(n["index"], n.get("port"), n.get("unix")) for n in live]
         for i, proc in started:
             port, unix = self._handshake(i, proc)
             with self._lock:
@@ -384,13 +387,16 @@ class LocalCluster(Cluster):
 
     def _spawn(self, index: int) -> Agent:
         node_dir = self._root / f"node-{index}"
-        node_dir.mkdir(exist_ok=True)
+        node_dir.mkdir(mode=0o700, exist_ok=True)
         log_path = node_dir / "agent.log"
         # If the client dies without closing the pool, the agents' lease watchdog removes the
         # pool's folders too (whichever agent gets there first; the others find them gone).
         args = ["--ttl", str(self._ttl), "--log", str(log_path), "--orphan-cleanup", str(self._root),
-                # Same host: a Unix socket costs the round trip a third less than TCP loopback.
-                "--unix", str(node_dir / "agent.sock")]
+                # Same host: a Unix socket in the node's 0700 folder, and no TCP port at all (no
+                # other user can connect; the round trip costs a third less than TCP loopback).
+                "--unix", self._socket_path(node_dir)]
+        if self._sockets is not None:
+            args += ["--orphan-cleanup", self._sockets]
         if self.spill_dir is not None:
             args += ["--orphan-cleanup", str(self.spill_dir)]
         env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
@@ -415,8 +421,22 @@ class LocalCluster(Cluster):
         self._procs[index] = proc
         return proc
 
-    def _handshake(self, index: int, proc: Agent) -> tuple[int, str | None]:
-        """The agent's TCP port and Unix socket path (None where it has none) from its hello."""
+    def _socket_path(self, node_dir: Path) -> str:
+        """Where a node's agent listens (its lanes and the collections beside it): in the
+        node's folder, or, when that path is too long for a Unix socket (a deep
+        ``Local(workdir=...)``), in a short 0700 folder of the pool's own in the system's temp
+        folder, removed with the pool."""
+        path = node_dir / "agent.sock"
+        if len(os.fsencode(str(path))) <= _UNIX_PATH_MAX - 16:  # room for lane-N.sock beside it
+            return str(path)
+        if self._sockets is None:
+            self._sockets = tempfile.mkdtemp(prefix="sky-")  # 0700
+        folder = os.path.join(self._sockets, node_dir.name.removeprefix("node-"))
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        return os.path.join(folder, "agent.sock")
+
+    def _handshake(self, index: int, proc: Agent) -> tuple[int | None, str | None]:
+        """The agent's Unix socket path (and TCP port: agents of older versions) from its hello."""
         if isinstance(proc, ForkedAgent):
             line = proc.hello(_START_TIMEOUT)
         else:
@@ -426,7 +446,11 @@ class LocalCluster(Cluster):
             proc.stdout.close()
         try:
             hello = json.loads(line)
-            return int(hello["port"]), hello.get("unix")
+            if "error" in hello:
+                raise ProviderError(f"the agent for Local node {index} could not listen: {hello['error']}")
+            if not hello.get("unix") and "port" not in hello:
+                raise KeyError("unix")
+            return (int(hello["port"]) if "port" in hello else None), hello.get("unix")
         except (ValueError, KeyError):
             logs = [self._root / f"node-{index}" / "agent.log"]
             if isinstance(proc, ForkedAgent):
@@ -482,6 +506,8 @@ class LocalCluster(Cluster):
 
     def _remove_dirs(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
+        if getattr(self, "_sockets", None):
+            shutil.rmtree(self._sockets, ignore_errors=True)
         if self.spill_dir is not None:
             shm.forget(self.spill_dir)  # this process's mappings of the pool's segments
             shutil.rmtree(self.spill_dir, ignore_errors=True)
@@ -518,7 +544,7 @@ def _mount_volumes(spec: Spec, pool_id: str, root: Path) -> Any:
     return LocalMounts(volumes, root, on_phase=phase)
 
 
-def _endpoint(index: int, port: int, unix: str | None = None) -> NodeEndpoint:
+def _endpoint(index: int, port: int | None, unix: str | None = None) -> NodeEndpoint:
     return NodeEndpoint(
         index=index,
         private_ip="127.0.0.1",
@@ -528,8 +554,9 @@ def _endpoint(index: int, port: int, unix: str | None = None) -> NodeEndpoint:
     )
 
 
-def _connect(port: int, unix: str | None, timeout: float) -> socket.socket:
-    """A connection to a Local agent: its Unix socket where it has one, else TCP loopback."""
+def _connect(port: int | None, unix: str | None, timeout: float) -> socket.socket:
+    """A connection to a Local agent: its Unix socket (TCP loopback only for a pool that an
+    older version started with a port)."""
     if unix:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -537,8 +564,18 @@ def _connect(port: int, unix: str | None, timeout: float) -> socket.socket:
             sock.connect(unix)
             return sock
         except OSError:
-            sock.close()  # removed, or an agent of an older version: the port still answers
+            sock.close()
+            if port is None:
+                raise
+    if port is None:
+        raise ConnectionRefusedError(f"the Local agent has no socket to connect to ({unix!r})")
     return socket.create_connection(("127.0.0.1", port), timeout)
+
+
+_UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
+
+
+
 
 
 def _start_time(pid: int) -> int | None:

@@ -5,7 +5,6 @@ locks released when their holder dies; the listener admits only the pool's token
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -17,7 +16,9 @@ from typing import Any
 import pytest
 
 import skyward as sky
-from skyward.bootstrap.frames import HEADER, FrameReader, FrameWriter, Kind
+from skyward.bootstrap.frames import HEADER, Kind
+from skyward.bootstrap.handshake import AGENT, COLLECTIONS, derive
+from skyward.bootstrap.state import StateConnection
 
 pytestmark = pytest.mark.timeout(180)
 QUIET = sky.Options(console=False)
@@ -375,18 +376,36 @@ def test_lock_is_callable_after_a_pool(pool: sky.Pool) -> None:
     assert isinstance(sky.lock("callable"), type(sky.lock("again")))
 
 
-def test_the_listener_admits_only_the_pool_token(pool: sky.Pool) -> None:
+def test_the_listener_admits_only_the_pool_key(pool: sky.Pool) -> None:
     where = pool.shared.served[1]
-    assert where["host"] == "127.0.0.1"  # Local: the private address is loopback
+    # Local: a Unix socket in the head node's 0700 folder, no TCP port
+    assert where["host"].startswith("/") and where["port"] == 0
+    assert os.stat(os.path.dirname(where["host"])).st_mode & 0o077 == 0
     for hello in (b'{"token": "wrong"}', b"x" * 10_000):
-        with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
-            s.sendall(HEADER.pack(Kind.HELLO, 0, 0, 0, len(hello)) + hello)
+        with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(10)
-            assert s.recv(100) == b""  # closed without a word
-    # with the token a peer is served (what every worker does)
-    with socket.create_connection((where["host"], where["port"]), timeout=10) as s:
-        FrameWriter(s).send_parts(Kind.HELLO, 0, 0, json.dumps({"token": pool.cluster.token}).encode())
-        assert FrameReader(s).read().kind == Kind.WELCOME
+            s.connect(where["host"])
+            s.sendall(HEADER.pack(Kind.HELLO, 0, 0, 0, len(hello)) + hello)
+            assert _drain(s).startswith(HEADER.pack(Kind.CHALLENGE, 0, 0, 0, 32)[:1])  # then closed
+    # with the collections key a peer is served (what every worker does)...
+    key = derive(pool.cluster.token, COLLECTIONS).hex()
+    conn = StateConnection(where["host"], 0, key, node=0)
+    conn.close()
+    # ...and not with the agents' key, nor the secret itself
+    for wrong in (derive(pool.cluster.token, AGENT).hex(), pool.cluster.token.encode().hex()):
+        with pytest.raises(ConnectionError, match="refused"):
+            StateConnection(where["host"], 0, wrong, node=0)
+
+
+def _drain(s: socket.socket) -> bytes:
+    """What the server sends until it closes the connection."""
+    got = b""
+    try:
+        while chunk := s.recv(4096):
+            got += chunk
+    except ConnectionResetError:  # closed with our bytes unread
+        pass
+    return got
 
 
 def _agent_pid(pool: sky.Pool, rank: int) -> int:

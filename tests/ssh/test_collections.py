@@ -116,12 +116,20 @@ def test_the_state_listener_refuses_a_wrong_token(ssh_pool: sky.Pool) -> None:
         from skyward.bootstrap.frames import HEADER, Kind
 
         hello = json.dumps({"token": "not the token"}).encode()
+        got = b""
         with socket.create_connection((host, port), timeout=10) as s:
             s.sendall(HEADER.pack(Kind.HELLO, 0, 0, 0, len(hello)) + hello)
             s.settimeout(10)
-            return s.recv(100)
+            try:
+                while chunk := s.recv(100):
+                    got += chunk
+            except ConnectionResetError:
+                pass
+        return got
 
-    assert ssh_pool.run(knock(served["host"], served["port"]), target=2) == b""
+    # the listener's challenge (a header and its 32-byte nonce), then nothing: closed
+    got = ssh_pool.run(knock(served["host"], served["port"]), target=2)
+    assert len(got) == 20 + 32 and got[0] == 41
 
 
 # -- the rest of the proof list, through the SSH tunnels ---------------------------------------

@@ -1,0 +1,197 @@
+"""How two ends of a pool connection prove the pool's secret to each other without sending it.
+
+Every listener of a pool (the agent, a worker's lane, the collections server) admits a peer
+only through :func:`admit`, and every client connects through :func:`prove`::
+
+    server -> client   CHALLENGE  body: 32 random bytes (the server's nonce)
+    client -> server   HELLO      JSON: {"nonce": hex, "proof": hex, ...the client's facts}
+    server -> client   WELCOME    JSON: {"proof": hex, ...the server's facts}
+
+``proof`` is an HMAC-SHA256 over both nonces, under a key derived from the pool's secret for
+one purpose (agents, lanes, collections), with the role in the message so that neither side's
+proof can be replayed as the other's. A sniffer sees two nonces and two MACs, which open
+nothing later (the next connection has fresh nonces); a process that re-bound a dead agent's
+port cannot produce the server's proof, so the client sends it no task. A key that leaks opens
+only its purpose (a worker holds the lane and collection keys, never the agents' one).
+
+Before the peer has proven the key, a listener spends almost nothing: it reads a fixed
+20-byte header by hand, refuses any first frame that is not a HELLO of at most
+``HELLO_MAX`` bytes without buffers, gives the whole exchange ``DEADLINE`` seconds and lets
+at most ``Gate``'s count of connections be in that state at once (the rest are closed as they
+arrive). The frame reader (256 KiB), shared memory and per-connection state come after.
+
+Standard library only, and not ``hmac``/``hashlib``: they load OpenSSL, 4 ms of every node's
+start; SHA-256 comes from the interpreter's own built-in module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+from .frames import HEADER, Kind
+
+try:  # what hmac.compare_digest is, without hmac's OpenSSL import
+    from _operator import _compare_digest
+except ImportError:  # pragma: no cover - an interpreter without it
+    from hmac import compare_digest as _compare_digest  # type: ignore[no-redef]
+try:
+    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]  # 3.11
+    except ImportError:  # pragma: no cover - a build without the built-in hashes
+        from hashlib import sha256 as _sha256  # type: ignore[no-redef]
+
+NONCE = 32
+HELLO_MAX = 4096  # a HELLO's body: a few facts, never more
+DEADLINE = 5.0  # seconds for the whole exchange, on the server's side
+# Purposes of the keys derived from a pool's secret.
+AGENT, LANE, COLLECTIONS = "agent", "lane", "collections"
+_BLOCK = 64
+
+
+class Refused(ValueError):
+    """The peer did not prove the key (or did not speak the handshake at all)."""
+
+
+def _hmac(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104), as ``hmac.digest(key, msg, "sha256")`` computes it."""
+    if len(key) > _BLOCK:
+        key = _sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    inner = _sha256(bytes(b ^ 0x36 for b in key) + msg).digest()
+    return bytes(_sha256(bytes(b ^ 0x5C for b in key) + inner).digest())
+
+
+def derive(secret: str | bytes, purpose: str) -> bytes:
+    """The key for one purpose (``AGENT``, ``LANE``, ``COLLECTIONS``) from the pool's secret."""
+    raw = secret.encode() if isinstance(secret, str) else secret
+    return _hmac(raw, b"skyward/v1/" + purpose.encode())
+
+
+def _mac(key: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return _hmac(key, role + b"\0" + server_nonce + client_nonce)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    data = b""
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Refused("the handshake took too long")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(data))
+        except TimeoutError:
+            raise Refused("the handshake took too long") from None
+        if not chunk:
+            raise Refused("the peer closed the connection during the handshake")
+        data += chunk
+    return data
+
+
+def _hex(value: object, what: str) -> bytes:
+    try:
+        raw = bytes.fromhex(str(value))
+    except ValueError:
+        raise Refused(f"the {what} is not hex") from None
+    if len(raw) != NONCE:
+        raise Refused(f"the {what} has {len(raw)} bytes, not {NONCE}")
+    return raw
+
+
+def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[dict[str, object], str]:
+    """The server's side: challenge the peer and check its HELLO. Returns the HELLO's facts and
+    the proof to put in the WELCOME (``"proof"``); raises ``Refused`` (or OSError) otherwise.
+    Leaves the socket's timeout as it found it only on success (callers close it on failure)."""
+    end = time.monotonic() + deadline
+    server_nonce = os.urandom(NONCE)
+    sock.settimeout(deadline)
+    sock.sendall(HEADER.pack(Kind.CHALLENGE, 0, 0, 0, NONCE) + server_nonce)
+    kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end))
+    if kind != Kind.HELLO or nbufs or body_len > HELLO_MAX:
+        raise Refused(f"the first frame was not a HELLO of at most {HELLO_MAX} bytes "
+                      f"(kind {kind}, {body_len} bytes, {nbufs} buffers)")
+    try:
+        hello = json.loads(_recv_exact(sock, body_len, end))
+    except (UnicodeDecodeError, ValueError):
+        raise Refused("the HELLO is not JSON") from None
+    if not isinstance(hello, dict):
+        raise Refused("the HELLO is not a JSON object")
+    client_nonce = _hex(hello.pop("nonce", ""), "client's nonce")
+    proof = _hex(hello.pop("proof", ""), "client's proof")
+    if not _compare_digest(proof, _mac(key, b"client", server_nonce, client_nonce)):
+        raise Refused("the client's proof is wrong (it does not hold this pool's key)")
+    sock.settimeout(None)
+    return hello, _mac(key, b"server", server_nonce, client_nonce).hex()
+
+
+class Check:
+    """What the client expects of the server's WELCOME (see ``prove``)."""
+
+    __slots__ = ("_expected",)
+
+    def __init__(self, expected: bytes) -> None:
+        self._expected = expected
+
+    def __call__(self, welcome: dict[str, object]) -> bool:
+        """True when the WELCOME carries the server's proof of the key."""
+        try:
+            got = bytes.fromhex(str(welcome.get("proof", "")))
+        except ValueError:
+            return False
+        return bool(_compare_digest(got, self._expected))
+
+
+def prove(sock: socket.socket, key: bytes, facts: dict[str, object], timeout: float = 60.0) -> Check:
+    """The client's side: read the server's challenge, send a HELLO with ``facts`` and the
+    proof. Returns the check of the WELCOME that follows (read it with the caller's reader).
+    Raises ``Refused`` when the server does not start the handshake in ``timeout`` s (an agent
+    of another version, or not an agent at all). Leaves the socket blocking (no timeout)."""
+    end = time.monotonic() + timeout
+    try:
+        kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end))
+        if kind != Kind.CHALLENGE or nbufs or body_len != NONCE:
+            raise Refused(f"the server's first frame was not a challenge (kind {kind}, {body_len} bytes)")
+        server_nonce = _recv_exact(sock, NONCE, end)
+    finally:
+        sock.settimeout(None)
+    client_nonce = os.urandom(NONCE)
+    proof = _mac(key, b"client", server_nonce, client_nonce)
+    body = json.dumps({**facts, "nonce": client_nonce.hex(), "proof": proof.hex()}).encode()
+    sock.sendall(HEADER.pack(Kind.HELLO, 0, 0, 0, len(body)) + body)
+    return Check(_mac(key, b"server", server_nonce, client_nonce))
+
+
+class Gate:
+    """How many connections may be in their handshake at once, and a log of the refused ones
+    that stays short under a flood (one line per ``quiet`` seconds, with the count)."""
+
+    def __init__(self, limit: int = 16, quiet: float = 10.0) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
+        self._lock = threading.Lock()
+        self._quiet = quiet
+        self._last = -quiet
+        self._unsaid = 0
+
+    def enter(self) -> bool:
+        """Take a handshake slot; False when all are taken (close the connection)."""
+        return self._slots.acquire(blocking=False)
+
+    def leave(self) -> None:
+        self._slots.release()
+
+    def refused(self, why: str) -> str | None:
+        """The line to log for a refused connection, or None while the last one is recent."""
+        now = time.monotonic()
+        with self._lock:
+            self._unsaid += 1
+            if now - self._last < self._quiet:
+                return None
+            count, self._unsaid, self._last = self._unsaid, 0, now
+        more = f" ({count - 1} more since the last such line)" if count > 1 else ""
+        return f"refused a connection: {why}{more}"

@@ -101,9 +101,9 @@ def render(image: Image, plan: NodePlan) -> str:
                                    else ': > "$POOL/env.sh"'))
     # The rest of the bootstrap sees Image.env too: an index (UV_INDEX_URL), a proxy, ...
     out.append('. "$POOL/env.sh"\n')
-    if image.apt:
-        pkgs = " ".join(q(p) for p in image.apt)
-        phase("apt", _APT.format(pkgs=pkgs), key(sorted(image.apt)), node_local=True)
+    if image.apt:  # (the exact commands node_dirs_command asks sudo about and sudo_advice names)
+        phase("apt", _APT.format(install=_words(apt_install(image.apt)), update=_words(apt_update())),
+              key(sorted(image.apt)), node_local=True)
     if plan.install == "index":
         # Nodes with an index fetch uv themselves (nothing to upload): the client's version.
         phase("uv", f'if ! "$UV" --version >/dev/null 2>&1; then\n'
@@ -186,16 +186,58 @@ fi
 """
 
 
-def node_dirs_command(pool_id: str, node: int, *, sudo: bool) -> str:
+def node_dirs_command(pool_id: str, node: int, *, sudo: bool | Iterable[str]) -> str:
     """Bash that resolves a node's folders and prints them as ``@@KEY VALUE`` lines: sky, run, pool,
-    uid, and with ``sudo``, whether ``sudo -n`` works for a user who is not root."""
+    uid, and with ``sudo`` (the Image's apt packages), whether a user who is not root may run the
+    apt-get install of those packages through ``sudo -n``."""
     check = ""
+    packages = () if isinstance(sudo, bool) else tuple(sudo)
     if sudo:
+        # `sudo -n -l COMMAND` asks sudo's rules about exactly what the apt phase runs (`sudo -n
+        # true` would refuse a rule narrowed to these packages, and to apt-get, alike).
+        asked = f"sudo -n -l {_words(apt_install(packages))}" if packages else "sudo -n true"
         check = ('if [ "$(id -u)" -ne 0 ]; then\n'
-                 '  if out=$(sudo -n true 2>&1); then echo "@@sudo ok"; else echo "@@sudo ${out:-refused}"; fi\n'
+                 f'  if out=$({asked} 2>&1); then echo "@@sudo ok"; else echo "@@sudo ${{out:-refused}}"; fi\n'
                  'fi\n')
     return (NODE_DIRS + f'echo "@@sky $SKY"\necho "@@run $RUN"\n'
             f'echo "@@pool $RUN/pools/{pool_folder(pool_id, node)}"\necho "@@uid $(id -u)"\n' + check)
+
+
+# -- apt through sudo: the commands the apt phase runs, the check above and the advice, one source
+# Another pool (or program) starting on this host may hold dpkg's lock: wait for it.
+APT_WAIT = ("-o", "DPkg::Lock::Timeout=300")
+
+
+def apt_install(packages: Iterable[str]) -> tuple[str, ...]:
+    return ("apt-get", "install", *APT_WAIT, "-y", "-q", "--no-install-recommends", *packages)
+
+
+def apt_update() -> tuple[str, ...]:
+    return ("apt-get", "update", *APT_WAIT, "-q")
+
+
+def sudo_advice(user: str, packages: Iterable[str]) -> str:
+    """The ways for ``user`` (not root, refused by sudo) to install ``packages``: the narrowest
+    first, and what each grants said plainly."""
+    def rule_words(argv: tuple[str, ...]) -> str:
+        # sudoers: ',', ':', '=' and '\' in a command's arguments are escaped with '\'.
+        return " ".join(["/usr/bin/apt-get", *(re.sub(r"([,:=\\])", r"\\\1", a) for a in argv[1:])])
+
+    narrow = f"{user} ALL=(root) NOPASSWD: {rule_words(apt_install(packages))}, {rule_words(apt_update())}"
+    return (
+        f"Either (1) let {user} run exactly the commands this Image needs, with a sudoers rule (in "
+        f"/etc/sudoers.d/skyward, edited with `visudo -f`): '{narrow}'. It allows installing these "
+        f"packages from the host's configured apt sources and nothing else; a change to apt= needs a "
+        f"new rule. Or (2) '{user} ALL=(root) NOPASSWD: /usr/bin/apt-get': simpler, but it amounts "
+        f"to giving {user} root (apt-get runs any command as root through its -o options and installs "
+        f"any local .deb), so use it only for a user you would make root anyway. Or (3) log in as a "
+        f"user who may (root), or drop apt= from the Image and install those packages on the hosts "
+        f"yourself."
+    )
+
+
+def _words(argv: Iterable[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
 
 
 def pool_folder(pool_id: str, node: int) -> str:
@@ -213,10 +255,19 @@ def _locked_deps(image: Image, plan: NodePlan) -> str:
     if plan.install == "wheelhouse":
         base += ' --no-index --find-links "$SKY/wheels"'
     elif image.pip_indexes:
-        base += " --index-strategy unsafe-best-match" + "".join(
-            f" --extra-index-url {shlex.quote(ix.url)}" for ix in image.pip_indexes)
+        base = _with_indexes("UV_EXTRA_INDEX_URL", [ix.url for ix in image.pip_indexes]) + base
+        base += " --index-strategy unsafe-best-match"
     return (f"cat > \"$POOL/lock.txt\" <<'SKYWARD_LOCK'\n{plan.lock}SKYWARD_LOCK\n"
             f'{base} -r "$POOL/lock.txt"')
+
+
+def _with_indexes(variable: str, urls: list[str]) -> str:
+    """A bash assignment prefix handing ``urls`` to the uv command after it by its environment,
+    before the ones the node's own environment names (Image.env). Never as options: an index URL
+    may hold user:token@, and every user of the node can read a process's argv; the script itself
+    travels on ssh's stdin, and bash runs no process for an assignment."""
+    return f'{variable}={shlex.quote(" ".join(urls))}"${{{variable}:+ ${variable}}}" '
+
 
 
 def _deps(image: Image, install: Install) -> str:
@@ -232,8 +283,8 @@ def _deps(image: Image, install: Install) -> str:
         reqs = [r for r in image.pip if _name(r) in {_canon(p) for p in ix.packages}]
         scoped.update(reqs)
         if reqs:
-            # --index comes before the default index: these packages resolve from it first.
-            lines.append(f"{base} --index {shlex.quote(ix.url)} {_args(reqs)}")
+            # UV_INDEX (uv's --index) comes before the default index: these packages resolve from it first.
+            lines.append(f"{_with_indexes('UV_INDEX', [ix.url])}{base} {_args(reqs)}")
     rest = [r for r in image.pip if r not in scoped]
     if rest:
         lines.append(f"{base} {_args(rest)}")
@@ -323,25 +374,34 @@ _APT = """\
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
-# Another pool (or program) starting on this host may hold dpkg's lock: wait for it.
-WAIT="-o DPkg::Lock::Timeout=300"
 # Try with the package lists the machine has; refresh them only when that fails.
-if ! $SUDO apt-get install $WAIT -y -q --no-install-recommends {pkgs}; then
-  $SUDO apt-get update $WAIT -q || echo "apt-get update failed; trying the install anyway"
-  $SUDO apt-get install $WAIT -y -q --no-install-recommends {pkgs}
+if ! $SUDO {install}; then
+  $SUDO {update} || echo "apt-get update failed; trying the install anyway"
+  $SUDO {install}
 fi"""
 
 # Index mode, a node without uv: its wheel from the node's package index (PEP 503 simple API:
 # SKYWARD_UV_INDEX, UV_INDEX_URL or PIP_INDEX_URL from Image.env, else PyPI), checksum
 # verified, binary unpacked. Standard library only.
 _FETCH_UV = """\
-import hashlib, html, io, os, platform, re, sys, urllib.parse, urllib.request, zipfile
+import base64, hashlib, html, io, os, platform, re, sys, urllib.parse, urllib.request, zipfile
 dest, version = sys.argv[1], sys.argv[2]
 index = (os.environ.get("SKYWARD_UV_INDEX") or os.environ.get("UV_INDEX_URL")
          or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/") + "/uv/"
+# An index URL's user:token@ becomes a basic-auth header for that host only (urllib would not use
+# it), and is never printed: what this says ends up in the pool's events and errors.
+parts, auth = urllib.parse.urlsplit(index), {}
+if parts.username is not None:
+    who = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
+    auth = {"Authorization": "Basic " + base64.b64encode(who.encode()).decode()}
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else (parts.hostname or "")
+    index = urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+def get(url, timeout):
+    same = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(index).netloc
+    return urllib.request.urlopen(urllib.request.Request(url, headers=auth if same else {}), timeout=timeout)
 arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 try:
-    page = urllib.request.urlopen(index, timeout=30).read().decode()
+    page = get(index, 30).read().decode()
 except OSError as exc:
     sys.exit(f"cannot fetch uv: {index} is not reachable from this node ({exc}); give the nodes an "
              f"index in Image(env={{'UV_INDEX_URL': ...}}) or use install='wheelhouse'")
@@ -352,7 +412,7 @@ for href in re.findall(r'href="([^"]+)"', page):
         break
 else:
     sys.exit(f"no uv {version} wheel for {arch} at {index}")
-data = urllib.request.urlopen(url.split("#")[0], timeout=300).read()
+data = get(url.split("#")[0], 300).read()
 fragment = url.partition("#")[2]
 if fragment.startswith("sha256=") and hashlib.sha256(data).hexdigest() != fragment[7:]:
     sys.exit(f"checksum mismatch for {name} from {index}")

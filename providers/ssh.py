@@ -392,7 +392,7 @@ class SSHCluster(Cluster):
             self._ship = _Shipment(
                 script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
                 files, sizes, includes, mounts.config.encode() if mounts is not None else None,
-                apt=bool(image.apt),
+                apt=tuple(image.apt),
             )
 
     def _platform(self) -> str | None:
@@ -457,10 +457,10 @@ class SSHCluster(Cluster):
         )
         return node.endpoint
 
-    def _locate(self, node: _Node, remote: Remote, *, sudo: bool) -> None:
+    def _locate(self, node: _Node, remote: Remote, *, sudo: tuple[str, ...]) -> None:
         """Where this node keeps skyward's caches and its folder of the pool (one command), and,
         when the Image installs apt packages as a user who is not root, whether sudo works."""
-        from skyward.bootstrap.script import node_dirs_command
+        from skyward.bootstrap.script import node_dirs_command, sudo_advice
 
         _, out = remote.run(node_dirs_command(self.pool_id, node.index, sudo=sudo), phase="connect")
         facts = _facts(out)
@@ -470,12 +470,9 @@ class SSHCluster(Cluster):
         if refused is not None and refused != "ok":
             user = remote.target.user or "the login user"
             raise ProviderError(
-                f"{remote.label}: Image(apt=[...]) installs system packages, which needs root; {user} "
-                f"is not root and `sudo -n apt-get` is refused there ({refused.strip()}). Either let "
-                f"{user} run apt-get through sudo without a password (a rule such as "
-                f"'{user} ALL=(root) NOPASSWD: /usr/bin/apt-get' in /etc/sudoers.d/skyward), log in as "
-                f"a user who may, or drop apt= from the Image and install those packages on the hosts "
-                f"yourself."
+                f"{remote.label}: Image(apt={list(sudo)!r}) installs system packages, which needs root; "
+                f"{user} is not root and sudo -n refuses it `apt-get install` of them there "
+                f"({refused.strip()}). {sudo_advice(user, sudo)}"
             )
 
     def _run_script(self, node: _Node, remote: Remote, text: str) -> None:
@@ -1045,7 +1042,7 @@ class _Shipment:
     sizes: dict[str, int]  # of those files: what a node already has is not sent again
     includes: bytes | None
     volumes_conf: bytes | None = None  # rclone.conf of the pool's sky.Volume mounts
-    apt: bool = False  # the final Image installs apt packages (a user who is not root needs sudo)
+    apt: tuple[str, ...] = ()  # the final Image's apt packages (a user who is not root needs sudo for them)
 
 
 def _volume_plan(image: Image, spec: Spec, kind: str) -> tuple[Image, Any]:

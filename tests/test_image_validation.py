@@ -95,3 +95,46 @@ def test_env_values_reach_the_node_literally(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=30, env={"PATH": os.environ["PATH"]})
     assert {k: json.loads(again.stdout).get(k) for k in env} == env
     assert not canary.exists()
+
+
+# -- apt through sudo, for a login user who is not root ---------------------------------------------
+def _node_check_as_nobody(rules: str, packages: tuple[str, ...]) -> str:
+    """The node check of providers/ssh.py (script.node_dirs_command) run as ``nobody`` by a real sudo
+    whose /etc/sudoers.d holds only ``rules`` (a tmpfs in a mount namespace of its own: the
+    machine's rules are untouched). Returns the check's ``@@sudo`` line."""
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="skyward-sudo-")
+    os.chown(home, 65534, 65534)
+    inner = ('mount -t tmpfs -o mode=755 tmpfs /etc/sudoers.d && printf "%s\\n" "$RULES" > /etc/sudoers.d/skyward'
+             ' && chmod 440 /etc/sudoers.d/skyward && visudo -cqf /etc/sudoers.d/skyward'
+             ' && exec setpriv --reuid=65534 --regid=65534 --clear-groups bash -c "$CHECK"')
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", inner],
+                              capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "RULES": rules,
+                                   "CHECK": script.node_dirs_command("p1", 0, sudo=packages)})
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr
+    return next(line for line in proc.stdout.splitlines() if line.startswith("@@sudo"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not all(map(__import__("shutil").which, ("sudo", "unshare", "setpriv"))),
+                    reason="needs root, sudo, unshare and setpriv")
+def test_the_sudo_advice_names_a_narrow_rule_that_passes_the_check_and_says_the_broad_one_is_root() -> None:
+    packages = ("git", "curl")
+    advice = script.sudo_advice("nobody", packages)
+    narrow = advice.split("'")[1]
+    assert narrow.startswith("nobody ALL=(root) NOPASSWD: /usr/bin/apt-get install ")
+    assert "amounts to giving nobody root" in advice and "NOPASSWD: /usr/bin/apt-get'" in advice
+    # The narrow rule is what the apt phase needs, and it passes the check before anything runs...
+    assert _node_check_as_nobody(narrow, packages) == "@@sudo ok"
+    # ...so does the broad one (root-equivalent: said so above), and no rule does not.
+    assert _node_check_as_nobody("nobody ALL=(root) NOPASSWD: /usr/bin/apt-get", packages) == "@@sudo ok"
+    assert _node_check_as_nobody("# nothing for nobody", packages) != "@@sudo ok"
+    # The narrow rule is narrow: the install of other packages is refused.
+    assert _node_check_as_nobody(narrow, ("git", "openssh-server")) != "@@sudo ok"
+    text = script.render(sky.Image(apt=list(packages)), script.NodePlan(pool_id="p1", python="3.11"))
+    assert "$SUDO apt-get install -o DPkg::Lock::Timeout=300 -y -q --no-install-recommends git curl" in text

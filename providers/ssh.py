@@ -471,7 +471,7 @@ class SSHCluster(Cluster):
             user = remote.target.user or "the login user"
             raise ProviderError(
                 f"{remote.label}: Image(apt={list(sudo)!r}) installs system packages, which needs root; "
-                f"{user} is not root and sudo -n refuses it `apt-get install` of them there "
+                f"{user} is not root and sudo -n will not run `apt-get install` of them for {user} there "
                 f"({refused.strip()}). {sudo_advice(user, sudo)}"
             )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import shlex
@@ -346,7 +347,7 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
             try:
                 proc.close_stdin()
                 with tarfile.open(fileobj=_Counted(proc, bar, counter), mode="r|") as tar:  # type: ignore[call-overload]
-                    _extract(tar, into)
+                    _extract(tar, into, functools.partial(_outside_link, f, src))
                 while proc.read():  # the archive's end padding
                     pass
                 code = proc.wait()
@@ -367,6 +368,18 @@ def download(src: str, dest: Path, nodes: list[Node], *, per_node: bool, trailin
             _place(payloads[f.node.rank], targets[f.node.rank])
     return [{"node": f.node.rank, "hostname": f.node.hostname, "source": f"{f.node.pool}:{f.path}",
              "target": str(targets[f.node.rank]), "bytes": sizes[f.node.rank]} for f in found]
+
+
+def _outside_link(f: _Found, src: str, member: tarfile.TarInfo, why: str) -> SkywardError:
+    name = os.path.normpath(member.name)
+    on_node = os.path.normpath(os.path.join(f.path, name))
+    return SkywardError(
+        f"{f.node.label}: {src} holds the link {name} -> {member.linkname}, which points outside the "
+        f"copied folder ({why}). A download copies links only when they stay inside what it copies: "
+        f"this one would let a later copy into the same folder write where it points. Nothing was "
+        f"copied. Remove or replace the link on the node (`skyward ssh {f.node.pool} --node "
+        f"{f.node.rank}`, then `rm {q(on_node)}`), or copy what it points to by naming it."
+    )
 
 
 def _check_local_target(target: Path, kind: str) -> None:
@@ -403,25 +416,65 @@ def _staging(targets: list[Path]) -> Iterator[dict[Path, Path]]:
             shutil.rmtree(stage, ignore_errors=True)
 
 
-def _extract(tar: tarfile.TarFile, into: Path) -> None:
-    """Unpack a node's archive safely: nothing outside ``into``, no devices, owned by you."""
+def _extract(tar: tarfile.TarFile, into: Path, refuse: Callable[[tarfile.TarInfo, str], SkywardError]) -> None:
+    """Unpack a node's archive safely: nothing outside ``into``, no devices, owned by you, and no
+    link that points outside ``into`` (``refuse(member, why)`` is the error for one)."""
+
+    def check_link(member: tarfile.TarInfo) -> None:
+        why = _escapes(member, into)
+        if why is not None:
+            raise refuse(member, why)
+
     data_filter = getattr(tarfile, "data_filter", None)
     if data_filter is None:  # Python 3.11.0-3.11.3: the names are checked here
         for member in tar:
             name = Path(member.name)
             if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir() or member.issym()):
                 raise SkywardError(f"the node's archive holds {member.name!r}, which is not copied")
+            check_link(member)
             tar.extract(member, into, set_attrs=member.isfile())
+        _links_inside(into, refuse)
         return
 
     def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        check_link(member)
         try:
             return data_filter(member, path)
-        except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):  # a link, kept as it is
-            kept = tarfile.tar_filter(member, path)
-            return kept.replace(uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
+        except tarfile.FilterError as exc:  # a device, a path through a link: never unpacked
+            raise SkywardError(f"the node's archive holds {member.name!r}, which is not copied ({exc})") from None
 
     tar.extractall(into, filter=keep)
+    _links_inside(into, refuse)
+
+
+def _links_inside(into: Path, refuse: Callable[[tarfile.TarInfo, str], SkywardError]) -> None:
+    """Every link of the unpacked copy, judged again now that all of them exist."""
+    root = os.path.realpath(into)
+    for folder, dirs, files in os.walk(into):
+        for name in (*dirs, *files):
+            path = Path(folder) / name
+            if path.is_symlink() and os.path.commonpath([root, os.path.realpath(path)]) != root:
+                link = tarfile.TarInfo(str(path.relative_to(into)))
+                link.type, link.linkname = tarfile.SYMTYPE, os.readlink(path)
+                raise refuse(link, "it leads above the copied folder, through another link")
+
+
+def _escapes(member: tarfile.TarInfo, into: Path) -> str | None:
+    """Why link ``member`` points outside ``into`` (the copy's root), or None when it does not.
+
+    Resolved on what is unpacked so far, links included, so a link through another link is
+    judged by where it really lands, not by its spelling. A link through one the archive lists
+    later is judged again once everything is unpacked (``_links_inside``)."""
+    if not (member.issym() or member.islnk()):
+        return None
+    if member.issym() and os.path.isabs(member.linkname):
+        return "an absolute path"
+    base = into if member.islnk() else into / os.path.dirname(member.name)  # a hard link names an archive path
+    root = os.path.realpath(into)
+    lands = os.path.realpath(base / member.linkname)
+    if os.path.commonpath([root, lands]) != root:
+        return "it leads above the copied folder"
+    return None
 
 
 def _is_folder(path: Path) -> bool:

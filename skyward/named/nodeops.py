@@ -121,12 +121,12 @@ def install_locked(lock: str, wheels: dict[str, bytes], sources: list[str], time
             where = ["--no-index", "--find-links", work] if wheels else list(sources)
             cmd = [uv, "pip", "install", "--quiet", "--no-deps", "--target", site, "--python", sys.executable,
                    *(["--require-hashes"] if hashed else []), *where, "-r", os.path.join(work, "lock.txt")]
-            where = {} if wheels else dict(env or {})
-            if where.get("UV_EXTRA_INDEX_URL"):  # the node's own extra indexes too
-                urls = [*where["UV_EXTRA_INDEX_URL"].split(), *os.environ.get("UV_EXTRA_INDEX_URL", "").split()]
-                where["UV_EXTRA_INDEX_URL"] = " ".join(dict.fromkeys(urls))
+            settings = {} if wheels else dict(env or {})
+            if settings.get("UV_EXTRA_INDEX_URL"):  # the node's own extra indexes too
+                urls = [*settings["UV_EXTRA_INDEX_URL"].split(), *os.environ.get("UV_EXTRA_INDEX_URL", "").split()]
+                settings["UV_EXTRA_INDEX_URL"] = " ".join(dict.fromkeys(urls))
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, **where, "UV_NO_PROGRESS": "1"})
+                                  env={**os.environ, **settings, "UV_NO_PROGRESS": "1"})
             out["exit_code"], text = proc.returncode, (proc.stderr or "") + (proc.stdout or "")
         except subprocess.TimeoutExpired as exc:
             out["exit_code"], text = 124, _text(exc.stderr) + f"\n(stopped after {timeout:g} s)"

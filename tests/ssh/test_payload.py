@@ -98,12 +98,14 @@ def test_direct_connections_skip_the_tunnel_after_the_token_check(hosts: SSHHost
         blob = _blob(1)
         digests = {d for d, _, _ in inspect(blob) @ pool}
         assert digests == {hashlib.sha256(memoryview(blob)).hexdigest()}
-        # Anyone else on the network: the direct port wants the pool's token.
+        # Anyone else on the network: the direct port wants a proof of the pool's key.
         address, port = socks[0].getpeername()[:2]
         with socket.create_connection((address, port), timeout=5) as intruder:
             FrameWriter(intruder).send_parts(Kind.HELLO, 0, 0, json.dumps({"token": "guess", "ttl": 5}).encode())
+            reader = FrameReader(intruder)
+            assert reader.read().kind == Kind.CHALLENGE  # the listener speaks first...
             with pytest.raises((EOFError, OSError)):
-                FrameReader(intruder).read()
+                reader.read()  # ...and closes on a HELLO without the proof
         assert (inspect(blob) >> pool)[0] == hashlib.sha256(memoryview(blob)).hexdigest()
 
 

@@ -14,7 +14,10 @@ Credentials are a string, or a callable returning one (plain or ``async``), reso
 transfer needs them (and again every few minutes, so rotating secrets keep working). The
 presets read what is not given from the provider's usual environment variables (``ENV_VARS``),
 by name: the value is read when a transfer needs it, so it never travels in a pickle or a
-record. ``S3()`` without keys and without ``AWS_ACCESS_KEY_ID`` uses the AWS credential chain:
+record. Keys given as strings are secrets of this process from the moment the Storage is made
+(redacted from logs, output and errors), and records and stacks keep them only as a
+fingerprint (:meth:`Storage.record_view`); a reproduction reads them again from the variables
+:func:`key_variables` names. ``S3()`` without keys and without ``AWS_ACCESS_KEY_ID`` uses the AWS credential chain:
 web identity, the container or instance role, and ``~/.aws`` profiles when boto3 is installed.
 """
 
@@ -27,12 +30,13 @@ import re
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from .errors import ConfigError, StorageError
+from .observe import secrets
 
 Credential: TypeAlias = str | Callable[[], str | Awaitable[str]]
 
@@ -87,10 +91,37 @@ class Storage:
                     f"Storage({name}=...) is a {type(value).__name__}: use a string, or a function "
                     f"returning one (it may be async), e.g. {name}=lambda: os.environ['MY_KEY']."
                 )
+            if isinstance(value, str):
+                secrets.register(value)  # never in a log line, a task's output or an error from now on
 
     def __repr__(self) -> str:  # never the keys
         keyed = "keys" if self.access_key is not None else "ambient credentials"
         return f"Storage({self.endpoint!r}, {keyed}, path_style={self.path_style})"
+
+    def record_view(self) -> dict[str, Any]:
+        """What a record or a stack's description keeps of this store: everything but the keys,
+        each of which is kept as its fingerprint (a string key), its variable's name (FromEnv)
+        or its function's name, so that two pools' keys can be told apart and none is kept."""
+        out: dict[str, Any] = {"type": "Storage", "endpoint": self.endpoint, "path_style": self.path_style,
+                               "region": self.region, "provider": self.provider}
+        for name in KEYS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                out[name] = secrets.fingerprint(value)
+            elif isinstance(value, FromEnv):
+                out[name] = {"type": "FromEnv", "name": value.name, "preset": value.preset, "argument": value.argument}
+            else:
+                out[name] = None if value is None else getattr(value, "__qualname__", type(value).__name__)
+        return out
+
+    def unkeyed(self) -> Storage:
+        """This store with each key given as a string replaced by a FromEnv of the variable a
+        reproduction reads it from (:func:`key_variables`): what a record's rebuild blob pickles.
+        Keys read from the environment or by a function stay as they are (no value in them)."""
+        names = key_variables(self)
+        changes = {name: FromEnv(names[name], "Storage", name) for name in KEYS
+                   if isinstance(getattr(self, name), str)}
+        return replace(self, **changes) if changes else self
 
     # -- context manager: nothing to open; the connections close with the last reference ----
     def __enter__(self) -> Storage:
@@ -318,6 +349,7 @@ def _resolve(value: Credential, name: str) -> str:
         raise StorageError(f"Storage({name}=...): the credential function raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, str) or not result:
         raise StorageError(f"Storage({name}=...): the credential function returned {type(result).__name__}, not a non-empty string.")
+    secrets.register(result)  # read from a variable or a vault: as secret as one given as a string
     return result
 
 
@@ -429,6 +461,39 @@ ENV_VARS: dict[str, dict[str, tuple[str, ...]]] = {
     "Backblaze": {"key_id": ("B2_APPLICATION_KEY_ID",), "app_key": ("B2_APPLICATION_KEY",)},
     "Hyperstack": {"api_key": ("HYPERSTACK_API_KEY",)},
 }
+
+
+KEYS = ("access_key", "secret_key", "session_token")
+# Where a reproduction reads the keys a record did not keep, by the endpoint's preset: the
+# preset's own variables (what sky.storage.S3() etc. read), so that the environment that made
+# the pool gives them again as it is. Any other endpoint: SKYWARD_STORAGE_<ARGUMENT>.
+_PRESET_ENDPOINTS = (
+    ("S3", re.compile(r"^https://s3\.[a-z0-9-]+\.amazonaws\.com$")),
+    ("R2", re.compile(r"^https://[^/]+\.r2\.cloudflarestorage\.com$")),
+    ("GCS", re.compile(r"^https://storage\.googleapis\.com$")),
+    ("Wasabi", re.compile(r"^https://s3\.[a-z0-9-]+\.wasabisys\.com$")),
+    ("Backblaze", re.compile(r"^https://s3\.[a-z0-9-]+\.backblazeb2\.com$")),
+    ("Hyperstack", re.compile(r"^https://[^/]+\.s3\.hyperstack\.cloud$")),
+)
+# A preset's arguments under the names of Storage's own fields.
+_AS_FIELD = {"key_id": "access_key", "app_key": "secret_key", "api_key": "access_key"}
+
+
+def key_variables(storage: Storage) -> dict[str, str]:
+    """Storage field -> the environment variable a reproduction reads that key from: the
+    preset's own (``AWS_SECRET_ACCESS_KEY`` for an S3 endpoint...), else
+    ``SKYWARD_STORAGE_ACCESS_KEY``, ``..._SECRET_KEY``, ``..._SESSION_TOKEN``."""
+    out = {name: f"SKYWARD_STORAGE_{name.upper()}" for name in KEYS}
+    for preset, pattern in _PRESET_ENDPOINTS:
+        if pattern.match(storage.endpoint):
+            for argument, names in ENV_VARS[preset].items():
+                field = _AS_FIELD.get(argument, argument)
+                if field in out:
+                    out[field] = names[0]
+            if preset == "Hyperstack":  # one key is both
+                out["secret_key"] = out["access_key"]
+            break
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -397,7 +397,16 @@ class _Program:
 
 
 def spec_record(spec: Spec, offer: Offer, provider: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """(the pool's description for the stack config, its secret parts)."""
+    """(the pool's description for the stack config, its secret parts).
+
+    The description is plain config, which every update's history repeats and a shared backend
+    shows the whole team: it names the env variables but not their values, keeps Storage keys
+    as fingerprints and index URLs without their credentials, and has every other registered
+    secret masked (``secrets.scrub``). The secret parts -- all env values, the Storage keys
+    given as strings, the index URLs with credentials -- are the program's secret output
+    (encrypted in the state), so the stack still says how to make the pool again."""
+    from skyward.observe.secrets import has_credentials, scrub
+
     image = spec.image
     record = {
         "skyward": __version__,
@@ -418,16 +427,30 @@ def spec_record(spec: Spec, offer: Offer, provider: Any) -> tuple[dict[str, Any]
         "plugins": [_plain(p) for p in spec.plugins],
     }
     secrets = {"env": json.dumps(dict(image.env))} if image.env else {}
-    return record, secrets
+    keys = [{"volume": i, **{k: getattr(v.storage, k) for k in ("access_key", "secret_key", "session_token")
+                             if isinstance(getattr(v.storage, k), str)}}
+            for i, v in enumerate(spec.volumes) if getattr(v, "storage", None) is not None]
+    if any(len(k) > 1 for k in keys):
+        secrets["storage"] = json.dumps([k for k in keys if len(k) > 1])
+    indexes = [ix.url for ix in image.pip_indexes if has_credentials(ix.url)]
+    if indexes:
+        secrets["indexes"] = json.dumps(indexes)
+    return scrub(record), secrets
 
 
 def _plain(value: Any) -> Any:
-    """A JSON-able view of a dataclass (callables by name), else its repr."""
+    """A JSON-able view of a dataclass (callables by name; a Storage without its keys), else its repr."""
+    view = getattr(value, "record_view", None)
+    if callable(view) and not isinstance(value, type):
+        return view()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {"type": type(value).__name__}
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
-            if callable(item):
+            if callable(getattr(item, "record_view", None)) or (dataclasses.is_dataclass(item)
+                                                                  and not isinstance(item, type)):
+                item = _plain(item)
+            elif callable(item):
                 item = getattr(item, "__qualname__", repr(item))
             elif dataclasses.is_dataclass(item):
                 item = _plain(item)

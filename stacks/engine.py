@@ -379,11 +379,17 @@ def _way_out(name: str) -> str:
 
 
 def _summary(entry: Any) -> dict[str, Any]:
+    """One update as skyward keeps and shows it: secret config values as ``[secret]``, and the
+    plain ones scrubbed -- a stack made before its description masked Storage keys and index
+    credentials still holds them in its plain config, repeated by every update."""
+    from skyward.observe.secrets import scrub
+
     return {
         "kind": entry.kind, "result": entry.result, "message": entry.message,
         "start": str(entry.start_time), "end": str(entry.end_time) if entry.end_time else None,
         "version": entry.version, "changes": entry.resource_changes, "config": {
-            k: (v.value if not getattr(v, "secret", False) else "[secret]") for k, v in (entry.config or {}).items()
+            k: (scrub(v.value) if not getattr(v, "secret", False) else "[secret]")
+            for k, v in (entry.config or {}).items()
         },
         "environment": dict(entry.environment or {}),
     }

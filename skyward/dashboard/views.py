@@ -3,7 +3,7 @@
 Blocking functions over what already exists (registry, audit trail, config, providers); the
 server runs them in worker threads. Everything returned is JSON-able and safe to show: the
 agents' token, keys and cluster internals are never copied out, environment values of images
-are masked, and every string goes through :func:`clean` (registered secrets redacted).
+are masked, and everything goes through :func:`clean` (secrets masked, ``secrets.scrub``).
 """
 
 from __future__ import annotations
@@ -34,14 +34,10 @@ _NODE_KEYS = ("index", "hostname", "private_ip", "public_ip")
 
 
 def clean(value: Any) -> Any:
-    """``value`` with every registered secret redacted from every string in it."""
-    if isinstance(value, str):
-        return secrets.redact(value)
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [clean(v) for v in value]
-    return value
+    """``value`` with every secret masked (``secrets.scrub``): registered ones and URL
+    credentials in every string, JSON text inside strings included (a stack's config holds the
+    pool's description as one), and the keys of a sky.Storage description."""
+    return secrets.scrub(value)
 
 
 def learn_secrets(config: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
 from ..version import __version__
-from .cliout import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, format_table, money, print_json
+from .cliout import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, format_table, money, print_json, say
 
 if TYPE_CHECKING:
     from ..core.pool import Pool
@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     warnings.showwarning = _show_warning
+    _learn_secrets(args)
     handler = getattr(args, "handler", None) or globals()[f"cmd_{args.command}"]
     try:
         code: int = handler(args)
@@ -193,6 +194,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `skyward ls | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+
+
+def _learn_secrets(args: argparse.Namespace) -> None:
+    """Register the secret env values of the running named pool this command names (NAME, or
+    the NAME of cp's NAME:PATH) before anything is printed: what its nodes print, the command
+    itself in a progress line or an error, then go out masked (cliout)."""
+    from ..observe.secrets import register_env
+    from .registry import NAME_RULE
+    from .registry import read as read_record
+
+    names = [getattr(args, "name", None)]
+    names += [value.split(":", 1)[0] for value in (getattr(args, "source", None), getattr(args, "dest", None))
+              if isinstance(value, str) and ":" in value]
+    for name in names:
+        if isinstance(name, str) and NAME_RULE.match(name):
+            image = (((read_record(name) or {}).get("config") or {}).get("image") or {})
+            env = image.get("env") if isinstance(image, dict) else None
+            if isinstance(env, dict):
+                register_env({k: v for k, v in env.items() if isinstance(v, str)})
 
 
 # -- output (exit codes, err, tables and JSON: cliout.py) ------------------------------------
@@ -218,7 +238,9 @@ def _progress(message: str) -> Iterator[None]:
     if sys.stderr.isatty():
         from rich.console import Console
 
-        with Console(stderr=True).status(message):
+        from ..observe.secrets import redact
+
+        with Console(stderr=True).status(redact(message)):
             yield
     else:
         err(message)
@@ -804,17 +826,19 @@ def cmd_exec(args: argparse.Namespace) -> int:
     results.sort(key=lambda r: r["node"])
     audit.append(args.name, "exec", record.get("id", ""), command=command,
                  exit_codes=[r["exit_code"] for r in results])
+    # What the nodes printed goes out with the pool's secrets masked (attaching registered its
+    # secret env values here): `skyward exec NAME -- env` must not show them.
     if args.json:
         print_json(results)
     else:
         for r in results:
             if r["exit_code"] is None and r.get("error"):
-                print(f"[node {r['node']} {r['hostname']}] not run: {r['error']}")
+                say(f"[node {r['node']} {r['hostname']}] not run: {r['error']}")
                 continue
             print(f"[node {r['node']} {r['hostname']}] exit {r['exit_code']}")
             for stream in (r["stdout"], r["stderr"]):
                 if stream:
-                    print(stream.rstrip("\n"))
+                    say(stream.rstrip("\n"))
     return EXIT_OK if all(r["exit_code"] == 0 for r in results) else EXIT_FAILED
 
 
@@ -850,7 +874,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     else:
         for r in out:
             print(f"== node {r['node']} ({r['hostname']}) {r['path'] or ''} ==")
-            print(r["error"] if r["error"] else r["text"].rstrip("\n"))
+            say(r["error"] if r["error"] else r["text"].rstrip("\n"))
     return EXIT_FAILED if any(r["error"] for r in out) else EXIT_OK
 
 

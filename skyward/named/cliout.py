@@ -1,7 +1,9 @@
 """How the ``skyward`` command answers: exit codes, messages on stderr, JSON and tables on stdout.
 
 Shared by cli.py (the named-pool commands) and recordcli.py (the record commands), which
-import it and not each other's output helpers.
+import it and not each other's output helpers. Whatever goes out through ``err``, ``print_json``
+and ``say`` has the secrets this process knows masked (``secrets.scrub``/``redact``): a pool's
+secret env values, registered when the command attaches to it, and URL credentials always.
 """
 
 from __future__ import annotations
@@ -10,17 +12,24 @@ import json
 import sys
 from typing import Any
 
+from ..observe.secrets import redact, scrub
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def err(message: str) -> None:
     """``skyward: message`` on stderr: errors, warnings and progress."""
-    print(f"skyward: {message}", file=sys.stderr, flush=True)
+    print(f"skyward: {redact(message)}", file=sys.stderr, flush=True)
+
+
+def say(text: str) -> None:
+    """A line (or lines) of text output on stdout that may hold what a node printed."""
+    print(redact(text))
 
 
 def print_json(data: Any) -> None:
-    """``--json`` output: indented, keys sorted, anything else as its str."""
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    """``--json`` output: indented, keys sorted, anything else as its str; secrets masked."""
+    print(json.dumps(scrub(json.loads(json.dumps(data, default=str))), indent=2, sort_keys=True))
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:

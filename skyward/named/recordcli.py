@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RecordError
 from ..paths import skyward_home
 from ..records import audit, record
-from .cliout import EXIT_FAILED, EXIT_OK, err, format_table, money, print_json
+from .cliout import EXIT_FAILED, EXIT_OK, err, format_table, money, print_json, say
 
 
 def _when(t: float | None) -> str:
@@ -22,14 +22,14 @@ def history(args: argparse.Namespace) -> int:
     if args.verify:
         return verify(args)
     if args.name is not None:
-        found = record.read(args.name)
+        found = record.shown(record.read(args.name))
         if args.json:
             print_json(found)
             return EXIT_OK
         _show(found)
         return EXIT_OK
     trail = record.trail()
-    rows = [record.summary(r, trail.get(r.get("id", ""), {}).get("closed"))
+    rows = [record.summary(record.shown(r), trail.get(r.get("id", ""), {}).get("closed"))
             for r in record.recent(args.limit)]
     if args.json:
         print_json(rows)
@@ -133,8 +133,8 @@ def diff(args: argparse.Namespace) -> int:
     elif not found:
         print(f"pools {args.a} and {args.b} are the same (packages, image, machines, spec)")
     else:
-        print(format_table(["WHAT", "KEY", args.a, args.b],
-                     [[d["what"], d["key"], _cell(d["a"]), _cell(d["b"])] for d in found]))
+        say(format_table(["WHAT", "KEY", args.a, args.b],
+                         [[d["what"], d["key"], _cell(d["a"]), _cell(d["b"])] for d in found]))
     if found:
         err(f"{len(found)} difference(s)")
     return EXIT_FAILED if found else EXIT_OK
@@ -142,13 +142,14 @@ def diff(args: argparse.Namespace) -> int:
 
 def _read_checked(pool_id: str) -> dict[str, Any]:
     """A record to compare; one whose hash the trail does not vouch for is still compared (a diff
-    changes nothing), but said on stderr, so an edited record is not taken for what ran."""
+    changes nothing), but said on stderr, so an edited record is not taken for what ran. As
+    shown: an older record's secrets are masked before they are compared."""
     found = record.read(pool_id)
     try:
         record.verified(pool_id)
     except RecordError as exc:
         err(f"warning: {str(exc).split(';')[0]}; it is compared as it is now.")
-    return found
+    return record.shown(found)
 
 
 def _cell(value: Any, width: int = 60) -> str:

@@ -11,6 +11,14 @@ Either way the value lands in one process-wide registry, and :func:`redact` repl
 occurrence of every registered value with ``***``. :class:`RedactingFilter` applies that to
 log records; the pool applies it to each line of task output it relays.
 
+Some secrets are known by their shape and need no registering: the credentials in a URL's
+userinfo (``https://user:token@host/simple``, a package index) are always masked by
+:func:`redact` (:func:`mask_url`). What is kept rather than shown -- records, the trail, a
+stack's description -- goes through :func:`scrub` (every string of a JSON-like value, JSON text
+inside strings too, and the keys of a ``sky.Storage`` description), and a script's own
+arguments through :func:`mask_argv`. A value that must stay comparable without being kept is
+kept as its :func:`fingerprint`.
+
 Values shorter than :data:`MIN_LENGTH` characters are never registered: redacting ``"a"``
 or ``"1"`` would star out half of every log line while protecting nothing (a secret that
 short can be guessed anyway).
@@ -19,9 +27,11 @@ short can be guessed anyway).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from skyward.errors import ConfigError
 
@@ -30,10 +40,15 @@ __all__ = [
     "MIN_LENGTH",
     "RedactingFilter",
     "Secret",
+    "fingerprint",
+    "has_credentials",
     "is_secret_name",
+    "mask_argv",
+    "mask_url",
     "redact",
     "register",
     "register_env",
+    "scrub",
     "secret",
 ]
 
@@ -122,13 +137,16 @@ def register(value: str) -> None:
 
 
 def redact(text: str) -> str:
-    """``text`` with every registered secret value replaced by ``***``.
+    """``text`` with every registered secret value replaced by ``***``, and the credentials
+    of every URL in it too (:func:`mask_url`).
 
     Called on every line of task output, so the common cases are cheap: an empty registry
-    returns at once, and a line with no secret costs one regex scan. Where occurrences of
-    different secrets overlap, the union of what they cover is masked, so no fragment of
-    either is left.
+    and no ``://`` return at once, and a line with no secret costs one regex scan. Where
+    occurrences of different secrets overlap, the union of what they cover is masked, so no
+    fragment of either is left.
     """
+    if "://" in text:
+        text = mask_url(text)
     snap = _REGISTRY.snapshot
     if snap.pattern is None or snap.pattern.search(text) is None:
         return text
@@ -153,6 +171,103 @@ def redact(text: str) -> str:
         cur_start, cur_end = s, e
     out += (text[pos:cur_start], MASK, text[cur_end:])
     return "".join(out)
+
+
+# -- secrets known by their shape -----------------------------------------------------------------
+# A URL's userinfo: scheme "://" then everything up to the first "@" before the host (no "/",
+# "?", "#" or blank on the way, as RFC 3986 wants a literal "@" or "/" in a password encoded).
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s@]+)@")
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the userinfo of every URL in it (``user:password@``, or a token alone)
+    replaced by ``***``: ``https://alice:s3cr3t@pkgs.example.com/simple`` becomes
+    ``https://***@pkgs.example.com/simple``. The user name goes too: for many indexes it is the
+    token itself (``https://TOKEN@host``)."""
+    return _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+
+
+def has_credentials(text: str) -> bool:
+    """Whether ``text`` holds a URL with credentials that are not masked yet."""
+    return any(m.group(2) != MASK for m in _USERINFO.finditer(text))
+
+
+def fingerprint(value: str) -> str:
+    """What is kept of a secret that must stay comparable (did it change between two pools?)
+    without being kept: ``sha256:`` and 16 hex digits of its SHA-256, which give nothing of a
+    credential back."""
+    import hashlib  # here: nothing on a pool's way to its first task needs it
+
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def _kept_masked(value: str) -> bool:
+    return value == MASK or value.startswith("sha256:")
+
+
+# The credential fields of a sky.Storage as records describe it ({"type": "Storage", ...}): a
+# description written before they were masked still shows them as the strings they were.
+_STORAGE_KEYS = ("access_key", "secret_key", "session_token")
+
+
+def scrub(value: Any) -> Any:
+    """A JSON-like ``value`` (dicts, lists, strings...) with every secret in it masked, for
+    anything kept or shown: :func:`redact` on every string, JSON text inside a string scrubbed
+    as JSON (a stack's config holds the pool's description as one string), and the keys of a
+    ``sky.Storage`` description masked unless already a fingerprint. A new object; ``value``
+    is not changed."""
+    if isinstance(value, str):
+        stripped = value.lstrip()
+        if stripped[:1] in ("{", "["):
+            import json
+
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict | list):
+                cleaned = scrub(parsed)
+                return value if cleaned == parsed else json.dumps(cleaned)
+        return redact(value)
+    if isinstance(value, dict):
+        out = {k: scrub(v) for k, v in value.items()}
+        if out.get("type") == "Storage":
+            for key in _STORAGE_KEYS:
+                if isinstance(out.get(key), str) and not _kept_masked(out[key]):
+                    out[key] = MASK
+        return out
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value
+
+
+def mask_argv(argv: Sequence[str]) -> list[str]:
+    """A command line as records and the trail keep it: the value of every option whose name
+    is secret by :func:`is_secret_name` (``--api-token X``, ``--password=X``, ``HF_TOKEN=X``),
+    URL credentials, registered secrets, and the value of any secret-named variable of this
+    process's environment (``train.py $HF_TOKEN``) become ``***``. Everything else is kept:
+    it says how the script ran."""
+    known = [v for k, v in os.environ.items() if len(v) >= MIN_LENGTH and _secret_by_convention(k, v)]
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        name, eq, value = arg.partition("=")
+        option = name.lstrip("-").replace("-", "_")
+        if eq and option and value and "://" not in name and is_secret_name(option):
+            out.append(f"{name}={MASK}")
+            continue
+        if not eq and arg.startswith("-") and option and is_secret_name(option):
+            hide_next = True  # `--token VALUE`: the value is the next word
+            out.append(arg)
+            continue
+        for v in known:
+            arg = arg.replace(v, MASK)
+        out.append(redact(arg))
+    return out
 
 
 # The rule for names (compared upper-cased, since env names are conventionally upper case

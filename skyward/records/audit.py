@@ -3,7 +3,8 @@
 
 One line per lifecycle event (recorded, amended, provisioned, attached, detached, resized, node
 lost, node replaced, exec, installed, install failed, destroyed, closed) saying who (user@host),
-when, what, and the pool's offer, cost estimate and the skyward version; never a secret. Lines
+when, what, and the pool's offer, cost estimate and the skyward version; never a secret: every
+detail goes through ``secrets.scrub`` on its way in (a command run on the nodes, an error). Lines
 are appended with one ``write`` on an O_APPEND descriptor under an exclusive ``flock``, so
 concurrent writers never interleave; nothing ever rewrites the file. It outlives the pool: ``skyward history NAME`` shows every pool that ever
 had that name.
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..observe.secrets import scrub
 from ..paths import skyward_home
 from ..version import __version__
 
@@ -57,7 +59,7 @@ def append(name: str, event: str, pool: str, **details: Any) -> dict[str, Any]:
         "pool": pool,
         "event": event,
         "skyward": __version__,
-        **{k: v for k, v in details.items() if v is not None},
+        **{k: scrub(v) for k, v in details.items() if v is not None},
     }
     path = _path(name)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)

@@ -6,11 +6,11 @@ record that was edited afterwards is refused. The one change it takes later is a
 (``amend``: packages ``skyward install`` added to the running pool), whose new hash goes into
 the trail the same way. It holds:
 
-* ``who``/``created``/``origin``: user@host, time, the script, its arguments, the working
-  directory, and the git commit and dirty flag when the script runs inside a git repository;
-* ``spec``/``worker``: what the pool was asked for, as plain JSON (Image.env values whose name
-  or type says they are secret are kept as a hash only); ``rebuild`` holds the same objects
-  pickled (providers, plugins and volumes included, secrets left out) for ``reproduce``;
+* ``who``/``created``/``origin``: user@host, time, the script, its arguments (secret ones
+  masked: ``secrets.mask_argv``), the working directory, and the git commit and dirty flag when
+  the script runs inside a git repository;
+* ``spec``/``worker``: what the pool was asked for, as plain JSON; ``rebuild`` holds the same
+  objects pickled (providers, plugins and volumes included) for ``reproduce``;
 * ``offer``/``hourly_cost``/``nodes``: what was chosen and its price per node-hour;
 * ``lock``: what the nodes installed exactly (skyward.records.pkglock) -- packages with versions and
   hashes, apt versions, the Python version the nodes run, skyward's version, and for clouds
@@ -20,6 +20,15 @@ the trail the same way. It holds:
 
 ``reproduce`` turns a record back into a spec with all of that pinned and says what cannot be
 the same before anything is created; ``diff`` compares two records.
+
+No secret is kept, in the JSON or in the pickle. Image.env values whose name or type says they
+are secret (or that hold a URL with credentials) and ``sky.Storage`` keys given as strings are
+kept as a fingerprint only (``sha256:`` + 16 hex digits: two pools' keys can be told apart);
+package-index URLs lose their credentials (``https://***@host/simple``). The pickle leaves the
+env values out, gets each Storage key as a ``FromEnv`` of the variable a reproduction reads it
+from, and each index URL without its userinfo; ``reproduction`` asks this environment for all of
+them again and says what it could not find. ``shown`` is a record as the CLI and the dashboard
+print it (a record written before this masked nothing: shown masked, its pickle withheld).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordError
+from ..observe.secrets import MASK, fingerprint, has_credentials, mask_argv, mask_url, scrub
 from ..paths import skyward_home
 from ..version import __version__
 from . import audit
@@ -76,7 +86,7 @@ def origin() -> dict[str, Any]:
     cwd = os.getcwd()
     return {
         "script": str(path) if path else (script or None),
-        "argv": argv[1:],
+        "argv": mask_argv(argv[1:]),
         "cwd": cwd,
         "python": sys.executable,
         "git": _git(path.parent if path else Path(cwd)),
@@ -101,6 +111,9 @@ def _git(folder: Path) -> dict[str, Any] | None:
 
 # -- the spec as plain data ----------------------------------------------------------------------
 def _plain(value: Any) -> Any:
+    view = getattr(value, "record_view", None)  # a sky.Storage: its keys as fingerprints
+    if callable(view) and not isinstance(value, type):
+        return view()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {"type": type(value).__name__}
         for f in dataclasses.fields(value):
@@ -122,15 +135,16 @@ def _plain(value: Any) -> Any:
 def _secret(name: str, value: str) -> bool:
     from ..observe.secrets import Secret, is_secret_name
 
-    return isinstance(value, Secret) or is_secret_name(name)
+    return isinstance(value, Secret) or is_secret_name(name) or has_credentials(value)
 
 
 def masked(value: str) -> str:
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    return fingerprint(value)
 
 
 def spec_view(spec: Spec, worker: Worker) -> dict[str, Any]:
-    """What the pool was asked for, as JSON (secret env values as a hash only)."""
+    """What the pool was asked for, as JSON: secret env values and Storage keys as a
+    fingerprint only, index URLs without their credentials, and no registered secret anywhere."""
     image = spec.image
     view = _plain(spec)
     view.pop("type", None)
@@ -139,7 +153,8 @@ def spec_view(spec: Spec, worker: Worker) -> dict[str, Any]:
     view["image"]["metrics"] = repr(image.metrics)
     view["provider"] = {"kind": getattr(spec.provider, "kind", "?"), **_plain(spec.provider)}
     view["worker"] = _plain(worker)
-    return view
+    scrubbed: dict[str, Any] = scrub(view)  # index URLs; a registered secret in any other field
+    return scrubbed
 
 
 # What a reproduction pins on the spec itself (the lock says the same): a reproduced pool's
@@ -162,14 +177,41 @@ def _as_asked(view: dict[str, Any], source: str | None) -> dict[str, Any]:
 
 
 def _rebuild_blob(spec: Spec, worker: Worker) -> str:
-    """The spec and worker pickled, without the values of secret env variables."""
+    """The spec and worker pickled, without a secret: no secret env value, Storage keys as the
+    variables a reproduction reads them from, index URLs without their credentials."""
     import cloudpickle
 
+    return base64.b64encode(cloudpickle.dumps((_without_secrets(spec), worker))).decode()
+
+
+def _without_secrets(spec: Spec) -> Spec:
     image = spec.image
+    changes: dict[str, Any] = {}
     env = {k: v for k, v in image.env.items() if not _secret(k, v)}
     if env != dict(image.env):
-        spec = dataclasses.replace(spec, image=dataclasses.replace(image, env=env))
-    return base64.b64encode(cloudpickle.dumps((spec, worker))).decode()
+        changes["env"] = env
+    if any(has_credentials(ix.url) for ix in image.pip_indexes):
+        changes["pip_indexes"] = tuple(dataclasses.replace(ix, url=_bare_url(ix.url)) if has_credentials(ix.url)
+                                       else ix for ix in image.pip_indexes)
+    if changes:
+        spec = dataclasses.replace(spec, image=dataclasses.replace(image, **changes))
+    volumes = tuple(_unkeyed(v) for v in spec.volumes)
+    if volumes != tuple(spec.volumes):
+        spec = dataclasses.replace(spec, volumes=volumes)
+    return spec
+
+
+def _unkeyed(volume: Any) -> Any:
+    storage = getattr(volume, "storage", None)
+    if storage is None or not callable(getattr(storage, "unkeyed", None)):
+        return volume
+    bare = storage.unkeyed()
+    return volume if bare is storage else dataclasses.replace(volume, storage=bare)
+
+
+def _bare_url(url: str) -> str:
+    """``url`` without its userinfo: what a reproduction starts from when no credentials are given."""
+    return mask_url(url).replace("://***@", "://", 1)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -192,7 +234,8 @@ def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[st
     """The record of a pool whose nodes are ready (``where``: its ``origin_soon()``)."""
     spec, cluster = pool.spec, pool.cluster
     provider = spec.provider
-    lock = dict(cluster.lock or {}) or {"packages": [], "apt": {}, "skyward": __version__}
+    # Scrubbed: the lock names the package indexes, whose URLs may carry credentials.
+    lock = scrub(dict(cluster.lock or {})) or {"packages": [], "apt": {}, "skyward": __version__}
     head = pool.members.head()
     facts = head.facts if head is not None else {}
     if facts.get("python"):
@@ -287,6 +330,22 @@ def _offer_text(record: dict[str, Any]) -> str:
 
 
 # -- reading -----------------------------------------------------------------------------------
+def shown(found: dict[str, Any]) -> dict[str, Any]:
+    """A record as the CLI and the dashboard show it: every secret masked (``secrets.scrub``).
+    Records written by this version hold none; an older one may hold Storage keys, index
+    passwords or the script's arguments in clear, and then its rebuild pickle holds them too:
+    that is withheld (``reproduce`` still reads the file itself)."""
+    plain = {k: v for k, v in found.items() if k != "rebuild"}
+    out: dict[str, Any] = scrub(plain)
+    if "rebuild" in found:
+        out["rebuild"] = found["rebuild"] if out == plain else (
+            "withheld: this record was written before skyward masked secrets in records, and this "
+            "pickle may hold them")
+    if isinstance(out.get("origin"), dict) and isinstance(out["origin"].get("argv"), list):
+        out["origin"]["argv"] = mask_argv([str(a) for a in out["origin"]["argv"]])  # not in the pickle
+    return out
+
+
 def read(pool_id: str) -> dict[str, Any]:
     path = records_dir() / f"{pool_id}.json"
     try:
@@ -446,6 +505,7 @@ def reproduction(pool_id: str, provider: Any = None) -> Reproduction:
             )
         spec = dataclasses.replace(spec, provider=provider)
     spec = _pin_image(spec, record, lock, notes)
+    spec = _ask_secrets(spec, record, notes)
     spec = _pin_cloud(spec, lock.get("cloud") or {}, notes)
     if lock.get("skyward") and lock["skyward"] != __version__:
         notes.append(f"skyward is {__version__} here and the pool ran {lock['skyward']}: nodes always run "
@@ -497,6 +557,62 @@ def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: 
     if env != dict(image.env):
         changes["env"] = env
     return dataclasses.replace(spec, image=dataclasses.replace(image, **changes)) if changes else spec
+
+
+# Where a reproduction looks for a package index's credentials, which its record did not keep:
+# the variables pip and uv read index URLs from (space-separated lists; uv's UV_INDEX as NAME=URL).
+INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX",
+                   "UV_INDEX")
+
+
+def _ask_secrets(spec: Spec, record: dict[str, Any], notes: list[str]) -> Spec:
+    """The secrets the record did not keep, asked of this environment again (as the secret env
+    values are, by _pin_image): Storage keys from the variables their FromEnv names, index
+    credentials from a URL of the same index in pip's and uv's variables. What is missing or
+    differs is said; a key still missing fails the mount then, naming its variable."""
+    asked = record.get("spec") or {}
+    volumes = list(spec.volumes)
+    for i, (volume, seen) in enumerate(zip(volumes, asked.get("volumes") or [], strict=False)):
+        storage = getattr(volume, "storage", None)
+        kept = (seen or {}).get("storage") if isinstance(seen, dict) else None
+        if storage is None or not isinstance(kept, dict):
+            continue
+        given: dict[str, str] = {}
+        for field in ("access_key", "secret_key", "session_token"):
+            was, ref = kept.get(field), getattr(storage, field, None)
+            if not (isinstance(was, str) and was.startswith("sha256:")) or not hasattr(ref, "name"):
+                continue  # not a key given as a string, so nothing was left out
+            value = os.environ.get(ref.name)
+            where = f"Volume {getattr(volume, 'bucket', i)!r} (sky.Storage at {storage.endpoint})"
+            if not value:
+                notes.append(f"{where}: its {field} was secret and is not recorded; set {ref.name} in this "
+                             f"environment to give it again")
+                continue
+            given[field] = value
+            if masked(value) != was:
+                notes.append(f"{where}: its {field} is taken from {ref.name} here and differs from the recorded one")
+        if given:
+            volumes[i] = dataclasses.replace(volume, storage=dataclasses.replace(storage, **given))
+    if volumes != list(spec.volumes):
+        spec = dataclasses.replace(spec, volumes=tuple(volumes))
+    recorded = [ix.get("url") if isinstance(ix, dict) else None
+                for ix in (asked.get("image") or {}).get("pip_indexes") or []]
+    indexes = list(spec.image.pip_indexes)
+    offered = [u.split("=", 1)[1] if "=" in u.split("://", 1)[0] else u
+               for name in INDEX_VARIABLES for u in os.environ.get(name, "").split()]
+    for i, (index, was) in enumerate(zip(indexes, recorded, strict=False)):
+        if not isinstance(was, str) or f"://{MASK}@" not in was:
+            continue
+        found = next((u for u in offered if has_credentials(u) and mask_url(u) == was), None)
+        if found is None:
+            notes.append(f"Image.pip_indexes {was} had credentials, which are not recorded: put the URL with "
+                         f"them in PIP_EXTRA_INDEX_URL (or {', '.join(INDEX_VARIABLES[2:4])}) in this environment "
+                         f"to give them again; without, the index is used without credentials")
+        else:
+            indexes[i] = dataclasses.replace(index, url=found)
+    if indexes != list(spec.image.pip_indexes):
+        spec = dataclasses.replace(spec, image=dataclasses.replace(spec.image, pip_indexes=tuple(indexes)))
+    return spec
 
 
 def _pin_cloud(spec: Spec, cloud: dict[str, Any], notes: list[str]) -> Spec:

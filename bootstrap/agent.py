@@ -38,6 +38,7 @@ from .forked import Forked, fork_worker
 from .frames import (
     FLAG_STREAM_IN,
     FLAG_STREAM_OUT,
+    HEADER,
     NESTED,
     Frame,
     FrameReader,
@@ -566,8 +567,10 @@ class Agent:
         listener.bind(path)
         listener.listen(64)
         env = dict(os.environ)
+        key = os.urandom(32)  # the launched workers prove it when they call back (handshake.py)
         env.update(
             SKYWARD_WORKER_ADDR=path,
+            SKYWARD_WORKER_KEY=key.hex(),
             SKYWARD_AGENT_PID=str(os.getpid()),  # workers under a launcher watch the agent too
             SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
             SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
@@ -579,24 +582,40 @@ class Agent:
         )
         for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
             threading.Thread(target=self._pump, args=(pipe, stream), daemon=True).start()
-        threading.Thread(target=self._accept_launched, args=(listener, proc), daemon=True).start()
+        threading.Thread(target=self._accept_launched, args=(listener, proc, key), daemon=True).start()
 
-    def _accept_launched(self, listener: socket.socket, proc: subprocess.Popen[bytes]) -> None:
-        index = 0
+    def _accept_launched(self, listener: socket.socket, proc: subprocess.Popen[bytes], key: bytes) -> None:
+        indices = itertools.count()
         while not self.stopping.is_set():
             try:
                 sock, _ = listener.accept()
             except OSError:
                 return
-            tune(sock)
-            with self.lock:
-                w = WorkerProc(index, proc, FrameWriter(sock), sock, self.settings["capacity"], launched=True)
-                index += 1
-                self.workers.append(w)
-                self._send_config(w)
-                sends = self._assign()
-            threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
-            self._send(sends)
+            if not self.gate.enter():
+                self._refused(sock, "too many launched workers in their handshake")
+                continue
+            threading.Thread(target=self._admit_launched, args=(sock, proc, key, indices), daemon=True).start()
+
+    def _admit_launched(self, sock: socket.socket, proc: subprocess.Popen[bytes], key: bytes,
+                        indices: itertools.count[int]) -> None:
+        """A process the launcher started calls back: it becomes a worker once it proved the
+        launch's key (the folder is this user's alone, but no listener trusts a connection)."""
+        try:
+            _, proof = admit(sock, key)
+            sock.sendall(_welcome(proof))
+        except (Refused, OSError) as exc:
+            self._refused(sock, f"a launched worker: {exc}")
+            return
+        finally:
+            self.gate.leave()
+        tune(sock)
+        with self.lock:
+            w = WorkerProc(next(indices), proc, FrameWriter(sock), sock, self.settings["capacity"], launched=True)
+            self.workers.append(w)
+            self._send_config(w)
+            sends = self._assign()
+        threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
+        self._send(sends)
 
     # -- health checks (sky.HealthChecker) -------------------------------------------------------
     def _health(self, conn: Conn, frame: Frame) -> None:
@@ -990,6 +1009,11 @@ class _LaneSetup:
         _unlink(self.path)
         if self.count is not None:
             self.count.close()
+
+
+def _welcome(proof: str) -> bytes:
+    body = json.dumps({"proof": proof}).encode()
+    return HEADER.pack(Kind.WELCOME, 0, 0, 0, len(body)) + body
 
 
 def _unlink(path: str | None) -> None:

@@ -167,6 +167,22 @@ def prove(sock: socket.socket, key: bytes, facts: dict[str, object], timeout: fl
     return Check(_mac(key, b"server", server_nonce, client_nonce))
 
 
+def welcome(sock: socket.socket, check: Check, who: str, timeout: float = 60.0) -> dict[str, object]:
+    """Read the WELCOME that follows ``prove`` by hand (nothing of the stream after it is read
+    ahead, for a caller that hands the socket to its own reader) and check the server's proof."""
+    end = time.monotonic() + timeout
+    try:
+        kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end))
+        if kind != Kind.WELCOME or nbufs or body_len > HELLO_MAX:
+            raise Refused(f"{who} answered frame kind {kind} ({body_len} bytes) instead of a WELCOME")
+        facts = json.loads(_recv_exact(sock, body_len, end))
+    finally:
+        sock.settimeout(None)
+    if not isinstance(facts, dict) or not check(facts):
+        raise Refused(f"{who} did not prove the key")
+    return facts
+
+
 class Gate:
     """How many connections may be in their handshake at once, and a log of the refused ones
     that stays short under a flood (one line per ``quiet`` seconds, with the count)."""

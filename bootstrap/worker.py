@@ -519,8 +519,12 @@ class Worker:
 def main() -> None:
     addr = os.environ.pop("SKYWARD_WORKER_ADDR", "")
     if addr:  # started by a plugin launcher (possibly one of several processes): call back
+        from .handshake import prove, welcome
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(addr)
+        key = bytes.fromhex(os.environ.pop("SKYWARD_WORKER_KEY", ""))
+        welcome(sock, prove(sock, key, {"pid": os.getpid()}), "the agent that launched this worker")
     else:
         sock = socket.socket(fileno=int(os.environ.pop("SKYWARD_WORKER_FD")))
     tune(sock)

@@ -315,7 +315,8 @@ class Storage:
             why = f"could not reach {self.endpoint}: check the endpoint URL and the network"
         else:
             why = "check the endpoint, the credentials and the bucket"
-        first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+        # The store's own words may quote a key ("the access key AKIA... does not exist").
+        first = secrets.redact(text.strip().splitlines()[0][:300]) if text.strip() else type(exc).__name__
         return StorageError(f"{op} {bucket}/{key} at {self.endpoint} failed: {why}. ({first})")
 
     def __reduce__(self) -> tuple[Any, ...]:

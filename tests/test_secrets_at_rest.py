@@ -259,3 +259,20 @@ def test_the_scripts_own_arguments_are_masked_by_rule() -> None:
             "HF_TOKEN=hf_abcdefgh", INDEX, "--name", "run-1"]
     assert secrets.mask_argv(argv) == ["train.py", "--lr", "0.1", "--api-token", "***", "--password=***",
                                         "HF_TOKEN=***", "https://***@pkgs.invalid/simple", "--name", "run-1"]
+
+
+def test_an_older_record_with_keys_in_clear_is_shown_masked_and_its_pickle_withheld(home: Path) -> None:
+    """Records written before this change hold the keys: history/diff show them masked."""
+    storage = {"type": "Storage", "endpoint": "http://127.0.0.1:9000", "access_key": STORAGE_KEY,
+               "secret_key": STORAGE_SECRET, "session_token": None}
+    old = {"id": "old00001", "origin": {"argv": [f"--api-token={ARGV_SECRET}"]}, "rebuild": "cGlja2xl",
+           "spec": {"volumes": [{"type": "Volume", "storage": storage}],
+                    "image": {"pip_indexes": [{"url": INDEX}]}}}
+    shown = record.shown(old)
+    assert not [s for s in SECRETS if s in json.dumps(shown)], shown
+    assert shown["rebuild"].startswith("withheld")
+    assert shown["spec"]["image"]["pip_indexes"][0]["url"] == "https://***@pkgs.invalid/simple"
+    new = {**old, "origin": {"argv": ["--api-token=***"]},
+           "spec": {"volumes": [{"type": "Volume", "storage": {**storage, "access_key": "sha256:0123456789abcdef",
+                                                               "secret_key": "sha256:fedcba9876543210"}}]}}
+    assert record.shown(new) == new  # a record of this version is shown as it is, pickle and all

@@ -119,8 +119,8 @@ class Storage:
         reproduction reads it from (:func:`key_variables`): what a record's rebuild blob pickles.
         Keys read from the environment or by a function stay as they are (no value in them)."""
         names = key_variables(self)
-        changes = {name: FromEnv(names[name], "Storage", name) for name in KEYS
-                   if isinstance(getattr(self, name), str)}
+        changes: dict[str, Any] = {name: FromEnv(names[name], "Storage", name) for name in KEYS
+                                   if isinstance(getattr(self, name), str)}
         return replace(self, **changes) if changes else self
 
     # -- context manager: nothing to open; the connections close with the last reference ----

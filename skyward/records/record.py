@@ -580,17 +580,18 @@ def _ask_secrets(spec: Spec, record: dict[str, Any], notes: list[str]) -> Spec:
         given: dict[str, str] = {}
         for field in ("access_key", "secret_key", "session_token"):
             was, ref = kept.get(field), getattr(storage, field, None)
-            if not (isinstance(was, str) and was.startswith("sha256:")) or not hasattr(ref, "name"):
+            variable = getattr(ref, "name", None)  # the FromEnv the record's pickle has for it
+            if not (isinstance(was, str) and was.startswith("sha256:")) or not isinstance(variable, str):
                 continue  # not a key given as a string, so nothing was left out
-            value = os.environ.get(ref.name)
+            value = os.environ.get(variable)
             where = f"Volume {getattr(volume, 'bucket', i)!r} (sky.Storage at {storage.endpoint})"
             if not value:
-                notes.append(f"{where}: its {field} was secret and is not recorded; set {ref.name} in this "
+                notes.append(f"{where}: its {field} was secret and is not recorded; set {variable} in this "
                              f"environment to give it again")
                 continue
             given[field] = value
             if masked(value) != was:
-                notes.append(f"{where}: its {field} is taken from {ref.name} here and differs from the recorded one")
+                notes.append(f"{where}: its {field} is taken from {variable} here and differs from the recorded one")
         if given:
             volumes[i] = dataclasses.replace(volume, storage=dataclasses.replace(storage, **given))
     if volumes != list(spec.volumes):

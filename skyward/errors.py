@@ -63,6 +63,10 @@ class PoolClosedError(SkywardError, RuntimeError):
     """The pool was used after it was closed."""
 
 
+class InheritedPoolError(PoolClosedError):
+    """A pool was used in a process forked from the one that opened it: it belongs to that process."""
+
+
 class PoolStoppedError(PoolClosedError):
     """A named pool this program used was stopped from outside (``skyward down``): who, when."""
 

@@ -52,6 +52,7 @@ class Batches:
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
         """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
+        self.dispatcher.check_open()  # before its batch is announced
         batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
         dispatch = self.dispatcher
         retries = dispatch.retries(None)

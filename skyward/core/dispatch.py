@@ -49,6 +49,7 @@ class Dispatcher:
         self.rr = itertools.count()  # round-robin over the ready nodes
 
     def check_open(self) -> None:
+        self.members.check_owner()  # a forked child's frames would mix with the parent's
         if self.members.stopped is not None:
             raise PoolStoppedError(self.members.stopped)
         if self.members.closed:

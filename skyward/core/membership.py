@@ -14,6 +14,7 @@ what happens on a loss, to a nested task or to the collections is wired in by th
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame
 
-from ..errors import NodeLostError, PoolClosedError, ProviderError
+from ..errors import InheritedPoolError, NodeLostError, PoolClosedError, ProviderError
 from ..metrics import to_config
 from ..observe import events as ev
 from ..observe import secrets
@@ -87,6 +88,11 @@ class Membership:
         self.pool_id, self.name = pool_id, name
         self.spec, self.options, self.worker = spec, options, worker
         self.emit = emit
+        # The process that opened the pool owns it. A child forked from it (os.fork,
+        # multiprocessing's fork start method) inherits this object, its sockets and its exit
+        # hooks, but no thread: it must never write to the nodes, close or detach them
+        # (skyward.core.pool asks ``foreign()`` before acting; dispatch asks ``check_owner()``).
+        self.pid = os.getpid()
         self.lock = threading.RLock()  # guards everything below; `changed` is notified on changes
         self.changed = threading.Condition(self.lock)
         self.endpoints: list[Any] = []
@@ -116,6 +122,26 @@ class Membership:
 
     def attach(self, cluster: Cluster) -> None:
         self.cluster = cluster
+
+    # -- whose pool it is ------------------------------------------------------------------------
+    def foreign(self) -> bool:
+        """True in a process forked from the one that opened the pool (it owns nothing of it)."""
+        return os.getpid() != self.pid
+
+    def check_owner(self) -> None:
+        """Raise InheritedPoolError in a process forked from the one that opened the pool."""
+        if os.getpid() == self.pid:
+            return
+        what = f"pool {self.name!r} (id {self.pool_id})" if self.name else f"pool {self.pool_id}"
+        attach = (f"attach to it here with sky.Compute(name={self.name!r}) (a named pool takes "
+                  f"several programs at once)") if self.name else \
+            "for a pool several processes share, start a named one (`skyward up NAME`) and attach to it " \
+            "in each process with sky.Compute(name=NAME)"
+        raise InheritedPoolError(
+            f"{what} belongs to process {self.pid}, which opened it; this process ({os.getpid()}) was "
+            f"forked from it and cannot use it: its connections, nodes and collections are the parent's. "
+            f"Open a pool in this process (with sky.Compute(...) as pool:), or {attach}."
+        )
 
     # -- what takes tasks (dispatch and batches ask) ---------------------------------------------
     def ready(self) -> list[NodeChannel]:

@@ -66,6 +66,16 @@ def _close_leftovers() -> None:
             log.exception("closing pool %s at exit failed", pool.id)
 
 
+def _forget_parents_pools() -> None:
+    """In a forked child: the open pools are the parent's, not this process's to close at exit
+    (``Pool.close`` refuses them too, for a child that leaves their ``with`` block)."""
+    global _open_pools
+    _open_pools = weakref.WeakSet()  # a new set: another thread may have held the old one's guard
+
+
+os.register_at_fork(after_in_child=_forget_parents_pools)
+
+
 class Pool(DispatchTarget):
     """Nodes ready to run tasks. Made by ``sky.Compute`` or ``Session.compute``; close it when done."""
 
@@ -99,7 +109,7 @@ class Pool(DispatchTarget):
         self._emit = ev.emit  # Error messages redacted
         # The parts, lowest first; each is handed what it uses.
         self.members = members = Membership(self.id, name, spec, options, worker, self._emit)
-        self.shared = ClientState(options, members.head, self.id)
+        self.shared = ClientState(options, members.head, self.id, check=members.check_owner)
         self.healing = Healing(members, options, self.shared, self._emit)  # checks health_checker=
         self.dispatcher = Dispatcher(members, options, self._emit)
         self.batches = Batches(self.dispatcher, options, worker, self._settle)
@@ -248,8 +258,9 @@ class Pool(DispatchTarget):
 
     @property
     def is_active(self) -> bool:
-        """True from the moment the pool is ready until it is closed."""
-        return not self.members.closed
+        """True from the moment the pool is ready until it is closed (never in a forked child:
+        the pool is its parent's)."""
+        return not self.members.closed and not self.members.foreign()
 
     @property
     def concurrency(self) -> int:
@@ -312,7 +323,7 @@ class Pool(DispatchTarget):
     def _exit_plugins(self) -> None:
         hooks = getattr(self, "_client_hooks", None)
         self.__dict__.pop("_client_hooks", None)
-        if hooks is not None:
+        if hooks is not None and not self.members.foreign():  # a forked child's are the parent's
             hooks.close()  # in reverse order of entry
 
     def _stopped_from_outside(self) -> None:
@@ -324,7 +335,13 @@ class Pool(DispatchTarget):
         """Stop every node and destroy what the provider created. Safe to call twice.
 
         A pool that attached to running nodes (a named pool) only disconnects: its nodes keep
-        running for the next client, until their ttl passes with no client or ``skyward down``."""
+        running for the next client, until their ttl passes with no client or ``skyward down``.
+
+        In a process forked from the one that opened the pool it does nothing: the nodes, the
+        connections and a named pool's registry entry are the parent's (a child leaving the
+        pool's ``with`` block, or ending with the pool open, must not take them from it)."""
+        if self.members.foreign():
+            return
         hooks, self._before_close = self._before_close, []
         if not self.members.closed and self.members.stopped is None:
             for before in hooks:
@@ -364,7 +381,9 @@ class Pool(DispatchTarget):
 
     def detach(self) -> None:
         """Disconnect and leave the nodes running (what ``skyward up`` does once they are
-        ready): they stop when no client has renewed their lease for ``ttl`` seconds."""
+        ready): they stop when no client has renewed their lease for ``ttl`` seconds. A forked
+        child gets InheritedPoolError: the pool is its parent's to let go."""
+        self.members.check_owner()
         self._owned = False
         self.close()
 

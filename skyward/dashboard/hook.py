@@ -110,6 +110,18 @@ def _watch() -> None:
         time.sleep(SEND_EVERY if _link is not None else LOOK_EVERY)
 
 
+def _forget_parents_link() -> None:
+    """In a forked child: the pools, the watching thread (which did not come along) and the
+    link to the dashboard with its queue of events are the parent's; sending that queue, or
+    anything on the parent's connection, would post its events twice or mix with its requests.
+    This process starts its own watch when it opens a pool of its own."""
+    global _pools, _lock, _thread, _link
+    _pools, _lock, _thread, _link = weakref.WeakSet(), threading.Lock(), None, None
+
+
+os.register_at_fork(after_in_child=_forget_parents_link)
+
+
 @atexit.register
 def _flush_at_exit() -> None:
     """Send what is queued (a pool closed just before the program ends) before leaving."""

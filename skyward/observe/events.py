@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -243,9 +244,7 @@ class _Bus:
         with self._lock:
             key = next(self._ids)
             self._subs[key] = (pool, kinds, callback)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._deliver, name="skyward-events", daemon=True)
-                self._thread.start()
+            self._start()
         return lambda: self._subs.pop(key, None) and None
 
     def emit(self, event: Event) -> None:
@@ -254,6 +253,9 @@ class _Bus:
             if (p is None or p == event.pool) and (k is None or isinstance(event, k))
         ]
         if targets:
+            if self._thread is None:  # subscriptions a forked child kept
+                with self._lock:
+                    self._start()
             self._pending.append((event, targets))
             if self._idle or not isinstance(event, _BATCHED) or len(self._pending) >= 1024:
                 self._wake.set()
@@ -266,6 +268,25 @@ class _Bus:
         self._pending.append((Log(pool="", level="DEBUG", message="flush"), [lambda _e: done.set()]))
         self._wake.set()
         done.wait(timeout)
+
+    def forked(self) -> None:
+        """In a child just forked: the event thread did not come along and the events waiting
+        for it are the parent's to deliver (delivering them here would show, write or post them
+        twice). Subscriptions to one pool are the parent's views of its pools (console, log
+        file, dashboard, named-pool trail): dropped. Subscriptions to every pool (``sky.subscribe``)
+        stay: this process's own pools are theirs too; a new thread starts with their first event."""
+        self._subs = {key: sub for key, sub in self._subs.items() if sub[0] is None}
+        self._pending = collections.deque()
+        self._wake = threading.Event()
+        self._idle = True
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._thread = None
+
+    def _start(self) -> None:
+        """The event thread, once (call with the lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._deliver, name="skyward-events", daemon=True)
+            self._thread.start()
 
     def _deliver(self) -> None:
         while True:
@@ -282,6 +303,7 @@ class _Bus:
 
 
 bus = _Bus()
+os.register_at_fork(after_in_child=bus.forked)
 
 
 def emit(event: Event) -> None:

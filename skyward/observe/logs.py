@@ -387,6 +387,43 @@ def _release(handle: LogHandle) -> None:
         _saved = None
 
 
+def _forget_parents_handlers() -> None:
+    """In a forked child: the open configurations are the parent's pools'. Their handlers leave
+    the logger here without being flushed or closed: a child that logged through them would
+    rotate the parent's file under it, and a line buffered at the fork would be written twice.
+    Each file's descriptor is pointed at /dev/null in this process only (the parent's stays as
+    it was), so whatever flushes the old handler later (logging's exit hook) writes nothing. The
+    logger gets back the level and propagation it had before; a pool this process opens
+    configures its own handlers."""
+    global _lock, _console, _saved
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    logger = logging.getLogger(LOGGER_NAME)
+    for handler in [*_files.values(), *([_console] if _console is not None else [])]:
+        logger.removeHandler(handler)
+    for handler in _files.values():
+        stream = getattr(handler, "stream", None)
+        try:
+            fd = stream.fileno() if stream is not None else -1
+        except (OSError, ValueError):
+            continue
+        if fd >= 0:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+    for handle in _open_handles:
+        handle._closed = True  # closing it here gives back nothing: it is the parent's
+    _open_handles.clear()
+    _files.clear()
+    _console = None
+    if _saved is not None:
+        logger.setLevel(_saved[0])
+        logger.propagate = _saved[1]
+        _saved = None
+
+
+os.register_at_fork(after_in_child=_forget_parents_handlers)
+
+
 def _apply_levels() -> None:
     """Levels from the open handles: the most verbose request wins (caller holds _lock)."""
     logger = logging.getLogger(LOGGER_NAME)

@@ -33,7 +33,13 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import Any, ClassVar, Literal
 
-from skyward.errors import CollectionError, CollectionTimeoutError, ConfigError, NoActivePoolError
+from skyward.errors import (
+    CollectionError,
+    CollectionTimeoutError,
+    ConfigError,
+    InheritedPoolError,
+    NoActivePoolError,
+)
 
 from . import context
 
@@ -65,11 +71,15 @@ Send = Callable[[bytes, list[Any], Callable[[Any], None]], None]
 
 
 class Backend:
-    """This process's way to the collection server, and its buffer of eventual writes."""
+    """This process's way to the collection server, and its buffer of eventual writes.
 
-    def __init__(self, send: Send, where: str) -> None:
+    ``check`` (the client's): raises when this process may not use the pool any more (a child
+    forked from the client: the writes buffered at the fork are the parent's to send)."""
+
+    def __init__(self, send: Send, where: str, check: Callable[[], None] | None = None) -> None:
         self._send = send
         self.where = where
+        self._check = check
         self._lock = threading.Lock()
         self._ops: list[tuple[Any, ...]] = []
         self._vals: list[tuple[int, bytes, int]] = []
@@ -84,6 +94,8 @@ class Backend:
                 bufs: list[Any], decode: Callable[[Any], Any] = lambda v: v) -> Result:
         from skyward.bootstrap.state import encode_request
 
+        if self._check is not None:
+            self._check()
         fut = Result()
         fut.set_running_or_notify_cancel()
         body = encode_request(ops, vals)
@@ -99,13 +111,15 @@ class Backend:
 
         try:
             self._send(body, bufs, done)
-        except CollectionError as exc:
+        except (CollectionError, InheritedPoolError) as exc:
             fut.set_exception(exc)
         except Exception as exc:
             fut.set_exception(_lost(self.where, exc))
 
     # -- eventual writes -----------------------------------------------------------------------
     def write(self, op: tuple[Any, ...], value: Any = _NO_VALUE) -> None:
+        if self._check is not None:
+            self._check()
         if self._error is not None:
             err, self._error = self._error, None
             raise err
@@ -144,6 +158,8 @@ class Backend:
         """Send the buffered writes (and ``final``, whose answer the result carries)."""
         from skyward.bootstrap.state import encode_request
 
+        if self._check is not None:
+            self._check()
         with self._lock:
             if final is not None and final_value is not _NO_VALUE:
                 packed = _pack(final_value)
@@ -285,8 +301,11 @@ class ClientState:
     (``served``, asked once per head) and why an earlier head's state is gone (``lost``, set by
     healing when the head is replaced: each process is told once)."""
 
-    def __init__(self, options: Any, head: Callable[[], Any], pool_id: str) -> None:
+    def __init__(self, options: Any, head: Callable[[], Any], pool_id: str,
+                 check: Callable[[], None] = lambda: None) -> None:
+        """``check`` raises when this process may not use the pool (a forked child's is the parent's)."""
         self.options, self.head, self.pool_id = options, head, pool_id
+        self.check = check
         self.backend: Backend | None = None
         self.served: tuple[Any, builtins.dict[str, Any] | None] | None = None  # (head channel, address)
         self.lost: str | None = None
@@ -299,6 +318,7 @@ class ClientState:
         self.lost, self.served = why, None
 
     def client_backend(self, what: str) -> Backend:
+        self.check()
         backend = self.backend
         if backend is not None:
             return backend
@@ -319,7 +339,7 @@ class ClientState:
 
         with self._lock:
             if self.backend is None:
-                self.backend = Backend(send, "node 0, through the client's channel")
+                self.backend = Backend(send, "node 0, through the client's channel", self.check)
             return self.backend
 
     def _to_head(self, op: tuple[Any, ...], done: Any, head: Any = None) -> None:

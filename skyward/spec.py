@@ -146,8 +146,9 @@ class Image:
         for key, value in self.env.items():
             if "\0" in value:
                 raise ConfigError(
-                    f"Image(env={{{key!r}: {value!r}}}) is not valid: an environment variable cannot hold a "
-                    f"NUL byte. Remove it (or encode the value, e.g. base64)."
+                    f"Image(env={{{key!r}: ...}}) is not valid: its value (not shown: it may be a secret) "
+                    f"holds a NUL byte, which an environment variable cannot hold. "
+                    f"Remove it (or encode the value, e.g. base64)."
                 )
         for entry in self.apt:
             _check_apt(entry)

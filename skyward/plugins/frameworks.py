@@ -5,7 +5,9 @@ a node has one worker process, so rank = node and world = nodes; with the proces
 each of a node's ``concurrency`` processes is a rank: rank = ``info.global_worker_index``,
 world = ``info.total_workers``, local rank = ``info.worker``. Rendezvous hooks run when each
 worker starts, so every rank joins even if only one node ever gets a task. The rendezvous
-ports are the pool's ``head_port`` (torch) and ``head_port + 1`` (jax) on the head node.
+ports are the pool's ``head_port`` (torch) and ``head_port + 1`` (jax) on the head node, and
+they listen on the head node's private address only: left to themselves, torch's TCPStore and
+JAX's coordinator listen on every interface, a public one included, and admit whoever connects.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import contextlib
 import os
 import re
 import shlex
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from skyward.errors import ConfigError
+from skyward.errors import ConfigError, PluginError
 
 from .plugin import AccelerateConfig, LaunchCommand, LaunchContext, Plugin
 
@@ -62,6 +65,26 @@ def _rank_env(info: Any) -> dict[str, str]:
         "LOCAL_WORLD_SIZE": str(info.workers_per_node),
         "NODE_RANK": str(info.node),
     }
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen(framework: str, host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``, the head node's private address: the rendezvous is
+    for the pool's own network, never every interface of the node."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=256)
+    except OSError as exc:
+        raise PluginError(
+            f"{framework}: the rendezvous cannot listen on {_hostport(host, port)}, the head node's "
+            f"private address ({exc.strerror or exc}). It listens there only, never on every "
+            f"interface. If {host} is not an address of the head node itself (an address behind NAT), "
+            f"give the node's own address as SSHHost(private_ip=...); if the port is taken, stop "
+            f"what holds it or open the pool again (another port is picked)."
+        ) from None
 
 
 # -- torch -------------------------------------------------------------------------------------
@@ -107,7 +130,7 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
             _torch.cuda.set_device(info.worker % max(1, _torch.cuda.device_count()))
         owned = False
         if not dist.is_initialized():
-            dist.init_process_group(chosen, init_method="env://", world_size=info.total_workers,
+            dist.init_process_group(chosen, store=_torch_store(info), world_size=info.total_workers,
                                     rank=info.global_worker_index, timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT))
             owned = True
         restore = _guard_process_group(dist) if owned else None
@@ -124,6 +147,19 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
                     dist.destroy_process_group()
 
     return Plugin.create("torch").with_image_transform(transform).with_around_app(around_app)
+
+
+def _torch_store(info: Any) -> Any:
+    """The process group's TCPStore, what ``init_method="env://"`` would make from MASTER_ADDR and
+    MASTER_PORT, except that rank 0's server listens on the head node's private address: torch's
+    own server would listen on every interface. It takes our socket instead (and closes it)."""
+    from torch.distributed import TCPStore
+
+    timeout = timedelta(seconds=_RENDEZVOUS_TIMEOUT)
+    if info.global_worker_index != 0:
+        return TCPStore(info.head_addr, info.head_port, info.total_workers, False, timeout)
+    fd = _listen("torch", info.head_addr, info.head_port).detach()
+    return TCPStore(info.head_addr, info.head_port, info.total_workers, True, timeout, master_listen_fd=fd)
 
 
 def _guard_process_group(dist: Any) -> Any:
@@ -159,7 +195,8 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
 
     Installs ``jax[tpu]`` on Cloud TPU pools, ``jax[cuda12]`` on NVIDIA GPU pools (``cuda``),
     ``jax`` otherwise; sets
-    JAX_COORDINATOR_ADDRESS (head node, ``head_port + 1``), JAX_NUM_PROCESSES, JAX_PROCESS_ID,
+    JAX_COORDINATOR_ADDRESS (head node, ``head_port + 1``; JAX_COORDINATOR_BIND_ADDRESS, the
+    same: the coordinator listens there only), JAX_NUM_PROCESSES, JAX_PROCESS_ID,
     and on CPU uses gloo for cross-process collectives. Timeouts are always passed: a peer
     that never comes makes the hook fail instead of hanging.
     """
@@ -174,7 +211,7 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
 
     @contextlib.contextmanager
     def around_app(info: Any) -> Iterator[None]:
-        address = f"{info.head_addr}:{info.head_port + 1}"
+        address = _hostport(info.head_addr, info.head_port + 1)
         os.environ.update(
             JAX_COORDINATOR_ADDRESS=address,
             JAX_NUM_PROCESSES=str(info.total_workers),
@@ -185,6 +222,7 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
 
         # Only affects CPU collectives; must be set before initialize, like everything else.
         _jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        _jax_coordinator_binds_private(info)
         _jax.distributed.initialize(
             coordinator_address=address, num_processes=info.total_workers,
             process_id=info.global_worker_index, initialization_timeout=_RENDEZVOUS_TIMEOUT,
@@ -199,6 +237,15 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
 
 
 # -- keras -------------------------------------------------------------------------------------
+def _jax_coordinator_binds_private(info: Any) -> None:
+    """Make ``jax.distributed.initialize`` bind its coordinator (process 0's service) to the head
+    node's private address: by default it binds ``[::]``, every interface. Through JAX's own
+    variable, so that keras.distribution.initialize, which passes no bind address, binds the same."""
+    os.environ["JAX_COORDINATOR_BIND_ADDRESS"] = _hostport(info.head_addr, info.head_port + 1)
+    if info.global_worker_index == 0:  # a clear error now, rather than the service failing to start
+        _listen("jax", info.head_addr, info.head_port + 1).close()
+
+
 def keras(*, backend: str = "jax") -> Plugin:
     """Keras 3 on ``backend`` ("jax", "torch" or "tensorflow"): installs keras and sets
     KERAS_BACKEND on the nodes before anything imports it. With the jax backend on more
@@ -221,8 +268,9 @@ def keras(*, backend: str = "jax") -> Plugin:
             if not _jax.distributed.is_initialized():
                 import keras as _keras
 
+                _jax_coordinator_binds_private(info)
                 _keras.distribution.initialize(
-                    f"{info.head_addr}:{info.head_port + 1}", info.total_workers, info.global_worker_index)
+                    _hostport(info.head_addr, info.head_port + 1), info.total_workers, info.global_worker_index)
             import keras as _keras
 
             _keras.distribution.set_distribution(

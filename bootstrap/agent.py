@@ -252,10 +252,11 @@ class Agent:
         tune(sock)
         reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
         conn = Conn(sock, writer)
+        ttl = info.get("ttl", self.ttl)
         with self.lock:
             self.conns.append(conn)
-            if "ttl" in info:
-                self.ttl = float(info["ttl"])
+            if isinstance(ttl, (int, float)):
+                self.ttl = float(ttl)
             self.renewed = time.monotonic()
             # What this node is doing for every client (`skyward status` shows it).
             running = sum(len(w.inflight) + (w.lane_count.get() if w.lane_count else 0) for w in self.workers)

@@ -39,12 +39,12 @@ try:  # what hmac.compare_digest is, without hmac's OpenSSL import
 except ImportError:  # pragma: no cover - an interpreter without it
     from hmac import compare_digest as _compare_digest  # type: ignore[no-redef]
 try:
-    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # Python 3.12+
+    from _sha2 import sha256 as _sha256  # Python 3.12+
 except ImportError:
     try:
-        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]  # 3.11
+        from _sha256 import sha256 as _sha256  # 3.11
     except ImportError:  # pragma: no cover - a build without the built-in hashes
-        from hashlib import sha256 as _sha256  # type: ignore[no-redef]
+        from hashlib import sha256 as _sha256
 
 NONCE = 32
 HELLO_MAX = 4096  # a HELLO's body: a few facts, never more

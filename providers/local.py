@@ -506,8 +506,9 @@ class LocalCluster(Cluster):
 
     def _remove_dirs(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
-        if getattr(self, "_sockets", None):
-            shutil.rmtree(self._sockets, ignore_errors=True)
+        sockets = getattr(self, "_sockets", None)
+        if sockets:
+            shutil.rmtree(sockets, ignore_errors=True)
         if self.spill_dir is not None:
             shm.forget(self.spill_dir)  # this process's mappings of the pool's segments
             shutil.rmtree(self.spill_dir, ignore_errors=True)

@@ -347,3 +347,28 @@ def test_arbitrary_first_bytes_are_refused(pool: sky.Pool, listener: str) -> Non
     assert _rss(owner) - rss_before < 10 * MB
     assert square(5) >> pool == 25
     assert bump(f"after-{listener}") >> pool == 1
+
+
+# -- item 4: the collections listener binds a private or loopback address only ----------------------
+@pytest.mark.parametrize("host", ["8.8.8.8", "2001:4860:4860::8888", "0.0.0.0", "not-an-address"])
+def test_the_collections_refuse_a_public_address(host: str) -> None:
+    from skyward.bootstrap.state import StateServer
+
+    server = StateServer(derive("s", COLLECTIONS), lambda line: None)
+    (tag, value), _ = server._serve(host)
+    assert tag == "err" and isinstance(value, sky.CollectionError)
+    assert server.listener is None  # nothing was bound
+    if host == "8.8.8.8":
+        assert "public" in str(value) and "private" in str(value)
+
+
+def test_the_collections_serve_on_loopback_and_private_addresses() -> None:
+    from skyward.bootstrap.state import StateServer
+
+    server = StateServer(derive("s", COLLECTIONS), lambda line: None)
+    (tag, value), _ = server._serve("127.0.0.1")
+    try:
+        assert tag == "ok" and value["host"] == "127.0.0.1" and value["port"] > 0
+    finally:
+        assert server.listener is not None
+        server.listener.close()

@@ -342,7 +342,7 @@ def test_logs_show_agent_logs_and_unknown_pool_fails(cli: CLI) -> None:
     assert cli("up", "lg", "--nodes", "2").code == 0
     logs = cli("logs", "lg", "--lines", "5")
     assert logs.code == 0, logs
-    assert logs.out.count("agent: serving on 127.0.0.1") == 2
+    assert logs.out.count("agent: serving on /") == 2  # each Local agent on its Unix socket
     one = cli("logs", "lg", "--node", "1", "--json")
     assert [r["node"] for r in one.json()] == [1]
     assert cli("logs", "lg", "--node", "5").code == 2

@@ -549,8 +549,12 @@ def _not_private(host: str) -> str | None:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        return (f"the head node was asked to serve the collections on {host!r}, which is not an "
-                f"IP address; they are unavailable in this pool.")
+        try:  # a host name (an SSH host given by name): what it resolves to here
+            ip = ipaddress.ip_address(socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0])
+        except (OSError, ValueError, IndexError):
+            return (f"the head node was asked to serve the collections on {host!r}, which is neither "
+                    f"an IP address nor a name it can resolve; they are unavailable to tasks on "
+                    f"other nodes. Give the hosts their private addresses.")
     if (ip.is_private or ip.is_loopback) and not ip.is_unspecified:
         return None
     return (f"the head node's address {host} is public, and the collections listener binds a "

@@ -9,6 +9,9 @@ When a dashboard is up, the thread registers each open pool with it (a snapshot:
 provider, cost; never the agents' token or the image's environment), subscribes to the pool's
 events and posts them in batches every quarter second. When the dashboard goes away the
 thread unsubscribes and goes back to looking for the file.
+
+A child forked from the program starts with none of this: the pools, the link and the events
+it had queued are the parent's to send.
 """
 
 from __future__ import annotations

@@ -15,13 +15,34 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 from skyward.bootstrap.procs import alive, wait_gone
 
 
+def _let_go_in_child() -> None:
+    """In a child forked from a program with a Local pool open: the server exits when its stdin
+    reaches end of file, so a child holding a copy of the pipe's write end would keep it (and
+    the parent's close would wait for it). The fd is pointed at /dev/null rather than closed,
+    so that the file object, when collected, closes a descriptor that is still its own."""
+    for server in list(ForkServer.running):
+        stdin = server.proc.stdin
+        if stdin is None or stdin.closed:
+            continue
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, stdin.fileno())
+            os.close(null)
+        except OSError:
+            pass
+
+
 class ForkServer:
+    # The servers of this process: a child forked from it lets go of their stdin (see below).
+    running: weakref.WeakSet[ForkServer] = weakref.WeakSet()
+
     def __init__(self, env: dict[str, str], root: Path) -> None:
         self.log = root / "fork-server.log"
         with open(self.log, "ab") as log_file:
@@ -35,6 +56,7 @@ class ForkServer:
         self._pids: dict[int, int] = {}  # node index -> agent pid
         self._hellos: dict[int, bytes] = {}  # agent pid -> its hello line
         self._ended = False
+        ForkServer.running.add(self)
 
     def fork(self, index: int, argv: list[str], cwd: Path, log: Path) -> ForkedAgent:
         """Ask for node ``index``'s agent; raises OSError when the server is gone."""
@@ -139,3 +161,7 @@ class ForkedAgent:
             raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0)
         code = self.poll()
         return -1 if code is None else code
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_let_go_in_child)

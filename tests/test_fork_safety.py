@@ -86,6 +86,23 @@ def test_the_error_says_whose_pool_it_is_and_what_to_do() -> None:
     assert "with sky.Compute(...) as pool:" in message and "sky.Compute(name=NAME)" in message
 
 
+def test_a_living_forked_child_does_not_hold_up_the_parents_close() -> None:
+    """The Local fork server exits at the end of its stdin: a child must not keep that pipe open."""
+    with sky.Compute(nodes=2, options=sky.Options(console=False)) as pool:
+        assert sky.function(os.getpid)() >> pool > 0
+        pid = os.fork()
+        if pid == 0:
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        start = time.monotonic()
+    took = time.monotonic() - start
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert took < 3, f"the pool took {took:.1f} s to close while a forked child lived"
+
+
 def _raised(call: Any) -> list[str] | None:
     try:
         call()

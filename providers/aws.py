@@ -104,8 +104,27 @@ class AWS(CloudProvider):
         # driver AMIs' open kernel modules do not drive them: no working GPU on p3/p3dn).
         family = offer.extra.get("family") or (
             "gpu-proprietary" if offer.accelerator in OPEN_DRIVER_UNSUPPORTED else None)
+        from skyward.stacks.disks import aws_check
+        from skyward.stacks.plan import DiskPlan
+        from skyward.volumes import Disk
+
+        # Checked here, before a preview or a stack exists: EC2 would refuse them at `up`.
+        aws_check([DiskPlan(v.size_gb, v.mount, v.type, v.iops) for v in spec.volumes if isinstance(v, Disk)],
+                  offer.instance_type)
+        user = self.user
+        if family == "gpu-proprietary" and not self.ami:
+            # That image is Amazon Linux 2 (stacks/aws.py): its login user, and no apt.
+            user = "ec2-user" if self.user == "ubuntu" else self.user
+            if spec.image.apt:
+                raise ConfigError(
+                    f"{offer.instance_type} ({offer.accelerator}) nodes boot the Deep Learning Base Proprietary "
+                    f"Nvidia Driver AMI (Amazon Linux 2), the only AWS base image whose driver runs "
+                    f"{offer.accelerator} GPUs; it has yum, not apt, so Image(apt={list(spec.image.apt)!r}) "
+                    f"cannot be installed. Drop apt= (pip packages work), give AWS(ami=...) an Ubuntu image "
+                    f"with NVIDIA's proprietary driver, or pick a Turing-or-newer GPU (T4, A10G, L4...)."
+                )
         return {
-            "zone": self.zone, "image": self.ami, "user": self.user,
+            "zone": self.zone, "image": self.ami, "user": user,
             "settings": {"profile": self.profile, "subnet": self.subnet, "family": family},
             "allow_ssh_from": self.allow_ssh_from, "detect_address": self.detect_address,
             "max_duration": self.max_duration,

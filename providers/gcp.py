@@ -134,6 +134,14 @@ class GCP(CloudProvider):
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
+        from skyward.stacks.disks import gcp_check
+        from skyward.stacks.plan import DiskPlan
+        from skyward.volumes import Disk
+
+        # Checked here, before a preview or a stack exists: Compute Engine would refuse them at `up`.
+        if not offer.extra.get("tpu"):  # TPU VMs take no sky.Disk (stacks/gcp_tpu.py says so)
+            gcp_check([DiskPlan(v.size_gb, v.mount, v.type, v.iops) for v in spec.volumes if isinstance(v, Disk)],
+                      offer.extra.get("machine_type") or offer.instance_type)
         settings = {
             "project": self.project_for() or None, "network": self.network, "subnetwork": self.subnetwork,
             "machine_type": offer.extra.get("machine_type") or offer.instance_type,

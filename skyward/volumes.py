@@ -6,7 +6,10 @@
 
 Each node gets its own new, empty disk of ``size_gb``, formatted (ext4) and mounted at
 ``mount`` before the bootstrap runs, and deleted with the pool. AWS: an EBS volume (``type``
-defaults to gp3); GCP: a persistent disk (``type`` defaults to pd-balanced).
+defaults to gp3; io1/io2 need ``iops``); GCP: a persistent disk (``type`` defaults to
+pd-balanced, or hyperdisk-balanced on the machine series that take Hyperdisk only). Each cloud's
+rules (types, minimum sizes, how many) are checked before anything is created
+(stacks/disks.py).
 
 A ``Volume`` is mounted by the bootstrap (its own ``volumes`` phase) with rclone over FUSE,
 before any task runs, and unmounted when the pool ends. ``prefix`` is the root of the mount;
@@ -38,10 +41,15 @@ class Disk:
     size_gb: int
     mount: str = "/data"
     type: str | None = None
+    # Provisioned IOPS, for the types that take them (EBS gp3/io1/io2 -- io1/io2 need them --,
+    # GCP pd-extreme and Hyperdisk); each cloud's rules are checked before its pool is created.
+    iops: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.size_gb, bool) or not isinstance(self.size_gb, int) or self.size_gb < 1:
             raise ConfigError(f"Disk(size_gb={self.size_gb!r}) is not valid: a whole number of GB >= 1.")
+        if self.iops is not None and (isinstance(self.iops, bool) or not isinstance(self.iops, int) or self.iops < 1):
+            raise ConfigError(f"Disk(iops={self.iops!r}) is not valid: a whole number of IOPS >= 1, or None.")
         mount = self.mount.rstrip("/") or "/" if isinstance(self.mount, str) else ""
         if not mount.startswith("/") or mount in _RESERVED or any(c.isspace() for c in mount):
             raise ConfigError(

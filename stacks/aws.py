@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import buckets
+from . import buckets, disks
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -39,13 +39,14 @@ _AMIS = {
     ("cpu", "x86_64"): (UBUNTU_OWNER, "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"),
     ("cpu", "arm64"): (UBUNTU_OWNER, "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-*"),
     ("gpu", "x86_64"): ("amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
-    # The OSS (open kernel module) driver supports Turing and newer only: V100 (p3) nodes
-    # need the proprietary driver's AMI.
-    ("gpu-proprietary", "x86_64"): ("amazon", "Deep Learning Base Proprietary Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
+    # The OSS (open kernel module) driver supports Turing and newer only: V100 (p3) nodes need
+    # the proprietary driver. The only base DLAMI with it whose release notes list P3/P3dn is the
+    # Amazon Linux 2 one (login ec2-user, yum: providers/aws.py refuses Image(apt=...) there).
+    ("gpu-proprietary", "x86_64"): ("amazon", "Deep Learning Base Proprietary Nvidia Driver AMI (Amazon Linux 2) Version *"),
     ("gpu", "arm64"): ("amazon", "Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
     ("neuron", "x86_64"): ("amazon", "Deep Learning AMI Neuron (Ubuntu 22.04) *"),
 }
-_DEVICE_LETTERS = "fghijklmnop"
+_DEVICE_LETTERS = disks.AWS_DEVICE_LETTERS
 
 
 def ami_filter(plan: PoolPlan) -> tuple[str, str]:
@@ -92,6 +93,7 @@ def program(plan: PoolPlan) -> Declared:
     pulumi: Any = importlib.import_module("pulumi")
     aws: Any = importlib.import_module("pulumi_aws")
 
+    disks.aws_check(plan.disks, plan.instance_type)  # a plan reopened from a record, too
     tags = plan.labels()
     s = plan.settings
     pinned = s.get("pinned") or {}
@@ -131,7 +133,11 @@ def program(plan: PoolPlan) -> Declared:
 
     # What would replace a running node if it changed is pinned in the plan after the first
     # up; ignore_changes keeps an explicit change (a new ami=) from replacing running nodes too.
-    inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["ami", "subnetId"])
+    # User data too: EC2 changes it only on a stopped instance, so the provider would stop and
+    # start a running node for it (or destroy and recreate it, with user_data_replace_on_change),
+    # and a newer skyward renders other user data for the same node. A node keeps the user data
+    # it was born with; new nodes get the current one.
+    inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["ami", "subnetId", "userData"])
     # sky.Volume(storage=None): a role and instance profile granting exactly those buckets.
     access = buckets.declare_aws(aws, plan, res, tags)
     instances: dict[int, Any] = {}
@@ -155,12 +161,11 @@ def program(plan: PoolPlan) -> Declared:
             # instance terminates, whoever terminates it, and nothing detaches a mounted disk.
             ebs_block_devices=[
                 {"device_name": device_name(j), "volume_size": disk.size_gb, "volume_type": disk.type or "gp3",
-                 "delete_on_termination": True,
+                 "delete_on_termination": True, **({"iops": disk.iops} if disk.iops else {}),
                  "tags": {**tags, "Name": f"skyward-{plan.stack}-{node.name}-disk-{j}"}}
                 for j, disk in enumerate(plan.disks)
             ],
             user_data=pulumi.Output.secret(user_data),  # it carries the node's private host key
-            user_data_replace_on_change=True,
             tags={**tags, "Name": f"skyward-{plan.stack}-{node.name}", "skyward-node": str(node.index)},
             opts=inst_opts,
         )

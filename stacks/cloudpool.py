@@ -488,7 +488,7 @@ def new_plan(
         pool=pool, stack=stack, region=offer.region, zone=zone,
         instance_type=offer.instance_type, nodes=(), ssh_user=user, ssh_public_key=public_key,
         ssh_cidrs=cidrs, disk_gb=spec.disk_gb or (120 if gpu else 30),
-        disks=tuple(DiskPlan(v.size_gb, v.mount, v.type) for v in spec.volumes if isinstance(v, Disk)),
+        disks=tuple(DiskPlan(v.size_gb, v.mount, v.type, v.iops) for v in spec.volumes if isinstance(v, Disk)),
         buckets=tuple(BucketPlan(v.bucket, v.prefix, v.read_only) for v in spec.volumes
                       if isinstance(v, Volume) and v.storage is None),
         image=image, gpu=gpu, architecture=offer.architecture, ttl=spec.ttl,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import buckets
+from . import disks as disk_rules
 from .gcp_common import choose_zone, instance_name, network_tag, resource_name
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
@@ -99,6 +100,9 @@ def program(plan: PoolPlan) -> Declared:
         return gcp_tpu.program(plan)  # type: ignore[return-value]
 
     s = plan.settings
+    machine_type = s.get("machine_type") or plan.instance_type
+    disk_rules.gcp_check(plan.disks, machine_type)  # a plan reopened from a record, too
+    disk_type = disk_rules.gcp_default_type(machine_type)  # Hyperdisk on the series that take only it
     labels = plan.labels()
     zone = choose_zone(plan)
     project = s.get("project")
@@ -153,7 +157,8 @@ def program(plan: PoolPlan) -> Declared:
         node_disks = [
             gcp.compute.Disk(
                 f"{node.name}-disk-{j}", name=resource_name(f"sky-{plan.stack}", suffix=f"-{node.index}-disk-{j}"), zone=zone, size=disk.size_gb,
-                type=disk.type or "pd-balanced", labels=labels, opts=res,
+                type=disk.type or disk_type, labels=labels, opts=res,
+                **({"provisioned_iops": disk.iops} if disk.iops else {}),
             )
             for j, disk in enumerate(plan.disks)
         ]
@@ -166,10 +171,10 @@ def program(plan: PoolPlan) -> Declared:
         inst = gcp.compute.Instance(
             node.name,
             name=name,
-            machine_type=s.get("machine_type") or plan.instance_type,
+            machine_type=machine_type,
             zone=zone,
             boot_disk={"auto_delete": True, "initialize_params": {
-                "image": image, "size": plan.disk_gb, "type": "pd-balanced",
+                "image": image, "size": plan.disk_gb, "type": disk_type,
             }},
             network_interfaces=[{
                 "network": network, "subnetwork": s.get("subnetwork"), "access_configs": [{}],

@@ -30,6 +30,7 @@ class DiskPlan:
     size_gb: int
     mount: str
     type: str | None = None
+    iops: int | None = None  # provisioned IOPS (EBS io1/io2 need them; stacks/disks.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from skyward.errors import ProviderError
+from skyward.errors import ConfigError, ProviderError
 
 from . import engine
 
@@ -77,6 +77,8 @@ def declared(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[Declare
         worker.join()
     if "error" in outcome:
         exc = outcome["error"]
+        if isinstance(exc, ConfigError):  # the program refused the plan (stacks/disks.py): say why
+            raise exc
         raise ProviderError(
             f"stack {plan.stack}: its program failed under preview ({type(exc).__name__}: {exc}); "
             f"this is a bug in skyward's stack program, please report it with this message."

@@ -100,7 +100,7 @@ def test_instances_follow_the_plan(mocks: Recorder, nodes: int, spot: bool, gpu:
 def test_disks_are_part_of_their_instance_and_deleted_with_it(mocks: Recorder) -> Any:
     # Volumes attached after launch keep DeleteOnTermination=false: a node that terminates itself
     # after a client crash would leave them billing; detaching a mounted one hangs a destroy.
-    plan = make_plan(nodes=4, spot=True, disks=(DiskPlan(200, "/data"), DiskPlan(50, "/scratch", "io2")))
+    plan = make_plan(nodes=4, spot=True, disks=(DiskPlan(200, "/data"), DiskPlan(50, "/scratch", "io2", 3000)))
     declared = aws.program(plan)
 
     def check(rows: list[Any]) -> None:
@@ -108,8 +108,8 @@ def test_disks_are_part_of_their_instance_and_deleted_with_it(mocks: Recorder) -
         assert not mocks.of_type("aws:ec2/volumeAttachment:VolumeAttachment")
         for devices, root, user_data in rows:
             assert root["delete_on_termination"] is True
-            assert [(d["device_name"], d["volume_size"], d["volume_type"], d["delete_on_termination"])
-                    for d in devices] == [("/dev/sdf", 200, "gp3", True), ("/dev/sdg", 50, "io2", True)]
+            assert [(d["device_name"], d["volume_size"], d["volume_type"], d["delete_on_termination"], d.get("iops"))
+                    for d in devices] == [("/dev/sdf", 200, "gp3", True, None), ("/dev/sdg", 50, "io2", True, 3000)]
             doc = cloud_config(user_data)
             assert ["/usr/local/sbin/skyward-disk", "/data", "ebs:sdf"] in doc["runcmd"]
             assert ["/usr/local/sbin/skyward-disk", "/scratch", "ebs:sdg"] in doc["runcmd"]

@@ -170,7 +170,7 @@ def test_a_large_aws_plan_previews_from_a_sample_line_for_line_as_a_full_run() -
 
     from skyward.stacks.plan import BucketPlan, DiskPlan
 
-    plan = replace(make_plan(nodes=1, gpu=True, disks=(DiskPlan(200, "/data"), DiskPlan(50, "/scratch", "io2"))),
+    plan = replace(make_plan(nodes=1, gpu=True, disks=(DiskPlan(200, "/data"), DiskPlan(50, "/scratch", "io2", 3000))),
                    buckets=(BucketPlan("corpus", "train", True),))
     plan = _mixed(plan, 125)  # indices of one, two and three digits
     sampled, full, runs = _both_ways(aws.program, plan)

@@ -1,0 +1,169 @@
+"""The providers' own rules that Pulumi's mocks do not run (issue 34): what a real account would
+refuse, replace or keep billing. Each test names the rule it encodes; the sources are in
+stacks/disks.py, stacks/aws.py, stacks/gcp.py and docs/guides/clouds.md."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import pytest
+
+pulumi = pytest.importorskip("pulumi")
+
+from stackfakes import CLIENT, Recorder, cloud_config, fresh_mocks, make_plan  # noqa: E402
+
+import skyward as sky  # noqa: E402
+from skyward.catalogue import load  # noqa: E402
+from skyward.errors import ConfigError  # noqa: E402
+from skyward.stacks import aws, gcp, userdata  # noqa: E402
+from skyward.stacks.plan import DiskPlan  # noqa: E402
+
+
+def _aws() -> Any:
+    return sky.AWS(detect_address=False, allow_ssh_from=[CLIENT])
+
+
+def _gcp() -> Any:
+    return sky.GCP(project="proj", detect_address=False, allow_ssh_from=[CLIENT])
+
+
+def _offer(provider: str, instance_type: str) -> Any:
+    return next(o for o in load(provider) if o.instance_type == instance_type)
+
+
+# -- item 5: a newer template never replaces (or stops) a running AWS node ------------------------
+def test_a_changed_user_data_template_replaces_no_running_aws_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    # EC2 changes user data only on a stopped instance: the provider stops and starts a running
+    # one to update it, and with user_data_replace_on_change it destroys and recreates it. A pool
+    # woken, resized or healed by a newer skyward renders other user data for the same nodes.
+    import pulumi_aws
+
+    real = pulumi_aws.ec2.Instance
+    options: list[dict[str, Any]] = []
+
+    def spy(name: str, **kwargs: Any) -> Any:
+        options.append(kwargs)
+        return real(name, **kwargs)
+
+    monkeypatch.setattr(pulumi_aws.ec2, "Instance", spy)
+    plan = make_plan(nodes=2)
+
+    def inputs() -> list[dict[str, Any]]:
+        mocks = fresh_mocks()
+
+        @pulumi.runtime.test
+        def go() -> Any:
+            declared = aws.program(plan)
+            return pulumi.Output.all(*[i.id for i in declared.instances.values()])
+
+        go()
+        return [dict(r.inputs) for r in mocks.of_type("aws:ec2/instance:Instance")]
+
+    before = inputs()
+    monkeypatch.setattr(userdata, "_WATCHDOG", userdata._WATCHDOG + "# a newer skyward\n")
+    after = inputs()
+    changed = {k for b, a in zip(before, after, strict=True) for k in b if b[k] != a.get(k)}
+    assert changed == {"userData"}  # the template change reaches the program...
+    for kwargs in options:  # ...and neither replaces nor updates a running instance
+        assert not kwargs.get("user_data_replace_on_change")
+        assert "userData" in kwargs["opts"].ignore_changes
+
+
+# -- item 4: V100 (p3/p3dn) boots an image that exists and drives it ------------------------------
+# Names of the proprietary-driver base DLAMI as AWS publishes them (its release notes list P3 and
+# P3dn among the supported instances); the Ubuntu proprietary-driver base image does not exist.
+PROPRIETARY_AL2 = "Deep Learning Base Proprietary Nvidia Driver AMI (Amazon Linux 2) Version 71.6"
+
+
+def test_the_v100_image_pattern_matches_the_published_ami_name() -> None:
+    for offer in [o for o in load("aws") if o.accelerator == "V100"]:
+        spec = sky.Spec(provider=_aws(), accelerator=f"V100:{int(offer.accelerator_count)}")
+        args = _aws()._stack_args(spec, offer)
+        plan = make_plan(gpu=True, instance_type=offer.instance_type, settings=args["settings"])
+        owner, pattern = aws.ami_filter(plan)
+        assert owner == "amazon" and fnmatch.fnmatchcase(PROPRIETARY_AL2, pattern), offer.instance_type
+        assert args["user"] == "ec2-user"  # Amazon Linux's login user
+
+
+def test_v100_nodes_refuse_apt_packages_they_cannot_install() -> None:
+    spec = sky.Spec(provider=_aws(), accelerator="V100", image=sky.Image(apt=["ffmpeg"]))
+    with pytest.raises(ConfigError, match=r"Amazon Linux 2.*apt"):
+        _aws()._stack_args(spec, _offer("aws", "p3.2xlarge"))
+
+
+# -- item 9: sky.Disk is checked per cloud before anything is created -----------------------------
+@pytest.mark.parametrize("disk,match", [
+    (sky.Disk(100, type="io2"), r"io2.*no iops.*iops="),
+    (sky.Disk(100, type="st1"), r"at least 125 GiB"),
+    (sky.Disk(100, type="pd-ssd"), r"not an EBS volume type \(that is a GCP disk type\)"),
+    (sky.Disk(100, type="gp3", iops=3000), None),
+])
+def test_aws_disks_are_checked_before_anything_exists(disk: Any, match: str | None) -> None:
+    spec = sky.Spec(provider=_aws(), volumes=[disk])
+    offer = _aws().offer(spec)
+    if match is None:
+        _aws()._stack_args(spec, offer)
+        return
+    with pytest.raises(ConfigError, match=match):
+        _aws().preview(spec)
+
+
+def test_a_twelfth_aws_disk_is_a_clear_error_not_an_index_error() -> None:
+    spec = sky.Spec(provider=_aws(), volumes=[sky.Disk(10, mount=f"/d{j}") for j in range(12)])
+    with pytest.raises(ConfigError, match=r"12 sky.Disk volumes.*at most 11"):
+        _aws().preview(spec)
+    with pytest.raises(ConfigError, match=r"at most 11"):  # a plan reopened from a record, too
+        aws.program(make_plan(disks=tuple(DiskPlan(10, f"/d{j}") for j in range(12))))
+
+
+@pytest.mark.parametrize("disk,match", [
+    (sky.Disk(5), r"at least 10 GB"),
+    (sky.Disk(100, type="gp3"), r"not a Compute Engine disk type \(that is an AWS EBS type\)"),
+    (sky.Disk(100, type="hyperdisk-balanced"), r"N1 series takes no Hyperdisk"),
+])
+def test_gcp_disks_are_checked_before_anything_exists(disk: Any, match: str) -> None:
+    spec = sky.Spec(provider=_gcp(), accelerator="T4", volumes=[disk])
+    with pytest.raises(ConfigError, match=match):
+        _gcp().preview(spec)
+
+
+# -- item 2: Hyperdisk-only machine series --------------------------------------------------------
+@pytest.mark.parametrize("machine", ["a3-ultragpu-8g", "a4-highgpu-8g"])
+def test_hyperdisk_only_series_boot_and_mount_hyperdisk(machine: str) -> None:
+    mocks = fresh_mocks()
+    plan = make_plan(gpu=True, instance_type=machine, region="us-central1", zone="us-central1-b",
+                     disks=(DiskPlan(200, "/data"),), settings={"project": "proj", "machine_type": machine})
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        declared = gcp.program(plan)
+        return pulumi.Output.all(*[i.id for i in declared.instances.values()])
+
+    go()
+    inst = mocks.of_type("gcp:compute/instance:Instance")[0].inputs
+    assert inst["bootDisk"]["initializeParams"]["type"] == "hyperdisk-balanced"
+    assert [d.inputs["type"] for d in mocks.of_type("gcp:compute/disk:Disk")] == ["hyperdisk-balanced"]
+
+
+def test_a_persistent_disk_on_a_hyperdisk_only_series_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"A3 series takes Hyperdisk only.*hyperdisk-balanced"):
+        gcp.program(make_plan(gpu=True, instance_type="a3-ultragpu-8g", zone="us-central1-b",
+                              disks=(DiskPlan(200, "/data", "pd-ssd"),), settings={"machine_type": "a3-ultragpu-8g"}))
+
+
+def test_older_series_keep_pd_balanced() -> None:
+    mocks = fresh_mocks()
+    plan = make_plan(instance_type="e2-standard-4", zone="us-central1-b", disks=(DiskPlan(20, "/data"),))
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        return gcp.program(plan).instances[0].id
+
+    go()
+    assert mocks.of_type("gcp:compute/instance:Instance")[0].inputs["bootDisk"]["initializeParams"]["type"] \
+        == "pd-balanced"
+    assert mocks.of_type("gcp:compute/disk:Disk")[0].inputs["type"] == "pd-balanced"
+
+
+_ = (Recorder, cloud_config)

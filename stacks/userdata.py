@@ -14,7 +14,9 @@ It does four things before the client ever connects:
   terminates it (``instance_initiated_shutdown_behavior``) and deletes its volumes
   (``delete_on_termination``). GCP: a guest power-off only *stops* a VM, whose disks keep
   billing, so the node deletes itself through the compute API with its own service account
-  (after marking every disk auto-delete), and powers off only when that is refused. The
+  (after marking every disk auto-delete), and powers off only when that is refused. The disks
+  are also marked auto-delete at boot, so that Compute Engine's own deletes (spot preemption,
+  ``termination_time``) take them too. The
   agent's own lease watchdog is the first line; this one covers a client that died before any
   agent started. ``ttl=0`` disables the TTL (the deadline still applies).
 * on AWS, also schedules a power-off at the deadline computed at boot from the absolute epoch
@@ -61,11 +63,16 @@ done
 
 # GCP: delete this instance (and, through auto-delete, its disks) with the instance's own
 # service account, which may do nothing else. Exit 0 only when the delete was accepted.
+# With --auto-delete-only (run once at boot), only mark the extra disks auto-delete: a disk
+# attached through the provider's attached_disks has it off, and Compute Engine deletes a spot
+# or termination_time instance without running anything on it. The node's grant may not be
+# visible yet at boot (IAM propagation): that step retries for a few minutes.
 _SELF_DELETE = """#!/usr/bin/env python3
-import json, os, sys, urllib.request, urllib.error
+import json, os, sys, time, urllib.request, urllib.error
 MD = os.environ.get("SKYWARD_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
 API = os.environ.get("SKYWARD_COMPUTE_URL", "https://compute.googleapis.com/compute/v1")
 DISKS = {disks}
+RETRY = float(os.environ.get("SKYWARD_RETRY_SECONDS", "10"))
 
 def call(method, url, token=None):
     headers = {{"Metadata-Flavor": "Google"}} if token is None else {{"Authorization": "Bearer " + token}}
@@ -73,16 +80,32 @@ def call(method, url, token=None):
     with urllib.request.urlopen(req, timeout=20) as r:
         return r.read().decode()
 
-try:
+def instance():
     token = json.loads(call("GET", MD + "/instance/service-accounts/default/token"))["access_token"]
     project = call("GET", MD + "/project/project-id").strip()
     zone = call("GET", MD + "/instance/zone").strip().rsplit("/", 1)[-1]
     name = call("GET", MD + "/instance/name").strip()
-    base = "%s/projects/%s/zones/%s/instances/%s" % (API, project, zone, name)
+    return token, "%s/projects/%s/zones/%s/instances/%s" % (API, project, zone, name)
+
+def auto_delete(token, base):
     for device in DISKS:
         call("POST", base + "/setDiskAutoDelete?autoDelete=true&deviceName=" + device, token)
+
+ERRORS = (OSError, ValueError, KeyError, urllib.error.URLError)
+if sys.argv[1:] == ["--auto-delete-only"]:
+    for attempt in range(30):
+        try:
+            auto_delete(*instance())
+            sys.exit(0)
+        except ERRORS as exc:
+            print("skyward: marking the disks auto-delete failed (try %d): %s" % (attempt + 1, exc), file=sys.stderr)
+            time.sleep(RETRY)
+    sys.exit(1)
+try:
+    token, base = instance()
+    auto_delete(token, base)
     call("DELETE", base, token)
-except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+except ERRORS as exc:
     print("skyward: self-delete failed: %s" % exc, file=sys.stderr)
     sys.exit(1)
 """
@@ -206,15 +229,21 @@ def cloud_config(
     for disk, devices in zip(plan.disks, disk_devices, strict=True):
         run.append(["/usr/local/sbin/skyward-disk", disk.mount, *devices])
     deadline = int(plan.expires) if plan.expires is not None else 0
+    self_delete = {"path": "/usr/local/sbin/skyward-self-delete", "permissions": "0755",
+                   "content": self_delete_script(plan)}
+    if cloud == "gcp" and plan.disks:
+        # In the background (the grant may take minutes to be visible; the mounts do not wait).
+        files.append(self_delete)
+        run.insert(0, ["systemd-run", "--unit=skyward-disk-auto-delete", "--no-block",
+                       "/usr/local/sbin/skyward-self-delete", "--auto-delete-only"])
     if plan.ttl > 0 or deadline:
         files += [
             {"path": "/usr/local/sbin/skyward-watchdog", "permissions": "0755",
              "content": watchdog_script(plan, cloud)},
             {"path": "/etc/systemd/system/skyward-watchdog.service", "permissions": "0644", "content": _UNIT},
         ]
-        if cloud == "gcp":
-            files.append({"path": "/usr/local/sbin/skyward-self-delete", "permissions": "0755",
-                          "content": self_delete_script(plan)})
+        if cloud == "gcp" and self_delete not in files:
+            files.append(self_delete)
         run += [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "skyward-watchdog.service"]]
     if deadline and cloud == "aws":
         run.append(_DEADLINE.format(deadline=deadline))

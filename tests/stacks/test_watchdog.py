@@ -33,6 +33,7 @@ class FakeGoogle(ThreadingHTTPServer):
     def __init__(self, refuse_delete: bool = False) -> None:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.refuse_delete = refuse_delete
+        self.refuse_auto_delete = 0  # how many setDiskAutoDelete calls to refuse (a grant not yet visible)
         super().__init__(("127.0.0.1", 0), _Handler)
 
     @property
@@ -56,6 +57,9 @@ class _Handler(BaseHTTPRequestHandler):
             body, code = (md.get(self.path, ""), 200) if ok else ("missing Metadata-Flavor", 403)
         elif self.headers.get("Authorization") != f"Bearer {TOKEN}":
             body, code = "no token", 401
+        elif "setDiskAutoDelete" in self.path and self.server.refuse_auto_delete > 0:
+            self.server.refuse_auto_delete -= 1
+            body, code = '{"error": {"code": 403, "message": "Required compute.instances.setDiskAutoDelete"}}', 403
         elif self.command == "DELETE" and self.server.refuse_delete:
             body, code = '{"error": {"code": 403, "message": "Required compute.instances.delete"}}', 403
         else:
@@ -219,3 +223,43 @@ def test_ebs_device_names_are_read_from_the_nvme_vendor_area() -> None:
 def test_disk_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", "-c", userdata.disk_script()], check=True)
     subprocess.run(["bash", "-n", "-c", userdata.watchdog_script(make_plan(), "gcp")], check=True)
+
+
+# -- issue 34, item 1: GCP extra disks go with their instance on every path ------------------------
+# A disk attached through attached_disks has auto-delete off (the provider has no field for it:
+# terraform-provider-google #4378), so a spot preemption or termination_time, which delete the
+# instance without running anything on it, would leave the extra disks billing. The node sets
+# auto-delete on its own disks at boot, retrying while its new grant is not visible yet.
+def test_a_gcp_node_sets_auto_delete_on_its_disks_at_boot(google: FakeGoogle) -> None:
+    from stackfakes import cloud_config
+
+    plan = make_plan(disks=(DiskPlan(10, "/a"), DiskPlan(10, "/b")))
+    doc = cloud_config(userdata.cloud_config(plan, plan.nodes[0], [["x"], ["y"]], cloud="gcp"))
+    script = next(f["content"] for f in doc["write_files"] if f["path"] == "/usr/local/sbin/skyward-self-delete")
+    boot = [c for c in doc["runcmd"] if "--auto-delete-only" in c]
+    assert boot == [["systemd-run", "--unit=skyward-disk-auto-delete", "--no-block",
+                     "/usr/local/sbin/skyward-self-delete", "--auto-delete-only"]]
+    # Also without a TTL or deadline (the watchdog is off, the preemption path is not).
+    plan0 = replace(plan, ttl=0)
+    doc0 = cloud_config(userdata.cloud_config(plan0, plan0.nodes[0], [["x"], ["y"]], cloud="gcp"))
+    assert any("--auto-delete-only" in c for c in doc0["runcmd"])
+    assert not any("--auto-delete-only" in c for c in cloud_config(userdata.cloud_config(
+        make_plan(), make_plan().nodes[0], [], cloud="gcp"))["runcmd"])
+
+    google.refuse_auto_delete = 2  # the first two tries: the grant is not visible yet
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"self-delete-{uuid.uuid4().hex}"
+    path.write_text(script)
+    path.chmod(0o755)
+    try:
+        env = {**os.environ, "SKYWARD_METADATA_URL": f"{google.url}/md",
+               "SKYWARD_COMPUTE_URL": f"{google.url}/compute/v1", "SKYWARD_RETRY_SECONDS": "0.1"}
+        done = subprocess.run([str(path), "--auto-delete-only"], env=env, timeout=60)
+    finally:
+        path.unlink()
+    assert done.returncode == 0
+    calls = [(m, p) for m, p, _ in google.requests if p.startswith("/compute")]
+    base = "/compute/v1/projects/proj/zones/us-east1-c/instances/sky-train-0"
+    assert ("DELETE", base) not in calls  # it only marks its disks, it does not delete itself
+    assert calls[-2:] == [("POST", f"{base}/setDiskAutoDelete?autoDelete=true&deviceName=disk-0"),
+                          ("POST", f"{base}/setDiskAutoDelete?autoDelete=true&deviceName=disk-1")]
+    assert len(calls) == 4  # two refused tries, then both disks

@@ -99,7 +99,11 @@ def load(provider: str) -> tuple[Offer, ...]:
         acc = row.get("accelerator") or {}
         extra = {k: v for k, v in row.items()
                  if k not in ("name", "vcpus", "memory_gb", "architecture", "accelerator", "prices", "as_of")}
+        sold_as = row.get("sold_as")
         for region, (on_demand, spot) in row["prices"].items():
+            if sold_as is not None and "on-demand" not in sold_as:
+                # Listed with its price, but not sold on demand (GCP A3 Ultra, A4...): no such offer.
+                on_demand = None
             offers.append(Offer(
                 provider=provider, instance_type=row["name"], region=region, vcpus=row["vcpus"],
                 memory_gb=row["memory_gb"], architecture=row["architecture"],
@@ -262,10 +266,32 @@ def rented_by(accelerator: Accelerator, provider: str) -> str:
     )
 
 
+_SOLD_AS = {"reservation": "reservations", "flex-start": "Flex-start (Dynamic Workload Scheduler)",
+            "spot": "Spot", "capacity-block": "Capacity Blocks for ML"}
+
+
+def not_on_demand(provider: str, want: Want) -> str:
+    """A sentence for machines with the asked accelerator that the cloud does not sell on demand
+    (catalogue rows with ``sold_as``), or ""."""
+    if want.accelerator is None:
+        return ""
+    rows = sorted({(o.instance_type, tuple(o.extra.get("sold_as") or ())) for o in load(provider)
+                   if o.accelerator == want.accelerator.name and o.on_demand is None and o.spot is None
+                   and o.extra.get("sold_as")})
+    return "".join(
+        f" {name} ({want.accelerator.name}) is sold through {', '.join(_SOLD_AS.get(w, w) for w in ways)}, "
+        f"not on demand, and skyward cannot buy it that way yet: reserve it with {_LABELS[provider]} "
+        f"and run on the reserved machines with sky.SSH(hosts=[...]), or pick a machine sold on demand."
+        for name, ways in rows)
+
+
 def no_offer_message(provider: str, want: Want) -> str:
     asked = describe(want)
     if want.accelerator is not None and provider not in renters(want.accelerator.name):
         return f"no {provider} offer has {asked}. {rented_by(want.accelerator, provider)}"
+    how = not_on_demand(provider, want)
+    if how:
+        return f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)}).{how}"
     dropped, near = closest(provider, want)
     text = f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)})."
     if near:

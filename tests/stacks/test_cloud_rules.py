@@ -167,3 +167,20 @@ def test_older_series_keep_pd_balanced() -> None:
 
 
 _ = (Recorder, cloud_config)
+
+
+# -- item 3: consumption models that exist ----------------------------------------------------------
+@pytest.mark.parametrize("accelerator,machine", [("H200:8", "a3-ultragpu-8g"), ("B200:8", "a4-highgpu-8g"),
+                                                 ("H100:8", "a3-megagpu-8g")])
+def test_gcp_machines_not_sold_on_demand_are_refused_with_how_they_are_bought(accelerator: str, machine: str) -> None:
+    # A3 Mega, A3 Ultra and A4 are sold through reservations, Flex-start and Spot (Google's
+    # consumption options), not on demand: a STANDARD insert with no reservation ends in "no
+    # capacity" in every zone. The catalogue has no spot price for them, so no offer.
+    from skyward.errors import NoOfferError
+
+    assert all(o.on_demand is None for o in load("gcp") if o.instance_type == machine)
+    if machine == "a3-megagpu-8g":  # A3 High (a3-highgpu-8g) is still sold on demand
+        assert _gcp().offer(sky.Spec(provider=_gcp(), accelerator=accelerator)).instance_type == "a3-highgpu-8g"
+        return
+    with pytest.raises(NoOfferError, match=rf"{machine}.*reservation.*Flex-start.*Spot.*not on demand"):
+        _gcp().offer(sky.Spec(provider=_gcp(), accelerator=accelerator))

@@ -103,6 +103,32 @@ def test_a_living_forked_child_does_not_hold_up_the_parents_close() -> None:
     assert took < 3, f"the pool took {took:.1f} s to close while a forked child lived"
 
 
+@sky.function
+def fork_and_count(name: str) -> tuple[int, int]:
+    """On a node: a child forked inside the task counts too, then the task counts again."""
+    counter = sky.counter(name)
+    counter.increment()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            sky.counter(name).increment()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    counter.increment()
+    return os.waitstatus_to_exitcode(status), counter.value
+
+
+def test_a_child_forked_inside_a_task_opens_its_own_collections_connection() -> None:
+    with sky.Compute(nodes=2, options=sky.Options(console=False)) as pool:
+        assert pool.counter("forks").value == 0  # (served before the tasks run)
+        code, value = pool.run(fork_and_count("forks"), target=1)  # not the head: over the listener
+        assert code == 0 and value == 3
+        assert pool.counter("forks").value == 3
+
+
 def _raised(call: Any) -> list[str] | None:
     try:
         call()

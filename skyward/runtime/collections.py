@@ -250,6 +250,18 @@ def _on_node_backend(what: str) -> Backend:
         return _node_backend
 
 
+def _forget_node_backend() -> None:
+    """In a child forked inside a task: the parent's connection to the collection server (its
+    socket, its reader thread, its buffered writes) is the parent's. The child opens its own on
+    its first use instead of writing frames between the parent's."""
+    global _node_backend
+    _node_backend = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_node_backend)
+
+
 def _flush_node() -> None:
     backend = _node_backend
     if backend is not None and backend.pending():

@@ -435,6 +435,9 @@ def _gcp_instance(i: dict[str, Any]) -> str:
         when = [w for w, on in (("when preempted", model == "SPOT"),
                                 (f"at {sched.get('terminationTime')}", sched.get("terminationTime"))) if on]
         parts.append("deleted " + " and ".join(when))
+    extra = len(i.get("attachedDisks") or [])
+    if extra:  # stacks/userdata.py: the node marks them auto-delete (the provider cannot)
+        parts.append(f"its {extra} disk{'s' if extra > 1 else ''} marked auto-delete at boot: deleted with it")
     if i.get("serviceAccount"):
         parts.append("deletes itself when its TTL runs out (its own service account)")
     return ", ".join(parts)

@@ -184,3 +184,11 @@ def test_gcp_machines_not_sold_on_demand_are_refused_with_how_they_are_bought(ac
         return
     with pytest.raises(NoOfferError, match=rf"{machine}.*reservation.*Flex-start.*Spot.*not on demand"):
         _gcp().offer(sky.Spec(provider=_gcp(), accelerator=accelerator))
+
+
+def test_the_preview_says_a_spot_nodes_disks_go_with_it() -> None:
+    spec = sky.Spec(provider=_gcp(), accelerator="T4", allocation="spot", volumes=[sky.Disk(200, mount="/data")])
+    rows = {r["name"]: r["detail"] for r in _gcp().preview(spec)["resources"]}
+    assert rows["node-0-disk-0"] == "200 GB pd-balanced in us-central1-a"
+    assert "deleted when preempted" in rows["node-0"]
+    assert "its 1 disk marked auto-delete at boot: deleted with it" in rows["node-0"]

@@ -105,9 +105,39 @@ def gcp_bindings(plan: PoolPlan) -> list[dict[str, Any]]:
     return out
 
 
-def declare_gcp(gcp: Any, plan: PoolPlan, node_name: str, member: Any, res: Any) -> list[Any]:
-    """One bucket-level IAM member per grant, for one node's service account."""
-    return [
-        gcp.storage.BucketIAMMember(f"{node_name}-bucket-{j}", member=member, opts=res, **binding)
-        for j, binding in enumerate(gcp_bindings(plan))
-    ]
+def declare_gcp(gcp: Any, plan: PoolPlan, node_name: str, member: Any, res: Any,
+                checked: dict[str, Any] | None = None) -> list[Any]:
+    """One bucket-level IAM member per grant, for one node's service account. ``checked``: the
+    buckets already looked up (one lookup per bucket for the whole pool)."""
+    import pulumi
+
+    checked = {} if checked is None else checked
+    members = []
+    for j, binding in enumerate(gcp_bindings(plan)):
+        condition = binding.pop("condition", None)
+        if condition is not None:
+            # Cloud Storage takes IAM Conditions only on buckets with uniform bucket-level access;
+            # on one with fine-grained ACLs the grant fails. Look, and say what to do.
+            bucket = binding["bucket"]
+            if bucket not in checked:
+                checked[bucket] = gcp.storage.get_bucket_output(
+                    name=bucket, opts=pulumi.InvokeOptions(provider=res.provider)).uniform_bucket_level_access
+            condition = checked[bucket].apply(lambda uniform, c=condition, b=bucket: _conditional(uniform, c, b))
+        members.append(gcp.storage.BucketIAMMember(
+            f"{node_name}-bucket-{j}", member=member, opts=res, **binding,
+            **({"condition": condition} if condition is not None else {})))
+    return members
+
+
+def _conditional(uniform: Any, condition: dict[str, Any], bucket: str) -> dict[str, Any]:
+    from skyward.errors import ConfigError
+
+    if uniform is False:
+        raise ConfigError(
+            f"sky.Volume on bucket {bucket!r} with a prefix: the nodes' grant is limited to the prefix by an "
+            f"IAM condition, which Cloud Storage accepts only on buckets with uniform bucket-level access, and "
+            f"this bucket uses fine-grained ACLs. Enable it (gcloud storage buckets update gs://{bucket} "
+            f"--uniform-bucket-level-access), or mount the whole bucket (prefix=''), or give the Volume a "
+            f"sky.storage preset with keys."
+        )
+    return condition

@@ -152,6 +152,7 @@ def program(plan: PoolPlan) -> Declared:
     disks: dict[int, list[Any]] = {}
     accounts: dict[int, Any] = {}
     grants: dict[int, list[Any]] = {}
+    checked_buckets: dict[str, Any] = {}  # sky.Volume buckets looked up (buckets.declare_gcp)
     for node in plan.nodes:
         name = instance_name(plan, node)
         node_disks = [
@@ -211,7 +212,7 @@ def program(plan: PoolPlan) -> Declared:
             ],
         ]
         # sky.Volume(storage=None): this node's account may use exactly those buckets (buckets.py).
-        grants[node.index] += buckets.declare_gcp(gcp, plan, node.name, member, res)
+        grants[node.index] += buckets.declare_gcp(gcp, plan, node.name, member, res, checked_buckets)
         instances[node.index] = inst
         disks[node.index] = node_disks
         accounts[node.index] = account

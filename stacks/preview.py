@@ -315,6 +315,8 @@ def _lookup(token: str, args: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
                 "availabilityZone": zone or f"a zone of {plan.region}"}
     if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
         return {"locations": [plan.zone or f"the first zone of {plan.region} that offers {plan.instance_type}"]}
+    if token == "gcp:storage/getBucket:getBucket":  # looked at by `up` (buckets.declare_gcp)
+        return {"name": args.get("name"), "uniformBucketLevelAccess": True}
     if token == "gcp:compute/getImage:getImage":
         return {"selfLink": f"newest image of family {args.get('family')} ({args.get('project')})"}
     if token == "aws:ec2/getAmi:getAmi":

@@ -32,6 +32,7 @@ class Recorder(pulumi.runtime.Mocks):
     aws_zones: list[str] = field(default_factory=lambda: ["us-east-1b", "us-east-1a", "us-east-1c"])
     ami_date: str = "20250101"
     gcp_image_date: str = "20250101"
+    gcs_uniform: dict[str, bool] = field(default_factory=dict)  # bucket -> uniform bucket-level access
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
@@ -77,6 +78,9 @@ class Recorder(pulumi.runtime.Mocks):
             name = args.args["filters"][0]["values"][0]
             base = "ami-deeplearning" if "Deep Learning" in name else "ami-ubuntu"
             return {"id": base if self.ami_date == "20250101" else f"{base}-{self.ami_date}"}
+        if token == "gcp:storage/getBucket:getBucket":
+            name = args.args.get("name")
+            return {"name": name, "uniformBucketLevelAccess": self.gcs_uniform.get(name, True)}
         if token == "gcp:compute/getImage:getImage":
             family, project = args.args.get("family"), args.args.get("project")
             return {"selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/"

@@ -5,6 +5,7 @@ stacks/disks.py, stacks/aws.py, stacks/gcp.py and docs/guides/clouds.md."""
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -192,3 +193,33 @@ def test_the_preview_says_a_spot_nodes_disks_go_with_it() -> None:
     assert rows["node-0-disk-0"] == "200 GB pd-balanced in us-central1-a"
     assert "deleted when preempted" in rows["node-0"]
     assert "its 1 disk marked auto-delete at boot: deleted with it" in rows["node-0"]
+
+
+# -- item 6: a prefix grant's IAM condition needs uniform bucket-level access ----------------------
+@pytest.mark.parametrize("uniform", [True, False])
+def test_a_prefix_grant_checks_the_bucket_takes_iam_conditions(uniform: bool) -> None:
+    # Cloud Storage accepts IAM Conditions only on buckets with uniform bucket-level access; on a
+    # bucket with fine-grained ACLs the grant (and the pool's `up`) would fail with a raw API error.
+    from skyward.stacks.plan import BucketPlan
+
+    mocks = fresh_mocks()
+    mocks.gcs_uniform = {"data": uniform}
+    plan = make_plan(instance_type="e2-standard-4", zone="us-central1-b",
+                     settings={"project": "proj"})
+    plan = replace(plan, buckets=(BucketPlan("data", "v1"), BucketPlan("whole")))
+    seen: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        declared = gcp.program(plan)
+        return pulumi.Output.all(*[g.id for g in declared.grants[0]]).apply(lambda ids: seen.update(ids=ids))
+
+    if uniform:
+        go()
+        members = mocks.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+        assert {m.inputs["bucket"]: bool(m.inputs.get("condition")) for m in members} == {"data": True, "whole": False}
+        assert [c.args["name"] for c in mocks.calls if c.token == "gcp:storage/getBucket:getBucket"] == ["data"]
+    else:
+        with pytest.raises(Exception, match=r"bucket 'data'.*uniform bucket-level access.*"
+                                            r"gcloud storage buckets update gs://data --uniform-bucket-level-access"):
+            go()

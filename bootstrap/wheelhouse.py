@@ -143,45 +143,106 @@ def _record_line(arc: str, data: bytes) -> str:
     return f"{arc},sha256={digest},{len(data)}"
 
 
-def wheels_for(requirements: tuple[str, ...], python: str) -> list[Path]:
-    """Wheels for ``requirements`` and their dependencies, for nodes with no package index.
+# -- pip, for the wheels of a lock -----------------------------------------------------------------
+# uv resolves and installs, but has no command that fetches wheels (``pip wheel``/``pip download``):
+# pip does that part. Many environments have no pip (uv, Poetry, pdm and conda make them without
+# it), and skyward never installs into the user's environment behind their back: it runs a pip of
+# its own, kept in its cache, with this same interpreter (so its platform tags) and environment
+# (so plugins such as keyring are still found).
+_BUNDLED_PIP = (
+    # CPython's ensurepip carries a pip wheel; Debian moves it here.
+    "ensurepip/_bundled",
+    "/usr/share/python-wheels",
+)
 
-    Built with the client's pip for the client's platform (nodes are expected to share it) and
-    cached by the requirement set. The client needs its index for this, the nodes never do.
-    """
-    if not requirements:
-        return []
+
+def pip_command() -> tuple[list[str], dict[str, str]]:
+    """How to run pip for this interpreter: (argv prefix, environment additions). The
+    environment's own pip where it has one, else skyward's (``isolated_pip``)."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"], {}
+    folder = isolated_pip()
+    path = os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return [sys.executable, "-m", "pip"], {"PYTHONPATH": path}
+
+
+def _bundled_pip_wheels(places: tuple[str, ...]) -> list[Path]:
+    found: list[Path] = []
+    ensurepip = importlib.util.find_spec("ensurepip")
+    for place in places:
+        folder = Path(place)
+        if not folder.is_absolute():
+            if ensurepip is None or not ensurepip.origin:
+                continue
+            folder = Path(ensurepip.origin).parent.parent / folder
+        found += sorted(folder.glob("pip-*-py3-none-any.whl"))
+    return found
+
+
+def isolated_pip(bundled: tuple[str, ...] = _BUNDLED_PIP) -> Path:
+    """A folder holding pip for this interpreter, in skyward's cache (never in the user's
+    environment): the pip wheel bundled with the interpreter, unpacked, or else pip fetched from
+    the package index with uv. ``bundled``: where to look for that wheel."""
+    wheels = _bundled_pip_wheels(bundled)
+    if wheels:
+        wheel = wheels[-1]
+        folder = cache_dir("tools") / wheel.name.removesuffix(".whl")
+        if not (folder / "pip" / "__main__.py").exists():
+            tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(tmp)
+            _rename_into_place(tmp, folder)
+        return folder
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if python != here:
-        raise ProviderError(
-            f"wheelhouse mode builds wheels with this interpreter (Python {here}), and the nodes "
-            f"want Python {python}: use Image(python='auto') or {here}, or install='index' so the "
-            f"nodes fetch packages themselves."
-        )
-    digest = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:16]
-    folder = cache_dir("wheelhouse", f"py{here}-{digest}")
-    done = folder / ".complete"
-    if not done.exists():
-        log.info("building the wheelhouse for %s", ", ".join(requirements))
+    folder = cache_dir("tools") / f"pip-from-index-py{here}"
+    if (folder / "pip" / "__main__.py").exists():
+        return folder
+    from skyward.records import pkglock
+
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    where = pkglock.sources()
+    try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-             "--wheel-dir", str(folder), *requirements],
-            capture_output=True, text=True,
+            [pkglock.uv_binary(), "pip", "install", "--quiet", "--python", sys.executable, "--target", str(tmp),
+             *where.args, "pip"],
+            capture_output=True, text=True, timeout=300, env=where.environ(UV_NO_PROGRESS="1"))
+        failed = proc.returncode != 0
+        said = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    except subprocess.TimeoutExpired:
+        failed, said = True, ["(no answer from the package index in 300 s)"]
+    if failed:
+        import shutil
+
+        from skyward.observe.secrets import mask_url
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ProviderError(
+            f"the nodes' wheels are fetched with pip, and this environment ({sys.prefix}) has none; "
+            f"skyward runs a pip of its own there, but found no pip wheel bundled with this Python and "
+            f"could not get pip from the package index with uv:\n  " + "\n  ".join(mask_url(line) for line in said)
+            + f"\nInstall pip into this environment (`uv pip install --python {sys.executable} pip`, or "
+            f"`{sys.executable} -m ensurepip`), or let the nodes fetch their packages themselves "
+            f"(sky.SSH(install='index'), the clouds' default)."
         )
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise ProviderError(
-                f"could not build wheels for {list(requirements)} on this machine (pip wheel exit "
-                f"code {proc.returncode}); the nodes install from these wheels. Check the "
-                f"requirement names and versions. pip said:\n{tail}"
-            )
-        done.touch()
-    return sorted(p for p in folder.glob("*.whl"))
+    _rename_into_place(tmp, folder)
+    return folder
+
+
+def _rename_into_place(tmp: Path, folder: Path) -> None:
+    """``tmp`` becomes ``folder``; when another program put one there first, theirs is kept."""
+    import shutil
+
+    try:
+        tmp.replace(folder)
+    except OSError:  # there already (a directory is not replaced): the same files
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) -> list[Path]:
     """Wheels of exactly the packages of a pool's lock (``skyward.records.pkglock.text``), nothing resolved:
-    ``pip wheel --no-deps``, hashes checked when the lock has them. Cached by the lock."""
+    ``pip wheel --no-deps`` (this environment's pip, or skyward's own: ``pip_command``), hashes
+    checked when the lock has them, from the package sources the lock was resolved from
+    (``pkglock.pip_index_env``). Cached by the lock."""
     if not lock_text.strip():
         return []
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -201,15 +262,19 @@ def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) 
             ln.endswith("\\") for ln in lock_text.splitlines() if ln.strip() and not ln.startswith(" "))
         log.info("building the wheelhouse for the pool's lock (%d packages)", lock_text.count("=="))
         from skyward.records import pkglock
+
+        pip, pip_env = pip_command()
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+            [*pip, "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
              *(["--require-hashes"] if hashed else []),
              "--wheel-dir", str(folder), "-r", str(requirements)],
-            # The pool's indexes by pip's environment, never its argv: they may hold user:token@.
-            capture_output=True, text=True, env={**os.environ, **pkglock.pip_index_env(indexes)},
+            # The indexes by pip's environment, never its argv: they may hold user:token@.
+            capture_output=True, text=True, env={**os.environ, **pip_env, **pkglock.pip_index_env(indexes)},
         )
         if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            from skyward.observe.secrets import mask_url
+
+            tail = mask_url("\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:]))
             raise ProviderError(
                 f"could not get the wheels of the pool's lock on this machine (pip wheel exit code "
                 f"{proc.returncode}); the nodes install from these wheels. A version the lock names "

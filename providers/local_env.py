@@ -56,10 +56,7 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise ProviderError(
-        "uv is needed to install Image(pip=[...]) packages for Local nodes and was not found. "
-        "Install it with `pip install uv` (it is a dependency of skyward, so reinstalling skyward also works)."
-    )
+    raise ProviderError(pkglock.missing_uv("installs Image(pip=[...]) packages for Local nodes"))
 
 
 def locked(requirements: tuple[str, ...], indexes: list[str],

@@ -195,6 +195,32 @@ def test_the_wheelhouse_of_a_lock_is_fetched_with_no_password_on_pips_command_li
     assert_clean(seen, "pip wheel")
 
 
+@pytest.mark.parametrize("where", ["UV_INDEX", "uv.toml"])
+def test_uv_settings_with_credentials_reach_pip_by_its_environment(
+        home: Path, private: tuple[PrivateIndex, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        where: str) -> None:
+    """A private index only uv is configured with (issue 39): named in UV_INDEX or a project's
+    uv.toml, its credentials in uv's UV_INDEX_<NAME>_USERNAME/_PASSWORD. uv resolves the lock
+    with them, and the wheelhouse's pip, which reads none of uv's settings, gets the index and
+    its credentials by its environment too."""
+    index, url = private
+    bare = url.replace(f"{USER}:{PASSWORD}@", "")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("UV_INDEX_PRIVATE_USERNAME", USER)
+    monkeypatch.setenv("UV_INDEX_PRIVATE_PASSWORD", PASSWORD)
+    if where == "UV_INDEX":
+        monkeypatch.setenv("UV_INDEX", f"private={bare}")
+    else:
+        (tmp_path / "uv.toml").write_text(f'[[index]]\nname = "private"\nurl = "{bare}"\n')
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with watching(PASSWORD) as seen:
+        locked = pkglock.resolve([NAME], python=sys.executable)
+        wheels = wheelhouse.wheels_for_lock(pkglock.text(locked), here)
+    assert [w.name for w in wheels] == [f"{NAME}-1.0-py3-none-any.whl"]
+    assert index.let_in > 0
+    assert_clean(seen, "uv pip compile", "pip wheel")
+
+
 def test_skyward_install_on_index_nodes_passes_the_index_by_environment(
         home: Path, private: tuple[PrivateIndex, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What `skyward install` runs on a node of an index-mode pool (nodeops.install_locked, here in

@@ -179,8 +179,8 @@ def _resolve(name: str, requirements: Sequence[str], have: tuple[Package, ...], 
         why.append(f"each resolves alone, but not together: {said.strip().splitlines()[-1].strip()}")
     raise ProviderError(
         f"cannot install on pool {name!r}; nothing was installed:\n" + "\n".join(f"  - {w}" for w in why)
-        + "\nCheck the names and versions (the pool's index and this machine's pip settings are where they "
-          "come from); `skyward history` shows the pool's record and its packages."
+        + "\nCheck the names and versions (the pool's indexes and the index settings of uv and pip on "
+          "this machine are where they come from); `skyward history` shows the pool's record and its packages."
     )
 
 

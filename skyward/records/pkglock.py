@@ -6,10 +6,10 @@ The nodes then install exactly that list with ``--no-deps`` (and ``--require-has
 line has a hash): what the record says is what the nodes have. Reproducing a pool hands the
 recorded list back (``pinned``) and nothing is resolved at all.
 
-Where the packages come from is what pip is configured to use on this machine (``pip config``,
-``PIP_INDEX_URL``/``PIP_EXTRA_INDEX_URL``/``PIP_FIND_LINKS``), plus ``Image.pip_indexes``: the
-wheelhouse is built with pip, so the two must see the same packages. ``UV_*`` settings in the
-environment win over pip's. The URLs reach uv (and pip) through their environment, never their
+Where the packages come from is what uv and pip are configured to use on this machine (their
+environment variables and config files, read by skyward.records.pkgsources: an environment made
+by uv has no pip to ask), plus ``Image.pip_indexes``. uv resolves and pip fetches the wheelhouse,
+so each is handed what the other knows; uv's default index wins over pip's. The URLs reach uv (and pip) through their environment, never their
 command line: an index URL's ``user:token@`` is a secret, and ``ps`` shows argv to every user.
 """
 
@@ -109,9 +109,17 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise ProviderError(
-        "uv resolves the packages of every pool and was not found. Install it with `pip install uv` "
-        "(it is a dependency of skyward, so reinstalling skyward also works)."
+    raise ProviderError(missing_uv("resolves the packages of every pool"))
+
+
+def missing_uv(what: str) -> str:
+    """The error for a client without uv: where it was looked for and how to install it, for an
+    environment with pip and for one without."""
+    return (
+        f"uv {what} and was not found: not beside this Python ({sys.executable}), not as the `uv` "
+        f"package, not on PATH. It is a dependency of skyward: install it into this environment with "
+        f"`{sys.executable} -m pip install uv`, or, where it has no pip, install uv on its own with "
+        f"`curl -LsSf https://astral.sh/uv/install.sh | sh` (skyward finds it on PATH)."
     )
 
 
@@ -146,21 +154,6 @@ def uv_version() -> str:
     return version
 
 
-@functools.cache
-def _pip_config() -> dict[str, str]:
-    """pip's own settings on this machine (``pip config list``): key -> value."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                              text=True, timeout=60, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    out = {}
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition("=")
-        out[key.split(".", 1)[-1].strip()] = value.strip().strip("'\"")
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class Sources:
     """Where uv finds packages: ``args`` for its command line (nothing secret there) and ``env``,
@@ -189,28 +182,36 @@ def extra_index_env(indexes: Sequence[str], base: Mapping[str, str] | None = Non
 
 
 def pip_index_env(indexes: Sequence[str]) -> dict[str, str]:
-    """``PIP_EXTRA_INDEX_URL`` for a pip this process runs: ``indexes`` first, then the extra
-    indexes pip is configured with here (its environment wins over its config files, so the
-    configured ones are repeated; pip's command line would have added to them)."""
-    current = os.environ.get("PIP_EXTRA_INDEX_URL") or _pip_config().get("extra-index-url", "")
-    joined = _joined(indexes, current.split())
-    return {"PIP_EXTRA_INDEX_URL": joined} if joined else {}
+    """pip's settings for a pip this process runs (the wheelhouse): every source uv and pip are
+    configured with here, plus ``indexes`` -- what the lock was resolved from, so pip finds every
+    wheel of it, uv's settings included (pip reads none of them). uv's default index replaces
+    pip's, which becomes an extra one. pip's environment wins over its config files, so the
+    configured sources are repeated in it."""
+    from . import pkgsources
+
+    where = pkgsources.combined(indexes)
+    out = {"PIP_EXTRA_INDEX_URL": " ".join(where.extra), "PIP_FIND_LINKS": " ".join(where.find_links)}
+    if where.default:
+        out["PIP_INDEX_URL"] = where.default
+    return {k: v for k, v in out.items() if v}
 
 
 def sources(indexes: Sequence[str] = ()) -> Sources:
-    """The package sources pip uses here, plus the pool's own indexes, as uv settings."""
-    pip = _pip_config()
-    env = os.environ
+    """The package sources pip is configured with here (read from its settings: no pip needed),
+    plus the pool's own indexes, as uv settings. uv reads its own settings itself (environment,
+    uv.toml, pyproject ``[tool.uv]``); a default index there wins over pip's, which is then one
+    more extra index."""
+    # (imported on first use: a Local pool with nothing to install never reads the settings)
+    from . import pkgsources
 
-    def setting(name: str) -> str:
-        return env.get(f"PIP_{name.upper().replace('-', '_')}") or pip.get(name, "")
-
+    uv, pip = pkgsources.uv_settings(), pkgsources.pip_settings()
     out: dict[str, str] = {}
-    if not (env.get("UV_INDEX_URL") or env.get("UV_DEFAULT_INDEX")) and setting("index-url"):
-        out["UV_INDEX_URL"] = setting("index-url")
-    # uv's own settings are kept (on its command line, ours would have replaced them).
-    out.update(extra_index_env([*indexes, *setting("extra-index-url").split()]))
-    links = _joined(setting("find-links").split(), env.get("UV_FIND_LINKS", "").split(","), sep=",")
+    if pip.default and not uv.default:
+        out["UV_INDEX_URL"] = pip.default
+    displaced = [pip.default] if pip.default and uv.default and pip.default != uv.default else []
+    # The user's own UV_* are kept (extra_index_env repeats them: ours replace theirs).
+    out.update(extra_index_env([*indexes, *pip.extra, *displaced]))
+    links = _joined(pip.find_links, re.split(r"[,\s]+", os.environ.get("UV_FIND_LINKS", "")), sep=",")
     if links:
         out["UV_FIND_LINKS"] = links
     # Like pip: the best version anywhere.

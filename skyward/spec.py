@@ -88,6 +88,13 @@ class Nodes:
             )
         return cls(desired=value)
 
+    @property
+    def floor(self) -> int:
+        """The fewest nodes an elastic pool (one with a ``max``) shrinks to when idle: ``min``
+        when given (``min=0``: it reaps to zero, head included, and its next task wakes it),
+        else ``desired``."""
+        return self.desired if self.min is None else self.min
+
 
 # How many nodes: a count, a (start, max) elastic range, or sky.Nodes(...).
 NodeSpec: TypeAlias = int | tuple[int, int] | Nodes

@@ -35,3 +35,21 @@ def test_shrinks_to_desired_after_idle_timeout_only() -> None:
     assert decide(ELASTIC, 5, 0, 1, 120.0, state, OPTS) is None
     assert decide(ELASTIC, 5, 0, 1, 151.0, state, OPTS) == 2
     assert decide(ELASTIC, 2, 0, 1, 200.0, state, OPTS) is None  # at desired: stays
+
+
+def test_min_is_the_floor_an_idle_elastic_pool_shrinks_to() -> None:
+    # The reference's scale to zero: Nodes(desired=5, min=0, max=5) starts 5 and reaps to 0.
+    nodes = sky.Nodes(desired=5, min=0, max=5)
+    assert nodes.floor == 0 and sky.Nodes(desired=2, max=6).floor == 2 and sky.Nodes(desired=8, min=4, max=9).floor == 4
+    state = ScaleState(last_change=0.0)
+    assert decide(nodes, 5, 0, 1, 100.0, state, OPTS) is None  # idle starts
+    assert decide(nodes, 5, 0, 1, 131.0, state, OPTS) == 0  # idle past the timeout: to the floor
+    assert decide(sky.Nodes(desired=2, min=0), 2, 0, 1, 500.0, ScaleState(0.0), OPTS) is None  # no max: fixed
+
+
+def test_an_idle_pool_waits_out_the_cooldown_before_it_shrinks() -> None:
+    options = sky.Options(autoscale_cooldown=50, autoscale_idle_timeout=5)
+    state = ScaleState(last_change=0.0)
+    assert decide(ELASTIC, 5, 0, 1, 1.0, state, options) is None
+    assert decide(ELASTIC, 5, 0, 1, 20.0, state, options) is None  # idle 19 s, but 20 s since it grew
+    assert decide(ELASTIC, 5, 0, 1, 51.0, state, options) == 2

@@ -73,3 +73,19 @@ def test_broadcast_and_map_wake_an_asleep_pool() -> None:
         assert (where() @ pool) == [0]  # every node: the one it woke
     with sky.Compute(nodes=(0, 2), options=options) as pool:
         assert pool.map(lambda x: x * 2, range(5)) == [0, 2, 4, 6, 8]
+
+
+def test_min_zero_starts_desired_nodes_reaps_to_zero_and_wakes_on_the_next_task() -> None:
+    # The reference project's own scale-to-zero test, on Local.
+    seen: list[sky.Event] = []
+    options = sky.Options(console=False, autoscale_idle_timeout=1.5, autoscale_cooldown=0.5,
+                          reconcile_tick_interval=0.2)
+    with sky.Compute(nodes=sky.Nodes(desired=2, min=0, max=2), options=options) as pool:
+        pool.subscribe(seen.append)
+        _wait(lambda: pool.current_nodes() == 2, 30)  # desired nodes start, min=0 or not
+        assert where() >> pool in (0, 1)
+        _wait(lambda: pool.current_nodes() == 0, 30)  # idle: reaped to zero, head included
+        _wait(lambda: any(isinstance(e, sky.ClusterAsleep) for e in seen), 5)
+        assert where() >> pool == 0  # the next task wakes it
+        assert pool.current_nodes() >= 1
+        assert any(isinstance(e, sky.ClusterWoke) for e in seen)

@@ -28,8 +28,9 @@ def decide(nodes: Nodes, live: int, busy: int, slots: int, now: float,
 
     Grow while tasks wait for a free slot (``busy`` beyond ``live * slots``), by as many nodes
     as the waiting tasks fill, at most once per ``autoscale_cooldown`` and never beyond
-    ``nodes.max``. Shrink back to ``nodes.desired`` once nothing has run for
-    ``autoscale_idle_timeout`` seconds. Updates ``state``.
+    ``nodes.max``. Shrink to ``nodes.floor`` (``min`` when given, else ``desired``; 0 puts the
+    pool to sleep) once nothing has run for ``autoscale_idle_timeout`` seconds and the last
+    change is ``autoscale_cooldown`` seconds old. Updates ``state``.
     """
     if nodes.max is None:
         return None
@@ -37,12 +38,13 @@ def decide(nodes: Nodes, live: int, busy: int, slots: int, now: float,
     if waiting > 0 and live < nodes.max and now - state.last_change >= options.autoscale_cooldown:
         state.last_change, state.idle_since = now, None
         return min(nodes.max, live + math.ceil(waiting / slots))
-    if busy == 0 and live > nodes.desired:
+    if busy == 0 and live > nodes.floor:
         if state.idle_since is None:
             state.idle_since = now
-        if now - state.idle_since >= options.autoscale_idle_timeout:
+        if (now - state.idle_since >= options.autoscale_idle_timeout
+                and now - state.last_change >= options.autoscale_cooldown):
             state.last_change, state.idle_since = now, None
-            return nodes.desired
+            return nodes.floor
         return None
     state.idle_since = None
     return None
@@ -62,8 +64,8 @@ class Autoscaler:
         """Start the loop if the pool is elastic now and it does not run yet."""
         members = self.members
         nodes = members.nodes
-        if nodes.max is None or nodes.max <= nodes.desired:
-            return
+        if nodes.max is None or nodes.max <= nodes.floor:
+            return  # nothing to move between: Nodes(desired=5, min=0, max=5) does move (5 to 0)
         with members.lock:
             if self._thread is not None or members.closed:
                 return
@@ -77,6 +79,8 @@ class Autoscaler:
         state = ScaleState(last_change=time.monotonic())
         while not members.stop.wait(min(1.0, self.options.reconcile_tick_interval)):
             with members.lock:
+                if members.joining or members.waking is not None:
+                    continue  # nodes on their way (Nodes(min=), a wake) are not idle ones
                 live = [ch for ch in members.channels if ch.lost is None]
                 size = len(members.channels)  # a lost node being replaced still counts: no scale-up
             busy = sum(ch.inflight for ch in live)

@@ -175,8 +175,11 @@ class Membership:
 
     # -- scale to zero ---------------------------------------------------------------------------
     def asleep(self) -> bool:
-        """No node, and the pool may have none: ``Nodes(desired=0, max=N)``."""
-        return not self.closed and not self.channels and self.nodes.desired == 0 and (self.nodes.max or 0) > 0
+        """No node, none on its way, and the pool may have none: an elastic pool whose floor is 0
+        (``Nodes(desired=0, max=N)``, or ``Nodes(desired=N, min=0, max=M)`` once it reaped to zero)."""
+        nodes = self.nodes
+        return (not self.closed and not self.channels and not self.joining
+                and nodes.floor == 0 and (nodes.max or 0) > 0)
 
     def _wake_if_asleep(self) -> None:
         """Start a node for work that waits (once; call with the lock held). A wake that failed

@@ -47,3 +47,19 @@ def test_an_ssh_pool_born_asleep_wakes_on_a_host_sleeps_and_wakes_again(three_ho
         node, host = where() >> pool  # a host again: the ones given back are free
         assert node == 0 and host in {h.name for h in hosts}
         assert len([e for e in seen if isinstance(e, sky.ClusterWoke)]) == 2
+
+
+def test_an_ssh_pool_of_min_zero_starts_its_nodes_reaps_to_zero_and_wakes(three_hosts: SSHHosts) -> None:
+    hosts = list(three_hosts)[:2]
+    provider = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                              for h in hosts])
+    seen: list[sky.Event] = []
+    options = sky.Options(console=False, autoscale_idle_timeout=1.0, autoscale_cooldown=0.5,
+                          reconcile_tick_interval=0.2)
+    with sky.Compute(provider=provider, nodes=sky.Nodes(desired=2, min=0, max=2), options=options) as pool:
+        pool.subscribe(seen.append)
+        _wait(lambda: pool.current_nodes() == 2, 120)
+        _wait(lambda: pool.current_nodes() == 0, 60)  # idle: both hosts given back, head included
+        _wait(lambda: any(isinstance(e, sky.ClusterAsleep) for e in seen), 10)
+        node, host = where() >> pool  # the next task wakes it on a host
+        assert node == 0 and host in {h.name for h in hosts}

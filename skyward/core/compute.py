@@ -109,6 +109,7 @@ class Compute:
             _check_named(name, specs, kwargs, worker, self.options)
         self.worker = _resolve_worker(self.options, worker)
         self.specs = _build_specs(specs, kwargs)
+        self.label: str | None = None  # set by Session.compute: its name for a pool it describes
         self.pool: Pool | None = None
         self._previous_sigterm: Any = None
 
@@ -130,7 +131,7 @@ class Compute:
                 "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "
                 "until you stop them yourself.", stacklevel=3,
             )
-        return _open_pool(spec, self.options, self.worker)
+        return _open_pool(spec, self.options, self.worker, self.label)
 
     def __enter__(self) -> Pool:
         self.pool = self.open()
@@ -191,7 +192,7 @@ def _reproduce(pool_id: str, provider: Any, options: Options, strict: bool) -> P
         return Pool(spec, options, rep.worker)
 
 
-def _open_pool(spec: PoolSpec, options: Options, worker: Worker) -> Pool:
+def _open_pool(spec: PoolSpec, options: Options, worker: Worker, label: str | None = None) -> Pool:
     """A new pool. A provider that can start its nodes at once (Local: processes) starts them
     before the pool's own modules load, so the two overlap; the pool then connects to them.
     That head start is only an optimisation: when it fails, the pool starts its nodes itself
@@ -208,7 +209,7 @@ def _open_pool(spec: PoolSpec, options: Options, worker: Worker) -> Pool:
     from .pool import Pool
 
     try:
-        return Pool(spec, options, worker, pool_id=pool_id, launched=launched)
+        return Pool(spec, options, worker, pool_id=pool_id, launched=launched, label=label)
     except BaseException:
         if launched is not None:
             launched.close()  # a pool that failed before it took them (closing twice is harmless)
@@ -226,7 +227,13 @@ class Session:
     session, taken as keywords as the reference project's Session takes them: the values
     ``sky.Options`` accepts, applied over ``options=`` (None: as ``options=`` has it). They are
     the options of every pool the session opens, except a pool given its own ``options=``,
-    which is used as it is."""
+    which is used as it is.
+
+    ``session.compute(..., name="a")`` with the pool described (keywords or Specs) names it
+    within the session, as the reference project's Session does: a label, unique among the
+    session's open pools, shown in the console, events and record, and what ``stop_pool``
+    takes. ``session.compute(name="a")`` alone attaches to the named pool ``a`` of
+    skyward.toml, as ``sky.Compute(name="a")`` does."""
 
     def __init__(self, *, options: Options | None = None, console: bool | ConsoleMode | None = None,
                  logging: LogConfig | bool | None = None, shutdown_timeout: float | None = None) -> None:
@@ -251,9 +258,45 @@ class Session:
                 worker: Worker | None = None, **kwargs: Unpack[SpecKwargs]) -> Pool:
         if self._closed:
             raise PoolClosedError("this session is closed; open pools in a new sky.Session().")
-        pool = Compute(*specs, name=name, options=options or self.options, worker=worker, **kwargs).open()
+        label = None
+        if name is not None and (specs or kwargs):  # the pool is described here: name is a label
+            label, name = self._free_label(name), None
+        compute = Compute(*specs, name=name, options=options or self.options, worker=worker, **kwargs)
+        compute.label = label
+        pool = compute.open()
         self.pools.append(pool)
         return pool
+
+    def _free_label(self, label: object) -> str:
+        if not isinstance(label, str) or not label.strip():
+            raise ConfigError(
+                f"session.compute(name={label!r}) is not valid: a pool's name in a session is a "
+                f"non-empty string, e.g. name='train'."
+            )
+        taken = self._find(label)
+        if taken is not None:
+            raise ConfigError(
+                f"session.compute(name={label!r}): this session already has a pool called {label!r} "
+                f"(id {taken.id}); give each pool its own name, or stop that one first with "
+                f"session.stop_pool({label!r})."
+            )
+        return label
+
+    def _find(self, name: str) -> Pool | None:
+        return next((p for p in self.pools if name in (p.label, p.name)), None)
+
+    def stop_pool(self, pool: str | Pool) -> None:
+        """Close one of the session's pools now, by its name in the session (or the Pool): its
+        nodes are destroyed (a named pool it attached to is only let go); the others go on."""
+        found = pool if not isinstance(pool, str) else self._find(pool)
+        if found is None or found not in self.pools:
+            names = ", ".join(repr(p.label or p.name or p.id) for p in self.pools) or "none"
+            raise ConfigError(
+                f"session.stop_pool({pool!r}): this session has no pool called {pool!r} "
+                f"(its pools: {names}); name one of them, or pass the Pool itself."
+            )
+        self.pools.remove(found)
+        found.close()
 
     def close(self) -> None:
         self._closed = True

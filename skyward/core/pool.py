@@ -90,18 +90,21 @@ class Pool(DispatchTarget):
     def __init__(
         self, spec: PoolSpec, options: Options, worker: Worker, *,
         cluster: Cluster | None = None, name: str | None = None,
-        pool_id: str | None = None, launched: Cluster | None = None,
+        pool_id: str | None = None, launched: Cluster | None = None, label: str | None = None,
     ) -> None:
         """``cluster``: nodes that already run (a named pool another process started, from
         ``provider.attach``); the pool then connects to them and, on close, detaches and leaves
         them running instead of destroying them. ``launched``: this pool's own nodes, already
         starting (``provider.launch``, under ``pool_id``); the pool owns them as if it had
-        created them."""
+        created them. ``label``: the name a Session gave a pool it described
+        (``session.compute(..., name=...)``): shown in the console, events and record; never a
+        named pool's name (nothing attaches to it)."""
         self.spec = spec
         self.options = options
         self.worker = worker
         self.id = pool_id or os.urandom(4).hex()  # 8 hex digits (uuid would load platform: 2 ms)
         self.name = name
+        self.label = label
         self._owned = cluster is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
         self._before_close: list[Callable[[Pool], None]] = []  # named pools: sleep when the last client leaves
@@ -130,7 +133,7 @@ class Pool(DispatchTarget):
             log.warning("not writing the skyward log file: %s", exc)
             self._log = logs.configure(False)
         secrets.register_env(spec.image.env)  # before anything can log or print them
-        title = f"pool {name or self.id}"
+        title = f"pool {name or label or self.id}"
         self._event_log = console.EventLog(self.id, title)
         # Inside sky.App the App's console shows this pool; it opens none of its own.
         mode = "silent" if app.current() is not None else console.resolve(options.console)
@@ -140,7 +143,8 @@ class Pool(DispatchTarget):
             from ..records import record
 
             self._origin = record.origin_soon()  # for the record, while the nodes start
-            self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired))
+            self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired,
+                                           label=label))
         try:
             if cluster is None:  # nodes this pool starts: already starting (launched), or now
                 cluster = launched if launched is not None else spec.provider.create(spec, self.id, self.options, name=name)

@@ -35,6 +35,7 @@ class Event:
 class ClusterRequested(Event):
     provider: str
     nodes: int
+    label: str | None = None  # the name a Session gave the pool (session.compute(..., name=...))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -263,6 +263,7 @@ def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[st
         "format": FORMAT,
         "id": pool.id,
         "name": pool.name,
+        "label": pool.label,  # a Session's name for a pool it described (not a named pool)
         "provider": getattr(provider, "kind", "?"),
         "created": time.time(),
         "who": who,

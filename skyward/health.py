@@ -1,10 +1,12 @@
 """sky.HealthChecker: a check the pool runs on every node, replacing nodes that keep failing it.
 
 The check runs in the node's agent, beside the workers and never in a task slot, so a node busy
-with long tasks still answers it. The client judges the answers: ``True`` is healthy; ``False``,
-a string (the reason), an exception, or no answer within ``timeout`` is a failure. After
-``consecutive_failures`` failures in a row the node is replaced like a lost one. A node gets no
-tasks until its first check has passed.
+with long tasks still answers it; one function object per node runs every check there, so it
+may keep state between calls. The client judges the answers: ``True`` is healthy; ``False``, a
+string (the reason), an exception, or no answer within ``timeout`` is a failure. After
+``consecutive_failures`` failures in a row the node is replaced like a lost one, with a reason
+that says "health check". A node gets no tasks until its first check has passed (it is
+warming), and a new pool is handed over only once its nodes have warmed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ class HealthChecker:
                 f"HealthChecker(consecutive_failures={n!r}) is not valid: use an int >= 1 (how many "
                 f"failed checks in a row replace a node)."
             )
+
+
+# On a node: each pool's check as it first arrived there, kept between calls (see NodeCheck).
+_LIVE: dict[str, Callable[[Any], Any]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCheck:
+    """What travels to a node for each check: the check and a key naming it (pool and checker).
+
+    Every check arrives as a fresh copy of ``fn``; the node runs the first copy it got for the
+    key, so a check keeps its own state from call to call (a counter, a warm-up that passes on
+    its third try, a handle it opened), as a check running in one loop on the node would."""
+
+    key: str
+    fn: Callable[[Any], Any]
+
+    def __call__(self, info: Any) -> Any:
+        return _LIVE.setdefault(self.key, self.fn)(info)
 
 
 def verdict(value: Any) -> str | None:

@@ -16,7 +16,8 @@ readiness only through the ones made for it (``claim_for_replacement``, ``swap``
 * ``Options.max_provision_attempts`` (default 3) failed attempts in a row for one rank end
   its healing with an Error event; the pool goes on with the nodes it has, and once none is
   left, dispatch raises instead of waiting.
-* With a health checker, a node takes no task until its first check has passed.
+* With a health checker, a node takes no task until its first check has passed, and a new
+  pool waits for that on each of its nodes before it is handed over (``wait_warm``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame, Kind
 
 from ..errors import ConfigError, NodeLostError, ProviderError
-from ..health import HealthChecker, verdict
+from ..health import HealthChecker, NodeCheck, verdict
 from ..observe import events as ev
 from ..spec import Options
 from .dispatch import decode_result
@@ -246,11 +247,28 @@ class Healing:
         self._health_thread = threading.Thread(target=self._health_loop, name="skyward-health", daemon=True)
         self._health_thread.start()
 
+    def wait_warm(self) -> None:
+        """With a health checker, wait until each node of the pool has passed its first check
+        (warming gates readiness, as in the reference) or was given up; raise NodeLostError when
+        none passed. Replacements of nodes that fail while warming happen meanwhile."""
+        members = self.members
+        if self.options.health_checker is None:
+            return
+        self.start_health_checks()
+        with members.changed:
+            while not members.closed:
+                if not any(ch in members.unchecked and ch not in members.given_up for ch in members.channels):
+                    break
+                members.changed.wait(0.25)
+            if members.channels and not members.ready():
+                raise members.no_node_error()
+
     def _health_loop(self) -> None:
         hc = self.options.health_checker
         assert isinstance(hc, HealthChecker)
         members = self.members
-        flags, body, buffers = serialize.dumps(hc.fn)
+        # One key per pool and checker: the node keeps the first copy it gets and runs it each time.
+        flags, body, buffers = serialize.dumps(NodeCheck(f"{self.pool_id}:{id(hc):x}", hc.fn))
         body = bytes(body)
         tick = max(0.02, min(0.25, hc.interval / 10, hc.timeout / 10))
         checks: dict[NodeChannel, _Check] = {}

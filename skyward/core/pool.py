@@ -159,6 +159,7 @@ class Pool(DispatchTarget):
             complete = members.start()  # all nodes, or Nodes(min=) of them (the rest join later)
             if complete and not self._owned and self.cluster.heal_at_attach:
                 self.attach_events = self.healing.replace_unreachable()  # its dead nodes, now
+            self.healing.wait_warm()  # a health checker's first pass on each node (warming)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self.close()

@@ -166,26 +166,36 @@ def pip_command() -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "pip"], {"PYTHONPATH": path}
 
 
-def _bundled_pip_wheels(places: tuple[str, ...]) -> list[Path]:
-    found: list[Path] = []
+def _bundled_pip_wheel(places: tuple[str, ...]) -> Path | None:
+    """The newest pip wheel in the first of ``places`` that has one (relative ones: beside
+    this interpreter's ensurepip, whose wheel is made for it), or None."""
+    from packaging.version import InvalidVersion, Version
+
+    def version(wheel: Path) -> Version:
+        try:
+            return Version(wheel.name.split("-")[1])
+        except (IndexError, InvalidVersion):
+            return Version("0")
+
     ensurepip = importlib.util.find_spec("ensurepip")
     for place in places:
         folder = Path(place)
         if not folder.is_absolute():
             if ensurepip is None or not ensurepip.origin:
                 continue
-            folder = Path(ensurepip.origin).parent.parent / folder
-        found += sorted(folder.glob("pip-*-py3-none-any.whl"))
-    return found
+            folder = Path(ensurepip.origin).parent / folder.relative_to("ensurepip")
+        wheels = sorted(folder.glob("pip-*-py3-none-any.whl"), key=version)
+        if wheels:
+            return wheels[-1]
+    return None
 
 
 def isolated_pip(bundled: tuple[str, ...] = _BUNDLED_PIP) -> Path:
     """A folder holding pip for this interpreter, in skyward's cache (never in the user's
     environment): the pip wheel bundled with the interpreter, unpacked, or else pip fetched from
     the package index with uv. ``bundled``: where to look for that wheel."""
-    wheels = _bundled_pip_wheels(bundled)
-    if wheels:
-        wheel = wheels[-1]
+    wheel = _bundled_pip_wheel(bundled)
+    if wheel is not None:
         folder = cache_dir("tools") / wheel.name.removesuffix(".whl")
         if not (folder / "pip" / "__main__.py").exists():
             tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}.tmp")

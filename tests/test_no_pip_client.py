@@ -118,3 +118,17 @@ def test_the_bundled_pip_is_unpacked_once_into_skywards_cache(tmp_path: Path,
     again = wheelhouse.isolated_pip()
     assert again == first
     assert hashlib.sha256(str(sorted(p.name for p in again.iterdir())).encode()).hexdigest() == stamp
+
+
+def test_without_a_bundled_pip_wheel_pip_comes_from_the_index_into_skywards_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python whose ensurepip carries no wheel (some distributions strip it): skyward's pip is
+    fetched once with uv from this machine's index, into its cache, and runs."""
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    folder = wheelhouse.isolated_pip(bundled=())
+    assert folder.is_relative_to(tmp_path / "home" / "cache")
+    ran = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True, timeout=60,
+                         env=uvclient.clean_env(PYTHONPATH=str(folder)))
+    assert ran.returncode == 0 and ran.stdout.startswith("pip ") and str(folder) in ran.stdout, ran
+    assert wheelhouse.isolated_pip(bundled=()) == folder  # once

@@ -772,7 +772,8 @@ class Agent:
             pass
 
     def _cancel(self, conn: Conn, client_tid: int) -> None:
-        """Drop a task that still waits for a slot; it answers with an error at once."""
+        """Drop a task that still waits for a slot (it answers with an error at once), or pass
+        the CANCEL to the worker running it (which stops it and answers once its slot is free)."""
         with self.lock:
             found = None
             for item in self.pending:
@@ -780,13 +781,17 @@ class Agent:
                     found = item
                     break
             if found is None:
+                running = next(((tid, r.worker) for tid, r in self.routes.items()
+                                if r.conn is conn and r.client_tid == client_tid and r.worker is not None), None)
+                if running is not None:
+                    self._to_worker(running[1], Frame(Kind.CANCEL, running[0], b""))
                 return
             self.pending.remove(found)
             self.routes.pop(found[0], None)
         serialize.discard(found[2].buffers)
         from skyward.errors import TaskCancelledError
 
-        err = TaskCancelledError("the task was cancelled before it started (joblib aborted the batch)")
+        err = TaskCancelledError("the task was cancelled before it started (its caller gave up on it: joblib aborted the call)")
         flags, body, buffers = serialize.dumps_error(err, tb_text="")
         self._reply(found[1], Frame(Kind.RESULT, 0, body, flags, buffers))
 
@@ -932,14 +937,19 @@ def _inline(buffers: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 
 
 def _node_spill_dir() -> Path | None:
-    """A shared-memory folder of this agent's own (``/dev/shm/skyward-node-<pid>-*``); those of
-    agents that were killed are removed first. None where /dev/shm cannot be used."""
+    """A shared-memory folder of this agent's own (``/dev/shm/skyward-node-<pid>-<ns>-*``);
+    those of agents that were killed are removed first. None where /dev/shm cannot be used.
+
+    ``ns`` names the agent's pid namespace: containers (and the test hosts) may share one
+    /dev/shm while each counts its own pids, and an agent must never take another namespace's
+    live agent for a dead one of its own and remove its folder under a payload."""
     import tempfile
 
     shm_root = Path("/dev/shm")
     if not (shm_root.is_dir() and os.access(shm_root, os.W_OK)):
         return None
-    for old in shm_root.glob("skyward-node-*"):
+    ns = _pid_namespace()
+    for old in shm_root.glob(f"skyward-node-*-{ns}-*"):
         try:
             pid = int(old.name.split("-")[2])
             mine = old.stat().st_uid == os.getuid()
@@ -950,9 +960,17 @@ def _node_spill_dir() -> Path | None:
 
             shutil.rmtree(old, ignore_errors=True)
     try:
-        return Path(tempfile.mkdtemp(prefix=f"skyward-node-{os.getpid()}-", dir=shm_root))
+        return Path(tempfile.mkdtemp(prefix=f"skyward-node-{os.getpid()}-{ns}-", dir=shm_root))
     except OSError:
         return None
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (its inode number), or "0" where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid").rpartition("[")[2].rstrip("]") or "0"
+    except OSError:
+        return "0"
 
 
 def _launchers(blob: str | None) -> list[Any]:

@@ -95,3 +95,28 @@ def test_command_line_forms_and_mistakes() -> None:
         _parse_args(["--ttl", "soon"])
     with pytest.raises(SystemExit, match="--log needs a value"):
         _parse_args(["--log"])
+
+
+def test_the_shared_memory_sweep_leaves_other_pid_namespaces_alone() -> None:
+    """Containers (and the SSH test hosts) may share /dev/shm while each counts its own pids: a
+    folder of another namespace is never taken for a dead agent's."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from skyward.bootstrap import agent
+
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    ns = agent._pid_namespace()
+    dead = 2**22 + 17  # above pid_max's default: no process has it
+    theirs = Path(tempfile.mkdtemp(prefix=f"skyward-node-{dead}-{ns}1-", dir="/dev/shm"))
+    ours_dead = Path(tempfile.mkdtemp(prefix=f"skyward-node-{dead}-{ns}-", dir="/dev/shm"))
+    made = agent._node_spill_dir()
+    try:
+        assert made is not None and made.name.startswith(f"skyward-node-{os.getpid()}-{ns}-")
+        assert theirs.exists() and not ours_dead.exists()
+    finally:
+        for p in (theirs, ours_dead, made):
+            if p is not None:
+                shutil.rmtree(p, ignore_errors=True)

@@ -50,6 +50,10 @@ def test_min_is_the_floor_an_idle_elastic_pool_shrinks_to() -> None:
 def test_an_idle_pool_waits_out_the_cooldown_before_it_shrinks() -> None:
     options = sky.Options(autoscale_cooldown=50, autoscale_idle_timeout=5)
     state = ScaleState(last_change=0.0)
-    assert decide(ELASTIC, 5, 0, 1, 1.0, state, options) is None
-    assert decide(ELASTIC, 5, 0, 1, 20.0, state, options) is None  # idle 19 s, but 20 s since it grew
-    assert decide(ELASTIC, 5, 0, 1, 51.0, state, options) == 2
+    assert decide(ELASTIC, 2, 5, 1, 50.0, state, options) == 5  # a burst: it grows
+    assert decide(ELASTIC, 5, 0, 1, 51.0, state, options) is None
+    assert decide(ELASTIC, 5, 0, 1, 70.0, state, options) is None  # idle 19 s, but 20 s since it grew
+    assert decide(ELASTIC, 5, 0, 1, 101.0, state, options) == 2
+    fresh = ScaleState(last_change=0.0)  # no step yet: the pool's start is not one
+    assert decide(ELASTIC, 5, 0, 1, 1.0, fresh, options) is None
+    assert decide(ELASTIC, 5, 0, 1, 7.0, fresh, options) == 2

@@ -18,8 +18,9 @@ log = logging.getLogger("skyward")
 
 @dataclass
 class ScaleState:
-    last_change: float
+    last_change: float  # the last step (or the loop's start)
     idle_since: float | None = None
+    stepped: bool = False  # whether a step was taken: the cooldown before a shrink counts from it
 
 
 def decide(nodes: Nodes, live: int, busy: int, slots: int, now: float,
@@ -29,21 +30,22 @@ def decide(nodes: Nodes, live: int, busy: int, slots: int, now: float,
     Grow while tasks wait for a free slot (``busy`` beyond ``live * slots``), by as many nodes
     as the waiting tasks fill, at most once per ``autoscale_cooldown`` and never beyond
     ``nodes.max``. Shrink to ``nodes.floor`` (``min`` when given, else ``desired``; 0 puts the
-    pool to sleep) once nothing has run for ``autoscale_idle_timeout`` seconds and the last
-    change is ``autoscale_cooldown`` seconds old. Updates ``state``.
+    pool to sleep) once nothing has run for ``autoscale_idle_timeout`` seconds, and no sooner than
+    ``autoscale_cooldown`` after the last step (a pool that just grew for a burst keeps its nodes
+    that long). Updates ``state``.
     """
     if nodes.max is None:
         return None
     waiting = busy - live * slots
     if waiting > 0 and live < nodes.max and now - state.last_change >= options.autoscale_cooldown:
-        state.last_change, state.idle_since = now, None
+        state.last_change, state.idle_since, state.stepped = now, None, True
         return min(nodes.max, live + math.ceil(waiting / slots))
     if busy == 0 and live > nodes.floor:
         if state.idle_since is None:
             state.idle_since = now
-        if (now - state.idle_since >= options.autoscale_idle_timeout
-                and now - state.last_change >= options.autoscale_cooldown):
-            state.last_change, state.idle_since = now, None
+        cooled = not state.stepped or now - state.last_change >= options.autoscale_cooldown
+        if now - state.idle_since >= options.autoscale_idle_timeout and cooled:
+            state.last_change, state.idle_since, state.stepped = now, None, True
             return nodes.floor
         return None
     state.idle_since = None

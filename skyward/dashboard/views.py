@@ -243,7 +243,11 @@ def run_command(name: str, command: Any, timeout: float) -> list[dict[str, Any]]
 
     if not isinstance(command, str) or not command.strip():
         raise ConfigError("exec needs a command: give {\"command\": \"hostname\"}.")
-    with attached(name) as pool:
+    from skyward.named.wake import awake
+
+    # An asleep pool wakes for it, as for `skyward exec` (the dashboard's stderr says so; the
+    # trail records the wake), and sleeps again after.
+    with awake(name, wake=True, command="skyward dashboard exec"), attached(name) as pool:
         results = function(run_shell, timeout=timeout + 10)(command, timeout) @ pool
     record = registry.read(name) or {}
     audit.append(name, "exec", record.get("id", ""), command=command, by="skyward dashboard",

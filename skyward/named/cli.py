@@ -134,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("exec", "Run a shell command on every node of a pool: one result per node.")
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per node (default 60)")
+    p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
     p.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command, after --")
 
     p = command("logs", "The agent logs of a pool's nodes.")
@@ -809,7 +810,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("exec needs a command after --, e.g. `skyward exec NAME -- hostname`.")
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
-    with _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
+    from .wake import awake
+
+    with awake(args.name, wake=not args.no_wake, command="skyward exec"), \
+            _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
         results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ pool
         reached = [ch.node for ch in pool.members.channels]
         missing = pool.cluster.unreachable()

@@ -39,6 +39,7 @@ from typing import Any
 from ..errors import ConfigError, SkywardError
 from .cliout import EXIT_OK, print_json
 from .nodeaccess import Node, Process, finish, open_nodes
+from .wake import awake
 
 q = shlex.quote
 _BAR_FROM = 1 << 20  # copies of at least this many bytes show a progress bar on a terminal
@@ -54,6 +55,7 @@ def add_cp(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("source", metavar="SRC", help="LOCAL path or NAME:PATH")
     p.add_argument("dest", metavar="DEST", help="NAME:PATH or LOCAL path")
     p.add_argument("--node", type=int, help="only this node (rank 0 to nodes-1); default: every node")
+    p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
     p.set_defaults(handler=cmd_cp)
 
 
@@ -90,7 +92,8 @@ def cmd_cp(args: argparse.Namespace) -> int:
             raise SkywardError(f"{src.path or repr('')}: no such file or folder here ({os.getcwd()}); nothing "
                                f"was copied.")
     started = time.monotonic()
-    with open_nodes(name, args.node) as (record, nodes):
+    with awake(name, wake=not args.no_wake, command="skyward cp", node=args.node), \
+            open_nodes(name, args.node) as (record, nodes):
         if src.pool is None:
             done = upload(Path(src.path), dest.path, nodes, show=_show_bar(args))
         else:

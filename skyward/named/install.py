@@ -41,6 +41,7 @@ def add_install(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("packages", nargs="+", metavar="PKG",
                    help="requirements as pip takes them: tabulate, 'pandas>=2', 'torch==2.4.*'")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each node may take (default 600)")
+    p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
     p.set_defaults(handler=cmd_install)
 
 
@@ -58,11 +59,20 @@ class Plan:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from .pools import get
+    from .wake import awake
 
     requirements = checked(args.packages)
     if not args.timeout > 0:
         raise ConfigError(f"--timeout {args.timeout:g}: give a positive number of seconds per node.")
+    # An asleep pool wakes for the install (its nodes get the packages, and the lock keeps them
+    # for the nodes of its next wakes), then sleeps again.
+    with awake(args.name, wake=not args.no_wake, command="skyward install"):
+        return _install(args, requirements)
+
+
+def _install(args: argparse.Namespace, requirements: tuple[str, ...]) -> int:
+    from .pools import get
+
     registered = get(args.name)
     err(f"resolving {' '.join(requirements)} for pool {args.name!r}")
     plan = plan_for(registered, requirements)

@@ -289,13 +289,21 @@ class _ChannelProcess:
 # -- opening a pool's nodes -----------------------------------------------------------------------------
 def ranks_of(record: dict[str, Any], node: int | None) -> list[int]:
     """The ranks ``--node`` picks (all without it), checked against the pool's nodes."""
+    name = record["name"]
     count = len((record.get("cluster") or {}).get("nodes", []))
     if node is None:
         return list(range(count))
-    if not 0 <= node < count:
-        raise ConfigError(f"--node {node}: pool {record['name']!r} has nodes 0 to {count - 1} "
-                          f"(`skyward status {record['name']}` lists them).")
-    return [node]
+    if 0 <= node < count:
+        return [node]
+    if count == 0:
+        from .pools import status_of
+
+        why = ("it is asleep; `skyward ssh`, `cp`, `exec` and `install` wake it unless --no-wake is given, "
+               "with node 0") if status_of(record).asleep else \
+            f"it is {status_of(record).state}; `skyward status {name}` says more"
+        raise ConfigError(f"--node {node}: pool {name!r} has no node right now: {why}.")
+    has = "node 0 only" if count == 1 else f"nodes 0 to {count - 1}"
+    raise ConfigError(f"--node {node}: pool {name!r} has {has} (`skyward status {name}` lists them).")
 
 
 @contextlib.contextmanager

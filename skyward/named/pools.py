@@ -203,9 +203,10 @@ def for_a_look(name: str) -> dict[str, Any]:
     st = status_of(record)
     if st.asleep:
         raise PoolAsleepError(
-            f"pool {name!r} is asleep (0 of {sleep.ceiling(record)} nodes): it has no node to run this "
-            f"on. A program's first task wakes it (with sky.Compute(name={name!r}) as pool: ...); run "
-            f"this again while it is awake (`skyward status {name}` says)."
+            f"pool {name!r} is asleep (0 of {sleep.ceiling(record)} nodes): it has no node to look at. "
+            f"`skyward ssh`, `cp`, `exec` and `install` wake it (unless given --no-wake), and so does a "
+            f"program's first task (with sky.Compute(name={name!r}) as pool: ...); run this again while "
+            f"it is awake (`skyward status {name}` says)."
         )
     if st.gone or st.state == "provisioning":
         raise ProviderError(
@@ -528,7 +529,7 @@ class _Recorder:
             self.meter.count(len(description["nodes"]), time.time())
 
             def store(r: dict[str, Any]) -> None:
-                r["cluster"] = description
+                r["cluster"] = _keep_pins(r, description)
 
             with contextlib.suppress(SkywardError):
                 registry.update(self.name, store)
@@ -542,7 +543,7 @@ class _Recorder:
             description = self.pool.cluster.describe()
 
             def keep(r: dict[str, Any]) -> None:
-                r["cluster"] = description
+                r["cluster"] = _keep_pins(r, description)
 
             with contextlib.suppress(SkywardError):
                 registry.update(self.name, keep)
@@ -556,7 +557,7 @@ class _Recorder:
         description = self.pool.cluster.describe()
 
         def mark(r: dict[str, Any]) -> None:
-            r["cluster"] = description
+            r["cluster"] = _keep_pins(r, description)
             if isinstance(event, ev.ClusterWoke):
                 r.pop("asleep_since", None)
                 r["woke"] = now
@@ -574,6 +575,15 @@ class _Recorder:
         audit.append(self.name, "asleep", pool_id, idle_seconds=round(event.idle_seconds, 1),
                      awake_seconds=round(awake, 3), node_seconds=round(used, 3), cost=sleep.cost(record, used),
                      by=self.pool.id)
+
+
+def _keep_pins(record: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
+    """``description`` of the pool's nodes as this client's cluster has it, with the packages
+    the registry pins for new nodes: `skyward install` may have added some since this client
+    attached (a terminal command that woke the pool installs while the waker is attached), and
+    its cluster's copy would drop them at the next sleep or resize."""
+    pins = (record.get("cluster") or {}).get("pin")
+    return description if pins is None or "pin" not in description else {**description, "pin": pins}
 
 
 # -- stop ----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from ..errors import ConfigError
 from .cliout import err
 from .nodeaccess import Node, open_nodes
+from .wake import awake
 
 q = shlex.quote
 
@@ -30,6 +31,7 @@ def add_ssh(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
                        "exiting with its exit status.")
     p.add_argument("name", help="the pool's name")
     p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0)")
+    p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
     p.add_argument("cmd", nargs="*", metavar="-- CMD", help="a command to run instead of a shell, after --")
     p.set_defaults(handler=cmd_ssh)
 
@@ -56,7 +58,8 @@ def cmd_ssh(args: argparse.Namespace) -> int:
                           f"command on every node and reports each result as JSON.")
     words = list(args.cmd)
     command = None if not words else words[0] if len(words) == 1 else shlex.join(words)
-    with open_nodes(args.name, args.node) as (record, nodes):
+    with awake(args.name, wake=not args.no_wake, command="skyward ssh", node=args.node), \
+            open_nodes(args.name, args.node) as (record, nodes):
         node = nodes[0]
         if command is None and sys.stderr.isatty():
             err(f"{node.label} of pool {args.name!r}, in {node.cwd}; `exit` or Ctrl-D leaves")

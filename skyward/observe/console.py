@@ -26,7 +26,7 @@ Mode = Literal["rich", "minimal", "log", "silent"]
 
 _LINE_EVENTS: tuple[type[ev.Event], ...] = (
     ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed, ev.ClusterDetached,
-    ev.ClusterAsleep, ev.ClusterWoke,
+    ev.ClusterAsleep, ev.ClusterWoke, ev.JobQueued,
     ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstanceLost,
     ev.InstancePreempted, ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
 )
@@ -121,7 +121,12 @@ class Console:
     def _apply(self, event: ev.Event) -> None:
         node = getattr(event, "node", None)
         state = self.nodes.setdefault((event.pool, node), _Node()) if isinstance(node, int) else None
-        if isinstance(event, ev.InstanceProvisioned) and state:
+        if isinstance(event, ev.JobQueued):  # the nodes a queued job brings: its state is theirs
+            for index in event.nodes:
+                waiting = self.nodes.setdefault((event.pool, index), _Node())
+                reason = f" ({event.reason})" if event.reason and event.reason != "None" else ""
+                waiting.state = f"job {event.job} {event.state.lower()}{reason}"
+        elif isinstance(event, ev.InstanceProvisioned) and state:
             state.state, state.host = "starting", event.hostname
         elif isinstance(event, ev.BootstrapPhase) and state:
             state.state = f"{event.phase} {event.status}"
@@ -160,7 +165,7 @@ class Console:
     @staticmethod
     def _minimal(event: ev.Event) -> bool:
         return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed | ev.ClusterDetached
-                          | ev.InstanceLost | ev.InstanceReplaced | ev.ClusterAsleep | ev.ClusterWoke)
+                          | ev.JobQueued | ev.InstanceLost | ev.InstanceReplaced | ev.ClusterAsleep | ev.ClusterWoke)
 
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
@@ -278,6 +283,11 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
     log console and the log file. ``attached``: the pool attaches to nodes that run already."""
     if isinstance(event, ev.ClusterRequested):
         return f"{title}: requesting {event.nodes} {event.provider} node(s)"
+    if isinstance(event, ev.JobQueued):
+        reason = f" ({event.reason})" if event.reason and event.reason != "None" else ""
+        which = f"node {event.nodes[0]}" if len(event.nodes) == 1 else f"{len(event.nodes)} node(s)"
+        return (f"{title}: {event.scheduler} job {event.job} for {which}: {event.state}{reason}, "
+                f"{event.seconds:.0f} s since it was submitted")
     if isinstance(event, ev.InstanceProvisioned):
         if attached:
             return f"node {event.node}: attached ({event.hostname}, {event.private_ip})"

@@ -77,6 +77,21 @@ class ClusterDetached(Event):
     nodes: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobQueued(Event):
+    """A scheduler's job for some of the pool's nodes (sky.Slurm) changed state or reason while
+    the pool waits for it: ``state`` as the scheduler says it (PENDING, RUNNING, ...), ``reason``
+    its own word for the wait (Priority, Resources, ...), ``nodes`` the pool's node indices the
+    job brings, ``seconds`` since it was submitted."""
+
+    job: str
+    state: str
+    reason: str = ""
+    nodes: tuple[int, ...] = ()
+    seconds: float = 0.0
+    scheduler: str = "slurm"
+
+
 # -- instances ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceProvisioned(Event):

@@ -1,0 +1,742 @@
+"""sky.Slurm(login): pools on the Slurm clusters that labs and universities already run.
+
+The client logs in to the login node only, as a user of the site does. For a pool of N nodes:
+
+1. the shipment (bootstrap script, uv, the wheelhouse) goes to the user's home, which every node
+   of a Slurm site shares; the environment is built there once, from the login node, while the
+   job waits in the queue;
+2. one job of N nodes is submitted with ``sbatch`` (all nodes start together, as DDP needs); its
+   batch script runs ``srun`` with one task per node, and each task runs the same bootstrap (the
+   shared phases find the environment built and skip) and then the agent, in the foreground: the
+   agent is the job, so ``scancel`` stops it and its end ends the job;
+3. each agent listens on its node's private address (``--direct``: only clients that prove the
+   pool's token are admitted) and writes where to a file in the pool's folder; the client reaches
+   it through a direct-tcpip channel of its SSH connection to the login node (the login node is
+   the bastion), never by logging in to a compute node.
+
+The token travels in the environment of the ``sbatch`` command (read from stdin on the login
+node, never on a command line) and the agent takes it out of its own. While the job waits, the
+pool's events say its id, state and Slurm's reason; leaving the pool cancels the job; a node lost
+is replaced by a one-node job.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import random
+import re
+import secrets
+import shlex
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from skyward.bootstrap import shipment as ship
+from skyward.errors import BootstrapError, ConfigError, ProviderError
+from skyward.observe import events as ev
+from skyward.records import pkglock
+
+from . import slurm_queue as q
+from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+
+if TYPE_CHECKING:
+    from skyward.bootstrap.remote import Remote
+    from skyward.spec import Image, Options, Spec
+
+log = logging.getLogger("skyward.slurm")
+Install = Literal["wheelhouse", "index"]
+_POLL = 0.25  # seconds between looks at the queue and the nodes' files while a job starts
+_AGENT_START_TIMEOUT = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Slurm(ProviderConfig):
+    """A Slurm cluster reached through its login node: ``sky.Slurm("me@login.hpc.example.edu")``.
+
+    ``login`` is ``host``, ``user@host`` or ``user@host:port`` (``user``, ``key``, ``port`` and
+    ``jump``, a bastion in front of the login node, as in sky.SSH; ``~/.ssh/config`` is honoured).
+    ``partition``, ``account``, ``qos``, ``constraint`` go to sbatch as they are; ``time`` is the
+    job's ``--time`` (seconds, or Slurm's "HH:MM:SS"; default ``max_duration``, else the
+    partition's default); ``options`` are extra sbatch flags (``["--exclusive", "--mem=64G"]``).
+    ``gres``: the site's GRES type for the pool's accelerator (default: its name lowercased,
+    ``A100`` -> ``--gpus-per-node=a100:N``; "" for untyped ``--gpus-per-node=N``).
+    ``pending_timeout``: seconds a job may wait in the queue before the pool gives up and cancels it.
+    ``install``, ``known_hosts``: as in sky.SSH.
+    """
+
+    login: str = ""
+    user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    jump: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: int | str | None = None
+    constraint: str | None = None
+    options: Sequence[str] = ()
+    pending_timeout: float = 600
+    gres: str | None = None
+    max_duration: float | None = None
+    install: Install = "wheelhouse"
+    known_hosts: str | None = None
+    kind: ClassVar[str] = "slurm"
+    _host: tuple[str | None, str, int | None] = field(init=False, repr=False, compare=False, default=(None, "", None))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.login, str) or not self.login.strip():
+            raise ConfigError("sky.Slurm(login=...) names the cluster's login node: 'login.hpc.example.edu', "
+                              "'me@login.hpc.example.edu' or 'me@login:2222'.")
+        m = re.fullmatch(r"(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\s]+))(?::(?P<port>\d+))?",
+                         self.login.strip())
+        if not m:
+            raise ConfigError(f"sky.Slurm(login={self.login!r}): not a host; write 'host', 'user@host' or "
+                              f"'user@host:port'.")
+        port = int(m["port"]) if m["port"] else self.port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+            raise ConfigError(f"sky.Slurm: port {port!r} is not a TCP port (1..65535; sshd listens on 22).")
+        object.__setattr__(self, "_host", (m["user"] or self.user, m["v6"] or m["host"], port))
+        for name in ("partition", "account", "qos", "constraint", "gres"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not re.fullmatch(r"[^\s'\"\\;|&$`<>]*", value)
+                                      or (not value and name != "gres")):
+                raise ConfigError(f"sky.Slurm({name}={value!r}) is not valid: a name as Slurm writes it "
+                                  f"(no spaces or shell characters), e.g. {name}='gpu'.")
+        q.check_time(self.time, "sky.Slurm(time")
+        q.check_time(self.max_duration, "sky.Slurm(max_duration")
+        object.__setattr__(self, "options", q.check_options(self.options))
+        if isinstance(self.pending_timeout, bool) or not isinstance(self.pending_timeout, int | float) \
+                or self.pending_timeout <= 0:
+            raise ConfigError(f"sky.Slurm(pending_timeout={self.pending_timeout!r}) is not valid: seconds > 0 "
+                              f"that a job may wait in the queue.")
+        if self.install not in ("wheelhouse", "index"):
+            raise ConfigError(f"sky.Slurm(install={self.install!r}) is not valid: use 'wheelhouse' or 'index'.")
+        if self.jump is not None and (not isinstance(self.jump, str) or not self.jump.strip()):
+            raise ConfigError(f"sky.Slurm(jump={self.jump!r}): a jump host is written 'user@bastion[:port]'.")
+
+    # -- the provider API ----------------------------------------------------------------------
+    def check(self, spec: Spec) -> str | None:
+        if spec.volumes:
+            from skyward.volumes import Volume
+
+            if not all(isinstance(v, Volume) for v in spec.volumes):
+                return "sky.Disk applies to cloud providers only (a Slurm site's nodes keep their own disks)"
+            if any(v.storage is None for v in spec.volumes):
+                return "give each sky.Volume a storage=, e.g. sky.storage.S3(region='us-east-1')"
+        try:
+            q.gpu_flag(spec, self.gres)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    def hourly_cost(self, spec: Spec) -> float | None:
+        return 0.0  # the site's allocation, not dollars
+
+    def flags(self, spec: Spec) -> tuple[str, ...]:
+        """The sbatch flags of every job of a pool of ``spec`` (beside nodes, name and output)."""
+        out = []
+        for flag, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos),
+                            ("--constraint", self.constraint)):
+            if value:
+                out.append(f"{flag}={value}")
+        limit = q.check_time(self.time if self.time is not None else self.max_duration, "sky.Slurm(time")
+        if limit:
+            out.append(f"--time={limit}")
+        gpus = q.gpu_flag(spec, self.gres)
+        if gpus:
+            out.append(gpus)
+        if spec.vcpus:
+            out.append(f"--cpus-per-task={int(-(-spec.vcpus // 1))}")
+        if spec.memory_gb:
+            out.append(f"--mem={int(-(-spec.memory_gb * 1024 // 1))}M")
+        return (*out, *self.options)
+
+    def target(self) -> Any:
+        from skyward.bootstrap.remote import Target
+
+        user, host, port = self._host
+        return Target(host, port, user, self.key, jump=self.jump, known_hosts=self.known_hosts)
+
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> SlurmCluster:
+        return SlurmCluster(spec, pool_id, self, options=options)
+
+    # -- named pools ---------------------------------------------------------------------------
+    def attach(self, description: dict[str, Any]) -> SlurmCluster:
+        return SlurmCluster.from_description(description)
+
+    def destroy(self, description: dict[str, Any]) -> None:
+        SlurmCluster.from_description(description).close()
+
+
+@dataclass
+class _Node:
+    index: int
+    job: str
+    endpoint: NodeEndpoint | None = None
+    hostname: str = ""
+    address: str = ""
+    port: int = 0  # the agent's direct port on the node's private address
+    agent_pid: int = 0
+    stopped: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class SlurmCluster(Cluster):
+    """A pool's jobs on one Slurm cluster, all reached through one SSH connection to its login node."""
+
+    def __init__(self, spec: Spec, pool_id: str, provider: Slurm, *, options: Options | None = None) -> None:
+        self.spec = spec
+        self.pool_id = pool_id
+        self.provider = provider
+        self.token = secrets.token_urlsafe(32)
+        self.head_port = random.randrange(20000, 30000)
+        self.interface = "eth0"
+        self.spill_dir = None
+        self._lock = threading.Lock()
+        self._remote: Remote | None = None
+        self._closed = False
+        self._ready = False  # the shipment is on the shared home
+        self._build: threading.Thread | None = None  # the environment, built on the login node
+        self._build_error: BaseException | None = None
+        self._nodes: dict[int, _Node] = {}
+        self._described: list[_Node] = []
+        self._jobs: dict[str, dict[str, Any]] = {}  # job id -> {"nodes": [...], "script": ...}
+        self._next = 0
+        self._unreachable: dict[int, str] = {}
+        self.sky = ""  # skyward's folder in the (shared) home
+        self.folder = ""  # the pool's folder there: scripts, the nodes' logs and where they listen
+        self.login_pool = ""  # the login node's own folder of the pool (its env.sh, while it builds)
+        self.login_address = ""
+        o = options
+        self._ssh_timeout = float(o.ssh_timeout) if o is not None and o.ssh_timeout else 60.0
+        self._bootstrap_timeout = float(
+            o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout)
+        self._ttl = spec.ttl
+        self._pin = pkglock.current_pin()
+        self._ship: ship.Shipment | None = None
+        self.apt_versions: dict[str, str] = {}
+
+    # -- the login node ------------------------------------------------------------------------
+    def _login(self) -> Remote:
+        from skyward.bootstrap.remote import Remote
+
+        with self._lock:
+            if self._closed:
+                raise ProviderError(f"pool {self.pool_id} is closed: its Slurm jobs were cancelled")
+            if self._remote is not None:
+                return self._remote
+            target = self.provider.target()
+            remote = Remote(target, connect_timeout=min(10.0, self._ssh_timeout), retry_for=self._ssh_timeout,
+                            label=f"login node {target.host}")
+            remote.open()
+            self._remote = remote
+            return remote
+
+    def _run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60,
+             check: bool = True, phase: str = "slurm") -> tuple[int, str]:
+        return self._login().run(command, stdin=stdin, timeout=timeout, check=check, phase=phase)
+
+    # -- preparing (once per pool) -----------------------------------------------------------------
+    def _prepare(self) -> None:
+        """The shipment on the shared home and the pool's folder there; the environment starts
+        building on the login node (in the background: the job's wait in the queue overlaps it)."""
+        from skyward.bootstrap.script import node_dirs_command
+
+        with self._lock:
+            if self._ready:
+                return
+        remote = self._login()
+        if self._ship is None:
+            image, ops = self._final_image()
+            self._ship, self.lock = ship.build(
+                self.spec, image, ops, pool_id=self.pool_id, install=self.provider.install, kind="slurm",
+                pin=self._pin, platform=None if self.provider.install == "wheelhouse" else pkglock.node_platform(None),
+                on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds))
+        s = self._ship
+        _, out = remote.run(node_dirs_command(self.pool_id, 0, sudo=False) + _LOGIN_FACTS, phase="connect")
+        facts = ship.facts(out)
+        self.sky = facts["sky"]
+        self.login_pool = f"{facts['run']}/pools/{self.pool_id}-login"
+        self.folder = f"{self.sky}/slurm/{self.pool_id}"
+        self.login_address = facts.get("address", "") or remote.host
+        self._phase(-1, "upload", "started")
+        t0 = time.monotonic()
+        remote.upload([(p, *s.files[p]) for p in remote.missing(s.sizes, self.sky)], self.sky)
+        mine: list[tuple[str, Any, int]] = [
+            ("bootstrap.sh", s.script.encode(), 0o600),
+            ("node.sh", self._node_script().encode(), 0o700),
+        ]
+        if s.includes is not None:
+            mine.append(("includes.tar", s.includes, 0o600))
+        if s.volumes_conf is not None:
+            mine.append(("rclone.conf", s.volumes_conf, 0o600))
+        remote.run(f"mkdir -p -m 700 {shlex.quote(self.folder)}", phase="upload")
+        remote.upload(mine, self.folder)
+        self._phase(-1, "upload", "done", time.monotonic() - t0)
+        self._build = threading.Thread(target=self._build_on_login, name="skyward-slurm-env", daemon=True)
+        self._build.start()
+        with self._lock:
+            self._ready = True
+
+    def _final_image(self) -> tuple[Image, tuple[str, ...]]:
+        if not self.spec.plugins:
+            return self.spec.image, ()
+        from skyward.plugins.compose import prepare
+
+        return prepare(self.spec, self)
+
+    def _build_on_login(self) -> None:
+        """The shared phases of the bootstrap (uv, Python, the environment, skyward) on the login
+        node: the compute nodes find them done. The node-local phases (apt, plugin ops, volumes)
+        are the nodes' own."""
+        from skyward.bootstrap import script
+
+        assert self._ship is not None
+        try:
+            text = _shared_phases(self._ship.script)
+            where = (f"SKYWARD_SKY={shlex.quote(self.sky)} SKYWARD_RUN={shlex.quote(self.login_pool.rsplit('/pools/', 1)[0])} "
+                     f"SKYWARD_POOL={shlex.quote(self.login_pool)}")
+            started: dict[str, float] = {}
+
+            def on_line(line: str) -> None:
+                parsed = script.parse_marker(line)
+                if parsed is not None:
+                    name, status, _ = parsed
+                    if status == "started":
+                        started[name] = time.monotonic()
+                    self._phase(-1, f"login {name}", status,
+                                None if status == "started" else time.monotonic() - started.get(name, time.monotonic()))
+
+            self._login().run(f"exec env {where} setsid -w bash -s", stdin=text.encode(),
+                              timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
+        except BaseException as exc:  # the nodes build it themselves then; say why the login node did not
+            log.info("building the environment on the login node failed (%s); the nodes build it", exc)
+            self._build_error = exc
+
+    def _node_script(self) -> str:
+        """What srun runs on each node (argument: the pool's index of the job's first node)."""
+        assert self._ship is not None
+        return _NODE_SCRIPT.format(
+            folder=shlex.quote(self.folder), sky=shlex.quote(self.sky), pool=self.pool_id,
+            python=self._ship.agent_python, ttl=self._ttl, login=shlex.quote(self.login_address),
+            timeout=_AGENT_START_TIMEOUT * 20)
+
+    # -- the Cluster API ---------------------------------------------------------------------------
+    def start(self, count: int) -> list[NodeEndpoint]:
+        with self._lock:
+            described, self._described = self._described[:count], self._described[count:]
+        endpoints = self._reconnect(described) if described else []
+        if count - len(described) > 0:
+            endpoints += self._submit(count - len(described))
+        return endpoints
+
+    def _submit(self, count: int) -> list[NodeEndpoint]:
+        """One job of ``count`` nodes; back when every node's agent listens."""
+        self._prepare()
+        with self._lock:
+            first = self._next
+            self._next += count
+        request = q.JobRequest(name=f"skyward-{self.pool_id}"[:64], nodes=count, first=first, folder=self.folder,
+                               flags=self.provider.flags(self.spec))
+        text = request.script(f"{self.folder}/node.sh")
+        name = f"job-{first}.sbatch"
+        self._login().upload([(name, text.encode(), 0o600)], self.folder)
+        code, out = self._run(
+            f"cd {shlex.quote(self.folder)} && IFS= read -r SKYWARD_AGENT_TOKEN && export SKYWARD_AGENT_TOKEN "
+            f"&& sbatch --parsable --export=ALL {name}",
+            stdin=(self.token + "\n").encode(), check=False, phase="sbatch")
+        job = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
+        if code != 0 or not job.isdigit():
+            never = q.never_runs(out)
+            raise ProviderError(
+                f"Slurm refused the pool's job on {self._login().label}: {never or out.strip()[-600:]}. "
+                + ("This cluster can never run it as asked: change partition=, account=, qos=, nodes= or "
+                   "accelerator= to what `sinfo` shows." if never else
+                   f"The batch script is {self.folder}/{name}; try `sbatch` of it by hand on the login node.")
+            )
+        indices = list(range(first, first + count))
+        with self._lock:
+            self._jobs[job] = {"nodes": indices, "script": text, "submitted": time.time()}
+            for i in indices:
+                self._nodes[i] = _Node(i, job)
+        try:
+            return self._wait(job, indices)
+        except BaseException:
+            self._cancel([job])
+            with self._lock:
+                for i in indices:
+                    self._nodes.pop(i, None)
+            raise
+
+    def _wait(self, job: str, indices: list[int]) -> list[NodeEndpoint]:
+        """Watch the job in the queue (events on each change), then its nodes' bootstrap; fail
+        after ``pending_timeout`` in the queue, or when the job ends before its agents listen."""
+        submitted = time.monotonic()
+        started: float | None = None
+        last: tuple[str, str] = ("", "")
+        seen: dict[int, int] = {i: 0 for i in indices}  # log lines already turned into events
+        phase_t: dict[tuple[int, str], float] = {}
+        ready: dict[int, dict[str, Any]] = {}
+        files = " ".join(str(i) for i in indices)
+        look = (f"cd {shlex.quote(self.folder)} || exit 3; squeue -h --states=all -j {job} -o '%i|%T|%r|%N' "
+                f"2>/dev/null; for i in {files}; do echo \"@@@log $i\"; cat node-$i.log 2>/dev/null; "
+                f"echo \"@@@hello $i $(cat node-$i.json 2>/dev/null)\"; done")
+        while True:
+            _, out = self._run(look, check=False, phase="squeue")
+            state, logs, hellos = _parse_look(out, job)
+            now = time.monotonic()
+            if state is not None and (state.state, state.reason) != last:
+                last = (state.state, state.reason)
+                ev.bus.emit(ev.JobQueued(pool=self.pool_id, job=job, state=state.state, reason=state.reason,
+                                         nodes=tuple(indices), seconds=now - submitted))
+            if state is not None and state.state != "PENDING" and started is None:
+                started = now
+            for i, lines in logs.items():
+                for line in lines[seen[i]:]:
+                    self._on_node_line(i, line, phase_t)
+                seen[i] = len(lines)
+            for i, hello in hellos.items():
+                if i not in ready and hello:
+                    if "error" in hello:
+                        raise self._node_failed(i, job, logs.get(i, []), hello)
+                    ready[i] = hello
+            if len(ready) == len(indices):
+                break
+            if state is None or state.ended:
+                raise self._job_ended(job, state, logs)
+            if started is None and now - submitted > self.provider.pending_timeout:
+                raise ProviderError(
+                    f"Slurm job {job} waited {self.provider.pending_timeout:g} s in the queue "
+                    f"(pending_timeout) and is still PENDING, reason {state.reason}; it was cancelled. "
+                    f"`squeue -j {job}` on the login node said why; raise sky.Slurm(pending_timeout=...), ask "
+                    f"for fewer nodes or another partition, or try when the cluster is quieter."
+                )
+            if started is not None and now - started > self._bootstrap_timeout + _AGENT_START_TIMEOUT:
+                missing = sorted(set(indices) - set(ready))
+                raise ProviderError(
+                    f"Slurm job {job} runs, but node(s) {missing} did not start their agent within "
+                    f"bootstrap_timeout={self._bootstrap_timeout:g} s; their logs are {self.folder}/node-N.log.")
+            time.sleep(_POLL)
+        return [self._endpoint(i, job, ready[i]) for i in indices]
+
+    def _on_node_line(self, node: int, line: str, started: dict[tuple[int, str], float]) -> None:
+        from skyward.bootstrap.script import parse_marker
+
+        if line.startswith("@@skyward apt "):
+            _, _, name, version = [*line.split(), "", ""][:4]
+            self.apt_versions.setdefault(name, version)
+            return
+        parsed = parse_marker(line)
+        if parsed is None:
+            return
+        name, status, _ = parsed
+        now = time.monotonic()
+        if status == "started":
+            started[(node, name)] = now
+            self._phase(node, name, "started")
+        else:
+            self._phase(node, name, status, now - started.get((node, name), now))
+
+    def _endpoint(self, index: int, job: str, hello: dict[str, Any]) -> NodeEndpoint:
+        with self._lock:
+            node = self._nodes[index]
+        node.hostname = str(hello.get("hostname") or hello.get("node") or "")
+        node.address = str(hello["ip"])
+        node.port = int(hello["agent"]["direct"])
+        node.agent_pid = int(hello["agent"].get("pid") or 0)
+        node.facts = hello
+        if index == min(self._nodes) and hello.get("interface"):
+            self.interface = str(hello["interface"])
+        node.endpoint = NodeEndpoint(index=index, private_ip=node.address, public_ip=None, hostname=node.hostname,
+                                     connect=functools.partial(_tunnel, self, node.address, node.port))
+        return node.endpoint
+
+    def _node_failed(self, index: int, job: str, lines: list[str], hello: dict[str, Any]) -> BaseException:
+        from skyward.bootstrap.script import parse_marker
+
+        assert self._ship is not None
+        phase = "bootstrap"
+        code: int | None = None
+        for line in lines:
+            parsed = parse_marker(line)
+            if parsed is not None and parsed[1] == "failed":
+                phase, code = parsed[0], parsed[2]
+        if hello.get("error") == "agent":
+            _, tail = self._run(f"tail -n 20 {shlex.quote(self.folder)}/agent-{index}.log 2>/dev/null; true",
+                                check=False)
+            said = hello.get("hello")
+            why = (f"listens on no private address the login node reaches ({said.get('direct_error')})"
+                   if isinstance(said, dict) and said.get("direct_error") else
+                   f"did not report its port within {_AGENT_START_TIMEOUT} s")
+            return BootstrapError(host=f"node {index} ({hello.get('hostname', '?')}, Slurm job {job})", phase="agent",
+                                  command="python -m skyward.bootstrap.agent", exit_code=None,
+                                  output=tail.splitlines(), why=why)
+        return BootstrapError(host=f"node {index} ({hello.get('hostname', '?')}, Slurm job {job})", phase=phase,
+                              command=ship.phase_command(self._ship.script, phase), exit_code=code,
+                              output=[ln for ln in lines if not ln.startswith("@@skyward")][-20:])
+
+    def _job_ended(self, job: str, state: q.JobState | None, logs: dict[int, list[str]]) -> ProviderError:
+        _, out = self._run(f"tail -n 15 {shlex.quote(self.folder)}/job-{job}.out 2>/dev/null; true", check=False)
+        what = f"{state.state} (reason {state.reason})" if state is not None else "gone from the queue"
+        tail = "\n".join(out.splitlines()[-15:])
+        return ProviderError(
+            f"Slurm job {job} ended before its nodes' agents started: {what}."
+            + (f" Its output ({self.folder}/job-{job}.out) ends with:\n{tail}" if tail.strip() else
+               f" It wrote no output at {self.folder}/job-{job}.out: do the compute nodes share the home "
+               f"directory with the login node? sky.Slurm needs that, as Slurm sites have it.")
+        )
+
+    def stop(self, endpoints: list[NodeEndpoint]) -> None:
+        """These nodes' agents were told to stop; a job none of whose nodes is wanted is cancelled
+        (the others keep theirs: a node of a bigger job is released when its job ends)."""
+        with self._lock:
+            for e in endpoints:
+                node = self._nodes.get(e.index)
+                if node is not None:
+                    node.stopped = True
+            done = [j for j, info in self._jobs.items()
+                    if all(self._nodes.get(i) is None or self._nodes[i].stopped for i in info["nodes"])]
+        self._cancel(done)
+
+    def close(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs)
+        try:
+            if self._remote is not None or jobs:
+                self._cancel(jobs, forget=False)
+                if self.folder:
+                    clean = f"rm -rf {shlex.quote(self.folder)}"
+                    if self.login_pool:
+                        clean += f" {shlex.quote(self.login_pool)}"
+                    self._run(f"{clean}; true", check=False, timeout=30)
+        except Exception as exc:
+            log.warning("Slurm pool %s: cleaning up on the login node failed (%s); its jobs %s end by "
+                        "themselves when their agents' lease (ttl=%ss) runs out", self.pool_id, exc,
+                        ", ".join(jobs) or "-", self._ttl)
+        finally:
+            with self._lock:
+                self._jobs.clear()
+                self._nodes.clear()
+                self._closed = True
+                remote, self._remote = self._remote, None
+            if remote is not None:
+                remote.close()
+
+    def _cancel(self, jobs: list[str], forget: bool = True) -> None:
+        if not jobs:
+            return
+        self._run(f"scancel {' '.join(shlex.quote(j) for j in jobs)} 2>&1; true", check=False, timeout=30)
+        if forget:
+            with self._lock:
+                for j in jobs:
+                    info = self._jobs.pop(j, None) or {"nodes": []}
+                    for i in info["nodes"]:
+                        if self._nodes.get(i) is not None and self._nodes[i].stopped:
+                            self._nodes.pop(i, None)
+
+    def jobs(self) -> dict[str, list[int]]:
+        """The pool's running jobs: job id -> the pool's node indices it brings."""
+        with self._lock:
+            return {j: list(info["nodes"]) for j, info in self._jobs.items()}
+
+    def _phase(self, node: int, phase: str, status: Any, seconds: float | None = None) -> None:
+        ev.bus.emit(ev.BootstrapPhase(pool=self.pool_id, node=node, phase=phase, status=status, seconds=seconds))
+
+    # -- named pools -------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        import base64
+
+        import cloudpickle
+
+        with self._lock:
+            nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
+            jobs = {j: dict(info) for j, info in self._jobs.items()}
+        p = self.provider
+        return {
+            "provider": "slurm",
+            "pool_id": self.pool_id,
+            "token": self.token,
+            "head_port": self.head_port,
+            "interface": self.interface,
+            "ttl": self._ttl,
+            "login": {"host": p._host[1], "port": p._host[2], "user": p._host[0], "key": p.key, "jump": p.jump,
+                      "known_hosts": p.known_hosts},
+            "slurm": {"partition": p.partition, "account": p.account, "qos": p.qos, "time": p.time,
+                      "constraint": p.constraint, "options": list(p.options), "pending_timeout": p.pending_timeout,
+                      "gres": p.gres, "max_duration": p.max_duration, "install": p.install},
+            "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
+            "sky": self.sky,
+            "folder": self.folder,
+            "login_pool": self.login_pool,
+            "login_address": self.login_address,
+            "next": self._next,
+            "jobs": jobs,
+            "nodes": [
+                {"index": n.index, "private_ip": n.address, "public_ip": None, "hostname": n.hostname,
+                 "job": n.job, "port": n.port, "agent_pid": n.agent_pid,
+                 "log": f"{self.folder}/agent-{n.index}.log"}
+                for n in nodes
+            ],
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> SlurmCluster:
+        """The jobs another process started; connects to nothing until ``start``."""
+        import base64
+
+        import cloudpickle
+
+        require_kind(description, "slurm")
+        login, opts = description["login"], description["slurm"]
+        address = login["host"] if login.get("user") is None else f"{login['user']}@{login['host']}"
+        if login.get("port"):
+            address += f":{login['port']}"
+        provider = Slurm(address, key=login.get("key"), jump=login.get("jump"), known_hosts=login.get("known_hosts"),
+                         **{k: (tuple(v) if k == "options" else v) for k, v in opts.items()})
+        spec = cloudpickle.loads(base64.b64decode(description["spec"]))
+        self = cls(spec, description["pool_id"], provider)
+        self.token = description["token"]
+        self.head_port = int(description["head_port"])
+        self.interface = description.get("interface", "eth0")
+        self._ttl = description["ttl"]
+        self.sky, self.folder = description["sky"], description["folder"]
+        self.login_pool, self.login_address = description.get("login_pool", ""), description.get("login_address", "")
+        self._next = int(description.get("next", 0))
+        self._jobs = {j: dict(info) for j, info in description.get("jobs", {}).items()}
+        self._described = [
+            _Node(int(n["index"]), str(n["job"]), hostname=n.get("hostname") or "", address=n["private_ip"],
+                  port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0))
+            for n in description["nodes"]
+        ]
+        self._ready = True  # its shipment is on the shared home already
+        return self
+
+    def _reconnect(self, nodes: list[_Node]) -> list[NodeEndpoint]:
+        """Hand out described nodes: their job must still run; one tunnel each through the login node."""
+        jobs = sorted({n.job for n in nodes})
+        _, out = self._run(f"squeue -h --states=all -j {','.join(jobs)} -o '%i|%T|%r|%N' 2>/dev/null; true",
+                           check=False, phase="squeue")
+        states = q.parse_squeue(out)
+        reached = []
+        for n in nodes:
+            state = states.get(n.job)
+            with self._lock:
+                self._nodes[n.index] = n
+            if state is None or state.ended or state.state != "RUNNING":
+                what = f"{state.state}, reason {state.reason}" if state else "gone from the queue"
+                self._unreachable[n.index] = f"its Slurm job {n.job} is {what}"
+                continue
+            n.endpoint = NodeEndpoint(index=n.index, private_ip=n.address, public_ip=None, hostname=n.hostname,
+                                      connect=functools.partial(_tunnel, self, n.address, n.port))
+            reached.append(n.endpoint)
+        if not reached:
+            raise ProviderError(f"none of this pool's nodes can be reached: "
+                                f"{'; '.join(f'node {i}: {w}' for i, w in self._unreachable.items())}")
+        return reached
+
+    def detach(self) -> None:
+        with self._lock:
+            remote, self._remote = self._remote, None
+        if remote is not None:
+            remote.close()
+
+    def remote(self, index: int) -> Remote:
+        """The SSH connection node ``index`` is reached through: the login node's."""
+        return self._login()
+
+
+def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
+    """A stream to a node's agent: a direct-tcpip channel from the login node to its private address."""
+    return cluster._login().tunnel(port, host=address)
+
+
+def _parse_look(out: str, job: str) -> tuple[q.JobState | None, dict[int, list[str]], dict[int, dict[str, Any]]]:
+    """One look's output: the job's squeue line, each node's log lines, each node's hello (or {})."""
+    state = None
+    logs: dict[int, list[str]] = {}
+    hellos: dict[int, dict[str, Any]] = {}
+    current: int | None = None
+    for line in out.splitlines():
+        if line.startswith("@@@log "):
+            current = int(line.split()[1])
+            logs[current] = []
+        elif line.startswith("@@@hello "):
+            _, index, *rest = line.split(" ", 2)
+            current = None
+            try:
+                hellos[int(index)] = json.loads(rest[0]) if rest and rest[0].strip() else {}
+            except ValueError:
+                hellos[int(index)] = {}
+        elif current is not None:
+            logs[current].append(line)
+        elif state is None:
+            state = q.parse_squeue(line).get(job)
+    return state, logs, hellos
+
+
+def _shared_phases(text: str) -> str:
+    """The bootstrap script cut to what the login node builds for every node (uv, Python, the
+    environment, skyward): the phases after the environment's lock is released are node-local."""
+    head, sep, _ = text.partition("env_unlock\n")
+    if not sep:
+        return text
+    # apt belongs to the nodes (a login node is no place for system packages, nor is sudo there).
+    head = re.sub(r"^phase apt .*\n", "", head, flags=re.M)
+    return head + sep + 'echo "@@skyward ready"\n'
+
+
+# Printed after NODE_DIRS on the login node: the address compute nodes reach it by.
+_LOGIN_FACTS = 'echo "@@address $(echo "${SSH_CONNECTION:-}" | cut -d" " -f3)"\n'
+
+# Run by srun on each node of a job: $1 is the pool's index of the job's first node. The node's
+# bootstrap output and, once its agent listens, a one-line JSON hello go to the pool's folder on
+# the shared home, which the client reads through the login node. The agent runs in the
+# foreground of the job step (scancel stops it; its end ends the step).
+_NODE_SCRIPT = r"""#!/bin/bash
+set -u
+FOLDER={folder}
+I=$(( $1 + ${{SLURM_NODEID:-0}} ))
+TOKEN="${{SKYWARD_AGENT_TOKEN:-}}"; unset SKYWARD_AGENT_TOKEN
+SKY={sky}
+RUN="${{SKYWARD_NODE_RUN:-/var/tmp/skyward-$(id -u)}}"
+if ! {{ mkdir -p -m 700 "$RUN" 2>/dev/null && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }}; then
+  RUN="$SKY/run/$(hostname)"; mkdir -p -m 700 "$RUN"
+fi
+POOL="$RUN/pools/{pool}-$I"
+hello() {{ printf '%s\n' "$1" > "$FOLDER/node-$I.json.tmp" && mv -f "$FOLDER/node-$I.json.tmp" "$FOLDER/node-$I.json"; }}
+mkdir -p -m 700 "$POOL"
+umask 077
+for f in includes.tar rclone.conf; do [ -f "$FOLDER/$f" ] && cp "$FOLDER/$f" "$POOL/$f"; done
+if ! SKYWARD_SKY="$SKY" SKYWARD_RUN="$RUN" SKYWARD_POOL="$POOL" bash "$FOLDER/bootstrap.sh" </dev/null >"$FOLDER/node-$I.log" 2>&1; then
+  hello "{{\"error\": \"bootstrap\", \"hostname\": \"$(hostname)\"}}"; exit 1
+fi
+cd "$POOL"; . ./env.sh
+mkdir -p site
+PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
+export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
+ADDR=$(ip -o route get {login} 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p' | head -n1)
+DEV=$(ip -o route get {login} 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n1)
+[ -n "$ADDR" ] || ADDR=$(hostname -I 2>/dev/null | cut -d" " -f1)
+rm -f agent.json
+SKYWARD_AGENT_TOKEN="$TOKEN" "$SKY/{python}" -m skyward.bootstrap.agent --ttl {ttl} --log "$FOLDER/agent-$I.log" \
+  --direct "$ADDR" --orphan-cleanup "$POOL" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
+AGENT=$!
+TOKEN=
+trap 'kill -TERM $AGENT 2>/dev/null' TERM INT
+for _ in $(seq 1 {timeout}); do [ -s agent.json ] && break; kill -0 $AGENT 2>/dev/null || break; sleep 0.05; done
+if [ -s agent.json ] && grep -q '"direct"' agent.json; then
+  hello "{{\"agent\": $(head -n1 agent.json), \"hostname\": \"$(hostname)\", \"ip\": \"$ADDR\", \"interface\": \"$DEV\", \"node\": \"${{SLURMD_NODENAME:-}}\", \"job\": \"${{SLURM_JOB_ID:-}}\"}}"
+else
+  H=$(head -n1 agent.json 2>/dev/null)
+  hello "{{\"error\": \"agent\", \"hostname\": \"$(hostname)\", \"hello\": ${{H:-null}}}}"
+  kill -TERM $AGENT 2>/dev/null
+fi
+wait $AGENT; CODE=$?
+wait $AGENT 2>/dev/null
+cd /; rm -rf "$POOL"
+exit $CODE
+"""

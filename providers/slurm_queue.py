@@ -1,0 +1,213 @@
+"""Slurm's words, read and written: the sbatch script of a pool's job, the flags it may carry,
+``squeue`` and ``sinfo`` lines. Pure functions (no connection), so each rule is tested alone;
+providers/slurm.py runs them on the login node."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from skyward.errors import ConfigError
+
+if TYPE_CHECKING:
+    from skyward.spec import Spec
+
+# States of a job that will not run (again): its nodes are gone (squeue's long names).
+ENDED = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT",
+})
+# Flags skyward sets itself on a pool's job: given again in options= they would fight its own.
+OWN_FLAGS = frozenset({
+    "--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--job-name", "-J", "--output", "-o",
+    "--error", "-e", "--chdir", "-D", "--export", "--parsable", "--wrap", "--array", "-a",
+    "--partition", "-p", "--account", "-A", "--qos", "-q", "--time", "-t", "--constraint", "-C",
+    "--gpus-per-node",
+})
+# [days-]hours:minutes:seconds and the shorter forms sbatch --time accepts, or a plain minute count.
+_TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}")
+# What sbatch prints for a request the cluster can never satisfy (it refuses at submission).
+_NEVER = ("Invalid partition", "Invalid account", "Invalid qos", "Requested node configuration is not available",
+          "Node count specification invalid", "More processors requested than permitted",
+          "Invalid generic resource", "Invalid feature specification", "Job violates accounting/QOS policy",
+          "Invalid Trackable RESource", "Requested time limit is invalid", "Memory required by task is not available")
+
+
+def check_time(value: object, label: str) -> str | None:
+    """``--time`` as sbatch takes it: seconds (an int, rounded up to whole minutes) or Slurm's
+    own form ("30", "2:00:00", "1-12:00:00"); None leaves the partition's default."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int | float) and value > 0:
+        minutes = max(1, math.ceil(value / 60))
+        return f"{minutes // 60}:{minutes % 60:02d}:00"
+    elif isinstance(value, str) and _TIME.fullmatch(value.strip()):
+        return value.strip()
+    raise ConfigError(
+        f"{label}={value!r} is not a time limit: give seconds (e.g. 3600) or Slurm's form "
+        f"('MM', 'HH:MM:SS', 'D-HH:MM:SS', e.g. '2:00:00')."
+    )
+
+
+def check_options(options: object) -> tuple[str, ...]:
+    """Extra sbatch flags: each one a flag (``--exclusive``, ``--mem=8G``, ``--mail-type=END``), never
+    one that skyward sets itself, never a word that would open a shell."""
+    if isinstance(options, str) or not isinstance(options, list | tuple):
+        raise ConfigError(f"sky.Slurm(options={options!r}): a list of sbatch flags, e.g. "
+                          f"options=['--exclusive', '--mem=16G'].")
+    out = []
+    for flag in options:
+        if not isinstance(flag, str) or not re.fullmatch(r"--?[A-Za-z][A-Za-z0-9-]*(=[^\n\r]*)?", flag):
+            raise ConfigError(
+                f"sky.Slurm(options=[..., {flag!r}]): not an sbatch flag; write each as one string "
+                f"starting with '-', the value after '=' (e.g. '--mem=16G', '--exclusive')."
+            )
+        name = flag.split("=", 1)[0]
+        if name in OWN_FLAGS:
+            raise ConfigError(
+                f"sky.Slurm(options=[..., {flag!r}]): skyward sets {name} itself; use sky.Slurm's own "
+                f"arguments (partition=, account=, qos=, time=, constraint=) or the pool's nodes=/accelerator=."
+            )
+        out.append(flag)
+    return tuple(out)
+
+
+def gpu_flag(spec: Spec, gres: str | None) -> str | None:
+    """``--gpus-per-node`` for the spec's accelerator: ``A100:4`` -> ``a100:4``; ``gres`` names the
+    site's GRES type instead ("" for untyped: ``--gpus-per-node=4``)."""
+    acc = spec.accelerator
+    if acc is None:
+        return None
+    count = getattr(acc, "count", 1)
+    if count != int(count):
+        raise ConfigError(
+            f"accelerator={acc.name}:{count:g}: Slurm allocates whole GPUs (MIG slices are GRES of their "
+            f"own: name it with sky.Slurm(gres='<site GRES type>') and a whole count)."
+        )
+    kind = acc.name.lower() if gres is None else gres
+    return f"--gpus-per-node={kind}:{int(count)}" if kind else f"--gpus-per-node={int(count)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """One sbatch submission: ``nodes`` nodes, the pool's node indices starting at ``first``."""
+
+    name: str
+    nodes: int
+    first: int
+    folder: str  # the pool's folder on the shared home (the job's cwd and its output)
+    flags: tuple[str, ...]  # partition, account, ... and the user's options
+
+    def script(self, node_script: str) -> str:
+        """The batch script: every flag as an #SBATCH line (the record keeps it as it ran), then
+        one srun task per node. A node that dies does not take the others with it (--no-kill,
+        --kill-on-bad-exit=0): the pool heals it with a job of its own."""
+        lines = ["#!/bin/bash", f"# skyward: nodes {self.first}..{self.first + self.nodes - 1} of a pool"]
+        lines += [f"#SBATCH {f}" for f in (
+            f"--job-name={self.name}", f"--nodes={self.nodes}", "--ntasks-per-node=1",
+            f"--chdir={self.folder}", f"--output={self.folder}/job-%j.out", "--no-kill", *self.flags)]
+        lines.append(f"srun --nodes={self.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill "
+                     f"bash {shlex.quote(node_script)} {self.first}")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """One line of squeue about a job."""
+
+    job: str
+    state: str  # PENDING, RUNNING, COMPLETING, CANCELLED, ...
+    reason: str  # Priority, Resources, None, ...
+    nodelist: str
+
+    @property
+    def ended(self) -> bool:
+        return self.state.split()[0] in ENDED
+
+
+def parse_squeue(text: str) -> dict[str, JobState]:
+    """``squeue -h -o '%i|%T|%r|%N'`` lines -> job id -> state."""
+    jobs = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0]:
+            jobs[parts[0]] = JobState(parts[0], parts[1], parts[2], parts[3])
+    return jobs
+
+
+def never_runs(output: str) -> str | None:
+    """Slurm's own words when sbatch refused a request the cluster can never satisfy, else None."""
+    for line in output.splitlines():
+        if any(marker in line for marker in _NEVER):
+            return line.strip().removeprefix("sbatch: error: ")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One partition as sinfo describes it (its nodes summed)."""
+
+    name: str
+    default: bool
+    nodes: int
+    idle: int
+    cpus: int  # per node (the smallest node's)
+    memory_gb: float  # per node (the smallest node's)
+    gpus: tuple[tuple[str, int], ...]  # (type, per node) from GRES
+    time_limit: str
+    available: bool
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """``sinfo -h -N -o '%R|%N|%c|%m|%G|%t|%l|%a'`` (one line per node and partition) -> partitions.
+    The default partition carries a '*' in some sinfo forms; %R never does, so the caller marks it."""
+    acc: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 8:
+            continue
+        part, node, cpus, mem, gres, state, limit, avail = parts
+        default = part.endswith("*")
+        part = part.rstrip("*")
+        p = acc.setdefault(part, {"nodes": set(), "idle": set(), "cpus": [], "mem": [], "gpus": {},
+                                  "limit": limit, "avail": avail == "up", "default": default})
+        p["default"] = p["default"] or default
+        if node in p["nodes"]:
+            continue
+        p["nodes"].add(node)
+        if state.rstrip("*~#!%$@^-") in ("idle",):
+            p["idle"].add(node)
+        p["cpus"].append(_int(cpus))
+        p["mem"].append(_int(mem) / 1024)
+        for kind, count in parse_gres(gres):
+            p["gpus"][kind] = min(p["gpus"].get(kind, count), count)
+    return [
+        Partition(name, p["default"], len(p["nodes"]), len(p["idle"]), min(p["cpus"] or [0]),
+                  round(min(p["mem"] or [0.0]), 1), tuple(sorted(p["gpus"].items())), p["limit"], p["avail"])
+        for name, p in acc.items()
+    ]
+
+
+def parse_gres(gres: str) -> list[tuple[str, int]]:
+    """``gpu:a100:4(S:0-1),gpu:2`` -> [("a100", 4), ("gpu", 2)]: GPUs only; "(null)" is none."""
+    out = []
+    for item in re.split(r",(?![^(]*\))", gres):
+        item = re.sub(r"\(.*?\)", "", item).strip()
+        if not item.startswith("gpu"):
+            continue
+        fields = item.split(":")
+        if len(fields) == 3:
+            out.append((fields[1], _int(fields[2])))
+        elif len(fields) == 2:
+            out.append(("gpu", _int(fields[1])) if fields[1].isdigit() else (fields[1], 1))
+    return out
+
+
+def _int(text: str) -> int:
+    m = re.match(r"\d+", text.strip())
+    return int(m.group()) if m else 0

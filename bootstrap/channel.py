@@ -241,7 +241,19 @@ class NodeChannel:
             self._mark_lost(exc)
 
     def cancel(self, tid: int) -> None:
-        """Ask the agent to drop task ``tid`` if it has not started (it then fails with an error)."""
+        """Stop task ``tid``: the agent drops it if it waits for a slot, the worker interrupts
+        it if it runs (or replaces its slot); either way it ends with TaskCancelledError, once
+        its slot is free. A task sent by the lane is cancelled there, where the worker reads."""
+        with self._lock:
+            if tid not in self._pending:
+                return  # it has answered already
+            lane = next((lane for lane in self._lanes if tid in lane.tids), None)
+        if lane is not None:
+            try:
+                lane.writer.send_parts(Kind.CANCEL, tid, 0, b"")
+            except OSError:
+                pass  # the lane closed: the task ends with its worker's error
+            return
         self.send_tid(Kind.CANCEL, tid)
 
     def send_tid(self, kind: int, tid: int, body: bytes = b"", flags: int = 0, buffers: list[Any] = ()) -> None:  # type: ignore[assignment]

@@ -49,7 +49,9 @@ class Kind(IntEnum):
     # runs the payload on a node and answers with REPLY (a RESULT's flags, body and buffers).
     SUBMIT = 13
     REPLY = 14
-    CANCEL = 15  # client -> agent: drop a task still waiting for a slot (it gets an error)
+    # client -> agent -> worker (or client -> worker by the lane): stop a task; a queued one is
+    # dropped, a running one interrupted or its slot replaced; it answers TaskCancelledError.
+    CANCEL = 15
     PONG = 16  # agent -> client: answer to a PING, so the client notices a node gone silent
     # agent -> client: the pool is being stopped from outside (`skyward down`); the body (JSON)
     # says by what, who and when. The agent's tasks end with PoolStoppedError, then it exits.

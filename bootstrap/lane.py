@@ -155,8 +155,8 @@ class WorkerLanes:
                         return frame
 
     def _read(self, lane: _Lane) -> Frame | None:
-        """One frame from a lane: a task (its id made the worker's), or None (not a task, or the
-        client closed the lane)."""
+        """One frame from a lane: a task or a CANCEL (its id made the worker's), or None
+        (anything else, or the client closed the lane)."""
         try:
             frame = lane.reader.read()
         except (EOFError, OSError):
@@ -164,10 +164,18 @@ class WorkerLanes:
                 self._lanes.pop(lane.no, None)
             lane.sock.close()
             return None
-        if frame.kind not in (Kind.TASK, Kind.MAP):
-            return None  # nothing else travels on a lane
+        if frame.kind not in (Kind.TASK, Kind.MAP, Kind.CANCEL):
+            return None  # nothing else travels on a lane (CANCEL: a task sent by it)
         frame.task_id = LANE_BIT | (lane.no << _NO_SHIFT) | (frame.task_id & TID_MASK)
         return frame
+
+    def waiting(self) -> bool:
+        """Whether a lane has a frame to read (nothing is read)."""
+        with self._lock:
+            lanes = list(self._lanes.values())
+        if any(lane.reader.buffered() for lane in lanes):
+            return True
+        return bool(lanes) and bool(select.select([lane.sock for lane in lanes], [], [], 0)[0])
 
     def running(self, delta: int) -> None:
         """A lane task started (+1) or ended (-1); call with the worker's lock held."""

@@ -14,11 +14,13 @@ work to the pool (the joblib backend does), which goes up this socket as a SUBMI
 from __future__ import annotations
 
 import base64
+import collections
 import ctypes
 import io
 import itertools
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from skyward.errors import SerializationError, TaskTimeoutError
+from skyward.errors import SerializationError, TaskCancelledError, TaskTimeoutError
 from skyward.runtime import context
 
 from . import serialize
@@ -38,10 +40,18 @@ from .procs import alive as _alive
 
 STDOUT, STDERR = 1, 2
 _GRACE = 1.0  # seconds a timed-out thread gets to unwind before it is given up on
+# A cancelled task's caller waits for its slot (joblib's next call starts on it), so a thread
+# that does not unwind this fast (blocked in C: a sleep, a native fit) is replaced sooner.
+_CANCEL_GRACE = 0.1
+
+
+class _Cancelled(BaseException):
+    """Raised in a cancelled task's thread: not an Exception, so that the task's own
+    ``except Exception`` does not swallow it."""
 
 
 class _Entry:
-    __slots__ = ("deadline", "ident", "lock", "name", "state", "task_id", "timeout")
+    __slots__ = ("deadline", "gone", "ident", "lock", "name", "state", "task_id", "timeout")
 
     def __init__(self, task_id: int, ident: int) -> None:
         self.task_id = task_id
@@ -49,8 +59,12 @@ class _Entry:
         self.deadline: float | None = None
         self.timeout: float | None = None
         self.name = "task"
-        self.state = "loading"  # loading -> running -> done | timed_out
+        # loading -> running -> returning -> done; or timed_out, or cancelled -> done | abandoned
+        self.state = "loading"
         self.lock = threading.Lock()
+        # Its thread was given up on (stuck after a timeout or a cancel) and a new slot took
+        # its place: the thread ends when the task does (set and read with Worker.lock held).
+        self.gone = False
 
 
 class TaskStream(io.TextIOBase):
@@ -118,7 +132,9 @@ class Worker:
         self.read_lock = threading.Lock()
         self.running: dict[int, _Entry] = {}
         self.lock = threading.Lock()
-        self.abandoned: set[int] = set()
+        # Tasks read while every slot was busy (see _look_for_frames), for the next free slot.
+        self._stash: collections.deque[tuple[Frame, _Entry]] = collections.deque()
+        self._peeking = False
         self.streams = (TaskStream(self, STDOUT, 1), TaskStream(self, STDERR, 2))
         self.spill: Path | None = None  # shared memory for large results: the pool's (Local) or the node's
         self.plugins: Any = None  # skyward.runtime.plugins.NodePlugins when the pool has plugins
@@ -229,9 +245,14 @@ class Worker:
         # call). Tasks are only sent to free slots, so a busy node has no unread task waiting.
         while True:
             with self.read_lock:
-                frame = self._next_task()
-            self._run(frame)
-            if threading.get_ident() in self.abandoned:
+                with self.lock:
+                    stashed = self._stash.popleft() if self._stash else None
+                if stashed is not None:
+                    frame, entry = stashed
+                else:
+                    frame = self._next_task()
+                    entry = self._claim(frame)  # before the lock goes: a CANCEL read next finds it
+            if self._run(frame, entry):
                 return  # a replacement slot took this one's place while it was stuck
 
     def _read(self) -> Frame:
@@ -239,6 +260,50 @@ class Worker:
         if self.lanes is None:
             return self.reader.read()
         return self.lanes.next_frame(self.reader, self.sock)
+
+    def _waiting(self) -> bool:
+        """Whether a frame waits to be read, on the agent's socket or a lane (no reading)."""
+        if self.reader.buffered() or select.select([self.sock], [], [], 0)[0]:
+            return True
+        return self.lanes is not None and self.lanes.waiting()
+
+    def _look_for_frames(self) -> None:
+        """From the watchdog: when every slot is inside a task, nobody reads the sockets, yet a
+        CANCEL must reach the task it stops. A frame waiting then is read in a thread of its
+        own; a task read that way waits in the stash for the next free slot, unless tasks
+        here wait for nested work (the agent lent their slots: it runs now, as _read_replies
+        runs it)."""
+        if self._peeking or self._nested_reader or self.read_lock.locked() or not self._waiting():
+            return
+        self._peeking = True
+        threading.Thread(target=self._peek, name="skyward-peek", daemon=True).start()
+
+    def _peek(self) -> None:
+        try:
+            if not self.read_lock.acquire(blocking=False):
+                return  # a slot reads again: it sees the frame
+            try:
+                if not self._waiting():
+                    return
+                try:
+                    frame = self._read()
+                except (EOFError, OSError):
+                    self.exit()
+                if frame.kind in (Kind.TASK, Kind.MAP):
+                    entry = self._claim(frame)
+                    with self.lock:
+                        lent = self._awaiting()
+                        if not lent:
+                            self._stash.append((frame, entry))
+                    if lent:
+                        threading.Thread(target=self._run, args=(frame, entry), name="skyward-lent-slot",
+                                         daemon=True).start()
+                    return
+            finally:
+                self.read_lock.release()
+            self._control(frame)
+        finally:
+            self._peeking = False
 
     def _next_task(self) -> Frame:
         while True:
@@ -273,6 +338,8 @@ class Worker:
             feed = self._feeds.get((frame.task_id, FEED_HEAD.unpack_from(frame.body, 0)[0]))
             if feed is not None:
                 feed.on_feed(frame)
+        elif frame.kind == Kind.CANCEL:
+            self._cancel(frame.task_id)
         elif frame.kind == Kind.SHUTDOWN:
             self.exit()
 
@@ -307,6 +374,11 @@ class Worker:
                 if not self._awaiting():
                     self._nested_reader = False
                     return
+                # Read while no task waited (see _peek): what it lends is for them now too.
+                stashed, self._stash = self._stash, collections.deque()
+            for frame, entry in stashed:
+                threading.Thread(target=self._run, args=(frame, entry), name="skyward-lent-slot",
+                                 daemon=True).start()
             if not self.read_lock.acquire(timeout=0.05):
                 continue  # an idle slot is reading; it handles REPLY frames too
             try:
@@ -318,10 +390,12 @@ class Worker:
                     frame = self._read()
                 except (EOFError, OSError):
                     self.exit()
+                entry = self._claim(frame) if frame.kind in (Kind.TASK, Kind.MAP) else None
             finally:
                 self.read_lock.release()
-            if frame.kind in (Kind.TASK, Kind.MAP):
-                threading.Thread(target=self._run, args=(frame,), name="skyward-lent-slot", daemon=True).start()
+            if entry is not None:
+                threading.Thread(target=self._run, args=(frame, entry), name="skyward-lent-slot",
+                                 daemon=True).start()
             else:
                 self._control(frame)
 
@@ -371,19 +445,29 @@ class Worker:
                 self._streams.pop(tid, None)
 
     # -- running one task --------------------------------------------------------------------
-    def _run(self, frame: Frame) -> None:
+    def _claim(self, frame: Frame) -> _Entry:
+        """Register a task as running here (call holding read_lock: a CANCEL for it, read
+        right after it, must find it)."""
         tid = frame.task_id
-        entry = _Entry(tid, threading.get_ident())
+        entry = _Entry(tid, 0)
         with self.lock:
             self.running[tid] = entry
             if tid & LANE_BIT and self.lanes is not None:
                 self.lanes.running(+1)
+        return entry
+
+    def _run(self, frame: Frame, entry: _Entry) -> bool:
+        """Run a task and answer; True when its thread was given up on meanwhile."""
+        tid = frame.task_id
+        entry.ident = threading.get_ident()
         token = context.current_task.set(tid)
         payload: tuple[int, Any, serialize.Buffers] | None = None
         try:
             payload = self._execute(frame, entry)
         except TaskTimeoutError:
             payload = None  # injected by the watchdog, which already answered the client
+        except _Cancelled:
+            payload = None  # answered below, or by _reap_cancelled if it gave up on this thread
         except BaseException as exc:  # our own code failed: still answer, or the client waits forever
             payload = serialize.dumps_error(exc)
         finally:
@@ -398,15 +482,22 @@ class Worker:
                 s.flush_task(tid)
         try:
             with entry.lock:
-                answer = entry.state != "timed_out"
-                entry.state = "done"
+                state = entry.state
+                if state != "abandoned":
+                    entry.state = "done"
+            if state == "cancelled":
+                # An interruption not delivered yet must not land while the answer is written.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(entry.ident), None)
+                payload = serialize.dumps_error(_cancelled_error(entry), tb_text="")
             with self.lock:
                 if self.running.pop(tid, None) is not None and tid & LANE_BIT and self.lanes is not None:
                     self.lanes.running(-1)
-            if answer and payload is not None:
+            if state not in ("timed_out", "abandoned") and payload is not None:
                 self._send_result(tid, payload)
-        except TaskTimeoutError:  # a late async exception landing in our own code
+        except (TaskTimeoutError, _Cancelled):  # a late async exception landing in our own code
             pass
+        with self.lock:  # read after the pop above: _reap decides on what it finds running
+            return entry.gone
 
     def _execute(self, frame: Frame, entry: _Entry) -> tuple[int, Any, serialize.Buffers]:
         try:
@@ -436,6 +527,8 @@ class Worker:
             entry.timeout = timeout * (len(items) if items is not None else 1)
             entry.deadline = time.monotonic() + entry.timeout
         with entry.lock:
+            if entry.state == "cancelled":  # while it was loading: it never starts
+                return serialize.dumps_error(_cancelled_error(entry), tb_text="")
             entry.state = "running"
         try:
             if items is None:
@@ -447,7 +540,7 @@ class Worker:
                 value = [fn(item) for item in items]
         except BaseException as exc:
             with entry.lock:
-                if entry.state == "timed_out":  # injected by the watchdog, already answered
+                if entry.state in ("timed_out", "cancelled", "abandoned"):  # injected by us
                     raise
                 entry.state = "returning"
             if isinstance(exc, SystemExit | KeyboardInterrupt):
@@ -477,6 +570,7 @@ class Worker:
                 late = [e for e in self.running.values() if e.deadline is not None and e.deadline < now]
             for entry in late:
                 self._time_out(entry)
+            self._look_for_frames()
 
     def _time_out(self, entry: _Entry) -> None:
         with entry.lock:
@@ -501,12 +595,61 @@ class Worker:
             )
         threading.Thread(target=self._reap, args=(entry,), daemon=True).start()
 
+    # -- cancellation (the caller gave up: joblib aborted the call) ------------------------
+    def _cancel(self, tid: int) -> None:
+        """CANCEL: stop a task of this worker. It is interrupted; a thread that does not unwind
+        within _CANCEL_GRACE has its slot replaced (process executor: the process exits and
+        the agent replaces it). The task answers TaskCancelledError only once its slot is free
+        again, so a caller that waits for the answers knows the node can take new work."""
+        with self.lock:
+            entry = self.running.get(tid)
+            stashed = next((item for item in self._stash if item[1] is entry), None)
+            if stashed is not None:  # read while every slot was busy: it never starts
+                self._stash.remove(stashed)
+                if self.running.pop(tid, None) is not None and tid & LANE_BIT and self.lanes is not None:
+                    self.lanes.running(-1)
+        if stashed is not None:
+            self._send_result(tid, serialize.dumps_error(_cancelled_error(stashed[1]), tb_text=""))
+            return
+        if entry is None:
+            return  # it has answered already (the RESULT is on its way)
+        with entry.lock:
+            if entry.state not in ("loading", "running"):
+                return  # timed out, cancelled already, or returning its result
+            interrupt = entry.state == "running"
+            entry.state = "cancelled"
+            if interrupt:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(entry.ident), ctypes.py_object(_Cancelled))
+        threading.Thread(target=self._reap_cancelled, args=(entry,), name="skyward-cancel", daemon=True).start()
+
+    def _reap_cancelled(self, entry: _Entry) -> None:
+        end = time.monotonic() + _CANCEL_GRACE
+        while time.monotonic() < end:
+            time.sleep(0.005)
+            if entry.state != "cancelled":
+                return  # the thread unwound and answered
+        with entry.lock:
+            if entry.state != "cancelled":
+                return
+            entry.state = "abandoned"
+        err = serialize.dumps_error(_cancelled_error(entry), tb_text="")
+        if self.exclusive:  # the only sure way to stop it; the agent starts a new process
+            self.writer.send_parts(Kind.SHUTDOWN, 0, 0, b"")
+            self._send_result(entry.task_id, err)
+            os._exit(75)
+        with self.lock:
+            entry.gone = True
+            if self.running.pop(entry.task_id, None) is not None and entry.task_id & LANE_BIT and self.lanes is not None:
+                self.lanes.running(-1)
+        self._start_slot()  # before the answer: when the caller hears it, the slot is there
+        self._send_result(entry.task_id, err)
+
     def _reap(self, entry: _Entry) -> None:
         time.sleep(_GRACE)
         with self.lock:
             stuck = entry.task_id in self.running
             if stuck:
-                self.abandoned.add(entry.ident)
+                entry.gone = True
         if stuck:
             self.log(
                 f"skyward: {entry.name} (task {entry.task_id}) did not stop after its timeout "
@@ -514,6 +657,14 @@ class Worker:
                 f"new slot replaces it. Use Worker(executor='process') to have such tasks killed."
             )
             self._start_slot()
+
+
+def _cancelled_error(entry: _Entry) -> TaskCancelledError:
+    node = context.topology().get("node", "?") if context.on_node() else "?"
+    return TaskCancelledError(
+        f"{entry.name} was cancelled on node {node}: its caller gave up on it (joblib aborted the "
+        f"call after a timeout or another task's error); its result would have been ignored."
+    )
 
 
 def main() -> None:

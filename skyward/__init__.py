@@ -19,6 +19,7 @@ import importlib
 import sys as _sys
 
 from . import defaults as _defaults
+from . import joblib_name as _joblib_name  # noqa: F401  (Parallel(backend="skyward") anywhere)
 from .core.target import SkywardModule as _SkywardModule
 from .errors import (
     AcceleratorError,

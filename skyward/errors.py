@@ -104,7 +104,7 @@ class TaskTimeoutError(SkywardError, TimeoutError):
 
 
 class TaskCancelledError(SkywardError, RuntimeError):
-    """A task was cancelled before it started (a joblib batch after an abort)."""
+    """A task was cancelled: its caller gave up on it (a joblib call aborted, a gather that failed)."""
 
 
 class CollectionError(SkywardError, RuntimeError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import threading
 import types
 
 from ..errors import DispatchError
@@ -73,18 +74,57 @@ class SkywardModule(StandsForActivePool, types.ModuleType):
 
 
 _active: contextvars.ContextVar[Any] = contextvars.ContextVar("skyward_active_pool", default=None)
+# The pools whose `with` block is open in this process, with the thread each was entered in.
+# A ContextVar does not follow a thread the program starts (threading.Thread and
+# ThreadPoolExecutor run in a fresh context, joblib's threading backend too), so from such a
+# thread the one pool open elsewhere is the active one.
+_open: list[tuple[Pool, int]] = []
+_open_lock = threading.Lock()
 
 
 def active_pool() -> Pool | None:
-    """The pool of the innermost ``with`` block in this context, if any."""
+    """The pool of the innermost ``with`` block in this context; else, in a thread that opened
+    no pool, the one pool whose block is open in another thread (None when none or several)."""
     found: Pool | None = _active.get()
-    return found
+    if found is not None:
+        return found
+    others = _elsewhere()
+    return others[0] if len(others) == 1 else None
+
+
+def _elsewhere() -> list[Pool]:
+    here = threading.get_ident()
+    with _open_lock:
+        if any(ident == here for _, ident in _open):
+            return []  # this thread's own blocks decide (a fresh Context here means: none)
+        pools: list[Pool] = []
+        for pool, _ in _open:
+            if pool not in pools:
+                pools.append(pool)
+        return pools
+
+
+def none_active() -> str:
+    """Why there is no active pool here, for an error message that ends with the next step."""
+    others = len(_elsewhere())
+    if others > 1:
+        return (f"this thread is in no pool's `with` block, and {others} pools are open in other "
+                f"threads, so which one is meant is not known")
+    return "there is no open pool's `with` block in this thread or any other"
 
 
 def enter(pool: Pool) -> contextvars.Token[Any]:
     """Make ``pool`` the active pool; ``leave`` with the token undoes it."""
+    with _open_lock:
+        _open.append((pool, threading.get_ident()))
     return _active.set(pool)
 
 
 def leave(token: contextvars.Token[Any]) -> None:
+    pool, here = _active.get(), threading.get_ident()
     _active.reset(token)
+    with _open_lock:
+        for i in range(len(_open) - 1, -1, -1):
+            if _open[i][0] is pool and _open[i][1] == here:
+                del _open[i]
+                break

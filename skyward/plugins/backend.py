@@ -18,14 +18,19 @@ trips. Nested ``Parallel`` calls inside a batch run sequentially where the batch
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
-from joblib import register_parallel_backend
+# From joblib's modules, not the package: skyward.joblib_name registers this backend while
+# the package is still importing (right after joblib.parallel has loaded).
 from joblib._parallel_backends import AutoBatchingMixin, ParallelBackendBase, SequentialBackend
+from joblib.parallel import register_parallel_backend
 
 from skyward.bootstrap import serialize
 from skyward.bootstrap.frames import Frame, Kind
@@ -37,6 +42,11 @@ from skyward.errors import (
 from skyward.runtime import context
 
 NAME = "skyward"
+log = logging.getLogger("skyward")
+# How long an aborted call waits for its cancelled batches to answer. A node answers within
+# a fraction of a second (a stuck thread's slot is replaced after 0.1 s); this bound is for a
+# node that stopped answering at all, which membership then reports as lost.
+_ABORT_WAIT = 30.0
 # Warning categories that every node can import by name; filters naming anything else (a
 # category from pytest, or from a module only this machine has) are left out of what joblib
 # and scikit-learn pickle along with each batch, or the node could not unpickle it.
@@ -113,10 +123,15 @@ class _NodeTarget:
     def __init__(self) -> None:
         hub = context.hub
         if hub is None:
+            from skyward.core.target import none_active
+
             raise NoActivePoolError(
-                "the skyward joblib backend runs inside a pool's `with` block, or inside a task "
-                "running on a pool; neither is the case here. Open the pool with "
-                "plugins=[sky.plugins.joblib()] (or sklearn()) around your Parallel call."
+                f"the skyward joblib backend runs on a pool: the one whose `with` block this "
+                f"thread (or, from a thread of your own, the one pool open) is in, or the one a "
+                f"task runs on; {none_active()}. Open the pool around the Parallel call (with "
+                f"plugins=[sky.plugins.joblib()] it is joblib's default backend there), or name "
+                f"it: `with joblib.parallel_config(backend=\"skyward\", pool=pool):`, or "
+                f"Parallel(backend=sky.plugins.SkywardBackend(pool=pool))."
             )
         self.hub = hub
         # joblib submits follow-up batches from whichever thread completed one; they all
@@ -156,7 +171,8 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads, **kwargs)
         self._pool = pool
         self._target: _ClientTarget | _NodeTarget | None = None
-        self._cancels: dict[int, Callable[[], None]] = {}
+        # The batches sent and not answered yet: how to cancel each, and its future.
+        self._out: dict[int, tuple[Callable[[], None], Future[Any]]] = {}
         self._ids = 0
         self._lock = threading.Lock()
 
@@ -205,7 +221,7 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
 
         def done(result: Frame | BaseException) -> None:
             with self._lock:
-                self._cancels.pop(key, None)
+                self._out.pop(key, None)
             try:
                 future.set_result(decode(result, name))
             except BaseException as exc:
@@ -216,22 +232,33 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
         cancel = target.submit(payload, done)
         with self._lock:
             if not future.done():
-                self._cancels[key] = cancel
+                self._out[key] = (cancel, future)
         return future
 
     def retrieve_result_callback(self, out: Future[Any]) -> Any:
         return out.result()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """Batches still waiting for a slot are dropped on their node; running ones finish
-        there and their results are ignored."""
+        """joblib gave up on the call (a timeout, a task's error, a generator dropped): every
+        batch of it still out is cancelled (dropped where it waits for a slot, interrupted
+        where it runs, its slot replaced if its thread does not stop), and this returns once
+        they have all answered, so that the next call finds the slots free."""
         with self._lock:
-            cancels, self._cancels = list(self._cancels.values()), {}
-        for cancel in cancels:
+            out = list(self._out.values())
+        for cancel, _ in out:
             try:
                 cancel()
             except Exception:
                 pass
+        end = time.monotonic() + _ABORT_WAIT
+        for _, future in out:
+            try:
+                future.exception(timeout=max(0.0, end - time.monotonic()))
+            except FuturesTimeout:
+                log.warning("skyward joblib backend: %d cancelled batch(es) did not answer within %g s; "
+                            "the next call may wait for their slots", sum(not f.done() for _, f in out),
+                            _ABORT_WAIT)
+                break
         self.reset_batch_stats()
 
     def terminate(self) -> None:

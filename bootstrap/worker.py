@@ -390,11 +390,11 @@ class Worker:
                     frame = self._read()
                 except (EOFError, OSError):
                     self.exit()
-                entry = self._claim(frame) if frame.kind in (Kind.TASK, Kind.MAP) else None
+                claimed = self._claim(frame) if frame.kind in (Kind.TASK, Kind.MAP) else None
             finally:
                 self.read_lock.release()
-            if entry is not None:
-                threading.Thread(target=self._run, args=(frame, entry), name="skyward-lent-slot",
+            if claimed is not None:
+                threading.Thread(target=self._run, args=(frame, claimed), name="skyward-lent-slot",
                                  daemon=True).start()
             else:
                 self._control(frame)

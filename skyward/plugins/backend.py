@@ -17,6 +17,7 @@ trips. Nested ``Parallel`` calls inside a batch run sequentially where the batch
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -38,6 +39,7 @@ from skyward.errors import (
     NoActivePoolError,
     NodeLostError,
     SerializationError,
+    TaskCancelledError,
 )
 from skyward.runtime import context
 
@@ -92,25 +94,95 @@ def decode(result: Frame | BaseException, name: str) -> Any:
     return decode_result(result, f"a joblib batch ({name})")
 
 
+class _Batch:
+    __slots__ = ("cancelled", "done", "payload", "sent")
+
+    def __init__(self, payload: tuple[int, Any, Any], done: Callable[[Frame | BaseException], None]) -> None:
+        self.payload, self.done = payload, done
+        self.sent: tuple[Any, int] | None = None  # (channel, task id) once on a node
+        self.cancelled = False
+
+
 class _ClientTarget:
-    """Sends batches straight to the pool's nodes, through its dispatcher (skyward.core.dispatch)."""
+    """Sends batches straight to the pool's nodes, through its dispatcher (skyward.core.dispatch).
+
+    A batch goes to a node with a free slot. While every slot is taken, batches wait here, not
+    in one node's queue: joblib sends 2 x n_jobs batches ahead, and a batch queued behind a
+    slow one on its node would wait for it while other nodes idle (an unordered generator's
+    fast results, a failing fit found late). The first node to free a slot takes the next."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.dispatcher = pool.dispatcher
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[_Batch] = collections.deque()
+        self._out = 0  # our batches on the nodes
 
     def slots(self) -> int:
         return max(1, len(self.dispatcher.members.ready())) * self.pool.worker.slots
 
     def submit(self, payload: tuple[int, Any, Any], done: Callable[[Frame | BaseException], None]) -> Callable[[], None]:
         self.dispatcher.check_open()
-        ch = self.dispatcher.least_busy()
-        if ch is None:
-            serialize.discard(payload[2])
-            raise NodeLostError("every node of the pool was lost; no node is left to run joblib batches.")
-        flags, body, buffers = payload
-        tid = ch.submit(Kind.TASK, flags, body, buffers, done)
-        return lambda: ch.cancel(tid)
+        batch = _Batch(payload, done)
+        with self._lock:
+            self._waiting.append(batch)
+        self._pump()
+        return lambda: self._cancel(batch)
+
+    def _free_node(self) -> Any:
+        per = self.pool.worker.slots
+        free = [c for c in self.dispatcher.members.ready() if c.inflight < per]
+        if free:
+            return min(free, key=lambda c: c.inflight)
+        # Every slot runs something; with none of ours among them, nothing of ours would call
+        # _pump again: queue on the least busy node instead.
+        return None if self._out else self.dispatcher.least_busy()
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return
+                ch = self._free_node()
+                if ch is None and self._out:
+                    return  # one of ours comes back and pumps again
+                batch = self._waiting.popleft()
+                self._out += ch is not None
+            flags, body, buffers = batch.payload
+            if ch is None:
+                serialize.discard(buffers)
+                batch.done(NodeLostError("every node of the pool was lost; no node is left to run joblib batches."))
+                continue
+
+            def finished(result: Frame | BaseException, batch: _Batch = batch) -> None:
+                with self._lock:
+                    self._out -= 1
+                batch.done(result)
+                self._pump()
+
+            try:
+                tid = ch.submit(Kind.TASK, flags, body, buffers, finished)
+            except NodeLostError as exc:  # lost between the pick and the send
+                finished(exc)
+                continue
+            with self._lock:
+                batch.sent = (ch, tid)
+                cancel = batch.cancelled
+            if cancel:  # cancelled while it was being sent
+                ch.cancel(tid)
+
+    def _cancel(self, batch: _Batch) -> None:
+        with self._lock:
+            batch.cancelled = True
+            waiting = batch.sent is None and batch in self._waiting
+            if waiting:
+                self._waiting.remove(batch)
+            sent = batch.sent
+        if waiting:
+            serialize.discard(batch.payload[2])
+            batch.done(TaskCancelledError("the joblib batch was cancelled before it was sent (the call was aborted)"))
+        elif sent is not None:
+            sent[0].cancel(sent[1])
 
     @property
     def spill(self) -> Any:

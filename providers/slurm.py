@@ -408,6 +408,14 @@ class SlurmCluster(Cluster):
                 break
             if state is None or state.ended:
                 raise self._job_ended(job, state, logs)
+            never = q.never_reason(state.reason) if state.state == "PENDING" else None
+            if never is not None:
+                raise ProviderError(
+                    f"Slurm job {job} can never start as asked: it is PENDING with reason {state.reason} "
+                    f"({never}); it was cancelled. This cluster can never run it as asked: change "
+                    f"partition=, nodes=, accelerator=, vcpus=, memory_gb= or time= to what `sinfo` shows "
+                    f"(sky.offers(provider=sky.Slurm(...)) lists the partitions)."
+                )
             if started is None and now - submitted > self.provider.pending_timeout:
                 raise ProviderError(
                     f"Slurm job {job} waited {self.provider.pending_timeout:g} s in the queue "

@@ -35,6 +35,29 @@ _NEVER = ("Invalid partition", "Invalid account", "Invalid qos", "Requested node
           "Invalid generic resource", "Invalid feature specification", "Job violates accounting/QOS policy",
           "Invalid Trackable RESource", "Requested time limit is invalid", "Memory required by task is not available")
 
+# Pending reasons that mean this job can never start as asked (not a busy cluster): Slurm keeps
+# such a job in the queue, where it would wait until pending_timeout for nothing.
+NEVER_REASONS = {
+    "PartitionConfig": "more nodes, CPUs, memory or GPUs per node than the partition has",
+    "PartitionNodeLimit": "more nodes than the partition allows a job",
+    "PartitionTimeLimit": "a time limit over the partition's MaxTime",
+    "BadConstraints": "constraints no node satisfies",
+    "InvalidAccount": "an account that does not exist or is not yours",
+    "InvalidQOS": "a QOS that does not exist or is not yours",
+    "AccountNotAllowed": "an account this partition refuses",
+    "QOSNotAllowed": "a QOS this partition refuses",
+    "DependencyNeverSatisfied": "a dependency that can never be met",
+}
+
+
+def never_reason(reason: str) -> str | None:
+    """Why a PENDING job with this reason will never start (None: it may, later)."""
+    if reason in NEVER_REASONS:
+        return NEVER_REASONS[reason]
+    if "PerJob" in reason:  # QOSMaxNodePerJobLimit, AssocMaxCpuPerJobLimit, ...: a per-job cap
+        return "more than a per-job limit of the account or QOS allows"
+    return None
+
 
 def check_time(value: object, label: str) -> str | None:
     """``--time`` as sbatch takes it: seconds (an int, rounded up to whole minutes) or Slurm's

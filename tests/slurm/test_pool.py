@@ -71,3 +71,76 @@ def test_a_three_node_pool_runs_on_three_hosts_of_one_job_and_cancels_it_at_exit
         time.sleep(0.2)
     assert all(s in ("COMPLETED", "CANCELLED") for s in states), states
     site.cluster.wait_idle()
+
+
+def _blocker(site: Site, seconds: int) -> str:
+    """A job of root's holding every compute node, as another user's job on a busy cluster does."""
+    out = site.cluster.run(["sbatch", "--parsable", "--exclusive", f"-N{len(site.compute)}", "--chdir=/",
+                            "-o", "/dev/null", "--job-name=someone-else", "--wrap", f"sleep {seconds}"]).stdout
+    return out.strip().split(";")[0]
+
+
+def test_a_pool_behind_another_job_says_why_it_waits_and_gives_up_after_pending_timeout(site: Site) -> None:
+    blocker = _blocker(site, 60)
+    rec = Recorder()
+    unsubscribe = sky.subscribe(rec)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(sky.ProviderError) as info, \
+                sky.Compute(provider=site.provider(pending_timeout=3), nodes=1, options=QUIET):
+            pass
+        took = time.monotonic() - t0
+        queued = rec.of(sky.JobQueued)
+        assert queued and queued[0].state == "PENDING" and queued[0].reason in ("Resources", "Priority")
+        job = queued[0].job
+        message = str(info.value)
+        # The reason as it was last (Priority first, then Resources: updated as Slurm changes it).
+        assert job in message and "pending_timeout" in message and queued[-1].reason in message, message
+        assert took < 30, took
+        # The job that gave up was cancelled; the other one runs on.
+        states = {j["id"]: j["state"] for j in site.cluster.jobs()}
+        assert states.get(job) in (None, "CANCELLED"), states
+        assert states[blocker] == "RUNNING"
+    finally:
+        unsubscribe()
+        site.cluster.run(["scancel", blocker])
+        site.cluster.wait_idle()
+
+
+def test_a_pool_waits_its_turn_and_starts_when_the_nodes_free_up(site: Site) -> None:
+    _blocker(site, 3)
+    rec = Recorder()
+    unsubscribe = sky.subscribe(rec)
+    try:
+        with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+            assert len(where() @ pool) == 2
+    finally:
+        unsubscribe()
+    states = [(e.state, e.reason) for e in rec.of(sky.JobQueued)]
+    assert states[0][0] == "PENDING" and states[-1][0] == "RUNNING", states
+    site.cluster.wait_idle()
+
+
+@pytest.mark.parametrize(("kw", "nodes", "words"), [
+    ({"partition": "nosuch"}, 1, "Invalid partition"),
+    ({}, 9, "PartitionConfig"),  # Slurm queues it, PENDING for a reason that never passes
+    ({"options": ["--mem=999999G"]}, 1, "Requested node configuration is not available"),
+])
+def test_a_request_the_cluster_can_never_satisfy_fails_at_once_in_slurms_words(
+        site: Site, kw: dict[str, Any], nodes: int, words: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(sky.ProviderError) as info, sky.Compute(provider=site.provider(**kw), nodes=nodes,
+                                                              options=QUIET):
+        pass
+    assert words.lower() in str(info.value).lower() and "can never run it" in str(info.value), info.value
+    assert time.monotonic() - t0 < 20
+    assert site.cluster.jobs() == []
+
+
+def test_time_partition_and_options_reach_sbatch(site: Site) -> None:
+    provider = site.provider(time=600, options=["--comment=skyward-test"])
+    with sky.Compute(provider=provider, nodes=1, options=QUIET) as pool:
+        job = next(iter(pool.cluster.jobs()))  # type: ignore[attr-defined]
+        shown = site.cluster.run(["scontrol", "show", "job", job]).stdout
+    assert "TimeLimit=00:10:00" in shown and "Comment=skyward-test" in shown, shown
+    assert "Partition=debug" in shown

@@ -1,0 +1,135 @@
+"""Nothing outlives a Slurm pool, and a lost node comes back (issue 35, item 3): a node whose
+agent dies, or whose one-node job is scancel'ed, is replaced by a new one-node job keeping its
+rank; a client killed outright leaves a job that ends by itself within the agents' lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import skyward as sky
+
+from .conftest import Site
+
+pytestmark = pytest.mark.timeout(300)
+QUIET = sky.Options(console=False)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[sky.Event] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: sky.Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        from skyward.observe import events
+
+        events.bus.flush()
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
+
+
+def wait_for(predicate: Any, timeout: float, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting {what}"
+        time.sleep(0.1)
+
+
+@sky.function
+def where() -> tuple[int, str, str]:
+    import os
+    import socket
+
+    return sky.instance_info().node, socket.gethostname(), os.environ.get("SLURM_JOB_ID", "")
+
+
+@sky.function
+def agent_pid() -> int:
+    import os
+
+    return os.getppid()
+
+
+def test_a_lost_node_and_a_cancelled_node_job_are_replaced_by_one_node_jobs_keeping_the_rank(site: Site) -> None:
+    rec = Recorder()
+    with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+        unsubscribe = pool.subscribe(rec)
+        try:
+            (first_job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
+            ranks = where() @ pool
+            assert [r[0] for r in ranks] == [0, 1] and {r[2] for r in ranks} == {first_job}
+            # Node 1's agent dies (a crashed process on a compute node): the job keeps node 0.
+            host = next(h for h in site.compute if h.name == ranks[1][1])
+            pid = pool.run(agent_pid(), target=1)
+            subprocess.run(["nsenter", "-t", str(host.pid), "-p", "-m", "--", "kill", "-9", str(pid)], check=True)
+            wait_for(lambda: len(rec.of(sky.InstanceReplaced)) == 1 and pool.current_nodes() == 2, 120,
+                     "for the first replacement")
+            (replaced,) = rec.of(sky.InstanceReplaced)
+            assert replaced.rank == 1
+            jobs = pool.cluster.jobs()  # type: ignore[attr-defined]
+            second_job = next(j for j in jobs if j != first_job)
+            assert len(jobs[second_job]) == 1
+            after = where() @ pool
+            assert [r[0] for r in after] == [0, 1]
+            assert after[0][2] == first_job and after[1][2] == second_job
+            # The site cancels that one-node job (scancel, preemption): replaced again.
+            site.cluster.run(["scancel", second_job])
+            wait_for(lambda: len(rec.of(sky.InstanceReplaced)) == 2 and pool.current_nodes() == 2, 120,
+                     "for the second replacement")
+            last = where() @ pool
+            assert [r[0] for r in last] == [0, 1]
+            assert last[1][2] not in (first_job, second_job)
+            assert rec.of(sky.InstanceLost)
+        finally:
+            unsubscribe()
+    wait_for(lambda: not [j for j in site.cluster.jobs() if j["state"] in ("RUNNING", "PENDING")], 30,
+             "for the pool's jobs to end")
+    site.cluster.wait_idle()
+
+
+CLIENT = textwrap.dedent("""
+    import json, sys, time
+    import skyward as sky
+    args = json.loads(sys.argv[1])
+    provider = sky.Slurm(args["login"], key=args["key"], known_hosts=args["known_hosts"])
+    pool = sky.Compute(provider=provider, nodes=2, ttl=args["ttl"], options=sky.Options(console=False)).__enter__()
+    print(json.dumps(pool.cluster.jobs()), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_client_killed_outright_leaves_a_job_that_ends_within_the_agents_lease(site: Site, tmp_path: Path) -> None:
+    ttl = 8
+    args = {"login": f"{site.login.user}@{site.login.address}", "key": str(site.hosts.client_key),
+            "known_hosts": site.known_hosts, "ttl": ttl}
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, json.dumps(args)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "SKYWARD_HOME": str(tmp_path)})
+    try:
+        assert proc.stdout is not None
+        jobs = json.loads(proc.stdout.readline())
+        (job,) = jobs
+        assert {j["id"]: j["state"] for j in site.cluster.jobs()}[job] == "RUNNING"
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: not [j for j in site.cluster.jobs() if j["id"] == job and j["state"] in ("RUNNING", "PENDING")],
+             ttl + 30, "for the orphaned job to end")
+    took = time.monotonic() - killed
+    assert took < ttl + 30, took
+    site.cluster.wait_idle()

@@ -164,6 +164,39 @@ class Slurm(ProviderConfig):
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> SlurmCluster:
         return SlurmCluster(spec, pool_id, self, options=options)
 
+    # -- offers: the partitions, from sinfo on the login node -------------------------------------
+    def partitions(self) -> list[q.Partition]:
+        """The cluster's partitions as ``sinfo`` shows them now (one SSH command on the login node)."""
+        from skyward.bootstrap.remote import Remote
+
+        remote = Remote(self.target(), connect_timeout=10.0, retry_for=30.0, label=f"login node {self._host[1]}")
+        remote.open()
+        try:
+            _, out = remote.run(f"sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)}", timeout=60, phase="sinfo")
+        finally:
+            remote.close()
+        return q.parse_sinfo(out)
+
+    def live_offers(self, want: Any) -> list[Any]:
+        """sky.offers(provider=sky.Slurm(...)): one offer per partition that fits ``want``
+        (accelerator, vcpus, memory per node), the default partition first; price 0 (the site's
+        allocation, not dollars); ``extra`` says how many nodes it has and how many are idle."""
+        return [q.offer(p, self._host[1]) for p in q.fitting(self.partitions(), want)]
+
+    def choose_partition(self, spec: Spec) -> str | None:
+        """The partition for a spec that asks for GPUs, CPUs or memory and names none (None: the
+        cluster's default partition will do)."""
+        if self.partition or not (spec.accelerator or spec.vcpus or spec.memory_gb):
+            return self.partition
+        parts = self.partitions()
+        fit = q.fitting(parts, spec)
+        if not fit:
+            listed = "; ".join(q.describe(p) for p in parts) or "none"
+            raise ProviderError(
+                f"no partition of {self._host[1]} has nodes with what the pool asks for "
+                f"({q.asked(spec)}); its partitions: {listed}. Ask for less, or name one with partition=.")
+        return fit[0].name
+
     # -- named pools ---------------------------------------------------------------------------
     def attach(self, description: dict[str, Any]) -> SlurmCluster:
         return SlurmCluster.from_description(description)
@@ -199,6 +232,7 @@ class SlurmCluster(Cluster):
         self._lock = threading.Lock()
         self._remote: Remote | None = None
         self._closed = False
+        self._partition: str | None = None  # chosen from sinfo when the spec asks for GPUs/CPUs/memory
         self._ready = False  # the shipment is on the shared home
         self._build: threading.Thread | None = None  # the environment, built on the login node
         self._build_error: BaseException | None = None
@@ -340,8 +374,13 @@ class SlurmCluster(Cluster):
         with self._lock:
             first = self._next
             self._next += count
+        flags = self.provider.flags(self.spec)
+        if self._partition is None:
+            self._partition = self.provider.choose_partition(self.spec) or ""
+        if self._partition and self._partition != self.provider.partition:
+            flags = (f"--partition={self._partition}", *flags)
         request = q.JobRequest(name=f"skyward-{self.pool_id}"[:64], nodes=count, first=first, folder=self.folder,
-                               flags=self.provider.flags(self.spec))
+                               flags=flags)
         text = request.script(f"{self.folder}/node.sh")
         name = f"job-{first}.sbatch"
         self._login().upload([(name, text.encode(), 0o600)], self.folder)

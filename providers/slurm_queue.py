@@ -186,9 +186,12 @@ class Partition:
     available: bool
 
 
+# One line per node and partition: %P carries a '*' after the default partition's name.
+SINFO_FORMAT = "%P|%N|%c|%m|%G|%t|%l|%a"
+
+
 def parse_sinfo(text: str) -> list[Partition]:
-    """``sinfo -h -N -o '%R|%N|%c|%m|%G|%t|%l|%a'`` (one line per node and partition) -> partitions.
-    The default partition carries a '*' in some sinfo forms; %R never does, so the caller marks it."""
+    """``sinfo -h -N -o SINFO_FORMAT`` -> partitions, the default one first."""
     acc: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
@@ -209,11 +212,61 @@ def parse_sinfo(text: str) -> list[Partition]:
         p["mem"].append(_int(mem) / 1024)
         for kind, count in parse_gres(gres):
             p["gpus"][kind] = min(p["gpus"].get(kind, count), count)
-    return [
+    parts = [
         Partition(name, p["default"], len(p["nodes"]), len(p["idle"]), min(p["cpus"] or [0]),
                   round(min(p["mem"] or [0.0]), 1), tuple(sorted(p["gpus"].items())), p["limit"], p["avail"])
         for name, p in acc.items()
     ]
+    return sorted(parts, key=lambda p: not p.default)
+
+
+def fitting(parts: list[Partition], want: Any) -> list[Partition]:
+    """The partitions (up, in order) whose nodes have what ``want`` asks per node: a Spec or a
+    catalogue Want (accelerator with its count, vcpus, memory_gb)."""
+    acc = getattr(want, "accelerator", None)
+    out = []
+    for p in parts:
+        if not p.available:
+            continue
+        if getattr(want, "vcpus", None) and p.cpus < want.vcpus:
+            continue
+        if getattr(want, "memory_gb", None) and p.memory_gb < want.memory_gb:
+            continue
+        if acc is not None:
+            name, count = acc.name.lower(), getattr(acc, "count", 1)
+            # an untyped GRES ("gpu:4") may be any GPU: it fits a request by count
+            if not any((kind.lower() in (name, "gpu")) and n >= count for kind, n in p.gpus):
+                continue
+        out.append(p)
+    return out
+
+
+def offer(p: Partition, cluster: str) -> Any:
+    """A partition as a catalogue Offer (sky.offers): per-node shape, price 0."""
+    from skyward.catalogue import Offer
+
+    kind, count = (p.gpus[0] if p.gpus else (None, 0))
+    return Offer(provider="slurm", instance_type=p.name, region=cluster, vcpus=p.cpus, memory_gb=p.memory_gb,
+                 architecture="x86_64", accelerator=kind.upper() if kind else None, accelerator_count=count,
+                 on_demand=0.0, extra={"nodes": p.nodes, "idle": p.idle, "time_limit": p.time_limit,
+                                       "default": p.default, "gres": dict(p.gpus)})
+
+
+def describe(p: Partition) -> str:
+    gpus = ", ".join(f"{n}x {k}" for k, n in p.gpus) or "no GPU"
+    return (f"{p.name}{' (default)' if p.default else ''}: {p.nodes} node(s), {p.idle} idle, {p.cpus} CPUs, "
+            f"{p.memory_gb:g} GB, {gpus}")
+
+
+def asked(spec: Any) -> str:
+    parts = []
+    if getattr(spec, "accelerator", None) is not None:
+        parts.append(f"{spec.accelerator.name}:{spec.accelerator.count:g}")
+    if getattr(spec, "vcpus", None):
+        parts.append(f"{spec.vcpus:g} CPUs")
+    if getattr(spec, "memory_gb", None):
+        parts.append(f"{spec.memory_gb:g} GB")
+    return ", ".join(parts) or "any node"
 
 
 def parse_gres(gres: str) -> list[tuple[str, int]]:

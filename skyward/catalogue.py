@@ -336,7 +336,8 @@ def offers(
 ) -> list[InstanceType]:
     """What the shipped catalogues sell that fits, cheapest first (price under ``allocation``).
 
-    ``provider``: ``"aws"``, ``"gcp"``, a provider config (``sky.AWS()``) or None for all.
+    ``provider``: ``"aws"``, ``"gcp"``, a provider config (``sky.AWS()``) or None for all;
+    ``sky.Slurm(...)`` lists its cluster's partitions as ``sinfo`` shows them now.
     ``accelerator``: an accelerator or its string form (``"H100:8"``); None lists CPU-only
     types. Prices are per node-hour in USD, as of each catalogue's ``as_of`` date.
     """
@@ -345,6 +346,11 @@ def offers(
 
     if allocation not in _ALLOCATIONS:
         raise ConfigError(f"allocation={allocation!r} is not valid: use one of {', '.join(map(repr, _ALLOCATIONS))}.")
+    live = getattr(provider, "live_offers", None)
+    if callable(live):  # a provider that asks its cluster what it has (sky.Slurm: sinfo on the login node)
+        want = Want(accelerator=parse(accelerator) if accelerator is not None else None, vcpus=vcpus,
+                    memory_gb=memory_gb, architecture=architecture, region=region, allocation=allocation)
+        return list(live(want))
     kinds = PROVIDERS if provider is None else (getattr(provider, "kind", provider),)
     for kind in kinds:
         if kind not in PROVIDERS:

@@ -144,3 +144,18 @@ def test_time_partition_and_options_reach_sbatch(site: Site) -> None:
         shown = site.cluster.run(["scontrol", "show", "job", job]).stdout
     assert "TimeLimit=00:10:00" in shown and "Comment=skyward-test" in shown, shown
     assert "Partition=debug" in shown
+
+
+def test_offers_list_the_partitions_from_sinfo_and_a_spec_picks_one_that_fits(site: Site) -> None:
+    (offer,) = sky.offers(provider=site.provider())
+    assert offer.provider == "slurm" and offer.instance_type == "debug" and offer.extra["default"]
+    assert offer.extra["nodes"] == 3 and offer.extra["idle"] == 3 and offer.vcpus == site.cluster.cpus
+    assert offer.accelerator is None and offer.price() == 0.0
+    assert sky.offers("A100:4", provider=site.provider()) == []  # no partition has GPUs
+    with pytest.raises(sky.ProviderError) as info, \
+            sky.Compute(provider=site.provider(), vcpus=site.cluster.cpus * 8, options=QUIET):
+        pass
+    assert "no partition" in str(info.value) and "debug (default)" in str(info.value), info.value
+    with sky.Compute(provider=site.provider(), vcpus=1, options=QUIET) as pool:
+        job = next(iter(pool.cluster.jobs()))  # type: ignore[attr-defined]
+        assert "Partition=debug" in site.cluster.run(["scontrol", "show", "job", job]).stdout

@@ -1,0 +1,58 @@
+"""sky.Slurm's rules without a cluster (issue 35): login forms, sbatch flags, time limits, the GPU
+request, the batch script, and how squeue/sinfo lines are read."""
+
+from __future__ import annotations
+
+import pytest
+
+import skyward as sky
+from skyward.providers import slurm_queue as q
+
+
+def test_login_forms_and_bad_settings() -> None:
+    assert sky.Slurm("me@login:2222").target().port == 2222
+    assert sky.Slurm("login", user="me").target().user == "me"
+    for bad in ({"login": ""}, {"login": "a b"}, {"login": "h", "partition": "gpu; rm -rf /"},
+                {"login": "h", "options": "--exclusive"}, {"login": "h", "options": ["exclusive"]},
+                {"login": "h", "options": ["--nodes=4"]}, {"login": "h", "time": "soon"},
+                {"login": "h", "pending_timeout": 0}, {"login": "h", "port": 70000}):
+        with pytest.raises(sky.ConfigError):
+            sky.Slurm(**bad)  # type: ignore[arg-type]
+
+
+def test_flags_of_a_pool() -> None:
+    p = sky.Slurm("h", partition="gpu", account="lab", qos="high", time=5400, constraint="a100",
+                  options=["--exclusive", "--mem=64G"])
+    spec = sky.Spec(provider=p, accelerator="A100:4", nodes=2, vcpus=16)
+    assert p.flags(spec) == ("--partition=gpu", "--account=lab", "--qos=high", "--constraint=a100",
+                             "--time=1:30:00", "--gpus-per-node=a100:4", "--cpus-per-task=16",
+                             "--exclusive", "--mem=64G")
+    assert q.gpu_flag(spec, "nvidia_a100") == "--gpus-per-node=nvidia_a100:4"
+    assert q.gpu_flag(spec, "") == "--gpus-per-node=4"
+    assert sky.Slurm("h", max_duration=60).flags(sky.Spec(provider=sky.Slurm("h"))) == ("--time=0:01:00",)
+    assert q.check_time("1-12:00:00", "t") == "1-12:00:00"
+
+
+def test_the_batch_script_runs_one_task_per_node_that_survives_the_others() -> None:
+    text = q.JobRequest("skyward-x", 3, 5, "/h/.skyward/slurm/x", ("--partition=gpu",)).script("/h/node.sh")
+    assert "#SBATCH --nodes=3" in text and "#SBATCH --partition=gpu" in text and "#SBATCH --no-kill" in text
+    assert text.rstrip().endswith("--kill-on-bad-exit=0 --no-kill bash /h/node.sh 5")
+
+
+def test_queue_and_partition_lines() -> None:
+    (state,) = q.parse_squeue("12|PENDING|Resources|\n").values()
+    assert (state.job, state.state, state.reason, state.ended) == ("12", "PENDING", "Resources", False)
+    assert q.parse_squeue("12|NODE_FAIL|None|n1\n")["12"].ended
+    assert q.never_reason("PartitionConfig") and q.never_reason("QOSMaxNodePerJobLimit")
+    assert q.never_reason("Priority") is None and q.never_reason("Resources") is None
+    assert q.parse_gres("gpu:a100:4(S:0-1),gpu:2") == [("a100", 4), ("gpu", 2)]
+    assert q.parse_gres("(null)") == []
+    parts = q.parse_sinfo("cpu*|n1|64|256000|(null)|idle|1-00:00:00|up\n"
+                          "gpu|g1|32|512000|gpu:a100:4|mix|2-00:00:00|up\n"
+                          "gpu|g2|32|512000|gpu:a100:4|idle|2-00:00:00|up\n")
+    assert [(p.name, p.default, p.nodes, p.idle) for p in parts] == [("cpu", True, 1, 1), ("gpu", False, 2, 1)]
+    spec = sky.Spec(provider=sky.Slurm("h"), accelerator="A100:4")
+    assert [p.name for p in q.fitting(parts, spec)] == ["gpu"]
+    assert q.fitting(parts, sky.Spec(provider=sky.Slurm("h"), accelerator="A100:8")) == []
+    assert q.never_runs("sbatch: error: Batch job submission failed: Invalid partition name specified") \
+        == "Batch job submission failed: Invalid partition name specified"

@@ -37,7 +37,7 @@ from . import buckets
 from . import disks as disk_rules
 from .gcp_common import choose_zone, instance_name, network_tag, resource_name
 from .plan import NodePlan, PoolPlan
-from .userdata import cloud_config
+from .userdata import NVIDIA_BRANCH, cloud_config
 
 # Canonical's Ubuntu 24.04 images; for GPUs the accelerator images with the current NVIDIA
 # production driver branch preinstalled.
@@ -47,6 +47,13 @@ _IMAGES = {
     ("gpu", "x86_64"): ("ubuntu-os-accelerator-images", "ubuntu-accelerator-2404-amd64-with-nvidia-580"),
     ("gpu", "arm64"): ("ubuntu-os-accelerator-images", "ubuntu-accelerator-2404-arm64-with-nvidia-580"),
 }
+# NVIDIA's open kernel modules drive Turing and newer GPUs only (NVIDIA's R560 announcement:
+# "for older GPUs from the Maxwell, Pascal, or Volta architectures, the open-source GPU kernel
+# modules are not compatible"), and nothing promises the accelerator image's 580 driver is the
+# proprietary flavour. Nodes with these GPUs boot plain Ubuntu and install the proprietary
+# flavour of the 580 server driver at boot, built by Canonical for the running GCP kernel
+# (userdata.nvidia_proprietary_script); R580 is the last branch that supports Pascal and Volta.
+PROPRIETARY_DRIVER_GPUS = ("nvidia-tesla-p100", "nvidia-tesla-p4", "nvidia-tesla-v100")  # and their -vws
 # What the node's service account may do: delete its own instance, with its disks.
 SELF_DELETE_PERMISSIONS = ("compute.instances.delete", "compute.instances.setDiskAutoDelete", "compute.disks.delete")
 
@@ -57,8 +64,17 @@ ROLE_ID_RULE = r"^[a-zA-Z0-9_.]{3,64}$"
 LABEL_RULE = r"^[a-z0-9_-]{0,63}$"  # label values (keys also start with a letter)
 
 
+def needs_proprietary_driver(plan: PoolPlan) -> bool:
+    """Whether the plan's GPU is older than Turing (P100, P4, V100): the open kernel modules do
+    not drive it."""
+    accel = str(plan.settings.get("accelerator_type") or "")
+    return bool(plan.settings.get("attach")) and accel.removesuffix("-vws") in PROPRIETARY_DRIVER_GPUS
+
+
 def default_image(plan: PoolPlan) -> tuple[str, str]:
     """(project, family) of the default boot image for the plan's hardware."""
+    if needs_proprietary_driver(plan):  # plain Ubuntu; the node installs the proprietary driver
+        return _IMAGES[("cpu", plan.architecture)]
     return _IMAGES[("gpu" if plan.gpu else "cpu", plan.architecture)]
 
 
@@ -146,6 +162,7 @@ def program(plan: PoolPlan) -> Declared:
 
     accel = s.get("accelerator_type")
     attach = bool(s.get("attach")) and accel
+    proprietary_at_boot = needs_proprietary_driver(plan) and not plan.image  # an image= brings its own driver
     # Pinned after the first up; ignore_changes keeps a new image= from replacing running nodes.
     inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["bootDisk.initializeParams.image"])
     instances: dict[int, Any] = {}
@@ -168,7 +185,7 @@ def program(plan: PoolPlan) -> Declared:
             display_name=f"skyward {plan.stack} node {node.index}", opts=res,
         )
         user_data = cloud_config(plan, node, [[f"/dev/disk/by-id/google-disk-{j}"] for j in range(len(plan.disks))],
-                                 cloud="gcp")
+                                 cloud="gcp", proprietary_driver=proprietary_at_boot)
         inst = gcp.compute.Instance(
             node.name,
             name=name,
@@ -185,7 +202,10 @@ def program(plan: PoolPlan) -> Declared:
             scheduling=_scheduling(node, plan),
             service_account={"email": account.email, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]},
             metadata={
-                "ssh-keys": f"{plan.ssh_user}:{plan.ssh_public_key}",
+                # The guest agent installs ssh-keys at once; a node installing its GPU driver at
+                # boot admits the client only once a GPU answers (userdata._NVIDIA), so it gets none.
+                **({"skyward-gpu-driver": f"nvidia-{NVIDIA_BRANCH} (proprietary), installed at boot"}
+                   if proprietary_at_boot else {"ssh-keys": f"{plan.ssh_user}:{plan.ssh_public_key}"}),
                 "block-project-ssh-keys": "true",
                 # A project (or organization) enforcing OS Login ignores ssh-keys metadata.
                 "enable-oslogin": "FALSE",

@@ -440,9 +440,19 @@ def _gcp_instance(i: dict[str, Any]) -> str:
     extra = len(i.get("attachedDisks") or [])
     if extra:  # stacks/userdata.py: the node marks them auto-delete (the provider cannot)
         parts.append(f"its {extra} disk{'s' if extra > 1 else ''} marked auto-delete at boot: deleted with it")
+    metadata = i.get("metadata") or {}
+    if metadata.get(_SIG_KEY) == _SECRET_SIG:  # a map holding a secret (the user data) is one secret
+        metadata = metadata.get("value") or {}
+    driver = metadata.get("skyward-gpu-driver")
+    if driver:  # a GPU older than Turing (stacks/gcp.py: the open kernel modules do not drive it)
+        parts.append(f"NVIDIA driver {driver}: the client is let in once its GPU answers")
     if i.get("serviceAccount"):
         parts.append("deletes itself when its TTL runs out (its own service account)")
     return ", ".join(parts)
+
+
+# How Pulumi marks a secret value in resource inputs (pulumi.runtime.rpc's special signatures).
+_SIG_KEY, _SECRET_SIG = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
 
 
 def _gcp_tpu(i: dict[str, Any]) -> str:

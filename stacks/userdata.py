@@ -110,6 +110,39 @@ except ERRORS as exc:
     sys.exit(1)
 """
 
+# GCP nodes with a GPU older than Turing (stacks/gcp.py: P100, P4, V100): NVIDIA's proprietary
+# 580 server driver, the flavour without "-open" in its package names, prebuilt by Canonical for
+# the running kernel (linux-modules-nvidia-580-server-<kernel>) and its user space without DKMS.
+# The client's key is installed only once a GPU answers: a node whose GPU cannot work never
+# admits the client (its login stays refused, the pool's ssh_timeout names the node, and the
+# watchdog removes it), so no task ever runs on it.
+_NVIDIA = """#!/bin/bash
+set -u
+user=$1; key=$2
+branch=${{SKYWARD_NVIDIA_BRANCH:-{branch}}}
+export DEBIAN_FRONTEND=noninteractive
+say() {{ logger -t skyward "$1" 2>/dev/null; echo "skyward: $1" >&2; }}
+installed=0
+for try in 1 2 3 4 5; do
+  if apt-get -o DPkg::Lock::Timeout=600 update -q \
+     && apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends \
+        "linux-modules-nvidia-$branch-$(uname -r)" "nvidia-headless-no-dkms-$branch" "nvidia-utils-$branch"; then
+    installed=1; break
+  fi
+  say "installing the NVIDIA $branch driver failed (try $try)"; sleep "${{SKYWARD_RETRY_SECONDS:-15}}"
+done
+if [ "$installed" != 1 ] || ! modprobe nvidia || ! nvidia-smi -L | grep -q '^GPU '; then
+  say "no GPU answers with NVIDIA's proprietary $branch driver: the client is not let in"
+  exit 1
+fi
+home=${{SKYWARD_LOGIN_HOME:-$(getent passwd "$user" | cut -d: -f6)}}
+mkdir -p "$home/.ssh" && cat "$key" >> "$home/.ssh/authorized_keys"
+chmod 700 "$home/.ssh" && chmod 600 "$home/.ssh/authorized_keys"
+chown -R "$user:" "$home/.ssh" 2>/dev/null || true
+say "NVIDIA $branch driver loaded: $(nvidia-smi -L | head -1)"
+"""
+NVIDIA_BRANCH = "580-server"  # the last branch that supports Pascal and Volta GPUs
+
 _UNIT = """[Unit]
 Description=skyward TTL safety net (removes the node when no agent runs)
 After=network-online.target
@@ -213,9 +246,11 @@ deprovision_remove = false
 
 def cloud_config(
     plan: PoolPlan, node: NodePlan, disk_devices: Sequence[Sequence[str]] = (), *, cloud: str = "aws",
+    proprietary_driver: bool = False,
 ) -> str:
     """User data for one node; ``disk_devices[j]`` lists where plan.disks[j] may appear.
-    ``cloud`` ("aws" or "gcp") decides how the watchdog removes the node."""
+    ``cloud`` ("aws" or "gcp") decides how the watchdog removes the node. ``proprietary_driver``:
+    install NVIDIA's proprietary driver at boot and admit the client only once a GPU answers."""
     files = [
         {"path": "/usr/local/sbin/skyward-disk", "permissions": "0755", "content": _DISK},
     ]
@@ -247,6 +282,15 @@ def cloud_config(
         run += [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "skyward-watchdog.service"]]
     if deadline and cloud == "aws":
         run.append(_DEADLINE.format(deadline=deadline))
+    login: dict[str, object] = {"ssh_authorized_keys": [plan.ssh_public_key]}
+    if proprietary_driver:
+        # Last: the watchdog runs and the disks are mounted whatever the driver does.
+        files += [
+            {"path": "/usr/local/sbin/skyward-nvidia-driver", "permissions": "0755", "content": nvidia_driver_script()},
+            {"path": CLIENT_KEY, "permissions": "0644", "content": plan.ssh_public_key + "\n"},
+        ]
+        run.append(["/usr/local/sbin/skyward-nvidia-driver", plan.ssh_user, CLIENT_KEY])
+        login = {}
     doc: dict[str, object] = {
         # Replace the image's host keys with the one the client generated and expects.
         "ssh_deletekeys": True,
@@ -254,7 +298,7 @@ def cloud_config(
         "ssh_keys": {"ed25519_private": node.host_key_private, "ed25519_public": node.host_key},
         "users": ["default", {
             "name": plan.ssh_user, "groups": ["sudo"], "shell": "/bin/bash",
-            "sudo": "ALL=(ALL) NOPASSWD:ALL", "ssh_authorized_keys": [plan.ssh_public_key],
+            "sudo": "ALL=(ALL) NOPASSWD:ALL", **login,
         }],
         "write_files": files,
         "runcmd": run,
@@ -269,6 +313,13 @@ def watchdog_script(plan: PoolPlan, cloud: str) -> str:
 
 def self_delete_script(plan: PoolPlan) -> str:
     return _SELF_DELETE.format(disks=json.dumps([f"disk-{j}" for j in range(len(plan.disks))]))
+
+
+def nvidia_driver_script(branch: str = NVIDIA_BRANCH) -> str:
+    return _NVIDIA.format(branch=branch)
+
+
+CLIENT_KEY = "/usr/local/share/skyward/client-key.pub"
 
 
 def ebs_name_script() -> str:

@@ -1,0 +1,132 @@
+"""Issue 34, second part: what a real account would still refuse, leave billing or boot broken,
+that Pulumi's mocks cannot see -- pre-Turing GPUs on GCP (item 7), TPU VMs deleting themselves
+(item 8), the projects' and accounts' known limits (item 10), orphaned disks (item 1) and AWS
+machines sold through Capacity Blocks (item 3). Each test names the rule it encodes; the sources
+are in the modules it tests and in docs/guides/clouds.md."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pulumi = pytest.importorskip("pulumi")
+
+from stackfakes import CLIENT, cloud_config, fresh_mocks, make_plan  # noqa: E402
+
+import skyward as sky  # noqa: E402
+from skyward.catalogue import load  # noqa: E402
+from skyward.stacks import gcp, userdata  # noqa: E402
+
+
+def _gcp() -> Any:
+    return sky.GCP(project="proj", detect_address=False, allow_ssh_from=[CLIENT])
+
+
+def _gcp_plan(offer: Any, **kw: Any) -> Any:
+    args = _gcp()._stack_args(sky.Spec(provider=_gcp(), accelerator=offer.accelerator), offer)
+    settings = {**args["settings"], "zones": ["us-central1-c"]}
+    return make_plan(gpu=True, instance_type=offer.instance_type, region="us-central1", settings=settings, **kw)
+
+
+def _declare(plan: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Node 0's instance inputs and its metadata, secrets (user data) revealed."""
+    mocks = fresh_mocks()
+    seen: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        declared = gcp.program(plan)
+        return declared.instances[0].metadata.apply(seen.update)
+
+    go()
+    return mocks.of_type("gcp:compute/instance:Instance")[0].inputs, seen
+
+
+# -- item 7: GPUs older than Turing boot a driver that drives them ---------------------------------
+PRE_TURING = sorted({o.accelerator for o in load("gcp") if (o.extra.get("accelerator_type") or "")
+                     .removesuffix("-vws") in getattr(gcp, "PROPRIETARY_DRIVER_GPUS", ())})
+
+
+def test_the_catalogue_has_the_pre_turing_gpus_this_rule_is_about() -> None:
+    assert PRE_TURING == ["P100", "P4", "V100"]
+
+
+@pytest.mark.parametrize("accelerator", ["P100", "P4", "V100"])
+def test_pre_turing_gcp_gpus_boot_ubuntu_and_the_proprietary_driver(accelerator: str) -> None:
+    # NVIDIA's open kernel modules drive Turing and newer only (R560 announcement); the
+    # accelerator image's driver may be that flavour. These nodes boot plain Ubuntu 24.04 and
+    # install the proprietary 580-server flavour, built by Canonical for the running kernel.
+    offer = next(o for o in load("gcp") if o.accelerator == accelerator and o.region == "us-central1")
+    inst, metadata = _declare(_gcp_plan(offer))
+    assert inst["guestAccelerators"][0]["type"] == offer.extra["accelerator_type"]
+    image = inst["bootDisk"]["initializeParams"]["image"]
+    assert "/ubuntu-os-cloud/" in image and "ubuntu-2404-lts-amd64" in image and "nvidia" not in image
+    doc = cloud_config(metadata["user-data"])
+    script = next(f["content"] for f in doc["write_files"] if f["path"] == "/usr/local/sbin/skyward-nvidia-driver")
+    assert '"linux-modules-nvidia-$branch-$(uname -r)"' in script and "580-server" in script
+    assert "open" not in userdata.NVIDIA_BRANCH
+    assert doc["runcmd"][-1][0] == "/usr/local/sbin/skyward-nvidia-driver"  # after the watchdog starts
+    # The client's key arrives only through that script (no ssh-keys the guest agent would install).
+    assert "ssh-keys" not in metadata
+    assert "ssh_authorized_keys" not in doc["users"][1]
+
+
+def test_turing_and_newer_keep_the_accelerator_image_and_their_keys() -> None:
+    offer = next(o for o in load("gcp") if o.instance_type == "n1-standard-4+t4" and o.region == "us-central1")
+    inst, metadata = _declare(_gcp_plan(offer))
+    assert "ubuntu-accelerator-2404-amd64-with-nvidia-580" in inst["bootDisk"]["initializeParams"]["image"]
+    doc = cloud_config(metadata["user-data"])
+    assert metadata["ssh-keys"].endswith(doc["users"][1]["ssh_authorized_keys"][0])
+    assert not any(f["path"].endswith("skyward-nvidia-driver") for f in doc["write_files"])
+
+
+def test_the_preview_says_a_v100_node_installs_the_proprietary_driver() -> None:
+    rows = {r["name"]: r["detail"] for r in _gcp().preview(sky.Spec(provider=_gcp(), accelerator="V100"))["resources"]}
+    assert "ubuntu-2404-lts-amd64" in rows["node-0"]
+    assert "NVIDIA driver nvidia-580-server (proprietary), installed at boot" in rows["node-0"]
+    assert "the client is let in once its GPU answers" in rows["node-0"]
+
+
+def _driver_node(tmp_path: Path, *, apt_ok: bool, gpu: bool) -> tuple[subprocess.CompletedProcess[str], Path]:
+    bin_dir, home = tmp_path / "bin", tmp_path / "home"
+    bin_dir.mkdir()
+    home.mkdir()
+    tools = {
+        "apt-get": f'echo "apt-get $*" >> {tmp_path}/log; exit {0 if apt_ok else 100}',
+        "modprobe": f'echo "modprobe $*" >> {tmp_path}/log',
+        "nvidia-smi": 'echo "GPU 0: Tesla V100-SXM2-16GB (UUID: GPU-1)"' if gpu else "exit 9",
+        "logger": "exit 0", "sleep": "exit 0",
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "skyward-nvidia-driver"
+    script.write_text(userdata.nvidia_driver_script())
+    script.chmod(0o755)
+    key = tmp_path / "client.pub"
+    key.write_text("ssh-ed25519 AAAA client\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SKYWARD_LOGIN_HOME": str(home)}
+    done = subprocess.run([str(script), "skyward", str(key)], env=env, capture_output=True, text=True, timeout=30)
+    return done, home
+
+
+def test_the_driver_script_installs_the_proprietary_flavour_and_then_lets_the_client_in(tmp_path: Path) -> None:
+    done, home = _driver_node(tmp_path, apt_ok=True, gpu=True)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log").read_text()
+    kernel = os.uname().release
+    assert f"linux-modules-nvidia-580-server-{kernel}" in log and "nvidia-headless-no-dkms-580-server" in log
+    assert "-open" not in log and "modprobe nvidia" in log
+    assert (home / ".ssh" / "authorized_keys").read_text() == "ssh-ed25519 AAAA client\n"
+
+
+@pytest.mark.parametrize("apt_ok,gpu", [(False, True), (True, False)])
+def test_a_node_whose_gpu_does_not_answer_never_lets_the_client_in(tmp_path: Path, apt_ok: bool, gpu: bool) -> None:
+    done, home = _driver_node(tmp_path, apt_ok=apt_ok, gpu=gpu)
+    assert done.returncode == 1
+    assert "no GPU answers with NVIDIA's proprietary 580-server driver" in done.stderr
+    assert not (home / ".ssh" / "authorized_keys").exists()

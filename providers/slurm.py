@@ -638,12 +638,13 @@ class SlurmCluster(Cluster):
         import cloudpickle
 
         require_kind(description, "slurm")
-        login, opts = description["login"], description["slurm"]
+        login = description["login"]
+        opts: dict[str, Any] = {k: (tuple(v) if k == "options" else v) for k, v in description["slurm"].items()}
         address = login["host"] if login.get("user") is None else f"{login['user']}@{login['host']}"
         if login.get("port"):
             address += f":{login['port']}"
         provider = Slurm(address, key=login.get("key"), jump=login.get("jump"), known_hosts=login.get("known_hosts"),
-                         **{k: (tuple(v) if k == "options" else v) for k, v in opts.items()})
+                         **opts)
         spec = cloudpickle.loads(base64.b64decode(description["spec"]))
         self = cls(spec, description["pool_id"], provider)
         self.token = description["token"]

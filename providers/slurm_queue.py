@@ -107,12 +107,13 @@ def gpu_flag(spec: Spec, gres: str | None) -> str | None:
     if acc is None:
         return None
     count = getattr(acc, "count", 1)
+    name = str(getattr(acc, "name", acc))  # (a Spec has parsed it into an Accelerator)
     if count != int(count):
         raise ConfigError(
-            f"accelerator={acc.name}:{count:g}: Slurm allocates whole GPUs (MIG slices are GRES of their "
+            f"accelerator={name}:{count:g}: Slurm allocates whole GPUs (MIG slices are GRES of their "
             f"own: name it with sky.Slurm(gres='<site GRES type>') and a whole count)."
         )
-    kind = acc.name.lower() if gres is None else gres
+    kind = name.lower() if gres is None else gres
     return f"--gpus-per-node={kind}:{int(count)}" if kind else f"--gpus-per-node={int(count)}"
 
 
@@ -212,12 +213,12 @@ def parse_sinfo(text: str) -> list[Partition]:
         p["mem"].append(_int(mem) / 1024)
         for kind, count in parse_gres(gres):
             p["gpus"][kind] = min(p["gpus"].get(kind, count), count)
-    parts = [
+    found = [
         Partition(name, p["default"], len(p["nodes"]), len(p["idle"]), min(p["cpus"] or [0]),
                   round(min(p["mem"] or [0.0]), 1), tuple(sorted(p["gpus"].items())), p["limit"], p["avail"])
         for name, p in acc.items()
     ]
-    return sorted(parts, key=lambda p: not p.default)
+    return sorted(found, key=lambda part: not part.default)
 
 
 def fitting(parts: list[Partition], want: Any) -> list[Partition]:

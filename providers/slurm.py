@@ -692,9 +692,9 @@ class SlurmCluster(Cluster):
         if remote is not None:
             remote.close()
 
-    def remote(self, index: int) -> Remote:
-        """The SSH connection node ``index`` is reached through: the login node's."""
-        return self._login()
+    # No ``remote(index)``: a shell on the login node is not a shell on the node, so `skyward ssh`
+    # and `cp` say they are not there yet for Slurm (they will go through `srun --overlap`), and
+    # `skyward exec` runs commands on the nodes through their agents.
 
 
 def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:

@@ -28,14 +28,13 @@ Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostna
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from dataclasses import dataclass
 from typing import Any
 
 from . import buckets
 from . import disks as disk_rules
-from .gcp_common import choose_zone, instance_name, network_tag, resource_name
+from .gcp_common import account_id, choose_zone, instance_name, network_tag, resource_name, short_id
 from .plan import NodePlan, PoolPlan
 from .userdata import NVIDIA_BRANCH, cloud_config
 
@@ -78,16 +77,8 @@ def default_image(plan: PoolPlan) -> tuple[str, str]:
     return _IMAGES[("gpu" if plan.gpu else "cpu", plan.architecture)]
 
 
-def _short(plan: PoolPlan) -> str:
-    return hashlib.sha256(plan.stack.encode()).hexdigest()[:10]
-
-
-def account_id(plan: PoolPlan, node: NodePlan) -> str:
-    return f"sky-{_short(plan)}-{node.index}"
-
-
 def role_id(plan: PoolPlan) -> str:
-    return f"skyward_{_short(plan)}_self_delete"
+    return f"skyward_{short_id(plan)}_self_delete"
 
 
 @dataclass

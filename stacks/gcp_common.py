@@ -7,6 +7,7 @@ program imports the other for them.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from .plan import NodePlan, PoolPlan
@@ -40,3 +41,13 @@ def choose_zone(plan: PoolPlan) -> str:
             f"and none could start it; try another region or machine type."
         )
     return str(zones[attempt])
+
+
+def short_id(plan: PoolPlan) -> str:
+    """Ten hex digits of the stack name: service account and role ids are short."""
+    return hashlib.sha256(plan.stack.encode()).hexdigest()[:10]
+
+
+def account_id(plan: PoolPlan, node: NodePlan) -> str:
+    """The node's service account id (6-30 characters)."""
+    return f"sky-{short_id(plan)}-{node.index}"

@@ -14,9 +14,13 @@ node. Multi-host slices (v4-64...) have several workers per resource and are ref
 selection (no catalogue offer). ``sky.Disk`` volumes and cloud-granted buckets are not
 declared for TPU VMs yet: a plan with them is refused here, before anything is created.
 
-TTL: the user-data watchdog asks the compute API to delete the node (which a TPU VM is not,
-so that is refused) and then powers the VM off; the stack is destroyed by the pool's client
-or by ``skyward down --expired``, which removes the TPU VM.
+TTL: the user-data watchdog deletes the node's TPU node through the TPU API (v2, ``DELETE
+projects/P/locations/Z/nodes/N``), which stops its billing, with the node's own service account.
+That account holds one permission, ``tpu.nodes.delete`` (a custom role of the pool), granted on
+the project -- a TPU node has no IAM policy of its own to grant it on -- with an IAM condition
+on the node's own resource name, so that it may delete itself and no other TPU node. When the
+delete is refused the node powers its guest off (which does not stop the bill) and the stack is
+destroyed by the pool's client or by ``skyward down --expired``.
 
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), from
 each VM's first network endpoint.
@@ -28,7 +32,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .gcp_common import choose_zone, instance_name, network_tag
+from .gcp_common import account_id, choose_zone, instance_name, network_tag, short_id
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -44,6 +48,16 @@ RUNTIMES = {
 }
 # Generations that take spot VMs; the older ones are "preemptible".
 SPOT_GENERATIONS = ("v5litepod", "v5p", "v6e")
+
+
+# What a TPU VM's service account may do: delete its own TPU node (the TTL watchdog).
+TPU_SELF_DELETE_PERMISSIONS = ("tpu.nodes.delete",)
+
+
+def self_only(zone: str, name: str) -> str:
+    """The IAM condition that narrows a project-level grant to one TPU node. The name's end, not
+    all of it: the TPU API may name the project by number or by id."""
+    return f'resource.name.endsWith("/locations/{zone}/nodes/{name}")'
 
 
 def is_tpu(plan: PoolPlan) -> bool:
@@ -122,6 +136,9 @@ class Declared:
     firewalls: dict[str, Any]
     vms: dict[int, Any]
     zone: str
+    accounts: dict[int, Any]
+    role: Any
+    grants: dict[int, Any]
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -154,14 +171,29 @@ def program(plan: PoolPlan) -> Declared:
     )
 
     kind, runtime = accelerator_type(plan), runtime_version(plan)
+    project = s.get("project")
+    role = gcp.projects.IAMCustomRole(
+        "tpu-self-delete", role_id=f"skyward_{short_id(plan)}_tpu_delete", project=project,
+        title=f"skyward {plan.stack}: a TPU VM deletes itself",
+        description="Lets a skyward TPU VM delete its own TPU node when its pool's TTL ran out.",
+        permissions=list(TPU_SELF_DELETE_PERMISSIONS), opts=res,
+    )
     vms: dict[int, Any] = {}
+    accounts: dict[int, Any] = {}
+    grants: dict[int, Any] = {}
     for node in plan.nodes:
-        user_data = cloud_config(plan, node, [], cloud="gcp")
+        name = instance_name(plan, node)
+        account = gcp.serviceaccount.Account(
+            f"{node.name}-account", account_id=account_id(plan, node), project=project,
+            display_name=f"skyward {plan.stack} TPU node {node.index}", opts=res,
+        )
+        user_data = cloud_config(plan, node, [], cloud="gcp", tpu_node=(zone, name))
         vms[node.index] = gcp.tpu.V2Vm(
             node.name,
-            name=instance_name(plan, node),
+            name=name,
             zone=zone,
-            project=s.get("project"),
+            project=project,
+            service_account={"email": account.email, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]},
             accelerator_type=kind,
             runtime_version=runtime,
             network_config={
@@ -179,6 +211,15 @@ def program(plan: PoolPlan) -> Declared:
             description=f"skyward pool {plan.pool} node {node.index}",
             opts=res,
         )
+        grants[node.index] = gcp.projects.IAMMember(
+            f"{node.name}-self-delete", project=project or gcp.organizations.get_client_config_output(
+                opts=pulumi.InvokeOptions(provider=provider)).project, role=role.name,
+            member=account.email.apply(lambda email: f"serviceAccount:{email}"),
+            condition={"title": f"only TPU node {name}", "expression": self_only(zone, name),
+                       "description": "a skyward TPU VM may delete itself and no other TPU node"},
+            opts=res,
+        )
+        accounts[node.index] = account
 
     pulumi.export("nodes", [
         {"index": i, "id": vm.id,
@@ -187,4 +228,4 @@ def program(plan: PoolPlan) -> Declared:
         for i, vm in vms.items()
     ])
     pulumi.export("placement", {"zone": zone})
-    return Declared(provider, firewalls, vms, zone)
+    return Declared(provider, firewalls, vms, zone, accounts, role, grants)

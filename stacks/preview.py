@@ -458,7 +458,10 @@ _SIG_KEY, _SECRET_SIG = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30
 def _gcp_tpu(i: dict[str, Any]) -> str:
     sched = i.get("schedulingConfig") or {}
     market = "spot" if sched.get("spot") else "preemptible" if sched.get("preemptible") else "on-demand"
-    return f"TPU VM {i.get('acceleratorType')}, {market}, runtime {i.get('runtimeVersion')}, in {i.get('zone')}"
+    text = f"TPU VM {i.get('acceleratorType')}, {market}, runtime {i.get('runtimeVersion')}, in {i.get('zone')}"
+    if i.get("serviceAccount"):
+        text += ", deletes its TPU node when its TTL runs out (its own service account)"
+    return text
 
 
 def _gcp_provider(i: dict[str, Any]) -> str:
@@ -481,6 +484,8 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {  # also the order resou
     "gcp:compute/instanceIAMMember:InstanceIAMMember":
         lambda i: f"{i.get('role')} on instance {i.get('instanceName')} only",
     "gcp:compute/diskIamMember:DiskIamMember": lambda i: f"{i.get('role')} on disk {i.get('name')} only",
+    "gcp:projects/iAMMember:IAMMember":
+        lambda i: f"{i.get('role')} on the project, {(i.get('condition') or {}).get('title') or 'unconditional'}",
     "aws:iam/role:Role": lambda i: f"{i.get('name')}: assumed by the pool's EC2 instances only",
     "aws:iam/rolePolicy:RolePolicy": lambda i: _aws_policy(i.get("policy")),
     "aws:iam/instanceProfile:InstanceProfile": lambda i: f"{i.get('name')}: carries the role to the nodes",

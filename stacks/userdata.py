@@ -71,7 +71,9 @@ _SELF_DELETE = """#!/usr/bin/env python3
 import json, os, sys, time, urllib.request, urllib.error
 MD = os.environ.get("SKYWARD_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
 API = os.environ.get("SKYWARD_COMPUTE_URL", "https://compute.googleapis.com/compute/v1")
+TPU_API = os.environ.get("SKYWARD_TPU_URL", "https://tpu.googleapis.com/v2")
 DISKS = {disks}
+TPU = {tpu}  # [zone, name] of this TPU VM's TPU node (its metadata names the worker VM instead)
 RETRY = float(os.environ.get("SKYWARD_RETRY_SECONDS", "10"))
 
 def call(method, url, token=None):
@@ -102,6 +104,11 @@ if sys.argv[1:] == ["--auto-delete-only"]:
             time.sleep(RETRY)
     sys.exit(1)
 try:
+    if TPU:  # a TPU VM: the compute API refuses it; the TPU API deletes the node (and bills no more)
+        token = json.loads(call("GET", MD + "/instance/service-accounts/default/token"))["access_token"]
+        project = call("GET", MD + "/project/project-id").strip()
+        call("DELETE", "%s/projects/%s/locations/%s/nodes/%s" % (TPU_API, project, TPU[0], TPU[1]), token)
+        sys.exit(0)
     token, base = instance()
     auto_delete(token, base)
     call("DELETE", base, token)
@@ -246,11 +253,12 @@ deprovision_remove = false
 
 def cloud_config(
     plan: PoolPlan, node: NodePlan, disk_devices: Sequence[Sequence[str]] = (), *, cloud: str = "aws",
-    proprietary_driver: bool = False,
+    proprietary_driver: bool = False, tpu_node: tuple[str, str] | None = None,
 ) -> str:
     """User data for one node; ``disk_devices[j]`` lists where plan.disks[j] may appear.
     ``cloud`` ("aws" or "gcp") decides how the watchdog removes the node. ``proprietary_driver``:
-    install NVIDIA's proprietary driver at boot and admit the client only once a GPU answers."""
+    install NVIDIA's proprietary driver at boot and admit the client only once a GPU answers.
+    ``tpu_node``: (zone, name) of a TPU VM's TPU node, which its self-delete deletes."""
     files = [
         {"path": "/usr/local/sbin/skyward-disk", "permissions": "0755", "content": _DISK},
     ]
@@ -265,7 +273,7 @@ def cloud_config(
         run.append(["/usr/local/sbin/skyward-disk", disk.mount, *devices])
     deadline = int(plan.expires) if plan.expires is not None else 0
     self_delete = {"path": "/usr/local/sbin/skyward-self-delete", "permissions": "0755",
-                   "content": self_delete_script(plan)}
+                   "content": self_delete_script(plan, tpu_node)}
     if cloud == "gcp" and plan.disks:
         # In the background (the grant may take minutes to be visible; the mounts do not wait).
         files.append(self_delete)
@@ -311,8 +319,9 @@ def watchdog_script(plan: PoolPlan, cloud: str) -> str:
     return _WATCHDOG.format(ttl=int(plan.ttl), grace=int(plan.grace), deadline=deadline, cloud=cloud)
 
 
-def self_delete_script(plan: PoolPlan) -> str:
-    return _SELF_DELETE.format(disks=json.dumps([f"disk-{j}" for j in range(len(plan.disks))]))
+def self_delete_script(plan: PoolPlan, tpu_node: tuple[str, str] | None = None) -> str:
+    return _SELF_DELETE.format(disks=json.dumps([f"disk-{j}" for j in range(len(plan.disks))]),
+                               tpu=repr(list(tpu_node)) if tpu_node else "None")
 
 
 def nvidia_driver_script(branch: str = NVIDIA_BRANCH) -> str:

@@ -130,3 +130,49 @@ def test_a_node_whose_gpu_does_not_answer_never_lets_the_client_in(tmp_path: Pat
     assert done.returncode == 1
     assert "no GPU answers with NVIDIA's proprietary 580-server driver" in done.stderr
     assert not (home / ".ssh" / "authorized_keys").exists()
+
+
+# -- item 8: a TPU VM deletes its own TPU node at the TTL -------------------------------------------
+def test_each_tpu_vm_has_an_account_that_may_delete_its_own_tpu_node_only() -> None:
+    from skyward.stacks import gcp_tpu
+
+    mocks = fresh_mocks()
+    plan = make_plan(nodes=2, instance_type="tpu-v5litepod-8", region="us-west4", zone="us-west4-a",
+                     settings={"project": "proj", "tpu": {"runtime_version": "v2-alpha-tpuv5-lite"}})
+    seen: dict[int, Any] = {}
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        declared = gcp_tpu.program(plan)
+        return pulumi.Output.all(*[vm.metadata for vm in declared.vms.values()]).apply(
+            lambda ms: seen.update(enumerate(ms)))
+
+    go()
+    vms = mocks.of_type("gcp:tpu/v2Vm:V2Vm")
+    accounts = mocks.of_type("gcp:serviceaccount/account:Account")
+    (role,) = mocks.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    members = mocks.of_type("gcp:projects/iAMMember:IAMMember")
+    assert role.inputs["permissions"] == ["tpu.nodes.delete"]
+    assert len(accounts) == len(vms) == len(members) == 2
+    for i in range(2):  # (resources register in no fixed order)
+        vm = next(v for v in vms if v.inputs["name"].endswith(f"-{i}"))
+        email = next(f"{a.inputs['accountId']}@proj.iam.gserviceaccount.com" for a in accounts
+                     if a.inputs["accountId"].endswith(f"-{i}"))
+        assert vm.inputs["serviceAccount"]["email"] == email
+        member = next(m for m in members if m.inputs["member"] == f"serviceAccount:{email}")
+        assert member.inputs["role"] == f"projects/proj/roles/{role.inputs['roleId']}"
+        # Granted on the project (a TPU node has no IAM policy of its own), narrowed by a condition
+        # on the node's own resource name.
+        name = vm.inputs["name"]
+        assert member.inputs["condition"]["expression"] == (
+            f'resource.name.endsWith("/locations/us-west4-a/nodes/{name}")')
+        script = next(f["content"] for f in cloud_config(seen[i]["user-data"])["write_files"]
+                      if f["path"] == "/usr/local/sbin/skyward-self-delete")
+        assert f"TPU = ['us-west4-a', '{name}']" in script
+
+
+def test_the_preview_says_a_tpu_vm_deletes_itself() -> None:
+    spec = sky.Spec(provider=_gcp(), accelerator="v5e:8")
+    rows = {r["name"]: r["detail"] for r in _gcp().preview(spec)["resources"]}
+    assert "deletes its TPU node when its TTL runs out (its own service account)" in rows["node-0"]
+    assert "tpu.nodes.delete" in rows["tpu-self-delete"]

@@ -182,7 +182,8 @@ def test_preview_of_a_tpu_pool_lists_its_tpu_vms_creating_nothing() -> None:
     assert plan["offer"]["instance_type"] == "tpu-v5litepod-4" and plan["offer"]["market"] == "spot"
     vms = [r for r in plan["resources"] if r["type"] == VM]
     assert [r["name"] for r in vms] == ["node-0", "node-1"]
-    assert vms[0]["detail"] == "TPU VM v5litepod-4, spot, runtime v2-alpha-tpuv5-lite, in us-central1-a"
+    assert vms[0]["detail"] == ("TPU VM v5litepod-4, spot, runtime v2-alpha-tpuv5-lite, in us-central1-a, "
+                                "deletes its TPU node when its TTL runs out (its own service account)")
     assert not any(r["type"] == "gcp:compute/instance:Instance" for r in plan["resources"])
     on_demand = spec.provider.preview(replace(spec, allocation="on-demand", nodes=1))
     (vm,) = [r for r in on_demand["resources"] if r["type"] == VM]

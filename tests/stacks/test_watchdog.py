@@ -263,3 +263,41 @@ def test_a_gcp_node_sets_auto_delete_on_its_disks_at_boot(google: FakeGoogle) ->
     assert calls[-2:] == [("POST", f"{base}/setDiskAutoDelete?autoDelete=true&deviceName=disk-0"),
                           ("POST", f"{base}/setDiskAutoDelete?autoDelete=true&deviceName=disk-1")]
     assert len(calls) == 4  # two refused tries, then both disks
+
+
+# -- issue 34, item 8: a TPU VM stops billing at the TTL -------------------------------------------
+# A TPU VM is not a Compute Engine instance: the compute API refuses to delete it and a guest
+# power-off leaves the TPU node (and its bill) in place. The node deletes its TPU node through the
+# TPU API (v2: DELETE projects/P/locations/Z/nodes/N) with its own service account. Its metadata
+# server names the worker VM, not the TPU node, so the node's zone and name come in the user data.
+def test_a_tpu_vm_deletes_its_tpu_node_through_the_tpu_api(nodes: Any, google: FakeGoogle) -> None:
+    from stackfakes import cloud_config
+
+    plan = replace(make_plan(ttl=1, instance_type="tpu-v5litepod-8", zone="us-west4-a"), grace=0)
+    doc = cloud_config(userdata.cloud_config(plan, plan.nodes[0], [], cloud="gcp",
+                                             tpu_node=("us-west4-a", "sky-train-ab12cd34-0")))
+    script = next(f["content"] for f in doc["write_files"] if f["path"] == "/usr/local/sbin/skyward-self-delete")
+    node = nodes(plan, "gcp", google)
+    node.self_delete.write_text(script)
+    node.env["SKYWARD_TPU_URL"] = f"{google.url}/tpu/v2"
+    node.start()
+    assert node.wait_exit(30) == 0
+    assert node.powered_off() == [], "a TPU VM that could delete its TPU node powered off (the node bills on)"
+    calls = [(m, p) for m, p, _ in google.requests if not p.startswith("/md/")]
+    assert calls == [("DELETE", "/tpu/v2/projects/proj/locations/us-west4-a/nodes/sky-train-ab12cd34-0")]
+
+
+def test_a_tpu_vm_powers_off_when_its_delete_is_refused(nodes: Any, google: FakeGoogle) -> None:
+    from stackfakes import cloud_config
+
+    google.refuse_delete = True
+    plan = replace(make_plan(ttl=1, instance_type="tpu-v5litepod-8", zone="us-west4-a"), grace=0)
+    doc = cloud_config(userdata.cloud_config(plan, plan.nodes[0], [], cloud="gcp",
+                                             tpu_node=("us-west4-a", "sky-train-ab12cd34-0")))
+    node = nodes(plan, "gcp", google)
+    node.self_delete.write_text(next(f["content"] for f in doc["write_files"]
+                                     if f["path"] == "/usr/local/sbin/skyward-self-delete"))
+    node.env["SKYWARD_TPU_URL"] = f"{google.url}/tpu/v2"
+    node.start()
+    assert node.wait_exit(30) == 0
+    assert node.powered_off()[0].startswith("systemctl poweroff")

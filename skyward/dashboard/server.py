@@ -13,7 +13,6 @@ is removed once the code expires, or when the server stops.
 from __future__ import annotations
 
 import contextlib
-import html
 import ipaddress
 import json
 import os
@@ -21,12 +20,11 @@ import secrets
 import socket
 import sys
 import tempfile
-import threading
-import webbrowser
 from pathlib import Path
 from typing import Any
 
 from skyward.errors import ConfigError
+from skyward.named.browser import open_in_browser, write_open_page
 
 from .hook import running_server, server_file
 
@@ -82,23 +80,6 @@ def _write_server_file(info: dict[str, Any]) -> Path:
     return path
 
 
-_OPEN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>skyward</title></head>
-<body><form method="post" action="{action}"><input type="hidden" name="code" value="{code}">
-<p>Logging in to the skyward dashboard... <button type="submit">Open the dashboard</button></p></form>
-<script>document.forms[0].submit()</script></body></html>
-"""
-
-
-def _write_open_page(folder: Path, action: str, code: str) -> Path:
-    """The page ``--open`` gives the browser: it posts ``code`` to ``action`` (0600: the code is a
-    key until it is spent)."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, name = tempfile.mkstemp(prefix="open-", suffix=".html", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(_OPEN_PAGE.format(action=html.escape(action), code=html.escape(code)))
-    return Path(name)
-
-
 def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = False,
           token: str | None = None, project: Path | None = None,
           announce: Any = None) -> None:
@@ -134,12 +115,10 @@ def serve(host: str = "127.0.0.1", port: int = 8765, *, open_browser: bool = Fal
             print(f"skyward: warning: listening on {host}, not loopback: anyone who can reach this "
                   f"machine and has the token can stop your pools.", file=sys.stderr, flush=True)
         if open_browser:
-            opener = _write_open_page(path.parent, f"{base}/login", hub.login_code())
-            threading.Timer(0.5, webbrowser.open, args=(opener.as_uri(),)).start()
-            # Spent or not, the code is worthless after its ttl: the page goes then.
-            expire = threading.Timer(CODE_TTL + 1, opener.unlink, kwargs={"missing_ok": True})
-            expire.daemon = True
-            expire.start()
+            # The 0600 page and its one-time code (skyward.named.browser, as `notebook --open`);
+            # spent or not, the code is worthless after its ttl: the page goes then.
+            opener = write_open_page(path.parent, f"{base}/login", hub.login_code())
+            open_in_browser(opener, CODE_TTL)
         server.run(sockets=[sock])
     finally:
         if opener is not None:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from skyward.spec import Spec
 
 DEFAULT_REGION = "us-central1"
+# Service accounts a project may have by default (Google's IAM quotas page); a pool makes one per node.
+SERVICE_ACCOUNT_QUOTA = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,14 @@ class GCP(CloudProvider):
         if not offer.extra.get("tpu"):  # TPU VMs take no sky.Disk (stacks/gcp_tpu.py says so)
             gcp_check([DiskPlan(v.size_gb, v.mount, v.type, v.iops) for v in spec.volumes if isinstance(v, Disk)],
                       offer.extra.get("machine_type") or offer.instance_type)
+        nodes = max(spec.node_spec.desired, getattr(spec.node_spec, "max", None) or 0)
+        if nodes > SERVICE_ACCOUNT_QUOTA:
+            raise ConfigError(
+                f"a GCP pool of {nodes} nodes: skyward makes one service account per node (each may "
+                f"delete only its own node at the TTL), and projects have {SERVICE_ACCOUNT_QUOTA} per project "
+                f"by default (IAM quotas). Use fewer nodes per pool, or raise the project's service "
+                f"account quota and set skyward.providers.gcp.SERVICE_ACCOUNT_QUOTA to it."
+            )
         settings = {
             "project": self.project_for() or None, "network": self.network, "subnetwork": self.subnetwork,
             "machine_type": offer.extra.get("machine_type") or offer.instance_type,

@@ -194,7 +194,10 @@ def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:
     attempt = int(s.get("zone_attempt") or 0)
 
     def choose(zones: list[str]) -> str:
-        zones = sorted(set(zones or []))
+        # Availability zones only: an account's opted-in Local Zones and Wavelength Zones are in
+        # the offerings too (ZoneType local-zone / wavelength-zone), named <region>-<place>-..., and
+        # sort first; their subnets, prices and services differ. A zone= given by name still goes.
+        zones = sorted({z for z in zones or [] if not z.startswith(f"{plan.region}-") or z == plan.zone})
         if plan.zone:
             if zones and plan.zone not in zones:
                 raise ValueError(

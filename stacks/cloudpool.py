@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +48,10 @@ _NO_ZONE_CAPACITY = re.compile(
     r"not available in zone|UnfulfillableCapacity",
     re.IGNORECASE,
 )
+# A grant right after its service account was made may not see it yet (IAM is eventually
+# consistent: Google's IAM overview, "Consistency"; terraform-provider-google #2939, #18024).
+_SA_NOT_VISIBLE = re.compile(r"Service account \S+ does not exist|serviceAccount:\S+ does not exist", re.I)
+_IAM_RETRY_SECONDS = (10.0, 20.0, 40.0)
 _MAX_ZONE_ATTEMPTS = 6  # AWS: the program knows the zones; the pool stops asking after this many
 
 
@@ -151,11 +156,19 @@ class CloudPool:
         """``up``, trying the next zone on a first creation that found no capacity (or a zone
         without the type), then on-demand for spot nodes when allowed."""
         first = not before.nodes and not (before.settings.get("pinned") or {})
+        iam_waits = list(_IAM_RETRY_SECONDS)
         while True:
             try:
                 return self._up()
             except StackError as exc:
                 text = f"{exc} {exc.output}"
+                if iam_waits and _SA_NOT_VISIBLE.search(text):
+                    wait = iam_waits.pop(0)
+                    self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
+                        f"stack {self.plan.stack}: a new service account is not visible to IAM yet; "
+                        f"updating again in {wait:g}s")))
+                    time.sleep(wait)
+                    continue
                 zone_error = _NO_ZONE_CAPACITY.search(text)
                 if first and not self.plan.zone and zone_error and self._next_zone():
                     self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(

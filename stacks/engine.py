@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -343,13 +344,46 @@ class PoolStack:
             )
         if isinstance(exc, auto.CommandError):
             return StackError(
-                f"stack {self.name}: {operation} failed:\n{_errors_of(text)}\n"
+                f"stack {self.name}: {operation} failed:\n{_errors_of(text)}\n{known_limit(text)}"
                 f"(The CLI's full output is this error's .output.) The stack's state is kept: fix the "
                 f"cause and open the pool again, or destroy what was made with "
                 f"skyward.stacks.open_stack({self.name!r}).destroy().",
                 stack=self.name, operation=operation, output=text,
             )
         return exc
+
+
+# Limits of the clouds that end an `up` with a raw API error: what it means and what to do.
+# Sources: pulumi/pulumi#3130 (getVpc without a default VPC); Google's IAM quotas and limits page
+# (300 custom roles per project, deleted ones count until purged after 7 days; 100 service
+# accounts per project by default, a quota that can be raised); the compute.requireOsLogin
+# organization policy constraint (OS Login docs).
+_KNOWN_LIMITS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"no matching (EC2 )?VPC found|VPCIdNotSpecified|No default VPC", re.I),
+     "This AWS account has no default VPC in this region (it was deleted, or the account never had "
+     "one), and a pool without subnet= launches into the default VPC. Give the pool a subnet of a VPC "
+     "of yours with a route to the internet: sky.AWS(subnet='subnet-...'), or recreate the default "
+     "VPC: aws ec2 create-default-vpc."),
+    (re.compile(r"custom roles?\b.*\b(limit|maximum|quota)|(limit|maximum|number) of custom roles?", re.I),
+     "The project reached its limit of 300 custom roles (deleted roles count until they are purged, "
+     "7 days after deletion); each GCP pool makes one. Delete unused roles with `gcloud iam roles "
+     "list --project P --filter=name:skyward_` / `gcloud iam roles delete`, wait for purged ones, or "
+     "use another project."),
+    (re.compile(r"(maximum|limit|quota)\W+(number of )?service accounts?|service accounts? quota", re.I),
+     "The project reached its service account quota (100 per project by default); a GCP pool makes "
+     "one per node. Delete unused ones, request a higher quota (IAM quotas page of the console), or "
+     "make the pool smaller."),
+    (re.compile(r"requireOsLogin", re.I),
+     "An organization policy enforces OS Login (constraints/compute.requireOsLogin), so the pool's "
+     "ssh-keys metadata would be ignored and no client could log in. Ask the organization's admin for "
+     "an exception for this project (gcloud resource-manager org-policies disable-enforce "
+     "compute.requireOsLogin --project P), or use a project outside that policy."),
+)
+
+
+def known_limit(text: str) -> str:
+    """What a cloud's known limit in a failure's text means and how to proceed ("" for none)."""
+    return "".join(f"{hint}\n" for pattern, hint in _KNOWN_LIMITS if pattern.search(text))
 
 
 def _debug(line: str) -> None:

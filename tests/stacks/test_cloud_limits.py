@@ -176,3 +176,81 @@ def test_the_preview_says_a_tpu_vm_deletes_itself() -> None:
     rows = {r["name"]: r["detail"] for r in _gcp().preview(spec)["resources"]}
     assert "deletes its TPU node when its TTL runs out (its own service account)" in rows["node-0"]
     assert "tpu.nodes.delete" in rows["tpu-self-delete"]
+
+
+# -- item 10: known limits, each a clear error or a retry -------------------------------------------
+def _pool(ws: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
+    import json
+
+    from stackfakes import isolated_home
+
+    from skyward.stacks import keys
+    from skyward.stacks.cloudpool import CloudPool
+
+    isolated_home(tmp_path, monkeypatch)
+    plan = make_plan(nodes=0, zone="us-east-1a", **kw)
+    key_path, _ = keys.client_key(plan.stack)
+    return CloudPool(plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=False,
+                     fallback_to_on_demand=False, record={"skyward": "0.1.0"},
+                     secrets={"env": json.dumps({})}, plugins={}, connect=ws)
+
+
+def test_a_service_account_not_visible_yet_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Service account creation is eventually consistent (Google's IAM overview, "Consistency";
+    # terraform-provider-google #2939, #15042, #18024): the grant right after it may fail.
+    from stackfakes import FakeWorkspace, command_error
+
+    from skyward.stacks import cloudpool
+
+    monkeypatch.setattr(cloudpool, "_IAM_RETRY_SECONDS", (0.0, 0.0, 0.0))
+    gone = ("error: 1 error occurred:\n  * Error applying IAM policy for instance: Error 400: Service account "
+            "sky-783090604b-0@proj.iam.gserviceaccount.com does not exist., badRequest")
+    ws = FakeWorkspace(fail={"update": [command_error(gone), command_error(gone)]})
+    cloud = _pool(ws, tmp_path, monkeypatch)
+    assert len(cloud.start(1)) == 1
+    assert [k for k, _ in ws.calls].count("update") == 3
+
+
+@pytest.mark.parametrize("stderr,says", [
+    ("error: invoking aws:ec2/getVpc:getVpc: no matching EC2 VPC found",
+     r"no default VPC.*sky\.AWS\(subnet="),
+    ("error: Error creating Role: googleapi: Error 429: Maximum number of custom roles (300) reached",
+     r"custom roles.*300.*7 days"),
+    ("error: googleapi: Error 429: Maximum number of service accounts on project reached",
+     r"service accounts.*100.*quota"),
+    ("error: Constraint constraints/compute.requireOsLogin violated for project proj",
+     r"organization policy enforces OS Login.*requireOsLogin.*project outside that policy"),
+])
+def test_known_limits_say_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stderr: str, says: str) -> None:
+    from stackfakes import FakeWorkspace, command_error
+
+    from skyward.errors import StackError
+
+    ws = FakeWorkspace(fail={"update": [command_error(stderr)]})
+    with pytest.raises(StackError, match="(?s)" + says):
+        _pool(ws, tmp_path, monkeypatch).start(1)
+
+
+def test_a_gcp_pool_over_the_service_account_quota_is_refused_before_anything_exists() -> None:
+    from skyward.errors import ConfigError
+
+    spec = sky.Spec(provider=_gcp(), accelerator="T4", nodes=101)
+    with pytest.raises(ConfigError, match=r"101 nodes.*one service account per node.*100 per project"):
+        _gcp().preview(spec)
+
+
+def test_aws_local_and_wavelength_zones_are_not_tried() -> None:
+    # Opted-in Local Zones and Wavelength Zones appear among a type's offerings like availability
+    # zones (ZoneType local-zone / wavelength-zone), sorted first; a pool goes to a real AZ.
+    from skyward.stacks import aws
+
+    mocks = fresh_mocks()
+    mocks.aws_zones = ["us-east-1-bos-1a", "us-east-1-wl1-nyc-wlz-1", "us-east-1b", "us-east-1a"]
+    seen: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        return aws.program(make_plan()).subnet.availability_zone.apply(lambda z: seen.update(zone=z))
+
+    go()
+    assert seen["zone"] == "us-east-1a"

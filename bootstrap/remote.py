@@ -186,13 +186,7 @@ class Remote:
         from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
         _quiet_wire_loggers()
-        kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True}
-        if self.target.key:
-            kwargs.update(key_filename=[str(Path(self.target.key).expanduser())], look_for_keys=False,
-                          allow_agent=False)
-        kwargs["banner_timeout"] = self._connect_timeout
-        kwargs["auth_timeout"] = self._connect_timeout
-        kwargs["transport_factory"] = _fast_transport
+        kwargs = self._connect_kwargs()
 
         # Where Fabric connects once ~/.ssh/config is applied: the known_hosts name of the
         # host (``[host]:port`` off port 22) is the one the messages must quote.
@@ -276,6 +270,88 @@ class Remote:
             transport.set_keepalive(15)
             transport.default_window_size = _WINDOW
         return self
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True}
+        if self.target.key:
+            kwargs.update(key_filename=[str(Path(self.target.key).expanduser())], look_for_keys=False,
+                          allow_agent=False)
+        kwargs["banner_timeout"] = self._connect_timeout
+        kwargs["auth_timeout"] = self._connect_timeout
+        kwargs["transport_factory"] = _fast_transport
+        return kwargs
+
+    def resolved(self, gateway: fabric.Connection | None = None) -> fabric.Connection:
+        """The node as Fabric sees it once ~/.ssh/config is applied (nothing is connected)."""
+        import fabric
+
+        return fabric.Connection(
+            self.target.host, user=self.target.user, port=self.target.port,
+            connect_timeout=self._connect_timeout, connect_kwargs=self._connect_kwargs(),
+            **({"gateway": gateway} if gateway is not None else {}),
+        )
+
+    # -- for an ssh client (`skyward proxy`, `skyward ssh-config`) -----------------------------
+    def route(self) -> Any:
+        """A raw stream to the node's sshd the way ``open`` goes there (its jump hosts, each
+        one's host key checked as ``open`` checks it), not logged in to the node: an ssh client
+        speaks its own SSH through it (the ProxyCommand of ``skyward ssh-config``'s entries) and
+        checks the node's key itself. A socket, or a direct-tcpip channel of the last jump host;
+        ``close()`` closes the jump hosts' connections."""
+        import paramiko
+
+        _quiet_wire_loggers()
+        gateway = self._jump_connection(self._connect_kwargs()) if self.target.jump else None
+        conn = self.resolved(gateway)
+        ports = {}
+        for hop in _hops(conn):
+            ports[hop.host] = int(hop.port)
+            hop.connect_timeout = hop.connect_timeout or self._connect_timeout
+            self._install_host_key_policy(hop)
+        self.conn = conn  # close() then closes the hops
+        try:
+            if conn.gateway is None:
+                sock = socket.create_connection((conn.host, int(conn.port)), timeout=self._connect_timeout)
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            return conn.open_gateway()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise self._changed_key_error(host_key_name(exc.hostname, ports.get(exc.hostname, 22)), exc.key,
+                                          exc.expected_key) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            via = ", ".join(f"{h.user}@{h.host}:{h.port}" for h in _hops(conn))
+            raise ProviderError(
+                f"{self.label}: could not reach sshd at {conn.host}:{conn.port}"
+                f"{f' through the jump host {via}' if via else ''} ({_why(exc, conn.host, int(conn.port))})."
+            ) from None
+
+    def pinned_keys(self) -> list[paramiko.PKey]:
+        """The host keys the node must show, as ``open`` checks them: the key given in advance
+        (cloud nodes), else those the user's known_hosts files list for it, else those skyward
+        recorded on first contact. Empty when none is known yet (never connected)."""
+        import paramiko
+
+        if self.target.host_key:
+            kind, blob = self.target.host_key.split()[:2]
+            return [paramiko.PKey.from_type_string(kind, base64.b64decode(blob))]
+        conn = self.resolved()
+        name = host_key_name(conn.host, int(conn.port))
+        files = [f for f in trusted_known_hosts(conn.ssh_config, conn.host) if f.is_file()]
+        # A host the user's files list is checked against them only, as the user's ssh would.
+        for group in (files, [self.known_hosts] if self.known_hosts.is_file() else []):
+            found: list[paramiko.PKey] = []
+            for f in group:
+                try:
+                    keys = paramiko.HostKeys(str(f)).lookup(name)
+                except (OSError, paramiko.SSHException):
+                    continue
+                found += [k for k in (keys or {}).values() if k not in found]
+            if found:
+                return found
+        return []
 
     def _jump_connection(self, kwargs: dict[str, Any]) -> fabric.Connection:
         """``Target.jump`` as a Fabric connection: ~/.ssh/config applies to its name; the node's

@@ -7,6 +7,7 @@
     skyward exec NAME -- CMD | logs NAME [-f]                a shell command on every node; agent logs
     skyward install NAME PKG... | events NAME                packages on every node; a post-mortem
     skyward ssh NAME [-- CMD] | cp SRC DEST                  a shell on a node; files to and from nodes
+    skyward notebook NAME | ssh-config [NAME]                JupyterLab/marimo on a node; ssh NAME-0 by name
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
 
@@ -149,8 +150,11 @@ def _parser() -> argparse.ArgumentParser:
     from .copy import add_cp
     from .eventlog import add_events
     from .install import add_install
+    from .notebook import add_notebook
+    from .proxy import add_proxy
     from .runscript import add_run
     from .shell import add_ssh
+    from .sshconfig import add_ssh_config
 
     add_dashboard(command)
     add_run(command)
@@ -158,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     add_install(command)
     add_ssh(command)
     add_cp(command)
+    add_notebook(command)
+    add_ssh_config(command)
+    add_proxy(command)
     return parser
 
 
@@ -342,6 +349,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"pool {cfg.name!r} is up: {nodes} {record.get('provider')} node(s), "
               f"{money(summary['hourly_cost'])}/h; it {stops}.")
     print(f"attach with sky.Compute(name={cfg.name!r}); stop with `skyward down {cfg.name}`.")
+    from . import sshconfig
+
+    if sshconfig.has_entries(cfg.name):  # written by provision(): say how ssh finds them
+        print(sshconfig.how_to_use(cfg.name))
     return EXIT_OK
 
 

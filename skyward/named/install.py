@@ -67,12 +67,17 @@ def cmd_install(args: argparse.Namespace) -> int:
     # An asleep pool wakes for the install (its nodes get the packages, and the lock keeps them
     # for the nodes of its next wakes), then sleeps again.
     with awake(args.name, wake=not args.no_wake, command="skyward install"):
-        return _install(args, requirements)
+        return install(args.name, requirements, args.timeout, as_json=args.json)
 
 
-def _install(args: argparse.Namespace, requirements: tuple[str, ...]) -> int:
+def install(name: str, requirements: tuple[str, ...], timeout: float, *, as_json: bool = False) -> int:
+    """Install ``requirements`` on every node of running pool ``name`` and record them (what
+    ``skyward install`` does; ``skyward notebook`` installs its server this way); the exit code."""
+    from types import SimpleNamespace
+
     from .pools import get
 
+    args = SimpleNamespace(name=name, timeout=timeout, json=as_json)
     registered = get(args.name)
     err(f"resolving {' '.join(requirements)} for pool {args.name!r}")
     plan = plan_for(registered, requirements)

@@ -313,6 +313,9 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
                  hourly_cost=_total_cost(record), ttl=spec.ttl,
                  by="skyward up" if keep else "sky.Compute(name=...)", stack=_stack_name(record))
     if keep:
+        from .sshconfig import after_up
+
+        after_up(record)  # `ssh NAME-0`, scp, rsync, VS Code: SSH config entries for its nodes
         return pool
     _Recorder(pool, cfg.name).start()
     pool.on_close(lambda: _destroyed_by_owner(cfg.name, pool.id))
@@ -593,6 +596,9 @@ def _destroy_record(record: dict[str, Any], reason: str) -> None:
     if cluster:
         provider_from(record["config"]).destroy(cluster)
     registry.remove(record["name"])
+    from .sshconfig import remove as remove_ssh_entries
+
+    remove_ssh_entries(record["name"])  # its nodes' SSH config entries go with it
     audit.append(record["name"], "destroyed", record.get("id", ""), reason=reason,
                  provider=record.get("provider"), stack=_stack_name(record))
     from ..records import record as records

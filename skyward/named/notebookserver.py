@@ -1,0 +1,178 @@
+"""On the node: start a notebook server for ``skyward notebook`` and stop it when the client goes.
+
+``python -m skyward.named.notebookserver jupyter|marimo --root DIR [--watch-pid PID]`` runs in
+the pool's environment on the node (the client activates it first, as ``skyward ssh`` does). It
+reads the server's token from the first line of stdin (a secret: never on a command line, which
+every user of the node can read with ``ps``), starts JupyterLab or marimo on a free port of the
+node's loopback, in DIR, and prints one JSON line once the server answers: ``{"port", "pid",
+"log"}`` (or ``{"error", "log"}`` when it did not start).
+
+It then watches, and stops the server (its whole process group: the kernels too) when:
+
+* its stdin ends: the client closed the connection (Ctrl-C, or the client died);
+* the agent of the node (``--watch-pid``) is gone, or DIR is: ``skyward down`` stopped the pool.
+
+Standard library only: this runs beside the agent, in whatever environment the pool has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+_START_TIMEOUT = 180.0  # seconds a server may take to answer (a cold node imports a lot)
+_POLL = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _command(kind: str, port: int, root: str) -> list[str]:
+    if kind == "marimo":
+        # The token comes on the server's stdin (`-`), which this process writes and closes.
+        return [sys.executable, "-m", "marimo", "-q", "-y", "edit", "--headless", "--host", "127.0.0.1",
+                "--port", str(port), "--token-password-file", "-", "--skip-update-check", root]
+    # JUPYTER_TOKEN (the environment, see main) is the server's token. The node has no route to
+    # the internet here as often as not: no update checks, no news.
+    # (A node logged into as root is common on rented GPU boxes: allowed, the server is on the
+    # node's loopback behind a token.)
+    return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+            "--port-retries=0", f"--ServerApp.root_dir={root}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.news_url=None", "--LabApp.extension_manager=readonly",
+            *(["--allow-root"] if os.geteuid() == 0 else [])]
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's group (a Jupyter server shuts its kernels down on it), then
+    SIGKILL to what is left after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+        break
+    # Kernels of their own session outlive a killed server: their group goes too.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _say(message: dict[str, object]) -> None:
+    try:
+        os.write(1, (json.dumps(message) + "\n").encode())
+    except OSError:  # the client is gone: nobody to tell
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m skyward.named.notebookserver")
+    p.add_argument("kind", choices=["jupyter", "marimo"])
+    p.add_argument("--root", required=True)
+    p.add_argument("--watch-pid", type=int)
+    args = p.parse_args(argv)
+
+    token = sys.stdin.buffer.readline().decode().strip()
+    if not token:
+        _say({"error": "no token on stdin"})
+        return 2
+    folder = os.path.join(args.root, ".skyward-notebook")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    port = _free_port()
+    log = os.path.join(folder, f"{args.kind}-{port}.log")
+    env = dict(os.environ)
+    if args.kind == "jupyter":
+        env["JUPYTER_TOKEN"] = token
+    with open(log, "ab") as out:
+        # A session of its own: the server and its kernels stop as one group.
+        proc = subprocess.Popen(_command(args.kind, port, args.root), cwd=args.root, env=env,
+                                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    assert proc.stdin is not None
+    try:
+        if args.kind == "marimo":
+            proc.stdin.write(token.encode() + b"\n")
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        deadline = time.monotonic() + _START_TIMEOUT
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = (f"it exited with code {proc.returncode}" if proc.returncode is not None
+                       else f"it did not answer within {_START_TIMEOUT:g} s")
+                _say({"error": f"the {args.kind} server did not start: {why}", "log": log, "tail": _tail(log)})
+                return 1
+            time.sleep(0.2)
+        with open(os.path.join(folder, f"{args.kind}-{port}.pid"), "w") as f:
+            f.write(f"{proc.pid}\n")
+        _say({"port": port, "pid": proc.pid, "log": log})
+        reason = _watch(proc, args.root, args.watch_pid)
+        _say({"stopped": reason})
+        return 0
+    finally:
+        _stop(proc)
+        try:
+            os.unlink(os.path.join(folder, f"{args.kind}-{port}.pid"))
+        except OSError:
+            pass
+
+
+def _watch(proc: subprocess.Popen[bytes], root: str, agent: int | None) -> str:
+    """Wait for a reason to stop; say which."""
+    stdin = sys.stdin.fileno()
+    while True:
+        ready, _, _ = select.select([stdin], [], [], _POLL)
+        if ready and not os.read(stdin, 4096):
+            return "the client left"
+        if proc.poll() is not None:
+            return f"the server exited with code {proc.returncode}"
+        if not _alive(agent) or not os.path.isdir(root):
+            return "the pool was stopped"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

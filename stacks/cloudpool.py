@@ -361,7 +361,9 @@ class CloudPool:
         pinned = plan.settings.get("pinned") or {}
         return {"image": plan.image or pinned.get("ami") or pinned.get("image"), "instance_type": plan.instance_type,
                 "region": plan.region, "zone": plan.zone or pinned.get("zone"), "subnet": pinned.get("subnet"),
-                "stack": plan.stack}
+                "stack": plan.stack,
+                # GCP: where its disks are, should a node leave one behind (stacks/gcp_disks.py)
+                **({"project": plan.settings["project"]} if plan.settings.get("project") else {})}
 
     def _addresses(self, outputs: dict[str, Any], indices: Sequence[int]) -> list[NodeAddress]:
         by_index = {int(n["index"]): n for n in outputs.get("nodes") or []}

@@ -366,14 +366,22 @@ def cmd_down(args: argparse.Namespace) -> int:
         with _progress("removing expired pools"):
             removed = named.cleanup_expired()
         gone, failed_orphans = _destroy_orphans()
+        disks = _sweep_disks()  # after the stacks: a destroyed stack takes its own disks
         if args.json:
             print_json([{"name": st.name, "state": st.state} for st in removed]
-                  + [{"name": stack, "state": "orphaned"} for stack in gone])
+                  + [{"name": stack, "state": "orphaned"} for stack in gone]
+                  + [{"name": d.name, "state": "orphaned disk", **d.describe()} for d in disks.deleted])
         else:
             print("\n".join([f"removed {st.name} ({st.state})" for st in removed]
-                            + [f"removed {stack} (cloud pool whose program is gone)" for stack in gone])
+                            + [f"removed {stack} (cloud pool whose program is gone)" for stack in gone]
+                            + [f"deleted disk {d.name} (GCP project {d.project}, zone {d.zone}): an orphaned "
+                               f"sky.Disk of pool {d.pool}, whose nodes are gone" for d in disks.deleted])
                   or "no expired pools")
-        return EXIT_FAILED if failed_orphans else EXIT_OK
+        if disks.manual:
+            (err if args.json else print)(disks.manual)
+        for failure in disks.failed:
+            err(f"error: orphaned GCP disks: {failure}")
+        return EXIT_FAILED if failed_orphans or disks.failed else EXIT_OK
     names = registry.names() if args.all else [args.name]
     done, failed = [], []
     for name in names:
@@ -424,6 +432,15 @@ def _destroy_orphans() -> tuple[list[str], list[str]]:
             err(f"error: the stack {orphan.stack} of a {orphan.kind} pool whose program is gone could not "
                  f"be destroyed: {exc}")
     return gone, failed
+
+
+def _sweep_disks() -> Any:
+    """GCP sky.Disk disks whose node Compute Engine deleted before it marked them auto-delete,
+    deleted once their pool is gone (stacks/gcp_disks.py)."""
+    from ..stacks import gcp_disks
+
+    with _progress("looking for orphaned GCP disks"):
+        return gcp_disks.sweep()
 
 
 def _orphan_rows() -> list[dict[str, Any]]:

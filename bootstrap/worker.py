@@ -33,6 +33,7 @@ from typing import Any
 from skyward.errors import SerializationError, TaskCancelledError, TaskTimeoutError
 from skyward.runtime import context
 
+from . import otel as _otel
 from . import serialize
 from .frames import FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 from .lane import LANE_BIT, LaneCount, WorkerLanes
@@ -512,10 +513,10 @@ class Worker:
                 )
             )
         if frame.kind == Kind.TASK:
-            fn, args, kwargs, timeout = task
+            fn, args, kwargs, timeout, *trace = task
             items = None
         else:
-            fn, items, timeout = task
+            fn, items, timeout, *trace = task
             args, kwargs = (), {}
         entry.name = getattr(fn, "__qualname__", "task")
         if self.plugins is not None:
@@ -530,6 +531,8 @@ class Worker:
             if entry.state == "cancelled":  # while it was loading: it never starts
                 return serialize.dumps_error(_cancelled_error(entry), tb_text="")
             entry.state = "running"
+        # A traced client sends its task span's traceparent last: spans the task opens join it.
+        traced = _otel.attach(trace[0]) if trace else None
         try:
             if items is None:
                 value = fn(*args, **kwargs)
@@ -546,6 +549,9 @@ class Worker:
             if isinstance(exc, SystemExit | KeyboardInterrupt):
                 exc = RuntimeError(f"{entry.name} raised {type(exc).__name__}({exc})")
             return serialize.dumps_error(exc)
+        finally:
+            if traced is not None:
+                _otel.detach(traced)
         with entry.lock:
             entry.state = "returning"
         return serialize.dumps_ok(value, entry.name, self.spill)

@@ -281,6 +281,9 @@ class Options:
     cluster: bool | None = None
     retry_on_interruption: int = 3
     health_checker: Any = None
+    # Serve the pool's Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port),
+    # or at "HOST:PORT" (an address other machines reach: anyone there can read them).
+    metrics_port: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.selection not in ("cheapest", "first"):
@@ -302,8 +305,22 @@ class Options:
                 f"Options(default_compute_timeout={self.default_compute_timeout!r}) is not valid: "
                 f"use a positive number of seconds, or None for no limit."
             )
+        if self.metrics_port is not None:
+            _metrics_port(self.metrics_port)
         for name in SESSION_OPTIONS:
             check_session_option("Options", name, getattr(self, name))
+
+
+def _metrics_port(value: int | str) -> None:
+    port: Any = value
+    if isinstance(value, str):
+        port = value.rpartition(":")[2]
+        port = int(port) if port.isdigit() and ":" in value else None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(
+            f"Options(metrics_port={value!r}) is not valid: give a port from 0 to 65535 (served on "
+            f"127.0.0.1; 0 picks a free one) or 'HOST:PORT' to listen elsewhere."
+        )
 
 
 # The options that concern a whole session rather than one pool: sky.Session takes them as

@@ -135,7 +135,7 @@ class Batches:
         window = slots * 2
         batch = self._batch("map", name, len(data))
         started = time.monotonic()
-        finishers: dict[int, Callable[[bool], None] | None] = {}
+        finishers: dict[int, Callable[..., None] | None] = {}
         done: queue.SimpleQueue[tuple[int, NodeChannel, Frame | BaseException]] = queue.SimpleQueue()
         outstanding = dict.fromkeys(channels, 0)
         results: list[list[Any] | None] = [None] * len(chunks)
@@ -162,11 +162,12 @@ class Batches:
                     break
                 sent = todo.popleft()
                 chunk = chunks[sent]
+                span = dispatch.span(ch, name, batch, self.options.retry_on_interruption - retries[sent])
                 flags, body, buffers = dispatch.encode(
-                    (fn, chunk, timeout),
+                    (fn, chunk, timeout, *(() if span is None else (span.traceparent,))),
                     functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
-                finishers[sent] = dispatch.track(ch, name, len(chunk), batch)
+                finishers[sent] = dispatch.track(ch, name, len(chunk), batch, (body, buffers), span)
                 try:
                     ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
                 except NodeLostError:  # lost between the pick and the send: pick again
@@ -185,7 +186,7 @@ class Batches:
                             ch.node, len(chunks[index]))
                 todo.appendleft(index)
                 if finish is not None:
-                    finish(False)
+                    finish(False, result)
                 continue
             try:
                 results[index] = dispatch.decode(result, name, ch.node)
@@ -193,7 +194,7 @@ class Batches:
                 if first_error is None or index < first_error[0]:
                     first_error = (index, exc)
             if finish is not None:
-                finish(results[index] is not None)
+                finish(results[index] is not None, result)
         if batch is not None:
             done_items = sum(len(chunks[i]) for i, r in enumerate(results) if r is not None)
             self.emit(ev.BatchFinished(

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
@@ -36,6 +36,9 @@ from .function import PendingFunction
 from .membership import Membership
 from .streaming import split_stream_args, streams_out, submit_streaming
 
+if TYPE_CHECKING:
+    from ..observe.tracing import PoolTracer, TaskSpan
+
 log = logging.getLogger("skyward")
 T = TypeVar("T")
 
@@ -47,6 +50,7 @@ class Dispatcher:
         self.members, self.options, self.emit = members, options, emit
         self.pool_id = members.pool_id
         self.rr = itertools.count()  # round-robin over the ready nodes
+        self.tracer: PoolTracer | None = None  # set by the pool when OTEL_* ask for traces
 
     def check_open(self) -> None:
         self.members.check_owner()  # a forked child's frames would mix with the parent's
@@ -98,17 +102,28 @@ class Dispatcher:
                 f"plain data, or create such objects inside the function."
             ) from exc
 
-    def track(self, ch: NodeChannel, name: str, items: int = 1, batch: int | None = None) -> Callable[[bool], None] | None:
-        """Emit TaskStarted; the function returned emits TaskCompleted. None when nobody listens."""
-        if not ev.bus.wants(self.pool_id, ev.TaskStarted):
+    def span(self, ch: NodeChannel, name: str, batch: int | None = None, attempt: int = 0) -> TaskSpan | None:
+        """The task's span when the pool is traced (its traceparent goes last in the payload)."""
+        return None if self.tracer is None else self.tracer.task(name, ch.node, batch, attempt)
+
+    def track(self, ch: NodeChannel, name: str, items: int = 1, batch: int | None = None,
+              payload: tuple[Any, serialize.Buffers] | None = None, span: TaskSpan | None = None,
+              ) -> Callable[..., None] | None:
+        """Emit TaskStarted; the function returned, ``finish(ok, result=None)``, emits
+        TaskCompleted and ends ``span``. None when nobody listens and there is no span."""
+        if span is None and not ev.bus.wants(self.pool_id, ev.TaskStarted):
             return None
         task, node, start = next(ev.bus.task_ids), ch.node, time.monotonic()
+        sent = 0 if payload is None else _size(*payload)
         self.emit(ev.TaskStarted(pool=self.pool_id, task=task, name=name, node=node, items=items, batch=batch))
 
-        def finish(ok: bool) -> None:
+        def finish(ok: bool, result: Frame | BaseException | None = None) -> None:
+            received = _size(result.body, result.buffers) if isinstance(result, Frame) else 0
+            if span is not None:
+                span.end(ok, sent, received, "lost" if isinstance(result, NodeLostError) else None)
             self.emit(ev.TaskCompleted(
                 pool=self.pool_id, task=task, name=name, node=node, seconds=time.monotonic() - start,
-                ok=ok, items=items, batch=batch,
+                ok=ok, items=items, batch=batch, bytes_sent=sent, bytes_received=received,
             ))
 
         return finish
@@ -125,6 +140,7 @@ class Dispatcher:
 
     def submit(
         self, ch: NodeChannel, pending: PendingFunction[T], batch: int | None = None, retries: int = 0,
+        attempt: int = 0,
     ) -> Future[T]:
         """Send one task to ``ch``. ``retries``: how many times the task may move to another
         node if ``ch``'s node is lost while it runs (calls not tied to one node)."""
@@ -135,28 +151,30 @@ class Dispatcher:
         out, split = streams_out(pending.fn), split_stream_args(pending.fn, pending.args, pending.kwargs)
         if out or split is not None:  # generator tasks, iterator arguments (skyward.core.streaming)
             return submit_streaming(self, ch, pending, out, split, batch)
+        name = pending.name
+        span = self.span(ch, name, batch, attempt)
         flags, body, buffers = self.encode(
-            (pending.fn, pending.args, pending.kwargs, self.timeout_of(pending)),
+            (pending.fn, pending.args, pending.kwargs, self.timeout_of(pending),
+             *(() if span is None else (span.traceparent,))),
             lambda: serialize.describe_unpicklable(pending.fn, pending.args, pending.kwargs),
         )
         future: Future[T] = Future()
         future.set_running_or_notify_cancel()
-        name = pending.name
-        finish = self.track(ch, name, 1, batch)
+        finish = self.track(ch, name, 1, batch, (body, buffers), span)
         members = self.members
 
         def done(result: Frame | BaseException) -> None:
             if isinstance(result, NodeLostError) and retries > 0 and not members.closed and members.node_may_come():
                 if finish is not None:
-                    finish(False)
-                self._resubmit(ch, pending, batch, retries - 1, future)
+                    finish(False, result)
+                self._resubmit(ch, pending, batch, retries - 1, future, attempt + 1)
                 return
             try:
                 value, error = self.decode(result, name, ch.node), None
             except BaseException as exc:
                 value, error = None, exc
             if finish is not None:  # before the future completes: a batch ends after its tasks
-                finish(error is None)
+                finish(error is None, result)
             if error is None:
                 future.set_result(value)
             else:
@@ -164,16 +182,16 @@ class Dispatcher:
 
         try:
             ch.submit(Kind.TASK, flags, body, buffers, done)
-        except NodeLostError:  # lost between the pick and the send
+        except NodeLostError as exc:  # lost between the pick and the send
             if finish is not None:
-                finish(False)
+                finish(False, exc)
             if retries <= 0 or members.closed or not members.node_may_come():
                 raise
-            self._resubmit(ch, pending, batch, retries - 1, future)
+            self._resubmit(ch, pending, batch, retries - 1, future, attempt + 1)
         return future
 
     def _resubmit(self, lost: NodeChannel, pending: PendingFunction[T], batch: int | None, retries: int,
-                  future: Future[T]) -> None:
+                  future: Future[T], attempt: int = 1) -> None:
         """Run a task of a lost node again on another node, or on its replacement once one is
         ready (waiting in a thread of its own: this is called on a channel's reader thread)."""
         live = [c for c in self.members.ready() if c is not lost]
@@ -182,7 +200,7 @@ class Dispatcher:
             log.warning("node %d was lost while running %s; retrying it on node %d (%d retr%s left)",
                         lost.node, pending.name, other.node, retries, "y" if retries == 1 else "ies")
             try:
-                chain(self.submit(other, pending, batch, retries), future)
+                chain(self.submit(other, pending, batch, retries, attempt), future)
             except BaseException as exc:
                 future.set_exception(exc)
             return
@@ -192,7 +210,7 @@ class Dispatcher:
                 target = min(self.members.wait_ready(), key=lambda c: c.inflight)
                 log.warning("node %d was lost while running %s; retrying it on node %d", lost.node,
                             pending.name, target.node)
-                chain(self.submit(target, pending, batch, retries), future)
+                chain(self.submit(target, pending, batch, retries, attempt), future)
             except BaseException as exc:
                 future.set_exception(exc)
 
@@ -260,6 +278,10 @@ def decode_result(result: Frame | BaseException, name: str, node: int | None = N
         raise remote
     _, type_name, message, tb_text = outcome
     raise RemoteError(type_name, message, tb_text)
+
+
+def _size(body: Any, buffers: serialize.Buffers) -> int:
+    return memoryview(body).nbytes + sum(memoryview(data).nbytes for _, data in buffers)
 
 
 def chain(source: Future[T], target: Future[T]) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..dashboard import hook as dashboard_hook
 from ..errors import ConfigError
-from ..observe import app, console, logs, secrets
+from ..observe import app, console, logs, secrets, tracing
 from ..observe import events as ev
 from ..observe.console import Console
 from ..runtime.collections import Barrier, ClientState, Consistency, Counter, Dict, Lock, Queue, Set
@@ -139,6 +139,17 @@ class Pool(DispatchTarget):
         mode = "silent" if app.current() is not None else console.resolve(options.console)
         self._console = Console(mode, self.id, title).start()
         provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
+        # Views outside skyward, before the first event: OTEL_* variables ask for traces
+        # (nothing is loaded without them), metrics_port for a Prometheus endpoint.
+        self.dispatcher.tracer = tracing.start(self.id, name or label, provider, spec.node_spec.desired)
+        if options.metrics_port is not None:
+            from ..observe import prometheus
+
+            try:
+                prometheus.expose(self, options.metrics_port)
+            except BaseException:
+                self._stop_views()
+                raise
         if cluster is None:
             from ..records import record
 
@@ -377,6 +388,8 @@ class Pool(DispatchTarget):
                 self._emit(ev.ClusterDestroyed(pool=self.id))
             else:
                 self._emit(ev.ClusterDetached(pool=self.id, nodes=len(channels)))
+            if self.dispatcher.tracer is not None:  # the pool's spans end and leave before `with` does
+                ev.bus.flush(5.0)
             self._stop_views()
             for hook in self._on_close:
                 try:

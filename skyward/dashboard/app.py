@@ -46,6 +46,8 @@ from starlette.staticfiles import StaticFiles
 
 from skyward.errors import ConfigError, PoolExistsError, PoolNotFoundError, SkywardError
 from skyward.named import registry
+from skyward.observe import prometheus
+from skyward.observe.prometheus import PoolStats
 from skyward.records import audit
 
 from . import views
@@ -75,6 +77,8 @@ class Hub:
     # One-time login codes (``--open``) and when each expires (time.monotonic()).
     codes: dict[str, float] = field(default_factory=dict)
     codes_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Prometheus counters of each program pool (by id) and watched named pool (by name).
+    stats: dict[str, PoolStats] = field(default_factory=dict)
 
     def login_code(self, ttl: float = CODE_TTL) -> str:
         """A code that ``POST /login`` exchanges for the session cookie once, within ``ttl`` s.
@@ -316,6 +320,7 @@ async def ingest_register(hub: Hub, request: Request) -> Any:
     info = await _body(request)
     pool = LivePool(info)
     hub.live[pool.id] = pool
+    hub.stats[pool.id] = _stats_of(info)
     hub.publish({"type": "changed", "what": "pools"})
     return {"ok": True}
 
@@ -332,6 +337,9 @@ async def ingest_events(hub: Hub, request: Request) -> Any:
         if pool is None:
             continue
         pool.apply(event)
+        stats = hub.stats.get(pool.id)
+        if stats is not None:
+            stats.apply(event)
         touched[pool.id] = pool
         out.setdefault(pool.id, []).append(event)
     for pool_id, events in out.items():
@@ -341,6 +349,35 @@ async def ingest_events(hub: Hub, request: Request) -> Any:
         if pool.ended is not None:
             hub.publish({"type": "changed", "what": "pools"})
     return {"ok": True}
+
+
+# -- Prometheus ------------------------------------------------------------------------------------
+def _stats_of(info: dict[str, Any]) -> PoolStats:
+    """Counters for a registered pool: named pools by name (stable across programs), others by id."""
+    cost = info.get("hourly_cost")
+    return PoolStats(prometheus.pool_label(info.get("name"), str(info["id"])), str(info.get("provider") or ""),
+                     None if cost is None else float(cost), info.get("nodes") or (),
+                     started=info.get("started"))
+
+
+def _named_rows() -> list[dict[str, Any]]:
+    """The registry's named pools as Prometheus summaries (those no program reports on)."""
+    rows = []
+    for row in views.named_pools():
+        state = {"running": "ready", "provisioning": "provisioning"}.get(row["state"])  # asleep, expired...: none
+        rows.append({"pool": row["name"], "provider": row.get("provider"),
+                     "nodes": {state: row["nodes"]} if state else {},
+                     "hourly_cost": row.get("hourly_cost") if state else None,
+                     "cost_so_far": row.get("cost_so_far")})
+    return rows
+
+
+async def metrics(hub: Hub, request: Request) -> Any:
+    """``GET /metrics``: every pool in Prometheus' text format (docs/guides/observability.md)."""
+    named = await run_in_threadpool(_named_rows)
+    reg = prometheus.registry(lambda: (list(hub.stats.values()), named))
+    body, content_type = await run_in_threadpool(prometheus.render, reg)
+    return Response(body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
 
 
 # -- API: the event stream ---------------------------------------------------------------------
@@ -410,6 +447,7 @@ async def watch(hub: Hub) -> None:
                 changed = True
             if pool.ended is not None and now - pool.ended > LIVE_KEPT:
                 del hub.live[pool.id]
+                hub.stats.pop(pool.id, None)
                 changed = True
         if changed:
             hub.publish({"type": "changed", "what": "pools"})
@@ -425,6 +463,7 @@ def _update_watches(hub: Hub, registered: set[str]) -> None:
         if name not in wanted or name not in registered or hub.programs_of(name):
             hub.watches.pop(name).stop()
             hub.watched.pop(name, None)
+            hub.stats.pop(name, None)
     for name in wanted - set(hub.watches):
         if name not in registered or hub.programs_of(name):
             continue
@@ -433,6 +472,7 @@ def _update_watches(hub: Hub, registered: set[str]) -> None:
             continue
         watch = NodeWatch(name, functools.partial(_from_watch, hub, name))
         hub.watched[name] = LivePool(watch.info(record))
+        hub.stats[name] = _stats_of(hub.watched[name].info)
         hub.watches[name] = watch
         watch.start()
 
@@ -445,6 +485,9 @@ def _from_watch(hub: Hub, name: str, event: dict[str, Any]) -> None:
         if pool is None:
             return
         pool.apply(event)
+        stats = hub.stats.get(name)
+        if stats is not None:
+            stats.apply(event)
         hub.publish({"type": "events", "ref": name, "name": name, "events": views.clean([event])}, name=name)
 
     if hub.loop is not None:
@@ -521,6 +564,7 @@ def build(token: str, project: Path | None = None) -> Starlette:
         Route("/api/config", api(hub, get_config)),
         Route("/api/config/{name}/preview", api(hub, get_preview)),
         Route("/api/events", api(hub, event_stream)),
+        Route("/metrics", api(hub, metrics)),
         Route("/api/ingest/register", api(hub, ingest_register, changes=True), methods=["POST"]),
         Route("/api/ingest/events", api(hub, ingest_events, changes=True), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

@@ -197,6 +197,8 @@ class TaskCompleted(Event):
     ok: bool
     items: int = 1
     batch: int | None = None
+    bytes_sent: int = 0  # the task's frame to the node (a Local pool's big buffers: their shm reference)
+    bytes_received: int = 0  # its result's frame
 
 
 # -- telemetry ----------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ _LAZY = {
     "cuml": "skyward.plugins.gpu",
     "mig": "skyward.plugins.gpu",
     "mps": "skyward.plugins.gpu",
+    "mlflow": "skyward.plugins.trackers",
+    "wandb": "skyward.plugins.trackers",
     "SkywardBackend": "skyward.plugins.backend",
 }
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from .frameworks import accelerate, huggingface, jax, keras, torch
     from .gpu import cuml, mig, mps
     from .parallel import joblib, sklearn
+    from .trackers import mlflow, wandb
 
 
 def __getattr__(name: str) -> Any:
@@ -76,8 +79,10 @@ __all__ = [
     "joblib",
     "keras",
     "mig",
+    "mlflow",
     "mps",
     "prepare",
     "sklearn",
     "torch",
+    "wandb",
 ]

@@ -1,0 +1,84 @@
+"""Options(metrics_port=...): a program without a dashboard serves its pools' Prometheus metrics
+(issue 37), on loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+
+import skyward as sky
+from skyward.errors import ConfigError
+from skyward.observe import prometheus
+
+
+@sky.function
+def double(x: int) -> int:
+    return x * 2
+
+
+@sky.function
+def broken() -> None:
+    raise RuntimeError("no")
+
+
+def _scrape() -> dict[str, float]:
+    address = prometheus.metrics_address()
+    assert address is not None
+    host, port = address
+    assert host == "127.0.0.1"  # loopback unless told otherwise
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("skyward_")}
+
+
+def test_a_programs_pool_serves_its_metrics_on_the_port_it_was_given() -> None:
+    image = sky.Image(metrics=[sky.metrics.CPU(interval=0.2), sky.metrics.Custom("answer", "echo 42", 0.2)])
+    options = sky.Options(metrics_port=0, console="silent")
+    with sky.Compute(nodes=2, image=image, options=options) as pool:
+        assert pool.map(double, range(20), chunksize=5) == [x * 2 for x in range(20)]
+        with pytest.raises(RuntimeError):
+            broken() >> pool
+        from skyward.observe.events import bus
+
+        deadline = time.monotonic() + 10
+        while True:
+            bus.flush()
+            got = _scrape()
+            wanted = [f'skyward_node_sample{{metric="answer",node="1",pool="{pool.id}",unit=""}}',
+                      *(f'skyward_node_cpu_percent{{node="{n}",pool="{pool.id}"}}' for n in (0, 1))]
+            if all(w in got for w in wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        p = pool.id
+    assert got[f'skyward_pool_info{{pool="{p}",provider="local"}}'] == 1
+    assert got[f'skyward_pool_nodes{{pool="{p}",provider="local",state="ready"}}'] == 2
+    assert got[f'skyward_tasks_done_total{{function="double",pool="{p}"}}'] == 20
+    assert got[f'skyward_tasks_failed_total{{function="broken",pool="{p}"}}'] == 1
+    assert got[f'skyward_tasks_running{{function="double",pool="{p}"}}'] == 0
+    assert got[f'skyward_tasks_queued{{function="double",pool="{p}"}}'] == 0
+    assert got[f'skyward_task_duration_seconds_count{{function="double",pool="{p}"}}'] == 4  # 4 chunks
+    assert got[f'skyward_task_sent_bytes_total{{function="double",pool="{p}"}}'] > 0
+    assert got[f'skyward_task_received_bytes_total{{function="double",pool="{p}"}}'] > 0
+    assert 0 <= got[f'skyward_node_cpu_percent{{node="0",pool="{p}"}}'] <= 100
+    assert got[f'skyward_node_sample{{metric="answer",node="1",pool="{p}",unit=""}}'] == 42
+    assert got[f'skyward_pool_hourly_cost_dollars{{pool="{p}",provider="local"}}'] == 0
+    # After the pool: its final counts stay, its nodes are gone.
+    after = _scrape()
+    assert after[f'skyward_tasks_done_total{{function="double",pool="{p}"}}'] == 20
+    assert after[f'skyward_pool_nodes{{pool="{p}",provider="local",state="ready"}}'] == 0
+
+
+@pytest.mark.parametrize("value", [-1, 70000, "host", "host:port", True, 1.5])
+def test_a_bad_metrics_port_says_what_to_give(value: object) -> None:
+    with pytest.raises(ConfigError, match="metrics_port"):
+        sky.Options(metrics_port=value)  # type: ignore[arg-type]
+
+
+def test_cost_so_far_adds_each_nodes_time() -> None:
+    stats = prometheus.PoolStats("p", "aws", hourly_cost=3.6, started=1000.0)
+    stats.apply({"type": "InstanceProvisioned", "node": 0, "time": 1000.0})
+    stats.apply({"type": "InstanceProvisioned", "node": 1, "time": 1000.0})
+    stats.apply({"type": "InstanceDestroyed", "node": 1, "time": 1010.0})  # 2 nodes for 10 s
+    assert stats.cost_so_far(now=1020.0) == pytest.approx(3.6 * (2 * 10 + 1 * 10) / 3600)

@@ -211,6 +211,7 @@ class _Node:
     job: str
     endpoint: NodeEndpoint | None = None
     hostname: str = ""
+    slurm_node: str = ""  # Slurm's name of the node (SLURMD_NODENAME): srun --nodelist takes it
     address: str = ""
     port: int = 0  # the agent's direct port on the node's private address
     agent_pid: int = 0
@@ -252,6 +253,7 @@ class SlurmCluster(Cluster):
         self._ttl = spec.ttl
         self._pin = pkglock.current_pin()
         self._ship: ship.Shipment | None = None
+        self._agent_python = ""  # the agent's interpreter, relative to self.sky (a described pool's)
         self.apt_versions: dict[str, str] = {}
 
     # -- the login node ------------------------------------------------------------------------
@@ -492,6 +494,7 @@ class SlurmCluster(Cluster):
         with self._lock:
             node = self._nodes[index]
         node.hostname = str(hello.get("hostname") or hello.get("node") or "")
+        node.slurm_node = str(hello.get("node") or node.hostname)
         node.address = str(hello["ip"])
         node.port = int(hello["agent"]["direct"])
         node.agent_pid = int(hello["agent"].get("pid") or 0)
@@ -620,12 +623,16 @@ class SlurmCluster(Cluster):
             "folder": self.folder,
             "login_pool": self.login_pool,
             "login_address": self.login_address,
+            "agent_python": self._ship.agent_python if self._ship is not None else self._agent_python,
             "next": self._next,
             "jobs": jobs,
             "nodes": [
                 {"index": n.index, "private_ip": n.address, "public_ip": None, "hostname": n.hostname,
-                 "job": n.job, "port": n.port, "agent_pid": n.agent_pid,
-                 "log": f"{self.folder}/agent-{n.index}.log"}
+                 "slurm_node": n.slurm_node, "job": n.job, "port": n.port, "agent_pid": n.agent_pid,
+                 "log": f"{self.folder}/agent-{n.index}.log",
+                 # where skyward ssh finds the pool's virtualenv (the shared home's)
+                 "home": self.sky,
+                 "agent_python": self._ship.agent_python if self._ship is not None else self._agent_python}
                 for n in nodes
             ],
         }
@@ -654,10 +661,12 @@ class SlurmCluster(Cluster):
         self.sky, self.folder = description["sky"], description["folder"]
         self.login_pool, self.login_address = description.get("login_pool", ""), description.get("login_address", "")
         self._next = int(description.get("next", 0))
+        self._agent_python = str(description.get("agent_python") or "")
         self._jobs = {j: dict(info) for j, info in description.get("jobs", {}).items()}
         self._described = [
             _Node(int(n["index"]), str(n["job"]), hostname=n.get("hostname") or "", address=n["private_ip"],
-                  port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0))
+                  port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0),
+                  slurm_node=n.get("slurm_node") or n.get("hostname") or "")
             for n in description["nodes"]
         ]
         self._ready = True  # its shipment is on the shared home already
@@ -692,9 +701,27 @@ class SlurmCluster(Cluster):
         if remote is not None:
             remote.close()
 
-    # No ``remote(index)``: a shell on the login node is not a shell on the node, so `skyward ssh`
-    # and `cp` say they are not there yet for Slurm (they will go through `srun --overlap`), and
-    # `skyward exec` runs commands on the nodes through their agents.
+    # No ``remote(index)``: a shell on the login node is not a shell on the node. `skyward ssh`
+    # and `cp` take ``node_shell`` instead.
+    def node_shell(self, index: int) -> tuple[Remote, Any]:
+        """Where `skyward ssh`/`cp` run a command on node ``index``: the login node's connection,
+        and a function that turns a command (and whether it runs on a terminal) into the ``srun``
+        line that runs it on that node inside its job: a step beside the agent's (``--overlap``:
+        it takes none of the job's CPUs from it), with the job's environment (SLURM_JOB_ID, ...),
+        on a pseudo-terminal of the job's when asked. Never a login to a compute node, which
+        Slurm sites forbid (pam_slurm_adopt or none at all)."""
+        with self._lock:
+            node = self._nodes.get(index) or next((n for n in self._described if n.index == index), None)
+        if node is None or not node.job:
+            raise ProviderError(f"pool {self.pool_id} has no node {index} in a Slurm job now; "
+                                f"`skyward status` lists its nodes.")
+        where = node.slurm_node or node.hostname
+        flags = [f"--jobid={node.job}", "--overlap", f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet"]
+
+        def wrap(command: str, tty: bool) -> str:
+            return shlex.join(["srun", *flags, *(["--pty"] if tty else [])]) + " " + command
+
+        return self._login(), wrap
 
 
 def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:

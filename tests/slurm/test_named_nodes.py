@@ -1,0 +1,122 @@
+"""A named Slurm pool's nodes from the terminal (issue 35, item 4): `skyward ssh` and `skyward cp`
+reach each node through the login node (``srun --overlap`` inside the pool's job: never a login
+to a compute node), with what the node's tasks see; `ls`/`status` show the job, its state and
+its nodes; `down` puts the job's accounting into the record and the trail.
+
+One pool for the module (it starts in a few seconds on the shared home)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli.conftest import CLI
+
+from .conftest import Site
+
+pytestmark = pytest.mark.timeout(300)
+
+TASK = """
+    import json, os, socket
+    import skyward as sky
+
+    @sky.function
+    def look():
+        data = open("shipped.txt").read() if os.path.exists("shipped.txt") else None
+        return {"host": socket.gethostname(), "cwd": os.getcwd(), "data": data}
+
+    with sky.Compute(name="lab", options=sky.Options(console="silent")) as pool:
+        print(json.dumps(look() @ pool))
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CLI]:
+    cli = CLI(tmp_path_factory.mktemp("slurm-named"))
+    login = f"{site.login.user}@{site.login.address}"
+    cli.toml(f'[pools.lab]\nprovider = "slurm"\nnodes = 2\nttl = 300\n\n'
+             f'[pools.lab.slurm]\nlogin = "{login}"\nkey = "{site.hosts.client_key}"\n'
+             f'known_hosts = "{site.known_hosts}"\ntime = 900\n')
+    try:
+        up = cli("up", "lab", timeout=180)
+        assert up.code == 0, up
+        yield cli
+    finally:
+        cli("down", "--all", "--force", timeout=120)
+        site.cluster.wait_no_jobs()
+
+
+def _record(cli: CLI) -> dict[str, Any]:
+    return cli.record("lab")["cluster"]
+
+
+def _job(cli: CLI) -> str:
+    (job,) = _record(cli)["jobs"]
+    return str(job)
+
+
+def test_ssh_runs_a_command_on_the_node_inside_the_pools_job(site: Site, lab: CLI) -> None:
+    nodes = _record(lab)["nodes"]
+    tasks = lab.python(TASK)
+    assert tasks.code == 0, tasks
+    seen = tasks.json()
+    for rank in (0, 1):
+        ran = lab("ssh", "lab", "--node", str(rank), "--",
+                  'echo "$(hostname)|$SLURM_JOB_ID|$PWD|$(command -v python)"')
+        assert ran.code == 0, ran
+        host, job, cwd, python = ran.out.strip().splitlines()[-1].split("|")
+        # The node itself (not the login node), inside the pool's job, where its tasks run,
+        # with the pool's Python first on PATH.
+        assert host == nodes[rank]["hostname"] == seen[rank]["host"] != site.login.name, ran
+        assert job == _job(lab) and cwd == seen[rank]["cwd"], ran
+        assert python.startswith(_record(lab)["sky"]) and python.endswith("/bin/python"), ran
+    # The command's exit status is this command's.
+    failed = lab("ssh", "lab", "--node", "1", "--", "exit 7")
+    assert failed.code == 7, failed
+
+
+def test_ssh_reads_a_script_from_stdin_when_it_is_not_a_terminal(lab: CLI) -> None:
+    node1 = _record(lab)["nodes"][1]["hostname"]
+    proc = subprocess.run([sys.executable, "-m", "skyward", "ssh", "lab", "--node", "1"], cwd=lab.cwd,
+                          env=lab.env, input="read -r line <<< 'from-stdin'\necho \"$line on $(hostname)\"\n",
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"from-stdin on {node1}", proc
+
+
+def test_cp_uploads_to_each_node_and_downloads_from_each(lab: CLI, tmp_path: Path) -> None:
+    payload = "".join(f"line {i}\n" for i in range(20000))  # ~200 KB, beyond one srun I/O buffer
+    src = tmp_path / "shipped.txt"
+    src.write_text(payload)
+    up = lab("cp", str(src), "lab:", "--json")
+    assert up.code == 0, up
+    assert sorted(d["node"] for d in up.json()) == [0, 1]
+    # Each node's own disk has it (the pool's working directory is node-local, not the shared home).
+    tasks = lab.python(TASK)
+    assert tasks.code == 0, tasks
+    assert [t["data"] for t in tasks.json()] == [payload, payload]
+    down = lab("cp", "lab:shipped.txt", str(tmp_path / "back"), "--json")
+    assert down.code == 0, down
+    for rank in (0, 1):
+        assert (tmp_path / "back" / f"node-{rank}" / "shipped.txt").read_text() == payload
+
+
+def test_ls_and_status_show_the_job_its_state_and_nodes(lab: CLI) -> None:
+    job = _job(lab)
+    hosts = [n["hostname"] for n in _record(lab)["nodes"]]
+    (row,) = lab("ls", "--json").json()
+    assert row["slurm"]["jobs"] == [{"job": job, "state": "RUNNING", "nodes": hosts, "pool_nodes": [0, 1]}], row
+    table = lab("ls")
+    assert f"job {job} RUNNING" in table.out, table
+    status = lab("status", "lab", "--json")
+    assert status.code == 0, status
+    shown = status.json()
+    assert shown["slurm"]["jobs"][0]["job"] == job and shown["slurm"]["jobs"][0]["state"] == "RUNNING"
+    text = lab("status", "lab")
+    assert f"Slurm job {job}: RUNNING on {','.join(hosts)}" in text.out, text
+    assert json.dumps(shown)  # plain JSON

@@ -14,6 +14,9 @@ Python first on ``PATH`` (on SSH nodes the pool's virtualenv, activated).
 
 The pool is attached for a look (``agentcalls.attached``: each node's channel, whose handshake
 says its working directory); ``pool.cluster.remote(index)`` of SSH clusters is the connection.
+A Slurm node is reached through the login node (``pool.cluster.node_shell(index)``): a session
+there runs ``srun --overlap`` into the node's job, so the command runs on the node, inside the
+job, as its tasks do; a compute node is never logged in to.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -195,6 +198,13 @@ class _PopenProcess:
 class SSHNode(Node):
     remote: Remote | None = None
     venv: str | None = None  # the pool's virtualenv on the node
+    # Slurm: the connection is the login node's, and this turns a command (and whether it runs on
+    # a terminal) into the line that carries it into the node's job there (srun --overlap).
+    wrap: Callable[[str, bool], str] | None = None
+
+    def _command(self, script: str, tty: bool) -> str:
+        command = f"bash -c {q(script)}"
+        return self.wrap(command, tty) if self.wrap is not None else command
 
     @property
     def _transport(self) -> paramiko.Transport:
@@ -216,13 +226,14 @@ class SSHNode(Node):
 
     def start(self, script: str) -> Process:
         with self._session():
-            return _ChannelProcess(self._transport, f"bash -c {q(script)}")
+            return _ChannelProcess(self._transport, self._command(script, False))
 
     def attach(self, script: str) -> int:
         from .terminal import run_channel
 
+        tty = os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())  # as run_channel decides
         with self._session():
-            return run_channel(self._transport, f"bash -c {q(script)}")
+            return run_channel(self._transport, self._command(script, tty))
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[None]:
@@ -338,10 +349,14 @@ def _node(record: dict[str, Any], cluster: Any, rank: int, desc: dict[str, Any],
     if record.get("provider") == "local":
         env = {str(k): str(v) for k, v in ((record.get("cluster") or {}).get("env") or {}).items()}
         return LocalNode(name, rank, index, host, cwd, env=env)
+    home, python = desc.get("home") or "", desc.get("agent_python") or ""
+    venv = os.path.dirname(os.path.dirname(f"{home}/{python}")) if home and python else None
+    through = getattr(cluster, "node_shell", None)  # Slurm: the login node, then srun into the job
+    if through is not None:
+        login, wrap = through(index)
+        return SSHNode(name, rank, index, host, cwd, remote=login, venv=venv, wrap=wrap)
     remote = getattr(cluster, "remote", None)
     if remote is None:
         raise ProviderError(f"pool {name!r}: provider {record.get('provider')!r} gives no shell on its "
                             f"nodes in this version of skyward; `skyward exec {name} -- CMD` runs commands there.")
-    home, python = desc.get("home") or "", desc.get("agent_python") or ""
-    venv = os.path.dirname(os.path.dirname(f"{home}/{python}")) if home and python else None
     return SSHNode(name, rank, index, host, cwd, remote=remote(index), venv=venv)

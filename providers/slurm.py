@@ -167,15 +167,20 @@ class Slurm(ProviderConfig):
     # -- offers: the partitions, from sinfo on the login node -------------------------------------
     def partitions(self) -> list[q.Partition]:
         """The cluster's partitions as ``sinfo`` shows them now (one SSH command on the login node)."""
+        _, out = self._on_login(f"sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)}", phase="sinfo")
+        return q.parse_sinfo(out)
+
+    def _on_login(self, command: str, *, phase: str, retry_for: float = 30.0, check: bool = True) -> tuple[int, str]:
+        """One command on the login node, on a connection of its own."""
         from skyward.bootstrap.remote import Remote
 
-        remote = Remote(self.target(), connect_timeout=10.0, retry_for=30.0, label=f"login node {self._host[1]}")
+        remote = Remote(self.target(), connect_timeout=min(10.0, retry_for), retry_for=retry_for,
+                        label=f"login node {self._host[1]}")
         remote.open()
         try:
-            _, out = remote.run(f"sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)}", timeout=60, phase="sinfo")
+            return remote.run(command, timeout=60, phase=phase, check=check)
         finally:
             remote.close()
-        return q.parse_sinfo(out)
 
     def live_offers(self, want: Any) -> list[Any]:
         """sky.offers(provider=sky.Slurm(...)): one offer per partition that fits ``want``
@@ -203,6 +208,111 @@ class Slurm(ProviderConfig):
 
     def destroy(self, description: dict[str, Any]) -> None:
         SlurmCluster.from_description(description).close()
+
+    # -- the registry's view of a described pool: its jobs in the queue ------------------------
+    def jobs(self, description: dict[str, Any]) -> list[dict[str, Any]]:
+        """A described pool's jobs as the queue shows them now: id, state, Slurm's reason, its
+        node list, and the pool's nodes it brings (host names and ranks). A job gone from the
+        queue is ``GONE`` (it ended more than MinJobAge ago). Raises ProviderError when the
+        login node cannot be asked."""
+        states = self._queue(description)
+        out = []
+        for job in description.get("jobs") or {}:
+            nodes = [n for n in description.get("nodes", []) if str(n.get("job")) == str(job)]
+            state = states.get(str(job))
+            out.append({"job": str(job), "state": state.state if state else "GONE",
+                        "reason": state.reason if state else "", "nodelist": state.nodelist if state else "",
+                        "nodes": [n.get("hostname") for n in nodes], "pool_nodes": [int(n["index"]) for n in nodes]})
+        return out
+
+    def alive(self, description: dict[str, Any]) -> bool | None:
+        """By the jobs' state in the queue (one squeue on the login node, shared with
+        ``nodes_alive`` and ``jobs`` for a few seconds): True while a job of the pool runs,
+        False when all have ended or left the queue, None when the login node cannot be asked."""
+        try:
+            states = self._queue(description)
+        except ProviderError:
+            return None
+        jobs = [states.get(str(j)) for j in description.get("jobs") or {}]
+        if not jobs:
+            return None if description.get("nodes") else False
+        return any(s is not None and not s.ended for s in jobs)
+
+    def nodes_alive(self, description: dict[str, Any]) -> list[bool | None]:
+        try:
+            states = self._queue(description)
+        except ProviderError:
+            return [None for _ in description.get("nodes", [])]
+        return [(s := states.get(str(n.get("job")))) is not None and s.state in ("RUNNING", "COMPLETING")
+                for n in description.get("nodes", [])]
+
+    def accounting(self, description: dict[str, Any]) -> dict[str, Any]:
+        """What a described pool's jobs used, asked once they ended (`skyward down` puts it in the
+        pool's record and its trail): each job's state, elapsed time, CPUs, GPUs, CPU and GPU
+        hours and nodes, from ``sacct`` where the site keeps accounting. Where it does not
+        (``AccountingStorageType=accounting_storage/none``: sacct says so), the same figures come
+        from the controller's memory of the jobs (``scontrol show job``, kept MinJobAge after
+        they end), and ``accounting`` says that sacct had none and why."""
+        jobs = sorted({str(j) for j in description.get("jobs") or {}} | {str(j) for j in description.get("ended_jobs") or []},
+                      key=lambda j: (len(j), j))
+        if not jobs:
+            return {"jobs": {}, "accounting": "no job"}
+        listed = ",".join(jobs)
+        command = (f"sacct -X -P -n -j {listed} -o {q.SACCT_FORMAT} 2>&1; echo \"@@sacct $?\"; "
+                   f"for j in {' '.join(jobs)}; do echo \"@@job $j\"; scontrol show job -o \"$j\" 2>&1; done")
+        try:
+            _, out = self._on_login(command, phase="sacct", retry_for=10.0, check=False)
+        except Exception as exc:
+            return {"jobs": {j: {} for j in jobs}, "accounting": f"unknown: the login node could not be asked ({exc})"}
+        head, _, rest = out.partition("@@sacct ")
+        code, _, rest = rest.partition("\n")
+        used = q.parse_sacct(head) if code.strip() == "0" else {}
+        if used:
+            how = "sacct"
+        else:
+            said = " ".join(head.split())[-200:] or f"no record of jobs {listed}"
+            how = f"none in sacct ({said}); figures from the controller (scontrol show job)"
+            for block in rest.split("@@job ")[1:]:
+                job, _, text = block.partition("\n")
+                found = q.parse_scontrol_job(text)
+                if found is not None:
+                    used[job.strip()] = found
+        out_jobs = {}
+        for j in jobs:
+            info = (description.get("jobs") or {}).get(j) or {}
+            out_jobs[j] = {"usage": used.get(j), "pool_nodes": info.get("nodes"), "script": info.get("script")}
+        return {"jobs": out_jobs, "accounting": how,
+                "cpu_hours": round(sum(u["cpu_hours"] for u in used.values()), 4),
+                "gpu_hours": round(sum(u["gpu_hours"] for u in used.values()), 4),
+                "elapsed_seconds": max((u["elapsed_seconds"] for u in used.values()), default=0)}
+
+    def _queue(self, description: dict[str, Any]) -> dict[str, q.JobState]:
+        jobs = tuple(sorted({str(j) for j in description.get("jobs") or {}}
+                            | {str(n.get("job")) for n in description.get("nodes", []) if n.get("job")}))
+        if not jobs:
+            return {}
+        key = (self._host, jobs)
+        with _LOOKS_LOCK:
+            seen = _LOOKS.get(key)
+            if seen is not None and time.monotonic() - seen[0] < _LOOK_FOR:
+                return seen[1]
+        try:
+            _, out = self._on_login(f"squeue -h --states=all -j {','.join(jobs)} -o '%i|%T|%r|%N' 2>/dev/null; true",
+                                    phase="squeue", retry_for=5.0, check=False)
+        except Exception as exc:
+            raise ProviderError(f"the login node {self._host[1]} could not be asked about jobs "
+                                f"{', '.join(jobs)}: {exc}") from exc
+        states = q.parse_squeue(out)
+        with _LOOKS_LOCK:
+            _LOOKS[key] = (time.monotonic(), states)
+        return states
+
+
+# squeue looks of described pools, reused for a few seconds: `skyward ls` asks alive, nodes_alive
+# and jobs of each Slurm pool, one connection to the login node for the three.
+_LOOK_FOR = 5.0
+_LOOKS: dict[tuple[Any, ...], tuple[float, dict[str, q.JobState]]] = {}
+_LOOKS_LOCK = threading.Lock()
 
 
 @dataclass
@@ -240,6 +350,7 @@ class SlurmCluster(Cluster):
         self._nodes: dict[int, _Node] = {}
         self._described: list[_Node] = []
         self._jobs: dict[str, dict[str, Any]] = {}  # job id -> {"nodes": [...], "script": ...}
+        self._ended: list[str] = []  # jobs the pool cancelled while it ran on (shrunk, healed): accounted at down
         self._next = 0
         self._unreachable: dict[int, str] = {}
         self.sky = ""  # skyward's folder in the (shared) home
@@ -583,10 +694,23 @@ class SlurmCluster(Cluster):
         if forget:
             with self._lock:
                 for j in jobs:
+                    if j in self._jobs and j not in self._ended:
+                        self._ended.append(j)
                     info = self._jobs.pop(j, None) or {"nodes": []}
                     for i in info["nodes"]:
                         if self._nodes.get(i) is not None and self._nodes[i].stopped:
                             self._nodes.pop(i, None)
+
+    def scheduler_facts(self) -> dict[str, Any]:
+        """For the pool's record (records/record.py): its Slurm jobs, each with its sbatch script,
+        the pool's nodes it brings and Slurm's names of them, and the login node."""
+        with self._lock:
+            jobs = {j: {"script": info.get("script"), "pool_nodes": list(info["nodes"]),
+                        "nodes": [self._nodes[i].slurm_node or self._nodes[i].hostname
+                                  for i in info["nodes"] if i in self._nodes]}
+                    for j, info in self._jobs.items()}
+        return {"login": self.provider._host[1], "partition": self._partition or self.provider.partition,
+                "jobs": jobs}
 
     def jobs(self) -> dict[str, list[int]]:
         """The pool's running jobs: job id -> the pool's node indices it brings."""
@@ -626,6 +750,7 @@ class SlurmCluster(Cluster):
             "agent_python": self._ship.agent_python if self._ship is not None else self._agent_python,
             "next": self._next,
             "jobs": jobs,
+            "ended_jobs": list(self._ended),
             "nodes": [
                 {"index": n.index, "private_ip": n.address, "public_ip": None, "hostname": n.hostname,
                  "slurm_node": n.slurm_node, "job": n.job, "port": n.port, "agent_pid": n.agent_pid,
@@ -663,6 +788,7 @@ class SlurmCluster(Cluster):
         self._next = int(description.get("next", 0))
         self._agent_python = str(description.get("agent_python") or "")
         self._jobs = {j: dict(info) for j, info in description.get("jobs", {}).items()}
+        self._ended = [str(j) for j in description.get("ended_jobs") or []]
         self._described = [
             _Node(int(n["index"]), str(n["job"]), hostname=n.get("hostname") or "", address=n["private_ip"],
                   port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0),

@@ -288,3 +288,60 @@ def parse_gres(gres: str) -> list[tuple[str, int]]:
 def _int(text: str) -> int:
     m = re.match(r"\d+", text.strip())
     return int(m.group()) if m else 0
+
+
+# -- accounting: what a pool's jobs used, for its record at `down` -----------------------------------
+# sacct -X (the jobs, not their steps) -P -n: these fields, '|' between them.
+SACCT_FORMAT = "JobID,State,ElapsedRaw,CPUTimeRAW,AllocTRES,NNodes,NodeList,Start,End"
+
+
+def duration(text: str) -> int:
+    """Slurm's ``[D-][HH:]MM:SS`` -> seconds."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return int(days or 0) * 86400 + parts[-3] * 3600 + parts[-2] * 60 + parts[-1]
+
+
+def _gpus(tres: str) -> int:
+    """GPUs in a TRES list: ``gres/gpu=4``, or the typed ``gres/gpu:a100=4`` entries summed."""
+    items = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+    if "gres/gpu" in items:
+        return _int(items["gres/gpu"])
+    return sum(_int(v) for k, v in items.items() if k.startswith("gres/gpu:"))
+
+
+def _usage(state: str, elapsed: int, cpus: int, gpus: int, nodes: int, nodelist: str, start: str,
+           end: str) -> dict[str, Any]:
+    return {"state": state, "elapsed_seconds": elapsed, "cpus": cpus, "gpus": gpus,
+            "cpu_hours": round(cpus * elapsed / 3600, 4), "gpu_hours": round(gpus * elapsed / 3600, 4),
+            "nodes": nodes, "nodelist": nodelist, "start": start, "end": end}
+
+
+def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
+    """``sacct -X -P -n -o SACCT_FORMAT`` lines -> job id -> its usage (elapsed, CPU and GPU hours)."""
+    jobs = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 9 or not parts[0].split("_")[0].isdigit():
+            continue
+        job, state, elapsed, _cputime, tres, nodes, nodelist, start, end = parts
+        items = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+        jobs[job] = _usage(state, _int(elapsed), _int(items.get("cpu", "0")), _gpus(tres), _int(nodes),
+                           nodelist, start, end)
+    return jobs
+
+
+def parse_scontrol_job(text: str) -> dict[str, Any] | None:
+    """``scontrol show job -o JOB`` -> its usage as the controller still remembers it (a site
+    without accounting storage: sacct has nothing, the controller keeps a job MinJobAge after it
+    ended); None when it does not know the job."""
+    line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
+    if line is None:
+        return None
+    fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+    elapsed = duration(fields.get("RunTime", "0:0"))
+    return _usage(fields.get("JobState", "?"), elapsed, _int(fields.get("NumCPUs", "0")),
+                  _gpus(fields.get("TRES", "")), _int(fields.get("NumNodes", "0")), fields.get("NodeList", ""),
+                  fields.get("StartTime", ""), fields.get("EndTime", ""))

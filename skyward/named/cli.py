@@ -287,7 +287,28 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
         out["nodes_down"] = list(st.nodes_down)
         out["expires"] = st.expires
         out["expires_in_seconds"] = None if st.expires is None else round(st.expires - now, 1)
+        if record.get("provider") == "slurm" and cluster and not st.gone:
+            out["slurm"] = _slurm_jobs(record)
     return out
+
+
+def _slurm_jobs(record: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm pool's jobs as the queue shows them now (providers/slurm.py: Slurm.jobs)."""
+    from .pools import provider_from
+
+    try:
+        return {"jobs": provider_from(record["config"]).jobs(record["cluster"])}  # type: ignore[attr-defined]
+    except SkywardError as exc:
+        return {"jobs": None, "error": str(exc)}
+
+
+def _slurm_cell(row: dict[str, Any]) -> str:
+    """``job 12 RUNNING``, ``job 12 PENDING (Resources)``: the jobs of a Slurm pool's row."""
+    jobs = (row.get("slurm") or {}).get("jobs")
+    if jobs is None:
+        return "" if "slurm" not in row else "jobs: ? (login node unreachable)"
+    return ", ".join(f"job {j['job']} {j['state']}" + (f" ({j['reason']})" if j["reason"] not in ("", "None") else "")
+                     for j in jobs)
 
 
 def _opportunistic_cleanup() -> None:
@@ -513,6 +534,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             state += f", {len(r['nodes_down'])} of {r['nodes']} nodes down"
         if r["state"] == "asleep" and r["clients"]:
             state += f" ({r['clients']} client(s))"
+        if _slurm_cell(r):
+            state += f", {_slurm_cell(r)}"
         table.append([r["name"], str(r["provider"]), _nodes_cell(r), state,
                       _duration(r["age_seconds"]), expiry, money(r["hourly_cost"])])
     for r in orphan_rows:
@@ -566,6 +589,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         when = "never probed" if at is None else f"health as of its last probe, {_duration(age or 0)} ago"
         print(f"{when}; `skyward status {record['name']} --probe` contacts the {count} node(s) now "
               f"({probe.PARALLEL} at a time)")
+    for job in (out.get("slurm") or {}).get("jobs") or []:
+        why = f" (reason {job['reason']})" if job["reason"] not in ("", "None") else ""
+        print(f"Slurm job {job['job']}: {job['state']}{why} on {','.join(job['nodes'])} "
+              f"(pool nodes {', '.join(str(i) for i in job['pool_nodes'])}; Slurm's list {job['nodelist'] or '-'})")
+    if (out.get("slurm") or {}).get("error"):
+        print(f"Slurm jobs: unknown ({out['slurm']['error']})")
     if nodes:
         rows = [[str(n["index"]), n.get("hostname") or "-", n.get("private_ip") or "-",
                  {True: "ok", False: "UNREACHABLE", None: "?"}[n["reachable"]], str(n.get("agent_pid") or "-"),

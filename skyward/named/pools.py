@@ -593,18 +593,34 @@ def _keep_pins(record: dict[str, Any], description: dict[str, Any]) -> dict[str,
 def _destroy_record(record: dict[str, Any], reason: str) -> None:
     """Destroy what a record describes, then forget it (call with the pool's lock held)."""
     cluster = record.get("cluster")
+    used: dict[str, Any] | None = None
     if cluster:
-        provider_from(record["config"]).destroy(cluster)
+        provider = provider_from(record["config"])
+        provider.destroy(cluster)
+        accounting = getattr(provider, "accounting", None)  # a scheduler's (Slurm): what the jobs used
+        used = accounting(cluster) if callable(accounting) else None
     registry.remove(record["name"])
     from .sshconfig import remove as remove_ssh_entries
 
     remove_ssh_entries(record["name"])  # its nodes' SSH config entries go with it
     audit.append(record["name"], "destroyed", record.get("id", ""), reason=reason,
-                 provider=record.get("provider"), stack=_stack_name(record))
+                 provider=record.get("provider"), stack=_stack_name(record),
+                 **({str(record.get("provider")): _trail_usage(used)} if used else {}))
     from ..records import record as records
 
     if record.get("id") and records.exists(record["id"]):
+        if used:
+            kind = str(record.get("provider"))
+            records.amend(record["id"], lambda r: r.__setitem__(kind, {**(r.get(kind) or {}), **used}),
+                          f"{kind} accounting")
         records.closed(record["id"])
+
+
+def _trail_usage(used: dict[str, Any]) -> dict[str, Any]:
+    """A scheduler's accounting as the trail keeps it: the totals and each job's figures (the
+    batch scripts stay in the record)."""
+    return {**{k: v for k, v in used.items() if k != "jobs"},
+            "jobs": {j: info.get("usage") for j, info in (used.get("jobs") or {}).items()}}
 
 
 def _stack_name(record: dict[str, Any]) -> str | None:

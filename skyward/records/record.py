@@ -259,7 +259,10 @@ def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[st
         chosen = f"unknown ({exc})"
     cost = provider.hourly_cost(spec)
     who = audit.who()
+    scheduler = getattr(cluster, "scheduler_facts", None)  # Slurm: the jobs, their scripts and nodes
+    more = {getattr(provider, "kind", "?"): scheduler()} if callable(scheduler) else {}
     return {
+        **more,
         "format": FORMAT,
         "id": pool.id,
         "name": pool.name,

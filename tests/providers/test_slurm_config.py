@@ -56,3 +56,28 @@ def test_queue_and_partition_lines() -> None:
     assert q.fitting(parts, sky.Spec(provider=sky.Slurm("h"), accelerator="A100:8")) == []
     assert q.never_runs("sbatch: error: Batch job submission failed: Invalid partition name specified") \
         == "Batch job submission failed: Invalid partition name specified"
+
+
+def test_accounting_from_sacct_lines() -> None:
+    out = ("41|CANCELLED by 1001|3600|28800|billing=8,cpu=8,gres/gpu=4,mem=64G,node=2|2|gpu-[1-2]|"
+           "2026-11-26T10:00:00|2026-11-26T11:00:00\n"
+           "42|COMPLETED|90|90|billing=1,cpu=1,node=1|1|cpu-7|2026-11-26T10:00:00|2026-11-26T10:01:30\n")
+    jobs = q.parse_sacct(out)
+    assert jobs["41"] == {"state": "CANCELLED by 1001", "elapsed_seconds": 3600, "cpus": 8, "gpus": 4,
+                          "cpu_hours": 8.0, "gpu_hours": 4.0, "nodes": 2, "nodelist": "gpu-[1-2]",
+                          "start": "2026-11-26T10:00:00", "end": "2026-11-26T11:00:00"}
+    assert jobs["42"]["cpu_hours"] == 0.025 and jobs["42"]["gpu_hours"] == 0.0
+    assert q.parse_sacct("Slurm accounting storage is disabled\n") == {}
+
+
+def test_accounting_from_scontrol_when_sacct_has_none() -> None:
+    line = ("JobId=7 JobName=skyward-x UserId=u(1001) JobState=CANCELLED Reason=None RunTime=01:02:03 "
+            "TimeLimit=00:15:00 StartTime=2026-11-26T10:00:00 EndTime=2026-11-26T11:02:03 NodeList=n-[1-3] "
+            "NumNodes=3 NumCPUs=6 NumTasks=3 TRES=cpu=6,node=3,billing=6,gres/gpu:a100=3 Command=(null)\n")
+    job = q.parse_scontrol_job(line)
+    assert job is not None
+    assert job == {"state": "CANCELLED", "elapsed_seconds": 3723, "cpus": 6, "gpus": 3,
+                   "cpu_hours": round(6 * 3723 / 3600, 4), "gpu_hours": round(3 * 3723 / 3600, 4), "nodes": 3,
+                   "nodelist": "n-[1-3]", "start": "2026-11-26T10:00:00", "end": "2026-11-26T11:02:03"}
+    assert q.parse_scontrol_job("slurm_load_jobs error: Invalid job id specified\n") is None
+    assert q.duration("2-01:00:00") == 176400 and q.duration("05:07") == 307

@@ -4,6 +4,7 @@ record keeps the job ids, the sbatch script and the node list."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +62,25 @@ def test_a_named_pool_up_used_by_two_programs_and_down(site: Site, cli: CLI) -> 
     logs = cli("logs", "lab")
     assert logs.code == 0 and "serving on 127.0.0.1" in logs.out, logs
 
+    pool_id = cli.record("lab")["id"]
+    kept = json.loads((cli.home / "records" / f"{pool_id}.json").read_text())["slurm"]
+    assert kept["jobs"][job]["pool_nodes"] == [0, 1] and "#SBATCH --nodes=2" in kept["jobs"][job]["script"]
+    assert sorted(kept["jobs"][job]["nodes"]) == sorted(h for h, _ in answers)
+
     down = cli("down", "lab", timeout=120)
     assert down.code == 0, down
+    # The job's accounting went into the pool's record and the trail. This cluster keeps no
+    # accounting storage (sacct says so): the figures come from the controller, marked so.
+    kept = json.loads((cli.home / "records" / f"{pool_id}.json").read_text())["slurm"]
+    usage = kept["jobs"][job]["usage"]
+    assert usage["state"].startswith("CANCELLED") and usage["elapsed_seconds"] >= 1, kept
+    assert usage["cpus"] == 2 and usage["cpu_hours"] == round(2 * usage["elapsed_seconds"] / 3600, 4), kept
+    assert usage["gpu_hours"] == 0 and kept["cpu_hours"] == usage["cpu_hours"], kept
+    assert "accounting storage is disabled" in kept["accounting"] and "scontrol" in kept["accounting"], kept
+    destroyed = [json.loads(line) for line in (cli.home / "audit" / "lab.jsonl").read_text().splitlines()][-1]
+    assert destroyed["event"] == "destroyed" and destroyed["slurm"]["cpu_hours"] == usage["cpu_hours"], destroyed
+    assert destroyed["slurm"]["jobs"][job]["nodelist"] == usage["nodelist"], destroyed
+    assert cli("history", "--verify").code == 0  # the amended record is one the trail vouches for
     assert not [j for j in site.cluster.jobs() if j["id"] == job and j["state"] in ("RUNNING", "PENDING")]
     assert cli("ls", "--json").json() == []
     site.cluster.wait_idle()

@@ -110,7 +110,10 @@ def test_ls_and_status_show_the_job_its_state_and_nodes(lab: CLI) -> None:
     job = _job(lab)
     hosts = [n["hostname"] for n in _record(lab)["nodes"]]
     (row,) = lab("ls", "--json").json()
-    assert row["slurm"]["jobs"] == [{"job": job, "state": "RUNNING", "nodes": hosts, "pool_nodes": [0, 1]}], row
+    (shown_job,) = row["slurm"]["jobs"]
+    assert {k: shown_job[k] for k in ("job", "state", "nodes", "pool_nodes")} == \
+        {"job": job, "state": "RUNNING", "nodes": hosts, "pool_nodes": [0, 1]}, row
+    assert row["state"] == "running" and row["nodes_down"] == [], row
     table = lab("ls")
     assert f"job {job} RUNNING" in table.out, table
     status = lab("status", "lab", "--json")
@@ -120,3 +123,26 @@ def test_ls_and_status_show_the_job_its_state_and_nodes(lab: CLI) -> None:
     text = lab("status", "lab")
     assert f"Slurm job {job}: RUNNING on {','.join(hosts)}" in text.out, text
     assert json.dumps(shown)  # plain JSON
+
+
+def test_ssh_is_a_terminal_on_the_node_inside_the_job(lab: CLI, tmp_path: Path) -> None:
+    from cli.tmuxterm import Tmux
+
+    node1 = _record(lab)["nodes"][1]["hostname"]
+    term = Tmux(tmp_path, lab.env, lab.cwd, width=100, height=30)
+    try:
+        term.type(f"{sys.executable} -m skyward ssh lab --node 1")
+        term.wait_for(r"\(lab:1\) ")
+        term.type('echo "@@host=$(hostname) @@job=$SLURM_JOB_ID @@tty=$(tty) @@size=$(stty size)"')
+        m = term.wait_for(r"@@host=(\S+) @@job=(\S+) @@tty=(\S+) @@size=(\d+ \d+)")
+        assert (m[1], m[2]) == (node1, _job(lab)) and m[3].startswith("/dev/pts/"), m.group(0)
+        term.type("sleep 60")
+        term.keys("C-c")  # to the node's shell: the sleep stops, the shell stays
+        term.type('echo "@@after=$?"')
+        assert term.wait_for(r"@@after=(\d+)")[1] == "130"
+        term.type("exit 6")
+        term.wait_for(r"\s*outer\$")
+        term.type('echo "@@rc=$?"')
+        assert term.wait_for(r"@@rc=(\d+)")[1] == "6"
+    finally:
+        term.close()

@@ -121,8 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                            "it costs per hour; creates nothing.")
     pool_flags(p, optional_name=True)
 
-    p = command("offers", "What the cloud catalogues sell that fits, cheapest first.")
-    p.add_argument("--provider", help="aws or gcp (default: both)")
+    p = command("offers", "What the cloud catalogues sell that fits, cheapest first; with --provider slurm, a Slurm cluster's partitions.")
+    p.add_argument("--provider", help="aws or gcp (default: both), or slurm: the partitions of a Slurm cluster (sinfo)")
     p.add_argument("--accelerator", help="e.g. A100, H100:8 (default: CPU-only types)")
     p.add_argument("--vcpus", type=float, help="at least this many vCPUs")
     p.add_argument("--memory-gb", type=float, help="at least this much memory (GB)")
@@ -131,6 +131,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="price under: cheapest (default), spot, on-demand, spot-if-available")
     p.add_argument("--max-hourly-cost", type=float, help="USD per node-hour at most")
     p.add_argument("--limit", type=int, default=20, help="show at most this many (default 20)")
+    p.add_argument("--login", help="slurm: the login node to ask (user@host[:port]); default: the one "
+                                   "the [pools.NAME.slurm] table of skyward.toml names")
+    p.add_argument("--key", help="slurm: the SSH key for --login")
+    p.add_argument("--pool", help="slurm: the pool of skyward.toml whose login node to ask (when it defines several)")
 
     p = command("exec", "Run a shell command on every node of a pool: one result per node.")
     p.add_argument("name")
@@ -795,6 +799,8 @@ def _running_note(record: dict[str, Any]) -> str:
 
 
 def cmd_offers(args: argparse.Namespace) -> int:
+    if args.provider == "slurm":
+        return _slurm_offers(args)
     try:
         from .. import catalogue
         query = catalogue.offers
@@ -827,6 +833,57 @@ def cmd_offers(args: argparse.Namespace) -> int:
     ))
     print(_prices_date(rows))
     return EXIT_OK
+
+
+def _slurm_offers(args: argparse.Namespace) -> int:
+    """`skyward offers --provider slurm`: the cluster's partitions as sinfo shows them now, asked
+    on the login node that --login or skyward.toml names; price 0 (the site's allocation)."""
+    from .. import catalogue
+
+    provider = _slurm_provider(args)
+    found = catalogue.offers(args.accelerator, provider=provider, vcpus=args.vcpus, memory_gb=args.memory_gb)
+    rows = [{**_offer_dict(o, args.allocation), **{k: v for k, v in (o.extra or {}).items() if k != "gres"}}
+            for o in list(found)[: args.limit]]
+    if args.json:
+        print_json(rows)
+        return EXIT_OK
+    if not rows:
+        print(f"no partition of {provider.login} has nodes with what was asked; `skyward offers --provider "
+              f"slurm` without filters lists them all")
+        return EXIT_FAILED
+    print(format_table(
+        ["PARTITION", "NODES", "IDLE", "CPUS", "MEM GB", "GPUS", "TIME LIMIT"],
+        [[r["instance_type"] + (" (default)" if r.get("default") else ""), str(r.get("nodes", "-")),
+          str(r.get("idle", "-")), f"{r['vcpus']:g}", f"{r['memory_gb']:g}",
+          f"{r['accelerator_count']:g}x {r['accelerator']}" if r["accelerator"] else "-",
+          str(r.get("time_limit") or "-")] for r in rows],
+    ))
+    print(f"from sinfo on {provider.login}, now; per node; Slurm pools cost the site's allocation, not dollars.")
+    return EXIT_OK
+
+
+def _slurm_provider(args: argparse.Namespace) -> Any:
+    from .config import defined_pools, describe_source
+    from .pools import provider_from
+
+    if args.login:
+        from ..providers.slurm import Slurm
+
+        return Slurm(args.login, key=args.key)
+    slurm = {name: table for name, table in defined_pools().items()
+             if isinstance(table, dict) and table.get("provider") == "slurm"}
+    if args.pool:
+        if args.pool not in slurm:
+            raise ConfigError(f"--pool {args.pool}: {describe_source()} defines no Slurm pool of that name"
+                              + (f" (its Slurm pools: {', '.join(sorted(slurm))})." if slurm else "."))
+        slurm = {args.pool: slurm[args.pool]}
+    if len(slurm) != 1:
+        which = (f"{describe_source()} defines several Slurm pools ({', '.join(sorted(slurm))}): pick one with "
+                 f"--pool NAME" if slurm else f"{describe_source()} defines no Slurm pool")
+        raise ConfigError(f"offers --provider slurm asks a cluster's login node: {which}, or name it with "
+                          f"--login user@host (and --key).")
+    ((_name, table),) = slurm.items()
+    return provider_from({"provider": "slurm", "slurm": table.get("slurm") or {}})
 
 
 def _prices_date(rows: list[dict[str, Any]]) -> str:

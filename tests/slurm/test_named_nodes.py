@@ -146,3 +146,20 @@ def test_ssh_is_a_terminal_on_the_node_inside_the_job(lab: CLI, tmp_path: Path) 
         assert term.wait_for(r"@@rc=(\d+)")[1] == "6"
     finally:
         term.close()
+
+
+def test_offers_on_the_command_line_list_the_partitions_from_sinfo(site: Site, lab: CLI) -> None:
+    # From the pool's [pools.lab.slurm] table: the login node it names is asked.
+    shown = lab("offers", "--provider", "slurm", "--json")
+    assert shown.code == 0, shown
+    (row,) = shown.json()
+    assert (row["provider"], row["instance_type"], row["nodes"], row["vcpus"]) == \
+        ("slurm", "debug", 3, site.cluster.cpus), row
+    assert row["idle"] == 1 and row["default"] is True and row["price"] == 0.0, row  # the lab pool holds 2
+    table = lab("offers", "--provider", "slurm")
+    assert table.code == 0 and "PARTITION" in table.out and "debug (default)" in table.out, table
+    # Or the login node given on the command line; a GPU no partition has is no offer.
+    login = f"{site.login.user}@{site.login.address}"
+    none = lab("offers", "--provider", "slurm", "--login", login, "--key", str(site.hosts.client_key),
+               "--accelerator", "A100")
+    assert none.code == 1 and "no partition" in none.out, none

@@ -86,3 +86,20 @@ def test_a_named_pool_up_used_by_two_programs_and_down(site: Site, cli: CLI) -> 
     site.cluster.wait_idle()
     left = site.on_login("ls ~/.skyward/slurm 2>/dev/null; true")
     assert left.strip() == "", left
+
+
+def test_a_named_pool_whose_job_ended_is_judged_by_the_job_not_its_ttl(site: Site, cli: CLI) -> None:
+    login = f"{site.login.user}@{site.login.address}"
+    cli.toml(f'[pools.gone]\nprovider = "slurm"\nnodes = 1\nttl = 3600\n\n'
+             f'[pools.gone.slurm]\nlogin = "{login}"\nkey = "{site.hosts.client_key}"\n'
+             f'known_hosts = "{site.known_hosts}"\n')
+    assert cli("up", "gone", timeout=180).code == 0
+    (job,) = cli.record("gone")["cluster"]["jobs"]
+    (row,) = cli("ls", "--json").json()
+    assert row["state"] == "running" and row["nodes_down"] == [], row
+    site.cluster.run(["scancel", job])  # the site ends it (an admin, preemption, the time limit)
+    site.cluster.wait_no_jobs()
+    # Its ttl has an hour to go, but its job is over: the pool is gone, and ls removes it.
+    (row,) = cli("ls", "--json").json()
+    assert row["state"] == "expired" and row["removed"], row
+    assert cli("ls", "--json").json() == []

@@ -133,3 +133,44 @@ def test_a_client_killed_outright_leaves_a_job_that_ends_within_the_agents_lease
     took = time.monotonic() - killed
     assert took < ttl + 30, took
     site.cluster.wait_idle()
+
+
+@sky.function
+def hold(seconds: float) -> tuple[int, str]:
+    import os
+    import time
+
+    time.sleep(seconds)
+    return sky.instance_info().node, os.environ.get("SLURM_JOB_ID", "")
+
+
+def test_an_elastic_pool_grows_and_shrinks_by_jobs_and_sleeps_at_zero(site: Site) -> None:
+    rec = Recorder()
+    options = sky.Options(console=False, autoscale_idle_timeout=1.0, autoscale_cooldown=0.5,
+                          reconcile_tick_interval=0.2)
+
+    def running() -> list[str]:
+        return [j["id"] for j in site.cluster.jobs() if j["state"] in ("RUNNING", "PENDING", "CONFIGURING")]
+
+    with sky.Compute(provider=site.provider(), nodes=sky.Nodes(desired=0, max=2), options=options) as pool:
+        pool.subscribe(rec)
+        assert pool.current_nodes() == 0 and running() == []  # born asleep: no job in the queue
+        node, _, first = where() >> pool
+        assert node == 0 and running() == [first]  # the first task woke it: a one-node job
+        # A burst grows it by one more job, up to max (each node's own job).
+        futures = [hold(2.0) > pool for _ in range(4)]
+        wait_for(lambda: pool.current_nodes() == 2, 60, "for the pool to grow")
+        assert len([f.result() for f in futures]) == 4
+        jobs = pool.cluster.jobs()  # type: ignore[attr-defined]
+        assert len(jobs) == 2 and sorted(len(n) for n in jobs.values()) == [1, 1], jobs
+        both = where() @ pool  # the new node is the second job's
+        assert [r[0] for r in both] == [0, 1] and {r[2] for r in both} == set(jobs), both
+        # Idle past the timeout: back to zero nodes, and no job of it left in the queue.
+        wait_for(lambda: pool.current_nodes() == 0, 60, "for the pool to sleep")
+        wait_for(lambda: running() == [], 30, "for its jobs to end")
+        assert rec.of(sky.ClusterAsleep)
+        # The next task wakes it with a new job.
+        node, _, again = where() >> pool
+        assert node == 0 and again not in (first, *jobs) and running() == [again]
+    wait_for(lambda: running() == [], 30, "for the pool's jobs to end")
+    site.cluster.wait_idle()

@@ -154,6 +154,7 @@ class _PopenProcess:
     def write(self, data: bytes | memoryview) -> None:
         assert self._p.stdin is not None
         self._p.stdin.write(data)
+        self._p.stdin.flush()  # written means sent, as on an SSH channel (a token line must not wait)
 
     def close_stdin(self) -> None:
         assert self._p.stdin is not None

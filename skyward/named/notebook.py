@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from ..errors import ConfigError, ProviderError
-from .cliout import EXIT_OK, err, print_json
+from .cliout import EXIT_OK, err
 from .nodeaccess import LocalNode, Node, Process, SSHNode, open_nodes
 
 q = shlex.quote
@@ -152,6 +152,8 @@ class _Server:
     def __init__(self, proc: Process) -> None:
         self.proc = proc
         self.lines: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self._ended = False  # the launcher's output ended (it exited)
+        self._stopped = False
         self._reader = threading.Thread(target=self._read, name="skyward-notebook-server", daemon=True)
         self._reader.start()
 
@@ -174,28 +176,37 @@ class _Server:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self.lines.get(timeout=0.5)
+                message = self.lines.get(timeout=0.5)
             except queue.Empty:
                 if time.monotonic() > deadline:
                     raise TimeoutError from None
+                continue
+            self._ended = self._ended or message is None
+            return message
 
     def stop(self) -> str | None:
         """End the launcher's stdin: it stops the server (and its kernels) and exits. Its last
-        word (why it stopped), when it said one within 30 s."""
+        word (why it stopped), when it said one within 30 s. Once done, doing it again is nothing."""
+        if self._stopped:
+            return None
+        self._stopped = True
         self.proc.close_stdin()
         said = None
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while not self._ended and time.monotonic() < deadline:
             try:
                 message = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
                 break
             if message is None:
-                self._reader.join(5)
-                self.proc.wait()
-                return said
-            said = str(message.get("stopped")) if "stopped" in message else said
-        self.proc.kill()
+                self._ended = True
+            elif "stopped" in message:
+                said = str(message["stopped"])
+        if not self._ended:
+            self.proc.kill()
+            return said
+        self._reader.join(5)
+        self.proc.wait()
         return said
 
 
@@ -205,7 +216,11 @@ def _serve(args: argparse.Namespace, flavor: Flavor, node: Node, record: dict[st
     page = None
     try:
         server.proc.write((token + "\n").encode())  # the token on the launcher's stdin, never argv
-        first = server.next(_START_TIMEOUT)
+        try:
+            first = server.next(_START_TIMEOUT)
+        except TimeoutError:
+            raise ProviderError(f"{node.label} of pool {args.name!r}: {flavor.title} did not answer within "
+                                f"{_START_TIMEOUT:g} s; its log is in {node.cwd}/.skyward-notebook/.") from None
         if first is None or "port" not in first:
             said = (first or {}).get("error") or f"it ended: {server.proc.stderr.strip()[-2000:] or 'no output'}"
             tail = (first or {}).get("tail") or ""
@@ -216,8 +231,9 @@ def _serve(args: argparse.Namespace, flavor: Flavor, node: Node, record: dict[st
         with Forwarder(lambda: _connect(node, port), flavor, token, args.port) as forward:
             url = forward.base + flavor.login_path(token)
             if args.json:
-                print_json({"url": url, "name": args.name, "node": node.rank, "hostname": node.hostname,
-                            "server": flavor.kind, "cwd": node.cwd, "log": first.get("log")})
+                # One line, as soon as it serves: a program reads it and goes on.
+                print(json.dumps({"url": url, "name": args.name, "node": node.rank, "hostname": node.hostname,
+                            "server": flavor.kind, "cwd": node.cwd, "log": first.get("log")}), flush=True)
             else:
                 print(f"{flavor.title} on {node.label} of pool {args.name!r}, in {node.cwd}: {url}", flush=True)
             err(f"(the token in this URL opens the server to whoever has it; Ctrl-C stops the server on "

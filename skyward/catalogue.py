@@ -270,19 +270,32 @@ _SOLD_AS = {"reservation": "reservations", "flex-start": "Flex-start (Dynamic Wo
             "spot": "Spot", "capacity-block": "Capacity Blocks for ML"}
 
 
+def _how_to_buy(provider: str, name: str, ways: tuple[str, ...]) -> str:
+    """How a machine that is not sold on demand is bought and used, by the way it is sold."""
+    if provider == "aws" and ways == ("capacity-block",):
+        # EC2 Capacity Blocks: bought ahead for 1-182 days, delivered as a targeted Capacity
+        # Reservation in one zone; an instance must be launched into that reservation.
+        return (f"buy a Capacity Block for it (`aws ec2 describe-capacity-block-offerings --instance-type {name} "
+                f"--instance-count N --capacity-duration-hours H`, then `aws ec2 purchase-capacity-block`), "
+                f"launch the reserved instances into it and run on them with sky.SSH(hosts=[...]); "
+                f"or pick another instance type (sky.offers() lists what AWS sells on demand or spot).")
+    return (f"reserve it with {_LABELS[provider]} and run on the reserved machines with sky.SSH(hosts=[...]), "
+            f"or pick a machine sold on demand.")
+
+
 def not_on_demand(provider: str, want: Want) -> str:
-    """A sentence for machines with the asked accelerator that the cloud does not sell on demand
-    (catalogue rows with ``sold_as``), or ""."""
-    if want.accelerator is None:
+    """A sentence for machines with the asked accelerator (or the asked instance type) that the
+    cloud does not sell on demand (catalogue rows with ``sold_as``), or ""."""
+    if want.accelerator is None and want.instance_type is None:
         return ""
-    rows = sorted({(o.instance_type, tuple(o.extra.get("sold_as") or ())) for o in load(provider)
-                   if o.accelerator == want.accelerator.name and o.on_demand is None and o.spot is None
-                   and o.extra.get("sold_as")})
+    rows = sorted({(o.instance_type, o.accelerator or "", tuple(o.extra.get("sold_as") or ())) for o in load(provider)
+                   if (o.instance_type == want.instance_type if want.instance_type is not None
+                       else want.accelerator is not None and o.accelerator == want.accelerator.name)
+                   and o.on_demand is None and o.spot is None and o.extra.get("sold_as")})
     return "".join(
-        f" {name} ({want.accelerator.name}) is sold through {', '.join(_SOLD_AS.get(w, w) for w in ways)}, "
-        f"not on demand, and skyward cannot buy it that way yet: reserve it with {_LABELS[provider]} "
-        f"and run on the reserved machines with sky.SSH(hosts=[...]), or pick a machine sold on demand."
-        for name, ways in rows)
+        f" {name} ({accelerator}) is sold through {', '.join(_SOLD_AS.get(w, w) for w in ways)}, "
+        f"not on demand, and skyward cannot buy it that way yet: {_how_to_buy(provider, name, ways)}"
+        for name, accelerator, ways in rows)
 
 
 def no_offer_message(provider: str, want: Want) -> str:
@@ -290,9 +303,9 @@ def no_offer_message(provider: str, want: Want) -> str:
     if want.accelerator is not None and provider not in renters(want.accelerator.name):
         return f"no {provider} offer has {asked}. {rented_by(want.accelerator, provider)}"
     how = not_on_demand(provider, want)
-    if how:
-        return f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)}).{how}"
     dropped, near = closest(provider, want)
+    if how and not near:
+        return f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)}).{how}"
     text = f"no {provider} offer has {asked} (catalogue prices as of {as_of(provider)})."
     if near:
         text += f" Closest, without the {dropped} limit:\n" + "\n".join(f"      {o}" for o in near)
@@ -302,6 +315,8 @@ def no_offer_message(provider: str, want: Want) -> str:
                      "a node is one single-host TPU VM; ask for more nodes instead.")
     else:
         text += " Nothing close either: pick another accelerator, or see sky.offers() for what exists."
+    if how:  # other machines fit once a limit goes; these ones are bought another way
+        text += f"\n   {how}"
     return text
 
 

@@ -87,9 +87,8 @@ def test_every_gcp_accelerator_row_yields_an_offer_where_it_is_sold(instance_typ
         (sky.accelerators.Trainium1(count=16), sky.AWS(), "trn1.32xlarge"),
         (sky.accelerators.Gaudi(count=8), sky.AWS(), "dl1.24xlarge"),
         (sky.accelerators.L40S(count=8), sky.AWS(), "g6e.48xlarge"),
-        (sky.accelerators.H200(count=8), sky.AWS(region="us-east-2"), "p5e.48xlarge"),
+        (sky.accelerators.H200(count=8), sky.AWS(region="us-east-2"), "p5en.48xlarge"),  # p5e: Capacity Blocks only
         (sky.accelerators.B200(count=8), sky.AWS(region="us-west-2"), "p6-b200.48xlarge"),
-        (sky.accelerators.Trainium2(count=16), sky.AWS(region="us-east-2"), "trn2.48xlarge"),
         (sky.accelerators.TPUv5e_4(), sky.GCP(project="p"), "tpu-v5litepod-4"),
         (sky.accelerators.TPUv6(count=8), sky.GCP(project="p", region="us-east5"), "tpu-v6e-8"),
         (sky.accelerators.TPUv5p_8(), sky.GCP(project="p", region="us-east5"), "tpu-v5p-8"),
@@ -112,7 +111,7 @@ def test_machines_with_only_on_demand_prices_serve_spot_if_available_but_not_spo
     h200 = sky.accelerators.H200(count=8)
     aws = sky.AWS(region="us-east-2")
     assert aws.offer(sky.Spec(provider=aws, accelerator=h200)).market("spot-if-available") == "on-demand"
-    with pytest.raises(sky.NoOfferError, match=r"without the allocation limit:\n.*p5e\.48xlarge"):
+    with pytest.raises(sky.NoOfferError, match=r"without the allocation limit:\n.*p5en\.48xlarge"):
         aws.offer(sky.Spec(provider=aws, accelerator=h200, allocation="spot"))
 
 

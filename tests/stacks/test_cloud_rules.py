@@ -187,6 +187,39 @@ def test_gcp_machines_not_sold_on_demand_are_refused_with_how_they_are_bought(ac
         _gcp().offer(sky.Spec(provider=_gcp(), accelerator=accelerator))
 
 
+@pytest.mark.parametrize("accelerator,instance_type", [("H200:8", "p5e.48xlarge"), ("trn2:16", "trn2.48xlarge")])
+def test_aws_types_sold_only_as_capacity_blocks_are_refused_with_how_they_are_bought(
+        accelerator: str, instance_type: str) -> None:
+    # p5e.48xlarge and trn2.48xlarge are sold through EC2 Capacity Blocks for ML (AWS's Capacity
+    # Blocks guide lists both in us-east-2; no on-demand or spot price is published for them): a
+    # plain RunInstances has nothing to buy. No offer, and the error says how they are bought.
+    from skyward.errors import NoOfferError
+
+    assert all(o.on_demand is None and o.spot is None for o in load("aws") if o.instance_type == instance_type)
+    assert instance_type not in {o.instance_type for o in sky.offers(accelerator, provider=_aws())}
+    by_type = sky.AWS(region="us-east-2", instance_type=instance_type, detect_address=False, allow_ssh_from=[CLIENT])
+    for provider, spec in ((by_type, sky.Spec(provider=by_type)),
+                           (_aws(), sky.Spec(provider=_aws(), accelerator=accelerator, region="us-east-2"))):
+        if accelerator == "H200:8" and provider is not by_type:  # p5en.48xlarge is sold on demand
+            assert provider.offer(spec).instance_type == "p5en.48xlarge"
+            assert provider.preview(spec)["offer"]["instance_type"] == "p5en.48xlarge"
+            continue
+        for call in (provider.offer, provider.preview):
+            with pytest.raises(NoOfferError, match=rf"{instance_type}.*Capacity Blocks for ML, not on demand.*"
+                                                   rf"describe-capacity-block-offerings.*sky\.SSH.*another instance type"):
+                call(spec)
+
+
+def test_aws_types_sold_on_demand_besides_capacity_blocks_are_offered() -> None:
+    # p5en.48xlarge and p6-b200.48xlarge have on-demand prices (AWS's price list, as
+    # instances.vantage.sh shows it) besides their Capacity Blocks: offered, on demand.
+    for accelerator, region, instance_type in (("H200:8", "us-west-2", "p5en.48xlarge"),
+                                               ("B200:8", "us-east-1", "p6-b200.48xlarge")):
+        spec = sky.Spec(provider=_aws(), accelerator=accelerator, region=region)
+        offer = _aws().offer(spec)
+        assert (offer.instance_type, offer.market("spot-if-available")) == (instance_type, "on-demand")
+
+
 def test_the_preview_says_a_spot_nodes_disks_go_with_it() -> None:
     spec = sky.Spec(provider=_gcp(), accelerator="T4", allocation="spot", volumes=[sky.Disk(200, mount="/data")])
     rows = {r["name"]: r["detail"] for r in _gcp().preview(spec)["resources"]}

@@ -1,0 +1,105 @@
+"""sky.Slurm enter time beside sky.SSH on the same hosts (tests/slurmcluster.py: munged and
+slurmctld on this machine, one slurmd per netns test host, host 0 the login node; needs root and
+Debian's slurm-wlm and munge).
+
+    .venv/bin/python benchmarks/slurm.py [--runs N] [--json PATH]
+
+* a 3-node sky.Slurm pool, queue empty: enter (sbatch, the job scheduled, the step on three
+  nodes, the agents reached through the login node) and enter -> first result of `@` on every
+  node; the first pool of a fresh shared home (the environment built from the login node) apart
+  from the warm ones (the environment found built);
+* sky.SSH on the same three compute hosts, same measures, warm;
+* leaving each pool (Slurm: scancel of the job, not waiting for it to leave the queue).
+
+The runs alternate Slurm and SSH, so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+from _home import scratch_home  # noqa: E402
+
+scratch_home()
+
+from slurmcluster import SlurmCluster, unavailable_reason  # noqa: E402
+from sshhosts import SSHHosts  # noqa: E402
+
+import skyward as sky  # noqa: E402
+
+QUIET = sky.Options(console=False)
+
+
+@sky.function
+def noop() -> None:
+    return None
+
+
+def timed(provider: Any, nodes: int) -> dict[str, float]:
+    t0 = time.perf_counter()
+    pool = sky.Compute(provider=provider, nodes=nodes, options=QUIET)
+    with pool:
+        entered = time.perf_counter() - t0
+        assert len(noop() @ pool) == nodes
+        first = time.perf_counter() - t0
+        t1 = time.perf_counter()
+    left = time.perf_counter() - t1
+    return {"enter_s": entered, "first_result_s": first, "exit_s": left}
+
+
+def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+    return {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
+                "max": max(r[k] for r in runs)} for k in runs[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    why = unavailable_reason()
+    if why is not None:
+        print(f"skipped: {why}")
+        return 0
+    hosts = SSHHosts(4, shared_home=True, user="auto")
+    hosts.start()
+    results: dict[str, Any] = {}
+    try:
+        with SlurmCluster(hosts) as cluster:
+            login = hosts[0]
+            known = Path(hosts.client_key).parent / "bench_known_hosts"
+            slurm = sky.Slurm(f"{login.user}@{login.address}", key=str(hosts.client_key), known_hosts=str(known))
+            ssh = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(hosts.client_key))
+                                 for h in cluster.compute])
+            n = len(cluster.compute)
+            results["first_slurm_pool_fresh_home"] = timed(slurm, n)
+            cluster.wait_no_jobs()
+            timed(ssh, n)  # the SSH pool's first: its per-host folders made
+            runs: dict[str, list[dict[str, float]]] = {"slurm": [], "ssh": []}
+            for _ in range(args.runs):
+                cluster.wait_idle()  # the queue empty, every node idle
+                runs["slurm"].append(timed(slurm, n))
+                runs["ssh"].append(timed(ssh, n))
+            cluster.wait_no_jobs()
+            results.update({k: summary(v) for k, v in runs.items()})
+            results["nodes"] = n
+            results["runs"] = args.runs
+    finally:
+        hosts.close()
+    print(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,9 @@ def test_catalogues_carry_their_date_and_sane_prices() -> None:
         assert offers and all(o.as_of in ("2025-06-01", "2025-10-01") for o in offers)  # rows added later are dated apart
         for o in offers:
             assert o.vcpus > 0 and o.memory_gb > 0 and o.architecture in ("x86_64", "arm64")
+            if o.extra.get("sold_as"):  # bought another way (reservations, Capacity Blocks): no on-demand price
+                assert "on-demand" not in o.extra["sold_as"] and not o.on_demand, o
+                continue
             assert o.on_demand is not None and o.on_demand > 0
             assert o.spot is None or 0 < o.spot < o.on_demand, o
             assert (o.accelerator is None) == (o.accelerator_count == 0)

@@ -249,9 +249,11 @@ def _serve(args: argparse.Namespace, flavor: Flavor, node: Node, record: dict[st
             try:
                 while True:
                     message = server.next(365 * 86400.0)
-                    if message is None:
-                        err(f"the {flavor.title} server on {node.label} ended: {server.proc.stderr.strip() or 'no reason given'}")
-                        return "ended"
+                    if message is None:  # the launcher ended without a word: killed with the pool?
+                        why = ("the pool was stopped" if _pool_gone(args.name, record.get("id"))
+                               else server.proc.stderr.strip() or "no reason given")
+                        err(f"the {flavor.title} server on {node.label} stopped: {why}")
+                        return why
                     if "stopped" in message:
                         why = str(message["stopped"])
                         err(f"the {flavor.title} server on {node.label} stopped: {why}")
@@ -265,6 +267,21 @@ def _serve(args: argparse.Namespace, flavor: Flavor, node: Node, record: dict[st
         if page is not None:
             page.unlink(missing_ok=True)
         server.stop()
+
+
+def _pool_gone(name: str, pool_id: Any, wait: float = 15.0) -> bool:
+    """Whether pool ``name`` (``pool_id``) was stopped: `skyward down` stops the nodes' processes
+    first and forgets the record after, so its record may go a moment later."""
+    from .registry import read
+
+    deadline = time.monotonic() + wait
+    while True:
+        current = read(name)
+        if current is None or current.get("id") != pool_id:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 # -- this machine's port, carried to the node's ---------------------------------------------------

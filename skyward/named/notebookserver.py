@@ -61,6 +61,33 @@ def _command(kind: str, port: int, root: str) -> list[str]:
             *(["--allow-root"] if os.geteuid() == 0 else [])]
 
 
+def _jupyter_paths(env: dict[str, str]) -> dict[str, str]:
+    """Jupyter's data and config folders of what the pool installed beside its interpreter:
+    ``skyward install`` (and this command) put packages in a folder on PYTHONPATH (the pool's live
+    folder, ``uv pip install --target``), whose ``share/jupyter`` holds JupyterLab's assets and
+    kernel specs and whose ``etc/jupyter`` enables the server's extensions; Jupyter looks for them
+    under its interpreter's prefix only."""
+    data, config, lab = [], [], None
+    for entry in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
+        for prefix in (entry, os.path.dirname(os.path.dirname(os.path.dirname(entry)))):  # DIR or DIR/lib/pythonX.Y/site-packages
+            share, etc = os.path.join(prefix, "share", "jupyter"), os.path.join(prefix, "etc", "jupyter")
+            if os.path.isdir(share) and share not in data:
+                data.append(share)
+                if lab is None and os.path.isdir(os.path.join(share, "lab", "static")):
+                    lab = os.path.join(share, "lab")
+            if os.path.isdir(etc) and etc not in config:
+                config.append(etc)
+    out = {}
+    if data:
+        out["JUPYTER_PATH"] = os.pathsep.join([*data, *filter(None, [env.get("JUPYTER_PATH")])])
+    if config:
+        out["JUPYTER_CONFIG_PATH"] = os.pathsep.join([*config, *filter(None, [env.get("JUPYTER_CONFIG_PATH")])])
+    own = os.path.join(sys.prefix, "share", "jupyter", "lab", "static")
+    if lab is not None and "JUPYTERLAB_DIR" not in env and not os.path.isdir(own):
+        out["JUPYTERLAB_DIR"] = lab
+    return out
+
+
 def _alive(pid: int | None) -> bool:
     if pid is None:
         return True
@@ -126,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     if args.kind == "jupyter":
         env["JUPYTER_TOKEN"] = token
+        env.update(_jupyter_paths(env))
     with open(log, "ab") as out:
         # A session of its own: the server and its kernels stop as one group.
         proc = subprocess.Popen(_command(args.kind, port, args.root), cwd=args.root, env=env,

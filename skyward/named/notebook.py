@@ -139,7 +139,7 @@ def _ensure_installed(name: str, rank: int, flavor: Flavor) -> None:
 # -- the server on the node ---------------------------------------------------------------------
 def _launch_script(node: Node, flavor: Flavor, record: dict[str, Any]) -> str:
     described = ((record.get("cluster") or {}).get("nodes") or [])
-    mine = next((n for n in described if int(n.get("index", -1)) == node.index), {})
+    mine: dict[str, Any] = next((n for n in described if int(n.get("index", -1)) == node.index), {})
     agent = mine.get("agent_pid") if isinstance(node, SSHNode) else mine.get("pid")
     watch = f" --watch-pid {int(agent)}" if agent else ""
     return (f"{node.activate()}exec python -m skyward.named.notebookserver {flavor.kind} "

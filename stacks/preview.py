@@ -265,6 +265,8 @@ def preview_pool(
 # -- running the program ---------------------------------------------------------------------------
 def _run(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[Declared]:
     import pulumi
+    from pulumi.runtime import settings
+    from pulumi.runtime.rpc_manager import RPCManager
     from pulumi.runtime.stack import run_pulumi_func
 
     from .backend import PROJECT
@@ -272,6 +274,11 @@ def _run(program: Callable[[PoolPlan], Any], plan: PoolPlan) -> list[Declared]:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     recorder = _recorder(plan)
+    # Work of its own: pulumi keeps unfinished outputs and RPCs in process-wide defaults, and a
+    # program that failed inside an apply (here or under pulumi.runtime.test) leaves its tasks
+    # there, bound to a loop that is gone; this run would wait for them forever.
+    settings.SETTINGS.outputs = set()
+    settings.SETTINGS.rpc_manager = RPCManager()
     try:
         pulumi.runtime.set_mocks(recorder, project=PROJECT, stack=plan.stack, preview=True)
         loop.run_until_complete(run_pulumi_func(lambda: program(plan)))

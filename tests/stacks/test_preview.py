@@ -241,3 +241,29 @@ def test_a_5000_node_preview_lists_every_node(monkeypatch: pytest.MonkeyPatch) -
     assert [r["name"] for r in instances] == [f"node-{i}" for i in range(5000)]
     assert len({r["detail"] for r in instances}) == 1 and "spot (one-time" in instances[0]["detail"]
     assert out["hourly_cost"] == round(out["hourly_cost_per_node"] * 5000, 4)
+
+
+@pytest.mark.timeout(60)
+def test_a_preview_after_a_program_that_failed_inside_an_apply_does_not_wait_for_it() -> None:
+    """Pulumi keeps unfinished outputs in process-wide defaults: a program that raised inside an
+    apply left its resources' outputs there, bound to a loop that is gone, and the next preview
+    waited for them forever."""
+    from dataclasses import replace
+
+    from skyward.stacks import gcp
+    from skyward.stacks.plan import BucketPlan
+
+    mocks = fresh_mocks()
+    mocks.gcs_uniform = {"data": False}  # a prefix grant on an ACL bucket: refused inside an apply
+    plan = replace(make_plan(instance_type="e2-standard-4", zone="us-central1-b", settings={"project": "proj"}),
+                   buckets=(BucketPlan("data", "v1"),))
+
+    @pulumi.runtime.test
+    def failing() -> Any:
+        declared = gcp.program(plan)
+        return pulumi.Output.all(*[g.id for g in declared.grants[0]])
+
+    with pytest.raises(Exception, match="uniform bucket-level access"):
+        failing()
+    spec = sky.Spec(provider=sky.AWS(), nodes=1, vcpus=2)
+    assert _of(spec.provider.preview(spec), INSTANCE)

@@ -54,7 +54,9 @@ def test_wheelhouse_installs_without_an_index_and_index_mode_scopes_pip_indexes(
     offline = script.render(image, plan(install="wheelhouse"))
     assert '--no-index --find-links "$SKY/wheels" torch==2.3 six' in offline
     online = script.render(image, plan(install="index"))
-    assert "--index https://download.pytorch.org/whl/cpu torch==2.3\n" in online
+    # (by uv's environment, not its argv: tests/test_index_credentials.py)
+    assert ('UV_INDEX=https://download.pytorch.org/whl/cpu"${UV_INDEX:+ $UV_INDEX}" "$UV" pip install '
+            '--quiet --python "$ENV/bin/python" torch==2.3\n') in online
     assert '--python "$ENV/bin/python" six\n' in online
     assert "--no-index" not in online
 

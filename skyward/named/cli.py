@@ -158,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     from .proxy import add_proxy
     from .runscript import add_run
     from .shell import add_ssh
-    from .sshconfig import add_ssh_config
+    from .sshconfigcli import add_ssh_config
 
     add_dashboard(command)
     add_run(command)

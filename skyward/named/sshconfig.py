@@ -18,19 +18,16 @@ ssh-config`` says so (``skyward ssh`` is the shell there).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ProviderError
-from .cliout import EXIT_OK, err, print_json
 
 
 def folder() -> Path:
@@ -71,45 +68,6 @@ class Entry:
     keys: tuple[str, ...]  # IdentityFile: the pool's key (none: ssh's own defaults and agent)
     host_keys: tuple[str, ...]  # "type base64": what the pool pinned for the node
     via: str | None  # the jump host, said in a comment (the proxy goes through it)
-
-
-def add_ssh_config(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("ssh-config", "Write the SSH config entries (NAME-0, NAME-1, ...) of a running pool's nodes, "
-                              "so that ssh, scp, rsync and VS Code reach them by name; print the Include line "
-                              "for ~/.ssh/config.")
-    p.add_argument("name", nargs="?", help="the pool (default: every running pool)")
-    p.set_defaults(handler=cmd_ssh_config)
-
-
-def cmd_ssh_config(args: argparse.Namespace) -> int:
-    from . import registry
-    from .pools import get, status_of
-
-    if args.name is not None:
-        records = [get(args.name)]
-    else:
-        records = [r for r in (registry.read(n) for n in registry.names()) if r and not status_of(r).gone]
-    out = []
-    for record in records:
-        try:
-            made = write(record)
-        except ConfigError as exc:
-            if args.name is not None:
-                raise
-            err(f"pool {record['name']!r}: {exc}")
-            continue
-        out.append({"name": record["name"], "file": str(pool_file(record["name"])),
-                    "hosts": [e.alias for e in made]})
-        if not args.json:
-            hosts = ", ".join(e.alias for e in made) or "none (the pool has no node now)"
-            print(f"pool {record['name']!r}: {hosts} in {pool_file(record['name'])}")
-    if args.json:
-        print_json({"config": str(main_file()), "include": include_line(), "pools": out})
-    else:
-        if not records:
-            print("no running pools")
-        print(how_to_use())
-    return EXIT_OK
 
 
 def how_to_use(name: str | None = None) -> str:

@@ -543,8 +543,7 @@ class Worker:
                 value = [fn(item) for item in items]
         except BaseException as exc:
             with entry.lock:
-                if entry.state in ("timed_out", "cancelled", "abandoned"):  # injected by us
-                    raise
+                _stopped_first(entry, exc)
                 entry.state = "returning"
             if isinstance(exc, SystemExit | KeyboardInterrupt):
                 exc = RuntimeError(f"{entry.name} raised {type(exc).__name__}({exc})")
@@ -553,6 +552,7 @@ class Worker:
             if traced is not None:
                 _otel.detach(traced)
         with entry.lock:
+            _stopped_first(entry)
             entry.state = "returning"
         return serialize.dumps_ok(value, entry.name, self.spill)
 
@@ -663,6 +663,23 @@ class Worker:
                 f"new slot replaces it. Use Worker(executor='process') to have such tasks killed."
             )
             self._start_slot()
+
+
+def _stopped_first(entry: _Entry, exc: BaseException | None = None) -> None:
+    """As a task returns or raises (call holding ``entry.lock``): when a CANCEL or its timeout
+    came first, the exception injected into its thread may not have landed yet, e.g. the task
+    was leaving a C call. It must not land later, in the worker's own code: the answer would go
+    unsent (a cancelled batch that never answers holds joblib's abort for 30 s) or the slot's
+    thread would end. It is withdrawn here and raised now, so the task ends as stopped;
+    the state says how it is answered (cancelled: TaskCancelledError, timed out: already)."""
+    if entry.state == "running":
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(entry.ident), None)
+    if exc is not None and isinstance(exc, TaskTimeoutError | _Cancelled):
+        raise exc  # it landed: the usual way
+    if entry.state == "timed_out":
+        raise TaskTimeoutError(f"{entry.name} timed out")
+    raise _Cancelled()
 
 
 def _cancelled_error(entry: _Entry) -> TaskCancelledError:

@@ -273,6 +273,22 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
         return self.effective_n_jobs(n_jobs)
 
     def submit(self, func: Any, callback: Any = None) -> Future[Any]:
+        """Send one batch. Never raises: joblib submits follow-up batches from the thread that
+        completed one, inside a future's callback, where an exception would be swallowed and
+        leave joblib waiting for a batch that was never sent. A batch that cannot be sent ends
+        with its error instead, which joblib raises from the call like a task's."""
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+        if callback is not None:
+            future.add_done_callback(callback)
+        try:
+            self._send(func, future)
+        except BaseException as exc:
+            if not future.done():
+                future.set_exception(exc)
+        return future
+
+    def _send(self, func: Any, future: Future[Any]) -> None:
         target = self._target or self._resolve()
         self._target = target
         name = getattr(func, "__qualname__", None) or type(func).__name__
@@ -285,8 +301,6 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
                     f"{exc}). Pass plain data to delayed(...) calls, or create such objects "
                     f"inside the function."
                 ) from exc
-        future: Future[Any] = Future()
-        future.set_running_or_notify_cancel()
         with self._lock:
             self._ids += 1
             key = self._ids
@@ -295,17 +309,16 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
             with self._lock:
                 self._out.pop(key, None)
             try:
-                future.set_result(decode(result, name))
+                value = decode(result, name)
             except BaseException as exc:
                 future.set_exception(exc)
+            else:
+                future.set_result(value)
 
-        if callback is not None:
-            future.add_done_callback(callback)
         cancel = target.submit(payload, done)
         with self._lock:
             if not future.done():
                 self._out[key] = (cancel, future)
-        return future
 
     def retrieve_result_callback(self, out: Future[Any]) -> Any:
         return out.result()

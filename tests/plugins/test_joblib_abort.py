@@ -16,6 +16,9 @@ joblib = pytest.importorskip("joblib")
 from joblib import Parallel, delayed  # noqa: E402
 
 QUIET = sky.Options(console="silent")
+# Bounds for "freed at once": generous for a loaded 2-core machine (a fresh node process may
+# take seconds to start there), and still well under what a call waited before (5 or 10 s).
+AT_ONCE = 3.0
 
 
 def boom(i: int) -> int:
@@ -51,16 +54,17 @@ def timed(call):
 def test_a_timed_out_call_frees_the_nodes_for_the_next(pool) -> None:
     # sleep(10) cannot be interrupted: each running batch's slot is replaced.
     err, took = timed(lambda: Parallel(n_jobs=2, timeout=0.1)(delayed(sleep)(10) for _ in range(10)))
-    assert isinstance(err, JoblibTimeout) and took < 3.0, (err, took)
+    # joblib's own TimeoutError (multiprocessing's, as loky and threading raise), not the builtin
+    assert type(err) is JoblibTimeout and took < AT_ONCE, (type(err), err, took)
     out, took = timed(lambda: Parallel(n_jobs=2, timeout=10)(delayed(sleep)(0.01) for _ in range(10)))
-    assert out == [None] * 10 and took < 1.0, (out, took)  # 10.05 s (TimeoutError) before
+    assert out == [None] * 10 and took < AT_ONCE, (out, took)  # 10.05 s (TimeoutError) before
 
 
 def test_an_error_in_one_task_frees_the_nodes_for_the_next(pool) -> None:
     err, _ = timed(lambda: Parallel(n_jobs=2)(delayed(boom)(i) for i in range(8)))
     assert isinstance(err, ValueError) and "task 0 fails" in str(err)
     out, took = timed(lambda: Parallel(n_jobs=2)(delayed(abs)(-i) for i in range(4)))
-    assert out == [0, 1, 2, 3] and took < 1.0, (out, took)  # 5.0 s before
+    assert out == [0, 1, 2, 3] and took < AT_ONCE, (out, took)  # 5.0 s before
 
 
 def test_interruptible_tasks_stop_where_they_run(pool) -> None:
@@ -71,9 +75,9 @@ def test_interruptible_tasks_stop_where_they_run(pool) -> None:
         return spin(30)
 
     err, took = timed(lambda: Parallel(n_jobs=2)(delayed(fail_soon)(i) for i in range(6)))
-    assert isinstance(err, KeyError) and took < 3.0, (err, took)
+    assert isinstance(err, KeyError) and took < AT_ONCE, (err, took)  # 30 s if not interrupted
     out, took = timed(lambda: Parallel(n_jobs=2)(delayed(abs)(-i) for i in range(4)))
-    assert out == [0, 1, 2, 3] and took < 1.0, (out, took)
+    assert out == [0, 1, 2, 3] and took < AT_ONCE, (out, took)
 
 
 def test_a_dropped_generator_frees_the_nodes(pool) -> None:
@@ -82,7 +86,7 @@ def test_a_dropped_generator_frees_the_nodes(pool) -> None:
     start = time.monotonic()
     gen.close()  # the caller stops consuming: joblib aborts
     out = Parallel(n_jobs=2)(delayed(abs)(-i) for i in range(4))
-    assert out == [0, 1, 2, 3] and time.monotonic() - start < 2.0
+    assert out == [0, 1, 2, 3] and time.monotonic() - start < AT_ONCE
 
 
 def test_the_process_executor_replaces_the_process() -> None:
@@ -90,6 +94,8 @@ def test_the_process_executor_replaces_the_process() -> None:
                      options=QUIET):
         pids = set(Parallel(n_jobs=2)(delayed(os.getpid)() for _ in range(4)))
         err, took = timed(lambda: Parallel(n_jobs=2, timeout=0.2)(delayed(sleep)(10) for _ in range(6)))
-        assert isinstance(err, JoblibTimeout) and took < 3.0, (err, took)
+        assert type(err) is JoblibTimeout and took < AT_ONCE, (type(err), err, took)
+        # The two new processes start while the next call waits: seconds on a loaded machine,
+        # 10 s (the sleeps) when the old processes were kept.
         out, took = timed(lambda: Parallel(n_jobs=2)(delayed(os.getpid)() for _ in range(4)))
-        assert took < 3.0 and not set(out) & pids, (out, pids, took)  # fresh processes
+        assert len(out) == 4 and not set(out) & pids and took < 2 * AT_ONCE, (out, pids, took)

@@ -3,6 +3,7 @@ run again, health checks replace unwell nodes, and the pool gives up cleanly whe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -134,7 +135,9 @@ def test_chaos_a_node_killed_every_two_seconds() -> None:
         time.sleep(0.0015)
         return x * 3
 
-    with sky.Compute(nodes=nodes, options=QUIET) as pool:
+    # Seven kills in about 14 s: a call may meet more dying nodes than the default 3 retries.
+    options = dataclasses.replace(QUIET, retry_on_interruption=10)
+    with sky.Compute(nodes=nodes, options=options) as pool:
         unsubscribe = pool.subscribe(recorder)
 
         def killer() -> None:

@@ -6,6 +6,10 @@ dashboard receives them in, see ``skyward.dashboard.hook``), so the same numbers
 :class:`Collector` turns a set of them into metric families when Prometheus scrapes; nothing is
 computed between scrapes beyond counting events.
 
+A program's own ``/metrics`` (``metrics_port``) answers only ``Authorization: Bearer TOKEN``,
+the token in ``SKYWARD_HOME/metrics/token`` (0600, kept from one program to the next), as the
+dashboard's answers only its own token: a loopback port is open to every local user.
+
 Names and labels are an interface (Grafana boards are built on them): add, never rename.
 ``pool`` is a named pool's name, or a program's pool id; ``node`` a node's index; ``function``
 a task's qualified name; ``provider`` the provider's kind. ``prometheus_client`` is imported
@@ -16,11 +20,18 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hmac
 import logging
+import os
+import secrets
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from skyward.core.pool import Pool
@@ -309,6 +320,80 @@ def parse_address(value: int | str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def metrics_token_file() -> Path:
+    """``SKYWARD_HOME/metrics/token``: the bearer token of ``Options(metrics_port=...)``,
+    made (0600) the first time a program serves its metrics, and kept: a scrape config that
+    reads it (``credentials_file``) goes on working from one program to the next."""
+    from skyward.paths import skyward_home
+
+    return skyward_home() / "metrics" / "token"
+
+
+def metrics_token() -> str:
+    """The token ``/metrics`` of ``Options(metrics_port=...)`` wants (``Authorization: Bearer
+    TOKEN``); made on first use (see ``metrics_token_file``)."""
+    path = metrics_token_file()
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".token.", dir=path.parent)  # 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    try:
+        os.link(tmp, path)  # the first program to get here makes it; the others read that one
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    return path.read_text().strip()
+
+
+def _server(address: tuple[str, int], reg: Any, token: str) -> Any:
+    """An HTTP server of ``reg`` on ``address`` that answers only ``Authorization: Bearer TOKEN``
+    (every local user can reach a loopback port)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # seconds a connection may take to say what it wants
+
+        def do_GET(self) -> None:
+            scheme, _, given = self.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+                self._send(401, b"skyward: /metrics needs `Authorization: Bearer TOKEN`; the token is in "
+                                b"SKYWARD_HOME/metrics/token (docs/guides/observability.md)\n",
+                           "text/plain; charset=utf-8", {"WWW-Authenticate": "Bearer"})
+                return
+            if urlsplit(self.path).path not in ("/", "/metrics"):
+                self._send(404, b"skyward: the metrics are at /metrics\n", "text/plain; charset=utf-8")
+                return
+            body, content_type = render(reg)
+            self._send(200, body, content_type)
+
+        def _send(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            for key, value in {"Content-Type": content_type, "Content-Length": str(len(body)),
+                               "Cache-Control": "no-store", **(extra or {})}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+
+    server = Server(address, Handler)
+    thread = threading.Thread(target=server.serve_forever, name="skyward-metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
 class _Exporter:
     """This process's /metrics server: one per process, whatever number of pools it opens."""
 
@@ -322,10 +407,9 @@ class _Exporter:
         with self.lock:
             if address in self.servers:
                 return
-            from prometheus_client import start_http_server
-
             try:
-                self.servers[address] = start_http_server(address[1], address[0], registry=self.registry)
+                token = metrics_token()
+                self.servers[address] = _server(address, self.registry, token)
             except OSError as exc:
                 from skyward.errors import ConfigError
 

@@ -1,9 +1,16 @@
 """Options(metrics_port=...): a program without a dashboard serves its pools' Prometheus metrics
-(issue 37), on loopback unless told otherwise."""
+(issue 37), on loopback unless told otherwise, to whoever has the token of
+SKYWARD_HOME/metrics/token only (issue 49: every local user read them)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -28,7 +35,9 @@ def _scrape() -> dict[str, float]:
     assert address is not None
     host, port = address
     assert host == "127.0.0.1"  # loopback unless told otherwise
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+    request = urllib.request.Request(f"http://{host}:{port}/metrics",
+                                     headers={"Authorization": f"Bearer {prometheus.metrics_token()}"})
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line.startswith("skyward_")}
 
@@ -82,3 +91,49 @@ def test_cost_so_far_adds_each_nodes_time() -> None:
     stats.apply({"type": "InstanceProvisioned", "node": 1, "time": 1000.0})
     stats.apply({"type": "InstanceDestroyed", "node": 1, "time": 1010.0})  # 2 nodes for 10 s
     assert stats.cost_so_far(now=1020.0) == pytest.approx(3.6 * (2 * 10 + 1 * 10) / 3600)
+
+
+_GET = """
+import sys, urllib.error, urllib.request
+url, token = sys.argv[1], sys.argv[2]
+request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+try:
+    with urllib.request.urlopen(request, timeout=10) as r:
+        print(r.status, len(r.read()))
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode()[:200].replace("\\n", " "))
+"""
+
+
+def test_the_metrics_port_answers_only_the_token() -> None:
+    """Issue 49: `Options(metrics_port=)` served pool and function names, costs and node load
+    to every local user. Now it wants the token of SKYWARD_HOME/metrics/token, which only the
+    user can read; another user (setpriv nobody) is refused, with or without a guess."""
+    with sky.Compute(nodes=1, options=sky.Options(metrics_port=0, console="silent")) as pool:
+        assert pool.map(double, range(3)) == [0, 2, 4]
+        address = prometheus.metrics_address()
+        assert address is not None
+        url = f"http://{address[0]}:{address[1]}/metrics"
+        for headers in ({}, {"Authorization": "Bearer guess"}, {"Authorization": f"Basic {pool.id}"}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+            assert refused.value.code == 401, headers
+            assert b"skyward_" not in refused.value.read()
+        token_file = prometheus.metrics_token_file()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert "skyward_tasks_done_total" in _scrape_text(url, token_file.read_text().strip())
+        if os.geteuid() == 0 and shutil.which("setpriv"):
+            def as_nobody(*argv: str) -> str:
+                out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                      sys.executable, *argv], capture_output=True, text=True, timeout=60)
+                return out.stdout.strip() or out.stderr.strip()
+
+            assert as_nobody("-c", _GET, url, "").startswith("401 "), "another user read the metrics"
+            assert as_nobody("-c", _GET, url, "guess").startswith("401 ")
+            read = as_nobody("-c", "import sys; print(open(sys.argv[1]).read())", str(token_file))
+            assert "Permission denied" in read, read  # nor can it read the token
+
+
+def _scrape_text(url: str, token: str) -> str:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    return str(urllib.request.urlopen(request, timeout=10).read().decode())

@@ -49,9 +49,11 @@ with sky.Compute(nodes=1, plugins=plugins, options=options) as pool:
     if mode == "metrics":
         from skyward.observe import prometheus
         host, port = prometheus.metrics_address()
+        scrape_request = urllib.request.Request(f"http://{host}:{port}/metrics",
+                                                headers={"Authorization": f"Bearer {prometheus.metrics_token()}"})
         def scrape():
             while not stop.wait(0.5):
-                urllib.request.urlopen(f"http://{host}:{port}/metrics").read()
+                urllib.request.urlopen(scrape_request).read()
         threading.Thread(target=scrape, daemon=True).start()
     for i in range(50):
         noop(i) >> pool

@@ -61,7 +61,8 @@ def client_cidrs(extra: Iterable[str], detect: bool, where: str) -> tuple[str, .
     cidrs = list(check_cidrs(extra, where))
     if detect:
         address = ipaddress.ip_address(public_address())
-        cidrs.insert(0, f"{address}/{address.max_prefixlen}")
+        # One host, checked by the same rule as what the user adds (a detected address is input too).
+        cidrs.insert(0, *check_cidrs([f"{address}/{address.max_prefixlen}"], where))
     if not cidrs:
         raise ConfigError(
             f"{where}: detect_address=False and allow_ssh_from is empty, so nothing could reach the "

@@ -135,6 +135,11 @@ class NodeChannel:
                 self._streams[tid] = on_frame
             if lane is not None:
                 lane.tids.add(tid)
+        # Exactly one outcome per task: once ``done`` is in ``_pending``, whoever pops it (a
+        # RESULT, the lane's end, the node's loss) owns the outcome. A send that fails after
+        # another thread already popped it (the node was lost meanwhile and ``done`` has its
+        # error) returns normally; raising too would give the caller a second outcome (map
+        # counted the chunk twice and then waited forever for a result nobody would send).
         if lane is not None:
             try:
                 lane.writer.send_parts(kind, tid, flags, body, buffers)
@@ -142,12 +147,17 @@ class NodeChannel:
             except OSError:  # the worker went: the agent has it (and starts a new one)
                 with self._lock:
                     lane.tids.discard(tid)
+                    if tid not in self._pending:
+                        return tid  # the lane's end (or the node's loss) gave it its outcome
         try:
             self._writer.send_parts(kind, tid, flags, body, buffers)
         except OSError as exc:
             with self._lock:
-                self._pending.pop(tid, None)
+                mine = self._pending.pop(tid, None) is not None
+                self._streams.pop(tid, None)
             serialize.discard(buffers)
+            if not mine:  # failed by the node's loss meanwhile: ``done`` has that error
+                return tid
             self._mark_lost(exc)
             raise self._lost_error() from exc
         return tid

@@ -213,12 +213,16 @@ def _nvidia_smi() -> str | None:
 
 
 def _query_gpus(exe: str) -> list[tuple[float, float, float, float]]:
-    """(utilisation %, memory used MiB, memory total MiB, temperature C) per GPU."""
+    """(utilisation %, memory used MiB, memory total MiB, temperature C) per GPU of this node:
+    on a Local node, only its own (SKYWARD_GPUS, which sky.Local sets beside CUDA_VISIBLE_DEVICES:
+    nvidia-smi does not read the latter), else every GPU of the machine."""
+    own = os.environ.get("SKYWARD_GPUS")
     out = subprocess.run(
         [
             exe,
             "--query-gpu=utilization.gpu,memory.used,memory.total,temperature.gpu",
             "--format=csv,noheader,nounits",
+            *([f"--id={own}"] if own else []),
         ],
         capture_output=True,
         text=True,

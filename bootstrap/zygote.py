@@ -5,7 +5,8 @@ On a Local pool all the nodes start at once on this machine, and that start is C
 agent used to be a new interpreter that loaded the same modules (half of an agent's cost before
 its first task). The provider now starts one process, ``python -m skyward.bootstrap.agent
 --fork-server`` (which loads the agent module and starts no thread), and asks it for each node:
-one JSON line on its stdin, ``{"index": 0, "argv": [...], "cwd": ..., "log": ...}``. It forks a
+one JSON line on its stdin, ``{"index": 0, "argv": [...], "cwd": ..., "log": ...}`` (and
+``"env"``: variables of that node's own, such as its GPUs). It forks a
 child that becomes that node's agent as if it had been started with ``argv``: its own session,
 stdin on /dev/null, stderr on the node's log, the pool's token in its environment. On stdout the
 server says ``{"forked": index, "pid": pid}`` and the child then prints its usual hello
@@ -98,6 +99,9 @@ def _fork(request: dict[str, object], run_agent: Callable[[list[str]], None], ou
         os.dup2(log, 2)
         os.close(log)
         os.chdir(str(request["cwd"]))
+        env = request.get("env")  # (this node's own variables: its GPUs)
+        if isinstance(env, dict):
+            os.environ.update(env)
         sys.argv = ["skyward-agent", *argv]
         run_agent(argv)
 

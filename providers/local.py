@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
     from skyward.spec import Image, Options, Spec
 
+    from .local_gpus import Assigned, GpuClaims
+
 _START_TIMEOUT = 30.0
 Agent = subprocess.Popen[bytes] | ForkedAgent  # a node's agent process, as this module holds it
 
@@ -75,14 +77,20 @@ class Local(ProviderConfig):
             if problem:
                 return f"sky.Volume mounts buckets with FUSE and {problem}"
         if spec.accelerator is not None:
-            have = _local_gpus()
+            from .local_gpus import shortfall, usable_gpus
+
             acc = spec.accelerator
-            want = getattr(acc, "count", 1)
-            if have < want:
+            have = len(usable_gpus())
+            if have == 0:
                 return (
-                    f"Local was asked for accelerator {acc} and this machine has {have} NVIDIA GPU(s) "
-                    f"visible to nvidia-smi; drop accelerator= to run on the CPU, or use a cloud provider."
+                    f"Local was asked for accelerator {acc} and this machine has no NVIDIA GPU that "
+                    f"Local may hand out (none listed by nvidia-smi -L, or CUDA_VISIBLE_DEVICES hides "
+                    f"them); drop accelerator= to run on the CPU, or use a cloud provider."
                 )
+            nodes = spec.node_spec.desired or 1  # (a pool born asleep starts one on its first task)
+            problem = shortfall(float(getattr(acc, "count", 1)), nodes, have)
+            if problem:
+                return f"Local was asked for accelerator {acc}: {problem}"
         return None
 
     def hourly_cost(self, spec: Spec) -> float | None:
@@ -122,17 +130,6 @@ class Local(ProviderConfig):
 
     def nodes_alive(self, description: dict[str, Any]) -> list[bool | None]:
         return [process_running(n["pid"], n.get("started")) for n in description["nodes"]]
-
-
-def _local_gpus() -> int:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return 0
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def _log() -> logging.Logger:
@@ -175,6 +172,13 @@ class LocalCluster(Cluster):
         self._next = 0
         self._lock = threading.Lock()
         self.spec = spec
+        # The node's own GPUs (local_gpus.py), taken before each node starts.
+        self._gpus: GpuClaims | None = None
+        if spec.accelerator is not None:
+            from .local_gpus import GpuClaims
+
+            self._gpus = GpuClaims(pool_id, float(getattr(spec.accelerator, "count", 1)))
+        self._assigned: dict[int, Assigned] = {}
         try:
             from skyward.records.pkglock import current_pin
 
@@ -230,6 +234,19 @@ class LocalCluster(Cluster):
         self._unmount = description.get("unmount")  # the volumes of the process that made the pool
         # New nodes (a resize of an attached pool) get the environment the pool was made with.
         self._env = {**os.environ, **description.get("env", {})}
+        self._gpus, self._assigned = None, {}
+        gpus = description.get("gpus")
+        if gpus:  # its nodes' GPUs: a resize takes free ones, a stop frees theirs
+            from fractions import Fraction
+
+            from .local_gpus import Assigned, GpuClaims
+
+            self._gpus = GpuClaims(gpus["pool"], float(gpus["count"]))
+            for node in self._nodes.values():
+                got = node.get("gpus")
+                if got:
+                    self._assigned[int(node["index"])] = Assigned(
+                        tuple(got["visible"]), tuple(got["names"]), Fraction(got["share"]))
         return self
 
     def describe(self) -> dict[str, Any]:
@@ -247,6 +264,7 @@ class LocalCluster(Cluster):
             "next": self._next,
             "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
             "nodes": nodes,
+            "gpus": None if self._gpus is None else {"pool": self._gpus.pool_id, "count": float(self._gpus.share)},
             "unmount": self._mounts.describe() if self._mounts is not None else getattr(self, "_unmount", None),
         }
 
@@ -263,6 +281,7 @@ class LocalCluster(Cluster):
                 self._mounts = None
             self._procs.clear()
             self._nodes.clear()
+            self._gpus = None  # the agents hold their GPUs' claims as long as they run
         if self.spill_dir is not None:  # the pool lives on; this program's segments go
             shm.forget(self.spill_dir)
 
@@ -362,11 +381,16 @@ class LocalCluster(Cluster):
             need = count - len(known)
             launched, self._launched = self._launched[:need], self._launched[need:]
             indices = list(range(self._next, self._next + need - len(launched)))
+            self._take_gpus(indices)  # all or none, before any of them starts
             self._next += len(indices)
             started = launched + [(i, self._spawn(i)) for i in indices]
         endpoints = [_endpoint(n["index"], n.get("port"), n.get("unix")) for n in live]
         for i, proc in started:
-            port, unix = self._handshake(i, proc)
+            try:
+                port, unix = self._handshake(i, proc)
+            except BaseException:
+                self._free_gpus([i])
+                raise
             with self._lock:
                 self._nodes[i] = {
                     "index": i, "private_ip": "127.0.0.1", "public_ip": None,
@@ -374,7 +398,11 @@ class LocalCluster(Cluster):
                     "started": _start_time(proc.pid),
                     "log": str(self._root / f"node-{i}" / "agent.log"),
                 }
+                if i in self._assigned:
+                    self._nodes[i]["gpus"] = self._assigned[i].describe()
                 self._handed.add(i)
+            if self._gpus is not None and i in self._assigned:
+                self._gpus.bind(i, proc.pid)  # held by the agent from now on: free when it exits
             endpoints.append(_endpoint(i, port, unix))
         return endpoints
 
@@ -382,8 +410,37 @@ class LocalCluster(Cluster):
         """Start ``count`` agents now without waiting for them: ``start`` takes them first."""
         with self._lock:
             first = self._next
+            self._take_gpus(list(range(first, first + count)))
             self._next += count
             self._launched += [(i, self._spawn(i)) for i in range(first, first + count)]
+
+    def _take_gpus(self, indices: list[int]) -> None:
+        """Each new node's own GPUs (an accelerator= pool), or ProviderError before any starts."""
+        if self._gpus is not None and indices:
+            self._assigned.update(self._gpus.take(indices))
+
+    def _free_gpus(self, indices: list[int] | None) -> None:
+        """These nodes' GPUs (every node's: None) go back, for this pool and any other."""
+        if self._gpus is None:
+            return
+        with self._lock:
+            for i in list(self._assigned) if indices is None else indices:
+                self._assigned.pop(i, None)
+        try:
+            self._gpus.free(indices)
+        except OSError as exc:  # (their agents are gone: the claims are stale and free anyway)
+            _log().warning("could not free the GPUs of Local nodes %s: %s", indices, exc)
+
+    def replace(self, lost: NodeEndpoint) -> NodeEndpoint:
+        """With GPUs: the lost node stops first, so that its GPUs are there for its replacement
+        (on a machine whose GPUs the pool holds them all). Without: as every provider."""
+        if self._gpus is None:
+            return super().replace(lost)
+        try:
+            self.stop([lost])
+        except Exception:  # the lost node's leftovers must not undo its replacement
+            _log().exception("stopping lost node %d failed", lost.index)
+        return self.start(1)[0]
 
     def _spawn(self, index: int) -> Agent:
         node_dir = self._root / f"node-{index}"
@@ -400,12 +457,13 @@ class LocalCluster(Cluster):
         if self.spill_dir is not None:
             args += ["--orphan-cleanup", str(self.spill_dir)]
         env = dict(self._env, SKYWARD_AGENT_TOKEN=self.token)
+        own = self._assigned[index].env() if index in self._assigned else {}  # its GPUs
         proc: Agent | None = None
         if self._forks is not False:  # forked from the pool's fork server (local_fork.py)...
             try:
                 if self._forks is None:
                     self._forks = ForkServer(env, self._root)
-                proc = self._forks.fork(index, args, node_dir, log_path)
+                proc = self._forks.fork(index, args, node_dir, log_path, env=own)
             except OSError as exc:  # ...or, where it cannot run, a new interpreter as before
                 _log().warning("the Local fork server is not available (%s); each node starts its own interpreter", exc)
                 dead, self._forks = self._forks, False
@@ -415,7 +473,7 @@ class LocalCluster(Cluster):
             with open(log_path, "ab") as log_file:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "skyward.bootstrap.agent", *args], cwd=node_dir,
-                    env=env, stdin=subprocess.DEVNULL,
+                    env={**env, **own}, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
                 )
         self._procs[index] = proc
@@ -471,6 +529,7 @@ class LocalCluster(Cluster):
             gone = [self._nodes.pop(e.index) for e in endpoints if e.index in self._nodes]
         _reap(procs)
         _stop_foreign([n for n in gone if n["pid"] not in {p.pid for p in procs}])
+        self._free_gpus([e.index for e in endpoints])
 
     def close(self) -> None:
         with self._lock:
@@ -489,6 +548,7 @@ class LocalCluster(Cluster):
             raise
         finally:
             try:
+                self._free_gpus(None)
                 if forks:  # its agents are gone: it exits
                     forks.close()
                 self._unmount_volumes()

@@ -58,10 +58,14 @@ class ForkServer:
         self._ended = False
         ForkServer.running.add(self)
 
-    def fork(self, index: int, argv: list[str], cwd: Path, log: Path) -> ForkedAgent:
-        """Ask for node ``index``'s agent; raises OSError when the server is gone."""
+    def fork(self, index: int, argv: list[str], cwd: Path, log: Path,
+             env: dict[str, str] | None = None) -> ForkedAgent:
+        """Ask for node ``index``'s agent, with ``env`` added to the pool's environment (the
+        node's own GPUs); raises OSError when the server is gone."""
         assert self.proc.stdin is not None
-        request = {"index": index, "argv": argv, "cwd": str(cwd), "log": str(log)}
+        request: dict[str, Any] = {"index": index, "argv": argv, "cwd": str(cwd), "log": str(log)}
+        if env:
+            request["env"] = env
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         self.proc.stdin.flush()
         return ForkedAgent(index, self)

@@ -67,6 +67,68 @@ def _rank_env(info: Any) -> dict[str, str]:
     }
 
 
+def bind_worker_gpus(info: Any) -> tuple[str, ...]:
+    """Give this worker process its share of the node's GPUs, before CUDA starts in it.
+
+    The node's GPUs are what its CUDA_VISIBLE_DEVICES names (a Local node's own, see
+    ``sky.Local``), or every GPU ``nvidia-smi -L`` lists where it is not set. With one worker per
+    node (the thread executor) the worker keeps them all. With several (the process executor),
+    each worker gets ``gpus // workers`` of them, worker 0 the first ones, through its own
+    CUDA_VISIBLE_DEVICES; with more workers than GPUs, worker ``w`` shares GPU ``w % gpus``.
+    Returns this worker's GPUs (empty where the node has none, or where CUDA already started in
+    this process and can no longer be told)."""
+    node = os.environ.get("SKYWARD_NODE_GPUS")  # (a worker that binds again starts from the node's)
+    if node is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        node = visible if visible is not None else ",".join(_listed_gpus()) if info.workers_per_node > 1 else ""
+        os.environ["SKYWARD_NODE_GPUS"] = node
+    devices = [d for d in (d.strip() for d in node.split(",")) if d]
+    if not devices or info.workers_per_node <= 1:
+        return tuple(devices)
+    per = len(devices) // info.workers_per_node
+    mine = devices[info.worker * per:(info.worker + 1) * per] if per else [devices[info.worker % len(devices)]]
+    if _cuda_started():
+        return ()
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    return tuple(mine)
+
+
+def _listed_gpus() -> list[str]:
+    """The UUIDs (else indices) of the GPUs nvidia-smi lists; [] without it."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = re.findall(r"^GPU (\d+):.*?(?:\(UUID: (GPU-[^)]+)\))?\s*$", out, flags=re.M)
+    return [uuid or index for index, uuid in found]
+
+
+def _cuda_started() -> bool:
+    """CUDA already runs in this process (torch's), so CUDA_VISIBLE_DEVICES would be read too late."""
+    import sys
+
+    torch_cuda = sys.modules.get("torch.cuda")
+    try:
+        return bool(torch_cuda is not None and torch_cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _worker_device(info: Any, count: int) -> int:
+    """The CUDA device this worker uses among those it sees: its first when it was given GPUs
+    of its own (bind_worker_gpus), else ``worker % count`` of the node's (workers share them)."""
+    if info.workers_per_node > 1 and os.environ.get("SKYWARD_NODE_GPUS") and \
+            os.environ.get("CUDA_VISIBLE_DEVICES") != os.environ.get("SKYWARD_NODE_GPUS"):
+        return 0
+    return info.worker % max(1, count)
+
+
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -94,9 +156,10 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
 
     Installs ``torch`` (``version``: "latest" or a pin such as "2.4.1"; ``vision``/``audio``:
     True or a version for torchvision/torchaudio) from PyTorch's ``cuda`` wheel index on GPU
-    pools (the CPU index otherwise). On every worker: MASTER_ADDR/PORT, WORLD_SIZE, RANK,
-    LOCAL_RANK, OMP_NUM_THREADS, then ``init_process_group`` once (``backend``: nccl with
-    GPUs, gloo without). Your own ``init_process_group``/``destroy_process_group`` calls
+    pools (the CPU index otherwise). On every worker: its GPUs (the node's own; with the process
+    executor, its share of them: ``bind_worker_gpus``) and ``cuda.set_device``, MASTER_ADDR/PORT,
+    WORLD_SIZE, RANK, LOCAL_RANK, OMP_NUM_THREADS, then ``init_process_group`` once
+    (``backend``: nccl with GPUs, gloo without). Your own ``init_process_group``/``destroy_process_group`` calls
     become no-ops while the plugin holds the group; it is destroyed when the worker stops.
     """
     if backend not in (None, "nccl", "gloo", "mpi", "ucc"):
@@ -121,13 +184,14 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
         threads = _threads_per_rank(info)
         os.environ.update(_rank_env(info), MASTER_ADDR=info.head_addr, MASTER_PORT=str(info.head_port))
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        bind_worker_gpus(info)  # before CUDA starts in this process
         import torch as _torch
         import torch.distributed as dist
 
         _torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         chosen = backend or ("nccl" if _torch.cuda.is_available() else "gloo")
         if chosen == "nccl":
-            _torch.cuda.set_device(info.worker % max(1, _torch.cuda.device_count()))
+            _torch.cuda.set_device(_worker_device(info, _torch.cuda.device_count()))
         owned = False
         if not dist.is_initialized():
             dist.init_process_group(chosen, store=_torch_store(info), world_size=info.total_workers,
@@ -194,7 +258,8 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
     """JAX with ``jax.distributed`` initialised on every worker (before any other JAX call).
 
     Installs ``jax[tpu]`` on Cloud TPU pools, ``jax[cuda12]`` on NVIDIA GPU pools (``cuda``),
-    ``jax`` otherwise; sets
+    ``jax`` otherwise; gives each worker its GPUs (the node's own; with the process executor, its
+    share of them: ``bind_worker_gpus``), so that its local devices are those; sets
     JAX_COORDINATOR_ADDRESS (head node, ``head_port + 1``; JAX_COORDINATOR_BIND_ADDRESS, the
     same: the coordinator listens there only), JAX_NUM_PROCESSES, JAX_PROCESS_ID,
     and on CPU uses gloo for cross-process collectives. Timeouts are always passed: a peer
@@ -218,6 +283,7 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
             JAX_PROCESS_ID=str(info.global_worker_index),
         )
         os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(info)))
+        bind_worker_gpus(info)  # before JAX starts its backends
         import jax as _jax
 
         # Only affects CPU collectives; must be set before initialize, like everything else.
@@ -251,7 +317,8 @@ def keras(*, backend: str = "jax") -> Plugin:
     KERAS_BACKEND on the nodes before anything imports it. With the jax backend on more
     than one worker, data parallelism over every process's devices is set up
     (``DataParallel``, shared seed); list ``jax()`` before ``keras()`` so that JAX's
-    distributed runtime exists first (without it, keras initialises it itself)."""
+    distributed runtime exists first (without it, keras initialises it itself). Each worker
+    sees only its GPUs (the node's own, shared among its worker processes: ``bind_worker_gpus``)."""
     if backend not in ("jax", "torch", "tensorflow"):
         raise ConfigError(f"keras(backend={backend!r}) is not valid: use 'jax', 'torch' or 'tensorflow'.")
 
@@ -262,6 +329,7 @@ def keras(*, backend: str = "jax") -> Plugin:
     @contextlib.contextmanager
     def around_app(info: Any) -> Iterator[None]:
         os.environ["KERAS_BACKEND"] = backend
+        bind_worker_gpus(info)  # the node's own GPUs, a share of them per worker process
         if backend == "jax" and info.total_workers > 1:
             import jax as _jax
 

@@ -102,7 +102,12 @@ def mps(*, active_thread_percentage: int | None = None, pinned_memory_limit: str
     Sets CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY, optionally
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (1-100, the share of SMs per client) and
     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=4G" or "4G" for every device), and starts the daemon
-    during bootstrap."""
+    during bootstrap (on Local, once for the machine).
+
+    With a fractional accelerator count on Local (``sky.accelerators.A100(count=0.5)``: nodes
+    that share one GPU), each node's processes get its share of the GPU's SMs as
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (50 for 0.5) unless ``active_thread_percentage`` (or the
+    image's env) says otherwise."""
     if active_thread_percentage is not None and not 1 <= active_thread_percentage <= 100:
         raise ConfigError(
             f"mps(active_thread_percentage={active_thread_percentage!r}) is not valid: use 1-100."
@@ -128,4 +133,14 @@ def mps(*, active_thread_percentage: int | None = None, pinned_memory_limit: str
             "pgrep -x nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d",
         )
 
-    return Plugin.create("mps").with_image_transform(transform).with_bootstrap(bootstrap)
+    @contextlib.contextmanager
+    def around_app(info: Any) -> Iterator[None]:
+        share = os.environ.get("SKYWARD_GPU_SHARE")  # a Local node's share of its GPU
+        if share and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ:
+            with contextlib.suppress(ValueError):
+                percent = round(float(share) * 100)
+                os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, max(1, percent)))
+        yield
+
+    return (Plugin.create("mps").with_image_transform(transform).with_bootstrap(bootstrap)
+            .with_around_app(around_app))

@@ -1,0 +1,298 @@
+"""Local pools on a machine with GPUs: each node gets GPUs of its own (issue 44, item 3).
+
+No GPU is needed: a fake ``nvidia-smi`` on PATH describes a 4-GPU machine. The tests that need a
+real one carry the ``gpu`` marker and skip where there is none."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import skyward as sky
+from skyward.providers import local_gpus
+
+pytestmark = pytest.mark.timeout(300)
+QUIET = sky.Options(console=False)
+UUIDS = [f"GPU-{i}a5e7c1d-0000-4000-8000-00000000000{i}" for i in range(4)]
+
+
+@pytest.fixture
+def four_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake nvidia-smi first on PATH: 4 A100s; ``--query-gpu`` answers for the GPUs ``--id``
+    names (every one without), GPU i at 10*(i+1) % and 30+i degrees; each call is logged."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "nvidia-smi.log"
+    listing = "".join(f"GPU {i}: NVIDIA A100-SXM4-80GB (UUID: {u})\\n" for i, u in enumerate(UUIDS))
+    rows = "\n".join(f'    "{i}"|"{u}") echo "{10 * (i + 1)}, {1024 * (i + 1)}, 81920, {30 + i}" ;;'
+                     for i, u in enumerate(UUIDS))
+    script = bin_dir / "nvidia-smi"
+    script.write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >> {log}\n'
+        f"if [ \"$1\" = \"-L\" ]; then printf '{listing}'; exit 0; fi\n"
+        'ids="0,1,2,3"\n'
+        'for a in "$@"; do case "$a" in --id=*) ids="${a#--id=}" ;; esac; done\n'
+        'IFS=, read -ra wanted <<< "$ids"\n'
+        'for id in "${wanted[@]}"; do\n'
+        '  case "$id" in\n'
+        f"{rows}\n"
+        "  esac\n"
+        "done\n"
+    )
+    script.chmod(0o755)
+    # (no daemon for the mps plugin's bootstrap to start on a machine without drivers)
+    (bin_dir / "nvidia-cuda-mps-control").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return log
+
+
+@sky.function
+def gpus_here() -> dict[str, Any]:
+    info = sky.instance_info()
+    acc = info.accelerator
+    return {
+        "node": info.node,
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "metrics_ids": os.environ.get("SKYWARD_GPUS"),
+        "share": os.environ.get("SKYWARD_GPU_SHARE"),
+        "mps": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+        "type": acc.type if acc else None,
+        "count": acc.count if acc else None,
+        "agent": os.getppid(),
+    }
+
+
+def visible(pool: sky.Pool) -> list[list[str]]:
+    return [r["visible"].split(",") for r in gpus_here() @ pool]
+
+
+def local(nodes: int, accelerator: Any = "A100", **kwargs: Any) -> sky.Compute:
+    return sky.Compute(provider=sky.Local(), nodes=nodes, accelerator=accelerator, options=QUIET, **kwargs)
+
+
+def flat(lists: list[list[str]]) -> list[str]:
+    return [item for items in lists for item in items]
+
+
+def test_each_node_gets_its_own_gpu(four_gpus: Path) -> None:
+    with local(4) as pool:
+        results = gpus_here() @ pool
+    assert sorted(r["visible"] for r in results) == UUIDS  # one each, never the same one
+    for r in results:
+        assert r["metrics_ids"] == r["visible"]
+        assert (r["type"], r["count"], r["share"]) == ("A100", 1, None)
+
+
+def test_two_gpus_each_and_free_again_when_the_pool_closes(four_gpus: Path) -> None:
+    with local(2, "A100:2") as pool:
+        first, second = visible(pool)
+    assert len(first) == len(second) == 2
+    assert sorted(first + second) == UUIDS
+    assert local_gpus.in_use() == []
+    with local(4) as pool:
+        assert sorted(flat(visible(pool))) == UUIDS
+
+
+def test_more_gpus_than_the_machine_has_fails_before_any_node_starts(four_gpus: Path) -> None:
+    with pytest.raises(sky.NoOfferError) as caught, local(5):
+        pass
+    message = str(caught.value)
+    assert "5 Local node(s) of 1 GPU each need 5 GPU(s) and this machine has 4" in message
+    assert "fewer nodes (at most 4)" in message and "count=0.5" in message and "provider" in message
+    assert local_gpus.in_use() == []
+    with pytest.raises(sky.NoOfferError, match=r"need 6 GPU"), local(3, "A100:2"):
+        pass
+
+
+def test_a_fraction_shares_one_gpu_and_the_mps_plugin_sizes_each_share(four_gpus: Path) -> None:
+    half = sky.accelerators.A100(count=0.5)
+    with local(2, half) as pool:
+        a, b = gpus_here() @ pool
+    assert a["visible"] == b["visible"] and a["visible"] in UUIDS  # two halves of one GPU
+    assert a["share"] == b["share"] == "0.5" and a["count"] == 0.5
+    with local(2, half, plugins=[sky.plugins.mps()]) as pool:
+        assert [r["mps"] for r in gpus_here() @ pool] == ["50", "50"]
+    with local(8, half) as pool:
+        assert sorted(set(flat(visible(pool)))) == UUIDS  # two per GPU
+    with pytest.raises(sky.NoOfferError, match=r"9 Local node.* need 5 GPU.*has 4"), local(9, half):
+        pass
+
+
+def test_the_client_cuda_visible_devices_limits_what_is_handed_out(
+        four_gpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"1,{UUIDS[3][:12]}")  # an index and a UUID prefix
+    with local(2) as pool:
+        assert sorted(flat(visible(pool))) == [UUIDS[1], UUIDS[3]]
+    limited = r"has 2 that Local may hand out \(this process's CUDA_VISIBLE_DEVICES="
+    with pytest.raises(sky.NoOfferError, match=limited), local(3):
+        pass
+
+
+def test_two_pools_at_once_never_hand_out_the_same_gpu(four_gpus: Path, tmp_path: Path) -> None:
+    # The other pool runs in a process of its own: the claims are the machine's, not a process's.
+    program = tmp_path / "other.py"
+    program.write_text(textwrap.dedent("""\
+        import os, sys
+        import skyward as sky
+
+        @sky.function
+        def mine():
+            return os.environ["CUDA_VISIBLE_DEVICES"]
+
+        with sky.Compute(provider=sky.Local(), nodes=2, accelerator="A100",
+                         options=sky.Options(console=False)) as pool:
+            print(",".join(mine() @ pool), flush=True)
+            sys.stdin.readline()
+        """))
+    other = subprocess.Popen([sys.executable, str(program)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=dict(os.environ))
+    try:
+        assert other.stdout is not None
+        theirs = other.stdout.readline().strip().split(",")
+        assert len(theirs) == 2 and set(theirs) <= set(UUIDS)
+        with local(2) as pool:
+            ours = flat(visible(pool))
+            assert sorted(theirs + ours) == UUIDS
+            with pytest.raises(sky.ProviderError, match=r"held by running pools \(pool"), local(1):
+                pass
+    finally:
+        assert other.stdin is not None
+        other.stdin.write("\n")
+        other.stdin.flush()
+        assert other.wait(60) == 0
+    assert local_gpus.in_use() == []
+
+
+def test_a_crashed_holder_frees_its_gpus(four_gpus: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claims = local_gpus.GpuClaims("crashed-pool", 1)
+        taken = claims.take([0, 1, 2, 3])
+        for node in taken:
+            claims.bind(node, holder.pid)
+        assert len(local_gpus.in_use()) == 4
+        with pytest.raises(sky.ProviderError, match="held by running pools"):
+            local_gpus.GpuClaims("next-pool", 1).take([0])
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert local_gpus.in_use() == []  # no clean-up ran: its claims are stale
+        assert set(local_gpus.GpuClaims("next-pool", 1).take([0, 1, 2, 3])) == {0, 1, 2, 3}
+    finally:
+        holder.kill()
+        holder.wait()
+        local_gpus.GpuClaims("next-pool", 1).free()
+
+
+def test_a_replaced_node_gets_the_free_gpu(four_gpus: Path) -> None:
+    with local(4) as pool:
+        before = gpus_here() @ pool
+        lost = before[1]
+        os.kill(lost["agent"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "the lost node was not replaced"
+            try:
+                after = gpus_here() @ pool
+            except sky.SkywardError:
+                after = []
+            if len(after) == 4 and after[1]["agent"] != lost["agent"]:
+                break
+            time.sleep(0.2)
+        assert after[1]["visible"] == lost["visible"]  # the only free one: the lost node's
+        assert sorted(r["visible"] for r in after) == UUIDS
+        claims = local_gpus.in_use()
+        assert sorted(c["gpu"] for c in claims) == UUIDS
+        assert {c["pid"] for c in claims} == {r["agent"] for r in after}  # each held by its agent
+
+
+def test_elastic_growth_takes_free_gpus_and_shrinking_frees_them(four_gpus: Path) -> None:
+    with local(2) as pool:
+        pool.resize(4)
+        assert sorted(flat(visible(pool))) == UUIDS
+        pool.resize(1)
+        assert len(local_gpus.in_use()) == 1
+
+
+def test_node_gpu_metrics_query_only_its_own_gpus(four_gpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.bootstrap import metrics
+
+    exe = shutil.which("nvidia-smi")
+    assert exe is not None
+    assert [g[0] for g in metrics._query_gpus(exe)] == [10, 20, 30, 40]  # no Local node: every GPU
+    monkeypatch.setenv("SKYWARD_GPUS", f"{UUIDS[1]},{UUIDS[3]}")
+    assert [g[0] for g in metrics._query_gpus(exe)] == [20, 40]
+    assert f"--id={UUIDS[1]},{UUIDS[3]}" in four_gpus.read_text()
+
+
+def test_cpu_pools_leave_the_gpus_alone(four_gpus: Path) -> None:
+    with sky.Compute(provider=sky.Local(), nodes=2, options=QUIET) as pool:
+        assert [r["visible"] for r in gpus_here() @ pool] == [None, None]
+    assert local_gpus.in_use() == []
+
+
+def test_usable_gpus_reads_cuda_visible_devices_as_cuda_does(four_gpus: Path) -> None:
+    def names(value: str) -> list[str]:
+        return [g.visible for g in local_gpus.usable_gpus({"CUDA_VISIBLE_DEVICES": value})]
+
+    assert [g.visible for g in local_gpus.usable_gpus({})] == UUIDS
+    assert names("2,0") == [UUIDS[2], UUIDS[0]]
+    assert names("0,7,1") == [UUIDS[0]]  # an entry that names nothing ends the list
+    assert names("") == names("-1") == []
+    assert names("MIG-abc") == ["MIG-abc"]
+
+
+def test_plugins_bind_each_worker_process_to_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.plugins.frameworks import _worker_device, bind_worker_gpus
+    from skyward.runtime.info import InstanceInfo
+
+    def info(worker: int, workers: int) -> InstanceInfo:
+        return InstanceInfo(node=0, worker=worker, total_nodes=1, workers_per_node=workers, head_addr="127.0.0.1",
+                            head_port=1, job_id="j", peers=[], network={"interface": "lo"})
+
+    for worker, expected in [(0, ("a", "b")), (1, ("c", "d"))]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "a,b,c,d")
+        monkeypatch.delenv("SKYWARD_NODE_GPUS", raising=False)
+        assert bind_worker_gpus(info(worker, 2)) == expected
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(expected)
+        assert _worker_device(info(worker, 2), 2) == 0
+        assert bind_worker_gpus(info(worker, 2)) == expected  # again: the same
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "a")
+    monkeypatch.delenv("SKYWARD_NODE_GPUS", raising=False)
+    assert bind_worker_gpus(info(1, 1)) == ("a",)  # one worker per node: all of the node's
+    assert _worker_device(info(0, 1), 1) == 0
+
+
+@pytest.mark.gpu
+def test_torch_ranks_on_local_nodes_use_their_own_gpus() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs a machine with 2 or more CUDA GPUs (torch sees "
+                    f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})")
+
+    @sky.function
+    def all_reduce() -> tuple[str, float]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(1, device="cuda")
+        dist.all_reduce(t)
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).uuid.hex, float(t.item())
+
+    # (Local does not match the model name: any accelerator name stands for the machine's GPUs)
+    with local(2, plugins=[sky.plugins.torch()]) as pool:
+        results = all_reduce() @ pool
+    assert [r[1] for r in results] == [2.0, 2.0]
+    assert results[0][0] != results[1][0]
+

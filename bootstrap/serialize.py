@@ -1,6 +1,6 @@
 """Payload encoding: cloudpickle protocol 5 with out-of-band buffers, lz4 where it pays.
 
-Large contiguous buffers (numpy arrays, torch tensors via numpy, anything pickled with
+Large contiguous buffers (numpy arrays, torch tensors' storages, anything pickled with
 protocol 5 out-of-band buffers, and bytes and bytearrays of SPILL_MIN or more) travel beside the pickle instead of inside it, so a 200 MB array is never
 copied into the pickle stream. On a Local pool (``spill``: the pool's shared-memory folder)
 each such buffer is copied once into a shared-memory segment (``shm``) and the receiver
@@ -14,6 +14,8 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import sys
+import threading
 from pathlib import Path
 
 from . import shm
@@ -55,17 +57,16 @@ def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     return BUF_LZ4, packed
 
 
-_PICKLER: Any = None
+_PICKLERS: dict[Any, Any] = {}
 
 
-def _pickler() -> Any:
-    """cloudpickle's Pickler with large bytes and bytearrays out of band (see FLAG_BODY_OOB),
+def _pickler(base: Any) -> Any:
+    """``base`` (see _base) with large bytes and bytearrays out of band (see FLAG_BODY_OOB),
     made on first use."""
-    global _PICKLER
-    if _PICKLER is None:
-        import cloudpickle
+    pickler = _PICKLERS.get(base)
+    if pickler is None:
 
-        class _Pickler(cloudpickle.Pickler):
+        class _Pickler(base):
             def __init__(self, file: Any, extras: list[pickle.PickleBuffer], buffer_callback: Any) -> None:
                 super().__init__(file, protocol=5, buffer_callback=buffer_callback)
                 self.extras = extras
@@ -81,8 +82,222 @@ def _pickler() -> Any:
                     return (kind is bytearray, index)
                 return None
 
-        _PICKLER = _Pickler
-    return _PICKLER
+        pickler = _PICKLERS[base] = _Pickler
+    return pickler
+
+
+# -- torch tensors --------------------------------------------------------------------------
+# A dense tensor travels as (its storage, dtype, shape, strides, offset): the storage's bytes
+# as one PickleBuffer (out of band: through shared memory on Local pools, beside the frame
+# elsewhere; a CUDA storage is copied to the host once, into that buffer), never torch's own
+# pickle of the storage (a torch.save of it: several copies, 45x slower than a numpy array).
+# Tensors that share a storage name one _Storage, which pickle memoizes: the receiver rebuilds
+# them on one storage too. Only a process that has imported torch pickles with this; other
+# layouts (sparse, quantized, nested, meta, tensor subclasses) go through torch's own pickle.
+_INBAND = 16 * 1024  # smaller storages travel inside the pickle (a buffer each costs more)
+_TORCH_PICKLER: Any = None
+
+
+def _base() -> Any:
+    """The Pickler to use: cloudpickle's, with the tensor reducer when torch is loaded."""
+    import cloudpickle
+
+    if "torch" not in sys.modules:
+        return cloudpickle.Pickler
+    global _TORCH_PICKLER
+    if _TORCH_PICKLER is None:
+        import torch
+
+        kinds = (torch.Tensor, torch.nn.Parameter)
+
+        class _TorchPickler(cloudpickle.Pickler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.storages: dict[Any, tuple[_Storage, Any]] = {}  # this pickle's, see _reduce_tensor
+
+            def reducer_override(self, obj: Any) -> Any:
+                if type(obj) in kinds:
+                    reduced = _reduce_tensor(obj, self.storages)
+                    if reduced is not NotImplemented:
+                        return reduced
+                return super().reducer_override(obj)
+
+        _TORCH_PICKLER = _TorchPickler
+    return _TORCH_PICKLER
+
+
+class _Storage:
+    """A tensor storage on its way: pickled once per pickle, however many tensors use it."""
+
+    __slots__ = ("storage",)
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __reduce__(self) -> Any:
+        storage = self.storage
+        n = storage.nbytes()
+        device = _device_of(storage)
+        if n == 0:
+            return _load_storage, (b"", device, 0)
+        import torch
+
+        data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        if data.device.type != "cpu":
+            data = data.cpu()  # the one device-to-host copy: into the buffer that travels
+        array: Any = data.numpy()  # a view: keeps the tensor (and so the storage) alive
+        if n < _INBAND:
+            return _load_storage, (bytearray(array), device, n)
+        return _load_storage, (pickle.PickleBuffer(array), device, n)
+
+
+def _device_of(storage: Any) -> str:
+    return str(storage.device)
+
+
+def _reduce_tensor(t: Any, storages: dict[Any, tuple[_Storage, Any]]) -> Any:
+    """The reduction of a dense CPU or CUDA tensor; NotImplemented: torch's own pickle."""
+    try:
+        if (
+            t.layout is not _torch().strided
+            or t.device.type not in ("cpu", "cuda")
+            or t.is_quantized
+            or t.is_nested
+            or t.is_conj()
+            or t.is_neg()
+            or t.__dict__  # attributes set on it: torch's pickle keeps them
+            or t._backward_hooks
+            or ("numpy" not in sys.modules and not _numpy())
+        ):
+            return NotImplemented
+        storage = t.untyped_storage()
+        n = storage.nbytes()
+        key = (str(storage.device), storage.data_ptr(), n) if n else id(storage)
+        held = storages.get(key)
+        if held is None:  # the storage object is kept: its id and address stay its own
+            held = storages[key] = (_Storage(storage), storage)
+        parameter = type(t) is not _torch().Tensor
+        return _rebuild_tensor, (held[0], t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
+                                 bool(t.requires_grad), parameter)
+    except Exception:  # functorch wrappers, fake tensors... whatever torch's own pickle does
+        return NotImplemented
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _numpy() -> bool:
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _rebuild_tensor(storage: Any, dtype: Any, shape: tuple, stride: tuple, offset: int,
+                    requires_grad: bool, parameter: bool) -> Any:
+    import torch
+
+    t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _load_storage(data: Any, device: str, n: int) -> Any:
+    """The storage a _Storage sent: on the buffer it came in (shared memory, or the frame's
+    bytearray: no copy), moved to ``device`` when that is CUDA and CUDA is here (see landing)."""
+    import torch
+
+    if n == 0:
+        storage = torch.UntypedStorage(0)
+    else:
+        with memoryview(data) as view:
+            readonly = view.readonly
+        if readonly:  # torch must not write into immutable bytes
+            data = bytearray(data)
+        storage = torch.frombuffer(data, dtype=torch.uint8, count=n).untyped_storage()
+    target = landing(device)
+    return storage if target == "cpu" else storage.to(device=target)
+
+
+def _torch_load_from_bytes(b: bytes) -> Any:
+    """torch.storage._load_from_bytes, with CUDA storages put where ``landing`` says."""
+    import torch
+
+    def place(storage: Any, location: str) -> Any:
+        target = landing(location)
+        if target == location:
+            return None  # torch.load's own placement
+        return storage if target == "cpu" else storage.to(device=target)
+
+    return torch.load(io.BytesIO(b), map_location=place, weights_only=False)
+
+
+# Where CUDA tensors land. A process with CUDA puts them on its GPU (the same index when it has
+# it), one without on the CPU, said once per pool (a warning in the log, a Log event) and once
+# per process where no pool is open (a node). A pool opened with Options(tensor_device="cpu")
+# puts them on the CPU while it is open, without a word.
+_landing_lock = threading.Lock()
+_pools: dict[str, tuple[bool, Any]] = {}  # pool id -> (CPU always, its emit)
+_told: set[str] = set()  # pools (and "" for the process) that heard of CUDA tensors landing on the CPU
+
+
+def pool_opened(pool: str, cpu: bool, emit: Any) -> None:
+    """A pool of this process opened: ``cpu``, its Options(tensor_device="cpu"); ``emit`` takes events."""
+    with _landing_lock:
+        _pools[pool] = (cpu, emit)
+
+
+def pool_closed(pool: str) -> None:
+    with _landing_lock:
+        _pools.pop(pool, None)
+        _told.discard(pool)
+
+
+def landing(device: str) -> str:
+    """The device a storage that was on ``device`` where it was pickled lands on here."""
+    if not device.startswith("cuda"):
+        return "cpu" if device == "cpu" else device
+    if any(cpu for cpu, _ in list(_pools.values())):
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        _, _, index = device.partition(":")
+        if index.isdigit() and int(index) < torch.cuda.device_count():
+            return device
+        return f"cuda:{torch.cuda.current_device()}"
+    _landed_on_cpu(device)
+    return "cpu"
+
+
+def _landed_on_cpu(device: str) -> None:
+    with _landing_lock:
+        pools = {p: emit for p, (_, emit) in _pools.items() if p not in _told}
+        first = "" not in _told
+        _told.update(pools)
+        _told.add("")
+    if not pools and not first:
+        return
+    message = (
+        f"tensors that were on {device} where they were pickled arrived where CUDA is not available: "
+        f"they are CPU tensors here (this is said once). Options(tensor_device='cpu') puts CUDA "
+        f"tensors on the CPU always, without this warning."
+    )
+    import logging
+
+    logging.getLogger("skyward.tensors").warning("%s", message)
+    if pools:
+        from skyward.observe import events as ev
+
+        for pool, emit in pools.items():
+            emit(ev.Log(pool=pool, level="WARNING", message=message))
 
 
 def _holds_bytes(obj: Any, depth: int) -> bool:
@@ -110,6 +325,13 @@ class _Unpickler(pickle.Unpickler):
         data = self.extras[index]
         return bytearray(data) if mutable else bytes(data)  # a copy that owns its bytes
 
+    def find_class(self, module: str, name: str) -> Any:
+        # torch's own pickle of a storage (sparse, quantized... tensors) is a torch.save that
+        # torch.load puts back on the device it names: on CUDA, or an error where there is none.
+        if name == "_load_from_bytes" and module == "torch.storage":
+            return _torch_load_from_bytes
+        return super().find_class(module, name)
+
 
 def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     """Pickle obj; returns (flags, body, buffers) ready for a frame.
@@ -123,15 +345,16 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
     flags = 0
     # Large bytes where a task's arguments or a result usually hold them: pickled once, with
     # the hook. Elsewhere (deeper, in long lists) a large pickle is pickled again with it.
+    base = _base()
     if not _holds_bytes(obj, 3):
-        import cloudpickle
-
-        body = cloudpickle.dumps(obj, protocol=5, buffer_callback=raw.append)
+        with io.BytesIO() as file:
+            base(file, protocol=5, buffer_callback=raw.append).dump(obj)
+            body = file.getvalue()
     if not body or len(body) >= SPILL_MIN:
         extras: list[pickle.PickleBuffer] = []
         again: list[pickle.PickleBuffer] = []
         with io.BytesIO() as file:
-            _pickler()(file, extras, again.append).dump(obj)
+            _pickler(base)(file, extras, again.append).dump(obj)
             if extras:
                 body, raw = EXTRAS.pack(len(extras)) + file.getbuffer(), extras + again
                 flags |= FLAG_BODY_OOB
@@ -171,7 +394,7 @@ def loads(flags: int, body: bytes | bytearray | memoryview, buffers: Buffers) ->
     if flags & FLAG_BODY_OOB:
         (count,) = EXTRAS.unpack_from(body, 0)
         return _Unpickler(memoryview(body)[EXTRAS.size :], bufs[:count], bufs[count:]).load()
-    return pickle.loads(body, buffers=bufs)
+    return _Unpickler(body, [], bufs).load()
 
 
 def loads_frame(frame: Frame) -> Any:

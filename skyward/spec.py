@@ -284,6 +284,10 @@ class Options:
     # Serve the pool's Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port),
     # or at "HOST:PORT" (an address other machines reach: anyone there can read them).
     metrics_port: int | str | None = None
+    # Where CUDA tensors this program receives (results, streamed items, collection values)
+    # land: "auto", on its GPU where it has CUDA, else on the CPU (said once); "cpu", on the
+    # CPU always (results to be saved, not computed on), while this pool is open.
+    tensor_device: Literal["auto", "cpu"] = "auto"
 
     def __post_init__(self) -> None:
         if self.selection not in ("cheapest", "first"):
@@ -307,6 +311,11 @@ class Options:
             )
         if self.metrics_port is not None:
             _metrics_port(self.metrics_port)
+        if self.tensor_device not in ("auto", "cpu"):
+            raise ConfigError(
+                f"Options(tensor_device={self.tensor_device!r}) is not valid: use 'auto' (CUDA tensors on "
+                f"this machine's GPU where it has CUDA, else on the CPU) or 'cpu' (on the CPU always)."
+            )
         for name in SESSION_OPTIONS:
             check_session_option("Options", name, getattr(self, name))
 

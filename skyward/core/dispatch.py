@@ -265,7 +265,13 @@ def decode_result(result: Frame | BaseException, name: str, node: int | None = N
         where = f" from node {node}" if node is not None else ""
         raise SerializationError(
             f"the result of {name}{where} could not be unpickled here ({type(exc).__name__}: {exc}). "
-            f"The client and the nodes must have the same versions of the packages the result is made of."
+            + (
+                "It holds data on a device this machine does not have (a GPU array of a library other "
+                "than torch, whose tensors land on the CPU here by themselves): move it to the CPU on "
+                "the node before returning it (cupy: .get(); others: their to-host call)."
+                if "cuda" in str(exc).lower() or "device" in str(exc).lower()
+                else "The client and the nodes must have the same versions of the packages the result is made of."
+            )
         ) from None
     if outcome[0] == "ok":
         return outcome[1]

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from ..bootstrap import serialize
 from ..dashboard import hook as dashboard_hook
 from ..errors import ConfigError
 from ..observe import app, console, logs, secrets, tracing
@@ -166,6 +167,9 @@ class Pool(DispatchTarget):
             raise
         secrets.register(self.cluster.token)  # the agents' token never shows in logs either
         _open_pools.add(self)
+        # Where CUDA tensors received while it is open land (and who hears that they landed on the CPU).
+        serialize.pool_opened(self.id, options.tensor_device == "cpu", self._emit)
+        self._on_close.append(lambda: serialize.pool_closed(self.id))
         try:
             complete = members.start()  # all nodes, or Nodes(min=) of them (the rest join later)
             if complete and not self._owned and self.cluster.heal_at_attach:

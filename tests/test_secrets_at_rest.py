@@ -185,7 +185,7 @@ def test_no_storage_key_index_password_or_argument_at_rest_or_in_history(world: 
     assert shown.returncode == 0, shown.stderr
     rec = json.loads(shown.stdout)
     storage = rec["spec"]["volumes"][0]["storage"]
-    assert storage["access_key"].startswith("sha256:") and storage["secret_key"].startswith("sha256:")
+    assert storage["access_key"].startswith("hmac:") and storage["secret_key"].startswith("hmac:")
     assert rec["spec"]["image"]["pip_indexes"][0]["url"] == "https://***@pkgs.invalid/simple"
     assert rec["origin"]["argv"] == [str(world), "--api-token=***"]
 

@@ -17,7 +17,7 @@ userinfo (``https://user:token@host/simple``, a package index) are always masked
 stack's description -- goes through :func:`scrub` (every string of a JSON-like value, JSON text
 inside strings too, and the keys of a ``sky.Storage`` description), and a script's own
 arguments through :func:`mask_argv`. A value that must stay comparable without being kept is
-kept as its :func:`fingerprint`.
+kept as its :func:`fingerprint`, a hash keyed with a key of this machine's ``SKYWARD_HOME``.
 
 Values shorter than :data:`MIN_LENGTH` characters are never registered: redacting ``"a"``
 or ``"1"`` would star out half of every log line while protecting nothing (a secret that
@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,6 +42,8 @@ __all__ = [
     "RedactingFilter",
     "Secret",
     "fingerprint",
+    "fingerprint_matches",
+    "is_fingerprint",
     "has_credentials",
     "is_secret_name",
     "mask_argv",
@@ -106,18 +109,63 @@ class _Snapshot:
 class _Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: set[str] = set()
+        self._values: set[str] = set()  # what is masked: the values and their encoded forms
+        self._given: set[str] = set()  # the values registered
         self.snapshot = _Snapshot(frozenset())
 
-    def add(self, value: str) -> None:
+    def add(self, value: str, forms: Sequence[str] | set[str] = ()) -> None:
+        """Mask ``value`` and the ``forms`` it takes once encoded (:func:`_encoded_forms`)."""
         with self._lock:
-            if value in self._values:
+            if value in self._given:
                 return
+            self._given.add(value)
             self._values.add(value)
+            self._values.update(forms)
             self.snapshot = _Snapshot(frozenset(self._values))
+        _redact_uncaught()
 
 
 _REGISTRY = _Registry()
+
+
+# -- uncaught exceptions ----------------------------------------------------------------------
+# A task's exception is raised again on the client with its message, its notes and the node's
+# traceback (dispatch.decode_result); uncaught, Python's own hook prints all of it on stderr,
+# past every logging filter. Once there is a secret to hide, this process's hooks for uncaught
+# exceptions (the main thread's and other threads') print the same text redacted. A hook the
+# program set itself (IPython, rich) is left alone.
+def _redact_uncaught() -> None:
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _excepthook
+    if threading.excepthook is threading.__excepthook__:
+        threading.excepthook = _thread_excepthook
+
+
+def _excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    try:
+        import traceback
+
+        text = "".join(traceback.format_exception(kind, value, tb))
+        if sys.stderr is not None:
+            sys.stderr.write(redact(text))
+            sys.stderr.flush()
+    except Exception:
+        sys.__excepthook__(kind, value, tb)
+
+
+def _thread_excepthook(args: Any) -> None:
+    if args.exc_type is SystemExit:
+        return
+    try:
+        import traceback
+
+        name = args.thread.name if args.thread is not None else threading.get_ident()
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        if sys.stderr is not None:
+            sys.stderr.write(redact(f"Exception in thread {name}:\n{text}"))
+            sys.stderr.flush()
+    except Exception:
+        threading.__excepthook__(args)
 
 
 def register(value: str) -> None:
@@ -133,7 +181,33 @@ def register(value: str) -> None:
         )
     if len(value) < MIN_LENGTH:
         return
-    _REGISTRY.add(str(value))
+    _REGISTRY.add(str(value), _encoded_forms(value) if len(value) >= ENCODED_MIN_LENGTH else ())
+
+
+# Below this length a secret's URL-encoded and base64 forms are not masked: their fragments
+# would be short enough to match unrelated text, and a value that short is guessed anyway.
+ENCODED_MIN_LENGTH = 8
+
+
+def _encoded_forms(value: str) -> set[str]:
+    """How ``value`` shows up when something encoded it: URL-encoded (``quote`` and
+    ``quote_plus``, as in a query string or an ``OTEL_*_HEADERS`` value) and base64 (standard
+    and URL-safe; an ``Authorization: Basic`` header, a JSON blob). Base64 encodes three bytes
+    at a time, so the value's encoding depends on where it starts in the encoded input: the run
+    of characters that depends on the value alone is taken for each of the three offsets, and
+    found wherever the value was encoded as part of something longer (``user:password``)."""
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    raw = value.encode()
+    forms = {quote(value, safe=""), quote(value), quote_plus(value)}
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + raw).decode()
+        end = 4 * ((shift + len(raw)) // 3)  # the last group may hold bytes after the value
+        run = encoded[(0, 2, 3)[shift]:end]
+        forms |= {run, run.replace("+", "-").replace("/", "_")}
+    forms.discard(value)
+    return {f for f in forms if len(f) >= ENCODED_MIN_LENGTH}
 
 
 def redact(text: str) -> str:
@@ -174,9 +248,12 @@ def redact(text: str) -> str:
 
 
 # -- secrets known by their shape -----------------------------------------------------------------
-# A URL's userinfo: scheme "://" then everything up to the first "@" before the host (no "/",
-# "?", "#" or blank on the way, as RFC 3986 wants a literal "@" or "/" in a password encoded).
-_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s@]+)@")
+# A URL's userinfo: scheme "://" then everything up to the LAST "@" before the host (no "/",
+# "?", "#" or blank on the way). RFC 3986 wants an "@" in a password encoded, but clients (curl,
+# pip, requests) read ``https://u:p@ss@host`` as user "u", password "p@ss": the greedy run
+# masks all of it, not "u:p" alone.
+# Quotes and angle brackets are never in a URL: they end one (JSON, HTML, a quoted word).
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s\"'<>`\\]+)@")
 
 
 def mask_url(text: str) -> str:
@@ -194,15 +271,90 @@ def has_credentials(text: str) -> bool:
 
 def fingerprint(value: str) -> str:
     """What is kept of a secret that must stay comparable (did it change between two pools?)
-    without being kept: ``sha256:`` and 16 hex digits of its SHA-256, which give nothing of a
-    credential back."""
-    import hashlib  # here: nothing on a pool's way to its first task needs it
+    without being kept: ``hmac:`` and 16 hex digits of its HMAC-SHA256 under this machine's
+    fingerprint key (:func:`fingerprint_key`). A plain hash of a short or guessable secret (an
+    8-digit PIN, a dictionary password) is reversed by trying every candidate; without the key,
+    which never leaves ``SKYWARD_HOME``, a record or a stack's description gives nothing back.
+    Two records made under the same ``SKYWARD_HOME`` compare as before."""
+    import hashlib  # here: nothing on a pool's way to its first task needs them
+    import hmac
 
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    return "hmac:" + hmac.new(fingerprint_key(), value.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def fingerprint_matches(value: str, kept: str) -> bool:
+    """Whether ``kept``, a fingerprint from a record, is that of ``value``: keyed (``hmac:``), or
+    a plain ``sha256:`` one from a record written before fingerprints were keyed."""
+    if kept.startswith(_LEGACY):
+        import hashlib
+
+        return kept == _LEGACY + hashlib.sha256(value.encode()).hexdigest()[:16]
+    return kept == fingerprint(value)
+
+
+def is_fingerprint(text: str) -> bool:
+    """Whether ``text`` is a fingerprint as records keep them (keyed, or the older plain ones)."""
+    return text.startswith(("hmac:", _LEGACY))
+
+
+_LEGACY = "sha256:"
+_KEYS: dict[str, bytes] = {}
+
+
+def fingerprint_key() -> bytes:
+    """This machine's key for :func:`fingerprint`: 32 random bytes in
+    ``SKYWARD_HOME/fingerprint.key`` (0600), made the first time one is needed. Where the home
+    cannot be written, a key for this process alone (its fingerprints then compare with no
+    other process's, which hides more, not less)."""
+    from ..paths import private_home
+
+    try:
+        home = private_home()
+    except OSError:
+        home = None
+    slot = str(home)
+    key = _KEYS.get(slot)
+    if key is not None:
+        return key
+    key = os.urandom(32)
+    if home is not None:
+        key = _kept_key(home / "fingerprint.key", key)
+    _KEYS[slot] = key
+    return key
+
+
+def _kept_key(path: Any, key: bytes) -> bytes:
+    """The key in ``path``, or ``key`` written there first: complete (written aside, then linked
+    in place, which fails if another process was first) and 0600."""
+    try:
+        kept = path.read_bytes()
+    except OSError:
+        kept = b""
+    if len(kept) == 32:
+        return kept
+    aside = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            kept = path.read_bytes()
+            if len(kept) == 32:
+                key = kept
+    except OSError:
+        pass  # a key for this process alone
+    finally:
+        try:
+            os.unlink(aside)
+        except OSError:
+            pass
+    return key
 
 
 def _kept_masked(value: str) -> bool:
-    return value == MASK or value.startswith("sha256:")
+    return value == MASK or is_fingerprint(value)
 
 
 # The credential fields of a sky.Storage as records describe it ({"type": "Storage", ...}): a
@@ -285,13 +437,22 @@ _PUBLIC_SUFFIXES = ("_PUBLIC_KEY", "_PUB_KEY")
 # Values that a convention-named variable often holds as a switch (HF_HUB_DISABLE_IMPLICIT_TOKEN=
 # "true"); registering them would star out every "true" in every log line.
 _NOT_SECRET_VALUES = frozenset({"true", "false", "none", "null", "auto"})
+# The OpenTelemetry exporter's headers ("api-key=VALUE,Authorization=Bearer%20VALUE"): secret as
+# a whole, and each header's value alone too (register_env), URL-encoded as the spec has them.
+_OTLP_HEADERS = re.compile(r"OTEL_EXPORTER_OTLP(?:_TRACES|_METRICS|_LOGS)?_HEADERS")
+# Words that name a credential whatever it looks like: a password of digits is still a password.
+_PASSWORD_WORDS = ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "PGPASSWORD", "MYSQL_PWD")
+# From this many digits a value of a secret-named variable is a credential (a PIN, an account
+# key), not a setting such as API_KEY_INDEX=2 or MAX_TOKEN=1024.
+_DIGITS_SECRET = 6
 
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable named ``name`` holds a secret by convention.
 
     The rule, on the upper-cased name: it is one of PGPASSWORD, MYSQL_PWD, HF_TOKEN,
-    HUGGING_FACE_HUB_TOKEN, or it equals or ends with ``_`` + one of TOKEN, SECRET, PASSWORD,
+    HUGGING_FACE_HUB_TOKEN, OTEL_EXPORTER_OTLP_HEADERS (or its ``_TRACES_``, ``_METRICS_``,
+    ``_LOGS_`` forms: they carry the exporter's API key), or it equals or ends with ``_`` + one of TOKEN, SECRET, PASSWORD,
     PASSWD, PASSPHRASE, KEY, APIKEY -- unless it ends with _PUBLIC_KEY or _PUB_KEY.
     Only whole trailing words count, so KERAS_BACKEND, KEYBOARD, TOKENIZERS_PARALLELISM and
     AWS_ACCESS_KEY_ID (an identifier, not a secret) are not secret names.
@@ -300,7 +461,7 @@ def is_secret_name(name: str) -> bool:
     a false negative leaks a credential.
     """
     upper = name.upper()
-    if upper in _SECRET_NAMES:
+    if upper in _SECRET_NAMES or _OTLP_HEADERS.fullmatch(upper):
         return True
     if upper.endswith(_PUBLIC_SUFFIXES):
         return False
@@ -312,9 +473,11 @@ def register_env(env: Mapping[str, str]) -> None:
 
     A value is registered when it is a :class:`Secret` (always, whatever its name) or when its
     name is secret by :func:`is_secret_name`. For names matched only by convention, values
-    that look like switches or numbers (``true``, ``false``, ``none``, ``null``, ``auto``,
-    all digits) are skipped: they are settings, not credentials, and masking them would
-    mangle unrelated log text. Values shorter than 4 characters are skipped as by
+    that look like switches (``true``, ``false``, ``none``, ``null``, ``auto``) or short
+    numbers (fewer than 6 digits) are skipped: they are settings, not credentials, and masking
+    them would mangle unrelated log text. A number is always a credential for a password-like
+    name (``*PASSWORD``, ``*PASSWD``, ``*PASSPHRASE``, ``*SECRET``, ``MYSQL_PWD``). Each header
+    value of ``OTEL_EXPORTER_OTLP_*HEADERS`` is registered on its own too. Values shorter than 4 characters are skipped as by
     :func:`register`. Non-string values are ignored (they cannot be env values anyway).
     """
     for name, value in env.items():
@@ -322,13 +485,37 @@ def register_env(env: Mapping[str, str]) -> None:
             continue
         if isinstance(value, Secret) or _secret_by_convention(name, value):
             register(value)
+            if _OTLP_HEADERS.fullmatch(name.upper()):
+                for header in _header_values(value):
+                    register(header)
+
+
+def _header_values(value: str) -> list[str]:
+    """The values of ``key=value,key=value`` (OTEL_EXPORTER_OTLP_HEADERS), as given and
+    URL-decoded, with ``Bearer``/``Basic`` schemes' credentials on their own."""
+    from urllib.parse import unquote
+
+    out: list[str] = []
+    for item in value.split(","):
+        _, eq, given = item.partition("=")
+        if not eq:
+            continue
+        for form in {given.strip(), unquote(given).strip()}:
+            out.append(form)
+            scheme, blank, credential = form.partition(" ")
+            if blank and scheme.lower() in ("bearer", "basic", "token", "apikey"):
+                out.append(credential.strip())
+    return out
 
 
 def _secret_by_convention(name: str, value: str) -> bool:
     setting = value.strip()
-    return (
-        is_secret_name(name) and setting.lower() not in _NOT_SECRET_VALUES and not setting.isdigit()
-    )
+    if not is_secret_name(name) or setting.lower() in _NOT_SECRET_VALUES:
+        return False
+    if setting.isdigit():  # a number is a setting, unless the name or its length says credential
+        upper = name.upper()
+        return upper.endswith(_PASSWORD_WORDS) or len(setting) >= _DIGITS_SECRET
+    return True
 
 
 class RedactingFilter(logging.Filter):

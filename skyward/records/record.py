@@ -23,7 +23,8 @@ the same before anything is created; ``diff`` compares two records.
 
 No secret is kept, in the JSON or in the pickle. Image.env values whose name or type says they
 are secret (or that hold a URL with credentials) and ``sky.Storage`` keys given as strings are
-kept as a fingerprint only (``sha256:`` + 16 hex digits: two pools' keys can be told apart);
+kept as a fingerprint only (``hmac:`` + 16 hex digits of an HMAC under the key of this
+``SKYWARD_HOME``: two pools' keys can be told apart, and without the key no guess can be checked);
 package-index URLs lose their credentials (``https://***@host/simple``). The pickle leaves the
 env values out, gets each Storage key as a ``FromEnv`` of the variable a reproduction reads it
 from, and each index URL without its userinfo; ``reproduction`` asks this environment for all of
@@ -52,7 +53,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecordError
-from ..observe.secrets import MASK, fingerprint, has_credentials, mask_argv, mask_url, scrub
+from ..observe.secrets import (
+    MASK,
+    fingerprint,
+    fingerprint_matches,
+    has_credentials,
+    is_fingerprint,
+    mask_argv,
+    mask_url,
+    scrub,
+)
 from ..paths import skyward_home
 from ..version import __version__
 from . import audit
@@ -548,7 +558,7 @@ def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: 
     recorded_env = ((record.get("spec") or {}).get("image") or {}).get("env") or {}
     env = dict(image.env)
     for name, value in recorded_env.items():
-        if name in env or not str(value).startswith("sha256:"):
+        if name in env or not is_fingerprint(str(value)):
             continue
         given = os.environ.get(name)
         if given is None:
@@ -556,7 +566,7 @@ def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: 
                          f"to give the nodes the same value")
         else:
             env[name] = given
-            if masked(given) != value:
+            if not fingerprint_matches(given, value):
                 notes.append(f"Image.env {name} is taken from this environment and differs from the recorded one")
     if env != dict(image.env):
         changes["env"] = env
@@ -585,7 +595,7 @@ def _ask_secrets(spec: Spec, record: dict[str, Any], notes: list[str]) -> Spec:
         for field in ("access_key", "secret_key", "session_token"):
             was, ref = kept.get(field), getattr(storage, field, None)
             variable = getattr(ref, "name", None)  # the FromEnv the record's pickle has for it
-            if not (isinstance(was, str) and was.startswith("sha256:")) or not isinstance(variable, str):
+            if not (isinstance(was, str) and is_fingerprint(was)) or not isinstance(variable, str):
                 continue  # not a key given as a string, so nothing was left out
             value = os.environ.get(variable)
             where = f"Volume {getattr(volume, 'bucket', i)!r} (sky.Storage at {storage.endpoint})"
@@ -594,7 +604,7 @@ def _ask_secrets(spec: Spec, record: dict[str, Any], notes: list[str]) -> Spec:
                              f"environment to give it again")
                 continue
             given[field] = value
-            if masked(value) != was:
+            if not fingerprint_matches(value, was):
                 notes.append(f"{where}: its {field} is taken from {variable} here and differs from the recorded one")
         if given:
             volumes[i] = dataclasses.replace(volume, storage=dataclasses.replace(storage, **given))

@@ -71,7 +71,7 @@ def test_the_stack_config_and_history_hold_no_secret_in_clear(home: Path) -> Non
     described = json.loads(plain["skyward:pool"])
     storage = described["volumes"][0]["storage"]
     assert storage["endpoint"] == "https://minio.example.com"  # the rest of the pool is described
-    assert storage["access_key"].startswith("sha256:") and storage["secret_key"].startswith("sha256:")
+    assert storage["access_key"].startswith("hmac:") and storage["secret_key"].startswith("hmac:")
     assert described["image"]["pip_indexes"][0]["url"] == "https://***@pkgs.example.com/simple"
     # The program's secret output carries them: the stack still says how to make the pool again.
     kept = json.loads(cloud._secrets["storage"])

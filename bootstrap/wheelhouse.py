@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyward.errors import ProviderError
-from skyward.paths import skyward_home
+from skyward.paths import cache_root
 
 log = logging.getLogger("skyward.bootstrap")
 
@@ -36,7 +36,7 @@ class SkywardWheel:
 
 
 def cache_dir(*parts: str) -> Path:
-    path = skyward_home().joinpath("cache", *parts)
+    path = cache_root().joinpath(*parts)  # 0700: a private index's wheels are cached here too
     path.mkdir(parents=True, exist_ok=True)
     return path
 

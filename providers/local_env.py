@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from skyward.errors import ConfigError, ProviderError
-from skyward.paths import skyward_home
+from skyward.paths import cache_root
 from skyward.records import pkglock
 from skyward.records.pkglock import Package
 
@@ -83,7 +83,7 @@ def overlay(requirements: list[str], extra_indexes: list[str], *, exact: bool = 
     import hashlib
 
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = skyward_home() / "cache" / "local-overlays"
+    root = cache_root() / "local-overlays"  # (cache/ is 0700: a private index's packages land here)
     root.mkdir(parents=True, exist_ok=True)
     target = root / digest
     with open(root / f"{digest}.lock", "w") as lock:

@@ -134,10 +134,10 @@ def uv_version() -> str:
         return "uv"
     # (zlib: loaded already, where hashlib's OpenSSL import would cost a Local pool's start 3 ms)
     key = f"{zlib.crc32(binary.encode()):08x}-{st.st_size}-{st.st_mtime_ns}"
-    from ..paths import skyward_home
+    from ..paths import cache_root
 
-    cached = skyward_home() / "cache" / f"uv-version-{key}"
     try:
+        cached = cache_root() / f"uv-version-{key}"  # (0700, as the home)
         return cached.read_text().strip() or "uv"
     except OSError:
         pass
@@ -147,7 +147,7 @@ def uv_version() -> str:
         return "uv"
     version = out.strip() or "uv"
     with contextlib.suppress(OSError):
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached = cache_root() / f"uv-version-{key}"
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(version)
         tmp.replace(cached)

@@ -61,7 +61,7 @@ class Disk:
 # A bucket mounted over one of these would hide (or be hidden by) what the node runs from.
 _VOLUME_RESERVED = ("/", "/opt", "/opt/skyward", "/root", "/tmp", "/home", "/usr", "/etc", "/var",
                     "/boot", "/bin", "/sbin", "/lib", "/lib64", "/dev", "/proc", "/sys", "/run", "/srv")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # fullmatch: "$" passes a trailing newline
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,7 @@ class Volume:
     storage: Storage | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bucket, str) or not _BUCKET.match(self.bucket):
+        if not isinstance(self.bucket, str) or not _BUCKET.fullmatch(self.bucket):
             raise ConfigError(
                 f"Volume(bucket={self.bucket!r}) is not valid: a bucket name (3-222 lower-case letters, "
                 f"digits, '.', '-', '_'), without 's3://' or a path; put a path in prefix=."

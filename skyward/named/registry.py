@@ -24,11 +24,13 @@ from ..paths import skyward_home
 
 FORMAT = 1
 # A pool's name: its record's file name, its [pools.NAME] table, its stack's prefix.
-NAME_RULE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# Matched whole (fullmatch; "\Z" for callers that use match): "$" would also match before a
+# trailing newline, and such a name breaks the ssh config it is written into.
+NAME_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}\Z")
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RULE.match(name):
+    if not isinstance(name, str) or not NAME_RULE.fullmatch(name):
         raise ConfigError(
             f"pool name {name!r} is not valid: use 1-63 lowercase letters, digits, '-' or '_', "
             f"starting with a letter or digit (e.g. 'train-a100')."

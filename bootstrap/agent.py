@@ -1150,7 +1150,13 @@ def _parse_args(argv: list[str]) -> _Args:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
-    if args.fork_server:  # (the token stays in the environment: each forked agent takes it)
+    # The token out of the process's environment block (/proc/PID/environ, which every forked
+    # agent and worker copies): os.environ keeps it until taken below. (A forked agent finds
+    # it scrubbed already.)
+    from .envblock import scrub
+
+    scrub("SKYWARD_AGENT_TOKEN")
+    if args.fork_server:  # (the token stays in os.environ: each forked agent takes it)
         from .zygote import preload, serve
 
         preload()

@@ -698,6 +698,9 @@ def main() -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(addr)
         key = bytes.fromhex(os.environ.pop("SKYWARD_WORKER_KEY", ""))
+        from .envblock import scrub
+
+        scrub("SKYWARD_WORKER_KEY")  # out of /proc/self/environ too, before any task runs
         welcome(sock, prove(sock, key, {"pid": os.getpid()}), "the agent that launched this worker")
     else:
         sock = socket.socket(fileno=int(os.environ.pop("SKYWARD_WORKER_FD")))

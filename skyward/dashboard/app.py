@@ -1,12 +1,19 @@
 """The dashboard's ASGI app (Starlette): HTML pages, the JSON API under /api, server-sent events.
 
 Every request needs the access token, given as ``Authorization: Bearer TOKEN`` (the API,
-curl), as ``?token=TOKEN`` (the URL ``skyward dashboard`` prints; a page visited that way
-sets an HttpOnly, SameSite=Strict cookie and redirects to the same page without it), or
-that cookie. Requests that change something and authenticate by cookie alone must also send
-``X-Skyward-Request: 1``, which a page of another site cannot add. ``skyward dashboard --open``
-gives the browser no token at all: a one-time code, posted to ``/login`` by a 0600 page, is
-exchanged once for the cookie (``Hub.login_code``), so nothing secret is on a command line.
+curl, Prometheus), as ``X-Skyward-Token: TOKEN``, or as ``?token=TOKEN``; or a browser session.
+The token is only exchanged for a session: a page visited with ``?token=`` (the URL ``skyward
+dashboard`` prints), or ``POST /login`` with a one-time code (``skyward dashboard --open``: a
+0600 page posts it, ``Hub.login_code``, so nothing secret is on a command line), starts one.
+
+A session is two random values the server keeps (``Hub.sessions``), neither of them the token
+and neither accepted as one: an id in an HttpOnly, SameSite=Strict cookie named after the
+server's port (``skyward_session_PORT``), and a key the page keeps in its origin's
+``localStorage`` and sends as ``X-Skyward-Session`` with every API call. Browsers send a
+127.0.0.1 cookie to every port of 127.0.0.1 (another user's server on another port gets it),
+but keep ``localStorage`` per origin, port included: the cookie alone opens only the HTML shells
+(which hold no data), never the API. A session unused for ``SESSION_IDLE`` s is forgotten. A
+foreign page cannot add the header, so the API needs no other guard against cross-site requests.
 
 Blocking work (registry, providers, stacks, attaching to nodes) runs in worker threads, never
 on the event loop. Pages are static HTML shells; ``app.js`` renders them from the API and
@@ -37,7 +44,6 @@ from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
-    RedirectResponse,
     Response,
     StreamingResponse,
 )
@@ -56,7 +62,10 @@ from .watch import NodeWatch
 
 log = logging.getLogger("skyward.dashboard")
 STATIC = Path(__file__).parent / "static"
-COOKIE = "skyward_token"
+COOKIE = "skyward_session_{port}"  # one name per port: two dashboards' sessions never meet
+SESSION_HEADER = "x-skyward-session"
+SESSION_IDLE = 12 * 3600.0  # seconds a browser session may go unused
+SESSIONS_KEPT = 256  # at most this many sessions; logging in past it forgets the least recently used
 POLL = 1.0  # seconds between looks at the registry and the audit trail for changes
 LIVE_KEPT = 600.0  # seconds an ended program's pool stays listed
 CODE_TTL = 120.0  # seconds a one-time login code is good for (a browser's first start is slow)
@@ -79,6 +88,41 @@ class Hub:
     codes_lock: threading.Lock = field(default_factory=threading.Lock)
     # Prometheus counters of each program pool (by id) and watched named pool (by name).
     stats: dict[str, PoolStats] = field(default_factory=dict)
+    # Browser sessions: the cookie's id -> (the page's key, when last used, time.monotonic()).
+    sessions: dict[str, tuple[str, float]] = field(default_factory=dict)
+    session_idle: float = SESSION_IDLE
+
+    def new_session(self) -> tuple[str, str]:
+        """A new browser session: (the cookie's id, the page's key)."""
+        sid, key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        with self.codes_lock:
+            self._forget_idle()
+            while len(self.sessions) >= SESSIONS_KEPT:
+                del self.sessions[min(self.sessions, key=lambda s: self.sessions[s][1])]
+            self.sessions[sid] = (key, time.monotonic())
+        return sid, key
+
+    def _forget_idle(self) -> None:
+        now = time.monotonic()
+        for sid, (_, used) in list(self.sessions.items()):
+            if now - used > self.session_idle:
+                del self.sessions[sid]
+
+    def session(self, sid: str | None, key: str | None, *, page: bool = False) -> bool:
+        """Whether ``sid`` (the cookie) is a live session and ``key`` its key (``page``: a page's
+        HTML shell, asked for by a navigation that cannot carry the key: the cookie is enough)."""
+        if not sid:
+            return False
+        with self.codes_lock:
+            self._forget_idle()
+            found = next((s for s in self.sessions if hmac.compare_digest(s.encode(), sid.encode())), None)
+            if found is None:
+                return False
+            wanted, _ = self.sessions[found]
+            if not page and (key is None or not hmac.compare_digest(wanted.encode(), key.encode())):
+                return False
+            self.sessions[found] = (wanted, time.monotonic())
+            return True
 
     def login_code(self, ttl: float = CODE_TTL) -> str:
         """A code that ``POST /login`` exchanges for the session cookie once, within ``ttl`` s.
@@ -116,44 +160,73 @@ class Hub:
 
 
 # -- auth ------------------------------------------------------------------------------------------
-def _given_token(request: Request) -> tuple[str | None, bool]:
-    """(the token the request carries, whether only by cookie)."""
+def cookie_name(request: Request) -> str:
+    """The session cookie's name on the port this request came in on."""
+    server = request.scope.get("server") or ("", 0)
+    return COOKIE.format(port=int(server[1] or 0))
+
+
+def _given_token(request: Request) -> str | None:
+    """The access token the request carries, if any (a session is not one)."""
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
-        return header[7:].strip(), False
+        return header[7:].strip()
     if "x-skyward-token" in request.headers:
-        return request.headers["x-skyward-token"], False
-    if "token" in request.query_params:
-        return request.query_params["token"], False
-    return request.cookies.get(COOKIE), True
+        return request.headers["x-skyward-token"]
+    return request.query_params.get("token")
 
 
-def _authorized(hub: Hub, request: Request) -> tuple[bool, bool]:
-    token, by_cookie = _given_token(request)
-    ok = token is not None and hmac.compare_digest(token.encode(), hub.token.encode())
-    return ok, by_cookie
+def _has_token(hub: Hub, request: Request) -> bool:
+    token = _given_token(request)
+    return token is not None and hmac.compare_digest(token.encode(), hub.token.encode())
+
+
+def _authorized(hub: Hub, request: Request, *, page: bool = False) -> bool:
+    """The token, or a live session: its cookie and (but for ``page``) its key. The key comes
+    as ``X-Skyward-Session``, or as ``?session=`` for the event stream (EventSource sends no
+    headers of its own)."""
+    if _has_token(hub, request):
+        return True
+    key = request.headers.get(SESSION_HEADER)
+    if key is None and request.url.path == "/api/events":
+        key = request.query_params.get("session")
+    return hub.session(request.cookies.get(cookie_name(request)), key, page=page)
 
 
 def _unauthorized(api: bool) -> Response:
     if api:
         return JSONResponse({"error": "a valid token is required: send `Authorization: Bearer TOKEN` "
-                                      "(the token is in the URL `skyward dashboard` printed)"}, 401)
+                                      "(the token is in the URL `skyward dashboard` printed); a browser "
+                                      "session expires after a while unused: open that URL again"}, 401)
     return HTMLResponse("<!doctype html><title>skyward: token required</title><h1>401: token required</h1>"
                         "<p>Open the URL that <code>skyward dashboard</code> printed (it ends in "
-                        "<code>?token=...</code>).</p>", 401)
+                        "<code>?token=...</code>).</p>", 401, headers={"Cache-Control": "no-store"})
 
 
 _LOGGED_IN = """<!doctype html><html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="0; url=/"><title>skyward</title></head>
-<body><p><a href="/">Open the dashboard</a></p><script>location.replace("/")</script></body></html>
+<meta name="skyward-session" content="{key}"><title>skyward</title></head>
+<body><p><a href="{target}">Open the dashboard</a></p><script>
+localStorage.setItem("skyward-session", document.querySelector('meta[name="skyward-session"]').content);
+location.replace({target_js});
+</script></body></html>
 """
+
+
+def _logged_in(hub: Hub, request: Request, target: str) -> Response:
+    """A new session: its cookie, and a page that keeps its key in this origin's localStorage
+    and goes on to ``target`` by itself (not a redirect: after ``--open``'s post the browser came
+    from a file, another site, and the SameSite=Strict cookie would not go with a redirect)."""
+    sid, key = hub.new_session()
+    target_js = json.dumps(target).replace("<", "\\u003c")  # nothing in it can end the script
+    body = _LOGGED_IN.format(key=html.escape(key), target=html.escape(target), target_js=target_js)
+    response = HTMLResponse(body, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
+    response.set_cookie(cookie_name(request), sid, httponly=True, samesite="strict", path="/")
+    return response
 
 
 def login(hub: Hub) -> Endpoint:
     """``POST /login`` with ``code=...`` (a form, as the page ``--open`` writes posts it): a
-    one-time code for the session cookie. The answer is a page that goes on to ``/`` by itself:
-    the browser came from a file (another site), and a redirect would carry the cross-site origin
-    along, so the SameSite=Strict cookie would not be sent with the first page."""
+    one-time code for a session (``_logged_in``)."""
 
     async def endpoint(request: Request) -> Response:
         body = b""
@@ -170,9 +243,7 @@ def login(hub: Hub) -> Endpoint:
                 f"<p>A code from <code>skyward dashboard --open</code> logs in once, within {int(CODE_TTL)} s. "
                 "Open the URL that <code>skyward dashboard</code> printed instead.</p>",
                 401, headers={"Cache-Control": "no-store"})
-        response = HTMLResponse(_LOGGED_IN, headers={"Cache-Control": "no-store"})
-        response.set_cookie(COOKIE, hub.token, httponly=True, samesite="strict", path="/")
-        return response
+        return _logged_in(hub, request, "/")
 
     return endpoint
 
@@ -190,15 +261,12 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def api(hub: Hub, fn: Callable[[Hub, Request], Awaitable[Any]], *, changes: bool = False) -> Endpoint:
-    """An API endpoint: token checked, SkywardErrors as JSON errors, the result cleaned."""
+def api(hub: Hub, fn: Callable[[Hub, Request], Awaitable[Any]]) -> Endpoint:
+    """An API endpoint: token or session checked, SkywardErrors as JSON errors, the result cleaned."""
 
     async def endpoint(request: Request) -> Response:
-        ok, by_cookie = _authorized(hub, request)
-        if not ok:
+        if not _authorized(hub, request):
             return _unauthorized(api=True)
-        if changes and by_cookie and request.headers.get("x-skyward-request") != "1":
-            return JSONResponse({"error": "send X-Skyward-Request: 1 with requests that change something"}, 403)
         try:
             result = await fn(hub, request)
         except SkywardError as exc:
@@ -518,13 +586,11 @@ _PAGE = """<!doctype html>
 
 def page(hub: Hub, name: str) -> Endpoint:
     async def endpoint(request: Request) -> Response:
-        ok, _ = _authorized(hub, request)
-        if not ok:
+        if not _authorized(hub, request, page=True):
             return _unauthorized(api=False)
-        if "token" in request.query_params:  # from the printed URL: keep it in a cookie, drop it from the URL
-            response: Response = RedirectResponse(request.url.remove_query_params("token"), 303)
-            response.set_cookie(COOKIE, hub.token, httponly=True, samesite="strict", path="/")
-            return response
+        if "token" in request.query_params:  # from the printed URL: a session, and the URL without it
+            target = request.url.remove_query_params("token")
+            return _logged_in(hub, request, target.path + (f"?{target.query}" if target.query else ""))
         ref = request.path_params.get("ref", "")
         title = {"pools": "pools", "config": "skyward.toml"}.get(name, ref)
         body = _PAGE.format(title=html.escape(title), page=name, ref=html.escape(ref))
@@ -553,20 +619,20 @@ def build(token: str, project: Path | None = None) -> Starlette:
         Route("/config", page(hub, "config")),
         Route("/login", login(hub), methods=["POST"]),
         Route("/api/pools", api(hub, list_pools)),
-        Route("/api/pools", api(hub, create_pool, changes=True), methods=["POST"]),
+        Route("/api/pools", api(hub, create_pool), methods=["POST"]),
         Route("/api/pools/{ref}", api(hub, get_pool)),
-        Route("/api/pools/{ref}", api(hub, delete_pool, changes=True), methods=["DELETE"]),
+        Route("/api/pools/{ref}", api(hub, delete_pool), methods=["DELETE"]),
         Route("/api/pools/{ref}/history", api(hub, get_history)),
         Route("/api/pools/{ref}/stack", api(hub, get_stack)),
         Route("/api/pools/{ref}/logs", api(hub, get_logs)),
-        Route("/api/pools/{ref}/resize", api(hub, resize_pool, changes=True), methods=["POST"]),
-        Route("/api/pools/{ref}/exec", api(hub, exec_pool, changes=True), methods=["POST"]),
+        Route("/api/pools/{ref}/resize", api(hub, resize_pool), methods=["POST"]),
+        Route("/api/pools/{ref}/exec", api(hub, exec_pool), methods=["POST"]),
         Route("/api/config", api(hub, get_config)),
         Route("/api/config/{name}/preview", api(hub, get_preview)),
         Route("/api/events", api(hub, event_stream)),
         Route("/metrics", api(hub, metrics)),
-        Route("/api/ingest/register", api(hub, ingest_register, changes=True), methods=["POST"]),
-        Route("/api/ingest/events", api(hub, ingest_events, changes=True), methods=["POST"]),
+        Route("/api/ingest/register", api(hub, ingest_register), methods=["POST"]),
+        Route("/api/ingest/events", api(hub, ingest_events), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

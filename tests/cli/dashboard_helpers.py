@@ -67,6 +67,18 @@ def dashboard(cli: CLI, *args: str) -> Iterator[Dashboard]:
                 stream.close()
 
 
+def logged_in(d: Dashboard, answer: httpx.Response) -> tuple[str, str, str]:
+    """(the cookie's name, the session id, the page's key) of the session a login ``answer``
+    (the printed URL's page, or ``POST /login``'s) started: what a browser keeps."""
+    import re
+
+    name = f"skyward_session_{d.base.rsplit(':', 1)[1]}"
+    sid = answer.cookies.get(name)
+    key = re.search(r'<meta name="skyward-session" content="([^"]+)">', answer.text)
+    assert sid and key, (answer.headers, answer.text)
+    return name, sid, key[1]
+
+
 def program(cli: CLI, source: str) -> subprocess.Popen[str]:
     """A client program (the caller waits for it)."""
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)], cwd=cli.cwd, env=cli.env,

@@ -20,7 +20,7 @@ from skyward.dashboard import hook
 from skyward.observe import events as ev
 
 from .conftest import CLI
-from .dashboard_helpers import SECRET, TOML, dashboard, program, wait_for
+from .dashboard_helpers import SECRET, TOML, dashboard, logged_in, program, wait_for
 
 
 def _missing(cli: CLI, name: str) -> bool:
@@ -34,18 +34,24 @@ def test_every_request_needs_the_token(cli: CLI) -> None:
             assert httpx.get(d.base + path, headers={"Authorization": "Bearer nope"}).status_code == 401, path
         assert httpx.delete(d.base + "/api/pools/demo").status_code == 401
         assert httpx.post(d.base + "/api/ingest/register", json={"id": "x"}).status_code == 401
-        # The printed URL: the token moves into an HttpOnly cookie and out of the address bar.
+        # The printed URL: the token starts a session (a cookie named after the port, a key the
+        # page keeps in localStorage); the page goes on to the address without the token.
         r = httpx.get(d.url)
-        assert r.status_code == 303 and r.headers["location"] == d.base + "/"
+        assert r.status_code == 200 and 'location.replace("/")' in r.text and d.token not in r.text
+        name, sid, key = logged_in(d, r)
         cookie = r.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("samesite", "SameSite")
-        with httpx.Client(cookies={"skyward_token": d.token}) as browser:
-            assert browser.get(d.base + "/").status_code == 200
-            assert browser.get(d.base + "/api/pools").json() == []
-            # A change authenticated by the cookie alone must carry the header a foreign page cannot set.
-            assert browser.delete(d.base + "/api/pools/demo").status_code == 403
-            assert browser.delete(d.base + "/api/pools/demo",
-                                  headers={"X-Skyward-Request": "1"}).status_code == 404
+        assert sid != d.token and key != d.token
+        with httpx.Client(cookies={name: sid}) as browser:
+            assert browser.get(d.base + "/").status_code == 200  # a page's shell: the cookie is enough
+            assert browser.get(d.base + "/api/pools", headers={"X-Skyward-Session": key}).json() == []
+            # The cookie alone opens no API call (a browser sends it to every port of 127.0.0.1).
+            assert browser.get(d.base + "/api/pools").status_code == 401
+            assert browser.delete(d.base + "/api/pools/demo", headers={"X-Skyward-Request": "1"}).status_code == 401
+            assert browser.delete(d.base + "/api/pools/demo", headers={"X-Skyward-Session": key}).status_code == 404
+        # Neither half is a token.
+        for value in (sid, key):
+            assert httpx.get(d.base + "/api/pools", headers={"Authorization": f"Bearer {value}"}).status_code == 401
 
 
 def test_a_named_pool_through_the_api_from_up_to_down(cli: CLI) -> None:
@@ -256,16 +262,16 @@ def test_open_puts_no_secret_on_the_browsers_command_line(cli: CLI, tmp_path: Pa
         assert page.stat().st_mode & 0o077 == 0, oct(page.stat().st_mode)  # only the user reads it
         action, code = _login_form(page.read_text())
         assert action == d.base + "/login" and d.token not in page.read_text()
-        # What the browser got logs in, once: the exchange sets the session cookie ...
+        # What the browser got logs in, once: the exchange starts a session ...
         r = httpx.post(action, data={"code": code})
         assert r.status_code == 200, r.text
-        cookie = r.cookies.get("skyward_token")
-        assert cookie == d.token and "HttpOnly" in r.headers["set-cookie"]
-        with httpx.Client(cookies={"skyward_token": cookie}) as browser:
+        name, sid, key = logged_in(d, r)
+        assert d.token not in (sid, key) and "HttpOnly" in r.headers["set-cookie"]
+        with httpx.Client(cookies={name: sid}, headers={"X-Skyward-Session": key}) as browser:
             assert browser.get(d.base + "/api/pools").status_code == 200
         # ... and never again (whoever reads the code later gets nothing), nor does a made-up one.
         again = httpx.post(action, data={"code": code})
-        assert again.status_code == 401 and "skyward_token" not in again.cookies
+        assert again.status_code == 401 and name not in again.cookies
         assert httpx.post(action, data={"code": "guess"}).status_code == 401
         assert httpx.post(action, data={"code": d.token}).status_code == 401  # codes only
 
@@ -328,3 +334,41 @@ def test_an_asleep_pool_through_the_api_shows_zero_of_its_max_and_each_wake(cli:
 
         assert call("DELETE", "/api/pools/nap")["state"] == "destroyed"
         assert _missing(cli, "nap")
+
+
+def test_a_session_unused_for_its_idle_time_is_refused() -> None:
+    """Issue 49: the browser's cookie was the token, good forever. A session is now the
+    server's own, and one left unused for ``session_idle`` s is forgotten: its cookie and key
+    open nothing, not even a page; a session in use stays."""
+    import re
+
+    from starlette.testclient import TestClient
+
+    from skyward.dashboard.app import build
+
+    app = build("the-token")
+    app.state.hub.session_idle = 1.5
+    with TestClient(app, base_url="http://127.0.0.1:8123") as client:
+
+        def login() -> tuple[str, str]:
+            """(the session's cookie, its key), as a browser would send them."""
+            r = client.get("/?token=the-token")
+            assert r.status_code == 200
+            key = re.search(r'<meta name="skyward-session" content="([^"]+)">', r.text)
+            sid = r.cookies.get("skyward_session_8123")  # the cookie is named after the port
+            assert key and sid
+            client.cookies.clear()
+            return f"skyward_session_8123={sid}", key[1]
+
+        def get(path: str, session: tuple[str, str], *, page: bool = False) -> int:
+            headers = {"Cookie": session[0]} if page else {"Cookie": session[0], "X-Skyward-Session": session[1]}
+            return client.get(path, headers=headers).status_code
+
+        idle, used = login(), login()
+        assert get("/api/config", idle) == 200
+        for _ in range(4):  # 2 s: past the idle time of the first, the second in use every 0.5 s
+            time.sleep(0.5)
+            assert get("/api/config", used) == 200
+        assert get("/api/config", idle) == 401
+        assert get("/", idle, page=True) == 401
+        assert get("/", used, page=True) == 200

@@ -5,13 +5,17 @@ tests/artifacts/dashboard/ (or $SKYWARD_TEST_ARTIFACTS)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("starlette")
@@ -268,3 +272,72 @@ def test_open_logs_the_browser_in_without_the_token_on_its_command_line(cli: CLI
         browser.delete_all_cookies()
         browser.get(argv[-1])
         wait_for(lambda: "used already or has expired" in browser.page_source, 30, "the spent code's refusal")
+
+
+@contextlib.contextmanager
+def _recorder() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """Another server on another port of 127.0.0.1 (another user's, say) that keeps the headers
+    of every request it gets: (its URL, those headers)."""
+    seen: list[dict[str, str]] = []
+
+    class Keep(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(dict(self.headers.items()))
+            body = b"<!doctype html><title>elsewhere</title><p id='elsewhere'>another server</p>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Keep)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_what_the_browser_sends_to_another_port_opens_nothing(cli: CLI, browser: Any) -> None:
+    """Issue 49: the dashboard's cookie was the token, and a browser sends 127.0.0.1's cookies to
+    every port of 127.0.0.1: another user's server got the token from the logged-in browser and
+    ran commands on every node (POST /api/pools/NAME/exec). Whatever that server receives now,
+    replayed to the dashboard as a cookie or as a token, is refused."""
+    with dashboard(cli) as d, _recorder() as (elsewhere, seen):
+        browser.get(d.url)
+        wait_for(lambda: browser.find_elements(By.ID, "no-pools"), 30, "the pools page, logged in")
+        assert "token=" not in browser.current_url
+        browser.get(elsewhere + "/")
+        wait_for(lambda: browser.find_elements(By.ID, "elsewhere"), 30, "the other server's page")
+        cookies: dict[str, str] = {}
+        for headers in seen:
+            for pair in headers.get("Cookie", "").split(";"):
+                name, _, value = pair.strip().partition("=")
+                if name:
+                    cookies[name] = value
+        assert cookies, seen  # the browser did send the dashboard's cookie to the other port
+        values = {*cookies.values(), *(v for headers in seen for v in headers.values())}
+        port = d.base.rsplit(":", 1)[1]
+        for value in values:
+            attempts = [
+                {"headers": {"Cookie": "; ".join(f"{n}={v}" for n, v in cookies.items())}},
+                {"headers": {"Cookie": f"skyward_session_{port}={value}"}},
+                {"headers": {"Cookie": f"skyward_token={value}"}},
+                {"headers": {"Authorization": f"Bearer {value}"}},
+                {"headers": {"X-Skyward-Token": value}},
+                {"params": {"token": value}},
+            ]
+            for attempt in attempts:
+                headers = {**attempt.get("headers", {}), "X-Skyward-Request": "1"}
+                params = attempt.get("params")
+                listed = httpx.get(d.base + "/api/pools", headers=headers, params=params, timeout=30)
+                ran = httpx.post(d.base + "/api/pools/demo/exec", json={"command": "id"}, headers=headers,
+                                 params=params, timeout=30)
+                assert {listed.status_code, ran.status_code} <= {401, 403}, (attempt, listed.text, ran.text)
+        # The browser's own session still works on the dashboard's port.
+        browser.get(d.base + "/")
+        wait_for(lambda: browser.find_elements(By.ID, "no-pools"), 30, "the pools page, still logged in")

@@ -24,9 +24,14 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+// The session's key, kept by the login page in this origin's storage (the port is part of the
+// origin: another server on another port of this host cannot read it). The session cookie alone
+// opens no API call: a browser sends it to every port of the host.
+const SESSION = localStorage.getItem("skyward-session") || "";
+
 async function api(path, options) {
   const opts = Object.assign({ credentials: "same-origin" }, options || {});
-  opts.headers = Object.assign({ "X-Skyward-Request": "1", "Content-Type": "application/json" }, opts.headers || {});
+  opts.headers = Object.assign({ "X-Skyward-Session": SESSION, "Content-Type": "application/json" }, opts.headers || {});
   const response = await fetch(path, opts);
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
@@ -98,7 +103,7 @@ function table(headers, rows, attrs) {
 // -- live updates ---------------------------------------------------------------------------
 function connect(pool, onMessages) {
   const status = document.getElementById("live-status");
-  const url = "/api/events" + (pool ? `?pool=${encodeURIComponent(pool)}` : "");
+  const url = `/api/events?session=${encodeURIComponent(SESSION)}` + (pool ? `&pool=${encodeURIComponent(pool)}` : "");
   const source = new EventSource(url);
   source.onopen = () => { status.textContent = "live"; status.className = "live"; };
   source.onerror = () => { status.textContent = "reconnecting"; status.className = "muted"; };

@@ -51,6 +51,12 @@ class Local(ProviderConfig):
 
     ``workdir``: where the per-pool folder of node working directories is made (default: the
     system temp dir). It is removed when the pool closes.
+
+    With ``accelerator=``, each node gets GPUs of its own through its ``CUDA_VISIBLE_DEVICES``
+    (those ``nvidia-smi -L`` lists, within this process's ``CUDA_VISIBLE_DEVICES`` when set),
+    claimed for the whole machine so that no two nodes, of this pool or another, share one; a
+    fractional count (``A100(count=0.5)``) shares one on purpose. Asking for more than the
+    machine has fails before any node starts. See ``local_gpus.py``.
     """
 
     workdir: str | None = None

@@ -265,15 +265,21 @@ class GpuClaims:
         return [max(fits, key=lambda g: used.get(g.key, Fraction(0)))]
 
     def _busy(self, nodes: int, gpus: list[Gpu], claims: list[dict[str, Any]]) -> str:
-        mine = {g.key for g in gpus}
-        holders = sorted({(c["pool"], c["pid"]) for c in claims if c["gpu"] in mine})
-        who = ", ".join(f"pool {pool} (pid {pid})" for pool, pid in holders[:5])
-        held = len({c["gpu"] for c in claims if c["gpu"] in mine})
+        usable = {g.key for g in gpus}
+        held = [c for c in claims if c["gpu"] in usable]
+        ours = len({c["gpu"] for c in held if c["pool"] == self.pool_id})
+        others = sorted({(c["pool"], c["pid"]) for c in held if c["pool"] != self.pool_id})
+        who = [f"{ours} by this pool's own nodes"] if ours else []
+        if others:
+            names = ", ".join(f"pool {pool} (pid {pid})" for pool, pid in others[:5])
+            count = len({c["gpu"] for c in held if c["pool"] != self.pool_id})
+            who.append(f"{count} by other running pools ({names})")
         return (
             f"{nodes} more Local node(s) of {_number(self.share)} GPU(s) each do not fit: this "
-            f"machine has {len(gpus)} GPU(s) Local may hand out and {held} of them are held by "
-            f"running pools ({who}). They are free again when those pools' nodes stop; or use "
-            f"fewer nodes, or a fractional count to share GPUs on purpose."
+            f"machine has {len(gpus)} GPU(s) Local may hand out and "
+            f"{len({c['gpu'] for c in held})} of them are held, {'; '.join(who)}. GPUs are free "
+            f"again when the nodes holding them stop; or use fewer nodes, or a fractional count "
+            f"(e.g. sky.accelerators.A100(count=0.5)) to share GPUs on purpose."
         )
 
     def bind(self, node: int, pid: int) -> None:

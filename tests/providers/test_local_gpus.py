@@ -165,7 +165,8 @@ def test_two_pools_at_once_never_hand_out_the_same_gpu(four_gpus: Path, tmp_path
         with local(2) as pool:
             ours = flat(visible(pool))
             assert sorted(theirs + ours) == UUIDS
-            with pytest.raises(sky.ProviderError, match=r"held by running pools \(pool"), local(1):
+            taken = r"has 4 GPU\(s\) Local may hand out and 4 of them are held, 4 by other running pools \(pool"
+            with pytest.raises(sky.ProviderError, match=taken), local(1):
                 pass
     finally:
         assert other.stdin is not None
@@ -183,7 +184,7 @@ def test_a_crashed_holder_frees_its_gpus(four_gpus: Path) -> None:
         for node in taken:
             claims.bind(node, holder.pid)
         assert len(local_gpus.in_use()) == 4
-        with pytest.raises(sky.ProviderError, match="held by running pools"):
+        with pytest.raises(sky.ProviderError, match=r"4 by other running pools \(pool crashed-pool \(pid"):
             local_gpus.GpuClaims("next-pool", 1).take([0])
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -221,6 +222,8 @@ def test_elastic_growth_takes_free_gpus_and_shrinking_frees_them(four_gpus: Path
     with local(2) as pool:
         pool.resize(4)
         assert sorted(flat(visible(pool))) == UUIDS
+        with pytest.raises(sky.ProviderError, match=r"4 of them are held, 4 by this pool's own nodes\."):
+            pool.resize(5)
         pool.resize(1)
         assert len(local_gpus.in_use()) == 1
 

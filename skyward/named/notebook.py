@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import json
 import queue
 import secrets
@@ -41,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigError, ProviderError
 from .cliout import EXIT_OK, err
@@ -307,8 +308,25 @@ def _connect(node: Node, port: int) -> Stream:
 
 
 class Forwarder:
-    """127.0.0.1:PORT here, each connection carried to the server through ``connect()``. The one
-    request it answers itself is ``POST /.skyward/login`` with a one-time code (``--open``)."""
+    """127.0.0.1:PORT here, each admitted connection carried to the server through ``connect()``.
+
+    Every local user can connect to a loopback port, so a connection is carried only once its
+    first request shows it comes from the user: the forwarder's own session cookie
+    (``skyward_notebook_PORT``, a random value, never the token), or the server's token (in the
+    URL ``skyward notebook`` printed, or as ``Authorization: token|Bearer TOKEN``). Anything else
+    is refused here (403) without opening anything on the node. A browser that brings the token
+    in the URL of a page is first given the cookie (a 307 to the same URL). The one request it
+    answers itself is ``POST /.skyward/login`` with a one-time code (``--open``).
+
+    Bounded: at most ``MAX_PENDING`` connections wait for their first request (``HEAD_DEADLINE``
+    s each; past it the oldest waiting one is closed, so a stranger's flood cannot keep the user
+    out), at most ``MAX_CARRIED`` are carried at once (two threads each). Every request carried
+    loses the cookies named ``skyward_...`` (this forwarder's, and the dashboard's, which a
+    browser sends to every port of 127.0.0.1): the server on the node never sees them."""
+
+    MAX_PENDING = 16
+    MAX_CARRIED = 64
+    HEAD_DEADLINE = 10.0
 
     def __init__(self, connect: Callable[[], Stream], flavor: Flavor, token: str, port: int = 0) -> None:
         from .browser import OneTimeCodes
@@ -326,7 +344,12 @@ class Forwarder:
         self._sock.listen(64)
         self.port = int(self._sock.getsockname()[1])
         self.base = f"http://127.0.0.1:{self.port}"
+        self.cookie = f"skyward_notebook_{self.port}"
+        self._secret = secrets.token_urlsafe(32)
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: dict[socket.socket, None] = {}  # oldest first
+        self._carried = 0
 
     def __enter__(self) -> Forwarder:
         threading.Thread(target=self._accept, name="skyward-notebook-forward", daemon=True).start()
@@ -344,63 +367,100 @@ class Forwarder:
                 client, _ = self._sock.accept()
             except OSError:
                 return
+            with self._lock:
+                if len(self._pending) >= self.MAX_PENDING:  # the oldest waiting one goes, not the newest
+                    oldest = next(iter(self._pending))
+                    del self._pending[oldest]
+                    with contextlib.suppress(OSError):
+                        oldest.shutdown(socket.SHUT_RDWR)
+                self._pending[client] = None
             threading.Thread(target=self._carry, args=(client,), daemon=True).start()
 
     def _carry(self, client: socket.socket) -> None:
         upstream: Stream | None = None
+        counted = False
         try:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            head = self._request_line(client)
-            if head.startswith(f"POST {LOGIN_PATH} ".encode()) or head.startswith(f"POST {LOGIN_PATH}?".encode()):
-                self._login(client, head)
+            reader = _Reader(client)
+            try:
+                head = reader.head(time.monotonic() + self.HEAD_DEADLINE)
+            finally:
+                with self._lock:
+                    self._pending.pop(client, None)
+            if head is None:
+                return
+            line = head.split(b"\r\n", 1)[0]
+            if line.startswith(f"POST {LOGIN_PATH} ".encode()) or line.startswith(f"POST {LOGIN_PATH}?".encode()):
+                self._login(client, head, reader)
+                return
+            admitted = self._admitted(head)
+            if admitted is None:
+                _answer(client, 403, "skyward: this port serves a notebook to the user who started it; open the "
+                                     "URL that `skyward notebook` printed")
+                return
+            if admitted == "url" and line.startswith(b"GET ") and "text/html" in _headers(head).get("accept", ""):
+                # A page opened with the token: give the browser this forwarder's cookie first.
+                target = line.split(b" ")[1].decode("latin-1")
+                _answer(client, 307, "", extra=[f"Location: {target}", f"Set-Cookie: {self._set_cookie()}"])
+                return
+            with self._lock:
+                if self._carried >= self.MAX_CARRIED:
+                    busy = True
+                else:
+                    busy, self._carried, counted = False, self._carried + 1, True
+            if busy:
+                _answer(client, 503, f"skyward: {self.MAX_CARRIED} connections are carried already; try again")
                 return
             try:
                 upstream = self._connect()
             except Exception as exc:  # the node went away: say so to the browser, keep serving
                 _answer(client, 502, f"skyward: cannot reach the notebook server on the node ({exc})")
                 return
-            upstream.sendall(head)
-            _pump(client, upstream)
+            _pump(client, upstream, lambda: _send_requests(reader, upstream, head))
         except OSError:
             pass
         finally:
+            if counted:
+                with self._lock:
+                    self._carried -= 1
             if upstream is not None:
                 with contextlib.suppress(OSError, EOFError):
                     upstream.close()
             with contextlib.suppress(OSError):
                 client.close()
 
-    @staticmethod
-    def _request_line(client: socket.socket) -> bytes:
-        """What the client sent, up to the end of its first line (enough to tell our login
-        request apart; everything read is passed on otherwise)."""
-        client.settimeout(30)
-        data = b""
-        while b"\n" not in data and len(data) < _HEAD_LIMIT:
-            chunk = client.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        client.settimeout(None)
-        return data
+    def _set_cookie(self) -> str:
+        return f"{self.cookie}={self._secret}; HttpOnly; SameSite=Strict; Path=/"
 
-    def _login(self, client: socket.socket, data: bytes) -> None:
-        """The --open page's post: a one-time code for the server's own session cookie, which this
-        side fetches with the token (through the tunnel) and hands to the browser."""
-        client.settimeout(10)
-        while b"\r\n\r\n" not in data and len(data) < _HEAD_LIMIT:
-            chunk = client.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
+    def _admitted(self, head: bytes) -> str | None:
+        """How the request shows it is the user's: "cookie", "url" (the token in the query),
+        "header" (the token in ``Authorization``); None: it does not."""
+
+        def same(given: str | None, wanted: str) -> bool:
+            return given is not None and hmac.compare_digest(given.encode(), wanted.encode())
+
         headers = _headers(head)
-        length = min(int(headers.get("content-length", "0") or 0), 1024)  # unauthenticated: a code is small
-        while len(body) < length:
-            chunk = client.recv(length - len(body))
-            if not chunk:
-                break
-            body += chunk
+        if same(_cookies(headers.get("cookie", "")).get(self.cookie), self._secret):
+            return "cookie"
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() in ("token", "bearer") and same(given.strip(), self._token):
+            return "header"
+        target = head.split(b"\r\n", 1)[0].split(b" ")
+        query = urlsplit(target[1].decode("latin-1")).query if len(target) > 1 else ""
+        if same(next(iter(parse_qs(query).get(self._flavor.token_query) or []), None), self._token):
+            return "url"
+        return None
+
+    def _login(self, client: socket.socket, head: bytes, reader: _Reader) -> None:
+        """The --open page's post: a one-time code for the server's own session cookie, which this
+        side fetches with the token (through the tunnel) and hands to the browser, with this
+        forwarder's cookie."""
+        headers = _headers(head)
+        try:
+            length = min(int(headers.get("content-length", "0") or 0), 1024)  # unauthenticated: a code is small
+        except ValueError:
+            length = 0
+        body = reader.take(length, time.monotonic() + 10)
         code = (parse_qs(body[:1024].decode("latin-1")).get("code") or [""])[0]
         if not code or not self.codes.redeem(code):
             _answer(client, 401, "this login code was used already or has expired; open the URL that "
@@ -427,7 +487,110 @@ class Forwarder:
                 f'{self._flavor.title}</a></p><script>location.replace("{landing}")</script></body></html>')
         # A page that goes on by itself, not a redirect: the post came from a file (another site),
         # and the session cookie is sent on a same-site navigation.
-        _answer(client, 200, page, extra=[f"Set-Cookie: {c}" for c in cookies], html=True)
+        _answer(client, 200, page, extra=[f"Set-Cookie: {c}" for c in [*cookies, self._set_cookie()]], html=True)
+
+
+class _Reader:
+    """A client socket read a request head at a time, with what came after it kept."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, b""
+
+    def _more(self, deadline: float | None) -> bool:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(1 << 16)
+        finally:
+            if deadline is not None:
+                self.sock.settimeout(None)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def head(self, deadline: float | None = None) -> bytes | None:
+        """The next request's head (through its blank line); None when the client is done."""
+        while b"\r\n\r\n" not in self.buffer:
+            if len(self.buffer) > _HEAD_LIMIT or not self._more(deadline):
+                return None
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        return head + b"\r\n\r\n"
+
+    def take(self, n: int, deadline: float | None = None) -> bytes:
+        while len(self.buffer) < n and self._more(deadline):
+            pass
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buffer:
+            if len(self.buffer) > _HEAD_LIMIT or not self._more(None):
+                raise EOFError
+        line, _, self.buffer = self.buffer.partition(b"\r\n")
+        return line + b"\r\n"
+
+    def copy(self, n: int, out: Stream) -> None:
+        while n > 0:
+            if not self.buffer and not self._more(None):
+                raise EOFError
+            part, self.buffer = self.buffer[:n], self.buffer[n:]
+            out.sendall(part)
+            n -= len(part)
+
+
+def _send_requests(reader: _Reader, upstream: Stream, head: bytes | None) -> None:
+    """Pass the client's requests on, each head without skyward's cookies, each body as its
+    length (or its chunks) says; an upgraded connection (a websocket) is passed on as it is."""
+    while head is not None:
+        upstream.sendall(_without_skyward_cookies(head))
+        headers = _headers(head)
+        if headers.get("upgrade") and "upgrade" in headers.get("connection", "").lower():
+            if reader.buffer:
+                upstream.sendall(reader.buffer)
+                reader.buffer = b""
+            while data := reader.sock.recv(1 << 16):
+                upstream.sendall(data)
+            return
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            while True:
+                size_line = reader.line()
+                upstream.sendall(size_line)
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:  # the trailers, then the blank line
+                    while (trailer := reader.line()) != b"\r\n":
+                        upstream.sendall(trailer)
+                    upstream.sendall(b"\r\n")
+                    break
+                reader.copy(size + 2, upstream)
+        else:
+            reader.copy(int(headers.get("content-length") or 0), upstream)
+        head = reader.head()
+
+
+def _cookies(header: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in header.split(";"):
+        name, sep, value = pair.strip().partition("=")
+        if sep:
+            out.setdefault(name.strip(), value.strip())
+    return out
+
+
+def _without_skyward_cookies(head: bytes) -> bytes:
+    """``head`` with every cookie named ``skyward...`` taken out of its Cookie lines."""
+    lines = head[:-4].split(b"\r\n")
+    kept = [lines[0]]
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"cookie":
+            pairs = [p for p in value.split(b";") if p.strip() and not p.strip().lower().startswith(b"skyward")]
+            if not pairs:
+                continue
+            line = b"Cookie: " + b"; ".join(p.strip() for p in pairs)
+        kept.append(line)
+    return b"\r\n".join(kept) + b"\r\n\r\n"
 
 
 def _headers(head: bytes) -> dict[str, str]:
@@ -441,21 +604,22 @@ def _headers(head: bytes) -> dict[str, str]:
 
 def _answer(client: socket.socket, status: int, text: str, *, extra: list[str] | None = None,
             html: bool = False) -> None:
-    reason = {200: "OK", 401: "Unauthorized", 502: "Bad Gateway"}.get(status, "")
+    reason = {200: "OK", 307: "Temporary Redirect", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway",
+              503: "Service Unavailable"}.get(status, "")
     body = text.encode()
     head = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {'text/html' if html else 'text/plain'}; charset=utf-8",
             f"Content-Length: {len(body)}", "Cache-Control: no-store", "Connection: close", *(extra or [])]
     client.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
 
 
-def _pump(client: socket.socket, upstream: Stream) -> None:
-    """Bytes both ways until both sides are done; the end of one direction is passed on."""
+def _pump(client: socket.socket, upstream: Stream, send: Callable[[], None]) -> None:
+    """Bytes both ways until both sides are done: ``send`` passes the client's on (in a thread of
+    its own), the server's are copied back here; the end of one direction is passed on."""
 
     def up() -> None:
         try:
-            while data := client.recv(1 << 16):
-                upstream.sendall(data)
-        except (OSError, EOFError):
+            send()
+        except (OSError, EOFError, ValueError, TimeoutError):
             pass
         finally:
             with contextlib.suppress(OSError, EOFError):

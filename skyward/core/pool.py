@@ -325,7 +325,7 @@ class Pool(DispatchTarget):
         if self._tokens:
             target.leave(self._tokens.pop())
         if not self._tokens:
-            self._exit_plugins()
+            self._exit_plugins(exc)
         self.close()
 
     def _enter_plugins(self) -> None:
@@ -340,11 +340,13 @@ class Pool(DispatchTarget):
             self.close()
             raise
 
-    def _exit_plugins(self) -> None:
+    def _exit_plugins(self, exc: tuple[object, ...] = (None, None, None)) -> None:
         hooks = getattr(self, "_client_hooks", None)
         self.__dict__.pop("_client_hooks", None)
         if hooks is not None and not self.members.foreign():  # a forked child's are the parent's
-            hooks.close()  # in reverse order of entry
+            # In reverse order of entry, each seeing what the block raised (a tracker's run
+            # then ends FAILED); none can swallow it.
+            hooks.__exit__(*exc)
 
     def _stopped_from_outside(self) -> None:
         """An agent said the pool is being stopped (``skyward down``): close this side in the

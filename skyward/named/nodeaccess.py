@@ -343,6 +343,21 @@ def open_nodes(name: str, node: int | None) -> Iterator[tuple[dict[str, Any], li
         yield record, nodes
 
 
+def pool_nodes(pool: Any, ranks: list[int]) -> list[Node]:
+    """Nodes ``ranks`` of a pool this process holds open (a plugin bringing files back before
+    the pool closes), reached as ``open_nodes`` reaches a named pool's: on the pool's own
+    connections, in each node's working directory."""
+    described = pool.cluster.describe()
+    by_index = {int(n["index"]): n for n in described.get("nodes", [])}
+    record = {"name": pool.name or pool.id, "provider": described.get("provider"), "cluster": described}
+    nodes: list[Node] = []
+    for rank in ranks:
+        channel = pool.members.wait_rank(rank)
+        desc = by_index.get(channel.node, {"index": channel.node})
+        nodes.append(_node(record, pool.cluster, rank, desc, channel.facts))
+    return nodes
+
+
 def _node(record: dict[str, Any], cluster: Any, rank: int, desc: dict[str, Any], facts: dict[str, Any]) -> Node:
     name, index = record["name"], int(desc["index"])
     host = str(facts.get("hostname") or desc.get("hostname") or "?")

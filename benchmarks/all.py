@@ -13,6 +13,9 @@ warm caches or threads):
               tunnel and the direct path, with a Local node as the baseline
 * scale.py    pools of thousands through the fake Pulumi workspace: preview per node, up,
               client memory per node, `skyward ls` and `skyward status` of a 1,000-node pool
+* gpu.py      torch tensors and state_dicts through a Local node beside numpy arrays; CUDA
+              tensors as results and arguments and a DDP step through a pool, where CUDA is
+              (needs torch: without it the part is left out)
 
 then prints the figures the performance issue names, each against its target, and writes
 every sub-benchmark's own JSON into one file with --json. Install the peers with
@@ -22,6 +25,7 @@ every sub-benchmark's own JSON into one file with --json. Install the peers with
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,12 +39,12 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("run", "startup", "ssh", "scale")
+PARTS = ("run", "startup", "ssh", "scale", "gpu")
 
 
 def run_part(name: str, quick: bool, out: Path) -> dict[str, Any] | None:
     args = [sys.executable, str(HERE / f"{name}.py"), "--json", str(out)]
-    if quick and name in ("run", "ssh"):
+    if quick and name in ("run", "ssh", "gpu"):
         args.append("--quick")
     if quick and name == "startup":
         args += ["--rounds", "3"]
@@ -137,6 +141,17 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
         ok = max(cli["ls_seconds"], cli["status_seconds"]) < 1
         lines.append((f"skyward ls / status, {cli['nodes']:,}-node pool",
                       f"{cli['ls_seconds']:.2f} s / {cli['status_seconds']:.2f} s", "", f"< 1 s {_verdict(ok)}"))
+    gpu = parts.get("gpu") or {}
+    reference = ""
+    for r in gpu.get("rows", []):
+        if "median" not in r:
+            lines.append((r["case"], r["system"], "", ""))
+        elif r["system"] in ("numpy", "torch"):
+            reference = f"{r['system']} {r['median']:,.2f} {r['unit']}"
+        else:
+            figure = f"{r['median']:,.2f} {r['unit']}" + (f" ({r['vs_numpy']:.2f}x)" if "vs_numpy" in r else "")
+            target = f"{r['target']} {_verdict(r['ok'])}" if "ok" in r else ""
+            lines.append((r["case"], figure, reference, target))
     return lines
 
 
@@ -151,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--skip {','.join(sorted(unknown))}: not a part; the parts are {', '.join(PARTS)}")
     parts: dict[str, dict[str, Any] | None] = {}
+    if importlib.util.find_spec("torch") is None:
+        skip.add("gpu")  # tensors need torch; the other parts do not
     with tempfile.TemporaryDirectory(prefix="skyward-bench-") as tmp:
         for name in PARTS:
             if name not in skip:

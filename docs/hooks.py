@@ -24,6 +24,7 @@ GUIDE_ORDER = [
     "operators",
     "images-and-bootstrap",
     "accelerators",
+    "gpus",
     "collections-and-streaming",
     "storage",
     "ssh",

@@ -189,6 +189,31 @@ class _ClientTarget:
         return self.pool.cluster.spill_dir
 
 
+# A Parallel(backend="skyward") in a process that another one started for its work: a worker of
+# joblib's loky backend (or of multiprocessing) is a fresh interpreter. One that never imported
+# skyward does not know the name (joblib's own "Invalid backend: skyward": joblib has no entry
+# points, so nothing of skyward runs there); one that did still holds no pool.
+_IN_A_WORKER = (
+    "Parallel(backend=\"skyward\") ran in {worker}, a process another one started for its work (a "
+    "worker of joblib's loky or multiprocessing backend, say), with no skyward pool in it: a pool "
+    "is used from the process that opened it (any of its threads) and from tasks on its nodes. "
+    "Make skyward the outer backend instead (a Parallel inside its tasks runs on the pool too); "
+    "or, in this process, open a pool or attach to a named one (`skyward up NAME`): `import "
+    "skyward as sky`, then `with sky.Compute(name=NAME):` around the Parallel call."
+)
+
+
+def _started_for_work() -> str | None:
+    """This process's name and id when another process started it (multiprocessing's or
+    loky's worker processes), else None."""
+    import multiprocessing
+    import os
+
+    if multiprocessing.parent_process() is None:
+        return None
+    return f"process {multiprocessing.current_process().name} (pid {os.getpid()})"
+
+
 class _NodeTarget:
     """Sends batches up this node's connection to the client, which runs them on the pool."""
 
@@ -197,6 +222,9 @@ class _NodeTarget:
         if hub is None:
             from skyward.core.target import none_active
 
+            worker = _started_for_work()
+            if worker is not None:
+                raise NoActivePoolError(_IN_A_WORKER.format(worker=worker))
             raise NoActivePoolError(
                 f"the skyward joblib backend runs on a pool: the one whose `with` block this "
                 f"thread (or, from a thread of your own, the one pool open) is in, or the one a "

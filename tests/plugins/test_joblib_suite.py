@@ -8,6 +8,9 @@ backend, the others (tests of loky or of joblib's own machinery) are left out. T
 inside a 2-node Local pool opened without the plugin: ``backend="skyward"`` is found by
 name, the pool through the ``with`` block (or, from the tests' own threads, as the one pool
 open). ``EXCLUDED`` lists the tests that cannot apply to a remote backend, with the reason.
+A test parametrized over two backends keeps only the pairs of ours: ``test_nested_loop`` with
+another (process) backend outside runs skyward in that backend's fresh worker process, which
+holds no pool (test_joblib_nested_workers.py checks the error said there).
 """
 
 from __future__ import annotations

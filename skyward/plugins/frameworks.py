@@ -129,6 +129,14 @@ def _worker_device(info: Any, count: int) -> int:
     return info.worker % max(1, count)
 
 
+def _gpu_shared(info: Any, mine: tuple[str, ...]) -> bool:
+    """Does this worker share its GPU with another rank? (A Local node with a fractional count,
+    or more worker processes than the node has GPUs.) NCCL refuses two ranks on one GPU."""
+    node = [d for d in os.environ.get("SKYWARD_NODE_GPUS", "").split(",") if d.strip()]
+    return bool(os.environ.get("SKYWARD_GPU_SHARE")) or (
+        bool(mine) and info.workers_per_node > 1 and len(node) < info.workers_per_node)
+
+
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -159,8 +167,10 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
     pools (the CPU index otherwise). On every worker: its GPUs (the node's own; with the process
     executor, its share of them: ``bind_worker_gpus``) and ``cuda.set_device``, MASTER_ADDR/PORT,
     WORLD_SIZE, RANK, LOCAL_RANK, OMP_NUM_THREADS, then ``init_process_group`` once
-    (``backend``: nccl with GPUs, gloo without). Your own ``init_process_group``/``destroy_process_group`` calls
-    become no-ops while the plugin holds the group; it is destroyed when the worker stops.
+    (``backend``: nccl with GPUs, gloo without, and gloo where ranks share a GPU, as Local nodes
+    with a fractional count do: NCCL refuses two ranks on one device). Your own
+    ``init_process_group``/``destroy_process_group`` calls become no-ops while the plugin holds
+    the group; it is destroyed when the worker stops.
     """
     if backend not in (None, "nccl", "gloo", "mpi", "ucc"):
         raise ConfigError(f"torch(backend={backend!r}) is not valid: use 'nccl', 'gloo', or None (automatic).")
@@ -184,13 +194,14 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
         threads = _threads_per_rank(info)
         os.environ.update(_rank_env(info), MASTER_ADDR=info.head_addr, MASTER_PORT=str(info.head_port))
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        bind_worker_gpus(info)  # before CUDA starts in this process
+        mine = bind_worker_gpus(info)  # before CUDA starts in this process
         import torch as _torch
         import torch.distributed as dist
 
         _torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        chosen = backend or ("nccl" if _torch.cuda.is_available() else "gloo")
-        if chosen == "nccl":
+        has_cuda = _torch.cuda.is_available()
+        chosen = backend or ("nccl" if has_cuda and not _gpu_shared(info, mine) else "gloo")
+        if has_cuda:  # this rank's device (with gloo too: a shared GPU's tensors live on it)
             _torch.cuda.set_device(_worker_device(info, _torch.cuda.device_count()))
         owned = False
         if not dist.is_initialized():

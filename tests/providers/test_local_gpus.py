@@ -277,25 +277,85 @@ def test_plugins_bind_each_worker_process_to_its_share(monkeypatch: pytest.Monke
     assert _worker_device(info(0, 1), 1) == 0
 
 
+def _cuda_gpus(at_least: int) -> None:
+    torch = pytest.importorskip("torch")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < at_least:
+        pytest.skip(f"needs a machine with {at_least} or more CUDA GPUs (torch sees {have})")
+
+
+@sky.function
+def all_reduce() -> tuple[str, float, str]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    return uuid, float(t.item()), dist.get_backend()
+
+
 @pytest.mark.gpu
 def test_torch_ranks_on_local_nodes_use_their_own_gpus() -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("needs a machine with 2 or more CUDA GPUs (torch sees "
-                    f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})")
-
-    @sky.function
-    def all_reduce() -> tuple[str, float]:
-        import torch
-        import torch.distributed as dist
-
-        t = torch.ones(1, device="cuda")
-        dist.all_reduce(t)
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).uuid.hex, float(t.item())
-
+    _cuda_gpus(2)
     # (Local does not match the model name: any accelerator name stands for the machine's GPUs)
     with local(2, plugins=[sky.plugins.torch()]) as pool:
         results = all_reduce() @ pool
-    assert [r[1] for r in results] == [2.0, 2.0]
+    assert [r[1:] for r in results] == [(2.0, "nccl"), (2.0, "nccl")]
     assert results[0][0] != results[1][0]
 
+
+@pytest.mark.gpu
+def test_torch_ranks_sharing_one_gpu_on_purpose_all_reduce_over_gloo() -> None:
+    _cuda_gpus(1)
+    with local(2, sky.accelerators.A100(count=0.5), plugins=[sky.plugins.torch()]) as pool:
+        results = all_reduce() @ pool
+    assert [r[1:] for r in results] == [(2.0, "gloo"), (2.0, "gloo")]
+    assert results[0][0] == results[1][0]
+
+
+@pytest.mark.gpu
+def test_more_nodes_than_real_gpus_is_refused() -> None:
+    _cuda_gpus(1)
+    have = len(local_gpus.usable_gpus())
+    with pytest.raises(sky.NoOfferError, match=rf"need {have + 1} GPU\(s\) and this machine has {have}"), \
+            local(have + 1):
+        pass
+
+def test_a_named_pool_keeps_its_gpus_while_no_client_is_attached(four_gpus: Path) -> None:
+    def skyward(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "skyward", *args], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ))
+
+    up = skyward("up", "gpus", "--provider", "local", "--nodes", "2", "--accelerator", "A100", "--ttl", "120")
+    assert up.returncode == 0, up.stderr
+    try:
+        held = local_gpus.in_use()  # by its agents: `skyward up` has exited
+        assert len(held) == 2 and os.getpid() not in {c["pid"] for c in held}
+        with pytest.raises(sky.ProviderError, match=r"2 by other running pools"), local(3):
+            pass
+        with sky.Compute(name="gpus", options=QUIET) as pool:
+            assert sorted(flat(visible(pool))) == sorted(c["gpu"] for c in held)
+            pool.resize(3)  # a resize of the attached pool takes a free GPU
+            assert len(set(flat(visible(pool)))) == 3
+        assert len(local_gpus.in_use()) == 3  # detached: its nodes keep theirs
+    finally:
+        down = skyward("down", "gpus")
+    assert down.returncode == 0, down.stderr
+    assert local_gpus.in_use() == []
+
+
+def test_torch_ranks_that_share_a_gpu_use_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.plugins.frameworks import _gpu_shared
+    from skyward.runtime.info import InstanceInfo
+
+    def info(workers: int) -> InstanceInfo:
+        return InstanceInfo(node=0, total_nodes=2, workers_per_node=workers, head_addr="127.0.0.1",
+                            head_port=1, job_id="j", peers=[], network={"interface": "lo"})
+
+    monkeypatch.setenv("SKYWARD_NODE_GPUS", "a")
+    monkeypatch.delenv("SKYWARD_GPU_SHARE", raising=False)
+    assert not _gpu_shared(info(1), ("a",))
+    assert _gpu_shared(info(2), ("a",))  # two worker processes on the node's one GPU
+    monkeypatch.setenv("SKYWARD_GPU_SHARE", "0.5")  # a Local node with count=0.5
+    assert _gpu_shared(info(1), ("a",))

@@ -6,7 +6,7 @@ removed when the server stops.
 
 ``--open`` hands the browser the path of a 0600 page beside it (``open-*.html``), never a URL
 with the token: every local user can read every process's command line. The page posts a
-one-time code to ``/login``, which the server exchanges once for the session cookie; the page
+one-time code to ``/login``, which the server exchanges once for a session (app.py); the page
 is removed once the code expires, or when the server stops.
 """
 

@@ -7,6 +7,7 @@ Prometheus is Debian's ``prometheus`` package (.ci/run installs it); without it 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -126,3 +127,38 @@ def test_prometheus_scrapes_a_running_pool_through_the_dashboard(cli: CLI, tmp_p
     assert [float(r["value"][1]) for r in failed] == [1.0]
     assert [(r["metric"]["pool"], r["metric"]["provider"], r["value"][1]) for r in nodes] == [(pool_id, "local", "2")]
     assert {r["metric"]["node"] for r in cpu} == {"0", "1"}
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed (.ci/run installs it)")
+def test_prometheus_scrapes_a_programs_metrics_port_with_its_token(cli: CLI, tmp_path: Path) -> None:
+    """Issue 49: a program's own /metrics answers only the token of SKYWARD_HOME/metrics/token;
+    Prometheus is given it as the guide says (``credentials_file``), and without it is refused."""
+    prog = program(cli, """
+        import json, sys, skyward as sky
+        from skyward.observe import prometheus
+
+        @sky.function
+        def work(x):
+            return x * 2
+
+        with sky.Compute(nodes=1, options=sky.Options(metrics_port=0, console="silent")) as pool:
+            pool.map(work, range(7), chunksize=1)
+            print(json.dumps(prometheus.metrics_address()), flush=True)
+            sys.stdin.readline()  # hold the pool open until the test has looked
+    """)
+    try:
+        assert prog.stdout is not None
+        line = prog.stdout.readline()
+        assert line, prog.stderr.read() if prog.stderr else ""
+        host, port = json.loads(line)
+        token = (cli.home / "metrics" / "token").read_text().strip()
+        with prometheus(tmp_path / "prom", f"{host}:{port}", token) as prom, \
+                prometheus(tmp_path / "guess", f"{host}:{port}", "a-guess") as refused:
+            done = wait_for(lambda: _query(prom, 'skyward_tasks_done_total{function="work"}'), 60, "task counts")
+            down = wait_for(lambda: _query(refused, 'up{job="skyward"}'), 60, "the refused scrape")
+            assert [float(r["value"][1]) for r in done] == [7.0]
+            assert down[0]["value"][1] == "0", down  # a wrong token scrapes nothing
+            assert _query(refused, "skyward_tasks_done_total") == []
+    finally:
+        prog.communicate("\n", timeout=60)
+    assert prog.returncode == 0

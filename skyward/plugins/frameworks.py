@@ -137,6 +137,22 @@ def _gpu_shared(info: Any, mine: tuple[str, ...]) -> bool:
         bool(mine) and info.workers_per_node > 1 and len(node) < info.workers_per_node)
 
 
+def _jax_memory_share(info: Any) -> None:
+    """JAX takes 75% of each GPU's memory when it starts: where processes share a GPU (a Local
+    node's fractional count, or more worker processes than the node's GPUs), each takes its share
+    of that instead (XLA_PYTHON_CLIENT_MEM_FRACTION), unless it is set already."""
+    if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ:
+        return
+    share = 1.0
+    with contextlib.suppress(ValueError):
+        share = float(os.environ.get("SKYWARD_GPU_SHARE") or 1)
+    node = [d for d in os.environ.get("SKYWARD_NODE_GPUS", "").split(",") if d.strip()]
+    if node and info.workers_per_node > len(node):
+        share /= -(-info.workers_per_node // len(node))  # worker processes per GPU
+    if share < 1:
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.75 * share:.3f}"
+
+
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -270,7 +286,9 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
 
     Installs ``jax[tpu]`` on Cloud TPU pools, ``jax[cuda12]`` on NVIDIA GPU pools (``cuda``),
     ``jax`` otherwise; gives each worker its GPUs (the node's own; with the process executor, its
-    share of them: ``bind_worker_gpus``), so that its local devices are those; sets
+    share of them: ``bind_worker_gpus``), so that its local devices are those, and where processes
+    share a GPU (a fractional count on Local) its share of JAX's preallocated memory
+    (XLA_PYTHON_CLIENT_MEM_FRACTION, unless set); sets
     JAX_COORDINATOR_ADDRESS (head node, ``head_port + 1``; JAX_COORDINATOR_BIND_ADDRESS, the
     same: the coordinator listens there only), JAX_NUM_PROCESSES, JAX_PROCESS_ID,
     and on CPU uses gloo for cross-process collectives. Timeouts are always passed: a peer
@@ -295,6 +313,7 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
         )
         os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(info)))
         bind_worker_gpus(info)  # before JAX starts its backends
+        _jax_memory_share(info)
         import jax as _jax
 
         # Only affects CPU collectives; must be set before initialize, like everything else.
@@ -341,6 +360,8 @@ def keras(*, backend: str = "jax") -> Plugin:
     def around_app(info: Any) -> Iterator[None]:
         os.environ["KERAS_BACKEND"] = backend
         bind_worker_gpus(info)  # the node's own GPUs, a share of them per worker process
+        if backend == "jax":
+            _jax_memory_share(info)
         if backend == "jax" and info.total_workers > 1:
             import jax as _jax
 

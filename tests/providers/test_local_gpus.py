@@ -359,3 +359,26 @@ def test_torch_ranks_that_share_a_gpu_use_gloo(monkeypatch: pytest.MonkeyPatch) 
     assert _gpu_shared(info(2), ("a",))  # two worker processes on the node's one GPU
     monkeypatch.setenv("SKYWARD_GPU_SHARE", "0.5")  # a Local node with count=0.5
     assert _gpu_shared(info(1), ("a",))
+
+
+def test_jax_processes_sharing_a_gpu_take_their_share_of_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.plugins.frameworks import _jax_memory_share
+    from skyward.runtime.info import InstanceInfo
+
+    def info(workers: int) -> InstanceInfo:
+        return InstanceInfo(node=0, total_nodes=2, workers_per_node=workers, head_addr="127.0.0.1",
+                            head_port=1, job_id="j", peers=[], network={"interface": "lo"})
+
+    for share, node, workers, expected in [(None, "a", 1, None), ("0.5", "a", 1, "0.375"),
+                                           (None, "a,b", 4, "0.375"), ("0.25", "a", 1, "0.188")]:
+        monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+        if share is None:
+            monkeypatch.delenv("SKYWARD_GPU_SHARE", raising=False)
+        else:
+            monkeypatch.setenv("SKYWARD_GPU_SHARE", share)
+        monkeypatch.setenv("SKYWARD_NODE_GPUS", node)
+        _jax_memory_share(info(workers))
+        assert os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") == expected
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")  # the user's own stays
+    _jax_memory_share(info(1))
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.9"

@@ -4,15 +4,19 @@ Both plugins work the same way. On the client, before the nodes start (``transfo
 plugin decides where the runs go and hands that to the nodes through the image's environment,
 the tracker's credentials as secrets (masked in logs, records and stacks). On each worker
 (``around_app``) a run is opened for the node and made the one that ``mlflow.log_*`` or
-``wandb.log`` inside tasks write to; it is closed when the worker stops. The trackers are
-imported only where a hook runs: ``import skyward`` never loads them.
+``wandb.log`` inside tasks write to; it is closed when the worker stops, or earlier, as the
+pool's block ends (``around_client``), when the client must bring back what the nodes wrote
+before they go (W&B's offline runs; MLflow child runs for a store on the client that remote
+nodes cannot reach), with the copy of ``skyward cp``. The trackers are imported only where a
+hook runs: ``import skyward`` never loads them.
 
 * ``mlflow``: the client opens the pool's parent run (tags: pool id, name, provider, nodes)
   and logs the pool's spec and lock (from its record, secret-free) as artifacts; each node a
   child run tagged with its rank, host and accelerator. The parent ends FINISHED, or FAILED
   when the pool's block raised.
 * ``wandb``: a run per node in ``group`` (the pool by default), ``job_type="node"``, its config
-  the pool's spec; ``mode="offline"`` writes each run to disk and needs no network.
+  the pool's spec; ``mode="offline"`` writes each run to disk and needs no network, where W&B
+  would on the client (``<dir or WANDB_DIR or .>/wandb``).
 """
 
 from __future__ import annotations

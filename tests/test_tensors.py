@@ -339,6 +339,48 @@ def test_a_gpu_nodes_result_reaches_a_cpu_client() -> None:
     assert len(warnings) == 1 and warnings[0].pool == pool.id
 
 
+@sky.function
+def device_and_sum(t: Any) -> tuple[str, float, bool]:
+    """Where the node's tensor is, its sum, and whether the node said it landed on its CPU."""
+    from skyward.bootstrap import serialize
+
+    return str(t.device), float(t.sum()), "" in serialize._told
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here: the tensor would land on it")
+def test_a_cuda_argument_lands_on_a_cpu_nodes_cpu() -> None:
+    t = torch.ones(500_000)
+    with sky.Compute(nodes=1, options=sky.Options(console=False)) as pool:
+        assert (device_and_sum(torch.ones(1)) >> pool)[2] is False
+        with as_if_cuda():
+            assert (device_and_sum(t) >> pool) == ("cpu", 500_000.0, True)
+
+
+@sky.function
+def cuda_like_stream(n: int) -> Any:
+    """Streams tensors pickled as on cuda:0, and leaves one in a collection."""
+    from skyward.bootstrap import serialize
+
+    serialize._device_of = lambda storage: "cuda:0"
+    sky.dict("weights")["w"] = torch.full((1000,), 2.0)
+    for i in range(n):
+        yield torch.full((300_000,), float(i))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here: the tensor would land on it")
+def test_streamed_items_and_collection_values_land_on_the_cpu_too() -> None:
+    with sky.Compute(nodes=1, options=sky.Options(console=False)) as pool:
+        items = list(cuda_like_stream(3) >> pool)
+        assert "" in serialize._told  # they came as CUDA tensors and landed here on the CPU
+        serialize._told.clear()
+        stored = pool.dict("weights")["w"]
+        assert "" in serialize._told
+    assert [t.device.type for t in items] == ["cpu"] * 3
+    for i, t in enumerate(items):
+        same(t, torch.full((300_000,), float(i)))
+    same(stored, torch.full((1000,), 2.0))
+
+
 # -- on a GPU --------------------------------------------------------------------------------
 
 

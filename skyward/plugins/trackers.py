@@ -87,6 +87,8 @@ def _local_store(uri: str) -> str | None:
     from pathlib import Path
     from urllib.parse import unquote, urlparse
 
+    if uri.startswith("databricks"):  # MLflow's word for a Databricks workspace, not a folder
+        return None
     if uri.startswith("sqlite:///"):
         path = uri[len("sqlite:///"):]
         if path.startswith("/") or path.startswith(":memory:"):

@@ -193,6 +193,22 @@ def test_mlflow_runs_of_nodes_away_from_a_store_here_come_back_into_it(
     assert "2 child run(s) the nodes kept were brought back" in capfd.readouterr().err
 
 
+
+def test_mlflow_stores_on_this_machine_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48: what a node would read from its own folder is resolved here; servers and
+    Databricks are left alone."""
+    from skyward.plugins.trackers import _local_store
+
+    monkeypatch.chdir(tmp_path)
+    here = (tmp_path / "mlruns").as_uri()
+    assert [_local_store(u) for u in ("mlruns", "./mlruns", "file:./mlruns", "file:mlruns")] == [here] * 4
+    assert _local_store("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
+    for kept in ("file:///data/mlruns", "sqlite:////data/mlflow.db"):
+        assert _local_store(kept) == kept
+    for server in ("http://mlflow:5000", "https://x/y", "databricks", "databricks://profile", "postgresql://h/db"):
+        assert _local_store(server) is None
+
+
 def test_mlflow_credentials_travel_as_secrets() -> None:
     from skyward.observe.secrets import Secret
     from skyward.plugins.trackers import _with

@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap import shm
-from skyward.bootstrap.procs import alive, wait_gone
+from skyward.bootstrap.procs import wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 from .local_fork import ForkedAgent, ForkServer
+from .local_procs import process_running
+from .local_procs import start_time as _start_time
 
 if TYPE_CHECKING:
     import logging
@@ -645,26 +647,6 @@ _UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
 
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): with the pid, it names one process
-    even after the pid is reused. None where /proc is missing."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_running(pid: int, started: int | None) -> bool:
-    """Is this exact process (pid + start time) running? Zombies count as gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (macOS): ask the kernel
-        return alive(pid)
-    if fields[0] == "Z":
-        return False
-    return started is None or int(fields[19]) == started
 
 
 def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:

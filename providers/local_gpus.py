@@ -35,6 +35,8 @@ from typing import Any
 
 from skyward.errors import ProviderError
 
+from .local_procs import process_running, start_time
+
 _LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: ([^)]+)\))?\s*$")
 _NONE = ("", "-1", "none", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
 
@@ -183,8 +185,6 @@ def _claims() -> Iterator[list[dict[str, Any]]]:
     list is written back. Claims whose process is gone are dropped on the way in."""
     import fcntl
 
-    from .local import process_running
-
     run = _run_dir()
     with open(run / "gpus.lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
@@ -198,12 +198,6 @@ def _claims() -> Iterator[list[dict[str, Any]]]:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"claims": claims}, indent=1))
         os.replace(tmp, path)
-
-
-def _start_time(pid: int) -> int | None:
-    from .local import _start_time as start_time
-
-    return start_time(pid)
 
 
 def in_use() -> list[dict[str, Any]]:
@@ -233,7 +227,7 @@ class GpuClaims:
             return {}
         gpus = self.gpus()
         problem = shortfall(float(self.share), len(nodes), len(gpus))
-        me, started = os.getpid(), _start_time(os.getpid())
+        me, started = os.getpid(), start_time(os.getpid())
         with _claims() as claims:
             used: dict[str, Fraction] = {}
             for c in claims:
@@ -284,7 +278,7 @@ class GpuClaims:
 
     def bind(self, node: int, pid: int) -> None:
         """Node ``node``'s GPUs are held by its agent from now on (free when it exits)."""
-        started = _start_time(pid)
+        started = start_time(pid)
         with _claims() as claims:
             for c in claims:
                 if c["pool"] == self.pool_id and c["node"] == node:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import context
 
@@ -19,8 +19,18 @@ class PeerInfo(BaseModel):
     public_ip: str | None = None
 
 
+def _own_devices() -> tuple[str, ...]:
+    """The GPUs that are this node's own, as sky.Local hands them out (SKYWARD_GPUS, what its
+    CUDA_VISIBLE_DEVICES names); () where the node's GPUs are all of its machine's."""
+    import os
+
+    return tuple(d for d in os.environ.get("SKYWARD_GPUS", "").split(",") if d)
+
+
 class AcceleratorInfo(BaseModel):
-    """The accelerators of this node: type, count and memory per device (GB)."""
+    """The accelerators of this node: type, count (a fraction: its share of one) and memory per
+    device (GB). ``devices``: on a Local node, the GPUs that are its own (their UUIDs, as its
+    CUDA_VISIBLE_DEVICES names them); empty where the node has all of its machine's."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -28,6 +38,7 @@ class AcceleratorInfo(BaseModel):
     count: float
     memory_gb: float | None = None
     is_trainium: bool = False
+    devices: tuple[str, ...] = Field(default_factory=_own_devices)
 
 
 class NetworkInfo(BaseModel):

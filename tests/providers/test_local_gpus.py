@@ -70,6 +70,7 @@ def gpus_here() -> dict[str, Any]:
         "mps": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
         "type": acc.type if acc else None,
         "count": acc.count if acc else None,
+        "devices": list(acc.devices) if acc else None,
         "agent": os.getppid(),
     }
 
@@ -93,6 +94,7 @@ def test_each_node_gets_its_own_gpu(four_gpus: Path) -> None:
     for r in results:
         assert r["metrics_ids"] == r["visible"]
         assert (r["type"], r["count"], r["share"]) == ("A100", 1, None)
+        assert r["devices"] == [r["visible"]]  # instance_info().accelerator: the node's own
 
 
 def test_two_gpus_each_and_free_again_when_the_pool_closes(four_gpus: Path) -> None:
@@ -121,7 +123,7 @@ def test_a_fraction_shares_one_gpu_and_the_mps_plugin_sizes_each_share(four_gpus
     with local(2, half) as pool:
         a, b = gpus_here() @ pool
     assert a["visible"] == b["visible"] and a["visible"] in UUIDS  # two halves of one GPU
-    assert a["share"] == b["share"] == "0.5" and a["count"] == 0.5
+    assert a["share"] == b["share"] == "0.5" and a["count"] == 0.5 and a["devices"] == [a["visible"]]
     with local(2, half, plugins=[sky.plugins.mps()]) as pool:
         assert [r["mps"] for r in gpus_here() @ pool] == ["50", "50"]
     with local(8, half) as pool:

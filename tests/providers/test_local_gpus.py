@@ -384,3 +384,15 @@ def test_jax_processes_sharing_a_gpu_take_their_share_of_its_memory(monkeypatch:
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")  # the user's own stays
     _jax_memory_share(info(1))
     assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.9"
+
+
+def test_nodes_started_without_the_fork_server_get_their_gpus_too(
+        four_gpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.providers import local as provider
+
+    def no_fork_server(*args: Any) -> Any:
+        raise OSError("no fork server here")
+
+    monkeypatch.setattr(provider, "ForkServer", no_fork_server)  # each agent its own interpreter
+    with local(2) as pool:
+        assert len(set(flat(visible(pool)))) == 2

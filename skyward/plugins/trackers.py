@@ -127,14 +127,33 @@ def _mlflow_finish(failed: bool) -> None:
         os.environ.pop("MLFLOW_RUN_ID", None)
 
 
-def mlflow_close(failed: bool) -> dict[str, Any]:
+def _all_arrived(tracker: str, processes: int) -> None:
+    """With several worker processes on a node (``Worker(executor="process")``), the client
+    sends one closing task per process at once: each waits here (at most 10 s) until all have
+    arrived, so that every process takes one (and finishes its own run)."""
+    if processes <= 1:
+        return
+    import time
+
+    arrived = os.path.join(os.getcwd(), f".skyward-{tracker}-closing")
+    os.makedirs(arrived, exist_ok=True)
+    with open(os.path.join(arrived, str(os.getpid())), "w"):
+        pass
+    deadline = time.monotonic() + 10
+    while len(os.listdir(arrived)) < processes and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def mlflow_close(failed: bool, processes: int = 1) -> dict[str, Any]:
     """On each node as the pool's block ends (the client sends it, where the nodes keep their
-    runs in a store of their own): finish the node's child run; where that store is."""
+    runs in a store of their own): finish the node's child run; where that store is.
+    ``processes``: see ``_all_arrived``."""
     import socket
 
     from skyward.runtime.info import instance_info
 
     _mlflow_finish(failed)
+    _all_arrived("mlflow", processes)
     return {"node": instance_info().node, "host": socket.gethostname(),
             "store": os.environ.get("SKYWARD_MLFLOW_STORE")}
 
@@ -204,7 +223,7 @@ def _mlflow_hand_back(pool: Pool, mc: Any, experiment_id: str, failed: bool) -> 
         sys.stderr.flush()
 
     try:
-        answers = pool.broadcast(function(mlflow_close, timeout=120)(failed))
+        answers = _each_process(pool, function(mlflow_close, timeout=120), failed)
     except Exception as exc:
         say(f"the nodes' runs could not be finished and brought back before the pool closed "
             f"({type(exc).__name__}: {exc}); they are lost with the nodes.")
@@ -414,16 +433,19 @@ def _wandb_finish(failed: bool) -> list[str]:
     return folders
 
 
-def wandb_close(failed: bool) -> dict[str, Any]:
+def wandb_close(failed: bool, processes: int = 1) -> dict[str, Any]:
     """On each node as the pool's block ends (the client sends it): finish the node's run, and
     name the node's offline run folders. Where runs are written in the node's own folder, that
-    is every offline run there (the pool's, from each worker process of the node)."""
+    is every offline run there (the pool's, from each worker process of the node).
+
+    ``processes``: see ``_all_arrived``."""
     import glob
     import socket
 
     from skyward.runtime.info import instance_info
 
     folders = _wandb_finish(failed)
+    _all_arrived("wandb", processes)
     settings = json.loads(os.environ.get("SKYWARD_WANDB") or "{}")
     if settings.get("node_dir") is None and _wandb_home:
         folders = sorted({*folders, *glob.glob(os.path.join(_wandb_home[0], "offline-run-*"))})
@@ -452,6 +474,24 @@ def _links_made_files(folder: str) -> None:
                 shutil.copyfile(target, path)
 
 
+def _each_process(pool: Pool, close: Any, failed: bool) -> list[dict[str, Any]]:
+    """``close(failed, processes)`` in every worker process of every node (one per node with
+    the thread executor): one answer per node, the run folders of its processes together."""
+    worker = getattr(pool, "worker", None)
+    processes = worker.concurrency if worker is not None and worker.resolved_executor == "process" else 1
+    if processes == 1:
+        return list(pool.broadcast(close(failed, 1)))
+    futures = [pool.run_async(close(failed, processes), target=rank)
+               for rank in range(pool.current_nodes()) for _ in range(processes)]
+    merged: dict[int, dict[str, Any]] = {}
+    for future in futures:
+        answer = future.result()
+        into = merged.setdefault(answer["node"], dict(answer))
+        if "runs" in answer:  # W&B's: the processes' run folders together
+            into["runs"] = sorted({*into["runs"], *answer["runs"]})
+    return [merged[n] for n in sorted(merged)]
+
+
 def _shown(path: str) -> str:
     """``path`` relative to the working directory when it is inside it (a shorter command)."""
     rel = os.path.relpath(path)
@@ -472,7 +512,7 @@ def _wandb_hand_back(pool: Pool, places: dict[str, Any], failed: bool) -> None:
         sys.stderr.flush()
 
     try:
-        answers = pool.broadcast(function(wandb_close, timeout=120)(failed))
+        answers = _each_process(pool, function(wandb_close, timeout=120), failed)
     except Exception as exc:
         say(f"the nodes' runs could not be finished before the pool closed ({type(exc).__name__}: {exc}); "
             + ("their offline runs are lost with the nodes." if places["back_to"] else

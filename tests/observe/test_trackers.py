@@ -340,6 +340,28 @@ def test_wandb_offline_runs_written_on_the_nodes_come_back_before_they_go(
     assert "brought back from its nodes" in line and "wandb sync " + " ".join(str(f) for f in found) in line, line
 
 
+
+def test_wandb_every_worker_process_finishes_its_run_before_the_pool_closes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """With the process executor each worker process has a run ("node 0 worker W"): each is
+    finished as the block ends (one closing task per process), and the line names them all."""
+    _offline_wandb(monkeypatch)
+    plugin = sky.plugins.wandb(project="skyward-test", dir=str(tmp_path))
+    with sky.Compute(nodes=1, plugins=[plugin], worker=sky.Worker(executor="process", concurrency=2),
+                     options=sky.Options(console="silent")) as pool:
+        assert pool.map(fit, [2, 2, 2, 2]) == [0, 0, 0, 0]
+    found = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    names = []
+    for folder in found:
+        (data,) = folder.glob("run-*.wandb")
+        meta = _read_run(data)
+        assert meta["exit"] == 0, meta
+        names.append(meta["name"])
+    line = _sync_line(capfd.readouterr().err)
+    assert "wandb sync " + " ".join(str(f) for f in found) in line, line
+    assert sorted(names) == ["node 0 worker 0", "node 0 worker 1"], names  # each opened as it started
+
+
 def _records(data: Path) -> Iterator[bytes]:
     """The records of a ``.wandb`` file: a 7-byte header (":W&B", magic, version), then LevelDB's
     log format (32 KiB blocks; chunks of crc32, length, type FULL/FIRST/MIDDLE/LAST)."""

@@ -27,7 +27,7 @@ def test_offline_runs_of_ssh_nodes_come_back_before_they_go(
         ssh_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     hosts = ssh_hosts(2)
 
-    def a_run_on_the_node(failed: bool) -> dict[str, Any]:
+    def a_run_on_the_node(failed: bool, processes: int = 1) -> dict[str, Any]:
         """On the node, in place of the finishing task (defined here: it travels by value): an
         offline run in the node's own folder, then what the plugin's node-side part answers."""
         import os
@@ -43,7 +43,7 @@ def test_offline_runs_of_ssh_nodes_come_back_before_they_go(
             f.write("core log")
         os.symlink(outside, os.path.join(folder, "logs", "debug-core.log"))
         trackers._wandb_home[:] = [os.path.dirname(folder)]
-        return trackers.wandb_close(failed)
+        return trackers.wandb_close(failed, processes)
 
     monkeypatch.setattr(trackers, "wandb_close", a_run_on_the_node)
     with sky.Compute(provider=provider(hosts), nodes=2, options=sky.Options(console=False)) as pool:

@@ -1,8 +1,10 @@
 """The node agent: one per node, the only long-lived skyward process there.
 
-It listens on 127.0.0.1 only (a Local node: on a Unix socket in its 0700 folder, no TCP at
-all) and admits a client only after both proved the pool's secret (handshake.py). Tasks arrive
-as frames on that one connection and are relayed, unopened, to worker processes that it
+It listens on a Unix socket in the node's 0700 folder (a Local node's, or, with ``--socket``,
+an SSH, cloud or Slurm node's, which the client reaches through sshd's streamlocal forwarding or
+a relay: no other user of the node can connect at all), or else on 127.0.0.1, and admits a
+client only after both proved the pool's secret (handshake.py). Tasks arrive as frames on that
+one connection and are relayed, unopened, to worker processes that it
 starts, watches and replaces (a task that kills its process gets an error, the node keeps
 serving). It holds a lease from the client: when nobody has renewed it for ``ttl`` seconds,
 the agent stops its workers and exits, so a crashed or killed client leaves nothing behind.
@@ -103,7 +105,11 @@ class Agent:
         self.key = derive(token, AGENT)
         self.lane_key = derive(token, LANE).hex()
         self.state_key = derive(token, COLLECTIONS)
-        self.gate = Gate()  # connections still in their handshake: few at once
+        # Connections still in their handshake, few at once: a gate per listener (serve), so a
+        # flood of one (the direct TCP listener) leaves the others open, and one for workers a
+        # plugin launcher started.
+        self.gate = Gate(per_source=16)  # the Unix socket's (one user) or the loopback port's
+        self.launch_gate = Gate(per_source=16)
         # This node's shared-memory folder, for pools whose client is on another host (made
         # at the first CONFIGURE without a pool-wide one): large buffers from the client are
         # received straight into segments there and mapped by the workers, and the workers'
@@ -138,6 +144,9 @@ class Agent:
         # Where workers' lane listeners go (lane.py): beside the agent's own Unix socket, when
         # it has one (a Local node: its clients are on this host).
         self.lane_dir: str | None = None
+        # The folder of the agent's Unix socket on a node reached over SSH (--socket): the
+        # collections' socket for this node's own workers goes there too (state.py).
+        self.socket_dir: str | None = None
         self.lane_ids = itertools.count(1)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -145,7 +154,8 @@ class Agent:
         """Serve clients on ``listener`` (loopback, or the node's Unix socket) and ``more`` (the
         direct listener on the node's private address, ``--direct``): the same handshake on each."""
         for sock in (listener, *more):
-            threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+            gate = self.gate if sock is listener else Gate()  # (TCP: a share per address)
+            threading.Thread(target=self._accept, args=(sock, gate), daemon=True).start()
         threading.Thread(target=self._lease_watchdog, daemon=True).start()
         self.stopping.wait()
         for sock in (listener, *more):
@@ -208,20 +218,22 @@ class Agent:
             w.proc.wait()
 
     # -- client connections ------------------------------------------------------------------
-    def _accept(self, listener: socket.socket) -> None:
+    def _accept(self, listener: socket.socket, gate: Gate) -> None:
         while not self.stopping.is_set():
             try:
-                sock, _ = listener.accept()
+                sock, peer = listener.accept()
             except OSError:
                 return
-            if not self.gate.enter():  # a flood of strangers: no thread, no memory for them
-                self._refused(sock, "too many connections in their handshake")
+            # A flood of strangers: no thread, no memory for them (a full gate closes its
+            # oldest silent handshake for this one, or this one if all are recent).
+            if not gate.enter(sock, peer):
+                self._refused(sock, "too many connections in their handshake", gate)
                 continue
-            threading.Thread(target=self._serve_conn, args=(sock,), daemon=True).start()
+            threading.Thread(target=self._serve_conn, args=(sock, gate), daemon=True).start()
 
-    def _refused(self, sock: socket.socket, why: str) -> None:
+    def _refused(self, sock: socket.socket, why: str, gate: Gate | None = None) -> None:
         _close(sock)
-        line = self.gate.refused(why)
+        line = (gate or self.gate).refused(why)
         if line is not None:
             _log(line)
 
@@ -241,14 +253,14 @@ class Agent:
         spill = self._remote_spill()
         return shm.reserve(spill, n) if spill is not None else None
 
-    def _serve_conn(self, sock: socket.socket) -> None:
+    def _serve_conn(self, sock: socket.socket, gate: Gate) -> None:
         try:  # nothing of ours (reader, shared memory, a Conn) exists until the peer proved the key
             info, proof = admit(sock, self.key)
         except (Refused, OSError) as exc:
-            self._refused(sock, str(exc))
+            self._refused(sock, str(exc), gate)
             return
         finally:
-            self.gate.leave()
+            gate.leave(sock)
         tune(sock)
         reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
         conn = Conn(sock, writer)
@@ -398,7 +410,8 @@ class Agent:
             if self.state is None:
                 from .state import StateServer
 
-                self.state = StateServer(self.state_key, self._log_to_clients, unix_dir=self.lane_dir)
+                self.state = StateServer(self.state_key, self._log_to_clients, unix_dir=self.lane_dir,
+                                         local_dir=self.socket_dir)
             return self.state
 
     def _log_to_clients(self, text: str) -> None:
@@ -589,11 +602,11 @@ class Agent:
         indices = itertools.count()
         while not self.stopping.is_set():
             try:
-                sock, _ = listener.accept()
+                sock, peer = listener.accept()
             except OSError:
                 return
-            if not self.gate.enter():
-                self._refused(sock, "too many launched workers in their handshake")
+            if not self.launch_gate.enter(sock, peer):
+                self._refused(sock, "too many launched workers in their handshake", self.launch_gate)
                 continue
             threading.Thread(target=self._admit_launched, args=(sock, proc, key, indices), daemon=True).start()
 
@@ -605,10 +618,10 @@ class Agent:
             _, proof = admit(sock, key)
             sock.sendall(_welcome(proof))
         except (Refused, OSError) as exc:
-            self._refused(sock, f"a launched worker: {exc}")
+            self._refused(sock, f"a launched worker: {exc}", self.launch_gate)
             return
         finally:
-            self.gate.leave()
+            self.launch_gate.leave(sock)
         tune(sock)
         with self.lock:
             w = WorkerProc(next(indices), proc, FrameWriter(sock), sock, self.settings["capacity"], launched=True)
@@ -1107,17 +1120,21 @@ class _Args:
         self.log: str | None = None  # file for the agent's own log lines
         self.orphan_cleanup: list[str] = []  # folders to remove when the lease expires
         self.unix: str | None = None  # also listen on this Unix socket (Local pools)
+        # SSH, cloud and Slurm nodes: listen on this Unix socket in the node's 0700 pool folder
+        # instead of a loopback port (the client reaches it through sshd: no other user can).
+        self.socket: str | None = None
         self.direct: str | None = None  # also listen on this private address (sky.SSH(direct=True))
         self.fork_server = False  # fork this machine's agents on request instead (zygote.py)
 
 
 _OPTIONS = {"--host": "host", "--port": "port", "--ttl": "ttl", "--log": "log",
-            "--orphan-cleanup": "orphan_cleanup", "--unix": "unix", "--direct": "direct"}
+            "--orphan-cleanup": "orphan_cleanup", "--unix": "unix", "--direct": "direct",
+            "--socket": "socket"}
 
 
 def _parse_args(argv: list[str]) -> _Args:
     """``--host H --port P --ttl S --log FILE --orphan-cleanup DIR (repeatable) --unix PATH
-    --direct ADDRESS``, each as ``--name value`` or ``--name=value``, or ``--fork-server``
+    --socket PATH --direct ADDRESS``, each as ``--name value`` or ``--name=value``, or ``--fork-server``
     alone (zygote.py). The agent's only callers are skyward's providers, so a plain loop does
     (argparse costs every node's start 6 ms)."""
     args = _Args()
@@ -1168,12 +1185,15 @@ def main(argv: list[str] | None = None) -> None:
 
     hello: dict[str, Any] = {"pid": os.getpid()}
     listeners: list[socket.socket] = []
-    if args.unix:  # a Local node: its clients are on this host, so no TCP port at all
-        unix = _unix_listener(args.unix)
+    unix_path = args.unix or args.socket
+    # A Local node (its clients are on this host), or a node reached over SSH (--socket): no
+    # TCP port at all, only a Unix socket in a folder of this user's alone.
+    if unix_path:
+        unix = _unix_listener(unix_path)
         if isinstance(unix, str):
             _say(dict(hello, error=unix))
             raise SystemExit(f"skyward agent: {unix}")
-        hello["unix"] = args.unix
+        hello["unix"] = unix_path
         listeners.append(unix)
     else:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -1198,9 +1218,11 @@ def main(argv: list[str] | None = None) -> None:
     agent = Agent(token, args.ttl, args.orphan_cleanup)
     if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
+    elif args.socket:
+        agent.socket_dir = os.path.dirname(os.path.abspath(args.socket))
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
-    where = args.unix if args.unix else f"{args.host}:{hello['port']}"
+    where = unix_path if unix_path else f"{args.host}:{hello['port']}"
     _log(f"serving on {where}, ttl {args.ttl:g} s")
     agent.prestart(listeners)
     if isinstance(direct, socket.socket):
@@ -1210,9 +1232,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         agent.serve(*listeners)
     finally:
-        if args.unix:
+        if unix_path:
             with contextlib.suppress(OSError):
-                os.unlink(args.unix)
+                os.unlink(unix_path)
     _log("stopped")
 
 

@@ -24,7 +24,7 @@ from skyward.errors import (
 
 from . import serialize
 from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind, tune
-from .handshake import AGENT, Refused, derive, prove
+from .handshake import AGENT, Check, Refused, TurnedAway, derive, prove
 from .lane import ClientLane
 
 Done = Callable[[Frame | BaseException], None]
@@ -34,7 +34,7 @@ OnOutput = Callable[[int, int, int, bytes], None]  # node, task id, stream, text
 class NodeChannel:
     def __init__(
         self,
-        sock: socket.socket,
+        sock: socket.socket | Callable[[], socket.socket],
         *,
         node: int,
         token: str,
@@ -48,6 +48,10 @@ class NodeChannel:
     ) -> None:
         self.node = node
         self.label = label or f"node {node}"
+        # ``sock`` may be how to connect (endpoint.connect): a handshake turned away is retried.
+        connect = sock if callable(sock) else None
+        sock = connect() if connect is not None else sock
+        assert not callable(sock)
         self._sock = sock
         sock.settimeout(None)  # connect timeouts must not turn into idle timeouts
         tune(sock)
@@ -80,10 +84,7 @@ class NodeChannel:
         self._lane_held = False
         # Both ends prove the pool's key (handshake.py); the secret itself never crosses.
         try:
-            check = prove(sock, derive(token, AGENT), {"ttl": ttl})
-            sock.settimeout(60.0)
-            welcome = self._reader.read()
-            sock.settimeout(None)
+            sock, check, welcome = _handshake(self, sock, connect, derive(token, AGENT), ttl)
         except Refused as exc:
             raise ProtocolError(
                 f"what answers for {self.label} did not start skyward's handshake ({exc}): it is "
@@ -93,8 +94,9 @@ class NodeChannel:
             ) from exc
         except (EOFError, OSError) as exc:
             raise ProtocolError(
-                f"the agent on {self.label} closed the connection during the handshake ({exc}); "
-                f"it refused this pool's token. Check the agent log on that node."
+                f"the agent on {self.label} closed the connection during the handshake ({exc}): "
+                f"it refused this pool's token, or it turned the connection away before the "
+                f"handshake was done (busy or flooded). Check the agent log on that node."
             ) from exc
         if welcome.kind != Kind.WELCOME:
             raise ProtocolError(f"expected WELCOME from {self.label}, got frame kind {welcome.kind}")
@@ -396,6 +398,52 @@ class NodeChannel:
             done(err)
         if not self._closing and self.stopped is None and self._on_lost is not None:
             self._on_lost(self.node, exc)
+
+
+# A handshake turned away (the agent's gate full, or this pending one closed for a newer one)
+# is tried again after these pauses (each with up to half again at random): about 9 s in all.
+_RETRY_PAUSES = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
+
+
+def _handshake(ch: NodeChannel, sock: Any, connect: Callable[[], Any] | None, key: bytes,
+               ttl: float) -> tuple[Any, Check, Frame]:
+    """Prove the key and read the WELCOME (not yet checked): the socket it happened on, the
+    check and the WELCOME. With ``connect``, a connection closed before the WELCOME (the agent
+    was busy, or strangers flood its listener) is made again, with backoff; a last refusal
+    before the challenge says so (ProtocolError)."""
+    import random
+
+    pauses = iter(_RETRY_PAUSES if connect is not None else ())
+    while True:
+        try:
+            check = prove(sock, key, {"ttl": ttl})
+            sock.settimeout(60.0)
+            welcome = ch._reader.read()
+            sock.settimeout(None)
+            return sock, check, welcome
+        except (TurnedAway, EOFError, OSError) as exc:
+            pause = next(pauses, None)
+            if pause is None or connect is None:
+                if isinstance(exc, TurnedAway):
+                    raise ProtocolError(
+                        f"the agent on {ch.label} refused the connection before the handshake (busy "
+                        f"or flooded: every one of its handshake slots was taken"
+                        f"{', at each try' if connect is not None else ''}). Another process on that "
+                        f"node or its network may be holding connections open; retry, and check "
+                        f"the agent log on that node."
+                    ) from exc
+                raise
+        try:
+            sock.close()
+        except OSError:
+            pass
+        time.sleep(pause * (1 + random.random() / 2))
+        sock = connect()
+        sock.settimeout(None)
+        tune(sock)
+        ch._sock = sock
+        ch._reader = FrameReader(_Listening(sock, ch))  # type: ignore[arg-type]
+        ch._writer = FrameWriter(sock)
 
 
 class _Listening:

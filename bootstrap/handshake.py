@@ -16,9 +16,9 @@ only its purpose (a worker holds the lane and collection keys, never the agents'
 
 Before the peer has proven the key, a listener spends almost nothing: it reads a fixed
 20-byte header by hand, refuses any first frame that is not a HELLO of at most
-``HELLO_MAX`` bytes without buffers, gives the whole exchange ``DEADLINE`` seconds and lets
-at most ``Gate``'s count of connections be in that state at once (the rest are closed as they
-arrive). The frame reader (256 KiB), shared memory and per-connection state come after.
+``HELLO_MAX`` bytes without buffers, gives the peer ``FIRST_BYTE`` seconds to start its answer and the whole exchange ``DEADLINE``
+seconds, and lets at most ``Gate``'s count of connections be in that state at once (a full gate
+closes the oldest pending one, not the newest: see ``Gate``). The frame reader (256 KiB), shared memory and per-connection state come after.
 
 Standard library only, and not ``hmac``/``hashlib``: they load OpenSSL, 4 ms of every node's
 start; SHA-256 comes from the interpreter's own built-in module.
@@ -26,6 +26,7 @@ start; SHA-256 comes from the interpreter's own built-in module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -49,6 +50,8 @@ except ImportError:
 NONCE = 32
 HELLO_MAX = 4096  # a HELLO's body: a few facts, never more
 DEADLINE = 5.0  # seconds for the whole exchange, on the server's side
+FIRST_BYTE = 2.0  # seconds from the challenge to the peer's first byte (a real client answers at once)
+GRACE = 0.5  # seconds a pending handshake is safe from eviction by newer ones (Gate)
 # Purposes of the keys derived from a pool's secret.
 AGENT, LANE, COLLECTIONS = "agent", "lane", "collections"
 _BLOCK = 64
@@ -56,6 +59,11 @@ _BLOCK = 64
 
 class Refused(ValueError):
     """The peer did not prove the key (or did not speak the handshake at all)."""
+
+
+class TurnedAway(Refused):
+    """The server closed the connection before its challenge: its gate was full, or it closed
+    this pending handshake to make room for a newer one (busy, or flooded by strangers)."""
 
 
 def _hmac(key: bytes, msg: bytes) -> bytes:
@@ -77,7 +85,7 @@ def _mac(key: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> b
     return _hmac(key, role + b"\0" + server_nonce + client_nonce)
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float, closed: type[Exception] = Refused) -> bytes:
     data = b""
     while len(data) < n:
         left = deadline - time.monotonic()
@@ -89,9 +97,20 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         except TimeoutError:
             raise Refused("the handshake took too long") from None
         if not chunk:
-            raise Refused("the peer closed the connection during the handshake")
+            raise closed("the peer closed the connection during the handshake")
         data += chunk
     return data
+
+
+def _first_byte(sock: socket.socket, deadline: float) -> None:
+    """Wait until the peer's first byte is there (peeked, not read), or refuse it: a peer that
+    says nothing after the challenge only holds a handshake slot."""
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    try:
+        if not sock.recv(1, socket.MSG_PEEK):
+            raise Refused("the peer closed the connection during the handshake")
+    except TimeoutError:
+        raise Refused(f"the peer said nothing within {FIRST_BYTE:g} s of the challenge") from None
 
 
 def _hex(value: object, what: str) -> bytes:
@@ -112,6 +131,7 @@ def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[
     server_nonce = os.urandom(NONCE)
     sock.settimeout(deadline)
     sock.sendall(HEADER.pack(Kind.CHALLENGE, 0, 0, 0, NONCE) + server_nonce)
+    _first_byte(sock, min(end, time.monotonic() + FIRST_BYTE))
     kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end))
     if kind != Kind.HELLO or nbufs or body_len > HELLO_MAX:
         raise Refused(f"the first frame was not a HELLO of at most {HELLO_MAX} bytes "
@@ -154,7 +174,7 @@ def prove(sock: socket.socket, key: bytes, facts: dict[str, object], timeout: fl
     of another version, or not an agent at all). Leaves the socket blocking (no timeout)."""
     end = time.monotonic() + timeout
     try:
-        kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end))
+        kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end, TurnedAway))
         if kind != Kind.CHALLENGE or nbufs or body_len != NONCE:
             raise Refused(f"the server's first frame was not a challenge (kind {kind}, {body_len} bytes)")
         server_nonce = _recv_exact(sock, NONCE, end)
@@ -184,22 +204,73 @@ def welcome(sock: socket.socket, check: Check, who: str, timeout: float = 60.0) 
 
 
 class Gate:
-    """How many connections may be in their handshake at once, and a log of the refused ones
-    that stays short under a flood (one line per ``quiet`` seconds, with the count)."""
+    """The connections in their handshake, few at once, and a log of the refused ones that
+    stays short under a flood (one line per ``quiet`` seconds, with the count).
 
-    def __init__(self, limit: int = 16, quiet: float = 10.0) -> None:
-        self._slots = threading.BoundedSemaphore(limit)
+    A full gate does not refuse the newest connection: it closes the oldest pending one that
+    has had ``grace`` seconds to answer (a real peer answers the challenge in milliseconds; a
+    stranger holding slots open says nothing), so a flood that keeps every slot taken, and
+    reopens each one it loses, cannot keep a real client out. Each source address (every
+    loopback address counts as one, an IPv6 one by its /64) holds at most ``per_source`` slots,
+    evicting its own oldest beyond that: a flood from one place leaves the other slots to
+    everyone else. Connections entered without a socket (``enter()``) are only counted."""
+
+    def __init__(self, limit: int = 16, quiet: float = 10.0, *, per_source: int | None = None,
+                 grace: float = GRACE) -> None:
+        self._limit = limit
+        self._per_source = per_source or max(1, limit // 4)
+        self._grace = grace
+        self._pending: dict[int, tuple[float, str, socket.socket]] = {}  # id(sock): oldest first
+        self._counted = 0  # entered without a socket: never evicted
         self._lock = threading.Lock()
         self._quiet = quiet
         self._last = -quiet
         self._unsaid = 0
+        self.evicted = 0  # how many pending handshakes were closed to let newer ones in
 
-    def enter(self) -> bool:
-        """Take a handshake slot; False when all are taken (close the connection)."""
-        return self._slots.acquire(blocking=False)
+    def enter(self, sock: socket.socket | None = None, peer: object = None) -> bool:
+        """Take a handshake slot for ``sock`` (whose address is ``peer``, as ``accept`` gave it);
+        False when none can be had (close the connection). To make room it may close an older
+        pending connection (shut down: the thread serving it sees the end and leaves)."""
+        now = time.monotonic()
+        with self._lock:
+            if sock is None:
+                if len(self._pending) + self._counted >= self._limit:
+                    return False
+                self._counted += 1
+                return True
+            source = _source(peer)
+            mine = [k for k, (_, s, _) in self._pending.items() if s == source]
+            victim: int | None = None
+            if len(mine) >= self._per_source:
+                victim = self._oldest(mine, now)
+                if victim is None:
+                    return False
+            elif len(self._pending) + self._counted >= self._limit:
+                victim = self._oldest(list(self._pending), now)
+                if victim is None:
+                    return False
+            if victim is not None:
+                _, _, old = self._pending.pop(victim)
+                self.evicted += 1
+                with contextlib.suppress(OSError):
+                    old.shutdown(socket.SHUT_RDWR)
+            self._pending[id(sock)] = (now, source, sock)
+            return True
 
-    def leave(self) -> None:
-        self._slots.release()
+    def _oldest(self, keys: list[int], now: float) -> int | None:
+        """The oldest of ``keys`` (in entry order) when it has had its grace, else None."""
+        if keys and now - self._pending[keys[0]][0] >= self._grace:
+            return keys[0]
+        return None
+
+    def leave(self, sock: socket.socket | None = None) -> None:
+        """Give the slot back (``sock``: as entered; after an eviction, nothing is left to give)."""
+        with self._lock:
+            if sock is None:
+                self._counted = max(0, self._counted - 1)
+            else:
+                self._pending.pop(id(sock), None)
 
     def refused(self, why: str) -> str | None:
         """The line to log for a refused connection, or None while the last one is recent."""
@@ -211,3 +282,19 @@ class Gate:
             count, self._unsaid, self._last = self._unsaid, 0, now
         more = f" ({count - 1} more since the last such line)" if count > 1 else ""
         return f"refused a connection: {why}{more}"
+
+
+def _source(peer: object) -> str:
+    """Whose connection this is, for ``Gate``'s share per source: the peer's IP address (a Unix
+    socket's peers, and all loopback addresses, are one source; IPv6 by its /64)."""
+    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
+        return "local"
+    host = peer[0].removeprefix("::ffff:")
+    if host.startswith("127.") or host == "::1":
+        return "local"
+    if ":" in host:
+        try:
+            return socket.inet_pton(socket.AF_INET6, host.partition("%")[0])[:8].hex()
+        except OSError:
+            return host
+    return host

@@ -1,7 +1,8 @@
-"""stdin/stdout <-> 127.0.0.1:PORT, for nodes whose sshd forbids TCP forwarding.
+"""stdin/stdout <-> 127.0.0.1:PORT or a Unix socket, for nodes whose sshd forbids forwarding.
 
-The client starts ``python -m skyward.bootstrap.relay PORT`` over an SSH exec channel and
-speaks the agent's frames on the channel; this copies bytes both ways until either side ends.
+The client starts ``python -m skyward.bootstrap.relay PORT`` (or ``... relay /PATH``, the
+agent's Unix socket) over an SSH exec channel and speaks the agent's frames on the channel;
+this copies bytes both ways until either side ends.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ def _pump_in(sock: socket.socket) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    sock = socket.create_connection(("127.0.0.1", int(args[0])))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if args[0].startswith("/"):  # the agent's Unix socket (in a folder of this user's alone)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(args[0])
+    else:
+        sock = socket.create_connection(("127.0.0.1", int(args[0])))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     threading.Thread(target=_pump_in, args=(sock,), daemon=True).start()
     out = sys.stdout.fileno()
     buf = bytearray(_CHUNK)

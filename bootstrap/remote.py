@@ -552,6 +552,14 @@ class Remote:
         )
         return ChannelSocket(chan)
 
+    def streamlocal(self, path: str) -> ChannelSocket:
+        """A socket-like stream to the Unix socket at ``path`` on the node (OpenSSH's
+        direct-streamlocal@openssh.com channel; sshd connects as the login user, so a socket in
+        that user's 0700 folder is reached and nobody else's connection is). Raises
+        paramiko.ChannelException where sshd forbids it (AllowStreamLocalForwarding no,
+        DisableForwarding) or no socket is there: a relay does then (``relay``)."""
+        return ChannelSocket(_open_streamlocal(self.transport, path))
+
     def relay(self, command: str) -> ChannelSocket:
         """A socket-like stream over an exec channel's stdin/stdout (``command`` relays them to
         the agent's port): for nodes whose sshd forbids TCP forwarding."""
@@ -710,6 +718,49 @@ def _send_all(chan: paramiko.Channel, data: bytes | bytearray | memoryview) -> N
 # tunnel throughput in paramiko (which spends its time per 32 KiB packet). The rest of paramiko's
 # list stays as the fallback for servers without GCM.
 _GCM = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _open_streamlocal(transport: paramiko.Transport, path: str, timeout: float = 30.0) -> paramiko.Channel:
+    """``Transport.open_channel`` for the channel type paramiko does not build the request of:
+    "direct-streamlocal@openssh.com" (OpenSSH's PROTOCOL, 2.4: the socket's path, then a
+    reserved string and uint32). The same steps as paramiko's own open_channel, with that
+    payload; a refusal raises paramiko.ChannelException as open_channel's does."""
+    import paramiko
+    from paramiko.common import cMSG_CHANNEL_OPEN
+
+    if not transport.active:
+        raise paramiko.SSHException("SSH session not active")
+    t: Any = transport  # (paramiko's channel bookkeeping: the attributes open_channel uses)
+    with t.lock:
+        window = t._sanitize_window_size(_WINDOW)
+        packet = t._sanitize_packet_size(32768)
+        chanid = t._next_channel()
+        m = paramiko.Message()
+        m.add_byte(cMSG_CHANNEL_OPEN)
+        m.add_string("direct-streamlocal@openssh.com")
+        m.add_int(chanid)
+        m.add_int(window)
+        m.add_int(packet)
+        m.add_string(path)
+        m.add_string("")
+        m.add_int(0)
+        chan = paramiko.Channel(chanid)
+        t._channels.put(chanid, chan)
+        t.channel_events[chanid] = event = threading.Event()
+        t.channels_seen[chanid] = True
+        chan._set_transport(transport)
+        chan._set_window(window, packet)
+    t._send_user_message(m)
+    end = time.monotonic() + timeout
+    while not event.wait(0.1):
+        if not transport.active:
+            raise transport.get_exception() or paramiko.SSHException("Unable to open channel.")
+        if time.monotonic() > end:
+            raise paramiko.SSHException("Timeout opening channel.")
+    opened = t._channels.get(chanid)
+    if opened is not None:
+        return opened
+    raise transport.get_exception() or paramiko.SSHException("Unable to open channel.")
 
 
 def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:

@@ -161,11 +161,19 @@ class StateServer:
     """The collections of one pool. Lives in the head node's agent for the agent's lifetime,
     so a named pool's collections outlive the programs that attach to it."""
 
-    def __init__(self, key: bytes, log: Callable[[str], None], unix_dir: str | None = None) -> None:
+    def __init__(self, key: bytes, log: Callable[[str], None], unix_dir: str | None = None,
+                 local_dir: str | None = None) -> None:
         self.key = key  # the pool's collections key (handshake.derive), not the agents' one
         self.log = log
         self.unix_dir = unix_dir  # a Local head: listen on a Unix socket there, no TCP
-        self.gate = Gate()
+        # A head reached over SSH: its own node's workers use a Unix socket there (no other
+        # user, nor another address, shares their handshake slots); the other nodes use TCP.
+        self.local_dir = local_dir
+        self.local_path: str | None = None
+        # Connections in their handshake: on TCP each address gets a share of the slots (a flood
+        # from one leaves the rest to the other nodes); the Unix socket has its own gate.
+        self.gate = Gate(limit=32, per_source=8)
+        self.local_gate = Gate(limit=32, per_source=32)
         self.lock = threading.Lock()
         self.counters: dict[str, int] = {}
         self.dicts: dict[str, dict[Any, Blob]] = {}
@@ -454,7 +462,7 @@ class StateServer:
             # Set by the program that replaced the head; a program attaching later clears it.
             self.lost = lost or None
             if self.address is not None:
-                return _ok({"host": self.address[0], "port": self.address[1]})
+                return _ok(self._where())
             if self.unix_dir is not None:
                 host = os.path.join(self.unix_dir, "state.sock")
             else:
@@ -470,41 +478,65 @@ class StateServer:
                     f"Check the node's private_ip, or use Options(cluster=False)."))
             self.listener = listener
             self.address = (host, 0 if self.unix_dir is not None else listener.getsockname()[1])
-        threading.Thread(target=self._accept, args=(listener,), name="skyward-state-accept", daemon=True).start()
-        self.log_line(f"collections served on {host}" + (f":{self.address[1]}" if self.address[1] else ""))
-        return _ok({"host": host, "port": self.address[1]})
+            local = None
+            if self.unix_dir is None and self.local_dir is not None:
+                path = os.path.join(self.local_dir, "state.sock")
+                try:
+                    local = _listen(path)
+                    self.local_path = path
+                except OSError as exc:  # the node's workers take TCP as the others do
+                    self.log_line(f"collections: no Unix socket for this node's workers ({exc})")
+        threading.Thread(target=self._accept, args=(listener, self.gate), name="skyward-state-accept",
+                         daemon=True).start()
+        if local is not None:
+            threading.Thread(target=self._accept, args=(local, self.local_gate), name="skyward-state-accept",
+                             daemon=True).start()
+        self.log_line(f"collections served on {host}" + (f":{self.address[1]}" if self.address[1] else "")
+                      + (f" and {self.local_path}" if self.local_path else ""))
+        return _ok(self._where())
+
+    def _where(self) -> dict[str, Any]:
+        """Where the nodes reach the collections: the head's address and port, and for the
+        head's own workers (``"unix"``) the Unix socket beside its agent's, when there is one."""
+        assert self.address is not None
+        where: dict[str, Any] = {"host": self.address[0], "port": self.address[1]}
+        if self.local_path:
+            where["unix"] = self.local_path
+        return where
 
     def log_line(self, text: str) -> None:
         import sys
 
         print(time.strftime("%H:%M:%S"), "agent:", text, file=sys.stderr, flush=True)
 
-    def _accept(self, listener: socket.socket) -> None:
+    def _accept(self, listener: socket.socket, gate: Gate) -> None:
         while True:
             try:
-                sock, _ = listener.accept()
+                sock, peer = listener.accept()
             except OSError:
                 return
-            if not self.gate.enter():  # a flood of strangers: no thread for them
-                self._refused(sock, "too many connections in their handshake")
+            # A flood of strangers: no thread for them (a full gate closes its oldest silent
+            # handshake for this one, or this one when all are recent: see Gate).
+            if not gate.enter(sock, peer):
+                self._refused(sock, "too many connections in their handshake", gate)
                 continue
-            threading.Thread(target=self._serve_peer, args=(sock,), daemon=True).start()
+            threading.Thread(target=self._serve_peer, args=(sock, gate), daemon=True).start()
 
-    def _refused(self, sock: socket.socket, why: str) -> None:
+    def _refused(self, sock: socket.socket, why: str, gate: Gate | None = None) -> None:
         _close(sock)
-        line = self.gate.refused(why)
+        line = (gate or self.gate).refused(why)
         if line is not None:
             self.log_line(f"collections: {line}")
 
-    def _serve_peer(self, sock: socket.socket) -> None:
+    def _serve_peer(self, sock: socket.socket, gate: Gate) -> None:
         try:
             info, proof = admit(sock, self.key)
             node, pid = int(info.get("node", -1)), int(info.get("pid", 0))  # type: ignore[call-overload]
         except (Refused, OSError, TypeError, ValueError) as exc:
-            self._refused(sock, str(exc))
+            self._refused(sock, str(exc), gate)
             return
         finally:
-            self.gate.leave()
+            gate.leave(sock)
         tune(sock)
         keepalive(sock)
         writer = FrameWriter(sock)

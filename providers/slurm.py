@@ -930,8 +930,11 @@ ADDR=$(ip -o route get {login} 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p' 
 DEV=$(ip -o route get {login} 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n1)
 [ -n "$ADDR" ] || ADDR=$(hostname -I 2>/dev/null | cut -d" " -f1)
 rm -f agent.json
+# Clients come through the login node to the direct listener; the agent's other listener is a
+# Unix socket in this 0700 folder (no loopback port another user of the node could fill).
+LOCAL="--socket $POOL/agent.sock"; [ ${{#POOL}} -le 88 ] || LOCAL=
 SKYWARD_AGENT_TOKEN="$TOKEN" "$SKY/{python}" -m skyward.bootstrap.agent --ttl {ttl} --log "$FOLDER/agent-$I.log" \
-  --direct "$ADDR" --orphan-cleanup "$POOL" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
+  $LOCAL --direct "$ADDR" --orphan-cleanup "$POOL" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
 AGENT=$!
 TOKEN=
 trap 'kill -TERM $AGENT 2>/dev/null' TERM INT

@@ -222,7 +222,8 @@ class _Node:
     host: SSHHost
     remote: Remote | None = None
     agent_pid: int | None = None
-    agent_port: int | None = None  # on the node's loopback
+    agent_port: int | None = None  # on the node's loopback (agents of earlier versions)
+    agent_socket: str = ""  # the agent's Unix socket in the node's pool folder (reached through sshd)
     direct_port: int | None = None  # on the node's private address (sky.SSH(direct=True))
     endpoint: NodeEndpoint | None = None
     home: str = ""  # skyward's caches on the node (the login user's home: maybe shared by hosts)
@@ -479,7 +480,7 @@ class SSHCluster(Cluster):
                 remote.run(f"kill -TERM -- -{pid} 2>/dev/null; sleep 0.5; kill -KILL -- -{pid} 2>/dev/null; true",
                            check=False)
 
-    def _start_agent(self, node: _Node, remote: Remote) -> tuple[int, int, dict[str, str]]:
+    def _start_agent(self, node: _Node, remote: Remote) -> tuple[int | None, int, dict[str, str]]:
         peer = shlex.quote(node.host.private_ip or remote.host)
         direct = direct_address(node.host, remote.host) if self._direct else None
         direct_arg = f"--direct {shlex.quote(direct)} " if direct else ""
@@ -494,8 +495,12 @@ mkdir -p site
 PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
 export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
 rm -f agent.json
+# The agent's Unix socket in this 0700 folder: no other user of the node can connect to it (a
+# loopback port only where its path is too long for a Unix socket).
+LISTEN=--socket; [ ${{#POOL}} -le 88 ] || LISTEN=--port
+[ "$LISTEN" = --socket ] && ADDR="$POOL/agent.sock" || ADDR=0
 setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
-  {direct_arg}--orphan-cleanup "$POOL" </dev/null >agent.json 2>>agent.log &
+  $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null >agent.json 2>>agent.log &
 for _ in $(seq 1 {_AGENT_START_TIMEOUT * 20}); do [ -s agent.json ] && break; sleep 0.05; done
 echo "@@port $(head -n1 agent.json)"
 echo "@@hostname $(hostname)"
@@ -512,7 +517,9 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
             elif direct:
                 log.info("%s: the agent cannot be reached directly (%s); using the SSH tunnel",
                          remote.label, hello.get("direct_error", "no direct listener"))
-            return int(hello["port"]), int(hello["pid"]), facts
+            node.agent_socket = str(hello.get("unix") or "")
+            port = None if node.agent_socket else int(hello["port"])
+            return port, int(hello["pid"]), facts
         except (ValueError, KeyError, TypeError):
             log_file = f"{node.pool_dir}/agent.log"
             _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
@@ -763,6 +770,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                     "host": _host_record(n.host),
                     "agent_pid": n.agent_pid,
                     "agent_port": n.agent_port,
+                    "agent_socket": n.agent_socket,
                     "direct_port": n.direct_port,
                     "agent_python": n.agent_python,
                     "log": f"{n.pool_dir}/agent.log" if n.pool_dir else None,
@@ -806,7 +814,8 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         self._nodes = {}
         self._described = [
             _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),
-                  agent_port=n.get("agent_port"), direct_port=n.get("direct_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
+                  agent_port=n.get("agent_port"), agent_socket=n.get("agent_socket") or "",
+                  direct_port=n.get("direct_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
                   pool_dir=n.get("pool_dir") or "",
                   endpoint=NodeEndpoint(index=int(n["index"]), private_ip=n["private_ip"], public_ip=n.get("public_ip"),
                                         hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected))
@@ -848,7 +857,7 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
                 if node.remote is not None:
                     node.remote.close()
                 return exc
-            assert node.endpoint is not None and node.agent_port is not None
+            assert node.endpoint is not None and (node.agent_port is not None or node.agent_socket)
             with self._lock:
                 self._nodes[node.index] = node  # a dead agent's too: its replacement restarts it there
             if node.agent_pid:  # the host answers; does its agent still run? (one command)
@@ -924,11 +933,11 @@ def _unconnected() -> Any:
 
 
 def _agent_connector(remote: Remote, node: _Node) -> Callable[[], Any]:
-    assert node.agent_port is not None
+    assert node.agent_port is not None or node.agent_socket
     python = f"{node.home}/{node.agent_python}" if node.home and node.agent_python else ""
     address = direct_address(node.host, remote.host) if node.direct_port else None
     direct = (address, node.direct_port) if address and node.direct_port else None
-    return functools.partial(_connect_agent, remote, node.agent_port, python, direct)
+    return functools.partial(_connect_agent, remote, node.agent_socket or node.agent_port, python, direct)
 
 
 def direct_address(host: SSHHost, address: str) -> str | None:
@@ -949,11 +958,13 @@ def direct_address(host: SSHHost, address: str) -> str | None:
     return str(ip)
 
 
-def _connect_agent(remote: Remote, port: int, python: str, direct: tuple[str, int] | None = None) -> Any:
-    """The agent's port: straight over TCP on the node's private address when the agent listens
-    there (sky.SSH(direct=True)); else through the SSH connection: a direct-tcpip channel, or,
-    when the node's sshd forbids TCP forwarding, a relay over an exec channel (frames on its
-    stdio)."""
+def _connect_agent(remote: Remote, port: int | str | None, python: str,
+                   direct: tuple[str, int] | None = None) -> Any:
+    """A stream to the agent: straight over TCP on the node's private address when the agent
+    listens there (sky.SSH(direct=True)); else through the SSH connection to its Unix socket
+    (``port``: its path) or its loopback port (an agent of an earlier version): a
+    direct-streamlocal or direct-tcpip channel, or, when the node's sshd forbids that
+    forwarding, a relay over an exec channel (frames on its stdio)."""
     import paramiko
 
     if direct is not None:
@@ -962,13 +973,16 @@ def _connect_agent(remote: Remote, port: int, python: str, direct: tuple[str, in
         except OSError as exc:
             log.info("%s: no direct connection to the agent at %s:%d (%s); using the SSH tunnel",
                      remote.label, *direct, exc)
+    assert port is not None
     try:
-        return remote.tunnel(port)
+        return remote.streamlocal(port) if isinstance(port, str) else remote.tunnel(port)
     except paramiko.ChannelException as exc:
+        what = f"socket {port}" if isinstance(port, str) else f"port {port}"
         if not python:
-            raise ProviderError(f"{remote.label}: cannot reach the agent's port {port}: {exc}") from None
-        log.info("%s: TCP forwarding refused (%s); relaying over an exec channel", remote.label, exc)
-        return remote.relay(f"{shlex.quote(python)} -m skyward.bootstrap.relay {port}")
+            raise ProviderError(f"{remote.label}: cannot reach the agent's {what}: {exc}") from None
+        log.info("%s: forwarding to the agent's %s refused (%s); relaying over an exec channel",
+                 remote.label, what, exc)
+        return remote.relay(f"{shlex.quote(python)} -m skyward.bootstrap.relay {shlex.quote(str(port))}")
 
 
 def _run_dir(pool_dir: str) -> str:

@@ -389,7 +389,7 @@ class Membership:
     # -- one node's connection -------------------------------------------------------------------
     def connect(self, endpoint: Any) -> NodeChannel:
         ch = NodeChannel(
-            endpoint.connect(),
+            endpoint.connect,  # (how to connect: a handshake turned away is tried again)
             node=endpoint.index,
             token=self.cluster.token,
             ttl=self.spec.ttl,

@@ -66,7 +66,7 @@ class NodeWatch:
                 break
             try:
                 self.channels.append(NodeChannel(
-                    endpoint.connect(), node=endpoint.index, token=cluster.token,
+                    endpoint.connect, node=endpoint.index, token=cluster.token,
                     ttl=float(record.get("ttl", 600)), on_output=self._output, on_metric=self._metric,
                 ))
             except (OSError, SkywardError) as exc:

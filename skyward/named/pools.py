@@ -694,7 +694,7 @@ def _announce_stop(record: dict[str, Any], message: str, wait: float = 10.0) -> 
             body = json.dumps({"message": message}).encode()
             for e in endpoints:
                 try:
-                    ch = NodeChannel(e.connect(), node=e.index, token=cluster.token,
+                    ch = NodeChannel(e.connect, node=e.index, token=cluster.token,
                                      ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
                 except (OSError, SkywardError):
                     continue

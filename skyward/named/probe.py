@@ -47,7 +47,7 @@ def probe(record: dict[str, Any]) -> list[dict[str, Any]]:
     def handshake(endpoint: Any) -> None:
         b = by_index[endpoint.index]
         try:
-            ch = NodeChannel(endpoint.connect(), node=endpoint.index, token=cluster.token,
+            ch = NodeChannel(endpoint.connect, node=endpoint.index, token=cluster.token,
                              ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
         except (OSError, SkywardError) as exc:
             b["error"] = str(exc)

@@ -291,9 +291,38 @@ class _NodeSender:
                         self.state = latest
                     s = self.state
                     node = int(context.topology().get("node", -1)) if context.on_node() else -1
-                    self.conn = StateConnection(s["host"], int(s["port"]), s["token"], node)
+                    self.conn = _connect_state(StateConnection, s, node)
                 conn = self.conn
         conn.call(body, bufs, done)
+
+
+# A connection the collection server turned away (its handshake slots all taken: busy, or a
+# flood) is made again after these pauses, each with up to half again at random.
+_STATE_RETRY_PAUSES = (0.1, 0.2, 0.4, 0.8, 1.6)
+
+
+def _connect_state(connection: Any, state: builtins.dict[str, Any], node: int) -> Any:
+    """A connection to the collection server: the head's own workers by the Unix socket beside
+    its agent's when it has one (``"unix"``: no other user or address shares its handshake
+    slots), every other worker over TCP; retried with backoff while it is turned away."""
+    import random
+    import time
+
+    unix = state.get("unix")
+    if node == 0 and isinstance(unix, str):
+        try:
+            return connection(unix, 0, state["token"], node)
+        except OSError:  # (ConnectionError too) not there after all: TCP as the other nodes
+            pass
+    pauses = iter(_STATE_RETRY_PAUSES)
+    while True:
+        try:
+            return connection(state["host"], int(state["port"]), state["token"], node)
+        except ConnectionError:
+            pause = next(pauses, None)
+            if pause is None:
+                raise
+            time.sleep(pause * (1 + random.random() / 2))
 
 
 def _answer(fut: Future[Any]) -> builtins.dict[str, Any] | None:

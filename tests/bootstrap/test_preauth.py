@@ -249,10 +249,71 @@ def test_a_300_mb_claim_is_closed_at_once_and_costs_nothing(pool: sky.Pool, kind
     assert square(7) >> pool == 49
 
 
-def test_an_idle_stranger_is_closed_at_the_deadline(pool: sky.Pool) -> None:
+def test_an_idle_stranger_is_closed_at_the_first_byte_deadline(pool: sky.Pool) -> None:
     got, took = _knock(_agent_sock(pool), b"", close_write=False)
     assert len(got) == len(CHALLENGE) + handshake.NONCE
-    assert handshake.DEADLINE - 0.5 < took < handshake.DEADLINE + 3
+    assert handshake.FIRST_BYTE - 0.5 < took < handshake.FIRST_BYTE + 2 < handshake.DEADLINE + 2
+
+
+# -- issue 49 item 1: a full gate closes the oldest silent handshake, not the newest -------------
+def _pending(n: int) -> list[tuple[socket.socket, socket.socket]]:
+    return [socket.socketpair() for _ in range(n)]
+
+
+def _shut(sock: socket.socket, wait: float = 0.5) -> bool:
+    """Whether the gate shut ``sock``'s server end (its peer reads the end at once)."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+
+
+def test_a_full_gate_evicts_the_oldest_pending_handshake_not_the_newest() -> None:
+    gate = handshake.Gate(limit=4, grace=0.3, per_source=4)
+    pairs = _pending(7)
+    try:
+        for server, _ in pairs[:4]:
+            assert gate.enter(server, "")
+        # all four are younger than the grace: the newest is refused (a real client answers
+        # the challenge in milliseconds, so the grace protects it from a reopening flood)
+        assert not gate.enter(pairs[4][0], "")
+        time.sleep(0.35)
+        assert gate.enter(pairs[4][0], "")  # now the oldest silent one makes room
+        assert gate.evicted == 1 and _shut(pairs[0][1])
+        gate.leave(pairs[0][0])  # the evicted one's thread leaves later: nothing to give back
+        assert gate.enter(pairs[5][0], "")  # the next oldest goes, never the newer ones
+        assert gate.evicted == 2 and _shut(pairs[1][1])
+        assert not any(_shut(client, 0.02) for _, client in pairs[2:6])
+        gate.leave(pairs[2][0])
+        assert gate.enter(pairs[6][0], "")  # a slot given back is taken without eviction
+        assert gate.evicted == 2
+        assert not any(_shut(client, 0.02) for _, client in pairs[3:7])
+        assert gate.enter() is False  # counted entries (no socket) never evict
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_one_source_holds_only_its_share_of_the_gate() -> None:
+    gate = handshake.Gate(limit=8, grace=0.0, per_source=2)
+    pairs = _pending(6)
+    try:
+        flood = [("10.1.2.3", 40000 + i) for i in range(3)]
+        for (server, _), peer in zip(pairs[:3], flood, strict=True):
+            assert gate.enter(server, peer)
+        assert gate.evicted == 1 and _shut(pairs[0][1])  # the third evicted its own oldest
+        # another address, and the loopback addresses (one source), are not touched
+        assert gate.enter(pairs[3][0], ("10.1.2.4", 5000))
+        assert gate.enter(pairs[4][0], ("127.0.0.1", 5000)) and gate.enter(pairs[5][0], ("127.0.0.2", 5001))
+        assert gate.evicted == 1
+        assert handshake._source(("fd00::1", 1, 0, 0)) == handshake._source(("fd00::2", 9, 0, 0))
+        assert handshake._source(("::ffff:127.0.0.5", 1, 0, 0)) == handshake._source("") == "local"
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
 
 
 def test_a_flood_of_idle_strangers_is_capped_and_the_pool_serves_on(pool: sky.Pool) -> None:

@@ -4,6 +4,7 @@ wheelhouse (the hosts have no route out), the agent through an SSH tunnel, host 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 import subprocess
@@ -157,9 +158,14 @@ def test_only_sshd_listens_outside_loopback_and_the_agent_wants_the_pools_key(
                    and not line.split()[3].startswith(("127.", "[::1]"))]
         expected = [f"{host.address}:{host.port}"] + (state if node.index == 0 else [])
         assert sorted(exposed) == sorted(expected), listening
+        # the agent listens on no TCP port at all (issue 49): a Unix socket in the pool's folder
+        assert node.agent_port is None and node.agent_socket.startswith(node.pool_dir + "/")
+        agent_tcp = [line.split()[3] for line in on_host(host, "ss -ltnpH").split("\n")
+                     if f"pid={node.agent_pid}," in line]
+        assert agent_tcp == (state if node.index == 0 else []), agent_tcp  # the collections' only
         probe = (
             "import json,socket,struct\n"
-            f"s=socket.create_connection(('127.0.0.1',{node.agent_port}))\n"
+            f"s=socket.socket(socket.AF_UNIX);s.connect({node.agent_socket!r})\n"
             "body=json.dumps({'token':'wrong','ttl':5}).encode()\n"
             "s.sendall(struct.pack('!BBHQQ',1,0,0,0,len(body))+body)\n"
             "s.settimeout(10)\n"
@@ -400,13 +406,21 @@ def test_a_host_alias_from_ssh_config(three_hosts: SSHHosts, tmp_path: Any, monk
     assert answer["ip"] == h.address
 
 
-def test_a_node_whose_sshd_forbids_forwarding_is_reached_through_a_relay(ssh_hosts: Any) -> None:
-    hosts = ssh_hosts(1, sshd_options={"AllowTcpForwarding": "no"})
+@pytest.mark.parametrize("forbidden", [
+    {"AllowTcpForwarding": "no"},  # (OpenSSH then refuses streamlocal forwarding too)
+    {"AllowStreamLocalForwarding": "no"},  # the agent's Unix socket: no TCP port to fall back on
+])
+def test_a_node_whose_sshd_forbids_forwarding_is_reached_through_a_relay(
+    ssh_hosts: Any, forbidden: dict[str, str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    hosts = ssh_hosts(1, sshd_options=forbidden)
+    caplog.set_level(logging.INFO, logger="skyward")
     with sky.Compute(provider=provider(hosts), nodes=1, options=QUIET) as pool:
         assert (whoami() >> pool)["ip"] == hosts[0].address
         assert pool.map(lambda x: x * 2, range(100)) == [x * 2 for x in range(100)]
         blob = bytes(3 * 1024 * 1024)
         assert sky.function(len)(blob) >> pool == len(blob)
+    assert "relaying over an exec channel" in caplog.text
 
 
 def test_describe_attach_and_destroy_a_running_ssh_pool(three_hosts: SSHHosts) -> None:

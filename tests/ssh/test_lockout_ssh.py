@@ -1,0 +1,184 @@
+"""Issue 49 item 1: another user of a node cannot lock the client out by holding the agent's
+handshake slots. User nobody on the head host finds every TCP listener there (as in
+/proc/net/tcp), holds 20 silent connections to each and reopens each one that is closed, while
+new clients attach to the pool three times, run a task on every node and use a collection from
+the other node: every try succeeds. The agent has no TCP port left to flood (a Unix socket in
+the pool's 0700 folder, reached through sshd), and the collections listener, which stays on
+TCP for the other nodes, gives one address only its share of its handshake slots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sshhosts import SSHHosts, SSHHostsUnavailable
+
+import skyward as sky
+
+from .test_provider import on_host
+
+pytestmark = pytest.mark.timeout(600)
+QUIET = sky.Options(console=False)
+
+# As user nobody on the host, for at most 90 s: 20 silent connections to every TCP listener but
+# sshd's, each reopened 5 ms after it is closed; and a try at every Unix socket of the host.
+_FLOOD = r"""
+import json, os, socket, sys, threading, time
+sshd, until = int(sys.argv[1]), time.monotonic() + 90
+targets, made, unix = [], {}, {}
+for name, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+    try:
+        lines = open(name).read().splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        local, state = line.split()[1], line.split()[3]
+        host, port = local.split(":")
+        if state != "0A" or int(port, 16) == sshd:
+            continue
+        raw = bytes.fromhex(host)
+        if family == socket.AF_INET:
+            addr = socket.inet_ntop(family, raw[::-1])
+        else:
+            addr = socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+        if addr in ("0.0.0.0", "::"):
+            addr = "127.0.0.1" if family == socket.AF_INET else "::1"
+        targets.append((family, addr, int(port, 16)))
+for line in open("/proc/net/unix").read().splitlines()[1:]:
+    path = line.split()[-1] if len(line.split()) > 7 else ""
+    if path.startswith("/") and path.endswith(".sock"):
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(path)
+            unix[path] = "connected"
+        except OSError as exc:
+            unix[path] = type(exc).__name__
+        finally:
+            s.close()
+
+def hold(family, addr, port):
+    key = f"{addr}:{port}"
+    while time.monotonic() < until:
+        s = socket.socket(family)
+        try:
+            s.connect((addr, port))
+            made[key] = made.get(key, 0) + 1
+            s.settimeout(0.5)
+            while time.monotonic() < until:
+                try:
+                    if not s.recv(4096):
+                        break
+                except TimeoutError:
+                    continue
+        except OSError:
+            pass
+        finally:
+            s.close()
+        time.sleep(0.005)
+
+for t in targets:
+    for _ in range(20):
+        threading.Thread(target=hold, args=t, daemon=True).start()
+while time.monotonic() < until:
+    with open("/tmp/flood.json.new", "w") as f:
+        json.dump({"targets": [f"{a}:{p}" for _, a, p in targets], "made": made, "unix": unix}, f)
+    os.replace("/tmp/flood.json.new", "/tmp/flood.json")
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[SSHHosts]:
+    made = SSHHosts(2, mode="netns")
+    try:
+        try:
+            made.start()
+        except SSHHostsUnavailable as e:
+            pytest.skip(f"netns SSH test hosts unavailable: {e}")
+        yield made
+    finally:
+        made.close()
+
+
+@sky.function
+def where() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+@sky.function
+def bump(name: str) -> int:
+    return sky.counter(name).increment()
+
+
+def _flood_status(hosts: SSHHosts) -> dict[str, Any]:
+    out = on_host(hosts[0], "cat /tmp/flood.json 2>/dev/null || echo '{}'")
+    return dict(json.loads(out or "{}"))
+
+
+def test_a_flood_of_silent_connections_by_another_user_does_not_lock_the_client_out(
+    hosts: SSHHosts, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from skyward.core.pool import Pool
+
+    caplog.set_level(logging.INFO, logger="skyward")
+
+    if os.geteuid() != 0:
+        pytest.skip("acting as another user needs root")
+    ssh = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                         for h in hosts])
+    spec = sky.Spec(provider=ssh, nodes=2)
+    cluster = ssh.create(spec, "flood49")
+    description: dict[str, Any] = {}
+    pid = 0
+    try:
+        cluster.start(2)
+        description = json.loads(json.dumps(cluster.describe()))  # what the registry stores
+        cluster.detach()
+        first = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))
+        try:
+            assert bump("warm") >> first == 1  # the head serves its collections (a TCP listener)
+        finally:
+            first.close()
+        flood = shlex.quote(_FLOOD)
+        pid = int(on_host(hosts[0], f"rm -f /tmp/flood.json; setpriv --reuid=65534 --regid=65534 "
+                                    f"--clear-groups python3 -c {flood} {hosts[0].port} </dev/null "
+                                    f">/tmp/flood.log 2>&1 & echo $!"))
+        deadline = time.monotonic() + 20
+        while not (status := _flood_status(hosts)).get("made") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert status.get("targets"), status  # at least the collections listener is there to flood
+        time.sleep(3)  # every slot taken a while: past the first-byte deadline, reopened
+        answers = []
+        for attempt in range(3):  # as `skyward exec` does: a new client attaches each time
+            pool = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))
+            try:
+                answers.append(sorted(where() @ pool))
+                assert pool.run(bump("flooded"), target=1) == attempt + 1  # the other node's collections
+            finally:
+                pool.close()
+        assert answers == [sorted(h.name for h in hosts)] * 3
+        status = _flood_status(hosts)
+        # the flood ran all along and held connections to what still listens on TCP...
+        assert sum(status["made"].values()) >= 20, status
+        # ...but the agents are not among it: no TCP listener of theirs, and their sockets are
+        # closed to another user
+        for node in description["nodes"]:
+            assert node["agent_socket"].endswith("/agent.sock") and node.get("agent_port") is None, node
+        agent_sockets = [p for p in status["unix"] if p.endswith("/agent.sock")]
+        assert agent_sockets and all(status["unix"][p] == "PermissionError" for p in agent_sockets), status
+        assert "relaying over an exec channel" not in caplog.text  # sshd's streamlocal channel
+    finally:
+        if pid:
+            on_host(hosts[0], f"kill {pid} 2>/dev/null; true")
+        if description:
+            ssh.destroy(description)
+        else:
+            cluster.detach()

@@ -215,14 +215,15 @@ def _nvidia_smi() -> str | None:
 def _query_gpus(exe: str) -> list[tuple[float, float, float, float]]:
     """(utilisation %, memory used MiB, memory total MiB, temperature C) per GPU of this node:
     on a Local node, only its own (SKYWARD_GPUS, which sky.Local sets beside CUDA_VISIBLE_DEVICES:
-    nvidia-smi does not read the latter), else every GPU of the machine."""
-    own = os.environ.get("SKYWARD_GPUS")
+    nvidia-smi does not read the latter), else every GPU of the machine. The node's own are
+    picked here by index or UUID from every GPU's row (``--id`` takes one GPU on older drivers)."""
+    own = {d.strip() for d in os.environ.get("SKYWARD_GPUS", "").split(",") if d.strip()}
     out = subprocess.run(
         [
             exe,
-            "--query-gpu=utilization.gpu,memory.used,memory.total,temperature.gpu",
+            "--query-gpu=utilization.gpu,memory.used,memory.total,temperature.gpu"
+            + (",index,uuid" if own else ""),
             "--format=csv,noheader,nounits",
-            *([f"--id={own}"] if own else []),
         ],
         capture_output=True,
         text=True,
@@ -233,12 +234,20 @@ def _query_gpus(exe: str) -> list[tuple[float, float, float, float]]:
     for line in out.splitlines():
         if not line.strip():
             continue
-        fields = [float(v) for v in line.split(",")]  # "[N/A]" raises: the sample is skipped
+        values = [v.strip() for v in line.split(",")]
+        if own:
+            if len(values) != 6:
+                raise ValueError(f"nvidia-smi printed {line!r}, expected 4 numbers, an index and a UUID")
+            if values[4] not in own and values[5] not in own:
+                continue
+            values = values[:4]
+        fields = [float(v) for v in values]  # "[N/A]" raises: the sample is skipped
         if len(fields) != 4:
             raise ValueError(f"nvidia-smi printed {line!r}, expected 4 comma-separated numbers")
         gpus.append((fields[0], fields[1], fields[2], fields[3]))
     if not gpus:
-        raise ValueError("nvidia-smi listed no GPUs")
+        among = f" among this node's ({', '.join(sorted(own))})" if own else ""
+        raise ValueError(f"nvidia-smi listed no GPUs{among}")
     return gpus
 
 

@@ -27,27 +27,23 @@ UUIDS = [f"GPU-{i}a5e7c1d-0000-4000-8000-00000000000{i}" for i in range(4)]
 
 @pytest.fixture
 def four_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake nvidia-smi first on PATH: 4 A100s; ``--query-gpu`` answers for the GPUs ``--id``
-    names (every one without), GPU i at 10*(i+1) % and 30+i degrees; each call is logged."""
+    """A fake nvidia-smi first on PATH: 4 A100s; ``--query-gpu`` answers for every GPU, GPU i
+    at 10*(i+1) % and 30+i degrees, with its index and UUID when the query asks; each call is
+    logged."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "nvidia-smi.log"
     listing = "".join(f"GPU {i}: NVIDIA A100-SXM4-80GB (UUID: {u})\\n" for i, u in enumerate(UUIDS))
-    rows = "\n".join(f'    "{i}"|"{u}") echo "{10 * (i + 1)}, {1024 * (i + 1)}, 81920, {30 + i}" ;;'
-                     for i, u in enumerate(UUIDS))
+    rows = "".join(f'echo "{10 * (i + 1)}, {1024 * (i + 1)}, 81920, {30 + i}${{extra:+, {i}, {u}}}"\n'
+                   for i, u in enumerate(UUIDS))
     script = bin_dir / "nvidia-smi"
     script.write_text(
         "#!/bin/bash\n"
         f'echo "$*" >> {log}\n'
         f"if [ \"$1\" = \"-L\" ]; then printf '{listing}'; exit 0; fi\n"
-        'ids="0,1,2,3"\n'
-        'for a in "$@"; do case "$a" in --id=*) ids="${a#--id=}" ;; esac; done\n'
-        'IFS=, read -ra wanted <<< "$ids"\n'
-        'for id in "${wanted[@]}"; do\n'
-        '  case "$id" in\n'
-        f"{rows}\n"
-        "  esac\n"
-        "done\n"
+        'extra=""\n'
+        'case "$1" in *,index,uuid) extra=1 ;; esac\n'
+        f"{rows}"
     )
     script.chmod(0o755)
     # (no daemon for the mps plugin's bootstrap to start on a machine without drivers)
@@ -238,7 +234,8 @@ def test_node_gpu_metrics_query_only_its_own_gpus(four_gpus: Path, monkeypatch: 
     assert [g[0] for g in metrics._query_gpus(exe)] == [10, 20, 30, 40]  # no Local node: every GPU
     monkeypatch.setenv("SKYWARD_GPUS", f"{UUIDS[1]},{UUIDS[3]}")
     assert [g[0] for g in metrics._query_gpus(exe)] == [20, 40]
-    assert f"--id={UUIDS[1]},{UUIDS[3]}" in four_gpus.read_text()
+    monkeypatch.setenv("SKYWARD_GPUS", "2")  # (by index where nvidia-smi gives no UUID)
+    assert [g[0] for g in metrics._query_gpus(exe)] == [30]
 
 
 def test_cpu_pools_leave_the_gpus_alone(four_gpus: Path) -> None:
@@ -396,3 +393,18 @@ def test_nodes_started_without_the_fork_server_get_their_gpus_too(
     monkeypatch.setattr(provider, "ForkServer", no_fork_server)  # each agent its own interpreter
     with local(2) as pool:
         assert len(set(flat(visible(pool)))) == 2
+
+
+def test_each_node_reports_metrics_of_its_own_gpu(four_gpus: Path) -> None:
+    image = sky.Image(metrics=[sky.metrics.GPU(interval=0.2), sky.metrics.GPUTemp(interval=0.2)])
+    with local(2, image=image) as pool:
+        mine = {r["node"]: UUIDS.index(r["visible"]) for r in gpus_here() @ pool}
+        seen: dict[tuple[int, str], float] = {}
+        for event in pool.events():
+            if isinstance(event, sky.Metric) and event.name in ("gpu", "gpu_temp"):
+                seen[(event.node, event.name)] = event.value
+            if len(seen) == 4:
+                break
+    for node, gpu in mine.items():  # the fake GPU i runs at 10*(i+1) % and 30+i degrees (a new
+        # pool's nodes are numbered as their ranks)
+        assert seen[(node, "gpu")] == 10 * (gpu + 1) and seen[(node, "gpu_temp")] == 30 + gpu

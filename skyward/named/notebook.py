@@ -315,7 +315,7 @@ class Forwarder:
     (``skyward_notebook_PORT``, a random value, never the token), or the server's token (in the
     URL ``skyward notebook`` printed, or as ``Authorization: token|Bearer TOKEN``). Anything else
     is refused here (403) without opening anything on the node. A browser that brings the token
-    in the URL of a page is first given the cookie (a 307 to the same URL). The one request it
+    in the URL is given the cookie with the server's answer. The one request it
     answers itself is ``POST /.skyward/login`` with a one-time code (``--open``).
 
     Bounded: at most ``MAX_PENDING`` connections wait for their first request (``HEAD_DEADLINE``
@@ -398,11 +398,6 @@ class Forwarder:
                 _answer(client, 403, "skyward: this port serves a notebook to the user who started it; open the "
                                      "URL that `skyward notebook` printed")
                 return
-            if admitted == "url" and line.startswith(b"GET ") and "text/html" in _headers(head).get("accept", ""):
-                # A page opened with the token: give the browser this forwarder's cookie first.
-                target = line.split(b" ")[1].decode("latin-1")
-                _answer(client, 307, "", extra=[f"Location: {target}", f"Set-Cookie: {self._set_cookie()}"])
-                return
             with self._lock:
                 if self._carried >= self.MAX_CARRIED:
                     busy = True
@@ -416,7 +411,10 @@ class Forwarder:
             except Exception as exc:  # the node went away: say so to the browser, keep serving
                 _answer(client, 502, f"skyward: cannot reach the notebook server on the node ({exc})")
                 return
-            _pump(client, upstream, lambda: _send_requests(reader, upstream, head))
+            # The token in the URL (a browser opening the printed URL): the server's first answer
+            # also gives it this forwarder's cookie, for the requests that come without the token.
+            cookie = f"Set-Cookie: {self._set_cookie()}\r\n".encode() if admitted == "url" else None
+            _pump(client, upstream, lambda: _send_requests(reader, upstream, head), cookie)
         except OSError:
             pass
         finally:
@@ -604,7 +602,7 @@ def _headers(head: bytes) -> dict[str, str]:
 
 def _answer(client: socket.socket, status: int, text: str, *, extra: list[str] | None = None,
             html: bool = False) -> None:
-    reason = {200: "OK", 307: "Temporary Redirect", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway",
+    reason = {200: "OK", 401: "Unauthorized", 403: "Forbidden", 502: "Bad Gateway",
               503: "Service Unavailable"}.get(status, "")
     body = text.encode()
     head = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {'text/html' if html else 'text/plain'}; charset=utf-8",
@@ -612,9 +610,10 @@ def _answer(client: socket.socket, status: int, text: str, *, extra: list[str] |
     client.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
 
 
-def _pump(client: socket.socket, upstream: Stream, send: Callable[[], None]) -> None:
+def _pump(client: socket.socket, upstream: Stream, send: Callable[[], None], header: bytes | None = None) -> None:
     """Bytes both ways until both sides are done: ``send`` passes the client's on (in a thread of
-    its own), the server's are copied back here; the end of one direction is passed on."""
+    its own), the server's are copied back here (``header``, a header line, added to the first
+    answer's head); the end of one direction is passed on."""
 
     def up() -> None:
         try:
@@ -628,6 +627,15 @@ def _pump(client: socket.socket, upstream: Stream, send: Callable[[], None]) -> 
     sender = threading.Thread(target=up, daemon=True)
     sender.start()
     try:
+        head = b""
+        while header is not None and b"\r\n" not in head and len(head) < _HEAD_LIMIT:
+            data = upstream.recv(1 << 16)
+            if not data:
+                break
+            head += data
+        if header is not None:
+            status, sep, rest = head.partition(b"\r\n")
+            client.sendall(status + sep + header + rest if sep else head)
         while data := upstream.recv(1 << 16):
             client.sendall(data)
     except (OSError, EOFError):

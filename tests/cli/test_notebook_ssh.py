@@ -200,7 +200,7 @@ def test_marimo_answers_through_its_tunnel(lab: Lab) -> None:
     with notebook(lab.cli, "lab", "--marimo") as (proc, shown):
         assert shown["server"] == "marimo" and "?access_token=" in shown["url"]
         base = shown["url"].split("/?access_token=")[0]
-        assert httpx.get(base + "/", timeout=30).status_code == 303  # the token is needed
+        assert httpx.get(base + "/", timeout=30).status_code == 403  # the token is needed (this side asks)
         with httpx.Client(timeout=60, follow_redirects=True) as client:
             page = client.get(shown["url"])
             assert page.status_code == 200 and "marimo" in page.text.lower()

@@ -111,12 +111,20 @@ def _base() -> Any:
         kinds = (torch.Tensor, torch.nn.Parameter)
 
         class _TorchPickler(cloudpickle.Pickler):
+            # Set by dumps on a Local pool: a CUDA storage is copied from the device straight
+            # into a shared-memory segment (``spill``), whose reference ``spilled`` keeps.
+            spill: Path | None = None
+            spilled: dict[int, tuple[bytes, pickle.PickleBuffer]] | None = None
+
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 self.storages: dict[Any, tuple[_Storage, Any]] = {}  # this pickle's, see _reduce_tensor
 
             def reducer_override(self, obj: Any) -> Any:
-                if type(obj) in kinds:
+                kind = type(obj)
+                if kind is _Storage:
+                    return _reduce_storage(obj.storage, self.spill, self.spilled)
+                if kind in kinds:
                     reduced = _reduce_tensor(obj, self.storages)
                     if reduced is not NotImplemented:
                         return reduced
@@ -135,20 +143,36 @@ class _Storage:
         self.storage = storage
 
     def __reduce__(self) -> Any:
-        storage = self.storage
-        n = storage.nbytes()
-        device = _device_of(storage)
-        if n == 0:
-            return _load_storage, (b"", device, 0)
-        import torch
+        return _reduce_storage(self.storage, None, None)
 
-        data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        if data.device.type != "cpu":
-            data = data.cpu()  # the one device-to-host copy: into the buffer that travels
-        array: Any = data.numpy()  # a view: keeps the tensor (and so the storage) alive
-        if n < _INBAND:
-            return _load_storage, (bytearray(array), device, n)
-        return _load_storage, (pickle.PickleBuffer(array), device, n)
+
+def _reduce_storage(storage: Any, spill: Path | None, spilled: dict[int, tuple[bytes, Any]] | None) -> Any:
+    n = storage.nbytes()
+    device = _device_of(storage)
+    if n == 0:
+        return _load_storage, (b"", device, 0)
+    import torch
+
+    data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    if _to_host(data):
+        if spill is not None and spilled is not None and n >= SPILL_MIN:
+            got = shm.reserve(spill, n)
+            if got is not None:  # the one device-to-host copy, into the segment that travels
+                view, ref = got
+                torch.frombuffer(view, dtype=torch.uint8, count=n).copy_(data)
+                buffer = pickle.PickleBuffer(view)
+                spilled[id(buffer)] = (ref, buffer)
+                return _load_storage, (buffer, device, n)
+        data = data.cpu()  # the one device-to-host copy, into the buffer that travels
+    array: Any = data.numpy()  # a view: keeps the tensor (and so the storage) alive
+    if n < _INBAND:
+        return _load_storage, (bytearray(array), device, n)
+    return _load_storage, (pickle.PickleBuffer(array), device, n)
+
+
+def _to_host(data: Any) -> bool:
+    """Whether a storage's bytes must be copied to the host to travel (not a CPU storage)."""
+    return bool(data.device.type != "cpu")
 
 
 def _device_of(storage: Any) -> str:
@@ -343,28 +367,46 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
     raw: list[pickle.PickleBuffer] = []
     body: bytes | memoryview = b""
     flags = 0
-    # Large bytes where a task's arguments or a result usually hold them: pickled once, with
-    # the hook. Elsewhere (deeper, in long lists) a large pickle is pickled again with it.
     base = _base()
-    if not _holds_bytes(obj, 3):
-        with io.BytesIO() as file:
-            base(file, protocol=5, buffer_callback=raw.append).dump(obj)
-            body = file.getvalue()
-    if not body or len(body) >= SPILL_MIN:
-        extras: list[pickle.PickleBuffer] = []
-        again: list[pickle.PickleBuffer] = []
-        with io.BytesIO() as file:
-            _pickler(base)(file, extras, again.append).dump(obj)
-            if extras:
-                body, raw = EXTRAS.pack(len(extras)) + file.getbuffer(), extras + again
-                flags |= FLAG_BODY_OOB
-            elif not body:
-                body, raw = file.getvalue(), again
+    # CUDA storages copied straight into shared-memory segments: id(PickleBuffer) -> (ref, it).
+    spilled: dict[int, tuple[bytes, pickle.PickleBuffer]] = {}
+
+    def pickler(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        made = cls(*args, **kwargs)
+        if spill is not None and hasattr(made, "spilled"):  # the tensor-aware pickler
+            made.spill, made.spilled = spill, spilled
+        return made
+
+    try:
+        # Large bytes where a task's arguments or a result usually hold them: pickled once, with
+        # the hook. Elsewhere (deeper, in long lists) a large pickle is pickled again with it.
+        if not _holds_bytes(obj, 3):
+            with io.BytesIO() as file:
+                pickler(base, file, protocol=5, buffer_callback=raw.append).dump(obj)
+                body = file.getvalue()
+        if not body or len(body) >= SPILL_MIN:
+            extras: list[pickle.PickleBuffer] = []
+            again: list[pickle.PickleBuffer] = []
+            with io.BytesIO() as file:
+                pickler(_pickler(base), file, extras, again.append).dump(obj)
+                if extras:
+                    body, raw = EXTRAS.pack(len(extras)) + file.getbuffer(), extras + again
+                    flags |= FLAG_BODY_OOB
+                elif not body:
+                    body, raw = file.getvalue(), again
+    except BaseException:
+        for unused, _ in spilled.values():
+            shm.release(unused)
+        raise
     compressed, body = maybe_compress(body)
     if compressed:
         flags |= FLAG_BODY_LZ4
     buffers: Buffers = []
     for pb in raw:
+        done = spilled.pop(id(pb), None) if spilled else None
+        if done is not None:  # already in its segment
+            buffers.append((BUF_SPILLED, done[0]))
+            continue
         try:
             view = pb.raw()
         except BufferError:  # not contiguous: ship a contiguous copy
@@ -375,6 +417,8 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
                 buffers.append((BUF_SPILLED, ref))
                 continue
         buffers.append(maybe_compress(view))
+    for unused, _ in spilled.values():  # made by a first pass that was pickled again
+        shm.release(unused)
     return flags, body, buffers
 
 

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,43 @@ def test_a_received_tensor_is_writable_and_owns_no_sender_memory() -> None:
     back = serialize.loads(flags, body, frozen)
     back[0] = 5.0
     assert back[0].item() == 5.0 and frozen[0][1][:4] == b"\0\0\0\0"
+
+
+def test_a_cuda_storage_is_copied_to_the_host_straight_into_its_segment(tmp_path: Path) -> None:
+    """On a Local pool a storage that must come to the host (CUDA; here a CPU one made to take that
+    path) is copied once, into the shared-memory segment that travels, not into a buffer that is
+    then copied into one; a segment reserved for a pickle that fails, or that is pickled again,
+    is given back."""
+    import threading
+
+    from skyward.bootstrap import shm
+
+    spill = Path(tempfile.mkdtemp(dir="/dev/shm")) if Path("/dev/shm").is_dir() else tmp_path
+
+    def free() -> list[bool]:
+        return [seg.free() for seg in shm._owners[spill].segments]
+
+    t = torch.arange(1 << 20, dtype=torch.float32)
+    try:
+        with mock.patch.object(serialize, "_to_host", lambda data: True):
+            flags, body, buffers = serialize.dumps({"a": t, "b": t[3:]}, spill=spill)
+            assert [f for f, _ in buffers] == [serialize.BUF_SPILLED] and free() == [False]
+            back = serialize.loads(flags, body, buffers)
+            same(back["b"], t[3:])
+            assert storage_of(back["a"]) == storage_of(back["b"])
+            del back
+            assert free() == [True]
+            with pytest.raises(TypeError):
+                serialize.dumps((t, threading.Lock()), spill=spill)
+            assert free() == [True]
+            # Bytes too deep for the first look: pickled twice; the first pass's segment is freed.
+            flags, body, buffers = serialize.dumps([[[[b"x" * (2 << 20)]]], t], spill=spill)
+            assert free().count(False) == 2
+            serialize.discard(buffers)
+            assert all(free())
+    finally:
+        shm.forget(spill)
+        spill.rmdir()
 
 
 def test_no_torch_where_none_is_used() -> None:

@@ -115,6 +115,10 @@ class NodeChannel:
     def inflight(self) -> int:
         return len(self._pending)
 
+    def holds(self, tid: int) -> bool:
+        """Whether task ``tid`` still waits for its outcome here (a RESULT, or the node's loss)."""
+        return tid in self._pending
+
     @property
     def lane(self) -> str | None:
         """Where this node's worker takes plain tasks straight from here (lane.py), once a

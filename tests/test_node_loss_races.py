@@ -8,11 +8,14 @@ after the loss already failed the task."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,34 @@ def _within(seconds: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
         ex.shutdown(wait=False)  # a hung call's thread is left behind, not waited for
 
 
+@contextlib.contextmanager
+def said() -> Iterator[list[str]]:
+    """What the skyward logger says meanwhile (it does not propagate while a pool is open)."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("skyward").addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger("skyward").removeHandler(handler)
+
+
+def _lane_open(pool: sky.Pool, rank: int) -> Any:
+    """The lane of node ``rank``, once tasks have opened it."""
+    ch = pool.members.channels[rank]
+    deadline = time.monotonic() + 20
+    while ch._lane is None:
+        assert time.monotonic() < deadline, "a thread-executor Local node takes plain tasks by its lane"
+        pool.dispatcher.submit(ch, _plus_one(1)).result(timeout=20)
+    return ch._lane
+
+
+@sky.function
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
 def _add_one(x: int) -> int:
     return x + 1
 
@@ -78,8 +109,7 @@ def test_a_map_chunk_whose_node_dies_before_its_send_runs_again_once(path: str) 
         assert pool.map(_add_one, range(50)) == list(range(1, 51))  # opens the lanes
         ch = pool.members.channels[1]
         if path == "lane":
-            lane = ch._lane
-            assert lane is not None, "a thread-executor Local node takes map chunks by its lane"
+            lane = _lane_open(pool, 1)
             lane.writer = DyingWriter(lane.writer, ch, agent_pid(pool, 1), Kind.MAP)
             dying = lane.writer
         else:
@@ -109,3 +139,45 @@ def test_a_call_whose_node_dies_before_its_send_runs_once_elsewhere(tmp_path: Pa
         assert dying.fired.is_set()
         time.sleep(1.0)  # a second run, if there were one, would have written by now
         assert len(list(tmp_path.iterdir())) == 1, sorted(p.name for p in tmp_path.iterdir())
+
+
+class ForgetfulWriter:
+    """Sends the first frame of ``kind`` and then drops its task from the channel's pending set
+    without an outcome: a stand-in for any bug that loses a task's outcome, which the waiting
+    call must notice by itself (the second line of defence)."""
+
+    def __init__(self, real: Any, channel: Any, kind: int) -> None:
+        self.real, self.channel, self.kind = real, channel, kind
+        self.fired = threading.Event()
+
+    def send_parts(self, kind: int, tid: int, *args: Any, **kwargs: Any) -> Any:
+        sent = self.real.send_parts(kind, tid, *args, **kwargs)
+        if kind == self.kind and not self.fired.is_set():
+            self.fired.set()
+            with self.channel._lock:
+                self.channel._pending.pop(tid, None)
+        return sent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_map_notices_a_chunk_whose_outcome_went_missing() -> None:
+    with said() as lines, sky.Compute(nodes=2, options=QUIET, worker=sky.Worker(executor="process")) as pool:
+        ch = pool.members.channels[0]
+        ch._writer = forgetful = ForgetfulWriter(ch._writer, ch, Kind.MAP)
+        result = _within(60, pool.map, _add_one, range(500), chunksize=10)
+        assert forgetful.fired.is_set()
+        assert result == list(range(1, 501))
+    assert any("result never arrived" in line for line in lines), lines
+
+
+def test_a_call_notices_that_its_outcome_went_missing(tmp_path: Path) -> None:
+    # ttl=4: a heartbeat every second
+    with said() as lines, sky.Compute(nodes=2, ttl=4, options=QUIET, worker=sky.Worker(executor="process")) as pool:
+        ch = pool.members.channels[0]
+        ch._writer = forgetful = ForgetfulWriter(ch._writer, ch, Kind.TASK)
+        future = pool.dispatcher.submit(ch, _note(str(tmp_path), 5), retries=3)
+        assert _within(60, future.result) == 10
+        assert forgetful.fired.is_set()
+    assert any("result never arrived" in line for line in lines), lines

@@ -136,12 +136,18 @@ class Batches:
         batch = self._batch("map", name, len(data))
         started = time.monotonic()
         finishers: dict[int, Callable[..., None] | None] = {}
-        done: queue.SimpleQueue[tuple[int, NodeChannel, Frame | BaseException]] = queue.SimpleQueue()
+        done: queue.SimpleQueue[tuple[int, int, NodeChannel, Frame | BaseException]] = queue.SimpleQueue()
         outstanding = dict.fromkeys(channels, 0)
         results: list[list[Any] | None] = [None] * len(chunks)
         first_error: tuple[int, BaseException] | None = None
         todo = collections.deque(range(len(chunks)))
         retries = [self.options.retry_on_interruption] * len(chunks)
+        # Each send of a chunk is an attempt; only the outcome of its current attempt counts
+        # (a late or doubled answer of an earlier one is dropped), and ``out`` holds where each
+        # chunk now is (channel, task id) until that outcome arrives.
+        attempts = [0] * len(chunks)
+        out: dict[int, tuple[NodeChannel, int]] = {}
+        watch = _Watch()
 
         while any(outstanding.values()) or (todo and first_error is None):
             for ch in members.channels:  # nodes that joined meanwhile (elastic pools) take work too
@@ -168,8 +174,10 @@ class Batches:
                     functools.partial(serialize.describe_unpicklable, fn, tuple(chunk), {}),
                 )
                 finishers[sent] = dispatch.track(ch, name, len(chunk), batch, (body, buffers), span)
+                attempts[sent] += 1
                 try:
-                    ch.submit(Kind.MAP, flags, body, buffers, functools.partial(_put, done, sent, ch))
+                    tid = ch.submit(Kind.MAP, flags, body, buffers,
+                                    functools.partial(_put, done, sent, attempts[sent], ch))
                 except NodeLostError:  # lost between the pick and the send: pick again
                     todo.appendleft(sent)
                     finish = finishers.pop(sent, None)
@@ -177,7 +185,25 @@ class Batches:
                         finish(False)
                     continue
                 outstanding[ch] += 1
-            index, ch, result = done.get()
+                out[sent] = (ch, tid)
+            try:
+                index, attempt, ch, result = done.get(timeout=_AUDIT_EVERY)
+            except queue.Empty:
+                # Second line of defence: a chunk that is out on no channel any more, yet whose
+                # outcome never arrived, would be waited for forever. Run it again (or fail).
+                missing = watch.missing(out)
+                if missing is None:
+                    continue
+                index, attempt, (ch, _) = missing, attempts[missing], out[missing]
+                log.error("map(): chunk %d of %d was handed to node %d, which no longer has it, and its "
+                          "result never arrived; treating it as lost (please report this as a bug)",
+                          index, len(chunks), ch.node)
+                result = NodeLostError(f"map(): the outcome of a chunk sent to node {ch.node} never arrived.")
+            if attempt != attempts[index] or out.get(index, (None,))[0] is not ch:
+                log.debug("map(): dropped a stale outcome of chunk %d (attempt %d)", index, attempt)
+                continue
+            del out[index]
+            attempts[index] += 1  # anything more of this attempt is stale
             outstanding[ch] -= 1
             finish = finishers.pop(index, None)
             if isinstance(result, NodeLostError) and retries[index] > 0 and members.node_may_come():
@@ -225,5 +251,22 @@ def _a(noun: str) -> str:
     return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
-def _put(q: queue.SimpleQueue[Any], index: int, ch: NodeChannel, result: Any) -> None:
-    q.put((index, ch, result))
+def _put(q: queue.SimpleQueue[Any], index: int, attempt: int, ch: NodeChannel, result: Any) -> None:
+    q.put((index, attempt, ch, result))
+
+
+_AUDIT_EVERY = 1.0  # seconds without any outcome before map() checks that its chunks are still out
+
+
+class _Watch:
+    """Finds a chunk that no channel holds any more and whose outcome did not arrive. A
+    channel drops a task and calls its callback in one go, so a chunk missing at two checks
+    in a row (a second apart) has lost its outcome; one missing once may be on its way."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[int, int]] = set()
+
+    def missing(self, out: dict[int, tuple[NodeChannel, int]]) -> int | None:
+        gone = {(index, tid) for index, (ch, tid) in out.items() if not ch.holds(tid)}
+        again, self._seen = gone & self._seen, gone
+        return min(again)[0] if again else None

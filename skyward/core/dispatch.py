@@ -51,6 +51,10 @@ class Dispatcher:
         self.pool_id = members.pool_id
         self.rr = itertools.count()  # round-robin over the ready nodes
         self.tracer: PoolTracer | None = None  # set by the pool when OTEL_* ask for traces
+        # Tasks out on a channel, for ``audit``: their callback -> (channel, task id).
+        self._watched: dict[Once, tuple[NodeChannel, int]] = {}
+        self._suspects: set[Once] = set()
+        self._watch_lock = threading.Lock()
 
     def check_open(self) -> None:
         self.members.check_owner()  # a forked child's frames would mix with the parent's
@@ -84,6 +88,29 @@ class Dispatcher:
             return None
         start = next(self.rr) % len(live)
         return min(live[start:] + live[:start], key=lambda c: c.inflight)
+
+    # -- the second line of defence -----------------------------------------------------------
+    def watch(self, ch: NodeChannel, tid: int, done: Once) -> None:
+        """Keep an eye on task ``tid``, out on ``ch``, until ``done`` has run (see ``audit``)."""
+        with self._watch_lock:
+            if not done.ran:
+                self._watched[done] = (ch, tid)
+
+    def audit(self) -> None:
+        """Called every heartbeat: a task that its channel no longer holds, yet whose outcome
+        never came, would be waited for forever; end it as lost (it runs again elsewhere when
+        it may). A channel drops a task and calls its callback in one go, so only a task seen
+        missing at two audits in a row counts."""
+        with self._watch_lock:
+            for done in [d for d in self._watched if d.ran]:
+                del self._watched[done]
+            gone = {done for done, (ch, tid) in self._watched.items() if not ch.holds(tid)}
+            again, self._suspects = gone & self._suspects, gone
+            lost = [(done, self._watched.pop(done)[0]) for done in again]
+        for done, ch in lost:
+            log.error("a task handed to node %d is no longer there and its result never arrived; "
+                      "treating it as lost (please report this as a bug)", ch.node)
+            done(NodeLostError(f"the outcome of a task sent to node {ch.node} never arrived."))
 
     def retries(self, target: int | str | None) -> int:
         """Tasks pinned to a node stay there; the others move when their node is lost."""
@@ -180,8 +207,9 @@ class Dispatcher:
             else:
                 future.set_exception(error)
 
+        once = Once(done)
         try:
-            ch.submit(Kind.TASK, flags, body, buffers, done)
+            self.watch(ch, ch.submit(Kind.TASK, flags, body, buffers, once), once)
         except NodeLostError as exc:  # lost between the pick and the send
             if finish is not None:
                 finish(False, exc)
@@ -284,6 +312,24 @@ def decode_result(result: Frame | BaseException, name: str, node: int | None = N
         raise remote
     _, type_name, message, tb_text = outcome
     raise RemoteError(type_name, message, tb_text)
+
+
+class Once:
+    """A task's callback that runs once: its first outcome counts, any later one is dropped
+    (the channel gives each task exactly one; this holds even if it ever did not)."""
+
+    __slots__ = ("_done", "_lock", "ran")
+
+    def __init__(self, done: Callable[[Frame | BaseException], None]) -> None:
+        self._done, self._lock, self.ran = done, threading.Lock(), False
+
+    def __call__(self, result: Frame | BaseException) -> None:
+        with self._lock:
+            if self.ran:
+                log.debug("dropped a second outcome of one task: %r", result)
+                return
+            self.ran = True
+        self._done(result)
 
 
 def _size(body: Any, buffers: serialize.Buffers) -> int:

@@ -106,6 +106,7 @@ class Membership:
         self.closed = False
         self.stopped: str | None = None  # why it was stopped from outside (`skyward down`), if it was
         self.stop = threading.Event()  # set once the pool closes: every loop of every part ends
+        self.on_heartbeat: list[Callable[[], None]] = []  # checks of other parts, at every beat
         self.resize_lock = threading.Lock()
         self.requested = time.monotonic()
         self.waking: threading.Thread | None = None  # an asleep pool starting a node for its work
@@ -564,6 +565,11 @@ class Membership:
                 ch.ping()
             for ch in list(self.channels):
                 ch.check_silence(limit)
+            for tick in list(self.on_heartbeat):
+                try:
+                    tick()
+                except Exception:  # a check must never stop the lease
+                    log.exception("pool %s: a heartbeat check failed", self.pool_id)
 
     def close(self) -> list[NodeChannel] | None:
         """Mark the pool closed and hand back its channels (None when it already was)."""

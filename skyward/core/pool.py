@@ -120,6 +120,7 @@ class Pool(DispatchTarget):
         self.autoscaler = Autoscaler(members, options, worker)
         members.on_lost = self.healing.node_lost
         members.on_nested = self.dispatcher.route_nested
+        members.on_heartbeat.append(self.dispatcher.audit)  # a task whose outcome went missing
         members.on_stopped = self._stopped_from_outside
         members.state_address = self.shared.address
         members.ask_state = self.shared.ask

@@ -148,11 +148,14 @@ class Agent:
         # collections' socket for this node's own workers goes there too (state.py).
         self.socket_dir: str | None = None
         self.lane_ids = itertools.count(1)
+        self.sealed_at: set[tuple[str, int]] = set()  # the direct listeners' addresses (see serve)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket, *more: socket.socket) -> None:
         """Serve clients on ``listener`` (loopback, or the node's Unix socket) and ``more`` (the
-        direct listener on the node's private address, ``--direct``): the same handshake on each."""
+        direct listener on the node's private address, ``--direct``): the same handshake on each,
+        and the direct one's links sealed after it (frames.py: no SSH carries them)."""
+        self.sealed_at = {sock.getsockname()[:2] for sock in more}
         for sock in (listener, *more):
             gate = self.gate if sock is listener else Gate()  # (TCP: a share per address)
             threading.Thread(target=self._accept, args=(sock, gate), daemon=True).start()
@@ -263,6 +266,7 @@ class Agent:
             gate.leave(sock)
         tune(sock)
         reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
+        sealed = sock.family != socket.AF_UNIX and sock.getsockname()[:2] in self.sealed_at
         conn = Conn(sock, writer)
         ttl = info.get("ttl", self.ttl)
         with self.lock:
@@ -287,8 +291,15 @@ class Agent:
             "clients": clients,
             "pong": True,  # answers PING: the client may treat a silent node as lost
             "packages": versions.installed(),  # the client names the ones that differ from its own
+            "sealed": sealed,  # every later frame carries MACs under the session's keys
         }
-        writer.send_parts(Kind.WELCOME, 0, 0, json.dumps(welcome).encode())
+        body = json.dumps(welcome).encode()
+        if sealed:
+            send, receive = proof.keys(body)
+            writer.seal(send, Frame(Kind.WELCOME, 0, body))
+            reader.seal(receive)
+        else:
+            writer.send_parts(Kind.WELCOME, 0, 0, body)
         try:
             while True:
                 frame = reader.read()
@@ -1226,7 +1237,7 @@ def main(argv: list[str] | None = None) -> None:
     _log(f"serving on {where}, ttl {args.ttl:g} s")
     agent.prestart(listeners)
     if isinstance(direct, socket.socket):
-        _log(f"serving directly on {args.direct}:{hello['direct']} too (key-checked, not encrypted)")
+        _log(f"serving directly on {args.direct}:{hello['direct']} too (key-checked, frames authenticated, not encrypted)")
     elif isinstance(direct, str):
         _log(f"not serving directly: {direct}")
     try:

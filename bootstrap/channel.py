@@ -24,7 +24,7 @@ from skyward.errors import (
 
 from . import serialize
 from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind, tune
-from .handshake import AGENT, Check, Refused, TurnedAway, derive, prove
+from .handshake import AGENT, Check, Refused, TurnedAway, derive, prove, read_welcome
 from .lane import ClientLane
 
 Done = Callable[[Frame | BaseException], None]
@@ -83,8 +83,10 @@ class NodeChannel:
         # configuration (it comes through the agent) before any task sent by the lane.
         self._lane_held = False
         # Both ends prove the pool's key (handshake.py); the secret itself never crosses.
+        # The WELCOME is read by hand and capped (handshake.read_welcome): an impostor's claim of
+        # a huge body is refused before a byte of it is read, let alone its proof checked.
         try:
-            sock, check, welcome = _handshake(self, sock, connect, derive(token, AGENT), ttl)
+            sock, check, self.facts, welcome = _handshake(self, sock, connect, derive(token, AGENT), ttl)
         except Refused as exc:
             raise ProtocolError(
                 f"what answers for {self.label} did not start skyward's handshake ({exc}): it is "
@@ -98,14 +100,23 @@ class NodeChannel:
                 f"it refused this pool's token, or it turned the connection away before the "
                 f"handshake was done (busy or flooded). Check the agent log on that node."
             ) from exc
-        if welcome.kind != Kind.WELCOME:
-            raise ProtocolError(f"expected WELCOME from {self.label}, got frame kind {welcome.kind}")
-        self.facts: dict[str, Any] = json.loads(bytes(welcome.body))
         if not check(self.facts):
             raise ProtocolError(
                 f"what answers for {self.label} did not prove that it holds this pool's key: it is "
                 f"not the pool's agent (another process may have taken its address). Nothing was "
                 f"sent to it; the pool treats the node as lost."
+            )
+        # A link that no SSH carries is sealed (frames.py): the agent says so for its direct
+        # listener, and a client on plain TCP to another host insists on it.
+        if self.facts.get("sealed") is True:
+            send, receive = check.keys(welcome)
+            self._writer.seal(send)
+            self._reader.seal(receive)
+        elif _off_host_tcp(sock):
+            raise ProtocolError(
+                f"the agent on {self.label} answers over plain TCP without authenticating its "
+                f"frames (an agent of another skyward version, or someone between the two changed "
+                f"its WELCOME); nothing was sent to it."
             )
         self._answers_pings = bool(self.facts.get("pong"))  # agents of older versions do not
         self._thread = threading.Thread(target=self._read_loop, name=f"skyward-{self.label}", daemon=True)
@@ -410,9 +421,9 @@ _RETRY_PAUSES = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
 
 
 def _handshake(ch: NodeChannel, sock: Any, connect: Callable[[], Any] | None, key: bytes,
-               ttl: float) -> tuple[Any, Check, Frame]:
+               ttl: float) -> tuple[Any, Check, dict[str, Any], bytes]:
     """Prove the key and read the WELCOME (not yet checked): the socket it happened on, the
-    check and the WELCOME. With ``connect``, a connection closed before the WELCOME (the agent
+    check, the WELCOME's facts and its body as received. With ``connect``, a connection closed before the WELCOME (the agent
     was busy, or strangers flood its listener) is made again, with backoff; a last refusal
     before the challenge says so (ProtocolError)."""
     import random
@@ -421,10 +432,8 @@ def _handshake(ch: NodeChannel, sock: Any, connect: Callable[[], Any] | None, ke
     while True:
         try:
             check = prove(sock, key, {"ttl": ttl})
-            sock.settimeout(60.0)
-            welcome = ch._reader.read()
-            sock.settimeout(None)
-            return sock, check, welcome
+            facts, welcome = read_welcome(sock, ch.label, 60.0)
+            return sock, check, facts, welcome
         except (TurnedAway, EOFError, OSError) as exc:
             pause = next(pauses, None)
             if pause is None or connect is None:
@@ -448,6 +457,20 @@ def _handshake(ch: NodeChannel, sock: Any, connect: Callable[[], Any] | None, ke
         ch._sock = sock
         ch._reader = FrameReader(_Listening(sock, ch))  # type: ignore[arg-type]
         ch._writer = FrameWriter(sock)
+
+
+def _off_host_tcp(sock: Any) -> bool:
+    """Whether ``sock`` is TCP to another host (not an SSH channel, a Unix socket or loopback)."""
+    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
+    except (OSError, ValueError):
+        return True
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return not (ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 class _Listening:

@@ -9,6 +9,18 @@ shared-memory segment that the data names; see ``serialize`` and ``shm``). Frame
 written with one ``sendmsg`` (scatter/gather, no concatenation of large buffers) and read
 through a buffered reader that receives large parts straight into their final bytearray (or
 into a shared-memory segment, for an agent serving a remote client).
+
+A *sealed* link (plain TCP that SSH does not carry: ``sky.SSH(direct=True)``, Slurm's nodes,
+the collections between nodes; see handshake.py) adds two MACs to every frame after the
+handshake, each an HMAC-SHA256 cut to ``TAG`` bytes under that direction's session key::
+
+    header | buffer lengths | MAC1 | body | buf0 | buf1 ... | MAC2
+
+MAC1 covers the frame's sequence number (counted, never sent: a replayed, dropped or reordered
+frame fails), the header and the lengths, so a forged header allocates nothing; MAC2 covers
+the sequence number and every byte of the frame. A frame that fails either is never returned:
+the reader raises ``Tampered`` and the connection is closed. Unix sockets and SSH channels are
+not sealed: their transport already keeps strangers out of the stream.
 """
 
 from __future__ import annotations
@@ -19,6 +31,10 @@ import threading
 from collections.abc import Callable
 from enum import IntEnum
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # (typing costs the agent's start-up)
+    from typing import Any
+
 HEADER = struct.Struct("!BBHQQ")
 BUFLEN = struct.Struct("!Q")
 FLAG_SHIFT = 62
@@ -27,6 +43,8 @@ MAX_PARTS = 0xFFFF
 # Frames below this size are joined and written with one sendall: one syscall, one packet.
 _JOIN_LIMIT = 64 * 1024
 _READ_CHUNK = 256 * 1024
+TAG = 16  # bytes of each MAC of a sealed frame (HMAC-SHA256, truncated as RFC 4868 does)
+_SEQ = struct.Struct("!Q")
 
 
 class Kind(IntEnum):
@@ -108,12 +126,49 @@ class Frame:
         return f"Frame(kind={self.kind}, task_id={self.task_id}, body={len(self.body)} bytes, flags={self.flags}, buffers={len(self.buffers)})"
 
 
+class Tampered(ConnectionError):
+    """A sealed frame whose MAC is wrong: written, replayed, reordered or cut by someone between
+    the two ends. The connection cannot be trusted any more (close it)."""
+
+
+class _Seal:
+    """One direction of a sealed link: its session key and the number of the next frame."""
+
+    __slots__ = ("_base", "compare", "seq")
+
+    def __init__(self, key: bytes) -> None:
+        import hmac  # (here: only sealed links pay for OpenSSL's import)
+
+        self._base = hmac.new(key, digestmod="sha256")
+        self.compare = hmac.compare_digest
+        self.seq = 0
+
+    def start(self, head: bytes) -> Any:
+        """The MAC of the next frame, fed its sequence number and ``head``."""
+        mac = self._base.copy()
+        mac.update(_SEQ.pack(self.seq))
+        mac.update(head)
+        self.seq += 1
+        return mac
+
+
 class FrameWriter:
     """Writes frames to a socket; safe to share between threads."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._lock = threading.Lock()
+        self._seal: _Seal | None = None
+
+    def seal(self, key: bytes, first: Frame | None = None) -> None:
+        """From now on, every frame carries its MACs under ``key`` (see the module's doc).
+        ``first`` (the WELCOME, which the handshake covers) is sent plain just before, with
+        no other thread's frame between."""
+        seal = _Seal(key)
+        with self._lock:
+            if first is not None:
+                self._sock.sendall(HEADER.pack(first.kind, first.flags, 0, first.task_id, len(first.body)) + first.body)
+            self._seal = seal
 
     def send(self, frame: Frame) -> None:
         self.send_parts(frame.kind, frame.task_id, frame.flags, frame.body, frame.buffers)
@@ -126,6 +181,9 @@ class FrameWriter:
         body: bytes | bytearray | memoryview,
         buffers: list[tuple[int, bytes | bytearray | memoryview]] = (),  # type: ignore[assignment]
     ) -> None:
+        if self._seal is not None:
+            self._send_sealed(kind, task_id, flags, body, buffers)
+            return
         if not buffers and len(body) <= _JOIN_LIMIT:
             # The common case (a small task or result): one allocation, one syscall.
             packet = HEADER.pack(kind, flags, 0, task_id, len(body)) + body
@@ -142,6 +200,28 @@ class FrameWriter:
         total = sum(memoryview(p).nbytes for p in parts)
         with self._lock:
             if total <= _JOIN_LIMIT:
+                self._sock.sendall(b"".join(parts))
+            else:
+                _sendmsg_all(self._sock, parts)
+
+    def _send_sealed(self, kind: int, task_id: int, flags: int, body: bytes | bytearray | memoryview,
+                     buffers: list[tuple[int, bytes | bytearray | memoryview]]) -> None:
+        if len(buffers) > MAX_PARTS:
+            raise ValueError(f"a frame carries at most {MAX_PARTS} buffers, got {len(buffers)}")
+        head = [HEADER.pack(kind, flags, len(buffers), task_id, len(body))]
+        for bflags, data in buffers:
+            head.append(BUFLEN.pack(memoryview(data).nbytes | (bflags << FLAG_SHIFT)))
+        joined = b"".join(head)
+        with self._lock:  # the sequence numbers are the order on the wire
+            assert self._seal is not None
+            mac = self._seal.start(joined)
+            parts: list[bytes | bytearray | memoryview] = [joined + mac.copy().digest()[:TAG], body]
+            mac.update(body)
+            for _, data in buffers:
+                mac.update(data)
+                parts.append(data)
+            parts.append(mac.digest()[:TAG])
+            if sum(memoryview(p).nbytes for p in parts) <= _JOIN_LIMIT:
                 self._sock.sendall(b"".join(parts))
             else:
                 _sendmsg_all(self._sock, parts)
@@ -183,9 +263,17 @@ class FrameReader:
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
+        self._seal: _Seal | None = None
+
+    def seal(self, key: bytes) -> None:
+        """From the next frame on, accept only frames whose MACs under ``key`` are right."""
+        self._seal = _Seal(key)
 
     def read(self) -> Frame:
-        """Return the next frame; raises EOFError when the peer closed the connection."""
+        """Return the next frame; raises EOFError when the peer closed the connection (and
+        ``Tampered`` on a sealed link when the frame is not the peer's next one)."""
+        if self._seal is not None:
+            return self._read_sealed(self._seal)
         start = self._start
         if self._end - start >= HEADER.size:  # fast path: a whole small frame is buffered
             kind, flags, nbufs, task_id, body_len = HEADER.unpack_from(self._buf, start)
@@ -218,6 +306,47 @@ class FrameReader:
                 continue
             # Buffers always come back as bytearrays so that arrays rebuilt on them are writable.
             buffers.append((bflags, self._take(size, writable=True)))
+        return Frame(kind, task_id, body, flags, buffers)
+
+    def _read_sealed(self, seal: _Seal) -> Frame:
+        head = self._take(HEADER.size, small=True)
+        kind, flags, nbufs, task_id, body_len = HEADER.unpack(head)
+        raw = self._take(BUFLEN.size * nbufs, small=True) if nbufs else b""
+        mac = seal.start(bytes(head) + bytes(raw))
+        if not seal.compare(self._take(TAG, small=True), mac.copy().digest()[:TAG]):
+            raise Tampered(f"a frame's header failed its MAC (frame {seal.seq - 1} of this link): "
+                           f"someone between the two ends wrote, replayed or reordered it")
+        # From here the lengths are the peer's own: what they allocate is what it sent.
+        lengths = [BUFLEN.unpack_from(raw, i * BUFLEN.size)[0] for i in range(nbufs)]
+        body = self._take(body_len)
+        mac.update(body)
+        buffers: list[tuple[int, bytes | bytearray | memoryview]] = []
+        spilled: list[bytes] = []
+        try:
+            for n in lengths:
+                bflags, size = n >> FLAG_SHIFT, n & LENGTH_MASK
+                place = self._reserve(kind, size) if self._reserve is not None and not bflags else None
+                if place is not None:
+                    view, ref = place
+                    spilled.append(ref)
+                    try:
+                        self._take_into(view)
+                        mac.update(view)
+                    finally:
+                        view.release()
+                    buffers.append((SPILLED, ref))
+                    continue
+                data = self._take(size, writable=True)
+                mac.update(data)
+                buffers.append((bflags, data))
+            if not seal.compare(self._take(TAG, small=True), mac.digest()[:TAG]):
+                raise Tampered(f"a frame failed its MAC (frame {seal.seq - 1} of this link): someone "
+                               f"between the two ends changed it")
+        except BaseException:
+            if self._abort is not None:
+                for ref in spilled:
+                    self._abort(ref)
+            raise
         return Frame(kind, task_id, body, flags, buffers)
 
     def buffered(self) -> bool:

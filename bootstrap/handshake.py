@@ -14,6 +14,14 @@ nothing later (the next connection has fresh nonces); a process that re-bound a 
 port cannot produce the server's proof, so the client sends it no task. A key that leaks opens
 only its purpose (a worker holds the lane and collection keys, never the agents' one).
 
+A link that SSH does not carry (an agent's direct listener, the collections over TCP) is then
+*sealed*: both ends derive a session key from the purpose key, both nonces and hashes of the
+HELLO and WELCOME bodies as each end sent or received them (``Proof.keys`` on the server,
+``Check.keys`` on the client), one key per direction, and every later frame carries MACs under
+it with a sequence number (frames.py). A relay that passed the handshake through untouched
+can then neither write a frame of its own nor replay, reorder or drop one; one that changed a
+HELLO or WELCOME fact makes the two ends' keys differ, so the first frame fails.
+
 Before the peer has proven the key, a listener spends almost nothing: it reads a fixed
 20-byte header by hand, refuses any first frame that is not a HELLO of at most
 ``HELLO_MAX`` bytes without buffers, gives the peer ``FIRST_BYTE`` seconds to start its answer and the whole exchange ``DEADLINE``
@@ -49,6 +57,9 @@ except ImportError:
 
 NONCE = 32
 HELLO_MAX = 4096  # a HELLO's body: a few facts, never more
+# A WELCOME's body, read before its proof is checked: an agent's facts with its installed
+# packages' versions (tens of KiB in a large environment), never a payload.
+WELCOME_MAX = 1 << 20
 DEADLINE = 5.0  # seconds for the whole exchange, on the server's side
 FIRST_BYTE = 2.0  # seconds from the challenge to the peer's first byte (a real client answers at once)
 GRACE = 0.5  # seconds a pending handshake is safe from eviction by newer ones (Gate)
@@ -83,6 +94,15 @@ def derive(secret: str | bytes, purpose: str) -> bytes:
 
 def _mac(key: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
     return _hmac(key, role + b"\0" + server_nonce + client_nonce)
+
+
+def _session(key: bytes, server_nonce: bytes, client_nonce: bytes, hello: bytes,
+             welcome: bytes) -> tuple[bytes, bytes]:
+    """A sealed link's keys, client -> server and server -> client: the whole handshake's
+    transcript under the purpose key, so that both ends agree only on what both saw."""
+    base = _hmac(key, b"session\0" + server_nonce + client_nonce + _sha256(hello).digest()
+                 + _sha256(welcome).digest())
+    return _hmac(base, b"client->server"), _hmac(base, b"server->client")
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float, closed: type[Exception] = Refused) -> bytes:
@@ -123,7 +143,22 @@ def _hex(value: object, what: str) -> bytes:
     return raw
 
 
-def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[dict[str, object], str]:
+class Proof(str):
+    """The server's proof of the key, to put in its WELCOME (a hex string), and what the server
+    needs to seal the link afterwards (``keys``)."""
+
+    _key: bytes
+    _nonces: tuple[bytes, bytes]
+    _hello: bytes
+
+    def keys(self, welcome: bytes) -> tuple[bytes, bytes]:
+        """The server's (send, receive) session keys once it sent ``welcome`` (the WELCOME's
+        body, with this proof in it) plain: see frames.py for the sealed frames."""
+        to_server, to_client = _session(self._key, *self._nonces, self._hello, welcome)
+        return to_client, to_server
+
+
+def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[dict[str, object], Proof]:
     """The server's side: challenge the peer and check its HELLO. Returns the HELLO's facts and
     the proof to put in the WELCOME (``"proof"``); raises ``Refused`` (or OSError) otherwise.
     Leaves the socket's timeout as it found it only on success (callers close it on failure)."""
@@ -136,10 +171,11 @@ def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[
     if kind != Kind.HELLO or nbufs or body_len > HELLO_MAX:
         raise Refused(f"the first frame was not a HELLO of at most {HELLO_MAX} bytes "
                       f"(kind {kind}, {body_len} bytes, {nbufs} buffers)")
+    raw = _recv_exact(sock, body_len, end)
     try:
-        hello = json.loads(_recv_exact(sock, body_len, end))
-    except (UnicodeDecodeError, ValueError):
-        raise Refused("the HELLO is not JSON") from None
+        hello = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # (nested `[` x 4096: too deep)
+        raise Refused("the HELLO is not JSON (or is nested too deep)") from None
     if not isinstance(hello, dict):
         raise Refused("the HELLO is not a JSON object")
     client_nonce = _hex(hello.pop("nonce", ""), "client's nonce")
@@ -147,16 +183,20 @@ def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[
     if not _compare_digest(proof, _mac(key, b"client", server_nonce, client_nonce)):
         raise Refused("the client's proof is wrong (it does not hold this pool's key)")
     sock.settimeout(None)
-    return hello, _mac(key, b"server", server_nonce, client_nonce).hex()
+    ours = Proof(_mac(key, b"server", server_nonce, client_nonce).hex())
+    ours._key, ours._nonces, ours._hello = key, (server_nonce, client_nonce), raw
+    return hello, ours
 
 
 class Check:
     """What the client expects of the server's WELCOME (see ``prove``)."""
 
-    __slots__ = ("_expected",)
+    __slots__ = ("_expected", "_hello", "_key", "_nonces")
 
-    def __init__(self, expected: bytes) -> None:
+    def __init__(self, expected: bytes, key: bytes = b"", nonces: tuple[bytes, bytes] = (b"", b""),
+                 hello: bytes = b"") -> None:
         self._expected = expected
+        self._key, self._nonces, self._hello = key, nonces, hello
 
     def __call__(self, welcome: dict[str, object]) -> bool:
         """True when the WELCOME carries the server's proof of the key."""
@@ -165,6 +205,11 @@ class Check:
         except ValueError:
             return False
         return bool(_compare_digest(got, self._expected))
+
+    def keys(self, welcome: bytes) -> tuple[bytes, bytes]:
+        """The client's (send, receive) session keys, given the WELCOME's body as received
+        (call only once the WELCOME passed this check)."""
+        return _session(self._key, *self._nonces, self._hello, welcome)
 
 
 def prove(sock: socket.socket, key: bytes, facts: dict[str, object], timeout: float = 60.0) -> Check:
@@ -184,21 +229,43 @@ def prove(sock: socket.socket, key: bytes, facts: dict[str, object], timeout: fl
     proof = _mac(key, b"client", server_nonce, client_nonce)
     body = json.dumps({**facts, "nonce": client_nonce.hex(), "proof": proof.hex()}).encode()
     sock.sendall(HEADER.pack(Kind.HELLO, 0, 0, 0, len(body)) + body)
-    return Check(_mac(key, b"server", server_nonce, client_nonce))
+    return Check(_mac(key, b"server", server_nonce, client_nonce), key, (server_nonce, client_nonce), body)
+
+
+def read_welcome(sock: socket.socket, who: str, timeout: float = 60.0,
+                 limit: int = WELCOME_MAX) -> tuple[dict[str, object], bytes]:
+    """Read the WELCOME that follows ``prove`` by hand (nothing of the stream after it is read
+    ahead, for a caller that hands the socket to its own reader): its facts and its body as
+    received, before anyone checked its proof, so at most ``limit`` bytes of it. Raises
+    ``Refused`` for anything but a WELCOME of a JSON object within the limit (a header that
+    claims more is refused before its body is read), ``EOFError`` when the server closed the
+    connection (it refused our proof), OSError. Leaves the socket blocking."""
+    end = time.monotonic() + timeout
+    try:
+        kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end, EOFError))
+        if kind != Kind.WELCOME or nbufs or body_len > limit:
+            raise Refused(f"{who} answered frame kind {kind} ({body_len} bytes, {nbufs} buffers) "
+                          f"instead of a WELCOME of at most {limit} bytes")
+        raw = _recv_exact(sock, body_len, end, EOFError)
+    finally:
+        sock.settimeout(None)
+    try:
+        facts = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise Refused(f"{who} answered a WELCOME that is not JSON") from None
+    if not isinstance(facts, dict):
+        raise Refused(f"{who} answered a WELCOME that is not a JSON object")
+    return facts, raw
 
 
 def welcome(sock: socket.socket, check: Check, who: str, timeout: float = 60.0) -> dict[str, object]:
-    """Read the WELCOME that follows ``prove`` by hand (nothing of the stream after it is read
-    ahead, for a caller that hands the socket to its own reader) and check the server's proof."""
-    end = time.monotonic() + timeout
+    """Read the WELCOME that follows ``prove`` (see ``read_welcome``; small: a launched
+    worker's) and check the server's proof."""
     try:
-        kind, _, nbufs, _, body_len = HEADER.unpack(_recv_exact(sock, HEADER.size, end))
-        if kind != Kind.WELCOME or nbufs or body_len > HELLO_MAX:
-            raise Refused(f"{who} answered frame kind {kind} ({body_len} bytes) instead of a WELCOME")
-        facts = json.loads(_recv_exact(sock, body_len, end))
-    finally:
-        sock.settimeout(None)
-    if not isinstance(facts, dict) or not check(facts):
+        facts, _ = read_welcome(sock, who, timeout, HELLO_MAX)
+    except EOFError as exc:
+        raise Refused(f"{who} closed the connection during the handshake") from exc
+    if not check(facts):
         raise Refused(f"{who} did not prove the key")
     return facts
 

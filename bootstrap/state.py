@@ -46,7 +46,7 @@ from collections.abc import Callable
 from skyward.errors import CollectionError, CollectionTimeoutError
 
 from .frames import Frame, FrameReader, FrameWriter, Kind, tune
-from .handshake import Gate, Refused, admit, prove
+from .handshake import Gate, Refused, admit, prove, read_welcome
 
 # Plain slotted classes and no typing at run time: the head node's agent imports this module
 # on the way to the pool's first task (its CONFIGURE carries the collections' address), and
@@ -544,8 +544,14 @@ class StateServer:
         with self.lock:
             self.peers.add(peer)
         try:
-            writer.send_parts(Kind.WELCOME, 0, 0, json.dumps({"proof": proof}).encode())
             reader = FrameReader(sock)
+            if sock.family == socket.AF_UNIX:
+                writer.send_parts(Kind.WELCOME, 0, 0, json.dumps({"proof": proof}).encode())
+            else:  # TCP between nodes, which no SSH carries: every later frame sealed (frames.py)
+                body = json.dumps({"proof": proof, "sealed": True}).encode()
+                send, receive = proof.keys(body)
+                writer.seal(send, Frame(Kind.WELCOME, 0, body))
+                reader.seal(receive)
             while True:
                 frame = reader.read()
                 if frame.kind == Kind.STATE:
@@ -664,21 +670,29 @@ class StateConnection:
             sock = socket.create_connection((host, port), timeout=10)
         self._sock = sock
         reader = FrameReader(sock)
-        try:
+        try:  # the WELCOME by hand and capped: an impostor's body is not read before its proof
             check = prove(sock, bytes.fromhex(token), {"node": node, "pid": os.getpid()}, timeout=10)
-            sock.settimeout(10)
-            welcome = reader.read()
+            facts, raw = read_welcome(sock, f"the collection server at {self.where}", 10)
         except (Refused, EOFError, OSError) as exc:
             _close(sock)
             raise ConnectionError(f"the collection server at {self.where} refused this node ({exc})") from exc
-        if welcome.kind != Kind.WELCOME or not check(json.loads(bytes(welcome.body))):
+        if not check(facts):
             _close(sock)
             raise ConnectionError(f"what answers at {self.where} did not prove the pool's collections key: "
                                   f"it is not this pool's collection server")
+        self._writer = FrameWriter(sock)
+        if not host.startswith("/"):  # TCP, which no SSH carries: sealed (frames.py)
+            if facts.get("sealed") is not True:
+                _close(sock)
+                raise ConnectionError(f"the collection server at {self.where} does not authenticate "
+                                      f"its frames (another skyward version, or someone between the "
+                                      f"two changed its WELCOME)")
+            send, receive = check.keys(raw)
+            self._writer.seal(send)
+            reader.seal(receive)
         sock.settimeout(None)
         tune(sock)
         keepalive(sock)
-        self._writer = FrameWriter(sock)
         self._pending: dict[int, Callable[[Frame | BaseException], None]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)

@@ -343,6 +343,8 @@ class LocalCluster(Cluster):
         env["SKYWARD_SITE"] = str(site)
         with contextlib.suppress(ProviderError):
             env["SKYWARD_UV"] = pkglock.uv_binary()
+        for name in ("SKYWARD_GPUS", "SKYWARD_GPU_SHARE", "SKYWARD_NODE_GPUS"):
+            env.pop(name, None)  # a node's own (its GPUs), never this process's (a pool in a task)
         env.update(image.env)
         for name, command in image.shell_vars.items():
             env[name] = _shell_value(name, command, env)

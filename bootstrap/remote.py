@@ -709,8 +709,8 @@ def _send_all(chan: paramiko.Channel, data: bytes | bytearray | memoryview) -> N
     view = memoryview(data).cast("B")
     while view.nbytes:
         sent = chan.send(view[:_CHUNK])
-        if sent <= 0:
-            raise EOFError("the SSH channel was closed while sending")
+        if sent <= 0:  # an OSError, as a socket's send to a closed peer raises: every sender handles it
+            raise BrokenPipeError(32, "the SSH channel was closed while sending")
         view = view[sent:]
 
 

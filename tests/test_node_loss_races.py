@@ -181,3 +181,35 @@ def test_a_call_notices_that_its_outcome_went_missing(tmp_path: Path) -> None:
         assert _within(60, future.result) == 10
         assert forgetful.fired.is_set()
     assert any("result never arrived" in line for line in lines), lines
+
+
+def test_a_closed_ssh_channel_fails_a_send_as_a_socket_does() -> None:
+    """A tunnel whose far end closed answers ``send`` with 0: that must be an OSError, which
+    every sender of a channel handles as the node's loss (an EOFError escaped them: it failed a
+    map outright, and would have ended the lease's heartbeat thread)."""
+    from skyward.bootstrap.remote import _send_all
+
+    class Closed:
+        def send(self, data: Any) -> int:
+            return 0
+
+    with pytest.raises(OSError):
+        _send_all(Closed(), b"x" * 10)  # type: ignore[arg-type]
+
+
+class EOFWriter(DyingWriter):
+    """The node dies during the send, and the writer says so with an EOFError."""
+
+    def send_parts(self, kind: int, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().send_parts(kind, *args, **kwargs)
+        except BrokenPipeError:
+            raise EOFError("the SSH channel was closed while sending") from None
+
+
+def test_a_map_survives_a_send_that_fails_with_eof() -> None:
+    with sky.Compute(nodes=2, options=QUIET, worker=sky.Worker(executor="process")) as pool:
+        ch = pool.members.channels[1]
+        ch._writer = dying = EOFWriter(ch._writer, ch, agent_pid(pool, 1), Kind.MAP)
+        assert _within(90, pool.map, _add_one, range(2000), chunksize=10) == list(range(1, 2001))
+        assert dying.fired.is_set()

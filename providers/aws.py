@@ -23,8 +23,14 @@ if TYPE_CHECKING:
     from skyward.spec import Spec
 
 DEFAULT_REGION = "us-east-1"
-# NVIDIA GPUs (by catalogue name) that NVIDIA's open kernel modules do not support (pre-Turing).
-OPEN_DRIVER_UNSUPPORTED = frozenset({"V100", "M60", "K80"})
+# Instance families AWS no longer sells (the EC2 API no longer describes them, or only accounts
+# that ran them in the last year may launch them): never in the catalogue (a test checks), and
+# refused by name with where the accelerator is still rented.
+RETIRED_FAMILIES = {
+    "p2": "K80", "g2": "GRID K520", "g3": "M60", "g3s": "M60", "f1": "FPGA",
+    "p3": "V100", "p3dn": "V100",  # dstackai/gpuhunt#233: "AWS API no longer describes p3 instances"
+    "g4ad": "Radeon Pro V520",  # gone from AWS's instance-types-by-Region lists (2026-09)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,13 @@ class AWS(CloudProvider):
                 f"Spec(region={spec.region!r}) and AWS(region={self.region!r}) disagree; give the region in one place."
             )
         region = self.region_for(spec)
+        family = (self.instance_type or "").split(".")[0]
+        if family in RETIRED_FAMILIES:
+            elsewhere = " (GCP still rents V100s: provider=sky.GCP())" if RETIRED_FAMILIES[family] == "V100" else ""
+            raise NoOfferError(
+                f"AWS retired the {family} family ({RETIRED_FAMILIES[family]}): {self.instance_type} can no longer "
+                f"be launched{elsewhere}. Pick a current instance type (sky.offers(provider='aws') lists them)."
+            )
         if self.zone and not self.zone.startswith(region):
             raise NoOfferError(f"AWS(zone={self.zone!r}) is not in region {region!r}; pick a zone of that region.")
         return select("aws", Want.of(spec, region=region, instance_type=self.instance_type))
@@ -99,11 +112,10 @@ class AWS(CloudProvider):
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
-        # The catalogue row says which AMI family its hardware needs (Neuron for trn/inf); GPUs
-        # older than Turing need the proprietary driver's AMI when the row names none (the OSS
-        # driver AMIs' open kernel modules do not drive them: no working GPU on p3/p3dn).
-        family = offer.extra.get("family") or (
-            "gpu-proprietary" if offer.accelerator in OPEN_DRIVER_UNSUPPORTED else None)
+        # The catalogue row says which AMI family its hardware needs (Neuron for trn/inf). Every
+        # NVIDIA GPU AWS still sells is Turing or newer, which the OSS-driver DLAMIs drive (the
+        # V100 machines, which needed the Amazon Linux 2 proprietary-driver image, are retired).
+        family = offer.extra.get("family")
         from skyward.stacks.disks import aws_check
         from skyward.stacks.plan import DiskPlan
         from skyward.volumes import Disk
@@ -112,17 +124,6 @@ class AWS(CloudProvider):
         aws_check([DiskPlan(v.size_gb, v.mount, v.type, v.iops) for v in spec.volumes if isinstance(v, Disk)],
                   offer.instance_type)
         user = self.user
-        if family == "gpu-proprietary" and not self.ami:
-            # That image is Amazon Linux 2 (stacks/aws.py): its login user, and no apt.
-            user = "ec2-user" if self.user == "ubuntu" else self.user
-            if spec.image.apt:
-                raise ConfigError(
-                    f"{offer.instance_type} ({offer.accelerator}) nodes boot the Deep Learning Base Proprietary "
-                    f"Nvidia Driver AMI (Amazon Linux 2), the only AWS base image whose driver runs "
-                    f"{offer.accelerator} GPUs; it has yum, not apt, so Image(apt={list(spec.image.apt)!r}) "
-                    f"cannot be installed. Drop apt= (pip packages work), give AWS(ami=...) an Ubuntu image "
-                    f"with NVIDIA's proprietary driver, or pick a Turing-or-newer GPU (T4, A10G, L4...)."
-                )
         return {
             "zone": self.zone, "image": self.ami, "user": user,
             "settings": {"profile": self.profile, "subnet": self.subnet, "family": family},

@@ -39,10 +39,8 @@ _AMIS = {
     ("cpu", "x86_64"): (UBUNTU_OWNER, "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"),
     ("cpu", "arm64"): (UBUNTU_OWNER, "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-*"),
     ("gpu", "x86_64"): ("amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
-    # The OSS (open kernel module) driver supports Turing and newer only: V100 (p3) nodes need
-    # the proprietary driver. The only base DLAMI with it whose release notes list P3/P3dn is the
-    # Amazon Linux 2 one (login ec2-user, yum: providers/aws.py refuses Image(apt=...) there).
-    ("gpu-proprietary", "x86_64"): ("amazon", "Deep Learning Base Proprietary Nvidia Driver AMI (Amazon Linux 2) Version *"),
+    # The OSS (open kernel module) driver drives Turing and newer, which is every NVIDIA GPU AWS
+    # still sells: the V100 machines (p3, p3dn) are retired (providers/aws.RETIRED_FAMILIES).
     ("gpu", "arm64"): ("amazon", "Deep Learning ARM64 Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"),
     ("neuron", "x86_64"): ("amazon", "Deep Learning AMI Neuron (Ubuntu 22.04) *"),
 }

@@ -172,19 +172,3 @@ def test_gcp_pools_start_in_a_zone_that_has_their_gpu() -> None:
     l4 = sky.Spec(provider=provider, accelerator=A.L4(), region="us-east1")
     assert provider.zones_for(l4, provider.offer(l4)) == ["us-east1-b", "us-east1-c", "us-east1-d"]
     assert sky.GCP(project="p", zone="us-east1-d").zones_for(l4, provider.offer(l4)) == ["us-east1-d"]
-
-
-def test_volta_nodes_get_the_proprietary_driver_image() -> None:
-    from skyward.stacks.aws import ami_filter
-    from skyward.stacks.cloudpool import new_plan
-
-    provider = sky.AWS()
-    spec = sky.Spec(provider=provider, accelerator=A.V100())
-    offer = provider.offer(spec)
-    assert offer.instance_type.startswith("p3.")
-    plan = new_plan(spec, offer, stack="s", pool="p", zone=None, image=None, user="ubuntu",
-                    settings=provider._stack_args(spec, offer)["settings"], cidrs=("10.0.0.0/8",),
-                    public_key="ssh-ed25519 AAAA", max_duration=None)
-    owner, pattern = ami_filter(plan)
-    # The OSS (open-module) driver AMIs do not drive Volta GPUs.
-    assert owner == "amazon" and "Proprietary Nvidia Driver" in pattern

@@ -263,26 +263,6 @@ def test_no_ttl_means_no_watchdog(mocks: Recorder) -> Any:
     return declared.instances[0].user_data.apply(check)
 
 
-
-def test_every_volta_offer_boots_the_proprietary_driver_ami() -> None:
-    # The OSS-driver AMIs' open kernel modules do not drive V100s: every p3 size (p3dn too),
-    # whatever its catalogue row says, must boot the proprietary-driver AMI.
-    import skyward as sky
-    from skyward.catalogue import load
-    from skyward.stacks.cloudpool import new_plan
-
-    provider = sky.AWS(detect_address=False, allow_ssh_from=[CLIENT])
-    volta = [o for o in load("aws") if o.accelerator == "V100"]
-    assert {o.instance_type.split(".")[0] for o in volta} >= {"p3", "p3dn"}
-    for offer in volta:
-        spec = sky.Spec(provider=provider, accelerator=f"V100:{int(offer.accelerator_count)}")
-        plan = new_plan(spec, offer, stack="s", pool="p", zone=None, image=None, user="ubuntu",
-                        settings=provider._stack_args(spec, offer)["settings"], cidrs=(CLIENT,),
-                        public_key="ssh-ed25519 AAAA", max_duration=None)
-        owner, pattern = aws.ami_filter(plan)
-        assert owner == "amazon" and "Proprietary Nvidia Driver" in pattern, offer.instance_type
-
-
 @pulumi.runtime.test
 def test_user_data_leaves_the_gce_guest_agent_alone_on_aws(mocks: Recorder) -> Any:
     declared = aws.program(make_plan(nodes=1))

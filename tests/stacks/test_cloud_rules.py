@@ -4,7 +4,6 @@ stacks/disks.py, stacks/aws.py, stacks/gcp.py and docs/guides/clouds.md."""
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import replace
 from typing import Any
 
@@ -69,28 +68,6 @@ def test_a_changed_user_data_template_replaces_no_running_aws_node(monkeypatch: 
     for kwargs in options:  # ...and neither replaces nor updates a running instance
         assert not kwargs.get("user_data_replace_on_change")
         assert "userData" in kwargs["opts"].ignore_changes
-
-
-# -- item 4: V100 (p3/p3dn) boots an image that exists and drives it ------------------------------
-# Names of the proprietary-driver base DLAMI as AWS publishes them (its release notes list P3 and
-# P3dn among the supported instances); the Ubuntu proprietary-driver base image does not exist.
-PROPRIETARY_AL2 = "Deep Learning Base Proprietary Nvidia Driver AMI (Amazon Linux 2) Version 71.6"
-
-
-def test_the_v100_image_pattern_matches_the_published_ami_name() -> None:
-    for offer in [o for o in load("aws") if o.accelerator == "V100"]:
-        spec = sky.Spec(provider=_aws(), accelerator=f"V100:{int(offer.accelerator_count)}")
-        args = _aws()._stack_args(spec, offer)
-        plan = make_plan(gpu=True, instance_type=offer.instance_type, settings=args["settings"])
-        owner, pattern = aws.ami_filter(plan)
-        assert owner == "amazon" and fnmatch.fnmatchcase(PROPRIETARY_AL2, pattern), offer.instance_type
-        assert args["user"] == "ec2-user"  # Amazon Linux's login user
-
-
-def test_v100_nodes_refuse_apt_packages_they_cannot_install() -> None:
-    spec = sky.Spec(provider=_aws(), accelerator="V100", image=sky.Image(apt=["ffmpeg"]))
-    with pytest.raises(ConfigError, match=r"Amazon Linux 2.*apt"):
-        _aws()._stack_args(spec, _offer("aws", "p3.2xlarge"))
 
 
 # -- item 9: sky.Disk is checked per cloud before anything is created -----------------------------

@@ -3,8 +3,9 @@ handshake slots. User nobody on the head host finds every TCP listener there (as
 /proc/net/tcp), holds 20 silent connections to each and reopens each one that is closed, while
 new clients attach to the pool three times, run a task on every node and use a collection from
 the other node: every try succeeds. The agent has no TCP port left to flood (a Unix socket in
-the pool's 0700 folder, reached through sshd), and the collections listener, which stays on
-TCP for the other nodes, gives one address only its share of its handshake slots."""
+the pool's 0700 folder, reached through sshd), and the listeners that stay on TCP (the
+collections for the other nodes, and with sky.SSH(direct=True) the agent's direct listener)
+give one address only its share of their handshake slots."""
 
 from __future__ import annotations
 
@@ -123,8 +124,9 @@ def _flood_status(hosts: SSHHosts) -> dict[str, Any]:
     return dict(json.loads(out or "{}"))
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["tunnel", "direct"])
 def test_a_flood_of_silent_connections_by_another_user_does_not_lock_the_client_out(
-    hosts: SSHHosts, caplog: pytest.LogCaptureFixture,
+    hosts: SSHHosts, caplog: pytest.LogCaptureFixture, direct: bool,
 ) -> None:
     from skyward.core.pool import Pool
 
@@ -133,9 +135,9 @@ def test_a_flood_of_silent_connections_by_another_user_does_not_lock_the_client_
     if os.geteuid() != 0:
         pytest.skip("acting as another user needs root")
     ssh = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
-                         for h in hosts])
+                         for h in hosts], direct=direct)
     spec = sky.Spec(provider=ssh, nodes=2)
-    cluster = ssh.create(spec, "flood49")
+    cluster = ssh.create(spec, f"flood49{'d' if direct else 't'}")
     description: dict[str, Any] = {}
     pid = 0
     try:

@@ -427,7 +427,10 @@ class LocalCluster(Cluster):
     def _take_gpus(self, indices: list[int]) -> None:
         """Each new node's own GPUs (an accelerator= pool), or ProviderError before any starts."""
         if self._gpus is not None and indices:
-            self._assigned.update(self._gpus.take(indices))
+            taken = self._gpus.take(indices)
+            self._assigned.update(taken)
+            for i, got in taken.items():
+                _log().debug("Local node %d gets GPU(s) %s (share %s)", i, ",".join(got.visible), got.share)
 
     def _free_gpus(self, indices: list[int] | None) -> None:
         """These nodes' GPUs (every node's: None) go back, for this pool and any other."""

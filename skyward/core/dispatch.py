@@ -321,15 +321,17 @@ class Once:
     __slots__ = ("_done", "_lock", "ran")
 
     def __init__(self, done: Callable[[Frame | BaseException], None]) -> None:
-        self._done, self._lock, self.ran = done, threading.Lock(), False
+        self._done: Callable[[Frame | BaseException], None] | None = done
+        self._lock, self.ran = threading.Lock(), False
 
     def __call__(self, result: Frame | BaseException) -> None:
         with self._lock:
-            if self.ran:
+            done, self._done = self._done, None  # let go of the callback: its future holds the result
+            if done is None:
                 log.debug("dropped a second outcome of one task: %r", result)
                 return
             self.ran = True
-        self._done(result)
+        done(result)
 
 
 def _size(body: Any, buffers: serialize.Buffers) -> int:

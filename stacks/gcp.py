@@ -2,7 +2,9 @@
 
 * firewall rules on the pool's network tag: TCP 22 from the client's address (/32) and any
   CIDRs the user added (one rule per address family: a rule cannot mix them); all traffic
-  between instances carrying the tag. Nothing else in;
+  between instances carrying the tag; and nothing else in: a deny-all on the tag (IPv4 and
+  IPv6) at priority 65000, above the default network's own allow rules at 65534
+  (gcp_common.declare_firewalls);
 * per node, a service account that may do one thing: delete that node's own instance and
   disks (a custom role with those permissions only, granted on that instance and those disks,
   nowhere else). The TTL watchdog uses it: a guest power-off would only *stop* the VM, and a
@@ -34,7 +36,15 @@ from typing import Any
 
 from . import buckets
 from . import disks as disk_rules
-from .gcp_common import account_id, choose_zone, instance_name, network_tag, resource_name, short_id
+from .gcp_common import (
+    account_id,
+    choose_zone,
+    declare_firewalls,
+    instance_name,
+    network_tag,
+    resource_name,
+    short_id,
+)
 from .plan import NodePlan, PoolPlan
 from .userdata import NVIDIA_BRANCH, cloud_config
 
@@ -120,21 +130,7 @@ def program(plan: PoolPlan) -> Declared:
     network = s.get("network") or "default"
     tag = network_tag(plan)
 
-    firewalls = {}
-    v4 = [c for c in plan.ssh_cidrs if ":" not in c]
-    v6 = [c for c in plan.ssh_cidrs if ":" in c]
-    for key, ranges in (("ssh", v4), ("ssh-v6", v6)):
-        if ranges:
-            firewalls[key] = gcp.compute.Firewall(
-                key, network=network, direction="INGRESS",
-                description=f"skyward pool {plan.pool}: ssh from the client",
-                allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges, target_tags=[tag], opts=res,
-            )
-    firewalls["internal"] = gcp.compute.Firewall(
-        "internal", network=network, direction="INGRESS",
-        description=f"skyward pool {plan.pool}: all traffic between its nodes",
-        allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag], opts=res,
-    )
+    firewalls = declare_firewalls(gcp, plan, network, tag, res)
 
     pinned = s.get("pinned") or {}
     if plan.image or pinned.get("image"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 from .plan import NodePlan, PoolPlan
 
@@ -41,6 +42,43 @@ def choose_zone(plan: PoolPlan) -> str:
             f"and none could start it; try another region or machine type."
         )
     return str(zones[attempt])
+
+
+# Firewall priorities (lower wins). The pool's allows; then, above the default network's own rules
+# (default-allow-ssh: tcp:22 from 0.0.0.0/0, default-allow-internal: everything from 10.128.0.0/9,
+# both at 65534; a project may add its own), a deny-all on the pool's tag, so that only what the
+# pool allows reaches its nodes. Rules of the project at a priority below 65000 still apply.
+ALLOW_PRIORITY = 1000
+DENY_PRIORITY = 65000
+
+
+def declare_firewalls(gcp: Any, plan: PoolPlan, network: str, tag: str, res: Any) -> dict[str, Any]:
+    """The pool's firewall rules on its network tag: TCP 22 from the client's sources (a rule per
+    address family: a rule cannot mix them), all traffic between tagged nodes, and a deny of
+    everything else in (IPv4 and IPv6)."""
+    firewalls: dict[str, Any] = {}
+    v4 = [c for c in plan.ssh_cidrs if ":" not in c]
+    v6 = [c for c in plan.ssh_cidrs if ":" in c]
+    for key, ranges in (("ssh", v4), ("ssh-v6", v6)):
+        if ranges:
+            firewalls[key] = gcp.compute.Firewall(
+                key, network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
+                description=f"skyward pool {plan.pool}: ssh from the client",
+                allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges, target_tags=[tag], opts=res,
+            )
+    firewalls["internal"] = gcp.compute.Firewall(
+        "internal", network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
+        description=f"skyward pool {plan.pool}: all traffic between its nodes",
+        allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag], opts=res,
+    )
+    for key, everywhere in (("deny-all", "0.0.0.0/0"), ("deny-all-v6", "::/0")):
+        firewalls[key] = gcp.compute.Firewall(
+            key, network=network, direction="INGRESS", priority=DENY_PRIORITY,
+            description=f"skyward pool {plan.pool}: nothing else in (the default network allows ssh from "
+                        f"anywhere and all traffic from its other VMs at 65534)",
+            denies=[{"protocol": "all"}], source_ranges=[everywhere], target_tags=[tag], opts=res,
+        )
+    return firewalls
 
 
 def short_id(plan: PoolPlan) -> str:

@@ -17,10 +17,18 @@ declared for TPU VMs yet: a plan with them is refused here, before anything is c
 TTL: the user-data watchdog deletes the node's TPU node through the TPU API (v2, ``DELETE
 projects/P/locations/Z/nodes/N``), which stops its billing, with the node's own service account.
 That account holds one permission, ``tpu.nodes.delete`` (a custom role of the pool), granted on
-the project -- a TPU node has no IAM policy of its own to grant it on -- with an IAM condition
-on the node's own resource name, so that it may delete itself and no other TPU node. When the
-delete is refused the node powers its guest off (which does not stop the bill) and the stack is
-destroyed by the pool's client or by ``skyward down --expired``.
+the project, **unconditionally**: a TPU node has no IAM policy of its own to grant it on, and an
+IAM condition on ``resource.name`` cannot narrow it, because Cloud TPU is not among the services
+whose requests carry resource attributes for IAM Conditions (IAM docs, *Resource attributes for IAM
+Conditions*: "Other services and resource types do not recognize resource attributes"), so such
+a condition either refuses the delete (the TPU bills until ``down``) or never narrows it. This is
+an over-grant, said so in the preview and the clouds guide: any TPU VM of a pool may delete any TPU
+node of the project; run TPU pools in a project of their own. (The way to a per-node grant is to
+create the slices as Compute Engine instances -- Google's *Create a TPU VM instance* path, for
+the generations sold as machine types -- which gives the instance-level grant and
+``termination_time`` of stacks/gcp.py; not done yet.) When the delete is refused the node powers
+its guest off (which does not stop the bill) and the stack is destroyed by the pool's client or
+by ``skyward down --expired``.
 
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), from
 each VM's first network endpoint.
@@ -32,7 +40,14 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from .gcp_common import account_id, choose_zone, instance_name, network_tag, short_id
+from .gcp_common import (
+    account_id,
+    choose_zone,
+    declare_firewalls,
+    instance_name,
+    network_tag,
+    short_id,
+)
 from .plan import NodePlan, PoolPlan
 from .userdata import cloud_config
 
@@ -50,14 +65,9 @@ RUNTIMES = {
 SPOT_GENERATIONS = ("v5litepod", "v5p", "v6e")
 
 
-# What a TPU VM's service account may do: delete its own TPU node (the TTL watchdog).
+# What a TPU VM's service account may do: delete its TPU node (the TTL watchdog); granted on the
+# project, so every TPU node of the project (see the module's docstring).
 TPU_SELF_DELETE_PERMISSIONS = ("tpu.nodes.delete",)
-
-
-def self_only(zone: str, name: str) -> str:
-    """The IAM condition that narrows a project-level grant to one TPU node. The name's end, not
-    all of it: the TPU API may name the project by number or by id."""
-    return f'resource.name.endsWith("/locations/{zone}/nodes/{name}")'
 
 
 def is_tpu(plan: PoolPlan) -> bool:
@@ -154,28 +164,15 @@ def program(plan: PoolPlan) -> Declared:
     network = s.get("network") or "default"
     tag = network_tag(plan)
 
-    firewalls: dict[str, Any] = {}
-    v4 = [c for c in plan.ssh_cidrs if ":" not in c]
-    v6 = [c for c in plan.ssh_cidrs if ":" in c]
-    for key, ranges in (("ssh", v4), ("ssh-v6", v6)):
-        if ranges:
-            firewalls[key] = gcp.compute.Firewall(
-                key, network=network, direction="INGRESS",
-                description=f"skyward pool {plan.pool}: ssh from the client",
-                allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges, target_tags=[tag], opts=res,
-            )
-    firewalls["internal"] = gcp.compute.Firewall(
-        "internal", network=network, direction="INGRESS",
-        description=f"skyward pool {plan.pool}: all traffic between its nodes",
-        allows=[{"protocol": "all"}], source_tags=[tag], target_tags=[tag], opts=res,
-    )
+    firewalls = declare_firewalls(gcp, plan, network, tag, res)
 
     kind, runtime = accelerator_type(plan), runtime_version(plan)
     project = s.get("project")
     role = gcp.projects.IAMCustomRole(
         "tpu-self-delete", role_id=f"skyward_{short_id(plan)}_tpu_delete", project=project,
         title=f"skyward {plan.stack}: a TPU VM deletes itself",
-        description="Lets a skyward TPU VM delete its own TPU node when its pool's TTL ran out.",
+        description=("Lets a skyward TPU VM delete its TPU node when its pool's TTL ran out; granted on the "
+                     "project, it may delete every TPU node of the project (Cloud TPU has no per-node grant)."),
         permissions=list(TPU_SELF_DELETE_PERMISSIONS), opts=res,
     )
     vms: dict[int, Any] = {}
@@ -215,9 +212,7 @@ def program(plan: PoolPlan) -> Declared:
             f"{node.name}-self-delete", project=project or gcp.organizations.get_client_config_output(
                 opts=pulumi.InvokeOptions(provider=provider)).project, role=role.name,
             member=account.email.apply(lambda email: f"serviceAccount:{email}"),
-            condition={"title": f"only TPU node {name}", "expression": self_only(zone, name),
-                       "description": "a skyward TPU VM may delete itself and no other TPU node"},
-            opts=res,
+            opts=res,  # no condition: Cloud TPU requests carry no resource attributes to test
         )
         accounts[node.index] = account
 

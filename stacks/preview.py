@@ -429,8 +429,14 @@ def _gcp_firewall(i: dict[str, Any]) -> str:
         a["protocol"] if a.get("protocol") == "all" or not a.get("ports") else f"{a['protocol']} {','.join(a['ports'])}"
         for a in i.get("allows") or [])
     sources = [*(i.get("sourceRanges") or []), *(f"tag {t}" for t in i.get("sourceTags") or [])]
+    if i.get("denies"):
+        allows = "deny " + ", ".join(
+            d["protocol"] if d.get("protocol") == "all" or not d.get("ports") else f"{d['protocol']} {','.join(d['ports'])}"
+            for d in i["denies"])
     targets = ", ".join(f"tag {t}" for t in i.get("targetTags") or []) or "every instance"
-    return f"{str(i.get('direction', 'INGRESS')).lower()}: {allows} from {', '.join(sources) or 'nowhere'} to {targets}"
+    priority = f" (priority {_n(i['priority'])})" if i.get("priority") is not None else ""
+    return (f"{str(i.get('direction', 'INGRESS')).lower()}: {allows} from {', '.join(sources) or 'nowhere'} "
+            f"to {targets}{priority}")
 
 
 def _gcp_instance(i: dict[str, Any]) -> str:
@@ -491,8 +497,7 @@ _DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {  # also the order resou
     "gcp:compute/instanceIAMMember:InstanceIAMMember":
         lambda i: f"{i.get('role')} on instance {i.get('instanceName')} only",
     "gcp:compute/diskIamMember:DiskIamMember": lambda i: f"{i.get('role')} on disk {i.get('name')} only",
-    "gcp:projects/iAMMember:IAMMember":
-        lambda i: f"{i.get('role')} on the project, {(i.get('condition') or {}).get('title') or 'unconditional'}",
+    "gcp:projects/iAMMember:IAMMember": lambda i: _gcp_project_member(i),
     "aws:iam/role:Role": lambda i: f"{i.get('name')}: assumed by the pool's EC2 instances only",
     "aws:iam/rolePolicy:RolePolicy": lambda i: _aws_policy(i.get("policy")),
     "aws:iam/instanceProfile:InstanceProfile": lambda i: f"{i.get('name')}: carries the role to the nodes",
@@ -515,6 +520,15 @@ def _aws_policy(policy: Any) -> str:
         clauses.append(f"{', '.join(st.get('Action') or [])} on {where}"
                        + (f" (prefixes {', '.join(prefixes)})" if prefixes else ""))
     return "; ".join(clauses) or "no permissions"
+
+
+def _gcp_project_member(i: dict[str, Any]) -> str:
+    title = (i.get("condition") or {}).get("title")
+    if title:
+        return f"{i.get('role')} on the project, {title}"
+    # The TPU self-delete (stacks/gcp_tpu.py): Cloud TPU has no per-node grant.
+    return (f"{i.get('role')} on the project, unconditional: this node may delete every TPU node of the "
+            f"project (use a project of its own for TPU pools)")
 
 
 def _gcp_bucket_member(i: dict[str, Any]) -> str:

@@ -1,0 +1,87 @@
+"""Issue 46: the third desk review of the cloud stack programs -- the TPU VM self-delete grant
+(item 2), GCP's default firewall rules (item 3), service-account eventual consistency (item 5), SDK
+floors (item 6) and reclaim detection (item 7). Under Pulumi's mocks (assertions run by
+``@pulumi.runtime.test``) and the fake automation-API workspace."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+pulumi = pytest.importorskip("pulumi")
+pytest.importorskip("pulumi_gcp")
+
+from stackfakes import CLIENT, fresh_mocks, make_plan  # noqa: E402
+
+import skyward as sky  # noqa: E402
+from skyward.stacks import gcp, gcp_tpu  # noqa: E402
+
+TPU = {"project": "proj", "accelerator_type": "v5litepod-4", "tpu": {"runtime_version": "v2-alpha-tpuv5-lite"}}
+
+
+def _declare(program: Any, plan: Any) -> Any:
+    mocks = fresh_mocks()
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        program(plan)
+
+    go()
+    return mocks
+
+
+def _tpu_plan(**kw: Any) -> Any:
+    return make_plan(instance_type="tpu-v5litepod-4", region="us-central1", zone="us-central1-a",
+                     settings=TPU, **kw)
+
+
+def _gcp_plan(**kw: Any) -> Any:
+    return make_plan(instance_type="n2-standard-4", region="us-central1", zone="us-central1-a",
+                     settings={"project": "proj"}, **kw)
+
+
+# -- item 2: a TPU VM's self-delete grant is what Cloud TPU can honour -------------------------------
+def test_the_tpu_self_delete_grant_carries_no_condition_cloud_tpu_cannot_evaluate() -> None:
+    # Cloud TPU is not among the services whose requests carry resource attributes for IAM
+    # Conditions: a condition on resource.name either refuses the delete or never narrows it.
+    mocks = _declare(gcp_tpu.program, _tpu_plan(nodes=2))
+    members = mocks.of_type("gcp:projects/iAMMember:IAMMember")
+    assert len(members) == 2
+    for m in members:
+        assert not m.inputs.get("condition"), m.inputs
+    (role,) = mocks.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    assert role.inputs["permissions"] == ["tpu.nodes.delete"]
+    assert "every TPU node of the project" in role.inputs["description"]
+
+
+def test_the_preview_says_the_tpu_grant_reaches_every_tpu_node_of_the_project() -> None:
+    gcp_ = sky.GCP(project="proj", detect_address=False, allow_ssh_from=[CLIENT])
+    rows = {r["name"]: r["detail"] for r in gcp_.preview(sky.Spec(provider=gcp_, accelerator="v5e:8"))["resources"]}
+    assert "every TPU node of the project" in rows["node-0-self-delete"]
+
+
+# -- item 3: the default network's own rules do not reach a pool's nodes -----------------------------
+@pytest.mark.parametrize("program,plan", [(gcp.program, _gcp_plan), (gcp_tpu.program, _tpu_plan)],
+                         ids=["instances", "tpu"])
+def test_a_deny_all_on_the_pools_tag_sits_between_its_allows_and_the_defaults(program: Any, plan: Any) -> None:
+    mocks = _declare(program, replace(plan(), ssh_cidrs=(CLIENT, "2001:db8::/64")))
+    rules = {r.name: r.inputs for r in mocks.of_type("gcp:compute/firewall:Firewall")}
+    allows = [r for r in rules.values() if r.get("allows")]
+    denies = [r for r in rules.values() if r.get("denies")]
+    tag = allows[0]["targetTags"][0]
+    # default-allow-ssh (tcp:22 from 0.0.0.0/0) and default-allow-internal (10.128.0.0/9) are at 65534.
+    assert sorted(r["sourceRanges"][0] for r in denies) == ["0.0.0.0/0", "::/0"]
+    for deny in denies:
+        assert deny["denies"] == [{"protocol": "all"}] and deny["targetTags"] == [tag]
+        assert deny["direction"] == "INGRESS"
+        assert max(a["priority"] for a in allows) < deny["priority"] < 65534
+
+
+def test_the_preview_shows_the_deny_rules() -> None:
+    gcp_ = sky.GCP(project="proj", detect_address=False, allow_ssh_from=[CLIENT])
+    rows = {r["name"]: r["detail"] for r in gcp_.preview(sky.Spec(provider=gcp_, accelerator="L4"))["resources"]}
+    assert rows["deny-all"].startswith("ingress: deny all from 0.0.0.0/0 to tag sky-"), rows["deny-all"]
+    assert rows["deny-all-v6"].startswith("ingress: deny all from ::/0 to tag sky-"), rows["deny-all-v6"]
+    assert "(priority 65000)" in rows["deny-all"] and "(priority 1000)" in rows["ssh"]

@@ -120,6 +120,13 @@ class GCP(CloudProvider):
                 "sky.GCP: no project. Give it as GCP(project='my-project'), or set GOOGLE_CLOUD_PROJECT, "
                 "or configure gcloud: gcloud config set project my-project."
             )
+        if self.workspace is None:  # a real account: a missing role ends the pool before anything exists
+            from skyward.stacks import gcp_permissions
+            from skyward.volumes import Volume
+
+            offer = self.offer(spec)
+            gcp_permissions.check(self.project_for(), tpu=bool(offer.extra.get("tpu")),
+                                  buckets=[v.bucket for v in spec.volumes if isinstance(v, Volume) and v.storage is None])
 
     def offer(self, spec: Spec) -> Offer:
         """The cheapest catalogue offer for ``spec`` (NoOfferError listing the closest)."""

@@ -1,0 +1,141 @@
+"""What a GCP pool's `up` needs of the caller's identity, checked before anything is created.
+
+Without this, a missing role shows as a PERMISSION_DENIED in the middle of the first ``up``,
+after the firewalls and service accounts exist. Before a real pool's first ``up``,
+``sky.GCP`` asks Resource Manager which of the permissions the pool's resources need the caller
+holds on the project (``projects.testIamPermissions``, which counts roles inherited from folders
+and the organization) and, for buckets granted to the nodes, Cloud Storage which it holds on each
+bucket (``buckets.testIamPermissions``: a role granted on the bucket alone is enough). What is
+missing ends the pool before anything exists, with the predefined roles that grant it.
+
+The check never blocks a pool it could not run: without google-auth, credentials, the APIs, or
+the network, it logs why and the ``up`` goes on (and fails where it would have).
+``SKYWARD_RESOURCE_MANAGER_URL`` and ``SKYWARD_STORAGE_URL`` point it at other servers (tests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+from skyward.errors import ConfigError
+
+log = logging.getLogger("skyward.stacks")
+
+RESOURCE_MANAGER_URL = "https://cloudresourcemanager.googleapis.com/v1"
+STORAGE_URL = "https://storage.googleapis.com/storage/v1"
+
+# Predefined roles, as the clouds guide's permissions table names them.
+COMPUTE_ADMIN = "Compute Admin (roles/compute.admin)"
+SA_ADMIN = "Service Account Admin (roles/iam.serviceAccountAdmin)"
+SA_USER = "Service Account User (roles/iam.serviceAccountUser)"
+ROLE_ADMIN = "Role Administrator (roles/iam.roleAdmin)"
+TPU_ADMIN = "TPU Admin (roles/tpu.admin)"
+PROJECT_IAM_ADMIN = "Project IAM Admin (roles/resourcemanager.projectIamAdmin)"
+STORAGE_ADMIN = "Storage Admin (roles/storage.admin), on the bucket or the project"
+
+# permission -> the predefined role that grants it, per feature of a pool.
+EVERY_POOL = {
+    "compute.firewalls.create": COMPUTE_ADMIN, "compute.firewalls.delete": COMPUTE_ADMIN,
+    "compute.networks.updatePolicy": COMPUTE_ADMIN,
+    "iam.serviceAccounts.create": SA_ADMIN, "iam.serviceAccounts.delete": SA_ADMIN,
+    "iam.serviceAccounts.actAs": SA_USER,
+    "iam.roles.create": ROLE_ADMIN, "iam.roles.delete": ROLE_ADMIN,
+}
+INSTANCES = {
+    "compute.instances.create": COMPUTE_ADMIN, "compute.instances.delete": COMPUTE_ADMIN,
+    "compute.instances.setMetadata": COMPUTE_ADMIN, "compute.instances.setServiceAccount": COMPUTE_ADMIN,
+    "compute.instances.setIamPolicy": COMPUTE_ADMIN, "compute.disks.create": COMPUTE_ADMIN,
+    "compute.disks.setIamPolicy": COMPUTE_ADMIN, "compute.subnetworks.use": COMPUTE_ADMIN,
+    "compute.subnetworks.useExternalIp": COMPUTE_ADMIN,
+}
+TPU_VMS = {
+    "tpu.nodes.create": TPU_ADMIN, "tpu.nodes.delete": TPU_ADMIN, "tpu.nodes.get": TPU_ADMIN,
+    # The TPU self-delete is a project-level grant (stacks/gcp_tpu.py): the project's policy is written.
+    "resourcemanager.projects.getIamPolicy": PROJECT_IAM_ADMIN,
+    "resourcemanager.projects.setIamPolicy": PROJECT_IAM_ADMIN,
+}
+BUCKETS = {"storage.buckets.get": STORAGE_ADMIN, "storage.buckets.getIamPolicy": STORAGE_ADMIN,
+           "storage.buckets.setIamPolicy": STORAGE_ADMIN}
+
+
+def needed(*, tpu: bool) -> dict[str, str]:
+    """{permission: role} on the project for a pool of instances, or of TPU VMs."""
+    return {**EVERY_POOL, **(TPU_VMS if tpu else INSTANCES)}
+
+
+def _url(env: str, default: str) -> str:
+    return (os.environ.get(env) or default).rstrip("/")
+
+
+class _Api:
+    """Two testIamPermissions calls with Application Default Credentials (as stacks/gcp_disks)."""
+
+    def __init__(self) -> None:
+        import google.auth
+
+        from .gcp_disks import SCOPE, _transport
+
+        self._request = _transport()
+        self.credentials, _ = google.auth.default(scopes=[SCOPE])
+
+    def call(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not self.credentials.valid:
+            self.credentials.refresh(self._request)
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.credentials.token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return dict(json.loads(r.read() or b"{}"))
+
+    def project(self, project: str, permissions: list[str]) -> set[str]:
+        base = _url("SKYWARD_RESOURCE_MANAGER_URL", RESOURCE_MANAGER_URL)
+        got = self.call("POST", f"{base}/projects/{urllib.parse.quote(project)}:testIamPermissions",
+                        {"permissions": permissions})
+        return set(got.get("permissions") or ())
+
+    def bucket(self, bucket: str, permissions: list[str]) -> set[str]:
+        base = _url("SKYWARD_STORAGE_URL", STORAGE_URL)
+        query = urllib.parse.urlencode([("permissions", p) for p in permissions])
+        got = self.call("GET", f"{base}/b/{urllib.parse.quote(bucket, safe='')}/iam/testPermissions?{query}")
+        return set(got.get("permissions") or ())
+
+
+def check(project: str, *, tpu: bool, buckets: Iterable[str] = ()) -> None:
+    """ConfigError naming each missing permission and the role that grants it; nothing when all
+    are held or when the check could not run (logged)."""
+    try:
+        api = _Api()
+    except Exception as exc:  # no google-auth, no credentials: the up will say it better
+        log.info("GCP permissions not checked before up (%s: %s)", type(exc).__name__, exc)
+        return
+    wanted = needed(tpu=tpu)
+    missing: dict[str, list[str]] = {}
+    try:
+        held = api.project(project, sorted(wanted))
+        for perm in sorted(set(wanted) - held):
+            missing.setdefault(wanted[perm], []).append(perm)
+        for bucket in sorted(set(buckets)):
+            held = api.bucket(bucket, sorted(BUCKETS))
+            for perm in sorted(set(BUCKETS) - held):
+                missing.setdefault(BUCKETS[perm], []).append(f"{perm} on gs://{bucket}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        detail = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else exc
+        log.warning("GCP permissions not checked before up: %s", detail)
+        return
+    except Exception as exc:  # google.auth refresh errors and the like
+        log.warning("GCP permissions not checked before up (%s: %s)", type(exc).__name__, exc)
+        return
+    if missing:
+        lines = "\n".join(f"  {role}: {', '.join(perms)}" for role, perms in sorted(missing.items()))
+        raise ConfigError(
+            f"sky.GCP: your credentials lack permissions this pool needs in project {project!r} "
+            f"(nothing was created). Grant these roles (or the permissions in a custom role):\n{lines}\n"
+            f"See docs/guides/clouds.md, 'What a real account needs'."
+        )

@@ -1,0 +1,139 @@
+"""Issue 46, item 4: a GCP pool checks the caller's permissions before its first `up`
+(projects.testIamPermissions, buckets.testIamPermissions), with real google-auth, against a fake
+Resource Manager, Cloud Storage and token endpoint on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.auth")
+
+from skyward.errors import ConfigError
+from skyward.stacks import gcp_permissions
+
+PROJECT = "proj-a"
+TOKEN = "ya29.fake-token"
+
+
+class FakeIam(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        self.held: set[str] = set()  # on the project
+        self.on_bucket: dict[str, set[str]] = {}
+        self.asked: list[tuple[str, list[str]]] = []
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeIam
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        if self.path == "/token":
+            return self._send(200, {"access_token": TOKEN, "expires_in": 3600, "token_type": "Bearer"})
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self._send(401, {"error": {"code": 401}})
+        if self.path == f"/v1/projects/{PROJECT}:testIamPermissions":
+            asked = json.loads(raw)["permissions"]
+            self.server.asked.append((PROJECT, asked))
+            return self._send(200, {"permissions": [p for p in asked if p in self.server.held]})
+        return self._send(404, {"error": {"code": 404}})
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self._send(401, {"error": {"code": 401}})
+        url = urllib.parse.urlsplit(self.path)
+        parts = url.path.split("/")  # /storage/v1/b/BUCKET/iam/testPermissions
+        if url.path.endswith("/iam/testPermissions") and parts[3] == "b":
+            asked = urllib.parse.parse_qs(url.query)["permissions"]
+            self.server.asked.append((parts[4], asked))
+            return self._send(200, {"permissions": [p for p in asked if p in self.server.on_bucket.get(parts[4], set())]})
+        return self._send(404, {"error": {"code": 404}})
+
+
+@pytest.fixture
+def iam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeIam]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    server = FakeIam()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    creds = tmp_path / "sa.json"
+    creds.write_text(json.dumps({
+        "type": "service_account", "project_id": PROJECT, "private_key_id": "k1", "private_key": pem,
+        "client_email": f"me@{PROJECT}.iam.gserviceaccount.com", "client_id": "1", "token_uri": f"{server.url}/token"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
+    monkeypatch.setenv("SKYWARD_RESOURCE_MANAGER_URL", f"{server.url}/v1")
+    monkeypatch.setenv("SKYWARD_STORAGE_URL", f"{server.url}/storage/v1")
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_tpu_pool_without_tpu_admin_or_project_iam_admin_is_refused_naming_the_roles(iam: FakeIam) -> None:
+    iam.held = set(gcp_permissions.needed(tpu=False))  # everything an instance pool needs, nothing TPU
+    with pytest.raises(ConfigError) as info:
+        gcp_permissions.check(PROJECT, tpu=True)
+    text = str(info.value)
+    assert "TPU Admin (roles/tpu.admin): tpu.nodes.create" in text
+    assert "Project IAM Admin (roles/resourcemanager.projectIamAdmin)" in text
+    assert "resourcemanager.projects.setIamPolicy" in text and "nothing was created" in text
+    assert "Compute Admin" not in text
+
+
+def test_an_instance_pool_with_every_role_passes_and_asks_for_what_it_needs(iam: FakeIam) -> None:
+    iam.held = set(gcp_permissions.needed(tpu=False))
+    gcp_permissions.check(PROJECT, tpu=False)
+    ((where, asked),) = iam.asked
+    assert where == PROJECT and "compute.instances.create" in asked and "iam.roles.create" in asked
+    assert "iam.serviceAccounts.actAs" in asked and not any(p.startswith("tpu.") for p in asked)
+
+
+def test_bucket_iam_permissions_are_checked_on_the_bucket(iam: FakeIam) -> None:
+    iam.held = set(gcp_permissions.needed(tpu=False))
+    iam.on_bucket = {"ok": set(gcp_permissions.BUCKETS), "theirs": {"storage.buckets.get"}}
+    with pytest.raises(ConfigError, match=r"storage\.buckets\.setIamPolicy on gs://theirs") as info:
+        gcp_permissions.check(PROJECT, tpu=False, buckets=["ok", "theirs"])
+    assert "gs://ok" not in str(info.value)
+
+
+def test_a_check_that_cannot_run_does_not_block_the_pool(iam: FakeIam, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKYWARD_RESOURCE_MANAGER_URL", "http://127.0.0.1:9/v1")  # nothing listens
+    gcp_permissions.check(PROJECT, tpu=True)  # logged, not raised
+
+
+def test_the_guide_names_every_role_the_check_asks_for() -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "clouds.md").read_text()
+    roles = {*gcp_permissions.needed(tpu=False).values(), *gcp_permissions.needed(tpu=True).values(),
+             *gcp_permissions.BUCKETS.values()}
+    for role in roles:
+        assert role.split(" (")[1].split(")")[0] in guide, role

@@ -358,6 +358,50 @@ def _connect(path: str) -> socket.socket:
     return s
 
 
+def _agent_turning_away(n: int) -> tuple[object, list[int]]:
+    """``connect`` for a NodeChannel: an agent whose first ``n`` connections are closed before
+    the challenge (a full gate), and which admits the next; the tries made, as a list."""
+    from skyward.bootstrap.frames import HEADER
+
+    tries: list[int] = []
+    key = derive("secret", AGENT)
+
+    def serve(sock: socket.socket) -> None:
+        _, proof = admit(sock, key)
+        body = json.dumps({"proof": proof, "pong": True}).encode()
+        sock.sendall(HEADER.pack(Kind.WELCOME, 0, 0, 0, len(body)) + body)
+
+    def connect() -> socket.socket:
+        ours, theirs = socket.socketpair()
+        tries.append(len(tries))
+        if len(tries) <= n:
+            theirs.close()
+        else:
+            threading.Thread(target=serve, args=(theirs,), daemon=True).start()
+        return ours
+
+    return connect, tries
+
+
+def test_a_client_turned_away_before_the_handshake_tries_again_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from skyward.bootstrap import channel
+
+    monkeypatch.setattr(channel, "_RETRY_PAUSES", (0.01, 0.02, 0.04))
+    connect, tries = _agent_turning_away(2)
+    ch = NodeChannel(connect, node=0, token="secret", ttl=600, on_output=lambda *a: None)
+    assert len(tries) == 3 and ch.facts["pong"] is True
+    ch.close()
+    connect, tries = _agent_turning_away(10)
+    with pytest.raises(ProtocolError, match=r"refused the connection before the handshake \(busy or flooded"):
+        NodeChannel(connect, node=0, token="secret", ttl=600, on_output=lambda *a: None)
+    assert len(tries) == 4  # the first and three more, one after each pause
+    connect, tries = _agent_turning_away(1)  # a socket, not a way to connect: no second try
+    with pytest.raises(ProtocolError, match="busy or flooded"):
+        NodeChannel(connect(), node=0, token="secret", ttl=600, on_output=lambda *a: None)
+
+
 def test_each_key_opens_only_its_own_listener(pool: sky.Pool) -> None:
     secret = pool.cluster.token
     with pytest.raises(ProtocolError):  # the agent wants the agents' key: the secret itself does not do

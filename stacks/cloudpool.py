@@ -49,9 +49,19 @@ _NO_ZONE_CAPACITY = re.compile(
     re.IGNORECASE,
 )
 # A grant right after its service account was made may not see it yet (IAM is eventually
-# consistent: Google's IAM overview, "Consistency"; terraform-provider-google #2939, #18024).
-_SA_NOT_VISIBLE = re.compile(r"Service account \S+ does not exist|serviceAccount:\S+ does not exist", re.I)
-_IAM_RETRY_SECONDS = (10.0, 20.0, 40.0)
+# consistent: Google's IAM overview, "Consistency"; terraform-provider-google #2939, #18024); the
+# provider's own read right after the create may get a 404 or a 403 "(or it may not exist)"
+# (#15042); and a create retried after its answer was lost finds the account made (#18087; the
+# programs set create_ignore_already_exists, GoogleCloudPlatform/magic-modules #10813, so this
+# one is a second line of defence).
+_SA_NOT_VISIBLE = re.compile(
+    r"Service account \S+ does not exist|serviceAccount:\S+ does not exist|"
+    r"Error reading Service Account[^\n]*Error 40[34]|"
+    r"'?iam\.serviceAccounts\.get'? denied[^\n]*may not exist|"
+    r"Service account \S+ already exists",
+    re.I,
+)
+_IAM_RETRY_SECONDS = (10.0, 20.0, 40.0, 60.0)
 _MAX_ZONE_ATTEMPTS = 6  # AWS: the program knows the zones; the pool stops asking after this many
 
 

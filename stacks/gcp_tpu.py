@@ -182,6 +182,9 @@ def program(plan: PoolPlan) -> Declared:
         name = instance_name(plan, node)
         account = gcp.serviceaccount.Account(
             f"{node.name}-account", account_id=account_id(plan, node), project=project,
+            # A create retried after its answer was lost adopts the account instead of failing
+            # on "already exists" (terraform-provider-google #18087).
+            create_ignore_already_exists=True,
             display_name=f"skyward {plan.stack} TPU node {node.index}", opts=res,
         )
         user_data = cloud_config(plan, node, [], cloud="gcp", tpu_node=(zone, name))

@@ -85,3 +85,42 @@ def test_the_preview_shows_the_deny_rules() -> None:
     assert rows["deny-all"].startswith("ingress: deny all from 0.0.0.0/0 to tag sky-"), rows["deny-all"]
     assert rows["deny-all-v6"].startswith("ingress: deny all from ::/0 to tag sky-"), rows["deny-all-v6"]
     assert "(priority 65000)" in rows["deny-all"] and "(priority 1000)" in rows["ssh"]
+
+
+# -- item 5: service accounts are eventually consistent --------------------------------------------
+@pytest.mark.parametrize("program,plan", [(gcp.program, _gcp_plan), (gcp_tpu.program, _tpu_plan)],
+                         ids=["instances", "tpu"])
+def test_an_account_created_before_a_failed_update_is_adopted_not_refused(program: Any, plan: Any) -> None:
+    # terraform-provider-google #18087: the retry after a create whose answer was lost hits
+    # "already exists"; the provider's answer is create_ignore_already_exists (magic-modules #10813).
+    mocks = _declare(program, plan(nodes=2))
+    accounts = mocks.of_type("gcp:serviceaccount/account:Account")
+    assert len(accounts) == 2 and all(a.inputs.get("createIgnoreAlreadyExists") is True for a in accounts)
+
+
+@pytest.mark.parametrize("stderr", [
+    # the grant before the new account is visible (the case handled before)
+    "Error 400: Service account sky-783090604b-0@proj.iam.gserviceaccount.com does not exist., badRequest",
+    # the provider's read right after create (terraform-provider-google #15042)
+    'Error reading Service Account "projects/proj/serviceAccounts/sky-783090604b-0@proj.iam.gserviceaccount.com": '
+    "googleapi: Error 404: Not found; Gaia id not found for email sky-783090604b-0@proj.iam.gserviceaccount.com",
+    "Error reading Service Account \"projects/-/serviceAccounts/x\": googleapi: Error 403: Permission "
+    "'iam.serviceAccounts.get' denied on resource (or it may not exist).",
+    # a retried create of an account that was made (#18087)
+    "Error creating service account: googleapi: Error 409: Service account sky-783090604b-0 already exists "
+    "within project projects/proj., alreadyExists",
+])
+def test_each_known_service_account_race_is_retried(stderr: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackfakes import FakeWorkspace, command_error, isolated_home
+
+    from skyward.stacks import cloudpool, keys
+
+    isolated_home(tmp_path, monkeypatch)
+    monkeypatch.setattr(cloudpool, "_IAM_RETRY_SECONDS", (0.0, 0.0, 0.0))
+    ws = FakeWorkspace(fail={"update": [command_error(f"error: 1 error occurred:\n  * {stderr}")]})
+    plan = make_plan(nodes=0, zone="us-central1-a", region="us-central1")
+    key_path, _ = keys.client_key(plan.stack)
+    pool = cloudpool.CloudPool(plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=False,
+                               fallback_to_on_demand=False, record={"skyward": "0.1.0"}, connect=ws)
+    assert len(pool.start(1)) == 1
+    assert [k for k, _ in ws.calls].count("update") == 2

@@ -11,16 +11,19 @@ through a buffered reader that receives large parts straight into their final by
 into a shared-memory segment, for an agent serving a remote client).
 
 A *sealed* link (plain TCP that SSH does not carry: ``sky.SSH(direct=True)``, Slurm's nodes,
-the collections between nodes; see handshake.py) adds two MACs to every frame after the
-handshake, each an HMAC-SHA256 cut to ``TAG`` bytes under that direction's session key::
+the collections between nodes; see handshake.py) adds a MAC to every frame after the
+handshake, an HMAC-SHA256 cut to ``TAG`` bytes under that direction's session key, and a
+second one after the header of a frame whose body and buffers exceed ``SEAL_CHUNK`` bytes::
 
-    header | buffer lengths | MAC1 | body | buf0 | buf1 ... | MAC2
+    header | buffer lengths | [MAC1] | body | buf0 | buf1 ... | MAC2
 
-MAC1 covers the frame's sequence number (counted, never sent: a replayed, dropped or reordered
-frame fails), the header and the lengths, so a forged header allocates nothing; MAC2 covers
-the sequence number and every byte of the frame. A frame that fails either is never returned:
-the reader raises ``Tampered`` and the connection is closed. Unix sockets and SSH channels are
-not sealed: their transport already keeps strangers out of the stream.
+MAC2 covers the frame's sequence number (counted, never sent: a replayed, dropped or reordered
+frame fails) and every byte of the frame; MAC1, the sequence number, the header and the
+lengths, so that a forged header claiming more than ``SEAL_CHUNK`` bytes allocates nothing. A
+frame that fails is never returned: the reader raises ``Tampered`` and the connection is
+closed. The large parts are hashed a ``SEAL_CHUNK`` at a time as they are sent or arrive.
+Unix sockets and SSH channels are not sealed: their transport already keeps strangers out of
+the stream.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ MAX_PARTS = 0xFFFF
 _JOIN_LIMIT = 64 * 1024
 _READ_CHUNK = 256 * 1024
 TAG = 16  # bytes of each MAC of a sealed frame (HMAC-SHA256, truncated as RFC 4868 does)
+# A sealed frame whose body and buffers exceed this has a MAC after its header too; its large
+# parts are hashed and sent (or read) this much at a time.
+SEAL_CHUNK = 1 << 20
 _SEQ = struct.Struct("!Q")
 
 
@@ -212,19 +218,29 @@ class FrameWriter:
         for bflags, data in buffers:
             head.append(BUFLEN.pack(memoryview(data).nbytes | (bflags << FLAG_SHIFT)))
         joined = b"".join(head)
+        views = [memoryview(p).cast("B") for p in (body, *(data for _, data in buffers))]
+        total = sum(v.nbytes for v in views)
         with self._lock:  # the sequence numbers are the order on the wire
             assert self._seal is not None
             mac = self._seal.start(joined)
-            parts: list[bytes | bytearray | memoryview] = [joined + mac.copy().digest()[:TAG], body]
-            mac.update(body)
-            for _, data in buffers:
-                mac.update(data)
-                parts.append(data)
-            parts.append(mac.digest()[:TAG])
-            if sum(memoryview(p).nbytes for p in parts) <= _JOIN_LIMIT:
-                self._sock.sendall(b"".join(parts))
-            else:
-                _sendmsg_all(self._sock, parts)
+            if total <= SEAL_CHUNK:
+                for v in views:
+                    mac.update(v)
+                parts = [joined, *views, mac.digest()[:TAG]]
+                if total <= _JOIN_LIMIT:
+                    self._sock.sendall(b"".join(parts))
+                else:
+                    _sendmsg_all(self._sock, parts)
+                return
+            # Large: each piece is hashed just before it is sent, while it is in the cache and
+            # while the kernel sends the one before (the peer hashes each as it arrives).
+            self._sock.sendall(joined + mac.copy().digest()[:TAG])
+            for v in views:
+                for at in range(0, v.nbytes, SEAL_CHUNK):
+                    piece = v[at : at + SEAL_CHUNK]
+                    mac.update(piece)
+                    self._sock.sendall(piece)
+            self._sock.sendall(mac.digest()[:TAG])
 
 
 def _sendmsg_all(sock: socket.socket, parts: list[bytes | bytearray | memoryview]) -> None:
@@ -313,13 +329,13 @@ class FrameReader:
         kind, flags, nbufs, task_id, body_len = HEADER.unpack(head)
         raw = self._take(BUFLEN.size * nbufs, small=True) if nbufs else b""
         mac = seal.start(bytes(head) + bytes(raw))
-        if not seal.compare(self._take(TAG, small=True), mac.copy().digest()[:TAG]):
+        lengths = [BUFLEN.unpack_from(raw, i * BUFLEN.size)[0] for i in range(nbufs)]
+        if body_len + sum(n & LENGTH_MASK for n in lengths) > SEAL_CHUNK and not seal.compare(
+                self._take(TAG, small=True), mac.copy().digest()[:TAG]):
             raise Tampered(f"a frame's header failed its MAC (frame {seal.seq - 1} of this link): "
                            f"someone between the two ends wrote, replayed or reordered it")
-        # From here the lengths are the peer's own: what they allocate is what it sent.
-        lengths = [BUFLEN.unpack_from(raw, i * BUFLEN.size)[0] for i in range(nbufs)]
-        body = self._take(body_len)
-        mac.update(body)
+        # From here a large frame's lengths are the peer's own: what they allocate, it sent.
+        body = self._take_hashed(body_len, mac)
         buffers: list[tuple[int, bytes | bytearray | memoryview]] = []
         spilled: list[bytes] = []
         try:
@@ -330,15 +346,12 @@ class FrameReader:
                     view, ref = place
                     spilled.append(ref)
                     try:
-                        self._take_into(view)
-                        mac.update(view)
+                        self._fill_hashed(view, mac)
                     finally:
                         view.release()
                     buffers.append((SPILLED, ref))
                     continue
-                data = self._take(size, writable=True)
-                mac.update(data)
-                buffers.append((bflags, data))
+                buffers.append((bflags, self._take_hashed(size, mac, writable=True)))
             if not seal.compare(self._take(TAG, small=True), mac.digest()[:TAG]):
                 raise Tampered(f"a frame failed its MAC (frame {seal.seq - 1} of this link): someone "
                                f"between the two ends changed it")
@@ -348,6 +361,27 @@ class FrameReader:
                     self._abort(ref)
             raise
         return Frame(kind, task_id, body, flags, buffers)
+
+    def _take_hashed(self, n: int, mac: Any, writable: bool = False) -> bytes | bytearray:
+        """``_take`` on a sealed link: the bytes fed to ``mac`` as well, a piece at a time as
+        they arrive when they are many."""
+        if n <= SEAL_CHUNK:
+            data = self._take(n, writable=writable)
+            mac.update(data)
+            return data
+        out = bytearray(n)
+        view = memoryview(out)
+        try:
+            self._fill_hashed(view, mac)
+        finally:
+            view.release()
+        return out
+
+    def _fill_hashed(self, out: memoryview, mac: Any) -> None:
+        for at in range(0, out.nbytes, SEAL_CHUNK):
+            piece = out[at : at + SEAL_CHUNK]
+            self._take_into(piece)
+            mac.update(piece)
 
     def buffered(self) -> bool:
         """Whether bytes of a next frame are already here (a select on the socket would miss them)."""

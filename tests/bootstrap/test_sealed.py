@@ -36,6 +36,7 @@ from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import (
     BUFLEN,
     HEADER,
+    SEAL_CHUNK,
     TAG,
     Frame,
     FrameReader,
@@ -102,13 +103,12 @@ def _wire(frames: list[Frame], key: bytes = b"k" * 32) -> list[bytes]:
     out = []
     with a, b:
         for f in frames:
-            writer.send(f)
-            b.setblocking(False)
-            chunk = b""
-            with contextlib.suppress(BlockingIOError):
-                while True:
-                    chunk += b.recv(1 << 20)
-            out.append(chunk)
+            t = threading.Thread(target=writer.send, args=(f,))
+            t.start()
+            payload = len(f.body) + sum(len(d) for _, d in f.buffers)
+            size = HEADER.size + BUFLEN.size * len(f.buffers) + payload + TAG * (2 if payload > SEAL_CHUNK else 1)
+            out.append(_recv(b, size) or b"")
+            t.join()
     return out
 
 
@@ -118,30 +118,45 @@ def _read_all(wire: bytes, key: bytes = b"k" * 32, abort: Callable[[bytes], None
     reader = FrameReader(b, reserve, abort)
     reader.seal(key)
     got: list[Frame | BaseException] = []
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            a.sendall(wire)
+            a.shutdown(socket.SHUT_WR)
+
+    t = threading.Thread(target=send)
+    t.start()
     with a, b:
-        a.sendall(wire)
-        a.shutdown(socket.SHUT_WR)
-        while True:
-            try:
-                got.append(reader.read())
-            except EOFError:
-                return got
-            except Tampered as exc:
-                got.append(exc)
-                return got
+        try:
+            while True:
+                try:
+                    got.append(reader.read())
+                except EOFError:
+                    return got
+                except Tampered as exc:
+                    got.append(exc)
+                    return got
+        finally:
+            b.shutdown(socket.SHUT_RDWR)
+            t.join()
 
 
 def test_a_changed_replayed_reordered_or_dropped_frame_fails() -> None:
     f0, f1, f2 = _wire([Frame(Kind.PING, 0), Frame(Kind.TASK, 5, b"payload"), Frame(Kind.CANCEL, 5)])
     assert [type(g) for g in _read_all(f0 + f1 + f2)] == [Frame, Frame, Frame]
     for wire, ok in ((f0 + f0, 1), (f1 + f0, 0), (f0 + f2, 1), (f0 + f1[:-1] + b"X" + f2, 1),
-                     (f0 + f1[:HEADER.size + TAG] + b"Payload" + f1[-TAG:], 1)):
+                     (f0 + f1[:HEADER.size] + b"Payload" + f1[-TAG:], 1)):
         got = _read_all(wire)
         assert len(got) == ok + 1 and isinstance(got[-1], Tampered), wire
     # another key (the other direction, or another session) opens nothing
     assert isinstance(_read_all(f0, key=b"j" * 32)[0], Tampered)
     # a plain frame (what a stranger can write) is never taken
-    assert isinstance(_read_all(HEADER.pack(Kind.PING, 0, 0, 0, 0) + b"\0" * (2 * TAG))[0], Tampered)
+    assert isinstance(_read_all(HEADER.pack(Kind.PING, 0, 0, 0, 0) + b"\0" * TAG)[0], Tampered)
+    # a large frame's header has a MAC of its own, and a changed one fails before its body
+    (big,) = _wire([Frame(Kind.TASK, 1, b"", 0, [(0, b"z" * (SEAL_CHUNK + 1))])])
+    assert isinstance(_read_all(big)[0], Frame)
+    forged = big[:4] + bytes([big[4] ^ 1]) + big[5:]  # another task id
+    assert isinstance(_read_all(forged)[0], Tampered)
 
 
 def test_a_forged_header_allocates_nothing() -> None:
@@ -159,7 +174,7 @@ def test_a_forged_header_allocates_nothing() -> None:
 def test_a_frame_that_fails_gives_back_its_shared_memory() -> None:
     """A buffer received into a reserved place (an agent's shared memory) is given back when
     the frame's MAC fails; the frame never reaches anyone."""
-    (wire,) = _wire([Frame(Kind.TASK, 1, b"b", 0, [(0, b"z" * 5000)])])
+    (wire,) = _wire([Frame(Kind.TASK, 1, b"b", 0, [(0, b"z" * (3 * MB + 5))])])
     places: list[bytearray] = []
     aborted: list[bytes] = []
 
@@ -268,10 +283,10 @@ class Relay:
             if head is None:
                 return
             _, _, nbufs, _, body_len = HEADER.unpack(head)
-            lengths = _recv(self.client, BUFLEN.size * nbufs + tag) or b""
-            size = body_len + sum(BUFLEN.unpack_from(lengths, i * BUFLEN.size)[0] & ((1 << 62) - 1)
-                                  for i in range(nbufs)) + tag
-            rest = _recv(self.client, size)
+            lengths = _recv(self.client, BUFLEN.size * nbufs) or b""
+            payload = body_len + sum(BUFLEN.unpack_from(lengths, i * BUFLEN.size)[0] & ((1 << 62) - 1)
+                                     for i in range(nbufs))
+            rest = _recv(self.client, payload + tag * (2 if payload > SEAL_CHUNK else 1))
             if rest is None:
                 return
             frame = head + lengths + rest
@@ -355,7 +370,7 @@ def test_a_relay_cannot_write_a_frame_of_its_own(agent: Any, tmp_path: Path) -> 
         assert _value(_health(ch, _const(2))) == 2  # the relay passes real traffic
         target = tmp_path / "pwned"
         body = _evil(target)
-        relay.up_raw(HEADER.pack(Kind.HEALTH, 0, 0, 99, len(body)) + body)
+        relay.up_raw(HEADER.pack(Kind.HEALTH, 0, 0, 99, len(body)) + body + os.urandom(TAG))  # a guessed MAC
         relay.upstream_closed.wait(10)
         time.sleep(0.3)
         assert not target.exists(), "the agent ran a frame the relay wrote"
@@ -402,7 +417,7 @@ def test_a_relay_cannot_write_to_the_client(agent: Any) -> None:
     ch = _channel(relay.address, outputs)
     try:
         assert _value(_health(ch, _const(4))) == 4
-        relay.down_raw(HEADER.pack(Kind.OUTPUT, 1, 0, 1, 5) + b"\0" * TAG + b"hello" + b"\0" * TAG)
+        relay.down_raw(HEADER.pack(Kind.OUTPUT, 1, 0, 1, 5) + b"hello" + os.urandom(TAG))
         deadline = time.monotonic() + 10
         while ch.lost is None:
             assert time.monotonic() < deadline, "the client took a frame the relay wrote"
@@ -487,7 +502,8 @@ def test_a_relay_cannot_write_or_replay_a_collections_request(collections: State
             assert _add(conn, attack) == 1
             target = tmp_path / "pwned"
             body = _evil(target)
-            relay.up_raw(HEADER.pack(Kind.STATE, 0, 0, 7, len(body)) + body if attack == "write" else relay.up[-1])
+            relay.up_raw(HEADER.pack(Kind.STATE, 0, 0, 7, len(body)) + body + os.urandom(TAG)
+                         if attack == "write" else relay.up[-1])
             assert relay.upstream_closed.wait(10), f"the collections took a frame the relay could {attack}"
             assert not target.exists()
         finally:

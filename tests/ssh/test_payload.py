@@ -95,6 +95,8 @@ def test_direct_connections_skip_the_tunnel_after_the_token_check(hosts: SSHHost
         assert all(isinstance(s, socket.socket) for s in socks)
         peers = {s.getpeername()[0] for s in socks}
         assert peers == {h.address for h in hosts}
+        # plain TCP that no SSH carries: every frame after the handshake is authenticated
+        assert all(ch.facts.get("sealed") is True for ch in pool.members.channels)
         blob = _blob(1)
         digests = {d for d, _, _ in inspect(blob) @ pool}
         assert digests == {hashlib.sha256(memoryview(blob)).hexdigest()}

@@ -30,6 +30,41 @@ def preflight(what: str, extra: str, modules: tuple[str, ...], *, fake_workspace
         require_cli(f"a {what} pool")
 
 
+# The oldest provider SDK each stack program is written for (pyproject.toml's extras say the same;
+# a test keeps them equal). Pulumi installs the resource plugin of the SDK's own version
+# (plugin_version), so the SDK's version is the provider's. pulumi-gcp before 8 is built on
+# terraform-provider-google 5.x, whose schema has no scheduling.termination_time (6.25.0), which
+# max_duration uses; the floors are the versions the test suite runs with.
+SDK_FLOORS = {"pulumi-aws": "7.51", "pulumi-gcp": "10.2"}
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def check_sdk_floor(package: str) -> None:
+    """ConfigError when the installed provider SDK is older than the stack program needs."""
+    from skyward.errors import ConfigError
+
+    floor = SDK_FLOORS.get(package)
+    try:
+        installed = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return  # require_sdk says what to install
+    if floor and _version_tuple(installed) < _version_tuple(floor):
+        raise ConfigError(
+            f"{package} {installed} is installed; skyward's stack programs need {package}>={floor} "
+            f"(older providers lack arguments they declare, e.g. scheduling.termination_time). "
+            f"Upgrade: pip install -U '{package}>={floor}'"
+        )
+
+
 def plugin_version(name: str, package: str) -> dict[str, str]:
     """{plugin: version} of the Pulumi resource plugin matching the installed SDK package."""
     try:
@@ -200,6 +235,7 @@ class CloudProvider(ProviderConfig):
 
     def preflight(self, spec: Spec) -> None:
         preflight(self.label, self.extra, self.sdk, fake_workspace=self.workspace is not None)
+        check_sdk_floor(self.plugin_package)
 
     def preview(self, spec: Spec, name: str | None = None) -> dict[str, Any]:
         """What a pool of ``spec`` would create, creating nothing: ``{"resources": [{"type",

@@ -252,8 +252,12 @@ class CloudPool:
             urn = r.get("urn")
             if urn == index or str(urn).endswith(f"::node-{index}"):
                 outputs = r.get("outputs") or {}
-                state = str(outputs.get("instanceState") or outputs.get("status") or "").lower()
-                if state in ("terminated", "shutting-down", "stopped", "stopping", "suspended"):
+                # aws.ec2.Instance: instanceState; gcp.compute.Instance: currentStatus (TERMINATED is
+                # a stopped VM); gcp.tpu.V2Vm: state (a preempted TPU VM stays PREEMPTED until deleted).
+                state = str(outputs.get("instanceState") or outputs.get("currentStatus") or outputs.get("state")
+                            or outputs.get("status") or "").lower()
+                if state in ("terminated", "shutting-down", "stopped", "stopping", "suspended", "suspending",
+                             "preempted"):
                     return f"the cloud stopped its spot instance (state {state})"
                 return None
         return "the cloud removed its spot instance (a refresh found it gone)"

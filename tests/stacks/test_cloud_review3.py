@@ -124,3 +124,51 @@ def test_each_known_service_account_race_is_retried(stderr: str, tmp_path: Any, 
                                fallback_to_on_demand=False, record={"skyward": "0.1.0"}, connect=ws)
     assert len(pool.start(1)) == 1
     assert [k for k, _ in ws.calls].count("update") == 2
+
+
+# -- item 7: a stopped or preempted GCP instance or TPU VM is seen as reclaimed ----------------------
+@pytest.mark.parametrize("outputs,says", [
+    ({"currentStatus": "TERMINATED"}, "terminated"),  # gcp.compute.Instance (a stopped spot VM)
+    ({"currentStatus": "STOPPED"}, "stopped"),
+    ({"state": "PREEMPTED"}, "preempted"),  # gcp.tpu.V2Vm: stays PREEMPTED until deleted
+    ({"state": "TERMINATED"}, "terminated"),
+    ({"instanceState": "stopped"}, "stopped"),  # aws.ec2.Instance, as before
+])
+def test_a_spot_node_the_cloud_stopped_is_reported_as_reclaimed(
+    outputs: dict[str, str], says: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stackfakes import FakeWorkspace, isolated_home
+
+    from skyward.stacks import cloudpool, keys
+
+    isolated_home(tmp_path, monkeypatch)
+    ws = FakeWorkspace()
+    plan = make_plan(nodes=0)
+    key_path, _ = keys.client_key(plan.stack)
+    pool = cloudpool.CloudPool(plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=True,
+                               fallback_to_on_demand=False, record={"skyward": "0.1.0"}, connect=ws)
+    pool.start(2)
+    ws.states[pool.plan.stack]["resources"] = [
+        {"urn": "urn:pulumi:s::skyward::gcp:compute/instance:Instance::node-0", "outputs": {"currentStatus": "RUNNING"}},
+        {"urn": "urn:pulumi:s::skyward::gcp:tpu/v2Vm:V2Vm::node-1", "outputs": outputs},
+    ]
+    _, reclaimed = pool.replace(1)
+    assert reclaimed and says in reclaimed, reclaimed
+
+
+def test_a_running_node_is_not_reclaimed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackfakes import FakeWorkspace, isolated_home
+
+    from skyward.stacks import cloudpool, keys
+
+    isolated_home(tmp_path, monkeypatch)
+    ws = FakeWorkspace()
+    plan = make_plan(nodes=0)
+    key_path, _ = keys.client_key(plan.stack)
+    pool = cloudpool.CloudPool(plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=True,
+                               fallback_to_on_demand=False, record={"skyward": "0.1.0"}, connect=ws)
+    pool.start(1)
+    ws.states[pool.plan.stack]["resources"] = [
+        {"urn": "urn:pulumi:s::skyward::gcp:tpu/v2Vm:V2Vm::node-0", "outputs": {"state": "READY"}}]
+    _, reclaimed = pool.replace(0)
+    assert reclaimed is None

@@ -16,6 +16,13 @@ and deletes those
   deleted every node of the pool. A disk of a pool this machine does not know and with no cap
   passed is left to the machine that made it.
 
+It also lists the pools' service accounts (``sky-<id>-<n>``, one per node, named by their display
+name ``skyward <stack> [TPU ]node <n>``) whose stack was made here and is gone: an account created
+but never recorded (an update interrupted between the create and its answer) survives the stack's
+destroy and counts against the project's 100 accounts. They are listed with the ``gcloud`` command
+that deletes them (``Sweep.manual``), not deleted: an account is free, and its name says less than
+a disk's labels.
+
 It talks to the Compute Engine REST API (``aggregated/disks`` with a label filter, then
 ``DELETE`` per disk) with Application Default Credentials through ``google-auth`` (the gcp
 extra). Without it, ``sweep`` says what to install and the ``gcloud`` commands that do the same
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 import urllib.error
@@ -103,6 +111,17 @@ class Sweep:
     kept: tuple[tuple[Disk, str], ...] = ()
     failed: tuple[str, ...] = ()
     manual: str | None = None
+    accounts: tuple[tuple[str, str, str], ...] = ()  # (project, email, stack) of stray service accounts
+
+
+# A pool's node accounts (stacks/gcp.py, gcp_tpu.py): the id, and the display name with the stack.
+ACCOUNT_EMAIL = re.compile(r"^sky-[0-9a-f]{10}-\d+@")
+ACCOUNT_NAME = re.compile(r"^skyward (\S+) (?:TPU )?node \d+$")
+IAM_URL = "https://iam.googleapis.com/v1"
+
+
+def iam_url() -> str:
+    return (os.environ.get("SKYWARD_IAM_URL") or IAM_URL).rstrip("/")
 
 
 # -- what this machine knows ---------------------------------------------------------------------
@@ -269,7 +288,7 @@ class Compute:
                 self.credentials.refresh(self._request)
         except exceptions.GoogleAuthError as exc:
             raise ProviderError(f"Google credentials could not be refreshed: {exc}") from None
-        url = f"{self.base}/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        url = (path if "://" in path else f"{self.base}/{path}") + (f"?{urllib.parse.urlencode(query)}" if query else "")
         req = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {self.credentials.token}"})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
@@ -298,6 +317,18 @@ class Compute:
             if not token:
                 return out
             query = {"filter": FILTER, "pageToken": str(token)}
+
+    def service_accounts(self, project: str) -> list[dict[str, Any]]:
+        """Every service account of ``project`` (IAM API, paged)."""
+        out: list[dict[str, Any]] = []
+        query = {"pageSize": "100"}
+        while True:
+            page = self._call("GET", f"{iam_url()}/projects/{project}/serviceAccounts", query)
+            out += list(page.get("accounts") or [])
+            token = page.get("nextPageToken")
+            if not token:
+                return out
+            query = {"pageSize": "100", "pageToken": str(token)}
 
     def delete(self, disk: Disk) -> None:
         self._call("DELETE", f"projects/{disk.project}/zones/{disk.zone}/disks/{disk.name}")
@@ -367,7 +398,34 @@ def sweep(base_url: str | None = None, where: Known | None = None) -> Sweep:
                 continue
             deleted.append(disk)
             _trail(disk)
-    return Sweep(tuple(deleted), tuple(kept), tuple(failed))
+    strays = _stray_accounts(api, projects, where)
+    return Sweep(tuple(deleted), tuple(kept), tuple(failed), manual=_accounts_text(strays), accounts=strays)
+
+
+def _stray_accounts(api: Compute, projects: list[str], where: Known) -> tuple[tuple[str, str, str], ...]:
+    """(project, email, stack) of node accounts whose stack this machine made and is gone."""
+    out = []
+    for project in projects:
+        try:
+            accounts = api.service_accounts(project)
+        except ProviderError as exc:  # listing is advisory: never fails the down
+            log.warning("service accounts of %s not listed: %s", project, exc)
+            continue
+        for a in accounts:
+            email, named = str(a.get("email") or ""), ACCOUNT_NAME.match(str(a.get("displayName") or ""))
+            if ACCOUNT_EMAIL.match(email) and named and named.group(1) in where.made_here - where.live:
+                out.append((project, email, named.group(1)))
+    return tuple(sorted(out))
+
+
+def _accounts_text(strays: tuple[tuple[str, str, str], ...]) -> str | None:
+    if not strays:
+        return None
+    lines = ["service accounts of GCP pools that are gone (free, but each counts against the project's "
+             "100): delete them with"]
+    lines += [f"  gcloud iam service-accounts delete {email} --project {project} --quiet   # stack {stack}"
+              for project, email, stack in strays]
+    return "\n".join(lines)
 
 
 def _trail(disk: Disk) -> None:

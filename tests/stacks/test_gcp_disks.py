@@ -37,6 +37,7 @@ class FakeCompute(ThreadingHTTPServer):
 
     def __init__(self) -> None:
         self.disks: dict[str, dict[str, Any]] = {}  # name -> the disk resource as the API shows it
+        self.accounts: list[dict[str, Any]] = []  # the project's service accounts (IAM API)
         self.requests: list[tuple[str, str]] = []
         super().__init__(("127.0.0.1", 0), _Handler)
 
@@ -85,6 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
         if asked is None:
             return
         path, query = asked
+        if path == f"/iam/v1/projects/{PROJECT}/serviceAccounts":
+            return self._send(200, {"accounts": self.server.accounts} if self.server.accounts else {})
         if path != f"/compute/v1/projects/{PROJECT}/aggregated/disks":
             return self._send(404, {"error": {"code": 404, "message": f"not found: {path}"}})
         wanted = query.get("filter", [""])[0]
@@ -131,6 +134,7 @@ def compute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCom
         "token_uri": f"{server.url}/token"}))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
     monkeypatch.setenv("SKYWARD_COMPUTE_URL", f"{server.url}/compute/v1")
+    monkeypatch.setenv("SKYWARD_IAM_URL", f"{server.url}/iam/v1")
     try:
         yield server
     finally:
@@ -192,7 +196,7 @@ def test_down_expired_deletes_only_the_orphaned_disk_of_a_pool_that_is_gone(
                 f"an orphaned sky.Disk of pool aa11bb22") in out
         assert out.count("deleted disk") == 1
         # Listed by label, in the project the pools ran in, with the credentials' token.
-        (listed,) = [p for m, p in compute.requests if m == "GET"]
+        (listed,) = [p for m, p in compute.requests if m == "GET" and p.startswith("/compute/")]
         assert listed.startswith(f"/compute/v1/projects/{PROJECT}/aggregated/disks?")
         assert urllib.parse.parse_qs(urllib.parse.urlsplit(listed).query)["filter"] == ["labels.skyward-pool:*"]
         assert ("POST", "/token") in compute.requests
@@ -241,5 +245,31 @@ def test_without_google_auth_down_expired_says_what_to_install_and_the_gcloud_co
                 in out)
         assert "gcloud compute disks delete NAME --zone ZONE" in out
         assert compute.requests == [] and "sky-pool-aa11bb22-0-disk-0" in compute.disks
+    finally:
+        live.close()
+
+
+def test_down_expired_lists_the_service_accounts_of_pools_that_are_gone(
+        compute: FakeCompute, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 46, item 5: an account created but never recorded survives its stack's destroy.
+    ws = FakeWorkspace()
+    gone, live = _pools(ws)
+
+    def account(stack: str, n: int, tpu: bool = False) -> dict[str, Any]:
+        from skyward.stacks.gcp_common import short_id
+
+        sid = short_id(dataclasses.replace(gone.plan, stack=stack))
+        return {"email": f"sky-{sid}-{n}@{PROJECT}.iam.gserviceaccount.com",
+                "displayName": f"skyward {stack} {'TPU ' if tpu else ''}node {n}"}
+
+    compute.accounts = [account(gone.plan.stack, 0), account(gone.plan.stack, 1, tpu=True),
+                        account(live.plan.stack, 0), account("other-ee55ff66", 0),
+                        {"email": f"ci@{PROJECT}.iam.gserviceaccount.com", "displayName": "ci"}]
+    try:
+        assert cli.main(["down", "--expired"]) == 0
+        out = capsys.readouterr().out
+        stray = [line for line in out.splitlines() if "gcloud iam service-accounts delete" in line]
+        assert len(stray) == 2 and all(gone.plan.stack in line for line in stray), out
+        assert compute.accounts[0]["email"] in out and compute.accounts[1]["email"] in out
     finally:
         live.close()

@@ -279,7 +279,9 @@ class Agent:
             queued = len(self.pending)
             clients = len(self.conns)
         welcome = {
-            "proof": proof,  # this agent holds the pool's key too: the client may send it tasks
+            # this agent holds the pool's key too: the client may send it tasks (and, on a
+            # sealed link, it says so under the key: see handshake.Proof.sealing)
+            "proof": proof.sealing() if sealed else proof,
             "protocol": PROTOCOL,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),

@@ -106,9 +106,10 @@ class NodeChannel:
                 f"not the pool's agent (another process may have taken its address). Nothing was "
                 f"sent to it; the pool treats the node as lost."
             )
-        # A link that no SSH carries is sealed (frames.py): the agent says so for its direct
-        # listener, and a client on plain TCP to another host insists on it.
-        if self.facts.get("sealed") is True:
+        # A link that no SSH carries is sealed (frames.py): the agent's proof says so for its
+        # direct listener (under the key: a relay cannot make it say otherwise), and a client
+        # on plain TCP to another host insists on it.
+        if check.sealed:
             send, receive = check.keys(welcome)
             self._writer.seal(send)
             self._reader.seal(receive)

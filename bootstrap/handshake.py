@@ -145,11 +145,16 @@ def _hex(value: object, what: str) -> bytes:
 
 class Proof(str):
     """The server's proof of the key, to put in its WELCOME (a hex string), and what the server
-    needs to seal the link afterwards (``keys``)."""
+    needs to seal the link afterwards (``sealing``, ``keys``)."""
 
     _key: bytes
     _nonces: tuple[bytes, bytes]
     _hello: bytes
+
+    def sealing(self) -> str:
+        """The proof to send instead on a link that will be sealed: it says so under the key,
+        so that no one on the way can make the client think the link is plain."""
+        return _mac(self._key, b"server-sealed", *self._nonces).hex()
 
     def keys(self, welcome: bytes) -> tuple[bytes, bytes]:
         """The server's (send, receive) session keys once it sent ``welcome`` (the WELCOME's
@@ -191,19 +196,25 @@ def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[
 class Check:
     """What the client expects of the server's WELCOME (see ``prove``)."""
 
-    __slots__ = ("_expected", "_hello", "_key", "_nonces")
+    __slots__ = ("_expected", "_hello", "_key", "_nonces", "sealed")
 
     def __init__(self, expected: bytes, key: bytes = b"", nonces: tuple[bytes, bytes] = (b"", b""),
                  hello: bytes = b"") -> None:
         self._expected = expected
         self._key, self._nonces, self._hello = key, nonces, hello
+        # Whether the server's proof said the link will be sealed (Proof.sealing): set by a
+        # check that passed, and only by the key, never by a fact of the WELCOME.
+        self.sealed = False
 
     def __call__(self, welcome: dict[str, object]) -> bool:
-        """True when the WELCOME carries the server's proof of the key."""
+        """True when the WELCOME carries the server's proof of the key (either kind)."""
         try:
             got = bytes.fromhex(str(welcome.get("proof", "")))
         except ValueError:
             return False
+        if self._key and _compare_digest(got, _mac(self._key, b"server-sealed", *self._nonces)):
+            self.sealed = True
+            return True
         return bool(_compare_digest(got, self._expected))
 
     def keys(self, welcome: bytes) -> tuple[bytes, bytes]:

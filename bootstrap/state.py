@@ -548,7 +548,7 @@ class StateServer:
             if sock.family == socket.AF_UNIX:
                 writer.send_parts(Kind.WELCOME, 0, 0, json.dumps({"proof": proof}).encode())
             else:  # TCP between nodes, which no SSH carries: every later frame sealed (frames.py)
-                body = json.dumps({"proof": proof, "sealed": True}).encode()
+                body = json.dumps({"proof": proof.sealing(), "sealed": True}).encode()
                 send, receive = proof.keys(body)
                 writer.seal(send, Frame(Kind.WELCOME, 0, body))
                 reader.seal(receive)
@@ -682,7 +682,7 @@ class StateConnection:
                                   f"it is not this pool's collection server")
         self._writer = FrameWriter(sock)
         if not host.startswith("/"):  # TCP, which no SSH carries: sealed (frames.py)
-            if facts.get("sealed") is not True:
+            if not check.sealed:
                 _close(sock)
                 raise ConnectionError(f"the collection server at {self.where} does not authenticate "
                                       f"its frames (another skyward version, or someone between the "

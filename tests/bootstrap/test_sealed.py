@@ -225,10 +225,11 @@ class Relay:
     ``edit_hello``), then every frame, whole, and can write, replay, hold or reorder frames."""
 
     def __init__(self, upstream: tuple[str, int], host: str = "127.0.0.1",
-                 edit_hello: Callable[[bytes], bytes] | None = None) -> None:
+                 edit_hello: Callable[[bytes], bytes] | None = None,
+                 edit_welcome: Callable[[bytes], bytes] | None = None) -> None:
         self._listener = socket.create_server((host, 0))
         self.address = self._listener.getsockname()[:2]
-        self._upstream, self._edit_hello = upstream, edit_hello
+        self._upstream, self._edit_hello, self._edit_welcome = upstream, edit_hello, edit_welcome
         self.welcomed = threading.Event()
         self.upstream_closed = threading.Event()  # the server closed its side
         self.sealed = False
@@ -252,6 +253,9 @@ class Relay:
         body = _recv(self.server, HEADER.unpack(head)[4]) if head else None
         if head and body is not None:
             self.sealed = json.loads(body).get("sealed") is True
+            if self._edit_welcome is not None:
+                body = self._edit_welcome(body)
+                head = HEADER.pack(Kind.WELCOME, 0, 0, 0, len(body))
             self.client.sendall(head + body)
             self.welcomed.set()
             while True:
@@ -423,6 +427,27 @@ def test_a_relay_cannot_write_to_the_client(agent: Any) -> None:
             assert time.monotonic() < deadline, "the client took a frame the relay wrote"
             time.sleep(0.02)
         assert outputs == []
+    finally:
+        ch.close()
+        relay.close()
+
+
+def test_a_relay_cannot_talk_the_client_out_of_sealing(agent: Any) -> None:
+    """The agent's proof says that it seals, under the key: a relay that turns the WELCOME's
+    "sealed" to false still meets a sealed client, which takes no frame the relay writes."""
+    _, hello = agent
+    relay = Relay(("127.0.0.1", hello["direct"]),
+                  edit_welcome=lambda body: body.replace(b'"sealed": true', b'"sealed": false'))
+    outputs: list[Any] = []
+    ch = _channel(relay.address, outputs)
+    try:
+        assert ch.facts.get("sealed") is False  # what the relay made it say...
+        relay.down_raw(HEADER.pack(Kind.OUTPUT, 1, 0, 1, 5) + b"hello" + os.urandom(TAG))
+        deadline = time.monotonic() + 10
+        while ch.lost is None:
+            assert time.monotonic() < deadline, "the client took a frame the relay wrote"
+            time.sleep(0.02)
+        assert outputs == []  # ...did not make the client read plain frames
     finally:
         ch.close()
         relay.close()
@@ -678,7 +703,11 @@ def test_without_the_proof_check_that_server_would_pass(client: str, tmp_path: P
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The test above sees the check fail: with ``Check`` answering True, the same server
     gets through (so that test cannot pass on an earlier refusal, as the old one did)."""
-    monkeypatch.setattr(handshake.Check, "__call__", lambda self, welcome: True)
+    def anything(self: handshake.Check, welcome: dict[str, object]) -> bool:
+        self.sealed = True  # (a check that takes anything takes a sealing proof too)
+        return True
+
+    monkeypatch.setattr(handshake.Check, "__call__", anything)
     got = _clients(tmp_path)[client](_wrong_proof)
     with contextlib.suppress(AttributeError, OSError):
         got.close()

@@ -90,11 +90,16 @@ class Dispatcher:
         return min(live[start:] + live[:start], key=lambda c: c.inflight)
 
     # -- the second line of defence -----------------------------------------------------------
-    def watch(self, ch: NodeChannel, tid: int, done: Once) -> None:
-        """Keep an eye on task ``tid``, out on ``ch``, until ``done`` has run (see ``audit``)."""
+    def send(self, ch: NodeChannel, kind: int, flags: int, body: Any, buffers: Any,
+             done: Callable[[Frame | BaseException], None],
+             on_frame: Callable[[Frame], None] | None = None) -> int:
+        """``ch.submit`` with ``done`` run once at most, and watched until it has (``audit``)."""
+        once = Once(done)
+        tid = ch.submit(kind, flags, body, buffers, once, on_frame)
         with self._watch_lock:
-            if not done.ran:
-                self._watched[done] = (ch, tid)
+            if not once.ran:
+                self._watched[once] = (ch, tid)
+        return tid
 
     def audit(self) -> None:
         """Called every heartbeat: a task that its channel no longer holds, yet whose outcome
@@ -207,9 +212,8 @@ class Dispatcher:
             else:
                 future.set_exception(error)
 
-        once = Once(done)
         try:
-            self.watch(ch, ch.submit(Kind.TASK, flags, body, buffers, once), once)
+            self.send(ch, Kind.TASK, flags, body, buffers, done)
         except NodeLostError as exc:  # lost between the pick and the send
             if finish is not None:
                 finish(False, exc)

@@ -149,12 +149,8 @@ def submit_streaming(dispatch: Any, ch: NodeChannel, pending: Any, out: bool,
             else:
                 future.set_exception(error)
 
-    from .dispatch import Once  # (dispatch imports this module)
-
-    once = Once(done)
     try:
-        tid_box[0] = ch.submit(Kind.TASK, flags, body, buffers, once, on_frame)
-        dispatch.watch(ch, tid_box[0], once)
+        tid_box[0] = dispatch.send(ch, Kind.TASK, flags, body, buffers, done, on_frame)
     except BaseException:
         if feeder is not None:  # never sent: ``done`` will not run, so its feeder stops here
             feeder.stop()

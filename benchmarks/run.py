@@ -46,6 +46,7 @@ import skyward as sky  # noqa: E402
 WORKERS = 2
 BENCHMARKS = ("roundtrip", "map", "array", "cpu", "console")
 SKY, PPE, LOKY, JOBLIB, SERIAL = "skyward", "PPE", "loky", "joblib/loky", "serial"
+MP = "mp.Pool"
 
 sky_noop = sky.function(_work.noop)
 sky_noop1 = sky.function(_work.noop1)
@@ -347,12 +348,16 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
         par = joblib.Parallel(n_jobs=WORKERS, backend="loky", batch_size="auto")
         return par(joblib.delayed(_work.noop1)(i) for i in items)
 
-    status(f"map: pool.map(noop1, range({n:,})), ex.map(..., chunksize=1024), "
-           f"ex.map(range({m:,})) with chunksize=1, joblib Parallel; {reps} interleaved reps")
-    with open_systems(startup, loky=False) as sy:
+    status(f"map: pool.map(noop1, range({n:,})), multiprocessing.Pool.map (its default chunksize), "
+           f"ex.map(..., chunksize=1024), ex.map(range({m:,})) with chunksize=1, joblib Parallel; "
+           f"{reps} interleaved reps")
+    # multiprocessing.Pool first: with the fork start method it forks its workers at once,
+    # before skyward's client threads exist.
+    with multiprocessing.Pool(WORKERS) as mp_pool, open_systems(startup, loky=False) as sy:
         pool, ppe = sy.pool, sy.ppe
         fns: dict[str, Callable[[], Any]] = {
             SKY: lambda: pool.map(sky_noop1, items),
+            MP: lambda: mp_pool.map(_work.noop1, items),
             PPE: lambda: list(ppe.map(_work.noop1, items, chunksize=1024)),
             ppe_1: lambda: list(ppe.map(_work.noop1, small)),
             JOBLIB: run_joblib,
@@ -364,6 +369,8 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
     return [
         row_from_times("map", case, SKY, times[SKY], unit="items/s", amount=n,
                        target=TARGET_MAP_ITEMS_S, note=f"N={n:,}, chunksize auto"),
+        row_from_times("map", case, MP, times[MP], unit="items/s", amount=n,
+                       note=f"N={n:,}, chunksize default ({math.ceil(n / (WORKERS * 4))})"),
         row_from_times("map", case, PPE, times[PPE], unit="items/s", amount=n,
                        note=f"N={n:,}, chunksize=1024"),
         row_from_times("map", case, PPE, times[ppe_1], unit="items/s", amount=m,

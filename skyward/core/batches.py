@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 import math
 import queue
@@ -125,12 +126,11 @@ class Batches:
         channels = members.ready() or members.wait_ready()
         slots = self.worker.slots
         if chunksize is None:
-            # ~16 chunks per slot: small enough that uneven items or nodes even out at the
-            # end, large enough (up to 1024 items) that short calls are not all round trips.
-            chunksize = max(1, min(1024, math.ceil(len(data) / (len(channels) * slots * 16))))
+            chunks = _guided(data, len(channels) * slots)
         elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
             raise ConfigError(f"chunksize={chunksize!r} is not valid: use an int >= 1, or leave it out.")
-        chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]
+        else:
+            chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]
         name = getattr(fn, "__qualname__", "map function")
         window = slots * 2
         batch = self._batch("map", name, len(data))
@@ -230,7 +230,28 @@ class Batches:
             self._settle()
         if first_error is not None:
             raise first_error[1]
-        return [value for chunk in results for value in chunk]  # type: ignore[union-attr]
+        return list(itertools.chain.from_iterable(results))  # type: ignore[arg-type]
+
+
+def _guided(data: list[Any], slots: int) -> list[list[Any]]:
+    """The automatic chunks of ``map``: guided, as OpenMP's schedule of that name. Each chunk
+    takes 1/(GUIDED x slots) of the items still left, down to the tail's size, ~16 chunks per
+    slot of the whole (at most 1024 items, the fixed size used before): a few large chunks
+    first, so that short calls cost few chunks (each one a pickle, a frame, a result and a
+    wake-up on the client), then smaller ones that even out uneven items or nodes at the end.
+    100,000 items on 2 slots: 22 chunks, not 98 (multiprocessing.Pool: 8 of 12,500)."""
+    n = len(data)
+    least = max(1, min(1024, math.ceil(n / (slots * 16))))
+    share = GUIDED * slots
+    chunks, start = [], 0
+    while start < n:
+        size = max(least, (n - start) // share)
+        chunks.append(data[start : start + size])
+        start += size
+    return chunks
+
+
+GUIDED = 3  # see _guided; 2, 3 and 4 measured, 3 was the fastest on 100,000 no-op items
 
 
 def _iterable(items: Any, fn: Callable[..., Any]) -> Iterable[Any]:

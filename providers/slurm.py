@@ -288,6 +288,11 @@ class Slurm(ProviderConfig):
                 "elapsed_seconds": max((u["elapsed_seconds"] for u in used.values()), default=0)}
 
     def _queue(self, description: dict[str, Any]) -> dict[str, q.JobState]:
+        """Each of a described pool's jobs as the controller knows it (``GONE`` once it no longer
+        does, confirmed): raises ProviderError when that cannot be told (squeue failed at each of
+        a few tries, the login node unreachable), which callers read as "unknown", never "ended"."""
+        from skyward.bootstrap.remote import Remote
+
         jobs = tuple(sorted({str(j) for j in description.get("jobs") or {}}
                             | {str(n.get("job")) for n in description.get("nodes", []) if n.get("job")}))
         if not jobs:
@@ -296,24 +301,87 @@ class Slurm(ProviderConfig):
         with _LOOKS_LOCK:
             seen = _LOOKS.get(key)
             if seen is not None and time.monotonic() - seen[0] < _LOOK_FOR:
+                if isinstance(seen[1], BaseException):
+                    raise seen[1]
                 return seen[1]
+        remote: Remote | None = None
+
+        def run(command: str) -> tuple[int, str]:
+            nonlocal remote
+            if remote is None:
+                remote = Remote(self.target(), connect_timeout=5.0, retry_for=5.0,
+                                label=f"login node {self._host[1]}")
+                try:
+                    remote.open()
+                except BaseException:
+                    remote = None
+                    raise
+            try:
+                return remote.run(command, timeout=60, phase="squeue", check=False)
+            except BaseException:
+                remote.close()
+                remote = None
+                raise
+
         try:
-            _, out = self._on_login(f"squeue -h --states=all -j {','.join(jobs)} -o '%i|%T|%r|%N' 2>/dev/null; true",
-                                    phase="squeue", retry_for=5.0, check=False)
-        except Exception as exc:
-            raise ProviderError(f"the login node {self._host[1]} could not be asked about jobs "
-                                f"{', '.join(jobs)}: {exc}") from exc
-        states = q.parse_squeue(out)
+            states: dict[str, q.JobState] | BaseException = _look(run, jobs, patience=_DESCRIBED_PATIENCE,
+                                                                  where=self._host[1])
+        except ProviderError as exc:
+            states = exc
+        finally:
+            if remote is not None:
+                remote.close()
         with _LOOKS_LOCK:
             _LOOKS[key] = (time.monotonic(), states)
+        if isinstance(states, BaseException):
+            raise states
         return states
 
 
 # squeue looks of described pools, reused for a few seconds: `skyward ls` asks alive, nodes_alive
 # and jobs of each Slurm pool, one connection to the login node for the three.
 _LOOK_FOR = 5.0
-_LOOKS: dict[tuple[Any, ...], tuple[float, dict[str, q.JobState]]] = {}
+_LOOKS: dict[tuple[Any, ...], tuple[float, dict[str, q.JobState] | BaseException]] = {}
 _LOOKS_LOCK = threading.Lock()
+# A failed look is tried again after these pauses (seconds), for as long as the caller's patience.
+_BACKOFF = (1.0, 2.0, 4.0, 8.0, 15.0)
+_DESCRIBED_PATIENCE = 8.0  # `skyward ls`/`status` and the registry: then "unknown" (the ttl decides)
+
+
+def _look(run: Any, jobs: Sequence[str], *, patience: float, where: str,
+          sleep: Any = time.sleep) -> dict[str, q.JobState]:
+    """Each of ``jobs`` as the controller knows it: squeue, and for a job an answering squeue
+    does not list, ``scontrol show job`` and sacct (a state such as CANCELLED or TIMEOUT, or
+    ``GONE`` when neither knows it any more). A look that fails (squeue's non-zero status, the
+    login node unreachable) is tried again with backoff for ``patience`` seconds; then this raises
+    ProviderError with squeue's status and words: the jobs' state is unknown, and nothing may be
+    ended on it. ``run(command) -> (status, output)`` runs a command on the login node."""
+    started = time.monotonic()
+    error = ""
+    for attempt in range(len(_BACKOFF) + 1):
+        try:
+            look = q.parse_look(run(q.squeue_command(jobs))[1])
+            if look.error is None:
+                missing = [j for j in jobs if j not in look.states]
+                if not missing:
+                    return look.states
+                confirmed, unknown = q.parse_confirm(run(q.confirm_command(missing))[1], missing)
+                if not unknown:
+                    return {**look.states, **confirmed}
+                error = "; ".join(f"job {j}: {why}" for j, why in unknown.items())
+            else:
+                error = look.error
+        except Exception as exc:
+            error = f"the login node could not be asked ({exc})"
+        pause = _BACKOFF[min(attempt, len(_BACKOFF) - 1)]
+        if attempt >= len(_BACKOFF) or time.monotonic() - started + pause > patience:
+            break
+        log.info("Slurm on %s: looking at jobs %s failed (%s); trying again in %g s", where, ",".join(jobs),
+                 error, pause)
+        sleep(pause)
+    raise ProviderError(
+        f"Slurm on {where} could not say where jobs {', '.join(jobs)} stand ({error}; tried for "
+        f"{time.monotonic() - started:.0f} s): their state is unknown, so nothing was ended on it.")
 
 
 @dataclass
@@ -342,6 +410,7 @@ class SlurmCluster(Cluster):
         self.interface = "eth0"
         self.spill_dir = None
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()  # one (re)connection to the login node at a time
         self._remote: Remote | None = None
         self._closed = False
         self._partition: str | None = None  # chosen from sinfo when the spec asks for GPUs/CPUs/memory
@@ -354,6 +423,10 @@ class SlurmCluster(Cluster):
         self._ended: list[str] = []  # jobs the pool cancelled while it ran on (shrunk, healed): accounted at down
         self._next = 0
         self._unreachable: dict[int, str] = {}
+        # Why the pool ends rather than heals (a job of it cancelled, or past its time limit):
+        # every replacement and every new job is refused with it (issue 45, item 3).
+        self._ended_by: str | None = None
+        self._lost_to: dict[int, q.JobState] = {}  # a replaced node's job as it ended (preempted())
         self.sky = ""  # skyward's folder in the (shared) home
         self.folder = ""  # the pool's folder there: scripts, the nodes' logs and where they listen
         self.login_pool = ""  # the login node's own folder of the pool (its env.sh, while it builds)
@@ -372,16 +445,29 @@ class SlurmCluster(Cluster):
     def _login(self) -> Remote:
         from skyward.bootstrap.remote import Remote
 
-        with self._lock:
-            if self._closed:
-                raise ProviderError(f"pool {self.pool_id} is closed: its Slurm jobs were cancelled")
-            if self._remote is not None:
-                return self._remote
+        with self._connecting:
+            with self._lock:
+                if self._closed:
+                    raise ProviderError(f"pool {self.pool_id} is closed: its Slurm jobs were cancelled")
+                remote = self._remote
+            if remote is not None:
+                if _connected(remote):
+                    return remote
+                # The session dropped (a login node's sshd restarted, a network blip): connect again
+                # within ssh_timeout; the tunnels to the agents are reopened through the new one
+                # (issue 45, item 2: ``replace`` finds the same agents there).
+                log.warning("Slurm pool %s: the connection to %s dropped; connecting again (ssh_timeout=%gs)",
+                            self.pool_id, remote.label, self._ssh_timeout)
+                try:
+                    remote.close()
+                except Exception:
+                    pass
             target = self.provider.target()
             remote = Remote(target, connect_timeout=min(10.0, self._ssh_timeout), retry_for=self._ssh_timeout,
                             label=f"login node {target.host}")
             remote.open()
-            self._remote = remote
+            with self._lock:
+                self._remote = remote
             return remote
 
     def _run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60,
@@ -484,6 +570,9 @@ class SlurmCluster(Cluster):
 
     def _submit(self, count: int) -> list[NodeEndpoint]:
         """One job of ``count`` nodes; back when every node's agent listens."""
+        with self._lock:
+            if self._ended_by is not None:
+                raise ProviderError(self._ended_by)
         self._prepare()
         with self._lock:
             first = self._next
@@ -535,13 +624,30 @@ class SlurmCluster(Cluster):
         phase_t: dict[tuple[int, str], float] = {}
         ready: dict[int, dict[str, Any]] = {}
         files = " ".join(str(i) for i in indices)
-        look = (f"cd {shlex.quote(self.folder)} || exit 3; squeue -h --states=all -j {job} -o '%i|%T|%r|%N' "
-                f"2>/dev/null; for i in {files}; do echo \"@@@log $i\"; cat node-$i.log 2>/dev/null; "
+        look = (f"cd {shlex.quote(self.folder)} || exit 3; {q.squeue_command([job])}; "
+                f"for i in {files}; do echo \"@@@log $i\"; cat node-$i.log 2>/dev/null; "
                 f"echo \"@@@hello $i $(cat node-$i.json 2>/dev/null)\"; done")
+        failed = 0  # looks in a row at which squeue gave no answer
+        state: q.JobState | None = None
         while True:
             _, out = self._run(look, check=False, phase="squeue")
-            state, logs, hellos = _parse_look(out, job)
+            seen_now, logs, hellos = _parse_look(out, job)
             now = time.monotonic()
+            if seen_now.error is not None:
+                # No answer is no news: the job is where it was (issue 45, item 1); look again, slower.
+                failed += 1
+                if failed in (1, 5) or failed % 20 == 0:
+                    log.warning("Slurm job %s: squeue failed (%s); looking again", job, seen_now.error)
+            else:
+                failed = 0
+                state = seen_now.states.get(job)
+                if state is None:  # an answer without the job: the controller's own record says how it ended
+                    try:
+                        state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job],
+                                      patience=self._ssh_timeout, where=self._login().label)[job]
+                    except ProviderError as exc:  # unknown still: look again
+                        seen_now = q.Look({}, str(exc))
+                        failed += 1
             if state is not None and (state.state, state.reason) != last:
                 last = (state.state, state.reason)
                 ev.bus.emit(ev.JobQueued(pool=self.pool_id, job=job, state=state.state, reason=state.reason,
@@ -559,10 +665,10 @@ class SlurmCluster(Cluster):
                     ready[i] = hello
             if len(ready) == len(indices):
                 break
-            if state is None or state.ended:
+            if state is not None and state.ended and seen_now.error is None:
                 raise self._job_ended(job, state, logs)
-            never = q.never_reason(state.reason) if state.state == "PENDING" else None
-            if never is not None:
+            never = q.never_reason(state.reason) if state is not None and state.state == "PENDING" else None
+            if never is not None and state is not None:
                 raise ProviderError(
                     f"Slurm job {job} can never start as asked: it is PENDING with reason {state.reason} "
                     f"({never}); it was cancelled. This cluster can never run it as asked: change "
@@ -572,7 +678,9 @@ class SlurmCluster(Cluster):
             if started is None and now - submitted > self.provider.pending_timeout:
                 raise ProviderError(
                     f"Slurm job {job} waited {self.provider.pending_timeout:g} s in the queue "
-                    f"(pending_timeout) and is still PENDING, reason {state.reason}; it was cancelled. "
+                    f"(pending_timeout) and is still "
+                    f"{f'PENDING, reason {state.reason}' if state is not None else 'not known to have started'}"
+                    f"{f' (squeue fails: {seen_now.error})' if seen_now.error else ''}; it was cancelled. "
                     f"`squeue -j {job}` on the login node said why; raise sky.Slurm(pending_timeout=...), ask "
                     f"for fewer nodes or another partition, or try when the cluster is quieter."
                 )
@@ -581,7 +689,7 @@ class SlurmCluster(Cluster):
                 raise ProviderError(
                     f"Slurm job {job} runs, but node(s) {missing} did not start their agent within "
                     f"bootstrap_timeout={self._bootstrap_timeout:g} s; their logs are {self.folder}/node-N.log.")
-            time.sleep(_POLL)
+            time.sleep(min(_POLL * 2 ** failed, 10.0))
         return [self._endpoint(i, job, ready[i]) for i in indices]
 
     def _on_node_line(self, node: int, line: str, started: dict[tuple[int, str], float]) -> None:
@@ -651,6 +759,104 @@ class SlurmCluster(Cluster):
                f" It wrote no output at {self.folder}/job-{job}.out: do the compute nodes share the home "
                f"directory with the login node? sky.Slurm needs that, as Slurm sites have it.")
         )
+
+    # -- a lost node: healed, or the end of the pool ----------------------------------------------
+    def replace(self, lost: NodeEndpoint) -> NodeEndpoint:
+        """A one-node job in place of a lost node, once its job's end says it may be replaced
+        (``_why_lost``): never in place of a job the user or the site ended."""
+        state = self._why_lost(lost.index)
+        if state is not None and state.state.split()[0] == "RUNNING":
+            again = self._same_agent(lost.index)
+            if again is not None:
+                return again
+        return super().replace(lost)
+
+    def _same_agent(self, index: int) -> NodeEndpoint | None:
+        """Node ``index``'s agent, when it still listens (its job runs and the pool lost it with the
+        connection to the login node, not with the node): the same agent under a new index, reached
+        through the login node's connection as it is now (issue 45, item 2); it kept its lease.
+        None when the login node cannot open a stream to it (the agent is gone)."""
+        with self._lock:
+            old = self._nodes.get(index)
+        if old is None or not old.port or not old.address:
+            return None
+        try:
+            probe = self._login().tunnel(old.port, host=old.address)
+        except Exception as exc:
+            log.info("Slurm pool %s: node %d's agent at %s:%d does not answer (%s): a new node takes its place",
+                     self.pool_id, index, old.address, old.port, exc)
+            return None
+        probe.close()
+        with self._lock:
+            new = self._next
+            self._next += 1
+            node = _Node(new, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address,
+                         port=old.port, agent_pid=old.agent_pid, facts=old.facts)
+            self._nodes[new] = node
+            self._nodes.pop(index, None)
+            info = self._jobs.get(old.job)
+            if info is not None:
+                info["nodes"] = [new if i == index else i for i in info["nodes"]]
+        node.endpoint = NodeEndpoint(index=new, private_ip=node.address, public_ip=None, hostname=node.hostname,
+                                     connect=functools.partial(_tunnel, self, node.address, node.port))
+        log.warning("Slurm pool %s: node %d's agent still runs in job %s: reconnected to it as node %d",
+                    self.pool_id, index, old.job, new)
+        return node.endpoint
+
+    def _why_lost(self, index: int) -> q.JobState | None:
+        """How node ``index``'s job stands now. A node lost from a running job (its agent died), or
+        whose job ended by NODE_FAIL, BOOT_FAIL, PREEMPTED, a requeue or a failure, may be
+        replaced; one whose job was cancelled (scancel, by the user or an admin) or reached its
+        time limit may not: that ends the pool (its other jobs are cancelled, so that every node
+        goes) and this raises ProviderError naming the job and why, as every later replacement
+        does. Raises ProviderError too while the job's state cannot be told (squeue failing):
+        the pool tries again (Options.max_provision_attempts)."""
+        with self._lock:
+            if self._ended_by is not None:
+                raise ProviderError(self._ended_by)
+            node = self._nodes.get(index)
+            job = node.job if node is not None else ""
+            ours = bool(job) and job in self._jobs
+        if not ours:
+            return None  # a node of a job the pool ended itself (shrunk, healed), or none yet
+        deadline = time.monotonic() + max(30.0, self._ssh_timeout)
+        while True:
+            state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job],
+                          patience=self._ssh_timeout, where=self._login().label)[job]
+            base = state.state.split()[0]
+            if base not in q.PASSING or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)  # on its way out (COMPLETING): its end decides
+        why = q.stops_the_pool(state)
+        if why is None:
+            with self._lock:
+                self._lost_to[index] = state
+            log.info("Slurm pool %s: node %d's job %s is %s (reason %s): replacing it", self.pool_id, index, job,
+                     state.state, state.reason or "-")
+            return state
+        limit = f" (time={self.provider.time if self.provider.time is not None else self.provider.max_duration})" \
+            if base in ("TIMEOUT", "DEADLINE") else ""
+        message = (f"Slurm job {job} {why}{limit}: the pool ends with it rather than resubmit what its "
+                   f"user or the site ended; its nodes are not replaced. Open a new pool to go on"
+                   + (", with a longer time=" if limit else "") + ".")
+        with self._lock:
+            first = self._ended_by is None
+            if first:
+                self._ended_by = message
+            message = self._ended_by or message
+            others = [j for j in self._jobs if j != job]
+        if first:
+            log.error("Slurm pool %s: %s", self.pool_id, message)
+            ev.bus.emit(ev.Error(pool=self.pool_id, message=message, node=index))
+            self._cancel(others, forget=False)
+        raise ProviderError(message)
+
+    def preempted(self, index: int) -> str | None:
+        with self._lock:
+            state = self._lost_to.get(index)
+        if state is not None and state.state.split()[0] == "PREEMPTED":
+            return f"Slurm preempted its job {state.job}" + (f" ({state.reason})" if state.reason else "")
+        return None
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
         """These nodes' agents were told to stop; a job none of whose nodes is wanted is cancelled
@@ -802,15 +1008,20 @@ class SlurmCluster(Cluster):
     def _reconnect(self, nodes: list[_Node]) -> list[NodeEndpoint]:
         """Hand out described nodes: their job must still run; one tunnel each through the login node."""
         jobs = sorted({n.job for n in nodes})
-        _, out = self._run(f"squeue -h --states=all -j {','.join(jobs)} -o '%i|%T|%r|%N' 2>/dev/null; true",
-                           check=False, phase="squeue")
-        states = q.parse_squeue(out)
+        try:
+            states: dict[str, q.JobState] | None = _look(
+                lambda c: self._run(c, check=False, phase="squeue"), jobs, patience=_DESCRIBED_PATIENCE,
+                where=self._login().label)
+        except ProviderError as exc:
+            # Unknown is not ended (issue 45, item 1): try each node's agent; the tunnel tells.
+            log.warning("%s; reaching the pool's nodes without it", exc)
+            states = None
         reached = []
         for n in nodes:
-            state = states.get(n.job)
+            state = states.get(n.job) if states is not None else None
             with self._lock:
                 self._nodes[n.index] = n
-            if state is None or state.ended or state.state != "RUNNING":
+            if states is not None and (state is None or state.ended or state.state != "RUNNING"):
                 what = f"{state.state}, reason {state.reason}" if state else "gone from the queue"
                 self._unreachable[n.index] = f"its Slurm job {n.job} is {what}"
                 continue
@@ -857,18 +1068,26 @@ class SlurmCluster(Cluster):
         return self._login(), wrap
 
 
+def _connected(remote: Remote) -> bool:
+    """Whether the SSH session to the login node still stands."""
+    conn = remote.conn
+    transport = getattr(conn, "transport", None) if conn is not None else None
+    return transport is not None and bool(transport.is_active())
+
+
 def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
     """A stream to a node's agent: a direct-tcpip channel from the login node to its private address."""
     return cluster._login().tunnel(port, host=address)
 
 
-def _parse_look(out: str, job: str) -> tuple[q.JobState | None, dict[int, list[str]], dict[int, dict[str, Any]]]:
-    """One look's output: the job's squeue line, each node's log lines, each node's hello (or {})."""
-    state = None
+def _parse_look(out: str, job: str) -> tuple[q.Look, dict[int, list[str]], dict[int, dict[str, Any]]]:
+    """One look's output: what squeue said of the job, each node's log lines, each node's hello (or {})."""
+    queue, sep, tail = out.partition("@@@log ")
+    look = q.parse_look(queue)
     logs: dict[int, list[str]] = {}
     hellos: dict[int, dict[str, Any]] = {}
     current: int | None = None
-    for line in out.splitlines():
+    for line in (sep + tail).splitlines():
         if line.startswith("@@@log "):
             current = int(line.split()[1])
             logs[current] = []
@@ -881,9 +1100,7 @@ def _parse_look(out: str, job: str) -> tuple[q.JobState | None, dict[int, list[s
                 hellos[int(index)] = {}
         elif current is not None:
             logs[current].append(line)
-        elif state is None:
-            state = q.parse_squeue(line).get(job)
-    return state, logs, hellos
+    return look, logs, hellos
 
 
 def _shared_phases(text: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 # States of a job that will not run (again): its nodes are gone (squeue's long names).
 ENDED = frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT",
+    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT", "GONE",
 })
 # Flags skyward sets itself on a pool's job: given again in options= they would fight its own.
 OWN_FLAGS = frozenset({
@@ -145,9 +146,10 @@ class JobState:
     """One line of squeue about a job."""
 
     job: str
-    state: str  # PENDING, RUNNING, COMPLETING, CANCELLED, ...
+    state: str  # PENDING, RUNNING, COMPLETING, CANCELLED, ...; GONE: no longer known to the controller
     reason: str  # Priority, Resources, None, ...
     nodelist: str
+    restarts: int = 0  # times Slurm requeued it (scontrol's Restarts=)
 
     @property
     def ended(self) -> bool:
@@ -162,6 +164,117 @@ def parse_squeue(text: str) -> dict[str, JobState]:
         if len(parts) == 4 and parts[0]:
             jobs[parts[0]] = JobState(parts[0], parts[1], parts[2], parts[3])
     return jobs
+
+
+# -- looking at the queue: a failed look is no answer, never "the job left" (issue 45, item 1) -------
+# squeue exits 1 both when the controller cannot be reached (a restart, a timeout: "Socket timed
+# out on send/recv operation", "Unable to contact slurm controller") and when it no longer knows
+# any of the jobs asked about ("Invalid job id specified": they ended more than MinJobAge ago).
+# Only the second is an answer; and a job missing from an answer is confirmed with the
+# controller's own memory (scontrol show job) and sacct's record before anything ends.
+SQUEUE_FORMAT = "%i|%T|%r|%N"
+_UNKNOWN_JOB = "Invalid job id specified"
+
+
+def squeue_command(jobs: Sequence[str]) -> str:
+    """squeue about ``jobs`` (stdout and stderr), then its exit status on a line of its own."""
+    return f"squeue -h --states=all -j {','.join(jobs)} -o '{SQUEUE_FORMAT}' 2>&1; echo \"@@squeue $?\""
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one squeue said: the jobs it listed, or why it said nothing (``error``: its exit
+    status and its words; None when the controller answered)."""
+
+    states: dict[str, JobState]
+    error: str | None = None
+
+
+def parse_look(text: str) -> Look:
+    """``squeue_command``'s output -> the jobs listed, or the failure."""
+    body, marker, rest = text.rpartition("@@squeue ")
+    if not marker:
+        said = " ".join(text.split())[-300:]
+        return Look({}, f"squeue gave no exit status (the command was cut short){': ' + said if said else ''}")
+    code = (rest.split() or ["?"])[0]
+    if code == "0":
+        return Look(parse_squeue(body))
+    if _UNKNOWN_JOB in body:  # the controller answered: it knows none of these jobs any more
+        return Look({})
+    said = " ".join(line.strip() for line in body.splitlines() if line.strip())[-300:]
+    return Look({}, f"squeue exited {code}: {said or 'no message'}")
+
+
+def confirm_command(jobs: Sequence[str]) -> str:
+    """For jobs an answering squeue did not list: the controller's own record of each (``scontrol
+    show job``, kept MinJobAge after a job ends) and sacct's (where the site keeps accounting; it
+    says who cancelled a job)."""
+    ids = " ".join(jobs)
+    return (f"for j in {ids}; do echo \"@@job $j\"; scontrol show job -o \"$j\" 2>&1; echo \"@@rc $?\"; done; "
+            f"echo \"@@sacct\"; sacct -X -n -P -j {','.join(jobs)} -o JobID,State 2>/dev/null; true")
+
+
+def parse_confirm(text: str, jobs: Sequence[str]) -> tuple[dict[str, JobState], dict[str, str]]:
+    """``confirm_command``'s output -> (each job's state, from the controller or sacct; ``GONE``
+    when neither knows it), {job: why it could not be told}."""
+    head, _, sacct = text.partition("@@sacct")
+    recorded: dict[str, tuple[str, str]] = {}
+    for line in sacct.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 2 and parts[0].isdigit():
+            state, _, by = parts[1].partition(" ")
+            recorded[parts[0]] = (state, by.strip())
+    states: dict[str, JobState] = {}
+    unknown: dict[str, str] = {}
+    blocks = {b.partition("\n")[0].strip(): b.partition("\n")[2] for b in head.split("@@job ")[1:]}
+    for job in jobs:
+        block = blocks.get(job)
+        if block is None:
+            unknown[job] = "scontrol show job gave no answer"
+            continue
+        body, _, code = block.rpartition("@@rc ")
+        found = next((ln for ln in body.splitlines() if ln.startswith("JobId=")), None)
+        if code.strip().startswith("0") and found is not None:
+            fields = dict(word.split("=", 1) for word in found.split() if "=" in word)
+            reason = fields.get("Reason", "")
+            if job in recorded and recorded[job][1]:
+                reason = f"{reason} ({recorded[job][1]})" if reason and reason != "None" else recorded[job][1]
+            states[job] = JobState(job, fields.get("JobState", "?"), reason, fields.get("NodeList", ""),
+                                   restarts=_int(fields.get("Restarts", "0")))
+        elif _UNKNOWN_JOB in body:
+            state, by = recorded.get(job, ("GONE", ""))
+            states[job] = JobState(job, state, by, "")
+        else:
+            said = " ".join(ln.strip() for ln in body.splitlines() if ln.strip())[-300:]
+            unknown[job] = f"scontrol show job exited {code.strip() or '?'}: {said or 'no message'}"
+    return states, unknown
+
+
+# Why a job of a pool ended decides whether its lost nodes are replaced (issue 45, item 3): the
+# site's or the user's decision to end it stands; a failure of the machinery is healed.
+_STOPS = {
+    "CANCELLED": "was cancelled",
+    "TIMEOUT": "reached its time limit",
+    "DEADLINE": "passed its deadline",
+}
+# States a job passes through on its way out (the kill of its processes, a resize): the next
+# look tells how it ended.
+PASSING = frozenset({"COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESIZING"})
+
+
+def stops_the_pool(state: JobState) -> str | None:
+    """Why the pool must end with this job rather than replace its nodes (scancel, the time
+    limit), in words for the error: "was cancelled by uid 1000"; None when its lost nodes are to
+    be replaced (NODE_FAIL, BOOT_FAIL, PREEMPTED, a requeue, an agent that died in a running
+    job, a job that failed with it)."""
+    base = state.state.split()[0]
+    what = _STOPS.get(base)
+    if what is None:
+        return None
+    by = re.search(r"by (\d+)", state.reason)
+    if base == "CANCELLED":
+        return f"{what} by uid {by.group(1)}" if by else f"{what} (scancel, by its user or an admin)"
+    return what
 
 
 def never_runs(output: str) -> str | None:

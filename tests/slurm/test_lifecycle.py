@@ -1,6 +1,7 @@
 """Nothing outlives a Slurm pool, and a lost node comes back (issue 35, item 3): a node whose
-agent dies, or whose one-node job is scancel'ed, is replaced by a new one-node job keeping its
-rank; a client killed outright leaves a job that ends by itself within the agents' lease."""
+agent dies, or whose one-node job's host goes DOWN, is replaced by a new one-node job keeping its
+rank (a job scancel'ed is not: issue 45, tests/slurm/test_citizen.py); a client killed outright
+leaves a job that ends by itself within the agents' lease."""
 
 from __future__ import annotations
 
@@ -66,7 +67,9 @@ def agent_pid() -> int:
 
 def test_a_lost_node_and_a_cancelled_node_job_are_replaced_by_one_node_jobs_keeping_the_rank(site: Site) -> None:
     rec = Recorder()
-    with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+    # Whole nodes per job (--exclusive): a one-node job of 1 CPU could share a host with node 0's
+    # job, and the host set DOWN below would take both.
+    with sky.Compute(provider=site.provider(options=["--exclusive"]), nodes=2, options=QUIET) as pool:
         unsubscribe = pool.subscribe(rec)
         try:
             (first_job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
@@ -86,14 +89,20 @@ def test_a_lost_node_and_a_cancelled_node_job_are_replaced_by_one_node_jobs_keep
             after = where() @ pool
             assert [r[0] for r in after] == [0, 1]
             assert after[0][2] == first_job and after[1][2] == second_job
-            # The site cancels that one-node job (scancel, preemption): replaced again.
-            site.cluster.run(["scancel", second_job])
-            wait_for(lambda: len(rec.of(sky.InstanceReplaced)) == 2 and pool.current_nodes() == 2, 120,
-                     "for the second replacement")
-            last = where() @ pool
-            assert [r[0] for r in last] == [0, 1]
-            assert last[1][2] not in (first_job, second_job)
-            assert rec.of(sky.InstanceLost)
+            # That one-node job's node fails (set DOWN: its agent goes with it; a job without
+            # --no-kill would end NODE_FAIL): replaced again. A job the user or an admin
+            # scancel'ed is not (tests/slurm/test_citizen.py).
+            failed = after[1][1]
+            site.cluster.run(["scontrol", "update", f"nodename={failed}", "state=down", "reason=skyward-test"])
+            try:
+                wait_for(lambda: len(rec.of(sky.InstanceReplaced)) == 2 and pool.current_nodes() == 2, 120,
+                         "for the second replacement")
+                last = where() @ pool
+                assert [r[0] for r in last] == [0, 1]
+                assert last[1][2] not in (first_job, second_job)  # (the host may be back: ReturnToService=2)
+                assert rec.of(sky.InstanceLost)
+            finally:
+                site.cluster.run(["scontrol", "update", f"nodename={failed}", "state=resume"], check=False)
         finally:
             unsubscribe()
     wait_for(lambda: not [j for j in site.cluster.jobs() if j["state"] in ("RUNNING", "PENDING")], 30,

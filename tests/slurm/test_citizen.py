@@ -1,0 +1,222 @@
+"""sky.Slurm as a citizen of a shared cluster (issue 45): what a real site does every day must not
+destroy or resurrect a pool against its user's or the site's will.
+
+* item 1: a failed ``squeue`` (the controller restarting, a timeout) is no answer, never "the job
+  left the queue": `skyward ls` keeps a named pool whose squeue fails, and a pool whose job waits
+  while squeue fails starts once it answers again;
+* item 2: a dropped SSH session to the login node is connected again, and the pool's nodes are
+  the same agents in the same job (nothing resubmitted);
+* item 3: a job ended by ``scancel`` (the user or an admin) or by its time limit ends the pool with
+  an error that says so, and nothing is resubmitted; a node lost by NODE_FAIL is replaced
+  (tests/slurm/test_lifecycle.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli.conftest import CLI
+
+import skyward as sky
+from skyward.providers import slurm_queue as q
+
+from .conftest import Site
+
+pytestmark = pytest.mark.timeout(300)
+QUIET = sky.Options(console=False)
+
+
+def wait_for(predicate: Any, timeout: float, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting {what}"
+        time.sleep(0.2)
+
+
+def live(site: Site) -> list[dict[str, str]]:
+    return [j for j in site.cluster.jobs() if j["state"] in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")]
+
+
+class BrokenSqueue:
+    """``squeue`` on the login node fails as it does while the controller restarts (its words, exit
+    1): a script bound over it inside the login host's own mount namespace (nothing else sees it)
+    fails while a flag file exists, and runs a copy of the real one otherwise (that namespace has
+    no /proc, so the bind stays for the module's cluster)."""
+
+    def __init__(self, site: Site) -> None:
+        d = site.cluster.dir
+        self.flag = d / "squeue-broken"
+        fake, real = d / "squeue-fake", d / "squeue-real"
+        if not fake.exists():
+            shutil.copy2("/usr/bin/squeue", real)
+            fake.write_text(f"#!/bin/sh\nif [ -e {self.flag} ]; then echo 'slurm_load_jobs error: Unable to contact "
+                            f"slurm controller (connect failure)' >&2; exit 1; fi\nexec {real} \"$@\"\n")
+            fake.chmod(0o755)
+            subprocess.run(["nsenter", "-t", str(site.login.pid), "-m", "--", "mount", "--bind", str(fake),
+                            "/usr/bin/squeue"], check=True, capture_output=True, timeout=30)
+
+    def __enter__(self) -> BrokenSqueue:
+        self.flag.touch()
+        return self
+
+    def restore(self) -> None:
+        self.flag.unlink(missing_ok=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[CLI]:
+    helper = CLI(tmp_path)
+    yield helper
+    helper("down", "--all", "--force")
+
+
+# -- the words, alone ---------------------------------------------------------------------------------
+def test_a_failed_squeue_is_no_answer_and_an_unknown_job_is_confirmed_before_it_is_gone() -> None:
+    broken = q.parse_look("slurm_load_jobs error: Socket timed out on send/recv operation\n@@squeue 1\n")
+    assert broken.states == {} and broken.error is not None and "Socket timed out" in broken.error
+    assert q.parse_look("12|RUNNING|None|n1\n").error is not None  # no exit status: cut short
+    assert q.parse_look("12|RUNNING|None|n1\n@@squeue 0\n").states["12"].state == "RUNNING"
+    purged = q.parse_look("slurm_load_jobs error: Invalid job id specified\n@@squeue 1\n")
+    assert purged.states == {} and purged.error is None  # the controller answered: it knows none
+    out = ("@@job 12\nJobId=12 JobName=x JobState=CANCELLED Reason=None Restarts=0 NodeList=n1\n@@rc 0\n"
+           "@@job 13\nslurm_load_jobs error: Invalid job id specified\n@@rc 1\n"
+           "@@job 14\nslurm_load_jobs error: Unable to contact slurm controller (connect failure)\n@@rc 1\n"
+           "@@sacct\n12|CANCELLED by 1000\n")
+    states, unknown = q.parse_confirm(out, ["12", "13", "14"])
+    assert states["12"].state == "CANCELLED" and "by 1000" in states["12"].reason
+    assert states["13"].state == "GONE" and states["13"].ended
+    assert list(unknown) == ["14"] and "Unable to contact" in unknown["14"]
+    assert q.stops_the_pool(states["12"]) == "was cancelled by uid 1000"
+    assert q.stops_the_pool(q.JobState("9", "TIMEOUT", "TimeLimit", "")) == "reached its time limit"
+    for replaced in ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "RUNNING", "PENDING", "FAILED", "GONE"):
+        assert q.stops_the_pool(q.JobState("9", replaced, "", "")) is None, replaced
+
+
+# -- item 1: a failed squeue ------------------------------------------------------------------------
+def test_ls_while_squeue_fails_keeps_a_named_pool_and_its_job(site: Site, cli: CLI) -> None:
+    login = f"{site.login.user}@{site.login.address}"
+    cli.toml(f'[pools.flaky]\nprovider = "slurm"\nnodes = 1\nttl = 600\n\n'
+             f'[pools.flaky.slurm]\nlogin = "{login}"\nkey = "{site.hosts.client_key}"\n'
+             f'known_hosts = "{site.known_hosts}"\n')
+    assert cli("up", "flaky", timeout=180).code == 0
+    (job,) = cli.record("flaky")["cluster"]["jobs"]
+    with BrokenSqueue(site):
+        ls = cli("ls", "--json", timeout=120)
+        assert ls.code == 0, ls
+        (row,) = ls.json()
+        assert not row.get("removed") and row["state"] != "expired", row
+        assert {j["id"]: j["state"] for j in site.cluster.jobs()}.get(job) == "RUNNING"
+        status = cli("status", "flaky", timeout=120)
+        assert {j["id"]: j["state"] for j in site.cluster.jobs()}.get(job) == "RUNNING", status
+    (row,) = cli("ls", "--json").json()  # squeue answers again: the pool is as it was
+    assert row["state"] == "running" and row["nodes_down"] == [], row
+    assert cli("down", "flaky", timeout=120).code == 0
+    wait_for(lambda: not [j for j in live(site) if j["id"] == job], 30, "for the job to end")
+    site.cluster.wait_idle()
+
+
+@sky.function
+def job_id() -> str:
+    import os
+
+    return os.environ.get("SLURM_JOB_ID", "")
+
+
+def test_a_pool_whose_squeue_fails_while_its_job_starts_waits_for_an_answer(site: Site) -> None:
+    with BrokenSqueue(site) as broken:
+        threading.Timer(4.0, broken.restore).start()
+        with sky.Compute(provider=site.provider(), nodes=1, options=QUIET) as pool:
+            (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
+            assert (job_id() >> pool) == job
+    wait_for(lambda: not live(site), 30, "for the pool's job to end")
+    site.cluster.wait_idle()
+
+
+# -- item 3: scancel and the time limit are not undone -------------------------------------------------
+def test_a_scancelled_job_ends_the_pool_with_its_reason_and_is_not_resubmitted(site: Site) -> None:
+    with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+        (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
+        assert (job_id() >> pool) == job
+        site.cluster.run(["scancel", job])  # an admin (or the user, from another shell)
+        started = time.monotonic()
+        with pytest.raises(Exception, match=f"Slurm job {job} was cancelled"):
+            while time.monotonic() - started < 60:
+                job_id() >> pool
+                time.sleep(0.5)
+        time.sleep(3)  # nothing came back meanwhile, nor after
+        assert not live(site), site.cluster.jobs()
+    site.cluster.wait_idle()
+
+
+def test_a_job_past_its_time_limit_ends_the_pool_and_is_not_resubmitted(site: Site) -> None:
+    with sky.Compute(provider=site.provider(time=60), nodes=1, options=QUIET) as pool:
+        (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
+        assert (job_id() >> pool) == job
+        with pytest.raises(Exception, match=f"Slurm job {job} reached its time limit"):
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                job_id() >> pool
+                time.sleep(1.0)
+        time.sleep(3)
+        assert not live(site), site.cluster.jobs()
+    site.cluster.wait_idle()
+
+
+# -- item 2: a dropped SSH session to the login node --------------------------------------------------
+@sky.function
+def agent_of() -> tuple[str, str, int]:
+    import os
+    import socket
+
+    return os.environ.get("SLURM_JOB_ID", ""), socket.gethostname(), os.getppid()
+
+
+def drop_login_sessions(site: Site) -> int:
+    """Kill every SSH session the login node's sshd serves now (every process under its listener,
+    found before any is killed: a session's privilege-separated child holds the socket too, and
+    would be reparented to the listener mid-walk): the pool's connection drops as on an sshd
+    restart or a network blip; the listener stays."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    under: set[int] = set()
+    grew = True
+    while grew:
+        found = {pid for pid, ppid in parents.items() if (ppid == site.login.pid or ppid in under)}
+        grew = bool(found - under)
+        under |= found
+    for pid in under:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(under)
+
+
+def test_a_dropped_login_session_reconnects_to_the_same_agents(site: Site) -> None:
+    replaced: list[sky.Event] = []
+    with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+        pool.subscribe(lambda e: replaced.append(e) if isinstance(e, sky.InstanceReplaced) else None)
+        (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
+        before = agent_of() @ pool
+        assert {b[0] for b in before} == {job}
+        assert drop_login_sessions(site) >= 1
+        wait_for(lambda: len(replaced) >= 2 and pool.current_nodes() == 2, 120, "for the pool to reconnect")
+        after = agent_of() @ pool
+        assert sorted(after) == sorted(before)  # the same job, hosts and agents: nothing resubmitted
+        assert [j["id"] for j in live(site)] == [job]
+    wait_for(lambda: not live(site), 30, "for the pool's job to end")
+    site.cluster.wait_idle()

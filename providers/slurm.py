@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyward.slurm")
 Install = Literal["wheelhouse", "index"]
 _POLL = 0.25  # seconds between looks at the queue and the nodes' files while a job starts
+# While a job waits in the queue: (until it has waited this long, look every this many seconds);
+# capped by sky.Slurm(max_poll_interval=). A job that starts at once is seen within 0.25 s.
+_PENDING_POLL = ((2.0, _POLL), (5.0, 1.0), (15.0, 2.0), (40.0, 5.0), (120.0, 10.0), (float("inf"), 30.0))
 _AGENT_START_TIMEOUT = 30
 _IO_LINGER = 0.3  # seconds a `skyward ssh`/`cp` step outlives its command (see SlurmCluster.node_shell)
 
@@ -66,6 +69,8 @@ class Slurm(ProviderConfig):
     ``gres``: the site's GRES type for the pool's accelerator (default: its name lowercased,
     ``A100`` -> ``--gpus-per-node=a100:N``; "" for untyped ``--gpus-per-node=N``).
     ``pending_timeout``: seconds a job may wait in the queue before the pool gives up and cancels it.
+    ``max_poll_interval``: the most seconds between two looks (``squeue``) at a job waiting in the
+    queue: looks start 0.25 s apart and slow down (1, 2, 5, 10, 30 s) while it waits.
     ``install``, ``known_hosts``: as in sky.SSH.
     """
 
@@ -81,6 +86,7 @@ class Slurm(ProviderConfig):
     constraint: str | None = None
     options: Sequence[str] = ()
     pending_timeout: float = 600
+    max_poll_interval: float = 30.0
     gres: str | None = None
     max_duration: float | None = None
     install: Install = "wheelhouse"
@@ -114,6 +120,10 @@ class Slurm(ProviderConfig):
                 or self.pending_timeout <= 0:
             raise ConfigError(f"sky.Slurm(pending_timeout={self.pending_timeout!r}) is not valid: seconds > 0 "
                               f"that a job may wait in the queue.")
+        if isinstance(self.max_poll_interval, bool) or not isinstance(self.max_poll_interval, int | float) \
+                or self.max_poll_interval <= 0:
+            raise ConfigError(f"sky.Slurm(max_poll_interval={self.max_poll_interval!r}) is not valid: seconds > 0 "
+                              f"between looks at a job waiting in the queue.")
         if self.install not in ("wheelhouse", "index"):
             raise ConfigError(f"sky.Slurm(install={self.install!r}) is not valid: use 'wheelhouse' or 'index'.")
         if self.jump is not None and (not isinstance(self.jump, str) or not self.jump.strip()):
@@ -689,7 +699,15 @@ class SlurmCluster(Cluster):
                 raise ProviderError(
                     f"Slurm job {job} runs, but node(s) {missing} did not start their agent within "
                     f"bootstrap_timeout={self._bootstrap_timeout:g} s; their logs are {self.folder}/node-N.log.")
-            time.sleep(min(_POLL * 2 ** failed, 10.0))
+            # Fast while the job starts (its nodes' bootstrap, line by line); while it waits in the
+            # queue, slower and slower (issue 45, item 5: each look is an RPC to slurmctld).
+            pause = min(_POLL * 2 ** failed, 10.0)
+            if started is None:
+                waited = now - submitted
+                step = next((p for after, p in _PENDING_POLL if waited < after), _PENDING_POLL[-1][1])
+                pause = max(pause, min(step, self.provider.max_poll_interval))
+                pause = min(pause, max(_POLL, self.provider.pending_timeout - waited + _POLL))
+            time.sleep(pause)
         return [self._endpoint(i, job, ready[i]) for i in indices]
 
     def _on_node_line(self, node: int, line: str, started: dict[tuple[int, str], float]) -> None:
@@ -948,6 +966,7 @@ class SlurmCluster(Cluster):
                       "known_hosts": p.known_hosts},
             "slurm": {"partition": p.partition, "account": p.account, "qos": p.qos, "time": p.time,
                       "constraint": p.constraint, "options": list(p.options), "pending_timeout": p.pending_timeout,
+                      "max_poll_interval": p.max_poll_interval,
                       "gres": p.gres, "max_duration": p.max_duration, "install": p.install},
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
             "sky": self.sky,

@@ -131,11 +131,15 @@ class JobRequest:
     def script(self, node_script: str) -> str:
         """The batch script: every flag as an #SBATCH line (the record keeps it as it ran), then
         one srun task per node. A node that dies does not take the others with it (--no-kill,
-        --kill-on-bad-exit=0): the pool heals it with a job of its own."""
+        --kill-on-bad-exit=0): the pool heals it with a job of its own. Never requeued
+        (--no-requeue, whatever the site's JobRequeue): a requeued job would start agents the pool
+        does not know, on other ports, under a named pool's description (issue 45, item 4); a
+        failed node is replaced by the pool instead."""
         lines = ["#!/bin/bash", f"# skyward: nodes {self.first}..{self.first + self.nodes - 1} of a pool"]
         lines += [f"#SBATCH {f}" for f in (
             f"--job-name={self.name}", f"--nodes={self.nodes}", "--ntasks-per-node=1",
-            f"--chdir={self.folder}", f"--output={self.folder}/job-%j.out", "--no-kill", *self.flags)]
+            f"--chdir={self.folder}", f"--output={self.folder}/job-%j.out", "--no-kill", "--no-requeue",
+            *self.flags)]
         lines.append(f"srun --nodes={self.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill "
                      f"bash {shlex.quote(node_script)} {self.first}")
         return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@ destroy or resurrect a pool against its user's or the site's will.
   the same agents in the same job (nothing resubmitted);
 * item 3: a job ended by ``scancel`` (the user or an admin) or by its time limit ends the pool with
   an error that says so, and nothing is resubmitted; a node lost by NODE_FAIL is replaced
-  (tests/slurm/test_lifecycle.py).
+  (tests/slurm/test_lifecycle.py);
+* item 4: a pool's job is submitted --no-requeue: an admin's ``scontrol requeue`` is refused;
+* item 5: a job waiting in the queue is looked at less and less often (squeue calls counted).
 """
 
 from __future__ import annotations
@@ -56,14 +58,21 @@ class BrokenSqueue:
     def __init__(self, site: Site) -> None:
         d = site.cluster.dir
         self.flag = d / "squeue-broken"
+        self.count = d / "squeue-calls"  # one line per call on the login node
         fake, real = d / "squeue-fake", d / "squeue-real"
         if not fake.exists():
             shutil.copy2("/usr/bin/squeue", real)
-            fake.write_text(f"#!/bin/sh\nif [ -e {self.flag} ]; then echo 'slurm_load_jobs error: Unable to contact "
+            self.count.touch()
+            self.count.chmod(0o666)
+            fake.write_text(f"#!/bin/sh\necho >> {self.count}\n"
+                            f"if [ -e {self.flag} ]; then echo 'slurm_load_jobs error: Unable to contact "
                             f"slurm controller (connect failure)' >&2; exit 1; fi\nexec {real} \"$@\"\n")
             fake.chmod(0o755)
             subprocess.run(["nsenter", "-t", str(site.login.pid), "-m", "--", "mount", "--bind", str(fake),
                             "/usr/bin/squeue"], check=True, capture_output=True, timeout=30)
+
+    def calls(self) -> int:
+        return len(self.count.read_text().splitlines())
 
     def __enter__(self) -> BrokenSqueue:
         self.flag.touch()
@@ -219,4 +228,39 @@ def test_a_dropped_login_session_reconnects_to_the_same_agents(site: Site) -> No
         assert sorted(after) == sorted(before)  # the same job, hosts and agents: nothing resubmitted
         assert [j["id"] for j in live(site)] == [job]
     wait_for(lambda: not live(site), 30, "for the pool's job to end")
+    site.cluster.wait_idle()
+
+
+# -- item 4: a requeue ----------------------------------------------------------------------------------
+def test_a_pools_job_is_never_requeued(site: Site) -> None:
+    with sky.Compute(provider=site.provider(), nodes=1, options=QUIET) as pool:
+        (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
+        refused = site.cluster.run(["scontrol", "requeue", job], check=False)
+        assert refused.returncode != 0 and "disabled" in refused.stderr, refused
+        assert (job_id() >> pool) == job  # the same job, untouched
+        shown = site.cluster.run(["scontrol", "show", "job", "-o", job]).stdout
+        assert "Requeue=0" in shown and "Restarts=0" in shown, shown
+    wait_for(lambda: not live(site), 30, "for the pool's job to end")
+    site.cluster.wait_idle()
+
+
+# -- item 5: polling the queue ------------------------------------------------------------------------
+def test_a_waiting_job_is_looked_at_less_and_less_often(site: Site) -> None:
+    squeue = BrokenSqueue(site)  # (not broken: only counting the login node's squeue calls)
+    blocker = site.cluster.run(["sbatch", "--parsable", "--exclusive", f"-N{len(site.compute)}", "--chdir=/",
+                                "-o", "/dev/null", "--job-name=someone-else", "--wrap", "sleep 300"]).stdout.strip()
+    try:
+        wait_for(lambda: {j["id"]: j["state"] for j in site.cluster.jobs()}.get(blocker) == "RUNNING", 30)
+        before = squeue.calls()
+        started = time.monotonic()
+        with pytest.raises(sky.ProviderError, match="pending_timeout"), \
+                sky.Compute(provider=site.provider(pending_timeout=25), nodes=1, options=QUIET):
+            pass
+        took = time.monotonic() - started
+        calls = squeue.calls() - before
+        # 0.25 s apart for 2 s, then 1, 2 and 5 s apart: about 19 looks in 25 s (100 at 0.25 s).
+        assert calls <= 24 and 25 <= took < 40, (calls, took)
+    finally:
+        site.cluster.run(["scancel", blocker], check=False)
+    wait_for(lambda: not live(site), 30, "for the jobs to end")
     site.cluster.wait_idle()

@@ -540,7 +540,7 @@ class Worker:
                     self._stream_out(frame.task_id, value, entry)  # values go out as YIELD frames
                     value = None
             else:
-                value = [fn(item) for item in items]
+                value = list(map(fn, items))  # (no bytecode per item, as multiprocessing.Pool)
         except BaseException as exc:
             with entry.lock:
                 _stopped_first(entry, exc)

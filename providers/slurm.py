@@ -142,7 +142,7 @@ class Slurm(ProviderConfig):
             q.gpu_flag(spec, self.gres)
         except ConfigError as exc:
             return str(exc)
-        return None
+        return q.spec_conflicts(self.options, spec)
 
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0  # the site's allocation, not dollars
@@ -427,6 +427,7 @@ class SlurmCluster(Cluster):
         self._ready = False  # the shipment is on the shared home
         self._build: threading.Thread | None = None  # the environment, built on the login node
         self._build_error: BaseException | None = None
+        self._started_once = False  # some job's agents listened: a failed build on the login node did not matter
         self._nodes: dict[int, _Node] = {}
         self._described: list[_Node] = []
         self._jobs: dict[str, dict[str, Any]] = {}  # job id -> {"nodes": [...], "script": ...}
@@ -557,8 +558,11 @@ class SlurmCluster(Cluster):
 
             self._login().run(f"exec env {where} setsid -w bash -s", stdin=text.encode(),
                               timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
-        except BaseException as exc:  # the nodes build it themselves then; say why the login node did not
-            log.info("building the environment on the login node failed (%s); the nodes build it", exc)
+        except BaseException as exc:
+            # The nodes would run the same phases on the same shared home and fail the same way
+            # (no Python X.Y, a resolution error): the job waiting for them fails at once with this
+            # (``_wait``), rather than at pending_timeout or at its nodes' bootstrap (issue 45, item 7).
+            log.warning("building the environment on the login node failed: %s", exc)
             self._build_error = exc
 
     def _node_script(self) -> str:
@@ -675,6 +679,11 @@ class SlurmCluster(Cluster):
                     ready[i] = hello
             if len(ready) == len(indices):
                 break
+            build = self._build_error
+            if build is not None and not ready and not self._started_once:
+                raise ProviderError(
+                    f"building the pool's environment on the login node failed, so its nodes cannot "
+                    f"start; Slurm job {job} was cancelled. {build}")
             if state is not None and state.ended and seen_now.error is None:
                 raise self._job_ended(job, state, logs)
             never = q.never_reason(state.reason) if state is not None and state.state == "PENDING" else None
@@ -708,6 +717,7 @@ class SlurmCluster(Cluster):
                 pause = max(pause, min(step, self.provider.max_poll_interval))
                 pause = min(pause, max(_POLL, self.provider.pending_timeout - waited + _POLL))
             time.sleep(pause)
+        self._started_once = True
         return [self._endpoint(i, job, ready[i]) for i in indices]
 
     def _on_node_line(self, node: int, line: str, started: dict[tuple[int, str], float]) -> None:

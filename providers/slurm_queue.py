@@ -91,7 +91,8 @@ def check_options(options: object) -> tuple[str, ...]:
                 f"sky.Slurm(options=[..., {flag!r}]): not an sbatch flag; write each as one string "
                 f"starting with '-', the value after '=' (e.g. '--mem=16G', '--exclusive')."
             )
-        name = flag.split("=", 1)[0]
+        # A short flag carries its value with it ("-N2", "-t1"): its name is its first letter.
+        name = flag.split("=", 1)[0] if flag.startswith("--") else flag[:2]
         if name in OWN_FLAGS:
             raise ConfigError(
                 f"sky.Slurm(options=[..., {flag!r}]): skyward sets {name} itself; use sky.Slurm's own "
@@ -99,6 +100,29 @@ def check_options(options: object) -> tuple[str, ...]:
             )
         out.append(flag)
     return tuple(out)
+
+
+# Flags a spec's own fields set (vcpus=, memory_gb=, accelerator=): in options= beside that field
+# the two would fight; alone they are the user's (issue 45, item 9).
+_SPEC_FLAGS = (
+    ("vcpus", "vcpus=", ("--cpus-per-task", "-c", "--cpus-per-gpu")),
+    ("memory_gb", "memory_gb=", ("--mem", "--mem-per-cpu", "--mem-per-gpu")),
+    ("accelerator", "accelerator=", ("--gres", "--gpus", "-G", "--gpus-per-node", "--gpus-per-task",
+                                     "--gpus-per-socket")),
+)
+
+
+def spec_conflicts(options: Sequence[str], spec: Any) -> str | None:
+    """Why ``options`` fight the spec (a flag the spec's vcpus=, memory_gb= or accelerator= sets
+    already), else None."""
+    names = {f.split("=", 1)[0] if f.startswith("--") else f[:2]: f for f in options}
+    for field, label, flags in _SPEC_FLAGS:
+        if getattr(spec, field, None):
+            for flag in flags:
+                if flag in names:
+                    return (f"sky.Slurm(options=[..., {names[flag]!r}]) and the pool's {label} both set "
+                            f"{flag}: give it once (the pool's {label}, or the flag alone)")
+    return None
 
 
 def gpu_flag(spec: Spec, gres: str | None) -> str | None:

@@ -10,7 +10,9 @@ destroy or resurrect a pool against its user's or the site's will.
   an error that says so, and nothing is resubmitted; a node lost by NODE_FAIL is replaced
   (tests/slurm/test_lifecycle.py);
 * item 4: a pool's job is submitted --no-requeue: an admin's ``scontrol requeue`` is refused;
-* item 5: a job waiting in the queue is looked at less and less often (squeue calls counted).
+* item 5: a job waiting in the queue is looked at less and less often (squeue calls counted);
+* item 7: a failed environment build on the login node fails a waiting pool at once, with its cause;
+* item 9: short flags with their value (``-N2``) and flags the spec sets too are refused in options=.
 """
 
 from __future__ import annotations
@@ -264,3 +266,39 @@ def test_a_waiting_job_is_looked_at_less_and_less_often(site: Site) -> None:
         site.cluster.run(["scancel", blocker], check=False)
     wait_for(lambda: not live(site), 30, "for the jobs to end")
     site.cluster.wait_idle()
+
+
+# -- item 7: a failed environment build on the login node ----------------------------------------------
+def test_a_failed_build_on_the_login_node_fails_the_waiting_pool_at_once_with_its_cause(site: Site) -> None:
+    blocker = site.cluster.run(["sbatch", "--parsable", "--exclusive", f"-N{len(site.compute)}", "--chdir=/",
+                                "-o", "/dev/null", "--job-name=someone-else", "--wrap", "sleep 300"]).stdout.strip()
+    try:
+        started = time.monotonic()
+        # The hosts have no internet: no Python 3.13 (nor any package index) on the login node.
+        image = sky.Image(python="3.13")
+        with pytest.raises(sky.ProviderError) as info, \
+                sky.Compute(provider=site.provider(pending_timeout=90, install="index"), nodes=1, image=image,
+                            options=QUIET):
+            pass
+        took = time.monotonic() - started
+        message = str(info.value)
+        assert "login node failed" in message and "was cancelled" in message, message
+        assert took < 60, (took, message)
+    finally:
+        site.cluster.run(["scancel", blocker], check=False)
+    wait_for(lambda: not live(site), 30, "for the jobs to end")
+    site.cluster.wait_idle()
+
+
+# -- item 9: flags in options= --------------------------------------------------------------------------
+def test_short_flags_with_their_value_and_flags_the_spec_sets_are_refused_in_options() -> None:
+    for flag in ("-N2", "-t1", "-pgpu", "-n4"):
+        with pytest.raises(sky.ConfigError, match="sets"):
+            q.check_options([flag])
+    assert q.check_options(["--mem=64G", "-c4", "--exclusive"]) == ("--mem=64G", "-c4", "--exclusive")
+    provider = sky.Slurm("me@login", options=["--mem=64G", "-c4"])
+    assert provider.check(sky.Spec(provider=provider)) is None  # the flags alone are the user's
+    why = provider.check(sky.Spec(provider=provider, vcpus=8))
+    assert why is not None and "-c4" in why and "vcpus=" in why, why
+    gres = sky.Slurm("me@login", options=["--gres=gpu:2"])
+    assert "accelerator=" in (gres.check(sky.Spec(provider=gres, accelerator="A100:2")) or "")

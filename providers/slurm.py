@@ -66,8 +66,9 @@ class Slurm(ProviderConfig):
     ``partition``, ``account``, ``qos``, ``constraint`` go to sbatch as they are; ``time`` is the
     job's ``--time`` (seconds, or Slurm's "HH:MM:SS"; default ``max_duration``, else the
     partition's default); ``options`` are extra sbatch flags (``["--exclusive", "--mem=64G"]``).
-    ``gres``: the site's GRES type for the pool's accelerator (default: its name lowercased,
-    ``A100`` -> ``--gpus-per-node=a100:N``; "" for untyped ``--gpus-per-node=N``).
+    ``gres``: the site's GRES type for the pool's accelerator (default: its name as the site's
+    ``sinfo`` spells it, ``A100`` or ``a100``, lowercased where sinfo cannot be read; "" for
+    untyped ``--gpus-per-node=N``).
     ``pending_timeout``: seconds a job may wait in the queue before the pool gives up and cancels it.
     ``max_poll_interval``: the most seconds between two looks (``squeue``) at a job waiting in the
     queue: looks start 0.25 s apart and slow down (1, 2, 5, 10, 30 s) while it waits.
@@ -147,8 +148,9 @@ class Slurm(ProviderConfig):
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0  # the site's allocation, not dollars
 
-    def flags(self, spec: Spec) -> tuple[str, ...]:
-        """The sbatch flags of every job of a pool of ``spec`` (beside nodes, name and output)."""
+    def flags(self, spec: Spec, gres_types: Sequence[str] = ()) -> tuple[str, ...]:
+        """The sbatch flags of every job of a pool of ``spec`` (beside nodes, name and output);
+        ``gres_types``: the GRES types sinfo shows, whose spelling the GPU request takes."""
         out = []
         for flag, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos),
                             ("--constraint", self.constraint)):
@@ -157,7 +159,7 @@ class Slurm(ProviderConfig):
         limit = q.check_time(self.time if self.time is not None else self.max_duration, "sky.Slurm(time")
         if limit:
             out.append(f"--time={limit}")
-        gpus = q.gpu_flag(spec, self.gres)
+        gpus = q.gpu_flag(spec, self.gres, gres_types)
         if gpus:
             out.append(gpus)
         if spec.vcpus:
@@ -427,6 +429,7 @@ class SlurmCluster(Cluster):
         self._ready = False  # the shipment is on the shared home
         self._build: threading.Thread | None = None  # the environment, built on the login node
         self._build_error: BaseException | None = None
+        self._gres_types: list[str] | None = None  # the GRES types sinfo shows (a pool with GPUs)
         self._started_once = False  # some job's agents listened: a failed build on the login node did not matter
         self._nodes: dict[int, _Node] = {}
         self._described: list[_Node] = []
@@ -591,7 +594,11 @@ class SlurmCluster(Cluster):
         with self._lock:
             first = self._next
             self._next += count
-        flags = self.provider.flags(self.spec)
+        if self.spec.accelerator is not None and self.provider.gres is None and self._gres_types is None:
+            # The site's own spelling of the GPU type (sinfo's GRES): Slurm's types are case-sensitive.
+            code, out = self._run(f"sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)}", check=False, phase="sinfo")
+            self._gres_types = sorted({k for p in q.parse_sinfo(out) for k, _ in p.gpus}) if code == 0 else []
+        flags = self.provider.flags(self.spec, self._gres_types or ())
         if self._partition is None:
             self._partition = self.provider.choose_partition(self.spec) or ""
         if self._partition and self._partition != self.provider.partition:
@@ -611,7 +618,9 @@ class SlurmCluster(Cluster):
             raise ProviderError(
                 f"Slurm refused the pool's job on {self._login().label}: {never or out.strip()[-600:]}. "
                 + ("This cluster can never run it as asked: change partition=, account=, qos=, nodes= or "
-                   "accelerator= to what `sinfo` shows." if never else
+                   "accelerator= to what `sinfo` shows"
+                   + (" (or name the site's GRES type with sky.Slurm(gres=...), as `sinfo -o %G` spells it)."
+                      if "generic resource" in never or "Trackable RESource" in never else ".") if never else
                    f"The batch script is {self.folder}/{name}; try `sbatch` of it by hand on the login node.")
             )
         indices = list(range(first, first + count))
@@ -852,8 +861,11 @@ class SlurmCluster(Cluster):
             state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job],
                           patience=self._ssh_timeout, where=self._login().label)[job]
             base = state.state.split()[0]
-            if base not in q.PASSING or time.monotonic() > deadline:
+            if base not in q.PASSING:
                 break
+            if time.monotonic() > deadline:  # never replaced on a guess: it may have been cancelled
+                raise ProviderError(f"Slurm job {job} is still {state.state}: how it ends decides whether "
+                                    f"node {index} is replaced")
             time.sleep(1.0)  # on its way out (COMPLETING): its end decides
         why = q.stops_the_pool(state)
         if why is None:

@@ -125,9 +125,11 @@ def spec_conflicts(options: Sequence[str], spec: Any) -> str | None:
     return None
 
 
-def gpu_flag(spec: Spec, gres: str | None) -> str | None:
-    """``--gpus-per-node`` for the spec's accelerator: ``A100:4`` -> ``a100:4``; ``gres`` names the
-    site's GRES type instead ("" for untyped: ``--gpus-per-node=4``)."""
+def gpu_flag(spec: Spec, gres: str | None, types: Sequence[str] = ()) -> str | None:
+    """``--gpus-per-node`` for the spec's accelerator: ``A100:4`` -> ``a100:4``, or the site's own
+    spelling of that type where ``types`` (the GRES types sinfo shows) has it in another case
+    (``A100``: Slurm's types are case-sensitive; issue 45, item 6); ``gres`` names the site's GRES
+    type instead ("" for untyped: ``--gpus-per-node=4``)."""
     acc = spec.accelerator
     if acc is None:
         return None
@@ -138,7 +140,11 @@ def gpu_flag(spec: Spec, gres: str | None) -> str | None:
             f"accelerator={name}:{count:g}: Slurm allocates whole GPUs (MIG slices are GRES of their "
             f"own: name it with sky.Slurm(gres='<site GRES type>') and a whole count)."
         )
-    kind = name.lower() if gres is None else gres
+    if gres is None:
+        kind = next((t for t in types if t == name), None) or next(
+            (t for t in types if t.lower() == name.lower()), name.lower())
+    else:
+        kind = gres
     return f"--gpus-per-node={kind}:{int(count)}" if kind else f"--gpus-per-node={int(count)}"
 
 

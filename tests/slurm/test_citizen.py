@@ -11,6 +11,7 @@ destroy or resurrect a pool against its user's or the site's will.
   (tests/slurm/test_lifecycle.py);
 * item 4: a pool's job is submitted --no-requeue: an admin's ``scontrol requeue`` is refused;
 * item 5: a job waiting in the queue is looked at less and less often (squeue calls counted);
+* item 6: the GPU request takes the site's spelling of its GRES type (sinfo's);
 * item 7: a failed environment build on the login node fails a waiting pool at once, with its cause;
 * item 9: short flags with their value (``-N2``) and flags the spec sets too are refused in options=.
 """
@@ -302,3 +303,15 @@ def test_short_flags_with_their_value_and_flags_the_spec_sets_are_refused_in_opt
     assert why is not None and "-c4" in why and "vcpus=" in why, why
     gres = sky.Slurm("me@login", options=["--gres=gpu:2"])
     assert "accelerator=" in (gres.check(sky.Spec(provider=gres, accelerator="A100:2")) or "")
+
+
+# -- item 6: GPU types as the site spells them -----------------------------------------------------------
+def test_the_gpu_request_takes_the_sites_spelling_of_its_gres_type() -> None:
+    spec = sky.Spec(provider=sky.Slurm("h"), accelerator="A100:4")
+    assert q.gpu_flag(spec, None, ["A100", "v100"]) == "--gpus-per-node=A100:4"
+    assert q.gpu_flag(spec, None, ["a100"]) == "--gpus-per-node=a100:4"
+    assert q.gpu_flag(spec, None, []) == "--gpus-per-node=a100:4"  # sinfo unknown: lowercased
+    assert q.gpu_flag(spec, "nvidia_a100", ["A100"]) == "--gpus-per-node=nvidia_a100:4"  # gres= wins
+    assert sky.Slurm("h").flags(spec, ["A100"]) == ("--gpus-per-node=A100:4",)
+    parts = q.parse_sinfo("gpu*|n1|64|512000|gpu:A100:4(S:0-1)|idle|1-00:00:00|up\n")
+    assert q.fitting(parts, spec) and parts[0].gpus == (("A100", 4),)

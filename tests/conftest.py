@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# A suite started in the background of a non-interactive shell (`bash .ci/run &`) inherits SIGINT
+# ignored, and so would every program a test starts and then stops with Ctrl-C (an ignored signal
+# stays ignored across exec; a handled one is reset to the default there): restore it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import skyward as sky
 
 

@@ -322,19 +322,22 @@ class Once:
     """A task's callback that runs once: its first outcome counts, any later one is dropped
     (the channel gives each task exactly one; this holds even if it ever did not)."""
 
-    __slots__ = ("_done", "_lock", "ran")
+    __slots__ = ("_done", "_lock")
 
     def __init__(self, done: Callable[[Frame | BaseException], None]) -> None:
         self._done: Callable[[Frame | BaseException], None] | None = done
-        self._lock, self.ran = threading.Lock(), False
+        self._lock = threading.Lock()
+
+    @property
+    def ran(self) -> bool:
+        return self._done is None
 
     def __call__(self, result: Frame | BaseException) -> None:
         with self._lock:
             done, self._done = self._done, None  # let go of the callback: its future holds the result
-            if done is None:
-                log.debug("dropped a second outcome of one task: %r", result)
-                return
-            self.ran = True
+        if done is None:
+            log.debug("dropped a second outcome of one task: %r", result)
+            return
         done(result)
 
 

@@ -14,8 +14,9 @@ The client logs in to the login node only, as a user of the site does. For a poo
    it through a direct-tcpip channel of its SSH connection to the login node (the login node is
    the bastion), never by logging in to a compute node.
 
-The token travels in the environment of the ``sbatch`` command (read from stdin on the login
-node, never on a command line) and the agent takes it out of its own. While the job waits, the
+The token travels in a 0600 file of the pool's 0700 folder (uploaded over the login node's SSH
+connection), never in the job's environment or on a command line; each node's script reads it into
+a shell variable for its agent, which takes it out of its own environment. While the job waits, the
 pool's events say its id, state and Slurm's reason; leaving the pool cancels the job; a node lost
 is replaced by a one-node job.
 """
@@ -517,6 +518,11 @@ class SlurmCluster(Cluster):
         mine: list[tuple[str, Any, int]] = [
             ("bootstrap.sh", s.script.encode(), 0o600),
             ("node.sh", self._node_script().encode(), 0o700),
+            # The pool's secret, for the agents: a 0600 file in the pool's 0700 folder, read by each
+            # node's script into a shell variable. Never in the job's environment: Slurm keeps that
+            # in the controller's state and, with AccountingStoreFlags=job_env, in slurmdbd, where
+            # `sacct --env-vars` shows it for as long as the site keeps accounting.
+            ("token", (self.token + "\n").encode(), 0o600),
         ]
         if s.includes is not None:
             mine.append(("includes.tar", s.includes, 0o600))
@@ -608,10 +614,8 @@ class SlurmCluster(Cluster):
         text = request.script(f"{self.folder}/node.sh")
         name = f"job-{first}.sbatch"
         self._login().upload([(name, text.encode(), 0o600)], self.folder)
-        code, out = self._run(
-            f"cd {shlex.quote(self.folder)} && IFS= read -r SKYWARD_AGENT_TOKEN && export SKYWARD_AGENT_TOKEN "
-            f"&& sbatch --parsable --export=ALL {name}",
-            stdin=(self.token + "\n").encode(), check=False, phase="sbatch")
+        code, out = self._run(f"cd {shlex.quote(self.folder)} && sbatch --parsable {name}", check=False,
+                              phase="sbatch")
         job = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
         if code != 0 or not job.isdigit():
             never = q.never_runs(out)
@@ -1166,7 +1170,7 @@ _NODE_SCRIPT = r"""#!/bin/bash
 set -u
 FOLDER={folder}
 I=$(( $1 + ${{SLURM_NODEID:-0}} ))
-TOKEN="${{SKYWARD_AGENT_TOKEN:-}}"; unset SKYWARD_AGENT_TOKEN
+IFS= read -r TOKEN < "$FOLDER/token" || TOKEN=
 SKY={sky}
 RUN="${{SKYWARD_NODE_RUN:-/var/tmp/skyward-$(id -u)}}"
 if ! {{ mkdir -p -m 700 "$RUN" 2>/dev/null && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }}; then

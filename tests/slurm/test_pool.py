@@ -74,6 +74,38 @@ def test_a_three_node_pool_runs_on_three_hosts_of_one_job_and_cancels_it_at_exit
     site.cluster.wait_idle()
 
 
+@sky.function
+def environments_holding(secret: str) -> list[str]:
+    """Every process of this user on the node whose environment block holds ``secret``."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                block = f.read()
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if secret.encode() in block:
+            found.append(f"{pid} {comm}")
+    return found
+
+
+def test_the_pools_secret_is_in_no_environment_of_the_job(site: Site) -> None:
+    """The agents' secret reaches them through a 0600 file, never the job's environment, which
+    Slurm keeps in the controller and, with AccountingStoreFlags=job_env, in slurmdbd; so no
+    process of the job (the batch script, srun's tasks, node.sh, the agent, the worker) holds it
+    in its environment block."""
+    with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+        cluster: Any = pool.cluster
+        holders = environments_holding(cluster.token) @ pool
+        mode = site.on_login(f"stat -c %a {cluster.folder}/token || echo none").strip()
+    assert holders == [[], []]
+    assert mode == "600"
+
+
 def _blocker(site: Site, seconds: int) -> str:
     """A job of root's holding every compute node, as another user's job on a busy cluster does."""
     out = site.cluster.run(["sbatch", "--parsable", "--exclusive", f"-N{len(site.compute)}", "--chdir=/",

@@ -1,4 +1,4 @@
-"""Providers: one module per way of getting nodes (Local, SSH, Slurm, AWS, GCP).
+"""Providers: one module per way of getting nodes (Local, SSH, Slurm, Container, AWS, GCP).
 
 ``PROVIDERS`` names them by kind (``provider = "aws"`` in skyward.toml, the CLI's
 ``--provider``); a provider's module loads only when a pool uses it.
@@ -20,6 +20,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "local": ("skyward.providers.local", "Local"),
     "ssh": ("skyward.providers.ssh", "SSH"),
     "slurm": ("skyward.providers.slurm", "Slurm"),
+    "container": ("skyward.providers.container", "Container"),
     "aws": ("skyward.providers.aws", "AWS"),
     "gcp": ("skyward.providers.gcp", "GCP"),
 }

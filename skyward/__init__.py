@@ -146,6 +146,7 @@ _LAZY = {
     "SSH": "skyward.providers.ssh",
     "SSHHost": "skyward.providers.ssh",
     "Slurm": "skyward.providers.slurm",
+    "Container": "skyward.providers.container",
     "InstanceInfo": "skyward.runtime.info",
     "PeerInfo": "skyward.runtime.info",
     "AcceleratorInfo": "skyward.runtime.info",
@@ -213,6 +214,7 @@ if TYPE_CHECKING:
     from .observe.logs import LogConfig
     from .observe.secrets import Secret, secret
     from .providers.aws import AWS
+    from .providers.container import Container
     from .providers.gcp import GCP
     from .providers.local import Local
     from .providers.slurm import Slurm
@@ -287,6 +289,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "CollectionTimeoutError",
     "Compute",
     "ConfigError",
+    "Container",
     "Disk",
     "DispatchError",
     "Error",

@@ -376,6 +376,7 @@ class ContainerCluster(Cluster):
                 f"or leave network= out for a network of the pool's own."
             )
         self._runtime.prune_networks()  # of pools whose client died: their containers are gone
+        _sweep_folders(self._runtime)
         self._runtime.create_network(self._network, self.pool_id)
 
     def _limit_args(self, info: dict[str, Any]) -> list[str]:
@@ -407,6 +408,7 @@ class ContainerCluster(Cluster):
         pool_dir = node.folder / "pools" / node.container
         pool_dir.mkdir(parents=True, mode=0o700)
         node.folder.chmod(0o700)
+        self._root.chmod(0o700)  # (made again when an asleep pool, swept meanwhile, wakes)
         if len(os.fsencode(node.socket)) > _UNIX_PATH_MAX:
             raise ProviderError(
                 f"the agent's socket path {node.socket} is too long for a Unix socket; "
@@ -812,6 +814,19 @@ def _place(home: Path, files: dict[str, tuple[Path | bytes, int]]) -> None:
             tmp.write_bytes(src)
         tmp.chmod(mode)
         os.replace(tmp, dest)
+
+
+def _sweep_folders(runtime: Runtime) -> None:
+    """The host folders of pools whose client died (their agents emptied them at the end of their
+    lease and their containers removed themselves): untouched for ten minutes and no container."""
+    for folder in Path(tempfile.gettempdir()).glob("sky-ctr-*-*"):
+        pool_id = folder.name.split("-")[2]
+        try:
+            if time.time() - folder.stat().st_mtime < 600 or runtime.running(pool_id):
+                continue
+        except (OSError, ProviderError):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _gpu_runtime(runtime: Runtime) -> str | None:

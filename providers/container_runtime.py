@@ -254,9 +254,10 @@ class Runtime:
 
     def prune_networks(self) -> None:
         """Networks of pools whose client died (their containers removed themselves at the end of
-        their lease): those that no container uses any more and that are older than an hour."""
+        their lease): those that no container uses any more and that are older than ten minutes
+        (a pool asleep at zero nodes makes its network again when it wakes)."""
         self.run(
-            ["network", "prune", "-f", "--filter", f"label={LABEL}", "--filter", "until=1h"],
+            ["network", "prune", "-f", "--filter", f"label={LABEL}", "--filter", "until=10m"],
             check=False,
             timeout=60,
         )

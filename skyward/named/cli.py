@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("name", help="the pool's name ([pools.NAME] in skyward.toml)")
         p.add_argument("--config", type=Path, help="skyward.toml to read (default: nearest one)")
-        p.add_argument("--provider", help="local, ssh, aws or gcp")
+        p.add_argument("--provider", help="local, ssh, slurm, container, aws or gcp")
         p.add_argument("--nodes", metavar="N|DESIRED:MAX",
                        help="N nodes, or DESIRED:MAX: an elastic pool that starts with DESIRED and grows "
                             "up to MAX while tasks wait; 0:MAX sleeps with no node when idle")

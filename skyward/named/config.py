@@ -74,7 +74,7 @@ class NodesTable(_Table):
 class PoolTable(_Table):
     """One ``[pools.NAME]`` table (or the whole of defaults.toml)."""
 
-    provider: Literal["local", "ssh", "slurm", "aws", "gcp"] = "local"
+    provider: Literal["local", "ssh", "slurm", "container", "aws", "gcp"] = "local"
     nodes: Any = 1
     accelerator: str | None = None
     vcpus: float | None = Field(None, gt=0)
@@ -91,6 +91,7 @@ class PoolTable(_Table):
     local: dict[str, Any] = {}
     ssh: dict[str, Any] = {}
     slurm: dict[str, Any] = {}  # [pools.NAME.slurm] login = "me@login.hpc.example.edu"
+    container: dict[str, Any] = {}  # [pools.NAME.container] image = "localhost/my-image:1"
     aws: dict[str, Any] = {}
     gcp: dict[str, Any] = {}
 

@@ -213,17 +213,7 @@ class SSHNode(Node):
         return self.remote.transport
 
     def activate(self) -> str:
-        # What the agent's start command does (providers/ssh.py), plus the venv on PATH.
-        lines = [f"cd -- {q(self.cwd)} || exit 1",
-                 "if [ -f ./env.sh ]; then . ./env.sh; fi",
-                 # the shipped includes, and the live folder `skyward install` fills
-                 'PP=""; if [ -d ./includes ]; then PP="$PWD/includes"; fi',
-                 'if [ -d ./site ]; then PP="${PP:+$PP:}$PWD/site"; export SKYWARD_SITE="$PWD/site"; fi',
-                 'if [ -n "$PP" ]; then export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"; fi; unset PP']
-        if self.venv:
-            lines += [f"if [ -d {q(self.venv)} ]; then export VIRTUAL_ENV={q(self.venv)}; "
-                      f'export PATH="$VIRTUAL_ENV/bin${{PATH:+:$PATH}}"; fi']
-        return "\n".join(lines) + "\n"
+        return _activate_pool_folder(self.cwd, self.venv)
 
     def start(self, script: str) -> Process:
         with self._session():
@@ -248,6 +238,50 @@ class SSHNode(Node):
         except (paramiko.SSHException, EOFError, ConnectionError) as exc:
             raise ProviderError(f"{self.label}: its SSH connection failed ({type(exc).__name__}: {exc}); "
                                 f"`skyward status {self.pool}` shows whether it answers.") from None
+
+
+def _activate_pool_folder(cwd: str, venv: str | None) -> str:
+    """What the agent's start command does on a bootstrapped node (providers/ssh.py,
+    providers/container_node.py), plus the venv on PATH."""
+    lines = [f"cd -- {q(cwd)} || exit 1",
+             "if [ -f ./env.sh ]; then . ./env.sh; fi",
+             # the shipped includes, and the live folder `skyward install` fills
+             'PP=""; if [ -d ./includes ]; then PP="$PWD/includes"; fi',
+             'if [ -d ./site ]; then PP="${PP:+$PP:}$PWD/site"; export SKYWARD_SITE="$PWD/site"; fi',
+             'if [ -n "$PP" ]; then export PYTHONPATH="$PP${PYTHONPATH:+:$PYTHONPATH}"; fi; unset PP']
+    if venv:
+        lines += [f"if [ -d {q(venv)} ]; then export VIRTUAL_ENV={q(venv)}; "
+                  f'export PATH="$VIRTUAL_ENV/bin${{PATH:+:$PATH}}"; fi']
+    return "\n".join(lines) + "\n"
+
+
+# -- container nodes (sky.Container): a process in the node's container, through the runtime's exec ------
+@dataclass
+class ContainerNode(Node):
+    argv: Callable[[bool], list[str]] | None = None  # the runtime's `exec` into the node (tty or not)
+    venv: str | None = None
+
+    def activate(self) -> str:
+        return _activate_pool_folder(self.cwd, self.venv)
+
+    def _argv(self, script: str, tty: bool) -> list[str]:
+        assert self.argv is not None
+        return [*self.argv(tty), "bash", "-c", script]
+
+    def start(self, script: str) -> Process:
+        return _PopenProcess(self._argv(script, False), dict(os.environ))
+
+    def attach(self, script: str) -> int:
+        tty = os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())
+        proc = subprocess.Popen(self._argv(script, tty))
+        # The terminal's Ctrl-C / Ctrl-\ / Ctrl-Z are the shell's in the container: this process waits them out.
+        saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)}
+        try:
+            code = proc.wait()
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+        return 128 - code if code < 0 else code
 
 
 class _ChannelProcess:
@@ -367,6 +401,9 @@ def _node(record: dict[str, Any], cluster: Any, rank: int, desc: dict[str, Any],
         return LocalNode(name, rank, index, host, cwd, env=env)
     home, python = desc.get("home") or "", desc.get("agent_python") or ""
     venv = os.path.dirname(os.path.dirname(f"{home}/{python}")) if home and python else None
+    enter = getattr(cluster, "exec_argv", None)  # sky.Container: the runtime's exec into the node
+    if enter is not None:
+        return ContainerNode(name, rank, index, host, cwd, argv=lambda tty: enter(index, tty), venv=venv)
     through = getattr(cluster, "node_shell", None)  # Slurm: the login node, then srun into the job
     if through is not None:
         login, wrap = through(index)

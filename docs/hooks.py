@@ -28,6 +28,7 @@ GUIDE_ORDER = [
     "collections-and-streaming",
     "storage",
     "ssh",
+    "containers",
     "clouds",
     "named-pools",
     "ttl-and-teardown",

@@ -139,11 +139,13 @@ class NodeChannel:
         return lane.path if lane is not None else None
 
     def submit(self, kind: int, flags: int, body: Any, buffers: list[Any], done: Done,
-               on_frame: Callable[[Frame], None] | None = None) -> int:
+               on_frame: Callable[[Frame], None] | None = None, queue: bool = False) -> int:
         """Send a request; ``done`` gets its RESULT. ``on_frame`` gets the task's YIELD and
-        PULL frames (streaming) until then."""
+        PULL frames (streaming) until then. ``queue``: the task may wait at the worker, on its
+        lane, beyond the node's capacity (map's chunks, whose window bounds how many; nothing
+        cancels them); otherwise tasks beyond it wait at the agent."""
         tid = next(self._ids)
-        lane = self._lane_for(kind, flags) if on_frame is None else None
+        lane = self._lane_for(kind, flags, queue) if on_frame is None else None
         with self._lock:
             if self.lost is not None:
                 serialize.discard(buffers)
@@ -182,9 +184,9 @@ class NodeChannel:
             raise self._lost_error() from exc
         return tid
 
-    def _lane_for(self, kind: int, flags: int) -> ClientLane | None:
+    def _lane_for(self, kind: int, flags: int, queue: bool = False) -> ClientLane | None:
         """The lane a task goes by, or None (the agent's way): plain tasks and map chunks, while
-        fewer than the node's capacity are out on it."""
+        fewer than the node's capacity are out on it (any number with ``queue``)."""
         if kind not in (Kind.TASK, Kind.MAP) or flags & (FLAG_STREAM_OUT | FLAG_STREAM_IN) or self._lane_held:
             return None
         lane = self._lane
@@ -194,7 +196,7 @@ class NodeChannel:
             lane = self._open_lane()
             if lane is None:
                 return None
-        return lane if len(lane.tids) < lane.capacity else None
+        return lane if queue or len(lane.tids) < lane.capacity else None
 
     def _open_lane(self) -> ClientLane | None:
         with self._lane_lock:

@@ -339,6 +339,51 @@ def _holds_bytes(obj: Any, depth: int) -> bool:
     return False
 
 
+# The binary opcodes, for a walk over what a protocol 4+ pickle writes outside its frames (see
+# _large_bytes_in): opcode -> the size of its argument, or of its length for those followed by
+# data (_DATA: opcode -> (size of the length, whether the data is a bytes or bytearray)).
+_FIXED = {op: 0 for op in b"(.0123N}abde]ltu)sRQo\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x94\x97\x98"}
+_FIXED.update({op: 1 for op in b"Kqh\x80\x82"})
+_FIXED.update({op: 2 for op in b"M\x83"})
+_FIXED.update({op: 4 for op in b"Jrj\x84"})
+_FIXED[ord("G")] = 8
+_DATA = {ord("B"): (4, True), 0x8E: (8, True), 0x96: (8, True), ord("C"): (1, True), ord("X"): (4, False),
+         0x8D: (8, False), 0x8C: (1, False), ord("T"): (4, False), ord("U"): (1, False), 0x8A: (1, False),
+         0x8B: (4, False)}
+_FRAME = 0x95
+
+
+def _large_bytes_in(body: bytes | memoryview) -> bool:
+    """Whether a protocol 5 pickle may hold a bytes or bytearray of SPILL_MIN or more, read
+    from its frames alone. The pickler ends its frame before a payload of 64 KiB or more and
+    writes that payload's opcode, length and data outside any frame (and a run of opcodes
+    under 4 bytes, too short to frame); the walk steps over each frame whole and reads only
+    what lies between, never the items inside (a long list of small ones, a long string:
+    none, where pickling again with the hook that takes large bytes out costs a Python call
+    per object, 4x the pickle). An opcode it does not know answers True (pickle again)."""
+    view = memoryview(body)
+    n = len(view)
+    at = 0
+    while at < n:
+        op = view[at]
+        if op == _FRAME:
+            at += 9 + int.from_bytes(view[at + 1 : at + 9], "little")
+            continue
+        width = _FIXED.get(op)
+        if width is not None:
+            at += 1 + width
+            continue
+        data = _DATA.get(op)
+        if data is None:
+            return True
+        width, is_bytes = data
+        size = int.from_bytes(view[at + 1 : at + 1 + width], "little")
+        if is_bytes and size >= SPILL_MIN:
+            return True
+        at += 1 + width + size
+    return False
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, body: bytes | bytearray | memoryview, extras: list[Any], buffers: list[Any]) -> None:
         super().__init__(io.BytesIO(body), buffers=buffers)
@@ -384,7 +429,7 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
             with io.BytesIO() as file:
                 pickler(base, file, protocol=5, buffer_callback=raw.append).dump(obj)
                 body = file.getvalue()
-        if not body or len(body) >= SPILL_MIN:
+        if not body or (len(body) >= SPILL_MIN and _large_bytes_in(body)):
             extras: list[pickle.PickleBuffer] = []
             again: list[pickle.PickleBuffer] = []
             with io.BytesIO() as file:

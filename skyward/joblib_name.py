@@ -7,6 +7,14 @@ name up in joblib's table of backends (only ``parallel_config`` would ask
 importing joblib here: if it is not imported yet, a finder on ``sys.meta_path`` registers
 it right after ``joblib.parallel`` has loaded. A program that never imports joblib pays
 nothing but that finder.
+
+What is registered first is a factory that imports the backend's module
+(skyward/plugins/backend.py) when a ``Parallel`` asks for "skyward"; that module then
+registers its class in its place. A program that imports joblib (scikit-learn does) and
+never uses the backend does not load it. This matters because of ``skyward-joblib.pth``
+(skyward/joblib_pth.py): in every interpreter of an environment where skyward is installed,
+the first import of ``joblib.parallel`` imports this module (and so the ``skyward`` package),
+so that a fresh interpreter (a worker of joblib's loky backend) knows the name too.
 """
 
 from __future__ import annotations
@@ -22,18 +30,26 @@ NAME = "skyward"
 _MODULE = "joblib.parallel"
 
 
+def _backend(**kwargs: Any) -> Any:
+    """joblib's factory for "skyward" until the backend's module is imported (which
+    registers its class instead): the backend, made as joblib asks."""
+    from skyward.plugins.backend import SkywardBackend
+
+    return SkywardBackend(**kwargs)
+
+
 def _offer(module: ModuleType) -> None:
     try:
-        from skyward.plugins.backend import register
-
-        register()
+        if NAME not in module.BACKENDS:  # the class itself, once skyward.plugins.backend ran
+            module.register_parallel_backend(NAME, _backend)
     except Exception:  # an unexpected joblib: importing it must not fail because of us
         return
 
 
 class _AfterJoblib:
     """A meta-path finder that finds nothing itself: it lets the others find
-    ``joblib.parallel`` and makes its loader offer the name once the module has run."""
+    ``joblib.parallel`` and makes its loader offer the name once the module has run. The
+    start-up hook of ``skyward-joblib.pth`` asks it directly (skyward/joblib_pth.py)."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != _MODULE:

@@ -190,9 +190,10 @@ class _ClientTarget:
 
 
 # A Parallel(backend="skyward") in a process that another one started for its work: a worker of
-# joblib's loky backend (or of multiprocessing) is a fresh interpreter. One that never imported
-# skyward does not know the name (joblib's own "Invalid backend: skyward": joblib has no entry
-# points, so nothing of skyward runs there); one that did still holds no pool.
+# joblib's loky backend (or of multiprocessing) is a fresh interpreter, which holds no pool. It
+# knows the name even where nothing it runs imports skyward: skyward-joblib.pth, installed in
+# site-packages, registers it when joblib.parallel is first imported (skyward/joblib_pth.py;
+# with SKYWARD_NO_JOBLIB_HOOK=1, joblib's own "Invalid backend: skyward" there).
 _IN_A_WORKER = (
     "Parallel(backend=\"skyward\") ran in {worker}, a process another one started for its work (a "
     "worker of joblib's loky or multiprocessing backend, say), with no skyward pool in it: a pool "

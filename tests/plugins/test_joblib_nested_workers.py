@@ -1,11 +1,18 @@
 """``Parallel(backend="skyward")`` inside a worker of a process-based joblib backend (issue 48):
 joblib's own ``test_nested_loop[back_compat_backend-skyward]``. A loky worker is a fresh
 interpreter: it holds no pool (a pool is used from the process that opened it and from tasks
-on its nodes), so the call fails, with an error that says what works instead. Where the worker
-never imported skyward, joblib (which has no entry points for backends) cannot know the name:
-its own ``ValueError``, the limit the joblib guide describes."""
+on its nodes), so the call fails, with an error that says what works instead. That holds also
+where the worker never imported skyward: ``skyward-joblib.pth`` (skyward/joblib_pth.py), which
+an install puts in site-packages, makes joblib know the name in every interpreter (before it,
+joblib's own ``ValueError: Invalid backend: skyward``). The fresh interpreters below are
+started from this venv as they are: the hook is the one its install put there.
+"""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -34,8 +41,64 @@ def test_skyward_inside_a_loky_worker_says_what_works_instead() -> None:
     assert "outer backend" in text and "sky.Compute(name=NAME)" in text, text
 
 
-def test_a_worker_that_never_imported_skyward_gets_joblibs_own_error() -> None:
-    from joblib.test.test_parallel import nested_loop  # its module imports no skyward
+# Scripts that never import skyward, each in a fresh interpreter of this venv: its output's
+# last line is what the Parallel call raised.
+_PLAIN = """\
+import sys
+from joblib import Parallel, delayed
+try:
+    Parallel(n_jobs=2, backend="skyward")(delayed(abs)(-i) for i in range(3))
+except Exception as exc:
+    print(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+"""
+# joblib's own test, as its suite runs it with every pair of backends: the outer one runs the
+# inner Parallel in its worker processes.
+_NESTED = """\
+from joblib.test.test_parallel import test_nested_loop
+try:
+    test_nested_loop("back_compat_backend", "skyward")
+except Exception as exc:
+    print(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+"""
+_STALE = (
+    'joblib does not know "skyward" in a fresh interpreter of this venv: was it installed '
+    "before skyward-joblib.pth existed? `pip install -e .` again"
+)
 
-    with pytest.raises(ValueError, match="Invalid backend: skyward"):
-        Parallel(n_jobs=2, backend="loky")(delayed(nested_loop)("skyward") for _ in range(2))
+
+def _fresh(script: str, **env: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_fresh_interpreter_that_never_imports_skyward_gets_skywards_error() -> None:
+    got = _fresh(_PLAIN)
+    assert "Invalid backend" not in got, f"{_STALE}\n{got}"
+    assert got.startswith(
+        "skyward.errors.NoActivePoolError: the skyward joblib backend runs on a pool"
+    ), got
+    assert "Open the pool around the Parallel call" in got, got
+
+
+def test_joblibs_nested_loop_in_a_loky_worker_that_never_imported_skyward() -> None:
+    got = _fresh(_NESTED)
+    assert "Invalid backend" not in got, f"{_STALE}\n{got}"
+    assert got.startswith(
+        'skyward.errors.NoActivePoolError: Parallel(backend="skyward") ran in process Loky'
+    ), got
+    assert (
+        "a process another one started for its work" in got and "sky.Compute(name=NAME)" in got
+    ), got
+
+
+def test_the_hook_is_off_with_skyward_no_joblib_hook() -> None:
+    got = _fresh(_PLAIN, SKYWARD_NO_JOBLIB_HOOK="1")
+    assert got.startswith("builtins.ValueError: Invalid backend: skyward"), got

@@ -9,8 +9,11 @@ inside a 2-node Local pool opened without the plugin: ``backend="skyward"`` is f
 name, the pool through the ``with`` block (or, from the tests' own threads, as the one pool
 open). ``EXCLUDED`` lists the tests that cannot apply to a remote backend, with the reason.
 A test parametrized over two backends keeps only the pairs of ours: ``test_nested_loop`` with
-another (process) backend outside runs skyward in that backend's fresh worker process, which
-holds no pool (test_joblib_nested_workers.py checks the error said there).
+another (process) backend outside (``[back_compat_backend-skyward]``, ``[loky-skyward]``) runs
+skyward in that backend's fresh worker process. joblib knows the name there (an install puts
+``skyward-joblib.pth`` in site-packages), but no pool is reachable from that process, so the
+pair cannot pass: test_joblib_nested_workers.py runs joblib's test itself in a fresh
+interpreter and checks that the error is skyward's, naming the worker and what to do.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ OURS = "skyward"
 
 # test name (without parameters) -> why it cannot apply to a remote backend
 _NO_SCRIPT = (
-    "runs its Parallel in a script of its own, in a fresh interpreter that neither imports "
-    "skyward nor opens a pool: the remote backend has no pool there"
+    "runs its Parallel in a script of its own, in a fresh interpreter that opens no pool: "
+    'joblib knows "skyward" there (skyward-joblib.pth), but the remote backend has no pool'
 )
 _MANAGER = (
     "passes multiprocessing Manager proxies to the tasks: they connect back to a manager "

@@ -177,7 +177,7 @@ def test_compute_name_unknown_pool_says_what_to_do(cli: CLI) -> None:
 @pytest.mark.parametrize(("table", "expect"), [
     ("nodez = 2", ["[pools.bad]", "unknown key 'nodez'", "Did you mean 'nodes'"]),
     ('nodes = "two"', ["[pools.bad]", "nodes = 'two'", "nodes must be an integer"]),
-    ('provider = "azure"', ["[pools.bad]", "provider = 'azure'", "'local', 'ssh', 'slurm', 'aws' or 'gcp'"]),
+    ('provider = "azure"', ["[pools.bad]", "provider = 'azure'", "'local', 'ssh', 'slurm', 'container', 'aws' or 'gcp'"]),
     ("[pools.bad.image]\npip = 'numpy'", ["image.pip = 'numpy'", "valid list"]),
     ('accelerator = "A1OO"', ["accelerator = 'A1OO'"]),
 ])

@@ -61,16 +61,20 @@ _UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux
 
 
 def default_image() -> str:
-    """The client's Python in Debian: the nodes then take the client's wheels as they are."""
-    return f"docker.io/library/python:{sys.version_info.major}.{sys.version_info.minor}-slim"
+    """``SKYWARD_CONTAINER_IMAGE`` when set (a machine whose runtime reaches no registry: its local
+    base, so that code written as ``sky.Container()`` runs unchanged), else the client's Python in
+    Debian: the nodes then take the client's wheels as they are."""
+    return os.environ.get("SKYWARD_CONTAINER_IMAGE") or (
+        f"docker.io/library/python:{sys.version_info.major}.{sys.version_info.minor}-slim"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Container(ProviderConfig):
     """Nodes as containers on this machine: ``sky.Container(image="debian-with-python:12")``.
 
-    ``image``: the base every node starts from (default: the official ``python`` image of the
-    client's version); it needs bash and a Python of the client's version (``install="index"``:
+    ``image``: the base every node starts from (default: ``SKYWARD_CONTAINER_IMAGE`` when set,
+    else the official ``python`` image of the client's version); it needs bash and a Python of the client's version (``install="index"``:
     any Python, or none, when the containers reach a package index). ``binary``: the runtime,
     ``"podman"`` (default: no daemon, rootless or root), ``"docker"`` or ``"nerdctl"``, or a path
     to one of them. ``network``: an existing network to put the nodes on (default: a network of

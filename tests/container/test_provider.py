@@ -231,6 +231,25 @@ def test_another_python_than_the_clients_is_refused_with_the_way_out(
         )
 
 
+@sky.function
+def python_path() -> str:
+    import sys
+
+    return sys.executable
+
+
+def test_container_with_no_image_takes_the_machines_default_base(
+    base_image: str, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Code written as `sky.Container()` runs unchanged where no registry is reachable.
+    monkeypatch.setenv("SKYWARD_CONTAINER_IMAGE", base_image)
+    with sky.Compute(provider=sky.Container(), nodes=1, options=QUIET) as p:
+        (name,) = pool_containers(p.id)
+        image = podman("inspect", "--format", "{{.ImageName}}", name).stdout.strip()
+        assert (python_path() >> p).startswith("/opt/skyward/envs/")
+    assert image == base_image
+
+
 def test_bad_settings_are_refused_where_they_are_given() -> None:
     with pytest.raises(sky.ConfigError, match="binary='lxc'"):
         sky.Container(binary="lxc")

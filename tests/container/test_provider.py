@@ -250,6 +250,26 @@ def test_container_with_no_image_takes_the_machines_default_base(
     assert image == base_image
 
 
+@sky.function
+def hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def test_a_lost_container_is_replaced_by_a_new_one_with_its_rank(
+    base_image: str, no_leftovers: None
+) -> None:
+    with sky.Compute(provider=sky.Container(image=base_image), nodes=2, options=QUIET) as p:
+        first = sorted(hostname() @ p)
+        podman("rm", "-f", "-t", "0", first[1])  # the node's container is gone, agent and all
+        assert wait_for(lambda: first[1] not in pool_containers(p.id), timeout=30)
+        again = sorted(hostname() @ p)
+    assert (
+        again[0] == first[0] and again[1] not in first and again[1].startswith(f"skyward-{p.id}-")
+    ), again
+
+
 def test_bad_settings_are_refused_where_they_are_given() -> None:
     with pytest.raises(sky.ConfigError, match="binary='lxc'"):
         sky.Container(binary="lxc")

@@ -1,7 +1,9 @@
-"""stdin/stdout <-> 127.0.0.1:PORT or a Unix socket, for nodes whose sshd forbids forwarding.
+"""stdin/stdout <-> 127.0.0.1:PORT, ADDRESS:PORT or a Unix socket, for nodes whose sshd forbids
+forwarding.
 
 The client starts ``python -m skyward.bootstrap.relay PORT`` (or ``... relay /PATH``, the
-agent's Unix socket) over an SSH exec channel and speaks the agent's frames on the channel;
+agent's Unix socket, or ``... relay ADDRESS:PORT`` on a Slurm login node, to a compute node's
+agent) over an SSH exec channel and speaks the agent's frames on the channel;
 this copies bytes both ways until either side ends.
 """
 
@@ -32,8 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     if args[0].startswith("/"):  # the agent's Unix socket (in a folder of this user's alone)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(args[0])
-    else:
-        sock = socket.create_connection(("127.0.0.1", int(args[0])))
+    else:  # PORT on loopback, or ADDRESS:PORT (a Slurm compute node's agent, from the login node)
+        host, _, port = args[0].rpartition(":")
+        sock = socket.create_connection((host or "127.0.0.1", int(port)))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     threading.Thread(target=_pump_in, args=(sock,), daemon=True).start()
     out = sys.stdout.fileno()

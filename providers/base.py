@@ -95,6 +95,13 @@ class Cluster(abc.ABC):
         """Node ``index``, listed by ``unreachable()``, was replaced: it is no longer missing."""
         getattr(self, "_unreachable", {}).pop(index, None)
 
+    def loss_reason(self, index: int, why: str) -> str:
+        """Why node ``index`` was lost, as InstanceLost says it: ``why`` (what its connection saw:
+        "connection closed") with what the provider knows besides (a Slurm job's state and reason).
+        Called when the loss is seen, before the replacement; it must answer within a few seconds.
+        Default: ``why``."""
+        return why
+
     def node_lost(self, index: int) -> None:
         """The pool lost its connection to node ``index`` (it stays in the pool's records until
         stopped). Providers let go of what would only hang now; its agent stops by itself when

@@ -43,6 +43,7 @@ from skyward.records import pkglock
 
 from . import slurm_queue as q
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .slurm_shared import SharedQueue, queue_of
 
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
@@ -202,12 +203,12 @@ class Slurm(ProviderConfig):
         allocation, not dollars); ``extra`` says how many nodes it has and how many are idle."""
         return [q.offer(p, self._host[1]) for p in q.fitting(self.partitions(), want)]
 
-    def choose_partition(self, spec: Spec) -> str | None:
+    def choose_partition(self, spec: Spec, parts: list[q.Partition] | None = None) -> str | None:
         """The partition for a spec that asks for GPUs, CPUs or memory and names none (None: the
-        cluster's default partition will do)."""
+        cluster's default partition will do); ``parts``: sinfo's, if already asked."""
         if self.partition or not (spec.accelerator or spec.vcpus or spec.memory_gb):
             return self.partition
-        parts = self.partitions()
+        parts = self.partitions() if parts is None else parts
         fit = q.fitting(parts, spec)
         if not fit:
             listed = "; ".join(q.describe(p) for p in parts) or "none"
@@ -337,8 +338,9 @@ class Slurm(ProviderConfig):
                 raise
 
         try:
-            states: dict[str, q.JobState] | BaseException = _look(run, jobs, patience=_DESCRIBED_PATIENCE,
-                                                                  where=self._host[1])
+            states: dict[str, q.JobState] | BaseException = _look(
+                run, jobs, patience=_DESCRIBED_PATIENCE, where=self._host[1], shared=queue_of(self._host),
+                max_age=_LOOK_FOR)
         except ProviderError as exc:
             states = exc
         finally:
@@ -362,18 +364,23 @@ _DESCRIBED_PATIENCE = 8.0  # `skyward ls`/`status` and the registry: then "unkno
 
 
 def _look(run: Any, jobs: Sequence[str], *, patience: float, where: str,
-          sleep: Any = time.sleep) -> dict[str, q.JobState]:
+          sleep: Any = time.sleep, shared: SharedQueue | None = None, max_age: float = 0.0) -> dict[str, q.JobState]:
     """Each of ``jobs`` as the controller knows it: squeue, and for a job an answering squeue
     does not list, ``scontrol show job`` and sacct (a state such as CANCELLED or TIMEOUT, or
     ``GONE`` when neither knows it any more). A look that fails (squeue's non-zero status, the
     login node unreachable) is tried again with backoff for ``patience`` seconds; then this raises
     ProviderError with squeue's status and words: the jobs' state is unknown, and nothing may be
-    ended on it. ``run(command) -> (status, output)`` runs a command on the login node."""
+    ended on it. ``run(command) -> (status, output)`` runs a command on the login node. With
+    ``shared``, the first look is the process's shared one of the user's jobs (an answer at most
+    ``max_age`` old); a look after a failure is a new one."""
     started = time.monotonic()
     error = ""
     for attempt in range(len(_BACKOFF) + 1):
         try:
-            look = q.parse_look(run(q.squeue_command(jobs))[1])
+            if shared is not None:
+                look = shared.look(run, max_age=max_age if attempt == 0 else 0.0)
+            else:
+                look = q.parse_look(run(q.squeue_command(jobs))[1])
             if look.error is None:
                 missing = [j for j in jobs if j not in look.states]
                 if not missing:
@@ -430,7 +437,8 @@ class SlurmCluster(Cluster):
         self._ready = False  # the shipment is on the shared home
         self._build: threading.Thread | None = None  # the environment, built on the login node
         self._build_error: BaseException | None = None
-        self._gres_types: list[str] | None = None  # the GRES types sinfo shows (a pool with GPUs)
+        self._parts: list[q.Partition] | None = None  # sinfo's partitions, asked once per pool
+        self._said_cpus = False
         self._started_once = False  # some job's agents listened: a failed build on the login node did not matter
         self._nodes: dict[int, _Node] = {}
         self._described: list[_Node] = []
@@ -454,6 +462,7 @@ class SlurmCluster(Cluster):
         self._pin = pkglock.current_pin()
         self._ship: ship.Shipment | None = None
         self._agent_python = ""  # the agent's interpreter, relative to self.sky (a described pool's)
+        self._relay = False  # the login node forbids TCP forwarding: agents are reached through a relay
         self.apt_versions: dict[str, str] = {}
 
     # -- the login node ------------------------------------------------------------------------
@@ -489,6 +498,30 @@ class SlurmCluster(Cluster):
              check: bool = True, phase: str = "slurm") -> tuple[int, str]:
         return self._login().run(command, stdin=stdin, timeout=timeout, check=check, phase=phase)
 
+    def _sinfo(self) -> list[q.Partition]:
+        """The cluster's partitions, asked once per pool on its connection ([] when sinfo fails:
+        the job goes without what they would add)."""
+        if self._parts is None:
+            code, out = self._run(f"sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)}", check=False, phase="sinfo")
+            self._parts = q.parse_sinfo(out) if code == 0 else []
+        return self._parts
+
+    def _partition_facts(self, parts: list[q.Partition]) -> q.Partition | None:
+        name = self._partition or self.provider.partition
+        return next((p for p in parts if p.name == name), None) if name else next(
+            (p for p in parts if p.default), None)
+
+    def _explain(self, nodes: int) -> str:
+        """Slurm's refusal in the pool's own terms, or "" (nothing to add to Slurm's words)."""
+        try:
+            why = q.explain_refusal(self._sinfo(), partition=self._partition or self.provider.partition,
+                                    nodes=nodes, time_limit=q.check_time(
+                                        self.provider.time if self.provider.time is not None
+                                        else self.provider.max_duration, "time"), spec=self.spec)
+        except Exception:  # the explanation is a courtesy: the refusal itself must come out
+            why = None
+        return why or ""
+
     # -- preparing (once per pool) -----------------------------------------------------------------
     def _prepare(self) -> None:
         """The shipment on the shared home and the pool's folder there; the environment starts
@@ -508,6 +541,8 @@ class SlurmCluster(Cluster):
         s = self._ship
         _, out = remote.run(node_dirs_command(self.pool_id, 0, sudo=False) + _LOGIN_FACTS, phase="connect")
         facts = ship.facts(out)
+        if facts.get("sinfo") == "0" and self._parts is None:
+            self._parts = q.parse_sinfo("\n".join(ln[8:] for ln in out.splitlines() if ln.startswith("%%sinfo ")))
         self.sky = facts["sky"]
         self.login_pool = f"{facts['run']}/pools/{self.pool_id}-login"
         self.folder = f"{self.sky}/slurm/{self.pool_id}"
@@ -600,15 +635,21 @@ class SlurmCluster(Cluster):
         with self._lock:
             first = self._next
             self._next += count
-        if self.spec.accelerator is not None and self.provider.gres is None and self._gres_types is None:
-            # The site's own spelling of the GPU type (sinfo's GRES): Slurm's types are case-sensitive.
-            code, out = self._run(f"sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)}", check=False, phase="sinfo")
-            self._gres_types = sorted({k for p in q.parse_sinfo(out) for k, _ in p.gpus}) if code == 0 else []
-        flags = self.provider.flags(self.spec, self._gres_types or ())
+        parts = self._sinfo()
+        # The site's own spelling of the GPU type (sinfo's GRES): Slurm's types are case-sensitive.
+        gres_types = sorted({k for p in parts for k, _ in p.gpus})
+        flags = self.provider.flags(self.spec, gres_types)
         if self._partition is None:
-            self._partition = self.provider.choose_partition(self.spec) or ""
+            self._partition = self.provider.choose_partition(self.spec, parts) or ""
         if self._partition and self._partition != self.provider.partition:
             flags = (f"--partition={self._partition}", *flags)
+        cpus = q.default_cpus(self._partition_facts(parts), self.spec, self.provider.options)
+        if cpus is not None:
+            flags = (*flags, f"--cpus-per-task={cpus}")
+            if not self._said_cpus:
+                self._said_cpus = True
+                log.info("Slurm pool %s: each node's job asks for %d CPUs (the partition's nodes' share; "
+                         "vcpus= not given): give sky.Compute(vcpus=N) to ask for fewer", self.pool_id, cpus)
         request = q.JobRequest(name=f"skyward-{self.pool_id}"[:64], nodes=count, first=first, folder=self.folder,
                                flags=flags)
         text = request.script(f"{self.folder}/node.sh")
@@ -619,13 +660,14 @@ class SlurmCluster(Cluster):
         job = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
         if code != 0 or not job.isdigit():
             never = q.never_runs(out)
+            why = self._explain(count) if never else ""
             raise ProviderError(
-                f"Slurm refused the pool's job on {self._login().label}: {never or out.strip()[-600:]}. "
-                + ("This cluster can never run it as asked: change partition=, account=, qos=, nodes= or "
+                f"Slurm refused the pool's job on {self._login().label}: {never or out.strip()[-600:]}"
+                + (f" ({why}). This cluster can never run it as asked." if why else ". " + ("This cluster can never run it as asked: change partition=, account=, qos=, nodes= or "
                    "accelerator= to what `sinfo` shows"
                    + (" (or name the site's GRES type with sky.Slurm(gres=...), as `sinfo -o %G` spells it)."
                       if "generic resource" in never or "Trackable RESource" in never else ".") if never else
-                   f"The batch script is {self.folder}/{name}; try `sbatch` of it by hand on the login node.")
+                   f"The batch script is {self.folder}/{name}; try `sbatch` of it by hand on the login node."))
             )
         indices = list(range(first, first + count))
         with self._lock:
@@ -656,9 +698,21 @@ class SlurmCluster(Cluster):
                 f"echo \"@@@hello $i $(cat node-$i.json 2>/dev/null)\"; done")
         failed = 0  # looks in a row at which squeue gave no answer
         state: q.JobState | None = None
+        pause = 0.0
+        queue = queue_of(self.provider._host)
+        logs: dict[int, list[str]]
+        hellos: dict[int, dict[str, Any]]
         while True:
-            _, out = self._run(look, check=False, phase="squeue")
-            seen_now, logs, hellos = _parse_look(out, job)
+            if started is None and state is not None and state.state == "PENDING":
+                # Waiting in the queue: nothing on the nodes to read yet, and the job's state comes
+                # from the look this process's pools share (one squeue for all that wait; issue 45,
+                # item 5), no older than this pool's own pause, nor than its job.
+                seen_now = queue.look(lambda c: self._run(c, check=False, phase="squeue"),
+                                      max_age=min(pause, time.monotonic() - submitted))
+                logs, hellos = {}, {}
+            else:
+                _, out = self._run(look, check=False, phase="squeue")
+                seen_now, logs, hellos = _parse_look(out, job)
             now = time.monotonic()
             if seen_now.error is not None:
                 # No answer is no news: the job is where it was (issue 45, item 1); look again, slower.
@@ -701,11 +755,13 @@ class SlurmCluster(Cluster):
                 raise self._job_ended(job, state, logs)
             never = q.never_reason(state.reason) if state is not None and state.state == "PENDING" else None
             if never is not None and state is not None:
+                why = self._explain(len(indices))
                 raise ProviderError(
                     f"Slurm job {job} can never start as asked: it is PENDING with reason {state.reason} "
-                    f"({never}); it was cancelled. This cluster can never run it as asked: change "
-                    f"partition=, nodes=, accelerator=, vcpus=, memory_gb= or time= to what `sinfo` shows "
-                    f"(sky.offers(provider=sky.Slurm(...)) lists the partitions)."
+                    + (f"({why}); it was cancelled. This cluster can never run it as asked." if why else
+                       f"({never}); it was cancelled. This cluster can never run it as asked: change "
+                       f"partition=, nodes=, accelerator=, vcpus=, memory_gb= or time= to what `sinfo` shows "
+                       f"(sky.offers(provider=sky.Slurm(...)) lists the partitions).")
                 )
             if started is None and now - submitted > self.provider.pending_timeout:
                 raise ProviderError(
@@ -822,12 +878,17 @@ class SlurmCluster(Cluster):
         if old is None or not old.port or not old.address:
             return None
         try:
-            probe = self._login().tunnel(old.port, host=old.address)
+            if self._relay:  # a relay's channel opens whether or not the agent listens: ask the login node
+                code, out = self._run(f"timeout 5 bash -c {shlex.quote(f'exec 3<>/dev/tcp/{old.address}/{old.port}')}",
+                                      check=False, phase="probe")
+                if code != 0:
+                    raise ProviderError(out.strip() or f"exit {code}")
+            else:
+                self._login().tunnel(old.port, host=old.address).close()
         except Exception as exc:
             log.info("Slurm pool %s: node %d's agent at %s:%d does not answer (%s): a new node takes its place",
                      self.pool_id, index, old.address, old.port, exc)
             return None
-        probe.close()
         with self._lock:
             new = self._next
             self._next += 1
@@ -894,6 +955,51 @@ class SlurmCluster(Cluster):
             ev.bus.emit(ev.Error(pool=self.pool_id, message=message, node=index))
             self._cancel(others, forget=False)
         raise ProviderError(message)
+
+    def loss_reason(self, index: int, why: str) -> str:
+        """``why`` with how node ``index``'s job stands (issue 45, item 8): "connection closed;
+        Slurm job 12 reached its time limit (TIMEOUT)", "...; Slurm job 12 was cancelled by uid
+        1000", "...; Slurm job 12 is NODE_FAIL", "...; Slurm job 12 still RUNNING (its agent
+        ended)". One look at the queue, given at most 3 s (the login node may be what was lost)."""
+        with self._lock:
+            node = self._nodes.get(index)
+            job = node.job if node is not None else ""
+            if not job or job not in self._jobs or self._closed:
+                return why
+        seen: list[q.JobState] = []
+
+        def look() -> None:
+            try:
+                until = time.monotonic() + 2.5
+                while True:
+                    state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job], patience=2.0,
+                                  where=self._login().label)[job]
+                    if state.state.split()[0] not in q.PASSING or time.monotonic() > until:
+                        break
+                    time.sleep(0.25)  # on its way out (COMPLETING): how it ends is the news
+                seen.append(state)
+            except Exception as exc:
+                log.debug("Slurm pool %s: no look at job %s for node %d's loss: %s", self.pool_id, job, index, exc)
+
+        thread = threading.Thread(target=look, name="skyward-slurm-loss", daemon=True)
+        thread.start()
+        thread.join(3.0)
+        if not seen:
+            return why
+        state = seen[0]
+        base = state.state.split()[0]
+        stops = q.stops_the_pool(state)
+        if stops:
+            said = f"Slurm job {job} {stops} ({base})" if base not in stops else f"Slurm job {job} {stops}"
+        elif base == "RUNNING" and not state.restarts:
+            said = f"Slurm job {job} still RUNNING (its agent on this node ended)"
+        else:
+            said = f"Slurm job {job} is {state.state}"
+            if state.restarts:
+                said += f", requeued {state.restarts} time(s)"
+        if state.reason and state.reason not in ("None", "(null)") and state.reason not in said:
+            said += f", reason {state.reason}"
+        return f"{why}; {said}"
 
     def preempted(self, index: int) -> str | None:
         with self._lock:
@@ -1121,8 +1227,28 @@ def _connected(remote: Remote) -> bool:
 
 
 def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
-    """A stream to a node's agent: a direct-tcpip channel from the login node to its private address."""
-    return cluster._login().tunnel(port, host=address)
+    """A stream to a node's agent: a direct-tcpip channel from the login node to its private
+    address; where the login node's sshd forbids that (``AllowTcpForwarding no``,
+    ``DisableForwarding``), a relay over an exec channel, run by the pool's own Python on the login
+    node (the environment on the shared home), copying frames to the agent."""
+    import paramiko
+
+    remote = cluster._login()
+    if not cluster._relay:
+        try:
+            return remote.tunnel(port, host=address)
+        except paramiko.ChannelException as exc:
+            python = cluster._ship.agent_python if cluster._ship is not None else cluster._agent_python
+            if exc.code != paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED or not python:
+                raise ProviderError(
+                    f"{remote.label} refused a channel to node agent {address}:{port}: {exc}. The login node "
+                    f"must let its users reach the compute nodes' addresses (sshd's AllowTcpForwarding).") from None
+            log.info("%s forbids TCP forwarding (%s): the pool reaches its agents through a relay over an "
+                     "exec channel instead", remote.label, exc)
+            cluster._relay = True
+    python = cluster._ship.agent_python if cluster._ship is not None else cluster._agent_python
+    return remote.relay(f"{shlex.quote(f'{cluster.sky}/{python}')} -m skyward.bootstrap.relay "
+                        f"{shlex.quote(f'{address}:{port}')}")
 
 
 def _parse_look(out: str, job: str) -> tuple[q.Look, dict[int, list[str]], dict[int, dict[str, Any]]]:
@@ -1160,7 +1286,11 @@ def _shared_phases(text: str) -> str:
 
 
 # Printed after NODE_DIRS on the login node: the address compute nodes reach it by.
-_LOGIN_FACTS = 'echo "@@address $(echo "${SSH_CONNECTION:-}" | cut -d" " -f3)"\n'
+# Then the partitions as sinfo shows them (the same connection's one command: no round trip more).
+_LOGIN_FACTS = (
+    'echo "@@address $(echo "${SSH_CONNECTION:-}" | cut -d" " -f3)"\n'
+    f'S=$(sinfo -h -N -o {shlex.quote(q.SINFO_FORMAT)} 2>&1); echo "@@sinfo $?"; printf "%s\\n" "$S" | sed "s/^/%%sinfo /"\n'
+)
 
 # Run by srun on each node of a job: $1 is the pool's index of the job's first node. The node's
 # bootstrap output and, once its agent listens, a one-line JSON hello go to the pool's folder on

@@ -492,3 +492,90 @@ def parse_scontrol_job(text: str) -> dict[str, Any] | None:
     return _usage(fields.get("JobState", "?"), elapsed, _int(fields.get("NumCPUs", "0")),
                   _gpus(fields.get("TRES", "")), _int(fields.get("NumNodes", "0")), fields.get("NodeList", ""),
                   fields.get("StartTime", ""), fields.get("EndTime", ""))
+
+
+# Flags in options= that already say how much of a node each job takes: with one of them, a job
+# gets no default --cpus-per-task.
+_CPU_FLAGS = ("--cpus-per-task", "-c", "--cpus-per-gpu", "--exclusive", "--mincpus")
+
+
+def default_cpus(part: Partition | None, spec: Any, options: Sequence[str]) -> int | None:
+    """The CPUs each node's job asks for when the pool names no ``vcpus=`` (None: leave it to
+    Slurm). A pool's node is a machine: all the CPUs of the partition's (smallest) node; on GPU
+    nodes, the share of its CPUs that goes with the share of its GPUs the pool asks for (a pool
+    of ``A100:1`` nodes on 4-GPU, 64-CPU nodes asks for 16), so the node's other GPUs stay usable
+    by others. Without it Slurm gives one CPU, and two one-node jobs of a pool (replacements,
+    growth) could land on one host (issue 45, item 9)."""
+    if getattr(spec, "vcpus", None) or part is None or part.cpus <= 0:
+        return None
+    names = {f.split("=", 1)[0] if f.startswith("--") else f[:2] for f in options}
+    if names & set(_CPU_FLAGS):
+        return None
+    acc = getattr(spec, "accelerator", None)
+    if acc is not None and part.gpus:
+        per_node = max(n for _, n in part.gpus)
+        count = getattr(acc, "count", 1)
+        if per_node > 0 and count < per_node:
+            return max(1, int(part.cpus * count // per_node))
+    return part.cpus
+
+
+def minutes(text: str | None) -> float | None:
+    """A Slurm time (``30``, ``1:30`` (MM:SS), ``2:00:00``, ``1-12``, ``1-12:00:00``, ``infinite``) in
+    minutes; None when it cannot be read."""
+    if not text:
+        return None
+    t = text.strip().lower()
+    if t in ("infinite", "unlimited"):
+        return math.inf
+    days, _, rest = t.rpartition("-")
+    try:
+        d = int(days) if days else 0
+        parts = [int(x) for x in rest.split(":")]
+    except ValueError:
+        return None
+    if days:  # days-hours[:minutes[:seconds]]
+        parts = parts + [0] * (3 - len(parts))
+        h, m, sec = parts[:3]
+    elif len(parts) == 3:
+        h, m, sec = parts
+    elif len(parts) == 2:
+        h, m, sec = 0, parts[0], parts[1]
+    else:
+        h, m, sec = 0, parts[0], 0
+    return d * 1440 + h * 60 + m + sec / 60
+
+
+def explain_refusal(parts: Sequence[Partition], *, partition: str | None, nodes: int,
+                    time_limit: str | None, spec: Any) -> str | None:
+    """What, in the pool's own terms, makes Slurm refuse a job (its error at sbatch, or a PENDING
+    reason that never passes: Slurm names one reason, not always the one that matters), checked
+    against the partitions ``sinfo`` shows; None when none of them explains it."""
+    if not parts:
+        return None
+    listed = "; ".join(describe(p) for p in parts)
+    part = next((p for p in parts if p.name == partition), None) if partition else next(
+        (p for p in parts if p.default), None)
+    if partition and part is None:
+        return (f"partition {partition!r} is not one of this cluster's; its partitions: {listed}. "
+                f"Name one of them with sky.Slurm(partition=...), or leave partition= out for the default")
+    if part is None:
+        return None
+    over = []
+    asked, limit = minutes(time_limit), minutes(part.time_limit)
+    if asked is not None and limit is not None and asked > limit:
+        over.append(f"time={time_limit} is over partition {part.name!r}'s MaxTime of {part.time_limit}: ask "
+                    f"for at most {part.time_limit} with sky.Slurm(time=...) (or max_duration=)")
+    if nodes > part.nodes:
+        over.append(f"nodes={nodes} is more than partition {part.name!r} has ({part.nodes})")
+    if getattr(spec, "vcpus", None) and spec.vcpus > part.cpus:
+        over.append(f"vcpus={spec.vcpus:g} is more than its nodes' {part.cpus} CPUs")
+    if getattr(spec, "memory_gb", None) and spec.memory_gb > part.memory_gb:
+        over.append(f"memory_gb={spec.memory_gb:g} is more than its nodes' {part.memory_gb:g} GB")
+    acc = getattr(spec, "accelerator", None)
+    if acc is not None and max((n for _, n in part.gpus), default=0) < getattr(acc, "count", 1):
+        over.append(f"accelerator={acc.name}:{acc.count:g} is more than its nodes have "
+                    f"({', '.join(f'{n}x {k}' for k, n in part.gpus) or 'no GPU'})")
+    if not over:
+        return None
+    return "; ".join(over) + f"; or name another partition (its partitions: {listed})"

@@ -444,8 +444,13 @@ class Membership:
     def _node_lost(self, node: int, why: BaseException) -> None:
         if self.closed:
             return
-        log.warning("pool %s: node %d was lost (%s)", self.pool_id, node, why)
-        self.emit(ev.InstanceLost(pool=self.pool_id, node=node, reason=str(why) or type(why).__name__))
+        reason = str(why) or type(why).__name__
+        try:
+            reason = self.cluster.loss_reason(node, reason)
+        except Exception:  # the provider's account is a courtesy: the loss itself must come out
+            log.debug("pool %s: the provider could not say why node %d was lost", self.pool_id, node, exc_info=True)
+        log.warning("pool %s: node %d was lost (%s)", self.pool_id, node, reason)
+        self.emit(ev.InstanceLost(pool=self.pool_id, node=node, reason=reason))
         try:
             self.cluster.node_lost(node)
         except Exception:  # the provider's bookkeeping must not break the pool

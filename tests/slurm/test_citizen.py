@@ -158,7 +158,16 @@ def test_a_pool_whose_squeue_fails_while_its_job_starts_waits_for_an_answer(site
 
 
 # -- item 3: scancel and the time limit are not undone -------------------------------------------------
+def losses(events: list[sky.Event]) -> list[str]:
+    from skyward.observe import events as ev
+
+    ev.bus.flush()
+    return [e.reason for e in list(events) if isinstance(e, sky.InstanceLost)]
+
+
 def test_a_scancelled_job_ends_the_pool_with_its_reason_and_is_not_resubmitted(site: Site) -> None:
+    seen: list[sky.Event] = []
+    unsubscribe = sky.subscribe(seen.append)
     with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
         (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
         assert (job_id() >> pool) == job
@@ -170,10 +179,16 @@ def test_a_scancelled_job_ends_the_pool_with_its_reason_and_is_not_resubmitted(s
                 time.sleep(0.5)
         time.sleep(3)  # nothing came back meanwhile, nor after
         assert not live(site), site.cluster.jobs()
+    unsubscribe()
     site.cluster.wait_idle()
+    # Each lost node's event says what Slurm did, not only what the connection saw (item 8).
+    lost = losses(seen)
+    assert lost and all(f"Slurm job {job} was cancelled" in r for r in lost), lost
 
 
 def test_a_job_past_its_time_limit_ends_the_pool_and_is_not_resubmitted(site: Site) -> None:
+    seen: list[sky.Event] = []
+    unsubscribe = sky.subscribe(seen.append)
     with sky.Compute(provider=site.provider(time=60), nodes=1, options=QUIET) as pool:
         (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
         assert (job_id() >> pool) == job
@@ -184,7 +199,10 @@ def test_a_job_past_its_time_limit_ends_the_pool_and_is_not_resubmitted(site: Si
                 time.sleep(1.0)
         time.sleep(3)
         assert not live(site), site.cluster.jobs()
+    unsubscribe()
     site.cluster.wait_idle()
+    lost = losses(seen)
+    assert lost and all(f"Slurm job {job} reached its time limit (TIMEOUT)" in r for r in lost), lost
 
 
 # -- item 2: a dropped SSH session to the login node --------------------------------------------------
@@ -263,6 +281,67 @@ def test_a_waiting_job_is_looked_at_less_and_less_often(site: Site) -> None:
         calls = squeue.calls() - before
         # 0.25 s apart for 2 s, then 1, 2 and 5 s apart: about 19 looks in 25 s (100 at 0.25 s).
         assert calls <= 24 and 25 <= took < 40, (calls, took)
+    finally:
+        site.cluster.run(["scancel", blocker], check=False)
+    wait_for(lambda: not live(site), 30, "for the jobs to end")
+    site.cluster.wait_idle()
+
+
+def test_the_shared_look_asks_once_for_callers_at_once_and_again_when_too_old() -> None:
+    from skyward.providers.slurm_shared import SharedQueue
+
+    calls: list[str] = []
+
+    def run(command: str) -> tuple[int, str]:
+        calls.append(command)
+        time.sleep(0.3)  # every other caller arrives while this one asks
+        return 0, "7|PENDING|Priority|\n8|RUNNING|None|n1\n@@squeue 0\n"
+
+    shared = SharedQueue()
+    seen: list[Any] = []
+    threads = [threading.Thread(target=lambda: seen.append(shared.look(run, max_age=5.0))) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and "squeue" in calls[0] and "-u" in calls[0], calls
+    assert all(look.states["7"].state == "PENDING" and look.states["8"].nodelist == "n1" for look in seen)
+    shared.look(run, max_age=0.0)  # a caller that needs a newer answer than the last one asks again
+    assert len(calls) == 2
+
+    def broken(command: str) -> tuple[int, str]:
+        raise OSError("connection reset")
+
+    failed = SharedQueue().look(broken, max_age=5.0)
+    assert failed.error is not None and "connection reset" in failed.error  # no answer: never "gone"
+
+
+def test_pools_of_one_process_waiting_together_share_their_looks_at_the_queue(site: Site) -> None:
+    squeue = BrokenSqueue(site)  # (not broken: only counting the login node's squeue calls)
+    blocker = site.cluster.run(["sbatch", "--parsable", "--exclusive", f"-N{len(site.compute)}", "--chdir=/",
+                                "-o", "/dev/null", "--job-name=someone-else", "--wrap", "sleep 300"]).stdout.strip()
+    errors: list[BaseException] = []
+
+    def wait_in_the_queue() -> None:
+        try:
+            with sky.Compute(provider=site.provider(pending_timeout=12), nodes=1, options=QUIET):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        wait_for(lambda: {j["id"]: j["state"] for j in site.cluster.jobs()}.get(blocker) == "RUNNING", 30)
+        before = squeue.calls()
+        pools = [threading.Thread(target=wait_in_the_queue) for _ in range(3)]
+        for t in pools:
+            t.start()
+        for t in pools:
+            t.join(120)
+        calls = squeue.calls() - before
+        assert len(errors) == 3 and all("pending_timeout" in str(e) for e in errors), errors
+        # One pool alone looks about 15 times in 12 s (0.25 s apart for 2 s, then 1 and 2 s apart);
+        # three looking on their own would be about 45.
+        assert calls <= 24, calls
     finally:
         site.cluster.run(["scancel", blocker], check=False)
     wait_for(lambda: not live(site), 30, "for the jobs to end")

@@ -74,7 +74,8 @@ def test_a_named_pool_up_used_by_two_programs_and_down(site: Site, cli: CLI) -> 
     kept = json.loads((cli.home / "records" / f"{pool_id}.json").read_text())["slurm"]
     usage = kept["jobs"][job]["usage"]
     assert usage["state"].startswith("CANCELLED") and usage["elapsed_seconds"] >= 1, kept
-    assert usage["cpus"] == 2 and usage["cpu_hours"] == round(2 * usage["elapsed_seconds"] / 3600, 4), kept
+    cpus = 2 * site.cluster.cpus  # two nodes, each its node's CPUs (no vcpus=: the partition's per node)
+    assert usage["cpus"] == cpus and usage["cpu_hours"] == round(cpus * usage["elapsed_seconds"] / 3600, 4), kept
     assert usage["gpu_hours"] == 0 and kept["cpu_hours"] == usage["cpu_hours"], kept
     assert "accounting storage is disabled" in kept["accounting"] and "scontrol" in kept["accounting"], kept
     destroyed = [json.loads(line) for line in (cli.home / "audit" / "lab.jsonl").read_text().splitlines()][-1]

@@ -168,6 +168,42 @@ def test_a_request_the_cluster_can_never_satisfy_fails_at_once_in_slurms_words(
     assert words.lower() in str(info.value).lower() and "can never run it" in str(info.value), info.value
     assert time.monotonic() - t0 < 20
     assert site.cluster.jobs() == []
+    # ...and then in the pool's own terms, naming what is wrong and what the cluster has.
+    said = str(info.value)
+    if kw.get("partition"):
+        assert "partition 'nosuch' is not one of this cluster's" in said and "debug (default)" in said, said
+    elif nodes == 9:
+        assert "nodes=9 is more than partition 'debug' has (3)" in said, said
+
+
+def test_a_time_over_the_partitions_maxtime_is_refused_naming_the_limit(site: Site) -> None:
+    names = ",".join(h.name for h in site.compute)
+    site.cluster.run(["scontrol", "create", "PartitionName=short", f"Nodes={names}", "MaxTime=2",
+                      "State=UP"])
+    try:
+        with pytest.raises(sky.ProviderError) as info, \
+                sky.Compute(provider=site.provider(partition="short", time="10:00"), nodes=1, options=QUIET):
+            pass
+    finally:
+        site.cluster.run(["scontrol", "delete", "PartitionName=short"], check=False)
+    said = str(info.value)
+    assert "can never run it" in said, said
+    assert "is over partition 'short''s MaxTime of 2:00" in said, said
+    assert site.cluster.jobs() == [] or all(j["state"] != "PENDING" for j in site.cluster.jobs())
+
+
+def test_a_node_without_vcpus_asks_for_the_partitions_cpus_per_node(site: Site) -> None:
+    """A pool's node is a machine: without vcpus= each job asks for all the CPUs of the
+    partition's nodes (Slurm would give one, and two one-node jobs of the pool could share a
+    host); vcpus= asks for fewer."""
+    with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
+        job = next(iter(pool.cluster.jobs()))  # type: ignore[attr-defined]
+        whole = site.cluster.run(["scontrol", "show", "job", job]).stdout
+    with sky.Compute(provider=site.provider(), nodes=1, vcpus=1, options=QUIET) as pool:
+        job = next(iter(pool.cluster.jobs()))  # type: ignore[attr-defined]
+        one = site.cluster.run(["scontrol", "show", "job", job]).stdout
+    assert f"NumCPUs={2 * site.cluster.cpus} " in whole and f"CPUs/Task={site.cluster.cpus} " in whole, whole
+    assert "NumCPUs=1 " in one, one
 
 
 def test_time_partition_and_options_reach_sbatch(site: Site) -> None:

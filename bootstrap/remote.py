@@ -24,13 +24,14 @@ import hashlib
 import hmac
 import io
 import logging
+import math
 import os
 import shlex
 import socket
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -442,30 +443,59 @@ class Remote:
         on_line: Callable[[str], None] | None = None,
         phase: str = "",
         check: bool = True,
+        answer: Callable[[str], Iterable[bytes] | None] | None = None,
+        deadline: Callable[[], float] | None = None,
     ) -> tuple[int, str]:
         """Run ``command``; stdout and stderr together. Returns (exit code, output).
 
         With ``check``, a non-zero exit raises BootstrapError with the host, phase, command,
-        exit code and the last lines of output."""
+        exit code and the last lines of output. ``answer``: a conversation on the same channel
+        (no second command, so no second round trip): stdin stays open after ``stdin`` and each
+        output line goes to ``answer`` until it returns the bytes to send back; they are sent,
+        then stdin is closed. ``deadline``: instead of ``timeout``, a time (``time.monotonic``) that
+        may move while the command runs (one command doing several steps, each with its own limit)."""
+        if deadline is None:
+            end = None if timeout is None else time.monotonic() + timeout
+
+            def deadline() -> float:
+                return math.inf if end is None else end
+
         chan = self.transport.open_session(window_size=_WINDOW)
         try:
             chan.set_combine_stderr(True)
             chan.exec_command(command)
             if stdin is not None:
                 _send_all(chan, stdin)
-            chan.shutdown_write()
+            if answer is None:
+                chan.shutdown_write()
             lines: list[str] = []
             pending = b""
-            deadline = None if timeout is None else time.monotonic() + timeout
             chan.settimeout(1.0)
+
+            def reply(line: str) -> None:
+                nonlocal answer
+                if answer is None:
+                    return
+                parts = answer(line)
+                if parts is None:
+                    return
+                answer = None
+                # The node reads while we send (an upload may take a while): no 1 s timeout here.
+                left = deadline() - time.monotonic()
+                chan.settimeout(None if left == math.inf else max(1.0, left))
+                for part in parts:
+                    _send_all(chan, part)
+                chan.shutdown_write()
+                chan.settimeout(1.0)
+
             while True:
                 try:
                     data = chan.recv(65536)
                 except TimeoutError:
-                    if deadline is not None and time.monotonic() > deadline:
+                    if time.monotonic() > deadline():
                         raise BootstrapError(
-                            host=self.label, phase=phase, command=command, exit_code=None,
-                            output=lines[-_TAIL:], why=f"timed out after {timeout:g} s",
+                            host=self.label, phase=phase, command=command, exit_code=None, output=lines[-_TAIL:],
+                            why=f"timed out after {timeout:g} s" if timeout is not None else "timed out",
                         ) from None
                     continue
                 if not data:
@@ -477,6 +507,7 @@ class Remote:
                     lines.append(line)
                     if on_line is not None:
                         on_line(line)
+                    reply(line)
                     if len(lines) > 4 * _TAIL:
                         del lines[: -_TAIL]
             if pending:
@@ -570,6 +601,42 @@ class Remote:
     def close(self) -> None:
         if self.conn is not None:
             _close(self.conn)
+
+
+def tar_archive(items: Iterable[tuple[str, Path | bytes, int]]) -> tuple[int, Iterator[bytes]]:
+    """(relative path, local file or bytes, mode) as one tar archive: its exact size, known before
+    any of it is read, and its bytes, made as they are sent (a node reads exactly that many bytes
+    off a stream that goes on after them: script.node_up)."""
+    members: list[tuple[bytes, Path | bytes, int]] = []
+    total = 0
+    now = int(time.time())
+    for arc, src, mode in items:
+        info = tarfile.TarInfo(arc)
+        info.size = src.stat().st_size if isinstance(src, Path) else len(src)
+        info.mode, info.mtime = mode, (int(src.stat().st_mtime) if isinstance(src, Path) else now)
+        header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        members.append((header, src, info.size))
+        total += len(header) + -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    total += 2 * tarfile.BLOCKSIZE  # the end-of-archive blocks
+    padded = -(-total // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+    def parts() -> Iterator[bytes]:
+        for header, src, size in members:
+            yield header
+            if isinstance(src, Path):
+                sent = 0
+                with open(src, "rb") as f:
+                    while chunk := f.read(min(_CHUNK, size - sent)):
+                        sent += len(chunk)
+                        yield chunk
+                if sent != size:  # changed while we sent it: the node would read the wrong bytes
+                    raise ProviderError(f"{src} changed size while it was being sent ({size} -> {sent} bytes)")
+            else:
+                yield src
+            yield bytes(-size % tarfile.BLOCKSIZE)
+        yield bytes(padded - total + 2 * tarfile.BLOCKSIZE)
+
+    return padded, parts()
 
 
 # Unpack a tar from stdin into a private folder next to BASE, then rename each file into place.
@@ -808,4 +875,4 @@ def _why(exc: BaseException | None, host: str, port: int) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["ChannelSocket", "Remote", "Target", "known_hosts_path"]
+__all__ = ["ChannelSocket", "Remote", "Target", "known_hosts_path", "tar_archive"]

@@ -104,17 +104,21 @@ def render(image: Image, plan: NodePlan) -> str:
     if image.apt:  # (the exact commands node_dirs_command asks sudo about and sudo_advice names)
         phase("apt", _APT.format(install=_words(apt_install(image.apt)), update=_words(apt_update())),
               key(sorted(image.apt)), node_local=True)
+    # Keyed by the client's uv: a warm node skips it (two uv runs fewer on every start), a client
+    # with another uv runs it again.
+    uv_key = key("uv", plan.install, plan.uv_version)
     if plan.install == "index":
         # Nodes with an index fetch uv themselves (nothing to upload): the client's version.
         phase("uv", f'if ! "$UV" --version >/dev/null 2>&1; then\n'
                     f'  python3 - "$SKY/bin" {q(plan.uv_version)} <<\'SKYWARD_PY\'\n{_FETCH_UV}SKYWARD_PY\nfi\n'
-                    f'"$UV" --version')
+                    f'"$UV" --version', uv_key, '[ -x "$UV" ]')
     else:
         phase("uv", 'if ! "$UV" --version >/dev/null 2>&1; then\n'
                     # A unique name, then rename: on a shared home other hosts may be running
                     # "$UV" while this one unpacks it ("text file busy", exit 126).
                     '  tmp="$UV.$(hostname).$$"\n'
-                    '  gunzip -c "$UV.gz" > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$UV"\nfi\n"$UV" --version')
+                    '  gunzip -c "$UV.gz" > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$UV"\nfi\n"$UV" --version',
+              uv_key, '[ -x "$UV" ]')
     py = q(plan.python)
     find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
     if plan.install == "index":
@@ -190,17 +194,90 @@ def node_dirs_command(pool_id: str, node: int, *, sudo: bool | Iterable[str]) ->
     """Bash that resolves a node's folders and prints them as ``@@KEY VALUE`` lines: sky, run, pool,
     uid, and with ``sudo`` (the Image's apt packages), whether a user who is not root may run the
     apt-get install of those packages through ``sudo -n``."""
-    check = ""
-    packages = () if isinstance(sudo, bool) else tuple(sudo)
-    if sudo:
-        # `sudo -n -l COMMAND` asks sudo's rules about exactly what the apt phase runs (`sudo -n
-        # true` would refuse a rule narrowed to these packages, and to apt-get, alike).
-        asked = f"sudo -n -l {_words(apt_install(packages))}" if packages else "sudo -n true"
-        check = ('if [ "$(id -u)" -ne 0 ]; then\n'
-                 f'  if out=$({asked} 2>&1); then echo "@@sudo ok"; else echo "@@sudo ${{out:-refused}}"; fi\n'
-                 'fi\n')
     return (NODE_DIRS + f'echo "@@sky $SKY"\necho "@@run $RUN"\n'
-            f'echo "@@pool $RUN/pools/{pool_folder(pool_id, node)}"\necho "@@uid $(id -u)"\n' + check)
+            f'echo "@@pool $RUN/pools/{pool_folder(pool_id, node)}"\necho "@@uid $(id -u)"\n' + _sudo_check(sudo))
+
+
+def _sudo_check(sudo: bool | Iterable[str], refused: str = "") -> str:
+    """``@@sudo ok`` or ``@@sudo WHY`` (then ``refused``, bash) for a login that is not root."""
+    if not sudo:
+        return ""
+    packages = () if isinstance(sudo, bool) else tuple(sudo)
+    # `sudo -n -l COMMAND` asks sudo's rules about exactly what the apt phase runs (`sudo -n
+    # true` would refuse a rule narrowed to these packages, and to apt-get, alike).
+    asked = f"sudo -n -l {_words(apt_install(packages))}" if packages else "sudo -n true"
+    return ('if [ "$(id -u)" -ne 0 ]; then\n'
+            f'  if out=$({asked} 2>&1 </dev/null); then echo "@@sudo ok"; else echo "@@sudo ${{out:-refused}}"; {refused}fi\n'
+            'fi\n')
+
+
+# A file a node is sent: a path under SKY or the pool's folder, nothing that could climb out.
+_SHIPPED_NAME = re.compile(r"[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*")
+
+
+def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[str, int], script: str,
+            then: str) -> str:
+    """The whole start of a node over SSH as one bash text for ``bash -s``: one command, so one
+    round trip, on a node that has everything. It resolves the node's folders as
+    ``node_dirs_command`` does (``SKYWARD_KEEP_POOL`` in its environment keeps a node's folder) and
+    prints them; stops after ``@@sudo WHY`` when sudo refuses the Image's apt packages; prints
+    ``@@need PATH...``: which of ``files`` (path under SKY -> size) are missing or of another size;
+    then reads the client's answer on its stdin: a line ``SHARED MINE`` with two sizes, then that
+    many bytes of two tar archives, unpacked into SKY and into the pool's folder (each file renamed
+    into place: other hosts of a shared home may be reading it), and ``@@received``; then runs the
+    rendered bootstrap ``script`` with those folders, then ``then`` (bash, e.g. the agent's start;
+    stdin still holds what the client sent after the archives).
+
+    Everything is inside one function, so bash has read all of this text before anything reads the
+    answer from the same stdin (the client sends it only once it saw ``@@need``)."""
+    for name in files:
+        if not _SHIPPED_NAME.fullmatch(name) or ".." in name.split("/"):
+            raise ValueError(f"shipped file {name!r}: letters, digits, '_', '.', '+', '-' and '/' only")
+    expected = " ".join(shlex.quote(f"{size}:{name}") for name, size in files.items())
+    names = " ".join(shlex.quote(name) for name in files)
+    return (
+        "skyward_node_up() {\n"
+        + NODE_DIRS
+        + f'POOL="${{SKYWARD_KEEP_POOL:-$RUN/pools/{pool_folder(pool_id, node)}}}"\n'
+        'echo "@@sky $SKY"; echo "@@run $RUN"; echo "@@pool $POOL"; echo "@@uid $(id -u)"\n'
+        + _sudo_check(sudo, refused="return 0; ")
+        + (f"local -A have=()\nlocal size name need=''\n"
+           f"while read -r size name; do have[$name]=$size; done < <(cd \"$SKY\" 2>/dev/null && "
+           f"stat -c '%s %n' -- {names} 2>/dev/null </dev/null)\n"
+           f"for size in {expected}; do\n"
+           '  name=${size#*:}; size=${size%%:*}\n'
+           '  [ "${have[$name]:-}" = "$size" ] || need="$need $name"\n'
+           "done\n" if files else "local need=''\n")
+        + 'echo "@@need$need"\n'
+        "local shared mine\n"
+        'IFS=" " read -r shared mine || { echo "the client sent nothing after @@need" >&2; return 2; }\n'
+        'if [ "$shared" -gt 0 ]; then _skyward_receive "$shared" "$SKY" || return 3; fi\n'
+        'if [ "$mine" -gt 0 ]; then _skyward_receive "$mine" "$POOL" || return 3; fi\n'
+        'echo "@@received"\n'
+        'export SKYWARD_SKY="$SKY" SKYWARD_RUN="$RUN" SKYWARD_POOL="$POOL"\n'
+        + script.rstrip("\n") + "\n"
+        + then.rstrip("\n") + "\n"
+        "}\n"
+        + _RECEIVE
+        # On the same line: bash runs it before reading further (there is nothing more to read).
+        + "skyward_node_up; exit $?\n"
+    )
+
+
+# _skyward_receive BYTES BASE: exactly BYTES bytes of stdin (head -c reads no further: what follows
+# is the next archive, or the agent's token), a tar, unpacked into a private folder next to BASE,
+# then each file renamed into place.
+_RECEIVE = """\
+_skyward_receive() (
+  set -eo pipefail
+  base=$2; mkdir -p "$base"; stage=$(mktemp -d "$base/.incoming.XXXXXX")
+  trap 'rm -rf "$stage"' EXIT
+  head -c "$1" | tar -x --no-same-owner -f - -C "$stage"
+  cd "$stage"
+  find . -mindepth 1 -type d -exec sh -c 'for d; do mkdir -p "$0/$d" || exit 1; done' "$base" {} +
+  find . ! -type d -exec sh -c 'for f; do mv -f "$f" "$0/$f" || exit 1; done' "$base" {} +
+)
+"""
 
 
 # -- apt through sudo: the commands the apt phase runs, the check above and the advice, one source

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from skyward.errors import ConfigError
+from skyward.errors import ConfigError, ProviderError
 from skyward.records import pkglock
 
 if TYPE_CHECKING:
@@ -45,11 +45,12 @@ class Shipment:
 
 def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, install: Install, kind: str,
           pin: tuple[pkglock.Package, ...] | None, platform: str | None,
-          on_phase: PhaseCallback) -> tuple[Shipment, dict[str, Any]]:
+          on_phase: PhaseCallback, reuse_lock: bool = False) -> tuple[Shipment, dict[str, Any]]:
     """The shipment for the final ``image`` (after plugin transforms) and its plugin ``ops``, and
     the pool's lock record (skyward.records.pkglock.describe). ``pin``: the packages of a pool
     being reproduced (None: resolve Image.pip here); ``platform``: uv's --python-platform of the
-    nodes (None: the client's, wheelhouse mode)."""
+    nodes (None: the client's, wheelhouse mode). ``reuse_lock``: requirements that are all pinned
+    take the resolution a pool made of them less than LOCK_FRESH_S ago (``resolve``)."""
     from skyward.bootstrap import script, wheelhouse
 
     image, mounts = volume_plan(image, spec, kind)  # sky.Volume: rclone, its config
@@ -66,8 +67,8 @@ def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, insta
         import sys
 
         target = sys.executable if install == "wheelhouse" else python
-        locked = pkglock.resolve([*image.pip, *reqs], python=target, platform=platform,
-                                 indexes=[ix.url for ix in image.pip_indexes])
+        locked = resolve([*image.pip, *reqs], python=target, platform=platform,
+                         indexes=[ix.url for ix in image.pip_indexes], reuse=reuse_lock)
     lock_text = pkglock.text(locked)
     indexes = tuple(ix.url for ix in image.pip_indexes)
     if install == "wheelhouse":  # index mode: nodes fetch uv and packages themselves
@@ -100,6 +101,64 @@ def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, insta
         apt=tuple(image.apt),
     )
     return shipment, lock
+
+
+# How long a resolution of pinned requirements is reused: what pip's own HTTP cache takes an
+# index page to be fresh for (PyPI says max-age=600). Resolving again asks the index about every
+# package (0.25-0.5 s here, each time), which was a third of a warm SSH pool's start.
+LOCK_FRESH_S = 600.0
+
+
+def resolve(requirements: list[str], *, python: str, platform: str | None, indexes: list[str],
+            reuse: bool) -> tuple[pkglock.Package, ...]:
+    """``pkglock.resolve``; with ``reuse``, requirements that are all pinned (``name==version``:
+    the agent's own, and an Image.pip written that way) take the lock a pool resolved for the same
+    requirements, Python, platform, package sources and uv less than LOCK_FRESH_S ago, from the
+    client's cache. A requirement without an exact version always asks the index (its newest
+    release is what it asks for)."""
+    if not reuse or not requirements or not all(_pinned(r) for r in requirements):
+        return pkglock.resolve(requirements, python=python, platform=platform, indexes=indexes)
+    import hashlib
+    import json
+    import sys
+
+    from skyward.paths import cache_root
+
+    where = pkglock.sources(indexes)
+    # (the sources' URLs may hold credentials: they go into the hash only, never into the file)
+    identity = json.dumps([sorted(requirements), python, sys.version if python == sys.executable else "",
+                           platform, indexes, where.args, sorted(where.env), pkglock.uv_version()])
+    folder = cache_root() / "locks"
+    path = folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.txt"
+    try:
+        if time.time() - path.stat().st_mtime < LOCK_FRESH_S:
+            return pkglock.parse(path.read_text())
+    except (OSError, ProviderError):
+        pass  # none yet, or unreadable: resolved again
+    found = pkglock.resolve(requirements, python=python, platform=platform, indexes=indexes)
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(pkglock.text(found))
+        tmp.replace(path)
+    except OSError:
+        pass  # not cached: the next pool resolves again
+    return found
+
+
+def _pinned(requirement: str) -> bool:
+    """Whether a requirement names exactly one version (``==`` without a wildcard, or ``===``)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        req = Requirement(requirement)
+    except InvalidRequirement:
+        return False
+    specs = list(req.specifier)
+    return (req.url is None and len(specs) == 1 and specs[0].operator in ("==", "===")
+            and "*" not in specs[0].version)
 
 
 def volume_plan(image: Image, spec: Spec, kind: str) -> tuple[Image, Any]:

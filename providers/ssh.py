@@ -19,6 +19,7 @@ import functools
 import ipaddress
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -28,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -310,9 +311,9 @@ class SSHCluster(Cluster):
                 self._next += 1
             for n in nodes:
                 self._nodes[n.index] = n
-        self._prepare()
+        ready = self._prepare_meanwhile()
         with ThreadPoolExecutor(max_workers=min(32, count)) as pool:
-            futures = [pool.submit(self._bring_up, n) for n in nodes]
+            futures = [pool.submit(self._bring_up, n, None, ready) for n in nodes]
             errors: list[BaseException] = []
             endpoints = []
             for f in futures:
@@ -358,8 +359,28 @@ class SSHCluster(Cluster):
             image, ops = self._final_image()
             self._ship, self.lock = shipment.build(
                 self.spec, image, ops, pool_id=self.pool_id, install=self._install, kind=self._kind,
-                pin=self._pin, platform=self._platform(),
+                pin=self._pin, platform=self._platform(), reuse_lock=True,
                 on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds))
+
+    def _prepare_meanwhile(self) -> Future[None]:
+        """``_prepare`` on a thread of its own: the hosts are connected to while the shipment is
+        built (resolving the packages is a uv process and the index's answers; logging in is
+        the hosts' and the network's time). Nothing runs on a host before it is ready."""
+        ready: Future[None] = Future()
+        if self._ship is not None:
+            ready.set_result(None)
+            return ready
+
+        def prepare() -> None:
+            try:
+                self._prepare()
+            except BaseException as exc:
+                ready.set_exception(exc)
+            else:
+                ready.set_result(None)
+
+        threading.Thread(target=prepare, name="skyward-ssh-prepare", daemon=True).start()
+        return ready
 
     def _platform(self) -> str | None:
         """uv's --python-platform for these nodes: wheelhouse nodes share the client's (None)."""
@@ -375,30 +396,23 @@ class SSHCluster(Cluster):
         return prepare(self.spec, self)
 
     # -- one node ----------------------------------------------------------------------------
-    def _bring_up(self, node: _Node, remote: Remote | None = None) -> NodeEndpoint:
-        ship = self._ship
-        assert ship is not None
+    def _bring_up(self, node: _Node, remote: Remote | None = None, ready: Future[None] | None = None) -> NodeEndpoint:
+        """Connect (unless ``remote``), then one command does the rest (script.node_up): the
+        node's folders, what it lacks of the shipment (sent back on the same channel), the
+        bootstrap script and the agent's start. A warm host costs the login and that one command."""
         h = node.host
         remote = remote or self._open(node)
-        self._locate(node, remote, sudo=ship.apt)
-        # Caches into the (maybe shared) home; this node's own files into its pool folder.
-        shared: list[tuple[str, Path | bytes, int]] = [
-            (p, *ship.files[p]) for p in remote.missing(ship.sizes, node.home)
-        ]
-        mine: list[tuple[str, Path | bytes, int]] = []
-        if ship.includes is not None:
-            mine.append(("includes.tar", ship.includes, 0o600))
-        if ship.volumes_conf is not None:  # the volumes' credentials: a 0600 file, never in the script
-            mine.append(("rclone.conf", ship.volumes_conf, 0o600))
-        self._phase(node.index, "upload", "started")
-        t0 = time.monotonic()
-        remote.upload(shared, node.home)
-        remote.upload(mine, node.pool_dir)
-        self._phase(node.index, "upload", "done", time.monotonic() - t0)
-
-        self._run_script(node, remote, ship.script)
+        if ready is not None:
+            try:
+                ready.result()
+            except BaseException:  # the shipment could not be made: nothing ran on this host
+                remote.close()
+                node.remote = None
+                raise
+        ship = self._ship
+        assert ship is not None
         node.agent_python = ship.agent_python
-        port, pid, facts = self._start_agent(node, remote)
+        port, pid, facts = self._node_up(node, remote, ship)
         node.agent_pid, node.agent_port = pid, port
         node.direct_port = int(facts["direct_port"]) if facts.get("direct_port") else None
         if node.index == 0 or self.interface == "eth0":
@@ -412,29 +426,25 @@ class SSHCluster(Cluster):
         )
         return node.endpoint
 
-    def _locate(self, node: _Node, remote: Remote, *, sudo: tuple[str, ...]) -> None:
-        """Where this node keeps skyward's caches and its folder of the pool (one command), and,
-        when the Image installs apt packages as a user who is not root, whether sudo works."""
-        from skyward.bootstrap.script import node_dirs_command, sudo_advice
+    def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
+        from skyward.bootstrap.remote import tar_archive
+        from skyward.bootstrap.script import node_up, parse_marker, sudo_advice
 
-        _, out = remote.run(node_dirs_command(self.pool_id, node.index, sudo=sudo), phase="connect")
-        facts = _facts(out)
-        node.home = facts["sky"]
-        node.pool_dir = node.pool_dir or facts["pool"]  # a node restarted in place keeps its folder
-        refused = facts.get("sudo")
-        if refused is not None and refused != "ok":
-            user = remote.target.user or "the login user"
-            raise ProviderError(
-                f"{remote.label}: Image(apt={list(sudo)!r}) installs system packages, which needs root; "
-                f"{user} is not root and sudo -n will not run `apt-get install` of them for {user} there "
-                f"({refused.strip()}). {sudo_advice(user, sudo)}"
-            )
-
-    def _run_script(self, node: _Node, remote: Remote, text: str) -> None:
-        from skyward.bootstrap.script import parse_marker
-
+        # Caches into the (maybe shared) home; this node's own files into its pool folder.
+        mine: list[tuple[str, Path | bytes, int]] = []
+        if ship.includes is not None:
+            mine.append(("includes.tar", ship.includes, 0o600))
+        if ship.volumes_conf is not None:  # the volumes' credentials: a 0600 file, never in the script
+            mine.append(("rclone.conf", ship.volumes_conf, 0o600))
+        text = node_up(self.pool_id, node.index, sudo=ship.apt, files=ship.sizes, script=ship.script,
+                       then=self._agent_start(node, remote))
+        facts: dict[str, str] = {}
         started: dict[str, float] = {}
-        current = [""]
+        current = [""]  # the phase running: "connect", "upload", a script phase, "agent"
+        seen: set[str] = set()
+        # Each step its own limit: the uploads none (as large as the wheelhouse), the script
+        # bootstrap_timeout, the agent's start _AGENT_START_TIMEOUT (the node waits that long).
+        limit = [time.monotonic() + self._ssh_timeout + _AGENT_START_TIMEOUT]
 
         def on_line(line: str) -> None:
             if line.startswith("@@skyward apt "):
@@ -443,9 +453,32 @@ class SSHCluster(Cluster):
                 if self.lock is not None:
                     self.lock["apt"] = dict(sorted(self.apt_versions.items()))
                 return
+            if line.startswith(("@@sky ", "@@pool ")):  # known at once: a failure later cleans this folder up
+                key, _, value = line[2:].partition(" ")
+                if key == "sky":
+                    node.home = value.strip()
+                else:
+                    node.pool_dir = node.pool_dir or value.strip()  # a node restarted in place keeps its folder
+                return
+            if line == "@@received":
+                seen.add("received")
+                limit[0] = time.monotonic() + self._bootstrap_timeout
+                self._phase(node.index, "upload", "done", time.monotonic() - started["upload"])
+                current[0] = ""
+                return
+            if line == "@@skyward ready":
+                seen.add("ready")
+                limit[0] = time.monotonic() + _AGENT_START_TIMEOUT + 10
+                current[0] = "agent"
+                return
+            if line.startswith("@@skyward pid "):
+                facts["script"] = line  # (what stops the script when it runs out of time)
+                return
             parsed = parse_marker(line)
             if parsed is None:
-                if line.strip() and not line.startswith("@@skyward"):
+                if line.startswith("@@") and not line.startswith("@@skyward"):
+                    facts.update(_facts(line))  # (kept here: the output's head is not kept)
+                elif line.strip():
                     log.debug("node %d: %s", node.index, line)
                 return
             name, status, _ = parsed
@@ -457,21 +490,53 @@ class SSHCluster(Cluster):
                 seconds = now - started[name] if name in started else 0.0
                 self._phase(node.index, name, status, seconds)
 
+        def answer(line: str) -> list[bytes] | None:
+            """What the node lacks (``@@need``): it comes back on the same channel, then the token."""
+            if not line.startswith("@@need"):
+                return None
+            seen.add("need")
+            limit[0] = math.inf
+            shared = [(p, *ship.files[p]) for p in line[len("@@need"):].split() if p in ship.files]
+            self._phase(node.index, "upload", "started")
+            started["upload"], current[0] = time.monotonic(), "upload"
+            size_shared, shared_parts = tar_archive(shared) if shared else (0, iter(()))
+            size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
+            return [f"{size_shared} {size_mine}\n".encode(), *shared_parts, *mine_parts,
+                    (self.token + "\n").encode()]  # the agent reads it last: never on a command line
+
+        keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)} " if node.pool_dir else ""
+        current[0] = "connect"
         try:
-            where = (f"SKYWARD_SKY={shlex.quote(node.home)} SKYWARD_RUN={shlex.quote(_run_dir(node.pool_dir))} "
-                     f"SKYWARD_POOL={shlex.quote(node.pool_dir)}")
-            remote.run(f"exec env {where} setsid -w bash -s", stdin=text.encode(),
-                       timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
-        except BootstrapError as exc:
+            code, out = remote.run(f"exec env {keep}setsid -w bash -s", stdin=text.encode(), check=False,
+                                   on_line=on_line, answer=answer, deadline=lambda: limit[0], phase="bootstrap")
+        except BootstrapError as exc:  # timed out
             phase = current[0] or "bootstrap"
-            if exc.exit_code is None:  # timed out: stop what the script left running
-                self._kill_script(remote, exc.output)
+            self._kill_script(remote, [facts.get("script", ""), *exc.output])
+            why = (f"did not report its port within {_AGENT_START_TIMEOUT} s" if phase == "agent" else
+                   "did not answer (timed out)" if phase == "connect" else
+                   f"did not finish within bootstrap_timeout={self._bootstrap_timeout:g} s")
             raise BootstrapError(
-                host=exc.host, phase=phase, command=_phase_command(text, phase), exit_code=exc.exit_code,
-                output=[line for line in exc.output if not line.startswith("@@skyward")],
-                why=(f"did not finish within bootstrap_timeout={self._bootstrap_timeout:g} s"
-                     if exc.exit_code is None else ""),
+                host=exc.host, phase=phase, command=_phase_command(ship.script, phase), exit_code=None,
+                output=[line for line in exc.output if not line.startswith("@@")], why=why,
             ) from None
+        refused = facts.get("sudo")
+        if refused is not None and refused != "ok":
+            user = remote.target.user or "the login user"
+            raise ProviderError(
+                f"{remote.label}: Image(apt={list(ship.apt)!r}) installs system packages, which needs root; "
+                f"{user} is not root and sudo -n will not run `apt-get install` of them for {user} there "
+                f"({refused.strip()}). {sudo_advice(user, ship.apt)}"
+            )
+        if code != 0 or "ready" not in seen:
+            phase = ("connect" if "need" not in seen else "upload" if "received" not in seen
+                     else current[0] if current[0] not in ("", "agent") else "bootstrap")
+            raise BootstrapError(
+                host=remote.label, phase=phase,
+                command=(_phase_command(ship.script, phase) if phase not in ("connect", "upload")
+                         else "tar -x" if phase == "upload" else "bash -s (the node's folders)"),
+                exit_code=code, output=[line for line in out.splitlines() if not line.startswith("@@")][-30:],
+            )
+        return self._agent_hello(node, remote, facts)
 
     def _kill_script(self, remote: Remote, output: list[str]) -> None:
         for line in output:
@@ -481,35 +546,50 @@ class SSHCluster(Cluster):
                            check=False)
 
     def _start_agent(self, node: _Node, remote: Remote) -> tuple[int | None, int, dict[str, str]]:
+        """Start the agent in the folder a bootstrap left (a node restarted in place): one command."""
+        where = f"SKY={shlex.quote(node.home)}; POOL={shlex.quote(node.pool_dir)}\n"
+        _, out = remote.run(f"bash -c {shlex.quote(where + self._agent_start(node, remote))}",
+                            stdin=(self.token + "\n").encode(), timeout=_AGENT_START_TIMEOUT + 10, phase="agent")
+        return self._agent_hello(node, remote, _facts(out))
+
+    def _agent_start(self, node: _Node, remote: Remote) -> str:
+        """Bash that starts the agent (SKY and POOL set, the token the next line of stdin) and
+        prints its start-up line and the node's facts (``@@port``, ``@@hostname``, ``@@interface``,
+        ``@@ip``). The start-up line is read off a FIFO as soon as the agent writes it (no polling),
+        and the facts are gathered while the agent starts."""
         peer = shlex.quote(node.host.private_ip or remote.host)
         direct = direct_address(node.host, remote.host) if self._direct else None
         direct_arg = f"--direct {shlex.quote(direct)} " if direct else ""
         # PYTHONPATH: the includes when they were shipped (the folder says so, also to a pool
         # attached from its description), and the node's folder of packages `skyward install`
         # adds while the pool runs (SKYWARD_SITE; there from the start, so running workers find them).
-        command = f"""set -e
-SKY={shlex.quote(node.home)}; POOL={shlex.quote(node.pool_dir)}
+        return f"""set -e
 IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
 cd "$POOL"; . ./env.sh
 mkdir -p site
 PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
 export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
-rm -f agent.json
 # The agent's Unix socket in this 0700 folder: no other user of the node can connect to it (a
 # loopback port only where its path is too long for a Unix socket).
 LISTEN=--socket; [ ${{#POOL}} -le 88 ] || LISTEN=--port
 [ "$LISTEN" = --socket ] && ADDR="$POOL/agent.sock" || ADDR=0
+rm -f agent.json agent.out; mkfifo -m 600 agent.out
 setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
-  $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null >agent.json 2>>agent.log &
-for _ in $(seq 1 {_AGENT_START_TIMEOUT * 20}); do [ -s agent.json ] && break; sleep 0.05; done
-echo "@@port $(head -n1 agent.json)"
-echo "@@hostname $(hostname)"
-echo "@@interface $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* dev \\([^ ]*\\).*/\\1/p' | head -n1)"
-echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*/\\1/p' | head -n1)"
+  $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null >agent.out 2>>agent.log &
+unset SKYWARD_AGENT_TOKEN
+route=$(ip -o route get {peer} 2>/dev/null </dev/null) || route=""
+echo "@@hostname $HOSTNAME"
+dev=' dev ([^ ]+)'; src=' src ([^ ]+)'
+if [[ $route =~ $dev ]]; then echo "@@interface ${{BASH_REMATCH[1]}}"; else echo "@@interface "; fi
+if [[ $route =~ $src ]]; then echo "@@ip ${{BASH_REMATCH[1]}}"; else echo "@@ip "; fi
+IFS= read -r -t {_AGENT_START_TIMEOUT} hello <agent.out || hello=""
+rm -f agent.out
+echo "@@port $hello"
 """
-        _, out = remote.run(f"bash -c {shlex.quote(command)}", stdin=(self.token + "\n").encode(),
-                            timeout=_AGENT_START_TIMEOUT + 10, phase="agent")
-        facts = _facts(out)
+
+    def _agent_hello(self, node: _Node, remote: Remote, facts: dict[str, str]) -> tuple[int | None, int, dict[str, str]]:
+        """The agent's start-up line (``@@port``): its socket or port, its pid, its direct port."""
+        direct = direct_address(node.host, remote.host) if self._direct else None
         try:
             hello = json.loads(facts.get("port", ""))
             if hello.get("direct"):
@@ -594,9 +674,9 @@ echo "@@ip $(ip -o route get {peer} 2>/dev/null | sed -n 's/.* src \\([^ ]*\\).*
         if count <= 0:
             return
         nodes = self._claim(count)
-        self._prepare()
+        ready = self._prepare_meanwhile()
         with ThreadPoolExecutor(max_workers=min(32, count)) as pool:
-            futures = {pool.submit(self._bring_up, n): n for n in nodes}
+            futures = {pool.submit(self._bring_up, n, None, ready): n for n in nodes}
             for f in as_completed(futures):
                 try:
                     yield f.result()

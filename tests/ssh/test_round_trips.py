@@ -1,0 +1,119 @@
+"""How many times a pool waits for each SSH host, counted on the wire (tests/ssh/wire.py), not
+timed: what a host costs on a real network is these round trips times its latency.
+
+A host is reached by one login, then one command does all the rest (its folders, what it lacks
+of the shipment, sent back on the same channel, the bootstrap script, the agent's start), then one
+channel reaches the agent. Before, a warm host took four commands (its folders, which files it
+has, the script, the agent's start), a fresh one five or six (one per upload)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+from sshhosts import SSHHosts
+
+import skyward as sky
+
+from .wire import Wire
+
+pytestmark = pytest.mark.timeout(300)
+QUIET = sky.Options(console=False)
+
+
+@sky.function
+def noop() -> None:
+    return None
+
+
+def provider(hosts: SSHHosts, **kw: Any) -> sky.SSH:
+    return sky.SSH(
+        hosts=[
+            sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+            for h in hosts
+        ],
+        **kw,
+    )
+
+
+def counted(hosts: SSHHosts, **kw: Any) -> Wire:
+    """One pool on ``hosts``, its enter, first result and exit counted per host."""
+    with Wire() as wire, contextlib.ExitStack() as stack:
+        with wire.phase("enter"):
+            pool = stack.enter_context(
+                sky.Compute(provider=provider(hosts), nodes=len(hosts), options=QUIET, **kw)
+            )
+        with wire.phase("first result"):
+            assert (noop() >> pool) is None
+        with wire.phase("exit"):
+            stack.close()
+    return wire
+
+
+ONE_COMMAND = {"connections": 1, "sessions": 1, "commands": 1, "tunnels": 1}
+
+
+def test_a_warm_host_costs_one_login_one_command_and_one_channel_to_its_agent(
+    three_hosts: SSHHosts,
+) -> None:
+    counted(three_hosts)  # the hosts get everything
+    wire = counted(three_hosts)
+    for h in three_hosts:
+        assert wire.of(h.address, "enter") == ONE_COMMAND, wire.table()
+        assert wire.of(h.address, "first result") == {
+            "connections": 0,
+            "sessions": 0,
+            "commands": 0,
+            "tunnels": 0,
+        }
+        # Stopping the agent and removing the pool's folder: one command.
+        assert wire.of(h.address, "exit") == {
+            "connections": 0,
+            "sessions": 1,
+            "commands": 1,
+            "tunnels": 0,
+        }
+
+
+def test_a_fresh_host_gets_its_files_on_the_same_command(ssh_hosts: Any) -> None:
+    hosts = ssh_hosts(2)
+    wire = counted(
+        hosts, image=sky.Image(includes=[__file__])
+    )  # an includes archive goes along too
+    for h in hosts:
+        assert wire.of(h.address, "enter") == ONE_COMMAND, wire.table()
+
+
+def test_a_pinned_resolution_is_reused_for_a_while_and_a_loose_one_never(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """What a warm pool no longer waits for: the package index, asked again about requirements that
+    name exact versions (the agent's own). Requirements without one are resolved every time."""
+    import os
+    import sys
+    import time
+
+    from skyward.bootstrap import shipment, wheelhouse
+    from skyward.paths import cache_root
+
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path))
+    pinned = list(wheelhouse.agent_requirements())
+    kw: dict[str, Any] = {"python": sys.executable, "platform": None, "indexes": []}
+    first = shipment.resolve(pinned, reuse=True, **kw)
+    (entry,) = (cache_root() / "locks").iterdir()
+    assert entry.stat().st_mode & 0o077 == 0
+    # The entry is what the next pool takes (shown by changing it): no index asked.
+    entry.write_text("cloudpickle==0.0.1\n")
+    assert [(p.name, p.version) for p in shipment.resolve(pinned, reuse=True, **kw)] == [
+        ("cloudpickle", "0.0.1")
+    ]
+    # Older than LOCK_FRESH_S, or reuse off: resolved again.
+    old = time.time() - shipment.LOCK_FRESH_S - 1
+    os.utime(entry, (old, old))
+    assert shipment.resolve(pinned, reuse=True, **kw) == first
+    entry.write_text("cloudpickle==0.0.1\n")
+    assert shipment.resolve(pinned, reuse=False, **kw) == first
+    loose = [*pinned, "cloudpickle"]  # no exact version: its newest is what it asks for
+    shipment.resolve(loose, reuse=True, **kw)
+    assert len(list((cache_root() / "locks").iterdir())) == 1

@@ -8,10 +8,13 @@ Debian's slurm-wlm and munge).
   nodes, the agents reached through the login node) and enter -> first result of `@` on every
   node; the first pool of a fresh shared home (the environment built from the login node) apart
   from the warm ones (the environment found built);
+* the same pool with sky.Slurm(submit="srun"): an interactive job, which Slurm schedules at once
+  (a batch job waits for the scheduler's next pass over batch jobs, batch_sched_delay: 3 s by
+  default, so 0-3 s on an idle cluster);
 * sky.SSH on the same three compute hosts, same measures, warm;
 * leaving each pool (Slurm: scancel of the job, not waiting for it to leave the queue).
 
-The runs alternate Slurm and SSH, so both see the same machine load.
+The runs alternate, so all see the same machine load.
 """
 
 from __future__ import annotations
@@ -84,10 +87,14 @@ def main(argv: list[str] | None = None) -> int:
             results["first_slurm_pool_fresh_home"] = timed(slurm, n)
             cluster.wait_no_jobs()
             timed(ssh, n)  # the SSH pool's first: its per-host folders made
-            runs: dict[str, list[dict[str, float]]] = {"slurm": [], "ssh": []}
+            srun = sky.Slurm(f"{login.user}@{login.address}", key=str(hosts.client_key), known_hosts=str(known),
+                             submit="srun")
+            runs: dict[str, list[dict[str, float]]] = {"slurm": [], "slurm_srun": [], "ssh": []}
             for _ in range(args.runs):
                 cluster.wait_idle()  # the queue empty, every node idle
                 runs["slurm"].append(timed(slurm, n))
+                cluster.wait_idle()
+                runs["slurm_srun"].append(timed(srun, n))
                 runs["ssh"].append(timed(ssh, n))
             cluster.wait_no_jobs()
             results.update({k: summary(v) for k, v in runs.items()})

@@ -75,6 +75,13 @@ class Slurm(ProviderConfig):
     ``max_poll_interval``: the most seconds between two looks (``squeue``) at a job waiting in the
     queue: looks start 0.25 s apart and slow down (1, 2, 5, 10, 30 s) while it waits.
     ``install``, ``known_hosts``: as in sky.SSH.
+    ``submit``: how each job is asked for. ``"sbatch"`` (the default): a batch job, which the
+    scheduler starts on its own schedule (Slurm schedules batch jobs at most every
+    ``batch_sched_delay``, 3 s by default) and which needs nothing on the login node while it
+    runs. ``"srun"``: an interactive job, scheduled the moment it is asked for (a pool on an idle
+    cluster starts in about a second), held by an ``srun`` the pool leaves running on the login
+    node (detached from the SSH session): if that process goes (a login node's reboot), the job
+    ends and its nodes are replaced like any lost node.
     """
 
     login: str = ""
@@ -94,6 +101,7 @@ class Slurm(ProviderConfig):
     max_duration: float | None = None
     install: Install = "wheelhouse"
     known_hosts: str | None = None
+    submit: Literal["sbatch", "srun"] = "sbatch"
     kind: ClassVar[str] = "slurm"
     _host: tuple[str | None, str, int | None] = field(init=False, repr=False, compare=False, default=(None, "", None))
 
@@ -127,6 +135,9 @@ class Slurm(ProviderConfig):
                 or self.max_poll_interval <= 0:
             raise ConfigError(f"sky.Slurm(max_poll_interval={self.max_poll_interval!r}) is not valid: seconds > 0 "
                               f"between looks at a job waiting in the queue.")
+        if self.submit not in ("sbatch", "srun"):
+            raise ConfigError(f"sky.Slurm(submit={self.submit!r}) is not valid: 'sbatch' (a batch job, the default) "
+                              f"or 'srun' (an interactive job: starts at once, held by srun on the login node).")
         if self.install not in ("wheelhouse", "index"):
             raise ConfigError(f"sky.Slurm(install={self.install!r}) is not valid: use 'wheelhouse' or 'index'.")
         if self.jump is not None and (not isinstance(self.jump, str) or not self.jump.strip()):
@@ -652,12 +663,20 @@ class SlurmCluster(Cluster):
                          "vcpus= not given): give sky.Compute(vcpus=N) to ask for fewer", self.pool_id, cpus)
         request = q.JobRequest(name=f"skyward-{self.pool_id}"[:64], nodes=count, first=first, folder=self.folder,
                                flags=flags)
-        text = request.script(f"{self.folder}/node.sh")
-        name = f"job-{first}.sbatch"
-        self._login().upload([(name, text.encode(), 0o600)], self.folder)
-        code, out = self._run(f"cd {shlex.quote(self.folder)} && sbatch --parsable {name}", check=False,
-                              phase="sbatch")
-        job = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
+        if self.provider.submit == "srun":
+            text = request.launcher(f"{self.folder}/node.sh")
+            name = f"job-{first}.srun"
+            self._login().upload([(name, text.encode(), 0o600)], self.folder)
+            code, out = self._run(f"cd {shlex.quote(self.folder)} || exit 3; {q.srun_start(name, f'job-{first}.out')}",
+                                  check=False, phase="srun")
+            job = out.strip().splitlines()[-1].strip() if code == 0 and out.strip() else ""
+        else:
+            text = request.script(f"{self.folder}/node.sh")
+            name = f"job-{first}.sbatch"
+            self._login().upload([(name, text.encode(), 0o600)], self.folder)
+            code, out = self._run(f"cd {shlex.quote(self.folder)} && sbatch --parsable {name}", check=False,
+                                  phase="sbatch")
+            job = out.strip().splitlines()[-1].split(";")[0].strip() if code == 0 and out.strip() else ""
         if code != 0 or not job.isdigit():
             never = q.never_runs(out)
             why = self._explain(count) if never else ""
@@ -667,7 +686,8 @@ class SlurmCluster(Cluster):
                    "accelerator= to what `sinfo` shows"
                    + (" (or name the site's GRES type with sky.Slurm(gres=...), as `sinfo -o %G` spells it)."
                       if "generic resource" in never or "Trackable RESource" in never else ".") if never else
-                   f"The batch script is {self.folder}/{name}; try `sbatch` of it by hand on the login node."))
+                   f"The {'launcher' if name.endswith('.srun') else 'batch script'} is {self.folder}/{name}; "
+                   f"try `{'bash' if name.endswith('.srun') else 'sbatch'}` of it by hand on the login node."))
             )
         indices = list(range(first, first + count))
         with self._lock:
@@ -1099,7 +1119,7 @@ class SlurmCluster(Cluster):
             "slurm": {"partition": p.partition, "account": p.account, "qos": p.qos, "time": p.time,
                       "constraint": p.constraint, "options": list(p.options), "pending_timeout": p.pending_timeout,
                       "max_poll_interval": p.max_poll_interval,
-                      "gres": p.gres, "max_duration": p.max_duration, "install": p.install},
+                      "gres": p.gres, "max_duration": p.max_duration, "install": p.install, "submit": p.submit},
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
             "sky": self.sky,
             "folder": self.folder,

@@ -175,6 +175,34 @@ class JobRequest:
         return "\n".join(lines) + "\n"
 
 
+    def launcher(self, node_script: str) -> str:
+        """sky.Slurm(submit="srun"): the script that asks for the same job as an interactive one,
+        with the same flags on srun's command line: srun on the login node allocates it (at once,
+        where a batch job waits for the scheduler's next pass) and runs one task per node in it.
+        ``--verbose`` makes srun say the job's id as soon as it has one (``srun_start`` reads it)."""
+        flags = [f"--job-name={self.name}", f"--nodes={self.nodes}", "--ntasks-per-node=1",
+                 f"--chdir={self.folder}", "--no-kill", "--kill-on-bad-exit=0", "--verbose", *self.flags]
+        return ("#!/bin/bash\n"
+                f"# skyward: nodes {self.first}..{self.first + self.nodes - 1} of a pool, an interactive job held by "
+                f"this srun on the login node\n"
+                f"exec {shlex.join(['srun', *flags, 'bash', node_script, str(self.first)])}\n")
+
+
+def srun_start(launcher: str, output: str, wait: float = 30.0) -> str:
+    """Start ``launcher`` (in the pool's folder) detached from the SSH session (its own session,
+    no terminal, stdin from /dev/null, output to ``output``), then print the job's id as soon as
+    srun says it ("jobid N: nodes..." once allocated, "job N queued and waiting" while pending);
+    srun's words and a non-zero status when it ends first (a refusal) or says nothing in ``wait``
+    seconds."""
+    steps = int(wait / 0.05)
+    out = shlex.quote(output)
+    return (f"setsid nohup bash {shlex.quote(launcher)} >{out} 2>&1 </dev/null & P=$!; "
+            f"for _ in $(seq 1 {steps}); do "
+            f"J=$(grep -oE 'job(id)? [0-9]+' {out} 2>/dev/null | head -n1 | grep -oE '[0-9]+'); "
+            f"if [ -n \"$J\" ]; then echo \"$J\"; exit 0; fi; "
+            f"kill -0 $P 2>/dev/null || {{ sleep 0.1; cat {out}; exit 1; }}; sleep 0.05; done; cat {out}; exit 1")
+
+
 @dataclass(frozen=True, slots=True)
 class JobState:
     """One line of squeue about a job."""

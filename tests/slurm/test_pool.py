@@ -106,6 +106,42 @@ def test_the_pools_secret_is_in_no_environment_of_the_job(site: Site) -> None:
     assert mode == "600"
 
 
+def test_submit_srun_asks_for_an_interactive_job_which_starts_at_once(site: Site) -> None:
+    """sky.Slurm(submit="srun"): the same job asked for by an srun left running on the login node,
+    which Slurm schedules the moment it is asked (a batch job waits for the scheduler's next pass,
+    batch_sched_delay); it ends when the pool leaves, and srun with it."""
+    with sky.Compute(provider=site.provider(submit="srun"), nodes=3, options=QUIET) as pool:
+        answers = where() @ pool
+        jobs = pool.cluster.jobs()  # type: ignore[attr-defined]
+        job = next(iter(jobs))
+        shown = site.cluster.run(["scontrol", "show", "job", job]).stdout
+        launcher = site.on_login(f"cat {pool.cluster.folder}/job-0.srun")  # type: ignore[attr-defined]
+    assert sorted(a["hostname"] for a in answers) == sorted(h.name for h in site.compute)
+    assert len(jobs) == 1 and {a["job"] for a in answers} == {job}
+    assert "BatchFlag=0" in shown and "JobState=RUNNING" in shown, shown  # interactive, not batch
+    assert "exec srun " in launcher and "--nodes=3" in launcher, launcher
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        states = [j["state"] for j in site.cluster.jobs() if j["id"] == job]
+        if all(s in ("COMPLETED", "CANCELLED", "FAILED") for s in states):
+            break
+        time.sleep(0.2)
+    assert all(s in ("COMPLETED", "CANCELLED", "FAILED") for s in states), states
+    left = site.on_login("pgrep -u \"$(id -un)\" -x srun || true").split()
+    assert left == [], left  # no srun of the pool's outlives it on the login node
+    site.cluster.wait_idle()
+
+
+def test_submit_srun_refusals_are_slurms_words_too(site: Site) -> None:
+    with pytest.raises(sky.ProviderError) as info, \
+            sky.Compute(provider=site.provider(submit="srun", partition="nosuch"), nodes=1, options=QUIET):
+        pass
+    said = str(info.value)
+    assert "Invalid partition" in said and "can never run it" in said, said
+    assert "partition 'nosuch' is not one of this cluster's" in said, said
+    assert site.cluster.jobs() == []
+
+
 def _blocker(site: Site, seconds: int) -> str:
     """A job of root's holding every compute node, as another user's job on a busy cluster does."""
     out = site.cluster.run(["sbatch", "--parsable", "--exclusive", f"-N{len(site.compute)}", "--chdir=/",

@@ -505,6 +505,12 @@ class SlurmCluster(Cluster):
                 self._remote = remote
             return remote
 
+    def _try_login(self) -> None:
+        try:
+            self._login()
+        except BaseException:  # the caller's own _login() connects again and raises it
+            pass
+
     def _run(self, command: str, *, stdin: bytes | None = None, timeout: float = 60,
              check: bool = True, phase: str = "slurm") -> tuple[int, str]:
         return self._login().run(command, stdin=stdin, timeout=timeout, check=check, phase=phase)
@@ -542,13 +548,18 @@ class SlurmCluster(Cluster):
         with self._lock:
             if self._ready:
                 return
-        remote = self._login()
         if self._ship is None:
+            # The login (a key exchange and its round trips) goes on while the shipment is built here
+            # (a resolution of the pinned requirements, reused from the client's cache when fresh);
+            # _login below waits for it, or connects again after a failure and raises its error.
+            threading.Thread(target=self._try_login, name="skyward-slurm-login", daemon=True).start()
             image, ops = self._final_image()
             self._ship, self.lock = ship.build(
                 self.spec, image, ops, pool_id=self.pool_id, install=self.provider.install, kind="slurm",
                 pin=self._pin, platform=None if self.provider.install == "wheelhouse" else pkglock.node_platform(None),
-                on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds))
+                on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds),
+                reuse_lock=True)
+        remote = self._login()
         s = self._ship
         _, out = remote.run(node_dirs_command(self.pool_id, 0, sudo=False) + _LOGIN_FACTS, phase="connect")
         facts = ship.facts(out)
@@ -713,9 +724,12 @@ class SlurmCluster(Cluster):
         phase_t: dict[tuple[int, str], float] = {}
         ready: dict[int, dict[str, Any]] = {}
         files = " ".join(str(i) for i in indices)
-        look = (f"cd {shlex.quote(self.folder)} || exit 3; {q.squeue_command([job])}; "
-                f"for i in {files}; do echo \"@@@log $i\"; cat node-$i.log 2>/dev/null; "
-                f"echo \"@@@hello $i $(cat node-$i.json 2>/dev/null)\"; done")
+        # What the nodes have written so far, in one word: their logs' bytes and how many hellos.
+        sig = (f"sig() {{ echo \"$(cat {' '.join(f'node-{i}.log' for i in indices)} 2>/dev/null | wc -c)"
+               f"/$(ls {' '.join(f'node-{i}.json' for i in indices)} 2>/dev/null | wc -l)\"; }}; ")
+        after = f"for i in {files}; do echo \"@@@log $i\"; cat node-$i.log 2>/dev/null; " \
+                f"echo \"@@@hello $i $(cat node-$i.json 2>/dev/null)\"; done; echo \"@@@sig $(sig)\""
+        written = ""  # the nodes' files as the last look saw them (sig)
         failed = 0  # looks in a row at which squeue gave no answer
         state: q.JobState | None = None
         pause = 0.0
@@ -731,8 +745,16 @@ class SlurmCluster(Cluster):
                                       max_age=min(pause, time.monotonic() - submitted))
                 logs, hellos = {}, {}
             else:
-                _, out = self._run(look, check=False, phase="squeue")
+                # Once the job runs, the look waits on the login node (up to 1 s, 50 ms apart, no
+                # RPC) for the nodes to write something new: their bootstrap's lines and agents'
+                # hellos are seen within 50 ms, with about one squeue a second while nothing moves.
+                wait = (f"S0={shlex.quote(written)}; for _ in $(seq 1 20); do [ \"$(sig)\" != \"$S0\" ] && break; "
+                        f"sleep 0.05; done; ") if started is not None else ""
+                _, out = self._run(f"cd {shlex.quote(self.folder)} || exit 3; {sig}{wait}{q.squeue_command([job])}; "
+                                   f"{after}", check=False, phase="squeue")
                 seen_now, logs, hellos = _parse_look(out, job)
+                found = re.search(r"^@@@sig (\S*)$", out, re.M)
+                written = found.group(1) if found else ""
             now = time.monotonic()
             if seen_now.error is not None:
                 # No answer is no news: the job is where it was (issue 45, item 1); look again, slower.
@@ -797,9 +819,9 @@ class SlurmCluster(Cluster):
                 raise ProviderError(
                     f"Slurm job {job} runs, but node(s) {missing} did not start their agent within "
                     f"bootstrap_timeout={self._bootstrap_timeout:g} s; their logs are {self.folder}/node-N.log.")
-            # Fast while the job starts (its nodes' bootstrap, line by line); while it waits in the
-            # queue, slower and slower (issue 45, item 5: each look is an RPC to slurmctld).
-            pause = min(_POLL * 2 ** failed, 10.0)
+            # While the job starts, the next look waits on the login node (above); while it waits
+            # in the queue, slower and slower (issue 45, item 5: each look is an RPC to slurmctld).
+            pause = min(_POLL * 2 ** failed, 10.0) if failed or started is None else 0.0
             if started is None:
                 waited = now - submitted
                 step = next((p for after, p in _PENDING_POLL if waited < after), _PENDING_POLL[-1][1])

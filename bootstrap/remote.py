@@ -18,6 +18,7 @@ FAILED``, tracebacks of their threads) go to skyward's log file, never to the co
 
 from __future__ import annotations
 
+import atexit
 import base64
 import fcntl
 import hashlib
@@ -177,11 +178,88 @@ class Remote:
         # window those are "not ready yet"; after it, the last one is the error.
         self._booting = booting
         self.conn: fabric.Connection | None = None
+        self._unchecked = False  # a parked connection, not used since it was taken
         # Each hop's known_hosts name -> the user's known_hosts files consulted for it.
         self._consulted: dict[str, list[Path]] = {}
 
     # -- connecting --------------------------------------------------------------------------
     def open(self) -> Remote:
+        """Log in, or take the connection a pool of this process let go of less than
+        PARK_SECONDS ago to the same target (``park``): its host key was checked when it logged in."""
+        while (conn := _unpark(self.target)) is not None:
+            if self._still_trusted(conn):
+                self.conn, self._unchecked = conn, True
+                return self
+            _close(conn)  # a key the known_hosts files no longer vouch for: the login says so
+        return self._login()
+
+    def _still_trusted(self, conn: fabric.Connection) -> bool:
+        """Whether the host keys a kept connection (and each jump host's) showed when it logged
+        in are still what ``open`` accepts now: the key given in advance, else the user's
+        known_hosts files' for a host they list, else skyward's. A file changed since (a key
+        forgotten, or replaced) sends the pool through a new login and its checks."""
+        import paramiko
+
+        for c in (conn, *_hops(conn)):
+            transport = c.transport
+            if transport is None or not transport.is_active():
+                return False
+            shown = transport.get_remote_server_key()
+            if self.target.host_key and c.host == self.target.host:
+                kind, blob = self.target.host_key.split()[:2]
+                if shown != paramiko.PKey.from_type_string(kind, base64.b64decode(blob)):
+                    return False
+                continue
+            name = host_key_name(c.host, int(c.port))
+            user_files = [f for f in trusted_known_hosts(c.ssh_config, c.host) if f.is_file()]
+            ours = [self.known_hosts] if self.known_hosts.is_file() else []
+            for group in (user_files, ours):
+                listed: list[paramiko.PKey] = []
+                for f in group:
+                    try:
+                        listed += list((paramiko.HostKeys(str(f)).lookup(name) or {}).values())
+                    except (OSError, paramiko.SSHException):
+                        continue
+                if listed:
+                    if shown not in listed:
+                        return False
+                    break
+            else:
+                return False  # listed nowhere any more
+        return True
+
+    def park(self, seconds: float | None = None) -> None:
+        """Keep this connection for the next ``Remote`` of this process to the same target, for
+        ``seconds`` (default PARK_SECONDS), instead of closing it: OpenSSH's ControlPersist, in
+        this process only. Closed when nobody took it by then, and at exit."""
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        seconds = PARK_SECONDS if seconds is None else seconds
+        transport = conn.transport
+        if seconds <= 0 or transport is None or not transport.is_active():
+            _close(conn)
+            return
+        _park(self.target, conn, seconds)
+
+    def _session(self) -> paramiko.Channel:
+        """A session channel; on a connection taken from the parked ones, whose host may have gone
+        meanwhile, the first one is waited for PARKED_CHECK_S at most, then a new login it is."""
+        import paramiko
+
+        if self._unchecked:
+            self._unchecked = False
+            try:
+                return self.transport.open_session(window_size=_WINDOW, timeout=PARKED_CHECK_S)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                log.info("%s: the kept SSH connection did not answer (%s); logging in again", self.label, exc)
+                if self.conn is not None:
+                    threading.Thread(target=_close, args=(self.conn,), name="skyward-ssh-drop", daemon=True).start()
+                self.conn = None
+                self._login()
+        return self.transport.open_session(window_size=_WINDOW)
+
+    def _login(self) -> Remote:
         import fabric
         import paramiko
         from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
@@ -460,7 +538,7 @@ class Remote:
             def deadline() -> float:
                 return math.inf if end is None else end
 
-        chan = self.transport.open_session(window_size=_WINDOW)
+        chan = self._session()
         try:
             chan.set_combine_stderr(True)
             chan.exec_command(command)
@@ -545,7 +623,7 @@ class Remote:
         items = list(files)
         if not items:
             return
-        chan = self.transport.open_session(window_size=_WINDOW)
+        chan = self._session()
         try:
             chan.set_combine_stderr(True)
             chan.exec_command(_UNPACK.format(base=shlex.quote(base)))
@@ -594,7 +672,7 @@ class Remote:
     def relay(self, command: str) -> ChannelSocket:
         """A socket-like stream over an exec channel's stdin/stdout (``command`` relays them to
         the agent's port): for nodes whose sshd forbids TCP forwarding."""
-        chan = self.transport.open_session(window_size=_WINDOW)
+        chan = self._session()
         chan.exec_command(command)
         return ChannelSocket(chan)
 
@@ -646,6 +724,71 @@ _UNPACK = (
     "find . -mindepth 1 -type d -exec sh -c 'for d; do mkdir -p \"$0/$d\" || exit 1; done' \"$base\" {{}} +; "
     "find . ! -type d -exec sh -c 'for f; do mv -f \"$f\" \"$0/$f\" || exit 1; done' \"$base\" {{}} +"
 )
+
+
+# -- connections kept between pools (Remote.park) ---------------------------------------------------
+# How long a connection a pool let go of waits for the next pool of this process to the same host:
+# a warm host then costs that pool one command and no login (TCP, key exchange, authentication: a
+# handful of round trips, and sshd's work on the host).
+PARK_SECONDS = 30.0
+PARKED_CHECK_S = 3.0  # the first channel of a kept connection: longer, and it is logged into again
+_parked: dict[Target, list[fabric.Connection]] = {}
+_parked_lock = threading.Lock()
+
+
+def _park(target: Target, conn: fabric.Connection, seconds: float) -> None:
+    with _parked_lock:
+        _parked.setdefault(target, []).append(conn)
+    timer = threading.Timer(seconds, _expire, (target, conn))
+    timer.name, timer.daemon = "skyward-ssh-parked", True
+    timer.start()
+
+
+def _unpark(target: Target) -> fabric.Connection | None:
+    while True:
+        with _parked_lock:
+            kept = _parked.get(target)
+            if not kept:
+                return None
+            conn = kept.pop()
+            if not kept:
+                del _parked[target]
+        transport = conn.transport
+        if transport is not None and transport.is_active():
+            return conn
+        _close(conn)
+
+
+def _expire(target: Target, conn: fabric.Connection) -> None:
+    with _parked_lock:
+        kept = _parked.get(target, [])
+        if conn not in kept:
+            return  # taken
+        kept.remove(conn)
+        if not kept:
+            del _parked[target]
+    _close(conn)
+
+
+def close_parked() -> None:
+    """Close every kept connection now (the next pool logs in again)."""
+    with _parked_lock:
+        conns = [c for kept in _parked.values() for c in kept]
+        _parked.clear()
+    for conn in conns:
+        _close(conn)
+
+
+def _forget_parked() -> None:
+    # A forked child has the parent's sockets but not paramiko's threads: it must neither use
+    # those connections nor close them (a goodbye on the parent's socket would end them).
+    global _parked_lock
+    _parked_lock = threading.Lock()
+    _parked.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parked)
+atexit.register(close_parked)
 
 
 def _hops(conn: fabric.Connection) -> list[fabric.Connection]:
@@ -875,4 +1018,4 @@ def _why(exc: BaseException | None, host: str, port: int) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["ChannelSocket", "Remote", "Target", "known_hosts_path", "tar_archive"]
+__all__ = ["ChannelSocket", "Remote", "Target", "close_parked", "known_hosts_path", "tar_archive"]

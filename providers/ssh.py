@@ -1,14 +1,19 @@
 """sky.SSH(hosts=[...]): machines you already have, reached over SSH.
 
 This is also the last mile of every cloud provider: a stack's outputs become `SSHHost`s and an
-`SSHCluster` bootstraps them exactly like SSH hosts. For each node, in parallel:
+`SSHCluster` bootstraps them exactly like SSH hosts. For each node, in parallel, while the client
+prepares what the nodes get (the shipment):
 
-1. connect (Fabric, retried while the host boots; host key recorded on first use or given);
-2. upload what is missing: the uv binary, the wheelhouse (skyward's own wheel, always), the
-   `includes` archive;
-3. run the bootstrap script rendered from the final Image, one event per phase;
-4. start the agent detached (token handed over on stdin, never on a command line), read its
-   port back, and reach it through a direct-tcpip channel of the same SSH connection.
+1. connect (Fabric, retried while the host boots; host key recorded on first use or given), or
+   take the connection an earlier pool of this process left (Remote.park);
+2. one command (script.node_up) does the rest: the node's folders; what it lacks of the uv
+   binary, the wheelhouse (skyward's own wheel, always) and the `includes` archive, sent back
+   on the same channel; the bootstrap script rendered from the final Image, one event per
+   phase; the agent started detached (token handed over on that command's stdin, never on a
+   command line), its start-up line read back;
+3. reach the agent through a direct-streamlocal channel of the same SSH connection.
+
+A warm host costs the login and that one command (tests/ssh/test_round_trips.py counts them).
 """
 
 from __future__ import annotations
@@ -496,13 +501,17 @@ class SSHCluster(Cluster):
                 return None
             seen.add("need")
             limit[0] = math.inf
-            shared = [(p, *ship.files[p]) for p in line[len("@@need"):].split() if p in ship.files]
+            need = [p for p in line[len("@@need"):].split() if p in ship.files]
             self._phase(node.index, "upload", "started")
             started["upload"], current[0] = time.monotonic(), "upload"
+            # uv first and on its own: the node unpacks it while the rest arrives.
+            uv = ship.files["bin/uv.gz"][0] if "bin/uv.gz" in need else b""
+            shared = [(p, *ship.files[p]) for p in need if p != "bin/uv.gz"]
+            size_uv = uv.stat().st_size if isinstance(uv, Path) else len(uv)
             size_shared, shared_parts = tar_archive(shared) if shared else (0, iter(()))
             size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
-            return [f"{size_shared} {size_mine}\n".encode(), *shared_parts, *mine_parts,
-                    (self.token + "\n").encode()]  # the agent reads it last: never on a command line
+            return [f"{size_uv} {size_shared} {size_mine}\n".encode(), *_chunks(uv, size_uv), *shared_parts,
+                    *mine_parts, (self.token + "\n").encode()]  # the agent reads it last: never on a command line
 
         keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)} " if node.pool_dir else ""
         current[0] = "connect"
@@ -565,6 +574,7 @@ class SSHCluster(Cluster):
         # adds while the pool runs (SKYWARD_SITE; there from the start, so running workers find them).
         return f"""set -e
 IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
+unset SKYWARD_SKY SKYWARD_RUN SKYWARD_POOL SKYWARD_KEEP_POOL  # (the bootstrap's; not the agent's)
 cd "$POOL"; . ./env.sh
 mkdir -p site
 PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
@@ -637,8 +647,17 @@ echo "@@port $hello"
                            timeout=20 if not self.spec.volumes else 3600)
             except Exception as exc:
                 log.warning("could not clean up %s: %s (its agent stops by itself after ttl)", remote.label, exc)
-            finally:
                 remote.close()
+            except BaseException:
+                remote.close()
+                raise
+            else:
+                # Machines you have: the next pool of this process to this host takes the
+                # connection (no login). A cloud's instances go with their stack.
+                if self._kind == "ssh":
+                    remote.park()
+                else:
+                    remote.close()
 
         with self._lock:
             for n in nodes:
@@ -1002,6 +1021,20 @@ def _kill_agent(remote: Remote, pid: int | None) -> None:
         remote.run(f"kill -TERM -- -{int(pid)} 2>/dev/null; for _ in $(seq 1 30); do kill -0 {int(pid)} "
                    f"2>/dev/null || break; sleep 0.1; done; kill -KILL -- -{int(pid)} 2>/dev/null; true",
                    check=False, timeout=20)
+
+
+def _chunks(src: Path | bytes, size: int) -> Iterator[bytes]:
+    """A file's bytes (exactly ``size`` of them: the node reads that many), read as they are sent."""
+    if not isinstance(src, Path):
+        yield src
+        return
+    sent = 0
+    with open(src, "rb") as f:
+        while chunk := f.read(min(1 << 20, size - sent)):
+            sent += len(chunk)
+            yield chunk
+    if sent != size:
+        raise ProviderError(f"{src} changed size while it was being sent ({size} -> {sent} bytes)")
 
 
 def _host_record(h: SSHHost) -> dict[str, Any]:

@@ -3,7 +3,8 @@ timed: what a host costs on a real network is these round trips times its latenc
 
 A host is reached by one login, then one command does all the rest (its folders, what it lacks
 of the shipment, sent back on the same channel, the bootstrap script, the agent's start), then one
-channel reaches the agent. Before, a warm host took four commands (its folders, which files it
+channel reaches the agent; the next pool of the same process takes the connection the last one
+left (bootstrap.remote.PARK_SECONDS) and skips the login. Before, a warm host took four commands (its folders, which files it
 has, the script, the agent's start), a fresh one five or six (one per upload)."""
 
 from __future__ import annotations
@@ -52,28 +53,34 @@ def counted(hosts: SSHHosts, **kw: Any) -> Wire:
 
 
 ONE_COMMAND = {"connections": 1, "sessions": 1, "commands": 1, "tunnels": 1}
+NOTHING = {"connections": 0, "sessions": 0, "commands": 0, "tunnels": 0}
 
 
 def test_a_warm_host_costs_one_login_one_command_and_one_channel_to_its_agent(
     three_hosts: SSHHosts,
 ) -> None:
+    from skyward.bootstrap.remote import close_parked
+
     counted(three_hosts)  # the hosts get everything
+    close_parked()  # (as in a new process)
     wire = counted(three_hosts)
     for h in three_hosts:
         assert wire.of(h.address, "enter") == ONE_COMMAND, wire.table()
-        assert wire.of(h.address, "first result") == {
-            "connections": 0,
-            "sessions": 0,
-            "commands": 0,
-            "tunnels": 0,
-        }
+        assert wire.of(h.address, "first result") == NOTHING, wire.table()
         # Stopping the agent and removing the pool's folder: one command.
-        assert wire.of(h.address, "exit") == {
-            "connections": 0,
-            "sessions": 1,
-            "commands": 1,
-            "tunnels": 0,
-        }
+        assert wire.of(h.address, "exit") == {**NOTHING, "sessions": 1, "commands": 1}, wire.table()
+    # The next pool of this process takes the connections the last one left: no login.
+    wire = counted(three_hosts)
+    for h in three_hosts:
+        assert wire.of(h.address, "enter") == {**ONE_COMMAND, "connections": 0}, wire.table()
+
+
+def test_a_kept_connection_whose_host_went_away_is_logged_into_again(ssh_hosts: Any) -> None:
+    hosts = ssh_hosts(1)
+    counted(hosts)  # leaves its connection
+    hosts[0].restart(new_host_key=False)  # a reboot: the kept connection is gone with it
+    wire = counted(hosts)
+    assert wire.of(hosts[0].address, "enter") == ONE_COMMAND, wire.table()
 
 
 def test_a_fresh_host_gets_its_files_on_the_same_command(ssh_hosts: Any) -> None:

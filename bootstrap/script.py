@@ -113,11 +113,11 @@ def render(image: Image, plan: NodePlan) -> str:
                     f'  python3 - "$SKY/bin" {q(plan.uv_version)} <<\'SKYWARD_PY\'\n{_FETCH_UV}SKYWARD_PY\nfi\n'
                     f'"$UV" --version', uv_key, '[ -x "$UV" ]')
     else:
-        phase("uv", 'if ! "$UV" --version >/dev/null 2>&1; then\n'
-                    # A unique name, then rename: on a shared home other hosts may be running
-                    # "$UV" while this one unpacks it ("text file busy", exit 126).
-                    '  tmp="$UV.$(hostname).$$"\n'
-                    '  gunzip -c "$UV.gz" > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$UV"\nfi\n"$UV" --version',
+        # Unpacked whenever the phase runs (a host without it, or a client with another uv, whose
+        # uv.gz was just sent): a unique name, then rename, since on a shared home other hosts may
+        # be running "$UV" while this one unpacks it ("text file busy", exit 126).
+        phase("uv", 'tmp="$UV.$(hostname).$$"\n'
+                    'gunzip -c "$UV.gz" > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$UV"\n"$UV" --version',
               uv_key, '[ -x "$UV" ]')
     py = q(plan.python)
     find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
@@ -222,11 +222,9 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
     ``node_dirs_command`` does (``SKYWARD_KEEP_POOL`` in its environment keeps a node's folder) and
     prints them; stops after ``@@sudo WHY`` when sudo refuses the Image's apt packages; prints
     ``@@need PATH...``: which of ``files`` (path under SKY -> size) are missing or of another size;
-    then reads the client's answer on its stdin: a line ``UV SHARED MINE`` with three sizes, then
-    that many bytes of ``bin/uv.gz`` (unpacked into ``bin/uv`` as it arrives, while the rest is
-    still on its way) and of two tar archives, unpacked into SKY and into the pool's folder (each
-    file renamed into place: other hosts of a shared home may be reading or running it), and
-    ``@@received``; then runs the
+    then reads the client's answer on its stdin: a line ``SHARED MINE`` with two sizes, then that
+    many bytes of two tar archives, unpacked into SKY and into the pool's folder (each file renamed
+    into place: other hosts of a shared home may be reading it), and ``@@received``; then runs the
     rendered bootstrap ``script`` with those folders, then ``then`` (bash, e.g. the agent's start;
     stdin still holds what the client sent after the archives).
 
@@ -251,9 +249,8 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
            '  [ "${have[$name]:-}" = "$size" ] || need="$need $name"\n'
            "done\n" if files else "local need=''\n")
         + 'echo "@@need$need"\n'
-        "local uv shared mine\n"
-        'IFS=" " read -r uv shared mine || { echo "the client sent nothing after @@need" >&2; return 2; }\n'
-        'if [ "$uv" -gt 0 ]; then _skyward_receive_uv "$uv" || return 3; fi\n'
+        "local shared mine\n"
+        'IFS=" " read -r shared mine || { echo "the client sent nothing after @@need" >&2; return 2; }\n'
         'if [ "$shared" -gt 0 ]; then _skyward_receive "$shared" "$SKY" || return 3; fi\n'
         'if [ "$mine" -gt 0 ]; then _skyward_receive "$mine" "$POOL" || return 3; fi\n'
         'echo "@@received"\n'
@@ -279,16 +276,6 @@ _skyward_receive() (
   cd "$stage"
   find . -mindepth 1 -type d -exec sh -c 'for d; do mkdir -p "$0/$d" || exit 1; done' "$base" {} +
   find . ! -type d -exec sh -c 'for f; do mv -f "$f" "$0/$f" || exit 1; done' "$base" {} +
-)
-# _skyward_receive_uv BYTES: bin/uv.gz, kept (what the next start compares) and unpacked into
-# bin/uv while it arrives; both renamed into place (another host of a shared home may run uv).
-_skyward_receive_uv() (
-  set -eo pipefail
-  mkdir -p "$SKY/bin"; tmp="$SKY/bin/.uv.$HOSTNAME.$$"
-  trap 'rm -f "$tmp" "$tmp.gz"' EXIT
-  head -c "$1" | tee "$tmp.gz" | gunzip -c > "$tmp"
-  chmod 755 "$tmp"; chmod 644 "$tmp.gz"
-  mv -f "$tmp" "$SKY/bin/uv"; mv -f "$tmp.gz" "$SKY/bin/uv.gz"
 )
 """
 

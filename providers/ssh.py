@@ -501,17 +501,13 @@ class SSHCluster(Cluster):
                 return None
             seen.add("need")
             limit[0] = math.inf
-            need = [p for p in line[len("@@need"):].split() if p in ship.files]
+            shared = [(p, *ship.files[p]) for p in line[len("@@need"):].split() if p in ship.files]
             self._phase(node.index, "upload", "started")
             started["upload"], current[0] = time.monotonic(), "upload"
-            # uv first and on its own: the node unpacks it while the rest arrives.
-            uv = ship.files["bin/uv.gz"][0] if "bin/uv.gz" in need else b""
-            shared = [(p, *ship.files[p]) for p in need if p != "bin/uv.gz"]
-            size_uv = uv.stat().st_size if isinstance(uv, Path) else len(uv)
             size_shared, shared_parts = tar_archive(shared) if shared else (0, iter(()))
             size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
-            return [f"{size_uv} {size_shared} {size_mine}\n".encode(), *_chunks(uv, size_uv), *shared_parts,
-                    *mine_parts, (self.token + "\n").encode()]  # the agent reads it last: never on a command line
+            return [f"{size_shared} {size_mine}\n".encode(), *shared_parts, *mine_parts,
+                    (self.token + "\n").encode()]  # the agent reads it last: never on a command line
 
         keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)} " if node.pool_dir else ""
         current[0] = "connect"
@@ -1021,20 +1017,6 @@ def _kill_agent(remote: Remote, pid: int | None) -> None:
         remote.run(f"kill -TERM -- -{int(pid)} 2>/dev/null; for _ in $(seq 1 30); do kill -0 {int(pid)} "
                    f"2>/dev/null || break; sleep 0.1; done; kill -KILL -- -{int(pid)} 2>/dev/null; true",
                    check=False, timeout=20)
-
-
-def _chunks(src: Path | bytes, size: int) -> Iterator[bytes]:
-    """A file's bytes (exactly ``size`` of them: the node reads that many), read as they are sent."""
-    if not isinstance(src, Path):
-        yield src
-        return
-    sent = 0
-    with open(src, "rb") as f:
-        while chunk := f.read(min(1 << 20, size - sent)):
-            sent += len(chunk)
-            yield chunk
-    if sent != size:
-        raise ProviderError(f"{src} changed size while it was being sent ({size} -> {sent} bytes)")
 
 
 def _host_record(h: SSHHost) -> dict[str, Any]:

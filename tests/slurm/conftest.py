@@ -4,6 +4,7 @@ the compute nodes (tests/slurmcluster.py). One cluster per test module: it start
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -35,26 +36,34 @@ class Site:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+@contextlib.contextmanager
+def open_site(tmp_path_factory: pytest.TempPathFactory, hosts: int = 4, **options: Any) -> Iterator[Site]:
+    """A cluster on ``hosts`` netns SSH hosts sharing one home (``options``: SSHHosts' own, such
+    as sshd_options), skipping the test where it cannot run; everything goes at the end."""
     why = unavailable_reason()
     if why is not None:
         pytest.skip(why)
-    hosts = SSHHosts(4, shared_home=True, user="auto")
+    fleet = SSHHosts(hosts, shared_home=True, user="auto", **options)
     try:
         try:
-            hosts.start()
+            fleet.start()
         except SSHHostsUnavailable as exc:
             pytest.skip(f"SSH test hosts unavailable: {exc}")
-        cluster = SlurmCluster(hosts)
+        cluster = SlurmCluster(fleet)
         try:
             try:
                 cluster.start()
             except SlurmUnavailable as exc:
                 pytest.skip(str(exc))
             known = str(tmp_path_factory.mktemp("slurm-known") / "known_hosts")
-            yield Site(hosts, cluster, known)
+            yield Site(fleet, cluster, known)
         finally:
             cluster.close()
     finally:
-        hosts.close()
+        fleet.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    with open_site(tmp_path_factory) as made:
+        yield made

@@ -8,38 +8,18 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from slurmcluster import SlurmCluster, SlurmUnavailable, unavailable_reason
-from sshhosts import SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
 
-from .conftest import Site
+from .conftest import Site, open_site
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def no_forwarding(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    why = unavailable_reason()
-    if why is not None:
-        pytest.skip(why)
-    hosts = SSHHosts(3, shared_home=True, user="auto", sshd_options={"AllowTcpForwarding": "no"})
-    try:
-        try:
-            hosts.start()
-        except SSHHostsUnavailable as exc:
-            pytest.skip(f"SSH test hosts unavailable: {exc}")
-        cluster = SlurmCluster(hosts)
-        try:
-            try:
-                cluster.start()
-            except SlurmUnavailable as exc:
-                pytest.skip(str(exc))
-            yield Site(hosts, cluster, str(tmp_path_factory.mktemp("slurm-known") / "known_hosts"))
-        finally:
-            cluster.close()
-    finally:
-        hosts.close()
+    with open_site(tmp_path_factory, hosts=3, sshd_options={"AllowTcpForwarding": "no"}) as made:
+        yield made
 
 
 @sky.function

@@ -12,8 +12,14 @@ and the command that forgets it. skyward never writes to the user's files.
 
 Jump hosts: ``Target.jump`` (``sky.SSH(jump=...)``) or ``ProxyJump`` in ``~/.ssh/config``. Every
 hop's key is pinned the same way, and everything (commands, uploads, the agent tunnel) rides the
-one connection through it. paramiko's and Fabric's own log records (``Secsh channel N open
-FAILED``, tracebacks of their threads) go to skyward's log file, never to the console.
+one connection through it.
+
+Kept connections: the connection a pool lets go of waits PARK_SECONDS for the next ``Remote`` of
+this process to the same target (``park``, ``open``), which takes it while the host keys it
+logged in with are still the ones the files above accept.
+
+paramiko's and Fabric's own log records (``Secsh channel N open FAILED``, tracebacks of their
+threads) go to skyward's log file, never to the console.
 """
 
 from __future__ import annotations
@@ -732,16 +738,19 @@ _UNPACK = (
 # handful of round trips, and sshd's work on the host).
 PARK_SECONDS = 30.0
 PARKED_CHECK_S = 3.0  # the first channel of a kept connection: longer, and it is logged into again
-_parked: dict[Target, list[fabric.Connection]] = {}
-_parked_lock = threading.Lock()
+_parked: dict[Target, list[tuple[fabric.Connection, float]]] = {}  # -> (connection, until when)
+_parked_lock = threading.Condition()
+_reaper: threading.Thread | None = None
 
 
 def _park(target: Target, conn: fabric.Connection, seconds: float) -> None:
+    global _reaper
     with _parked_lock:
-        _parked.setdefault(target, []).append(conn)
-    timer = threading.Timer(seconds, _expire, (target, conn))
-    timer.name, timer.daemon = "skyward-ssh-parked", True
-    timer.start()
+        _parked.setdefault(target, []).append((conn, time.monotonic() + seconds))
+        if _reaper is None or not _reaper.is_alive():  # one thread for all of them (pools of hundreds)
+            _reaper = threading.Thread(target=_reap, name="skyward-ssh-parked", daemon=True)
+            _reaper.start()
+        _parked_lock.notify()
 
 
 def _unpark(target: Target) -> fabric.Connection | None:
@@ -750,7 +759,7 @@ def _unpark(target: Target) -> fabric.Connection | None:
             kept = _parked.get(target)
             if not kept:
                 return None
-            conn = kept.pop()
+            conn, _ = kept.pop()
             if not kept:
                 del _parked[target]
         transport = conn.transport
@@ -759,22 +768,33 @@ def _unpark(target: Target) -> fabric.Connection | None:
         _close(conn)
 
 
-def _expire(target: Target, conn: fabric.Connection) -> None:
-    with _parked_lock:
-        kept = _parked.get(target, [])
-        if conn not in kept:
-            return  # taken
-        kept.remove(conn)
-        if not kept:
-            del _parked[target]
-    _close(conn)
+def _reap() -> None:
+    """Close kept connections nobody took in time; end when none is left."""
+    global _reaper
+    while True:
+        with _parked_lock:
+            now = time.monotonic()
+            expired = [conn for kept in _parked.values() for conn, until in kept if until <= now]
+            for target in list(_parked):
+                _parked[target] = [(c, until) for c, until in _parked[target] if until > now]
+                if not _parked[target]:
+                    del _parked[target]
+            if not expired:
+                if not _parked:
+                    _reaper = None
+                    return
+                _parked_lock.wait(min(until for kept in _parked.values() for _, until in kept) - now)
+                continue
+        for conn in expired:
+            _close(conn)
 
 
 def close_parked() -> None:
     """Close every kept connection now (the next pool logs in again)."""
     with _parked_lock:
-        conns = [c for kept in _parked.values() for c in kept]
+        conns = [c for kept in _parked.values() for c, _ in kept]
         _parked.clear()
+        _parked_lock.notify()
     for conn in conns:
         _close(conn)
 
@@ -782,8 +802,8 @@ def close_parked() -> None:
 def _forget_parked() -> None:
     # A forked child has the parent's sockets but not paramiko's threads: it must neither use
     # those connections nor close them (a goodbye on the parent's socket would end them).
-    global _parked_lock
-    _parked_lock = threading.Lock()
+    global _parked_lock, _reaper
+    _parked_lock, _reaper = threading.Condition(), None
     _parked.clear()
 
 

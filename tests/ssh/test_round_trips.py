@@ -4,8 +4,9 @@ timed: what a host costs on a real network is these round trips times its latenc
 A host is reached by one login, then one command does all the rest (its folders, what it lacks
 of the shipment, sent back on the same channel, the bootstrap script, the agent's start), then one
 channel reaches the agent; the next pool of the same process takes the connection the last one
-left (bootstrap.remote.PARK_SECONDS) and skips the login. Before, a warm host took four commands (its folders, which files it
-has, the script, the agent's start), a fresh one five or six (one per upload)."""
+left (bootstrap.remote.PARK_SECONDS) and skips the login. Before, a warm host took four
+commands (its folders, which files it has, the script, the agent's start), a fresh one five or
+six (one per upload)."""
 
 from __future__ import annotations
 

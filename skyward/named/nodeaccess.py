@@ -125,16 +125,20 @@ class LocalNode(Node):
 
     def attach(self, script: str) -> int:
         # The variables go in the environment, not on a command line other users can read.
-        proc = subprocess.Popen(["bash", "-c", script], env=self._environ())
-        # The terminal's Ctrl-C / Ctrl-\ / Ctrl-Z are the shell's: this process waits them out.
-        # (Ignored only now: an ignored signal would be ignored by the child too.)
-        saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)}
-        try:
-            code = proc.wait()
-        finally:
-            for s, handler in saved.items():
-                signal.signal(s, handler)
-        return 128 - code if code < 0 else code
+        return _wait_in_foreground(subprocess.Popen(["bash", "-c", script], env=self._environ()))
+
+
+def _wait_in_foreground(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for a shell that has the terminal: its Ctrl-C / Ctrl-\\ / Ctrl-Z are the shell's, so
+    this process ignores them meanwhile (only once the child started: an ignored signal would be
+    ignored by the child too). Its exit status as a shell says it."""
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
 
 
 class _PopenProcess:
@@ -273,15 +277,7 @@ class ContainerNode(Node):
 
     def attach(self, script: str) -> int:
         tty = os.isatty(sys.stdin.fileno()) and os.isatty(sys.stdout.fileno())
-        proc = subprocess.Popen(self._argv(script, tty))
-        # The terminal's Ctrl-C / Ctrl-\ / Ctrl-Z are the shell's in the container: this process waits them out.
-        saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP)}
-        try:
-            code = proc.wait()
-        finally:
-            for s, handler in saved.items():
-                signal.signal(s, handler)
-        return 128 - code if code < 0 else code
+        return _wait_in_foreground(subprocess.Popen(self._argv(script, tty)))
 
 
 class _ChannelProcess:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 
@@ -21,3 +23,12 @@ def agent_pid() -> int:
 def sleep_then(seconds: float, value: object = None) -> object:
     time.sleep(seconds)
     return value
+
+
+def fresh_python_line(script: str, *args: str, **env: str) -> str:
+    """The last line ``script`` printed, run by a fresh interpreter of this venv (``python -c``)
+    with ``args`` and ``env`` added to this process's environment; fails the test if it failed."""
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]

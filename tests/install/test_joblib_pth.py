@@ -13,7 +13,6 @@ build isolation: nothing is fetched from an index).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import fresh_python_line
 
 from skyward.joblib_pth import NAME, OPT_OUT, pth_text
 
@@ -150,16 +150,7 @@ def site_dir(wheel: Path, tmp_path: Path) -> Iterator[Path]:
 
 
 def _fresh(site_dir: Path, **env: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", _FRESH, str(site_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = json.loads(fresh_python_line(_FRESH, str(site_dir), **env))
     return result
 
 

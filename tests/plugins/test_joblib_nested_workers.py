@@ -10,11 +10,8 @@ started from this venv as they are: the hook is the one its install put there.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from helpers import fresh_python_line
 
 import skyward as sky
 
@@ -67,16 +64,7 @@ _STALE = (
 
 
 def _fresh(script: str, **env: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+    return fresh_python_line(script, **env)
 
 
 def test_a_fresh_interpreter_that_never_imports_skyward_gets_skywards_error() -> None:

@@ -286,23 +286,20 @@ class Slurm(ProviderConfig):
         listed = ",".join(jobs)
         command = (f"sacct -X -P -n -j {listed} -o {q.SACCT_FORMAT} 2>&1; echo \"@@sacct $?\"; "
                    f"for j in {' '.join(jobs)}; do echo \"@@job $j\"; scontrol show job -o \"$j\" 2>&1; done")
-        try:
-            _, out = self._on_login(command, phase="sacct", retry_for=10.0, check=False)
-        except Exception as exc:
-            return {"jobs": {j: {} for j in jobs}, "accounting": f"unknown: the login node could not be asked ({exc})"}
-        head, _, rest = out.partition("@@sacct ")
-        code, _, rest = rest.partition("\n")
-        used = q.parse_sacct(head) if code.strip() == "0" else {}
-        if used:
-            how = "sacct"
-        else:
-            said = " ".join(head.split())[-200:] or f"no record of jobs {listed}"
-            how = f"none in sacct ({said}); figures from the controller (scontrol show job)"
-            for block in rest.split("@@job ")[1:]:
-                job, _, text = block.partition("\n")
-                found = q.parse_scontrol_job(text)
-                if found is not None:
-                    used[job.strip()] = found
+        # Asked right after the jobs were cancelled: a job still on its way out (COMPLETING) has
+        # neither its final state nor its final time yet, so it is asked again, for up to 15 s.
+        until = time.monotonic() + 15.0
+        while True:
+            try:
+                _, out = self._on_login(command, phase="sacct", retry_for=10.0, check=False)
+            except Exception as exc:
+                return {"jobs": {j: {} for j in jobs},
+                        "accounting": f"unknown: the login node could not be asked ({exc})"}
+            used, how = _usage(out, listed)
+            if time.monotonic() > until or not any(
+                    str(u.get("state", "")).split(" ")[0] in q.PASSING for u in used.values()):
+                break
+            time.sleep(1.0)
         out_jobs = {}
         for j in jobs:
             info = (description.get("jobs") or {}).get(j) or {}
@@ -505,6 +502,10 @@ class SlurmCluster(Cluster):
                 self._remote = remote
             return remote
 
+    def _python(self) -> str:
+        """The agent's interpreter, relative to ``self.sky`` ("" when not known yet)."""
+        return self._ship.agent_python if self._ship is not None else self._agent_python
+
     def _try_login(self) -> None:
         try:
             self._login()
@@ -524,9 +525,7 @@ class SlurmCluster(Cluster):
         return self._parts
 
     def _partition_facts(self, parts: list[q.Partition]) -> q.Partition | None:
-        name = self._partition or self.provider.partition
-        return next((p for p in parts if p.name == name), None) if name else next(
-            (p for p in parts if p.default), None)
+        return q.partition_named(parts, self._partition or self.provider.partition)
 
     def _explain(self, nodes: int) -> str:
         """Slurm's refusal in the pool's own terms, or "" (nothing to add to Slurm's words)."""
@@ -947,6 +946,18 @@ class SlurmCluster(Cluster):
                     self.pool_id, index, old.job, new)
         return node.endpoint
 
+    def _settled(self, job: str, *, within: float, patience: float, pause: float) -> q.JobState:
+        """How ``job`` stands, looked at again every ``pause`` seconds for up to ``within`` seconds
+        while it is on its way out (COMPLETING: how it ends is what counts); the last look when it
+        has not settled by then. Raises ProviderError when the queue cannot say (``_look``)."""
+        until = time.monotonic() + within
+        while True:
+            state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job], patience=patience,
+                          where=self._login().label)[job]
+            if state.state.split()[0] not in q.PASSING or time.monotonic() > until:
+                return state
+            time.sleep(pause)
+
     def _why_lost(self, index: int) -> q.JobState | None:
         """How node ``index``'s job stands now. A node lost from a running job (its agent died), or
         whose job ended by NODE_FAIL, BOOT_FAIL, PREEMPTED, a requeue or a failure, may be
@@ -963,17 +974,11 @@ class SlurmCluster(Cluster):
             ours = bool(job) and job in self._jobs
         if not ours:
             return None  # a node of a job the pool ended itself (shrunk, healed), or none yet
-        deadline = time.monotonic() + max(30.0, self._ssh_timeout)
-        while True:
-            state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job],
-                          patience=self._ssh_timeout, where=self._login().label)[job]
-            base = state.state.split()[0]
-            if base not in q.PASSING:
-                break
-            if time.monotonic() > deadline:  # never replaced on a guess: it may have been cancelled
-                raise ProviderError(f"Slurm job {job} is still {state.state}: how it ends decides whether "
-                                    f"node {index} is replaced")
-            time.sleep(1.0)  # on its way out (COMPLETING): its end decides
+        state = self._settled(job, within=max(30.0, self._ssh_timeout), patience=self._ssh_timeout, pause=1.0)
+        base = state.state.split()[0]
+        if base in q.PASSING:  # never replaced on a guess: it may have been cancelled
+            raise ProviderError(f"Slurm job {job} is still {state.state}: how it ends decides whether "
+                                f"node {index} is replaced")
         why = q.stops_the_pool(state)
         if why is None:
             with self._lock:
@@ -1012,14 +1017,7 @@ class SlurmCluster(Cluster):
 
         def look() -> None:
             try:
-                until = time.monotonic() + 2.5
-                while True:
-                    state = _look(lambda c: self._run(c, check=False, phase="squeue"), [job], patience=2.0,
-                                  where=self._login().label)[job]
-                    if state.state.split()[0] not in q.PASSING or time.monotonic() > until:
-                        break
-                    time.sleep(0.25)  # on its way out (COMPLETING): how it ends is the news
-                seen.append(state)
+                seen.append(self._settled(job, within=2.5, patience=2.0, pause=0.25))
             except Exception as exc:
                 log.debug("Slurm pool %s: no look at job %s for node %d's loss: %s", self.pool_id, job, index, exc)
 
@@ -1147,7 +1145,7 @@ class SlurmCluster(Cluster):
             "folder": self.folder,
             "login_pool": self.login_pool,
             "login_address": self.login_address,
-            "agent_python": self._ship.agent_python if self._ship is not None else self._agent_python,
+            "agent_python": self._python(),
             "next": self._next,
             "jobs": jobs,
             "ended_jobs": list(self._ended),
@@ -1157,7 +1155,7 @@ class SlurmCluster(Cluster):
                  "log": f"{self.folder}/agent-{n.index}.log",
                  # where skyward ssh finds the pool's virtualenv (the shared home's)
                  "home": self.sky,
-                 "agent_python": self._ship.agent_python if self._ship is not None else self._agent_python}
+                 "agent_python": self._python()}
                 for n in nodes
             ],
         }
@@ -1280,17 +1278,32 @@ def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
         try:
             return remote.tunnel(port, host=address)
         except paramiko.ChannelException as exc:
-            python = cluster._ship.agent_python if cluster._ship is not None else cluster._agent_python
-            if exc.code != paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED or not python:
+            if exc.code != paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED or not cluster._python():
                 raise ProviderError(
                     f"{remote.label} refused a channel to node agent {address}:{port}: {exc}. The login node "
                     f"must let its users reach the compute nodes' addresses (sshd's AllowTcpForwarding).") from None
             log.info("%s forbids TCP forwarding (%s): the pool reaches its agents through a relay over an "
                      "exec channel instead", remote.label, exc)
             cluster._relay = True
-    python = cluster._ship.agent_python if cluster._ship is not None else cluster._agent_python
-    return remote.relay(f"{shlex.quote(f'{cluster.sky}/{python}')} -m skyward.bootstrap.relay "
+    return remote.relay(f"{shlex.quote(f'{cluster.sky}/{cluster._python()}')} -m skyward.bootstrap.relay "
                         f"{shlex.quote(f'{address}:{port}')}")
+
+
+def _usage(out: str, listed: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """``accounting``'s command output -> each job's usage, and where it came from (sacct, or the
+    controller's memory of the jobs where the site keeps no accounting)."""
+    head, _, rest = out.partition("@@sacct ")
+    code, _, rest = rest.partition("\n")
+    used = q.parse_sacct(head) if code.strip() == "0" else {}
+    if used:
+        return used, "sacct"
+    said = " ".join(head.split())[-200:] or f"no record of jobs {listed}"
+    for block in rest.split("@@job ")[1:]:
+        job, _, text = block.partition("\n")
+        found = q.parse_scontrol_job(text)
+        if found is not None:
+            used[job.strip()] = found
+    return used, f"none in sacct ({said}); figures from the controller (scontrol show job)"
 
 
 def _parse_look(out: str, job: str) -> tuple[q.Look, dict[int, list[str]], dict[int, dict[str, Any]]]:

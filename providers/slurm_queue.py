@@ -78,6 +78,12 @@ def check_time(value: object, label: str) -> str | None:
     )
 
 
+def flag_name(flag: str) -> str:
+    """``--mem=8G`` -> ``--mem``; a short flag carries its value with it (``-N2``, ``-t1``): its
+    name is its first letter, ``-N``."""
+    return flag.split("=", 1)[0] if flag.startswith("--") else flag[:2]
+
+
 def check_options(options: object) -> tuple[str, ...]:
     """Extra sbatch flags: each one a flag (``--exclusive``, ``--mem=8G``, ``--mail-type=END``), never
     one that skyward sets itself, never a word that would open a shell."""
@@ -91,8 +97,7 @@ def check_options(options: object) -> tuple[str, ...]:
                 f"sky.Slurm(options=[..., {flag!r}]): not an sbatch flag; write each as one string "
                 f"starting with '-', the value after '=' (e.g. '--mem=16G', '--exclusive')."
             )
-        # A short flag carries its value with it ("-N2", "-t1"): its name is its first letter.
-        name = flag.split("=", 1)[0] if flag.startswith("--") else flag[:2]
+        name = flag_name(flag)
         if name in OWN_FLAGS:
             raise ConfigError(
                 f"sky.Slurm(options=[..., {flag!r}]): skyward sets {name} itself; use sky.Slurm's own "
@@ -115,7 +120,7 @@ _SPEC_FLAGS = (
 def spec_conflicts(options: Sequence[str], spec: Any) -> str | None:
     """Why ``options`` fight the spec (a flag the spec's vcpus=, memory_gb= or accelerator= sets
     already), else None."""
-    names = {f.split("=", 1)[0] if f.startswith("--") else f[:2]: f for f in options}
+    names = {flag_name(f): f for f in options}
     for field, label, flags in _SPEC_FLAGS:
         if getattr(spec, field, None):
             for flag in flags:
@@ -536,8 +541,7 @@ def default_cpus(part: Partition | None, spec: Any, options: Sequence[str]) -> i
     growth) could land on one host (issue 45, item 9)."""
     if getattr(spec, "vcpus", None) or part is None or part.cpus <= 0:
         return None
-    names = {f.split("=", 1)[0] if f.startswith("--") else f[:2] for f in options}
-    if names & set(_CPU_FLAGS):
+    if {flag_name(f) for f in options} & set(_CPU_FLAGS):
         return None
     acc = getattr(spec, "accelerator", None)
     if acc is not None and part.gpus:
@@ -574,6 +578,11 @@ def minutes(text: str | None) -> float | None:
     return d * 1440 + h * 60 + m + sec / 60
 
 
+def partition_named(parts: Sequence[Partition], name: str | None) -> Partition | None:
+    """The partition called ``name`` (None: the cluster's default one), if sinfo shows it."""
+    return next((p for p in parts if (p.name == name if name else p.default)), None)
+
+
 def explain_refusal(parts: Sequence[Partition], *, partition: str | None, nodes: int,
                     time_limit: str | None, spec: Any) -> str | None:
     """What, in the pool's own terms, makes Slurm refuse a job (its error at sbatch, or a PENDING
@@ -582,8 +591,7 @@ def explain_refusal(parts: Sequence[Partition], *, partition: str | None, nodes:
     if not parts:
         return None
     listed = "; ".join(describe(p) for p in parts)
-    part = next((p for p in parts if p.name == partition), None) if partition else next(
-        (p for p in parts if p.default), None)
+    part = partition_named(parts, partition)
     if partition and part is None:
         return (f"partition {partition!r} is not one of this cluster's; its partitions: {listed}. "
                 f"Name one of them with sky.Slurm(partition=...), or leave partition= out for the default")

@@ -55,6 +55,7 @@ class NodePlan:
     install: Install = "wheelhouse"
     skyward_wheel: str = ""  # path relative to the node home, e.g. wheels/skyward/ab12/skyward-0.1.0-...whl
     skyward_hash: str = ""  # content hash of that wheel: a new build reinstalls
+    skyward_sha256: str = ""  # the wheel file's sha256 (a lock's hash line for it)
     agent_requirements: tuple[str, ...] = ()  # pinned: cloudpickle==x, lz4==y
     includes_archive: bool = False  # pools/<id>/includes.tar was uploaded
     ops: tuple[str, ...] = ()  # plugin bootstrap ops, run last, in order
@@ -120,7 +121,9 @@ def render(image: Image, plan: NodePlan) -> str:
                     'gunzip -c "$UV.gz" > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$UV"\n"$UV" --version',
               uv_key, '[ -x "$UV" ]')
     py = q(plan.python)
-    find = f'"$UV" python find --system {py} 2>/dev/null || command -v python{plan.python} || true'
+    # The PATH's python3.X first: a lookup, where uv's search runs every interpreter it finds to ask
+    # its version (0.1-0.2 s of a fresh node's start); uv's search only when there is none.
+    find = f'command -v python{plan.python} || "$UV" python find --system {py} 2>/dev/null || true'
     if plan.install == "index":
         python_body = (
             f'PY=$({find})\nif [ -z "$PY" ]; then "$UV" python install {py}; fi\n'
@@ -139,18 +142,24 @@ def render(image: Image, plan: NodePlan) -> str:
     # builds it while the others wait on the lock, then find its markers and skip.
     out.append(f"env_lock {q(ek)}\n")
     phase("python", python_body, ek, venv_check)
-    phase("venv", f'rm -rf "$ENV"\n"$UV" venv --quiet --python "$(cat "$SKY/envs/{ek}.python")" "$ENV"', ek,
-          venv_check)
+    deps_key, skyward_key = key(ek, "deps"), key(ek, plan.skyward_hash)
+    # A new environment has nothing installed: the markers of what was installed in the old one go.
+    phase("venv", f'rm -rf "$ENV" "$SKY/done/deps-{deps_key}" "$SKY/done/skyward-{skyward_key}"\n'
+                  f'"$UV" venv --quiet --python "$(cat "$SKY/envs/{ek}.python")" "$ENV"', ek, venv_check)
     source = ' --no-index --find-links "$SKY/wheels"' if plan.install == "wheelhouse" else ""
-    deps = _locked_deps(image, plan) if plan.lock else _deps(image, plan.install)
+    # With a lock, a new environment gets its packages and skyward's wheel in one uv run (each run
+    # is 0.1 s of a fresh node's start): the wheel goes into the lock with its sha256, and the
+    # skyward phase's marker is set; a new skyward on a warm node runs that phase alone.
+    together = f'"$SKY/done/skyward-{skyward_key}"' if plan.skyward_sha256 else ""
+    deps = _locked_deps(image, plan, together) if plan.lock else _deps(image, plan.install)
     if deps:
-        phase("deps", deps, key(ek, "deps"), venv_check)
+        phase("deps", deps, deps_key, venv_check)
     # The wheel's metadata pins the agent's dependencies to the client's versions.
     phase(
         "skyward",
         f'"$UV" pip install --quiet --python "$ENV/bin/python"{source} --reinstall-package skyward '
         f'"$SKY/{plan.skyward_wheel}"',
-        key(ek, plan.skyward_hash),
+        skyward_key,
         venv_check,
     )
     out.append("env_unlock\n")
@@ -323,19 +332,29 @@ def pool_folder(pool_id: str, node: int) -> str:
     return f"{pool_id}-{node}"
 
 
-def _locked_deps(image: Image, plan: NodePlan) -> str:
-    """Install the pool's lock exactly: no resolution, hashes checked when the lock has them."""
+def _locked_deps(image: Image, plan: NodePlan, skyward_marker: str = "") -> str:
+    """Install the pool's lock exactly: no resolution, hashes checked when the lock has them. With
+    ``skyward_marker`` (the skyward phase's marker file), skyward's wheel too, by its path under
+    SKY and its sha256 (the lock holds the wheel's dependencies, pinned), and the marker set; not
+    where SKY holds a space (a requirements file's line splits there): the skyward phase runs."""
     base = '"$UV" pip install --quiet --python "$ENV/bin/python" --no-deps'
     lines = [ln for ln in plan.lock.splitlines() if ln.strip() and not ln.startswith(" ")]
     if lines and all(ln.endswith("\\") for ln in lines):
         base += " --require-hashes"
+    wheel = after = ""
+    if skyward_marker:
+        base += " --reinstall-package skyward"
+        wheel = (f'together=0; case "$SKY" in *[[:space:]]*) ;; *) together=1\n'
+                 f"  printf '%s --hash=sha256:%s\\n' \"$SKY/{plan.skyward_wheel}\" {plan.skyward_sha256} "
+                 f'>> "$POOL/lock.txt";; esac\n')
+        after = f"\nif [ $together = 1 ]; then touch {skyward_marker}; fi"
     if plan.install == "wheelhouse":
         base += ' --no-index --find-links "$SKY/wheels"'
     elif image.pip_indexes:
         base = _with_indexes("UV_EXTRA_INDEX_URL", [ix.url for ix in image.pip_indexes]) + base
         base += " --index-strategy unsafe-best-match"
-    return (f"cat > \"$POOL/lock.txt\" <<'SKYWARD_LOCK'\n{plan.lock}SKYWARD_LOCK\n"
-            f'{base} -r "$POOL/lock.txt"')
+    return (f"cat > \"$POOL/lock.txt\" <<'SKYWARD_LOCK'\n{plan.lock}SKYWARD_LOCK\n{wheel}"
+            f'{base} -r "$POOL/lock.txt"{after}')
 
 
 def _with_indexes(variable: str, urls: list[str]) -> str:

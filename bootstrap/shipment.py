@@ -90,6 +90,7 @@ def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, insta
     plan = script.NodePlan(
         pool_id=pool_id, python=python, install=install,
         skyward_wheel=f"wheels/skyward/{sky.digest}/{sky.path.name}", skyward_hash=sky.digest,
+        skyward_sha256=sky.sha256,
         agent_requirements=reqs, includes_archive=includes is not None, ops=ops,
         wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(), lock=lock_text,
         volumes=mount_phase(mounts),

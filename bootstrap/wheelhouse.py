@@ -33,6 +33,7 @@ AGENT_PACKAGES = ("cloudpickle", "lz4", "pydantic")
 class SkywardWheel:
     path: Path
     digest: str  # content hash of the package files: changes whenever the code does
+    sha256: str = ""  # of the wheel file (the nodes' lock checks it)
 
 
 def cache_dir(*parts: str) -> Path:
@@ -102,7 +103,7 @@ def skyward_wheel() -> SkywardWheel:
     out = cache_dir("wheels", "skyward", digest) / f"skyward-{version}-py3-none-any.whl"
     if not out.exists():
         _write_wheel(out, version, files)
-    return SkywardWheel(out, digest)
+    return SkywardWheel(out, digest, hashlib.sha256(out.read_bytes()).hexdigest())
 
 
 def _version() -> str:

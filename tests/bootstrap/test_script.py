@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,75 @@ def test_the_skyward_wheel_holds_every_subpackage_and_pins_the_agent_deps() -> N
     for pin in wheelhouse.agent_requirements():
         assert f"Requires-Dist: {pin}" in meta
     assert wheelhouse.skyward_wheel() is wheel  # once per process
+
+
+def _node_script(text: str, sky_dir: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(sky_dir.parent), "UV_CACHE_DIR": str(sky_dir.parent / "uv-cache"),
+           "SKYWARD_SKY": str(sky_dir), "SKYWARD_RUN": str(run_dir), "SKYWARD_POOL": str(run_dir / "pool")}
+    return subprocess.run(["bash", "-s"], input=text, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _run_node_script(text: str, sky_dir: Path, run_dir: Path) -> list[tuple[str, str]]:
+    """The rendered script on this machine (the client's uv as the node's, this machine's Python),
+    as far as its agent's start; the phases it reports, in order."""
+    proc = _node_script(text, sky_dir, run_dir)
+    assert proc.returncode == 0 and "@@skyward ready" in proc.stdout, proc.stdout + proc.stderr
+    return [(p[0], p[1]) for p in map(script.parse_marker, proc.stdout.splitlines()) if p is not None]
+
+
+def test_a_new_environment_gets_its_lock_and_skywards_wheel_in_one_uv_run(tmp_path: Path) -> None:
+    """One `uv pip install` for the lock and skyward's wheel (checked by its sha256) where the
+    environment is new; a new skyward on a warm node runs the skyward phase alone; an environment
+    gone since is made again with everything in it (its phases' markers went with it)."""
+    import hashlib
+    import shutil
+    import sys
+
+    from cli.wheelindex import build_wheel
+
+    from skyward.records import pkglock
+
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if shutil.which(f"python{python}", path="/usr/bin:/bin") is None:
+        pytest.skip(f"no system python{python} for the node's venv")
+    sky_dir, run_dir = tmp_path / "sky", tmp_path / "run"
+    (sky_dir / "bin").mkdir(parents=True)
+    shutil.copy(pkglock.uv_binary(), sky_dir / "bin" / "uv")
+    dep = build_wheel(sky_dir / "wheels", "skyprobe", "1.0")
+    lock = f"skyprobe==1.0 \\\n    --hash=sha256:{hashlib.sha256(dep.read_bytes()).hexdigest()}\n"
+
+    def node_plan(version: str) -> script.NodePlan:
+        wheel = build_wheel(sky_dir / "wheels" / "skyward" / version, "skyward", version, ("skyprobe==1.0",))
+        return plan(python=python, skyward_wheel=f"wheels/skyward/{version}/{wheel.name}", skyward_hash=version,
+                    skyward_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(), lock=lock,
+                    wheel_names=(dep.name,))
+
+    def installed(p: script.NodePlan) -> str:
+        venv = sky_dir / "envs" / script.env_key(sky.Image(), p)
+        return subprocess.run([str(venv / "bin" / "python"), "-c", "import skyward, skyprobe; print(skyward.VERSION)"],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout.strip()
+
+    # (the uv phase unpacks the shipped uv.gz: this one is there already, as on a warm node)
+    first = node_plan("1.0")
+    text = script.render(sky.Image(), first).replace('phase uv ', 'true ', 1)
+    seen = dict((n, s) for n, s in _run_node_script(text, sky_dir, run_dir) if s != "started")
+    assert (seen["deps"], seen["skyward"]) == ("done", "skipped")
+    assert installed(first) == "1.0"
+    seen = dict((n, s) for n, s in _run_node_script(text, sky_dir, run_dir) if s != "started")
+    assert (seen["venv"], seen["deps"], seen["skyward"]) == ("skipped", "skipped", "skipped")
+    # The environment gone: made again, and everything installed in it again.
+    shutil.rmtree(sky_dir / "envs" / script.env_key(sky.Image(), first))
+    seen = dict((n, s) for n, s in _run_node_script(text, sky_dir, run_dir) if s != "started")
+    assert (seen["venv"], seen["deps"], seen["skyward"]) == ("done", "done", "skipped")
+    assert installed(first) == "1.0"
+    # Another skyward on the same environment: its phase alone.
+    second = node_plan("2.0")
+    text = script.render(sky.Image(), second).replace('phase uv ', 'true ', 1)
+    seen = dict((n, s) for n, s in _run_node_script(text, sky_dir, run_dir) if s != "started")
+    assert (seen["venv"], seen["deps"], seen["skyward"]) == ("skipped", "skipped", "done")
+    assert installed(second) == "2.0"
+    # A wheel that is not the one the lock names is refused.
+    shutil.rmtree(sky_dir / "envs")
+    tampered = text.replace(second.skyward_sha256, "0" * 64)
+    failed = _node_script(tampered, sky_dir, run_dir)
+    assert "@@skyward phase deps failed" in failed.stdout and "hash" in failed.stdout.lower(), failed.stdout

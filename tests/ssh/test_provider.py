@@ -223,7 +223,8 @@ def test_pip_packages_come_from_the_shipped_wheelhouse_and_phases_are_skipped_ne
     warm = {(e.node, e.phase): e.status for e in phases if e.pool == second and e.status != "started"}
     for node in (0, 1):
         for phase in ("python", "venv", "deps", "skyward"):
-            assert cold[(node, phase)] == "done", cold
+            # (a new environment gets skyward's wheel in the deps phase's uv run)
+            assert cold[(node, phase)] == ("skipped" if phase == "skyward" else "done"), cold
             assert warm[(node, phase)] == "skipped", warm
         assert warm[(node, "env")] == "done"  # per pool, always
     assert cold[(-1, "wheelhouse")] == "done"  # this machine's part, shown as progress too

@@ -155,7 +155,7 @@ def main() -> None:
     calls, reps, size = (300, 3, 100 * MB) if args.quick else (2000, 7, 100 * MB)
 
     env = dict(os.environ, SKYWARD_AGENT_TOKEN=TOKEN)
-    proc = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", "600", "--direct", "127.0.0.1"],
+    proc = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent_start", "--ttl", "600", "--direct", "127.0.0.1"],
                             stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None
     hello = json.loads(proc.stdout.readline())

@@ -226,19 +226,21 @@ _SHIPPED_NAME = re.compile(r"[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*")
 
 def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[str, int], script: str,
             then: str) -> str:
-    """The whole start of a node over SSH as one bash text for ``bash -s``: one command, so one
-    round trip, on a node that has everything. It resolves the node's folders as
+    """The whole start of a node over SSH as one bash text for ``bash -s``: one command, and on a
+    node that has everything no wait for the client within it. It resolves the node's folders as
     ``node_dirs_command`` does (``SKYWARD_KEEP_POOL`` in its environment keeps a node's folder) and
     prints them; stops after ``@@sudo WHY`` when sudo refuses the Image's apt packages; prints
-    ``@@need PATH...``: which of ``files`` (path under SKY -> size) are missing or of another size;
-    then reads the client's answer on its stdin: a line ``SHARED MINE`` with two sizes, then that
-    many bytes of two tar archives, unpacked into SKY and into the pool's folder (each file renamed
-    into place: other hosts of a shared home may be reading it), and ``@@received``; then runs the
-    rendered bootstrap ``script`` with those folders, then ``then`` (bash, e.g. the agent's start;
-    stdin still holds what the client sent after the archives).
+    ``@@need PATH...``: which of ``files`` (path under SKY -> size) are missing or of another size.
+    Then it reads what the client sent with the script, without waiting for anything: a line holding
+    the pool's secret (kept in a shell variable, not exported: ``then`` hands it to the agent), a
+    line ``MINE`` with a size and that many bytes of a tar archive, the pool's own files (into this
+    node's folder). Only when it needs files does it wait for the client's answer to ``@@need``: a
+    line ``SHARED`` and that many bytes of a tar archive unpacked into SKY. (Each file is renamed
+    into place: other hosts of a shared home may be reading it.) Then ``@@received``, the rendered
+    bootstrap ``script`` with those folders, and ``then`` (bash, e.g. the agent's start).
 
-    Everything is inside one function, so bash has read all of this text before anything reads the
-    answer from the same stdin (the client sends it only once it saw ``@@need``)."""
+    Everything is inside one function, so bash has read all of this text before anything reads
+    from the same stdin."""
     for name in files:
         if not _SHIPPED_NAME.fullmatch(name) or ".." in name.split("/"):
             raise ValueError(f"shipped file {name!r}: letters, digits, '_', '.', '+', '-' and '/' only")
@@ -258,10 +260,15 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
            '  [ "${have[$name]:-}" = "$size" ] || need="$need $name"\n'
            "done\n" if files else "local need=''\n")
         + 'echo "@@need$need"\n'
-        "local shared mine\n"
-        'IFS=" " read -r shared mine || { echo "the client sent nothing after @@need" >&2; return 2; }\n'
-        'if [ "$shared" -gt 0 ]; then _skyward_receive "$shared" "$SKY" || return 3; fi\n'
+        "unset SKYWARD_AGENT_TOKEN; local mine\n"
+        'IFS= read -r SKYWARD_AGENT_TOKEN && IFS=" " read -r mine '
+        '|| { echo "the client sent nothing after the script" >&2; return 2; }\n'
         'if [ "$mine" -gt 0 ]; then _skyward_receive "$mine" "$POOL" || return 3; fi\n'
+        'if [ -n "$need" ]; then\n'
+        '  local shared\n'
+        '  IFS=" " read -r shared || { echo "the client sent nothing after @@need" >&2; return 2; }\n'
+        '  if [ "$shared" -gt 0 ]; then _skyward_receive "$shared" "$SKY" || return 3; fi\n'
+        'fi\n'
         'echo "@@received"\n'
         'export SKYWARD_SKY="$SKY" SKYWARD_RUN="$RUN" SKYWARD_POOL="$POOL"\n'
         + script.rstrip("\n") + "\n"
@@ -274,8 +281,8 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
 
 
 # _skyward_receive BYTES BASE: exactly BYTES bytes of stdin (head -c reads no further: what follows
-# is the next archive, or the agent's token), a tar, unpacked into a private folder next to BASE,
-# then each file renamed into place.
+# is the client's next part), a tar, unpacked into a private folder next to BASE, then each file
+# renamed into place.
 _RECEIVE = """\
 _skyward_receive() (
   set -eo pipefail

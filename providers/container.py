@@ -617,7 +617,7 @@ class ContainerCluster(Cluster):
             raise BootstrapError(
                 host=f"node {node.index} (container {node.container})",
                 phase="agent",
-                command="python -m skyward.bootstrap.agent",
+                command="python -m skyward.bootstrap.agent_start",
                 exit_code=code,
                 output=tail,
                 why=f"did not report its socket within {_AGENT_START_TIMEOUT} s",

@@ -48,7 +48,7 @@ mkdir -p site
 PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
 export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
 rm -f agent.json {AGENT_PID}
-setsid "$SKY/{agent_python}" -m skyward.bootstrap.agent --ttl {ttl:g} --log agent.log \\
+setsid "$SKY/{agent_python}" -m skyward.bootstrap.agent_start --ttl {ttl:g} --log agent.log \\
   --socket {AGENT_SOCKET} --orphan-cleanup "$POOL" --orphan-cleanup {NODE_RUN} </dev/null >agent.json 2>>agent.log &
 for _ in $(seq 1 {timeout * 20}); do [ -s agent.json ] && break; sleep 0.05; done
 echo "@@hello $(head -n1 agent.json)"

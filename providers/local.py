@@ -485,7 +485,7 @@ class LocalCluster(Cluster):
         if proc is None:
             with open(log_path, "ab") as log_file:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "skyward.bootstrap.agent", *args], cwd=node_dir,
+                    [sys.executable, "-m", "skyward.bootstrap.agent_start", *args], cwd=node_dir,
                     env={**env, **own}, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
                 )

@@ -47,7 +47,7 @@ class ForkServer:
         self.log = root / "fork-server.log"
         with open(self.log, "ab") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "skyward.bootstrap.agent", "--fork-server"],
+                [sys.executable, "-m", "skyward.bootstrap.agent_start", "--fork-server"],
                 cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
                 start_new_session=True,
             )

@@ -881,7 +881,7 @@ class SlurmCluster(Cluster):
                    if isinstance(said, dict) and said.get("direct_error") else
                    f"did not report its port within {_AGENT_START_TIMEOUT} s")
             return BootstrapError(host=f"node {index} ({hello.get('hostname', '?')}, Slurm job {job})", phase="agent",
-                                  command="python -m skyward.bootstrap.agent", exit_code=None,
+                                  command="python -m skyward.bootstrap.agent_start", exit_code=None,
                                   output=tail.splitlines(), why=why)
         return BootstrapError(host=f"node {index} ({hello.get('hostname', '?')}, Slurm job {job})", phase=phase,
                               command=ship.phase_command(self._ship.script, phase), exit_code=code,
@@ -1380,7 +1380,7 @@ rm -f agent.json
 # Clients come through the login node to the direct listener; the agent's other listener is a
 # Unix socket in this 0700 folder (no loopback port another user of the node could fill).
 LOCAL="--socket $POOL/agent.sock"; [ ${{#POOL}} -le 88 ] || LOCAL=
-SKYWARD_AGENT_TOKEN="$TOKEN" "$SKY/{python}" -m skyward.bootstrap.agent --ttl {ttl} --log "$FOLDER/agent-$I.log" \
+SKYWARD_AGENT_TOKEN="$TOKEN" "$SKY/{python}" -m skyward.bootstrap.agent_start --ttl {ttl} --log "$FOLDER/agent-$I.log" \
   $LOCAL --direct "$ADDR" --orphan-cleanup "$POOL" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
 AGENT=$!
 TOKEN=

@@ -496,7 +496,8 @@ class SSHCluster(Cluster):
                 self._phase(node.index, name, status, seconds)
 
         def answer(line: str) -> list[bytes] | None:
-            """What the node lacks (``@@need``): it comes back on the same channel, then the token."""
+            """What the node lacks (``@@need``), sent on the same channel; nothing (and no wait on
+            the node) when it lacks nothing."""
             if not line.startswith("@@need"):
                 return None
             seen.add("need")
@@ -504,15 +505,19 @@ class SSHCluster(Cluster):
             shared = [(p, *ship.files[p]) for p in line[len("@@need"):].split() if p in ship.files]
             self._phase(node.index, "upload", "started")
             started["upload"], current[0] = time.monotonic(), "upload"
-            size_shared, shared_parts = tar_archive(shared) if shared else (0, iter(()))
-            size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
-            return [f"{size_shared} {size_mine}\n".encode(), *shared_parts, *mine_parts,
-                    (self.token + "\n").encode()]  # the agent reads it last: never on a command line
+            if not shared:
+                return []
+            size_shared, shared_parts = tar_archive(shared)
+            return [f"{size_shared}\n".encode(), *shared_parts]
 
         keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)} " if node.pool_dir else ""
         current[0] = "connect"
+        # With the script, at once: the pool's secret (a line the agent's start takes: never on a
+        # command line or in an environment block) and this node's own files.
+        size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
+        stdin = b"".join([text.encode(), (self.token + "\n").encode(), f"{size_mine}\n".encode(), *mine_parts])
         try:
-            code, out = remote.run(f"exec env {keep}setsid -w bash -s", stdin=text.encode(), check=False,
+            code, out = remote.run(f"exec env {keep}setsid -w bash -s", stdin=stdin, check=False,
                                    on_line=on_line, answer=answer, deadline=lambda: limit[0], phase="bootstrap")
         except BootstrapError as exc:  # timed out
             phase = current[0] or "bootstrap"
@@ -558,7 +563,8 @@ class SSHCluster(Cluster):
         return self._agent_hello(node, remote, _facts(out))
 
     def _agent_start(self, node: _Node, remote: Remote) -> str:
-        """Bash that starts the agent (SKY and POOL set, the token the next line of stdin) and
+        """Bash that starts the agent (SKY and POOL set, the token in the shell variable
+        SKYWARD_AGENT_TOKEN, where node_up read it, or else the next line of stdin) and
         prints its start-up line and the node's facts (``@@port``, ``@@hostname``, ``@@interface``,
         ``@@ip``). The start-up line is read off a FIFO as soon as the agent writes it (no polling),
         and the facts are gathered while the agent starts."""
@@ -569,7 +575,8 @@ class SSHCluster(Cluster):
         # attached from its description), and the node's folder of packages `skyward install`
         # adds while the pool runs (SKYWARD_SITE; there from the start, so running workers find them).
         return f"""set -e
-IFS= read -r SKYWARD_AGENT_TOKEN; export SKYWARD_AGENT_TOKEN
+[ -n "${{SKYWARD_AGENT_TOKEN:-}}" ] || IFS= read -r SKYWARD_AGENT_TOKEN  # (node_up read it already)
+export SKYWARD_AGENT_TOKEN
 unset SKYWARD_SKY SKYWARD_RUN SKYWARD_POOL SKYWARD_KEEP_POOL  # (the bootstrap's; not the agent's)
 cd "$POOL"; . ./env.sh
 mkdir -p site
@@ -580,7 +587,7 @@ export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" S
 LISTEN=--socket; [ ${{#POOL}} -le 88 ] || LISTEN=--port
 [ "$LISTEN" = --socket ] && ADDR="$POOL/agent.sock" || ADDR=0
 rm -f agent.json agent.out; mkfifo -m 600 agent.out
-setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent --ttl {self._ttl} --log agent.log \\
+setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent_start --ttl {self._ttl} --log agent.log \\
   $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null >agent.out 2>>agent.log &
 unset SKYWARD_AGENT_TOKEN
 route=$(ip -o route get {peer} 2>/dev/null </dev/null) || route=""
@@ -609,7 +616,7 @@ echo "@@port $hello"
         except (ValueError, KeyError, TypeError):
             log_file = f"{node.pool_dir}/agent.log"
             _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
-            raise BootstrapError(host=remote.label, phase="agent", command="python -m skyward.bootstrap.agent",
+            raise BootstrapError(host=remote.label, phase="agent", command="python -m skyward.bootstrap.agent_start",
                                  exit_code=None, output=tail.splitlines(),
                                  why=f"did not report its port within {_AGENT_START_TIMEOUT} s") from None
 

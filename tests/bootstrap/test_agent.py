@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from skyward.errors import ProtocolError
 def start_agent(ttl: float, token: str = "secret-token") -> tuple[subprocess.Popen[bytes], int]:
     env = dict(os.environ, SKYWARD_AGENT_TOKEN=token)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", str(ttl)],
+        [sys.executable, "-m", "skyward.bootstrap.agent_start", "--ttl", str(ttl)],
         stdout=subprocess.PIPE, env=env,
     )
     assert proc.stdout is not None
@@ -50,7 +51,7 @@ def _has_ss() -> bool:
 
 def test_refuses_to_start_without_a_token() -> None:
     env = {k: v for k, v in os.environ.items() if k != "SKYWARD_AGENT_TOKEN"}
-    proc = subprocess.run([sys.executable, "-m", "skyward.bootstrap.agent"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "skyward.bootstrap.agent_start"], env=env,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and "SKYWARD_AGENT_TOKEN" in proc.stderr
 
@@ -83,7 +84,7 @@ def test_lease_renewed_by_pings_then_expires_after_disconnect() -> None:
 
 
 def test_command_line_forms_and_mistakes() -> None:
-    from skyward.bootstrap.agent import _parse_args
+    from skyward.bootstrap.agent_start import _parse_args
 
     args = _parse_args(["--ttl", "30", "--port=0", "--orphan-cleanup", "/a", "--orphan-cleanup=/b",
                         "--unix", "/tmp/x.sock", "--log", "agent.log"])
@@ -120,3 +121,35 @@ def test_the_shared_memory_sweep_leaves_other_pid_namespaces_alone() -> None:
         for p in (theirs, ours_dead, made):
             if p is not None:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def test_the_start_up_line_comes_before_the_agents_modules_import_and_a_client_connects_meanwhile(
+        tmp_path: Path) -> None:
+    """Whoever started the agent reads where it listens and connects while the agent's own modules
+    (frames, handshake, pickling, shared memory) still import: ``-X importtime`` writes each import
+    to stderr, which is the caller's pipe until the start-up line is out and the agent's log after."""
+    log = tmp_path / "agent.log"
+    env = dict(os.environ, SKYWARD_AGENT_TOKEN="secret-token")
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "skyward.bootstrap.agent_start", "--ttl", "30",
+                             "--socket", str(tmp_path / "agent.sock"), "--log", str(log)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        hello = json.loads(proc.stdout.readline())
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(hello["unix"])  # (queued until the agent serves)
+        ch = NodeChannel(sock, node=0, token="secret-token", ttl=30, on_output=lambda *a: None)
+        assert ch.facts["pid"] == proc.pid == hello["pid"]
+        ch.close(shutdown_agent=True)
+        assert proc.wait(timeout=10) == 0
+        before = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+    after = log.read_text()
+    heavy = ("skyward.bootstrap.frames", "skyward.bootstrap.handshake", "skyward.bootstrap.serialize",
+             "skyward.bootstrap.shm", "skyward.bootstrap.agent\n")
+    assert "skyward.bootstrap.listeners" in before
+    for module in heavy:
+        assert module not in before + "\n", f"{module.strip()} imported before the start-up line"
+        assert module in after + "\n", f"{module.strip()} not imported after it"

@@ -319,7 +319,7 @@ class Relay:
 def agent() -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
     """An agent as sky.SSH(direct=True) starts it: its loopback port plus a direct listener."""
     env = dict(os.environ, SKYWARD_AGENT_TOKEN=TOKEN)
-    proc = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent", "--ttl", "60", "--direct", "127.0.0.1"],
+    proc = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent_start", "--ttl", "60", "--direct", "127.0.0.1"],
                             stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None
     hello = json.loads(proc.stdout.readline())

@@ -61,7 +61,7 @@ def test_a_pools_agents_share_one_fork_server_that_goes_with_them() -> None:
 def test_the_fork_server_forks_on_request_and_exits_after_its_last_agent(tmp_path: Path) -> None:
     token = "t" * 43
     env = dict(os.environ, SKYWARD_AGENT_TOKEN=token)
-    server = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent", "--fork-server"], cwd=tmp_path,
+    server = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent_start", "--fork-server"], cwd=tmp_path,
                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     assert server.stdin is not None and server.stdout is not None
     try:

@@ -4,9 +4,11 @@ timed: what a host costs on a real network is these round trips times its latenc
 A host is reached by one login, then one command does all the rest (its folders, what it lacks
 of the shipment, sent back on the same channel, the bootstrap script, the agent's start), then one
 channel reaches the agent; the next pool of the same process takes the connection the last one
-left (bootstrap.remote.PARK_SECONDS) and skips the login. Before, a warm host took four
-commands (its folders, which files it has, the script, the agent's start), a fresh one five or
-six (one per upload)."""
+left (bootstrap.remote.PARK_SECONDS) and skips the login. The pool's secret and its own files
+(includes) go with the command, so a warm host never waits for the client within it; only a host
+that lacks files waits for them (one answer). Before, a warm host took four commands (its
+folders, which files it has, the script, the agent's start), a fresh one five or six (one per
+upload), and then one command with an answer every time."""
 
 from __future__ import annotations
 
@@ -53,8 +55,8 @@ def counted(hosts: SSHHosts, **kw: Any) -> Wire:
     return wire
 
 
-ONE_COMMAND = {"connections": 1, "sessions": 1, "commands": 1, "tunnels": 1}
-NOTHING = {"connections": 0, "sessions": 0, "commands": 0, "tunnels": 0}
+ONE_COMMAND = {"connections": 1, "sessions": 1, "commands": 1, "tunnels": 1, "answers": 0}
+NOTHING = {"connections": 0, "sessions": 0, "commands": 0, "tunnels": 0, "answers": 0}
 
 
 def test_a_warm_host_costs_one_login_one_command_and_one_channel_to_its_agent(
@@ -81,16 +83,20 @@ def test_a_kept_connection_whose_host_went_away_is_logged_into_again(ssh_hosts: 
     counted(hosts)  # leaves its connection
     hosts[0].restart(new_host_key=False)  # a reboot: the kept connection is gone with it
     wire = counted(hosts)
-    assert wire.of(hosts[0].address, "enter") == ONE_COMMAND, wire.table()
+    # (and the test host's home, a tmpfs: the files it lacks now are sent again, one answer)
+    assert wire.of(hosts[0].address, "enter") == {**ONE_COMMAND, "answers": 1}, wire.table()
 
 
 def test_a_fresh_host_gets_its_files_on_the_same_command(ssh_hosts: Any) -> None:
     hosts = ssh_hosts(2)
-    wire = counted(
-        hosts, image=sky.Image(includes=[__file__])
-    )  # an includes archive goes along too
+    image = sky.Image(includes=[__file__])  # an includes archive goes along too
+    wire = counted(hosts, image=image)
     for h in hosts:
-        assert wire.of(h.address, "enter") == ONE_COMMAND, wire.table()
+        # The files it lacks: sent when it says so, on the same command.
+        assert wire.of(h.address, "enter") == {**ONE_COMMAND, "answers": 1}, wire.table()
+    wire = counted(hosts, image=image)
+    for h in hosts:  # warm: the includes went with the command, and nothing was waited for
+        assert wire.of(h.address, "enter") == {**ONE_COMMAND, "connections": 0}, wire.table()
 
 
 def test_a_pinned_resolution_is_reused_for_a_while_and_a_loose_one_never(

@@ -8,7 +8,9 @@ Each of these waits for the host at least once (a round trip):
 * ``sessions``: a session channel opened (for a command, or sftp);
 * ``commands``: a command started on a session (exec, its own request and reply), and then the
   wait for what it prints and its exit;
-* ``tunnels``: a channel to the agent (direct-streamlocal to its Unix socket, or direct-tcpip).
+* ``tunnels``: a channel to the agent (direct-streamlocal to its Unix socket, or direct-tcpip);
+* ``answers``: within a command, the host waiting for the client's answer to what it printed
+  (``Remote.run``'s ``answer``: files a node lacks).
 
     with Wire() as wire:
         with wire.phase("enter"):
@@ -24,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-KINDS = ("connections", "sessions", "commands", "tunnels")
+KINDS = ("connections", "sessions", "commands", "tunnels", "answers")
 
 
 def _peer(transport: Any) -> str:
@@ -116,6 +118,22 @@ class Wire:
 
             return open_streamlocal
 
+        def run(original: Any) -> Any:
+            def run_command(remote_: Any, *args: Any, answer: Any = None, **kwargs: Any) -> Any:
+                if answer is None:
+                    return original(remote_, *args, **kwargs)
+
+                def counted(line: str) -> Any:
+                    parts = answer(line)
+                    if parts:  # (an empty answer only closes stdin: the host waits for nothing)
+                        wire._count(remote_.transport, "answers")
+                    return parts
+
+                return original(remote_, *args, answer=counted, **kwargs)
+
+            return run_command
+
+        self._patch(remote.Remote, "run", run)
         self._patch(paramiko.Transport, "start_client", connection)
         self._patch(paramiko.Transport, "open_session", session)
         self._patch(paramiko.Channel, "exec_command", command)

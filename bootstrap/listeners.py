@@ -1,0 +1,57 @@
+"""The agent's listening sockets: a Unix socket only its user can reach, or a private address
+for clients that skip the SSH tunnel. Standard library only: the agent's start opens them before
+its own modules import (agent_start.py), and the agent opens one per worker lane."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+
+
+def direct_listener(address: str) -> socket.socket | str:
+    """A listener on ``address`` for clients that skip the SSH tunnel, or why there is none:
+    only private addresses (RFC 1918, IPv6 unique-local, loopback) that this host has."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    if not (ip.is_private or ip.is_loopback) or ip.is_unspecified:
+        return f"{address} is not a private address; the agent is reached through SSH only"
+    try:
+        sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"cannot listen on {address}: {exc}"
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, 0))
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        return f"cannot listen on {address} ({exc}): it is not an address of this host"
+    return sock
+
+
+def unix_listener(path: str) -> socket.socket | str:
+    """A listener on a Unix socket at ``path`` (only this user may connect), or why there is
+    none: on a host without them, or a path too long for one (about 100 bytes)."""
+    if not hasattr(socket, "AF_UNIX"):
+        return "this platform has no Unix sockets"
+    if len(os.fsencode(path)) > 100:
+        return f"the path {path!r} is too long for a Unix socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        old = os.umask(0o077)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        return f"cannot listen on {path}: {exc}"
+    return sock

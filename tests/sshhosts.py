@@ -562,6 +562,7 @@ class SSHHost:
         proc = self._proc
         if proc is None:
             return
+        pid_ns = self._pid_namespace(proc)
         if proc.poll() is None:
             self._signal(proc, sig)
             try:
@@ -575,6 +576,23 @@ class SSHHost:
                     proc.kill()
                     proc.wait()
         self._proc = None
+        if pid_ns:
+            # A node agent's shared-memory folder (/dev/shm/skyward-node-<pid>-<pid namespace>-*)
+            # is removed by the next agent of its pid namespace when the agent was killed; this
+            # host's namespace is gone, and /dev/shm is the client's: remove them here.
+            for left in Path("/dev/shm").glob(f"skyward-node-*-{pid_ns}-*"):
+                shutil.rmtree(left, ignore_errors=True)
+
+    def _pid_namespace(self, proc: subprocess.Popen[bytes]) -> str:
+        """netns: the inode of the host's pid namespace, or "" (loopback hosts share the client's)."""
+        if self._owner.mode != "netns" or proc.poll() is not None:
+            return ""
+        try:
+            theirs, ours = (os.readlink(f"/proc/{pid}/ns/pid") for pid in (self._init_pid(proc), "self"))
+        except OSError:
+            return ""
+        # (never this process's own: the Local nodes of the tests use it)
+        return theirs.rpartition("[")[2].rstrip("]") if theirs != ours else ""
 
     def _signal(self, proc: subprocess.Popen[bytes], sig: int) -> None:
         """Deliver sig to this host's sshd without orphaning anything.

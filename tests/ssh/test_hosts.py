@@ -9,9 +9,11 @@ import ipaddress
 import os
 import secrets
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -470,6 +472,27 @@ def test_stopping_a_host_kills_everything_on_it(ssh_hosts: MakeHosts, known_host
     assert in_ns.stdout.split() == []
     h.start()  # rebooted: a fresh, empty HOME
     assert set(ssh(h, "ls -A ~", known_hosts).stdout.split()) <= {".ssh"}
+
+
+def test_a_host_powered_off_takes_its_agents_shared_memory_folders_with_it(
+        ssh_hosts: MakeHosts, known_hosts: Path) -> None:
+    """/dev/shm is the client's (hosts share its filesystem): a node agent killed on a host leaves
+    its folder there, which only an agent of the same pid namespace would remove, and the
+    host's namespace ends with it. Stopping the host removes them; others' stay."""
+    hosts = ssh_hosts(1, mode="netns")
+    h = hosts[0]
+    ns = ssh(h, "readlink /proc/self/ns/pid", known_hosts).stdout.strip().rpartition("[")[2].rstrip("]")
+    left = Path(f"/dev/shm/skyward-node-12345-{ns}-abc")
+    other = Path(tempfile.mkdtemp(prefix="skyward-node-12345-1-", dir="/dev/shm"))
+    try:
+        ssh(h, f"mkdir {left} && touch {left}/spill", known_hosts)
+        assert (left / "spill").exists()
+        h.stop()
+        assert not left.exists()
+        assert other.exists()  # (another namespace's)
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(other, ignore_errors=True)
 
 
 @pytest.mark.parametrize("mode", ["netns", "loopback"])

@@ -34,7 +34,7 @@ def direct_listener(address: str) -> socket.socket | str:
     return sock
 
 
-def unix_listener(path: str) -> socket.socket | str:
+def unix_listener(path: str, backlog: int = 16) -> socket.socket | str:
     """A listener on a Unix socket at ``path`` (only this user may connect), or why there is
     none: on a host without them, or a path too long for one (about 100 bytes)."""
     if not hasattr(socket, "AF_UNIX"):
@@ -50,7 +50,7 @@ def unix_listener(path: str) -> socket.socket | str:
             sock.bind(path)
         finally:
             os.umask(old)
-        sock.listen(16)
+        sock.listen(backlog)
     except OSError as exc:
         sock.close()
         return f"cannot listen on {path}: {exc}"

@@ -32,7 +32,6 @@ waiters are dropped and the barriers it takes part in break.
 from __future__ import annotations
 
 import collections
-import contextlib
 import heapq
 import itertools
 import json
@@ -605,20 +604,12 @@ def _not_private(host: str) -> str | None:
 def _listen(where: str) -> socket.socket:
     """A listener on a Unix socket path (only this user may connect) or on a TCP address."""
     if where.startswith("/"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(where)
-            old = os.umask(0o077)
-            try:
-                sock.bind(where)
-            finally:
-                os.umask(old)
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        from .listeners import unix_listener
+
+        unix = unix_listener(where, backlog=128)
+        if isinstance(unix, str):
+            raise OSError(unix)
+        return unix
     sock = socket.socket(socket.AF_INET6 if ":" in where else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -129,17 +129,26 @@ def _write_wheel(out: Path, version: str, files: list[tuple[str, Path]]) -> None
     # A name of this process's own: two programs building the same wheel at once each write
     # theirs, and the second rename replaces the first with the same bytes.
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+    with zipfile.ZipFile(tmp, "w") as zf:
         for arc, path in files:
             data = path.read_bytes()
-            zf.writestr(arc, data)
+            _add(zf, arc, data)
             record.append(_record_line(arc, data))
         for arc, data in meta.items():
-            zf.writestr(arc, data)
+            _add(zf, arc, data)
             record.append(_record_line(arc, data))
         record.append(f"{dist}/RECORD,,")
-        zf.writestr(f"{dist}/RECORD", "\n".join(record) + "\n")
+        _add(zf, f"{dist}/RECORD", ("\n".join(record) + "\n").encode())
     tmp.replace(out)
+
+
+def _add(zf: zipfile.ZipFile, arc: str, data: bytes) -> None:
+    """One entry with no time of its own (1980-01-01, zip's earliest) and fixed permissions:
+    the same files make the same wheel, byte for byte, whenever and wherever it is built. (A
+    node that has a wheel of that name and size keeps it; the lock then checks its sha256.)"""
+    info = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
+    info.external_attr = 0o644 << 16
+    zf.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=1)
 
 
 def _record_line(arc: str, data: bytes) -> str:

@@ -93,6 +93,22 @@ def test_the_skyward_wheel_holds_every_subpackage_and_pins_the_agent_deps() -> N
     assert wheelhouse.skyward_wheel() is wheel  # once per process
 
 
+def test_the_skyward_wheel_is_the_same_bytes_whenever_it_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes keep a shipped file of the same name and size, and the lock checks the wheel's
+    sha256: two clients building the wheel of the same code (another SKYWARD_HOME, another day)
+    must make the same bytes."""
+    import time as time_module
+
+    files = [("skyward/__init__.py", wheelhouse.skyward_wheel().path)]  # (any file will do)
+    first, second = tmp_path / "a.whl", tmp_path / "b.whl"
+    wheelhouse._write_wheel(first, "1.0", files)
+    later = time_module.time() + 86400 * 3
+    monkeypatch.setattr(zipfile.time, "time", lambda: later)
+    wheelhouse._write_wheel(second, "1.0", files)
+    assert first.read_bytes() == second.read_bytes()
+    assert zipfile.ZipFile(second).testzip() is None
+
+
 def _node_script(text: str, sky_dir: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(sky_dir.parent), "UV_CACHE_DIR": str(sky_dir.parent / "uv-cache"),
            "SKYWARD_SKY": str(sky_dir), "SKYWARD_RUN": str(run_dir), "SKYWARD_POOL": str(run_dir / "pool")}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import fcntl
 import hashlib
 import hmac
@@ -549,9 +550,13 @@ class Remote:
             chan.set_combine_stderr(True)
             chan.exec_command(command)
             if stdin is not None:
-                _send_all(chan, stdin)
+                try:
+                    _send_all(chan, stdin)
+                except OSError:  # it ended before reading all of it: its output and exit code say why
+                    answer = None
             if answer is None:
-                chan.shutdown_write()
+                with contextlib.suppress(OSError, EOFError):
+                    chan.shutdown_write()
             lines: list[str] = []
             pending = b""
             chan.settimeout(1.0)

@@ -277,10 +277,16 @@ def test_a_user_who_is_not_root_runs_a_pool_on_a_shared_home(users: SSHHosts) ->
     assert (home / "bin" / "uv").is_file() and home.stat().st_uid == uid[0]
 
 
-def test_apt_without_sudo_fails_at_once_naming_sudo_and_the_ways_out(users: SSHHosts) -> None:
+def test_apt_without_sudo_fails_at_once_naming_sudo_and_the_ways_out(users: SSHHosts, tmp_path: Path) -> None:
+    # Includes larger than what the channel holds: the command that stops at the sudo check has
+    # not read them all, and the client, still sending, gets the node's words all the same.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.bin").write_bytes(os.urandom(16 << 20))
     t0 = time.monotonic()
     with pytest.raises(sky.ProviderError) as info, sky.Compute(
-            provider=provider(users), nodes=3, image=sky.Image(apt=["bash"]), options=QUIET):
+            provider=provider(users), nodes=3, image=sky.Image(apt=["bash"], includes=[str(project)]),
+            options=QUIET):
         pass
     assert time.monotonic() - t0 < 60
     message = str(info.value)

@@ -471,6 +471,8 @@ class SlurmCluster(Cluster):
         self._ship: ship.Shipment | None = None
         self._agent_python = ""  # the agent's interpreter, relative to self.sky (a described pool's)
         self._relay = False  # the login node forbids TCP forwarding: agents are reached through a relay
+        self._forwarding: bool | None = None  # whether a direct-tcpip channel opened (None: none tried yet)
+        self._forwarding_lock = threading.Lock()
         self.apt_versions: dict[str, str] = {}
 
     # -- the login node ------------------------------------------------------------------------
@@ -1271,22 +1273,44 @@ def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
     address; where the login node's sshd forbids that (``AllowTcpForwarding no``,
     ``DisableForwarding``), a relay over an exec channel, run by the pool's own Python on the login
     node (the environment on the shared home), copying frames to the agent."""
-    import paramiko
-
     remote = cluster._login()
-    if not cluster._relay:
-        try:
-            return remote.tunnel(port, host=address)
-        except paramiko.ChannelException as exc:
-            if exc.code != paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED or not cluster._python():
-                raise ProviderError(
-                    f"{remote.label} refused a channel to node agent {address}:{port}: {exc}. The login node "
-                    f"must let its users reach the compute nodes' addresses (sshd's AllowTcpForwarding).") from None
-            log.info("%s forbids TCP forwarding (%s): the pool reaches its agents through a relay over an "
-                     "exec channel instead", remote.label, exc)
-            cluster._relay = True
+    if cluster._forwarding:
+        return _direct(cluster, remote, address, port)
+    # Until one channel has opened, one attempt at a time: paramiko keeps a refused channel's
+    # reason on the connection for whichever opener asks first, so two refused at once may leave
+    # one of them a bare "Unable to open channel" in place of "administratively prohibited".
+    with cluster._forwarding_lock:
+        if not cluster._relay:
+            try:
+                sock = _direct(cluster, remote, address, port)
+            except _Prohibited as exc:
+                log.info("%s forbids TCP forwarding (%s): the pool reaches its agents through a relay over an "
+                         "exec channel instead", remote.label, exc)
+                cluster._relay = True
+            else:
+                cluster._forwarding = True
+                return sock
     return remote.relay(f"{shlex.quote(f'{cluster.sky}/{cluster._python()}')} -m skyward.bootstrap.relay "
                         f"{shlex.quote(f'{address}:{port}')}")
+
+
+class _Prohibited(Exception):
+    """The login node's sshd refused a direct-tcpip channel by its configuration."""
+
+
+def _direct(cluster: SlurmCluster, remote: Remote, address: str, port: int) -> Any:
+    """A direct-tcpip channel through the login node to a node's agent; _Prohibited where the
+    login node forbids them and the pool can relay instead."""
+    import paramiko
+
+    try:
+        return remote.tunnel(port, host=address)
+    except paramiko.ChannelException as exc:
+        if exc.code != paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED or not cluster._python():
+            raise ProviderError(
+                f"{remote.label} refused a channel to node agent {address}:{port}: {exc}. The login node "
+                f"must let its users reach the compute nodes' addresses (sshd's AllowTcpForwarding).") from None
+        raise _Prohibited(str(exc)) from None
 
 
 def _usage(out: str, listed: str) -> tuple[dict[str, dict[str, Any]], str]:

@@ -61,3 +61,69 @@ def test_a_login_node_that_forbids_tcp_forwarding_is_relayed_through(no_forwardi
     assert list(squares) == [i * i for i in range(20)]
     text = " ".join(said.lines)
     assert "forbids TCP forwarding" in text and "relay" in text, text
+
+
+def test_the_first_channels_are_tried_one_at_a_time_until_forwarding_is_known() -> None:
+    """paramiko keeps a refused channel's reason on the connection for whichever opener asks first:
+    two nodes' channels refused at once left one of them a bare "Unable to open channel" (CI, once)
+    instead of the refusal that sends the pool to the relay. Until a channel has opened or the
+    relay is chosen, the attempts go one at a time; after it, at once."""
+    import threading
+    import time
+
+    import paramiko
+
+    from skyward.providers import slurm
+
+    inside, most = [0], [0]
+    lock = threading.Lock()
+
+    class Login:
+        label = "login node"
+
+        def __init__(self, answer: str) -> None:
+            self.answer = answer
+
+        def tunnel(self, port: int, host: str) -> str:
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.1)
+            with lock:
+                inside[0] -= 1
+            if self.answer == "refused":
+                raise paramiko.ChannelException(paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+                                                "administratively prohibited")
+            return f"direct {host}"
+
+        def relay(self, command: str) -> str:
+            return "relay"
+
+    class Cluster:
+        sky = "/home/u/.skyward"
+
+        def __init__(self, answer: str) -> None:
+            self.login = Login(answer)
+            self._relay, self._forwarding, self._forwarding_lock = False, None, threading.Lock()
+
+        def _login(self) -> Login:
+            return self.login
+
+        def _python(self) -> str:
+            return "envs/x/bin/python"
+
+    def both(cluster: Cluster) -> list[str]:
+        got: list[str] = []
+        threads = [threading.Thread(target=lambda a=a: got.append(slurm._tunnel(cluster, a, 1)))  # type: ignore[arg-type]
+                   for a in ("10.0.0.1", "10.0.0.2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(got)
+
+    assert both(Cluster("refused")) == ["relay", "relay"] and most[0] == 1
+    forwarding = Cluster("open")
+    assert both(forwarding) == ["direct 10.0.0.1", "direct 10.0.0.2"] and most[0] == 1
+    most[0] = 0
+    assert both(forwarding) == ["direct 10.0.0.1", "direct 10.0.0.2"] and most[0] == 2  # known: at once

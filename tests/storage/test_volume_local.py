@@ -97,7 +97,10 @@ def test_sigterm_unmounts(s3: S3Server, bucket: str, tmp_path: Path) -> None:
         with sky.Compute(volumes=[sky.Volume({bucket!r}, {mount!r}, storage=st)],
                          options=sky.Options(console=False)):
             print("mounted", flush=True)
-            time.sleep(120)
+            # Short sleeps: the kernel may hand SIGTERM to any of the process's threads, and a
+            # main thread asleep in one long time.sleep() runs the handler only when it wakes.
+            for _ in range(1200):
+                time.sleep(0.1)
     """))
     def mounted() -> None:
         assert mounts_under(mount) == [mount]

@@ -471,7 +471,7 @@ class SlurmCluster(Cluster):
         self._ship: ship.Shipment | None = None
         self._agent_python = ""  # the agent's interpreter, relative to self.sky (a described pool's)
         self._relay = False  # the login node forbids TCP forwarding: agents are reached through a relay
-        self._forwarding: bool | None = None  # whether a direct-tcpip channel opened (None: none tried yet)
+        self._forwarding = False  # a direct-tcpip channel to an agent has opened: forwarding works
         self._forwarding_lock = threading.Lock()
         self.apt_versions: dict[str, str] = {}
 

@@ -104,7 +104,7 @@ def test_the_first_channels_are_tried_one_at_a_time_until_forwarding_is_known() 
 
         def __init__(self, answer: str) -> None:
             self.login = Login(answer)
-            self._relay, self._forwarding, self._forwarding_lock = False, None, threading.Lock()
+            self._relay, self._forwarding, self._forwarding_lock = False, False, threading.Lock()
 
         def _login(self) -> Login:
             return self.login

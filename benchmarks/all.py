@@ -13,6 +13,8 @@ warm caches or threads):
               tunnel and the direct path, with a Local node as the baseline
 * scale.py    pools of thousands through the fake Pulumi workspace: preview per node, up,
               client memory per node, `skyward ls` and `skyward status` of a 1,000-node pool
+* cores.py    map on one Local node per core beside multiprocessing.Pool of as many workers,
+              and how soon 64 Local nodes are ready
 * gpu.py      torch tensors and state_dicts through a Local node beside numpy arrays; CUDA
               tensors as results and arguments and a DDP step through a pool, where CUDA is
               (needs torch: without it the part is left out)
@@ -39,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("run", "startup", "ssh", "scale", "gpu")
+PARTS = ("run", "startup", "ssh", "scale", "cores", "gpu")
 
 
 def run_part(name: str, quick: bool, out: Path) -> dict[str, Any] | None:
@@ -50,6 +52,8 @@ def run_part(name: str, quick: bool, out: Path) -> dict[str, Any] | None:
         args += ["--rounds", "3"]
     if quick and name == "scale":
         args += ["--sizes", "1000,5000", "--reps", "1"]
+    if quick and name == "cores":
+        args += ["--reps", "5", "--ready", "0"]
     print(f"== {name}.py", file=sys.stderr, flush=True)
     started = time.monotonic()
     proc = subprocess.run(args, stdout=sys.stderr)  # their own tables go to stderr: progress
@@ -141,6 +145,17 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
         ok = max(cli["ls_seconds"], cli["status_seconds"]) < 1
         lines.append((f"skyward ls / status, {cli['nodes']:,}-node pool",
                       f"{cli['ls_seconds']:.2f} s / {cli['status_seconds']:.2f} s", "", f"< 1 s {_verdict(ok)}"))
+    cores = parts.get("cores") or {}
+    for r in cores.get("rows", []):
+        if "items" in r and r["system"] == "skyward":
+            mp = next(m for m in cores["rows"] if m.get("items") == r["items"] and m["system"] == "mp.Pool")
+            ratio = r["median_items_s"] / mp["median_items_s"]
+            lines.append((f"map of {r['items']:,} no-op items, {r['nodes']} nodes on {cores['cores']} cores",
+                          f"{r['median_items_s'] / 1e6:.2f} M items/s ({ratio:.2f}x)",
+                          f"mp.Pool({r['nodes']}) {mp['median_items_s'] / 1e6:.2f} M/s", f">= mp.Pool {_verdict(ratio >= 1)}"))
+        elif "ready_nodes" in r and r["system"] == "skyward":
+            lines.append((f"{r['ready_nodes']} Local nodes: enter / first call on every node",
+                          f"{r['enter_s']:.3f} s / {r['first_s']:.3f} s", "", ""))
     gpu = parts.get("gpu") or {}
     reference = ""
     for r in gpu.get("rows", []):

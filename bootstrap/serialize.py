@@ -503,13 +503,16 @@ def discard(buffers: Buffers) -> None:
 
 
 # -- results and errors ---------------------------------------------------------------------
-# A RESULT body unpickles to ("ok", value) or ("err", exception, traceback_text) or, when the
-# exception itself cannot be pickled, ("err-text", type_name, message, traceback_text).
+# A RESULT body unpickles to ("ok", value) (a map chunk's: ("ok", values, seconds its calls
+# took)) or ("err", exception, traceback_text) or, when the exception itself cannot be
+# pickled, ("err-text", type_name, message, traceback_text).
 
 
-def dumps_ok(value: Any, what: str, spill: Path | None = None) -> tuple[int, bytes | memoryview, Buffers]:
+def dumps_ok(value: Any, what: str, spill: Path | None = None,
+             seconds: float | None = None) -> tuple[int, bytes | memoryview, Buffers]:
+    """("ok", value), or ("ok", value, seconds) for a map chunk (how long its calls took)."""
     try:
-        return dumps(("ok", value), spill)
+        return dumps(("ok", value) if seconds is None else ("ok", value, seconds), spill)
     except Exception as exc:
         from skyward.errors import SerializationError
 

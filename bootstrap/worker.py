@@ -533,6 +533,7 @@ class Worker:
             entry.state = "running"
         # A traced client sends its task span's traceparent last: spans the task opens join it.
         traced = _otel.attach(trace[0]) if trace else None
+        seconds: float | None = None
         try:
             if items is None:
                 value = fn(*args, **kwargs)
@@ -540,7 +541,9 @@ class Worker:
                     self._stream_out(frame.task_id, value, entry)  # values go out as YIELD frames
                     value = None
             else:
+                began = time.perf_counter()
                 value = list(map(fn, items))  # (no bytecode per item, as multiprocessing.Pool)
+                seconds = time.perf_counter() - began
         except BaseException as exc:
             with entry.lock:
                 _stopped_first(entry, exc)
@@ -554,7 +557,8 @@ class Worker:
         with entry.lock:
             _stopped_first(entry)
             entry.state = "returning"
-        return serialize.dumps_ok(value, entry.name, self.spill)
+        # A map chunk's result says how long its calls took: the client sizes the next chunks by it.
+        return serialize.dumps_ok(value, entry.name, self.spill, seconds)
 
     # -- timeouts ----------------------------------------------------------------------------
     def _watchdog(self) -> None:

@@ -123,18 +123,15 @@ class Batches:
         data = items if type(items) is list else list(_iterable(items, fn))
         if not data:
             return []
+        if chunksize is not None and (isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1):
+            raise ConfigError(f"chunksize={chunksize!r} is not valid: use an int >= 1, or leave it out.")
         channels = members.ready() or members.wait_ready()
         slots = self.worker.slots
-        if chunksize is None:
-            chunks = _guided(data, len(channels) * slots)
-        elif isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
-            raise ConfigError(f"chunksize={chunksize!r} is not valid: use an int >= 1, or leave it out.")
-        else:
-            chunks = [data[i : i + chunksize] for i in range(0, len(data), chunksize)]
+        chunker = _Chunker(len(data), len(channels) * slots, chunksize)
         name = getattr(fn, "__qualname__", "map function")
         batch = self._batch("map", name, len(data))
         started = time.monotonic()
-        run = _MapRun(dispatch, self.options, fn, name, timeout, chunks, slots, batch)
+        run = _MapRun(dispatch, self.options, fn, name, timeout, data, chunker, slots, batch)
         results, first_error = run.run(channels)
         out: list[Any] = []
         if first_error is None:  # each result is a list of its own (made by its unpickling)
@@ -144,7 +141,7 @@ class Batches:
         if batch is not None:  # once the result is made: the events' thread wakes for it
             self.emit(ev.BatchFinished(
                 pool=self.pool_id, batch=batch, ok=first_error is None, total=len(data),
-                done=len(data) if first_error is None else sum(len(c) for c, r in zip(chunks, results, strict=True) if r is not None),
+                done=len(data) if first_error is None else sum(b - a for (a, b), r in zip(run.bounds, results, strict=True) if r is not None),
                 seconds=time.monotonic() - started,
             ))
             self._settle()
@@ -172,24 +169,27 @@ class _MapRun:
     outstanding and nothing is left to send (or an error stops the sends)."""
 
     def __init__(self, dispatch: Dispatcher, options: Options, fn: Callable[..., Any], name: str,
-                 timeout: float | None, chunks: list[list[Any]], slots: int, batch: int | None) -> None:
+                 timeout: float | None, data: list[Any], chunker: _Chunker, slots: int,
+                 batch: int | None) -> None:
         self.dispatch, self.members = dispatch, dispatch.members
-        self.fn, self.name, self.timeout, self.chunks, self.batch = fn, name, timeout, chunks, batch
+        self.fn, self.name, self.timeout, self.batch = fn, name, timeout, batch
+        self.data, self.chunker = data, chunker
         self.retry = options.retry_on_interruption
-        n = len(chunks)
-        # The tail's chunks (the smallest, the last ones of guided chunks; all of them with a
-        # fixed chunksize) go 2 per slot at most, so that the last of them go to whichever
+        # The tail's chunks (the smallest: guided chunks once at their floor; all of them with
+        # a fixed chunksize) go 2 per slot at most, so that the last of them go to whichever
         # node frees up first; larger ones WINDOW per slot, so that no worker waits for one.
-        tail = min(len(c) for c in chunks[:-1]) if n > 1 else len(chunks[0])
         self.limits = (slots * WINDOW, slots * 2)
-        self.tail = tail
         self.lock = threading.Lock()
         self.wake = threading.Event()
-        self.results: list[list[Any] | None] = [None] * n
+        # Per chunk, in input order, made as they are sent (chunker): bounds in ``data``, whether
+        # it is one of the tail's, its result, retries left and attempts made.
+        self.bounds: list[tuple[int, int]] = []
+        self.tails: list[bool] = []
+        self.results: list[list[Any] | None] = []
+        self.retries: list[int] = []
+        self.attempts: list[int] = []
         self.first_error: tuple[int, BaseException] | None = None
-        self.todo = collections.deque(range(n))
-        self.retries = [self.retry] * n
-        self.attempts = [0] * n
+        self.todo: collections.deque[int] = collections.deque()  # made, to be sent (again)
         self.out: dict[int, tuple[NodeChannel, int | None]] = {}
         self.outstanding: dict[NodeChannel, int] = {}
         self.finishers: dict[int, Callable[..., None] | None] = {}
@@ -202,7 +202,7 @@ class _MapRun:
         while True:
             self.wake.clear()  # before looking: a wake-up after the look is not missed
             with self.lock:
-                sending = bool(self.todo) and self.first_error is None
+                sending = self._left()
                 if not sending and not any(self.outstanding.values()):
                     break
             if sending:
@@ -220,7 +220,7 @@ class _MapRun:
             ch = out[missing][0]
             log.error("map(): chunk %d of %d was handed to node %d, which no longer has it, and its "
                       "result never arrived; treating it as lost (please report this as a bug)",
-                      missing, len(self.chunks), ch.node)
+                      missing, len(self.bounds), ch.node)
             self._outcome(missing, attempts[missing], ch,
                           NodeLostError(f"map(): the outcome of a chunk sent to node {ch.node} never arrived."))
         return self.results, None if self.first_error is None else self.first_error[1]
@@ -231,7 +231,7 @@ class _MapRun:
         while True:
             wait = False
             with self.lock:
-                if not self.todo or self.first_error is not None:
+                if not self._left():
                     return
                 outstanding = self.outstanding
                 for ch in members.channels:  # nodes that joined meanwhile (elastic pools) take work too
@@ -244,8 +244,8 @@ class _MapRun:
                     wait = True
                 else:
                     ch = min(live, key=outstanding.__getitem__)
-                    index = self.todo[0]
-                    if outstanding[ch] >= self.limits[len(self.chunks[index]) <= self.tail]:
+                    index = self.todo[0] if self.todo else self._make()
+                    if outstanding[ch] >= self.limits[self.tails[index]]:
                         return
                     self.todo.popleft()
                     self.attempts[index] += 1
@@ -262,8 +262,27 @@ class _MapRun:
                 continue
             self._send(index, attempt, ch)
 
+    def _left(self) -> bool:
+        """Whether chunks are left to send (under the lock)."""
+        return (bool(self.todo) or self.chunker.start < self.chunker.n) and self.first_error is None
+
+    def _make(self) -> int:
+        """The next chunk of the items not sent yet, queued first (under the lock)."""
+        start = self.chunker.start
+        end, tail = self.chunker.next()
+        self.bounds.append((start, end))
+        self.tails.append(tail)
+        self.results.append(None)
+        self.retries.append(self.retry)
+        self.attempts.append(0)
+        index = len(self.bounds) - 1
+        self.todo.appendleft(index)
+        return index
+
     def _send(self, index: int, attempt: int, ch: NodeChannel) -> None:
-        dispatch, chunk = self.dispatch, self.chunks[index]
+        dispatch = self.dispatch
+        start, end = self.bounds[index]
+        chunk = self.data[start:end]  # sliced as it goes: read while in the cache, no copy kept
         finish = None
         try:
             span = dispatch.span(ch, self.name, self.batch, self.retry - self.retries[index])
@@ -311,15 +330,16 @@ class _MapRun:
                 self.outstanding[ch] -= 1
         if again:
             log.warning("node %d was lost during map(); its chunk of %d item(s) runs again on another node",
-                        ch.node, len(self.chunks[index]))
+                        ch.node, self.bounds[index][1] - self.bounds[index][0])
             if finish is not None:
                 finish(False, result)
             self.wake.set()
             return
         value: list[Any] | None = None
         error: BaseException | None = None
+        seconds = None
         try:
-            value = self.dispatch.decode(result, self.name, ch.node)
+            value, seconds = self.dispatch.decode(result, self.name, ch.node, timed=True)
         except BaseException as exc:
             error = exc
         if finish is not None:  # before the chunk counts as done: a batch ends after its tasks
@@ -327,42 +347,84 @@ class _MapRun:
         with self.lock:
             if error is None:
                 self.results[index] = value
+                if seconds is not None:
+                    self.chunker.timed(self.bounds[index][1] - self.bounds[index][0], seconds)
             elif self.first_error is None or index < self.first_error[0]:
                 self.first_error = (index, error)
             self.outstanding[ch] -= 1
             # The caller's thread is needed to send (a window has room now) and at the end.
-            wake = (bool(self.todo) and self.first_error is None) or not any(self.outstanding.values())
+            wake = self._left() or not any(self.outstanding.values())
         if wake:
             self.wake.set()
 
 
-def _guided(data: list[Any], slots: int) -> list[list[Any]]:
-    """The automatic chunks of ``map``: guided, as OpenMP's schedule of that name. Each chunk
-    takes 1/(GUIDED x slots) of the items still left, down to the tail's size, ~16 chunks per
-    slot of the whole (at most TAIL_MAX items; the fixed size used before, at most 1024): a
-    few large chunks first, so that short calls cost few chunks (each one a pickle, a frame, a
-    result and two wake-ups on the client, ~0.1 ms on a 2-core VM where multiprocessing.Pool
-    spends 25 us), then smaller ones that even out uneven items or nodes at the end. 100,000
-    items on 2 slots: 16 chunks, not 98 (multiprocessing.Pool: 8 of 12,500)."""
-    n = len(data)
-    least = max(1, min(TAIL_MAX, math.ceil(n / (slots * 16))))
-    share = GUIDED * slots
-    chunks, start = [], 0
-    while start < n:
-        size = max(least, (n - start) // share)
-        chunks.append(data[start : start + size])
-        start += size
-    return chunks
+class _Chunker:
+    """Where each chunk of ``map``'s items ends, decided as it is sent: a fixed ``chunksize``,
+    or the automatic chunks, guided (as OpenMP's schedule of that name) and timed.
+
+    Guided: each chunk takes 1/(GUIDED x slots) of the items still left, down to a floor: a
+    few large chunks first, so that short calls cost few chunks (each a pickle, a frame, a
+    result and a wake-up or two on the client, ~0.1 ms on a 2-core VM where
+    multiprocessing.Pool spends 25 us), then smaller ones that even out uneven items or nodes
+    at the end. Until a chunk's time is known the floor is 1/16 of a slot's share of the whole
+    (at most TAIL_MAX items): 100,000 items on 2 slots make 16 chunks, not 98
+    (multiprocessing.Pool: 8 of 12,500).
+
+    Timed: each result of a chunk says how long its calls took on the node. The floor then
+    grows to what keeps the client from being the bottleneck: a chunk on each of the pool's
+    slots must take at least as long as the client spends on all of them, ``slots x
+    CHUNK_COST`` (16 slots: 1.6 ms; 2 slots: 0.2 ms), reckoned from the time per item of
+    the chunks timed so far, and never above half a slot's share of the whole. Cheap calls
+    on many slots thus travel in a few large chunks (1,000,000 no-op items on 16 slots: ~30
+    chunks where the untimed floor made 128, which left the client, not the nodes, setting
+    the pace on a 16-core machine), while slow ones keep small chunks at the end, where the
+    imbalance they leave is at most one chunk's time."""
+
+    def __init__(self, n: int, slots: int, chunksize: int | None = None) -> None:
+        self.n, self.slots, self.fixed, self.start = n, slots, chunksize, 0
+        self.least = max(1, min(TAIL_MAX, math.ceil(n / (slots * 16))))
+        self.most = max(self.least, math.ceil(n / (slots * 2)))
+        self.share = GUIDED * slots
+        self.items, self.seconds = 0, 0.0  # the chunks timed so far
+
+    def timed(self, items: int, seconds: float) -> None:
+        """A chunk of ``items`` took ``seconds`` on its node."""
+        if items > 0 and seconds >= 0:
+            self.items += items
+            self.seconds += seconds
+
+    def floor(self) -> int:
+        if not self.items:
+            return self.least
+        if self.seconds <= 0:
+            return self.most
+        per_item = self.seconds / self.items
+        return max(self.least, min(self.most, math.ceil(self.slots * CHUNK_COST / per_item)))
+
+    def next(self) -> tuple[int, bool]:
+        """The next chunk's end, and whether it is one of the tail's (at the floor)."""
+        left = self.n - self.start
+        if self.fixed is not None:
+            size, tail = self.fixed, True
+        else:
+            floor = self.floor()
+            size = max(floor, left // self.share)
+            tail = size <= floor
+        self.start += min(size, left)
+        return self.start, tail
 
 
 # Chunks of map in flight per slot of a node while they are larger than the tail's (see map).
 # Beyond the node's lane capacity they wait at its agent, so the worker finds its next chunk as
 # it finishes one; 4 measured ~10 % faster than 2 on 100,000 no-op items.
 WINDOW = 4
-# _guided's constants, measured on 100,000 no-op items on 2 nodes (GUIDED 2, 3, 4; TAIL_MAX
+# _Chunker's constants, measured on 100,000 no-op items on 2 nodes (GUIDED 2, 3, 4; TAIL_MAX
 # 1024, 2048, 4096): the fastest pair.
 TAIL_MAX = 4096
 GUIDED = 3
+# What one chunk costs the client (a pickle, a frame out, a result read and unpickled, the
+# wake-ups): 70-100 us measured with chunksize=1 on a 2-core VM.
+CHUNK_COST = 100e-6
 
 
 def _iterable(items: Any, fn: Callable[..., Any]) -> Iterable[Any]:

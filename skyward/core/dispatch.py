@@ -160,9 +160,11 @@ class Dispatcher:
 
         return finish
 
-    def decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
+    def decode(self, result: Frame | BaseException, name: str, node: int, timed: bool = False) -> Any:
+        """The task's value (see decode_result); with ``timed`` (a map chunk's result), the pair
+        (value, seconds its calls took on the node, or None where the node did not say)."""
         try:
-            return decode_result(result, name, node)
+            return decode_result(result, name, node, timed)
         except SerializationError as exc:
             drift = self.members.drift
             if drift:  # a likely cause, found when the nodes joined
@@ -285,10 +287,11 @@ class Dispatcher:
             done(exc)
 
 
-def decode_result(result: Frame | BaseException, name: str, node: int | None = None) -> Any:
+def decode_result(result: Frame | BaseException, name: str, node: int | None = None, timed: bool = False) -> Any:
     """A RESULT (or REPLY) frame -> the task's value, or raise its exception (the same type
     when it can be rebuilt here, with the remote traceback as ``__cause__``). ``name`` (and the
-    ``node``, when known) appear in errors; messages are built only on those paths."""
+    ``node``, when known) appear in errors; messages are built only on those paths. ``timed``:
+    (value, seconds) for a map chunk's result, which says how long its calls took."""
     if isinstance(result, BaseException):
         raise result
     try:
@@ -306,6 +309,8 @@ def decode_result(result: Frame | BaseException, name: str, node: int | None = N
             )
         ) from None
     if outcome[0] == "ok":
+        if timed:
+            return outcome[1], (outcome[2] if len(outcome) > 2 else None)
         return outcome[1]
     if outcome[0] == "err":
         remote: BaseException = outcome[1]

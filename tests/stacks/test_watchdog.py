@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("pulumi")  # stackfakes builds its plans with it
+
 from stackfakes import make_plan
 
 from skyward.stacks import userdata

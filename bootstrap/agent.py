@@ -409,6 +409,7 @@ class Agent:
             "exclusive": self.settings["exclusive"],
             "topology": self._topology_for(w.index),
             "spill": spill,
+            "local": bool(self.config.get("spill")),  # the pool's folder: a Local pool, its client on this host
             "plugins": self.config.get("plugins"),
             "state": self._state_for_workers(),
             "lane": {"key": self.lane_key} if w.lane else None,

@@ -402,12 +402,14 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview, Buffers]:
+def dumps(obj: Any, spill: Path | None = None, compress: bool = True) -> tuple[int, bytes | memoryview, Buffers]:
     """Pickle obj; returns (flags, body, buffers) ready for a frame.
 
     With ``spill`` (a folder in shared memory that both ends can map, Local pools only),
     buffers of SPILL_MIN bytes or more go through shared-memory segments instead of through
     the sockets: one copy in, none out. When the folder is full they go through the stream.
+    ``compress=False`` where both ends are on one host: lz4 (~1 GB/s) is slower than a copy
+    through a local socket, and even trying it (a sample of each large part) costs.
     """
     raw: list[pickle.PickleBuffer] = []
     body: bytes | memoryview = b""
@@ -443,7 +445,7 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
         for unused, _ in spilled.values():
             shm.release(unused)
         raise
-    compressed, body = maybe_compress(body)
+    compressed, body = maybe_compress(body) if compress else (0, body)
     if compressed:
         flags |= FLAG_BODY_LZ4
     buffers: Buffers = []
@@ -461,7 +463,7 @@ def dumps(obj: Any, spill: Path | None = None) -> tuple[int, bytes | memoryview,
             if ref is not None:
                 buffers.append((BUF_SPILLED, ref))
                 continue
-        buffers.append(maybe_compress(view))
+        buffers.append(maybe_compress(view) if compress else (0, view))
     for unused, _ in spilled.values():  # made by a first pass that was pickled again
         shm.release(unused)
     return flags, body, buffers
@@ -508,11 +510,11 @@ def discard(buffers: Buffers) -> None:
 # pickled, ("err-text", type_name, message, traceback_text).
 
 
-def dumps_ok(value: Any, what: str, spill: Path | None = None,
-             seconds: float | None = None) -> tuple[int, bytes | memoryview, Buffers]:
+def dumps_ok(value: Any, what: str, spill: Path | None = None, seconds: float | None = None,
+             compress: bool = True) -> tuple[int, bytes | memoryview, Buffers]:
     """("ok", value), or ("ok", value, seconds) for a map chunk (how long its calls took)."""
     try:
-        return dumps(("ok", value) if seconds is None else ("ok", value, seconds), spill)
+        return dumps(("ok", value) if seconds is None else ("ok", value, seconds), spill, compress)
     except Exception as exc:
         from skyward.errors import SerializationError
 

@@ -127,7 +127,8 @@ class Dispatcher:
 
     def encode(self, payload: tuple[Any, ...], describe: Callable[[], str]) -> tuple[int, Any, Any]:
         try:
-            return serialize.dumps(payload, self.members.cluster.spill_dir)
+            spill = self.members.cluster.spill_dir  # a Local pool's: the nodes are on this host
+            return serialize.dumps(payload, spill, compress=spill is None)
         except Exception as exc:
             raise SerializationError(
                 f"{describe()}. Everything a task receives is pickled to reach the node: pass "

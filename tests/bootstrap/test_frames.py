@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,6 +89,42 @@ def test_compression_only_where_it_pays() -> None:
     flags, body, _ = serialize.dumps(text)
     assert flags & serialize.FLAG_BODY_LZ4 and len(body) < 50_000
     assert serialize.loads(flags, body, []) == text
+
+
+def test_no_compression_between_processes_of_one_host() -> None:
+    """A Local pool's tasks and results go uncompressed both ways: lz4 is slower than a copy
+    through a local socket. The client asks for it; the worker learns it from its agent."""
+    text = "abc" * 100_000
+    flags, body, buffers = serialize.dumps((text, np.zeros(100_000)), compress=False)
+    assert not flags & serialize.FLAG_BODY_LZ4 and len(body) > 300_000
+    assert [b for b, _ in buffers] == [0]
+    got = serialize.loads(flags, body, buffers)
+    assert got[0] == text and not got[1].any()
+
+    import skyward as sky
+    from skyward.core import dispatch
+
+    seen: list[bool] = []
+    real = dispatch.serialize.loads_frame
+
+    def record(frame: Any) -> Any:
+        seen.append(frame.flags & serialize.FLAG_BODY_LZ4 or any(b & serialize.BUF_LZ4 for b, _ in frame.buffers))
+        return real(frame)
+
+    @sky.function
+    def echo(x: Any) -> Any:
+        return x
+
+    with sky.Compute(nodes=1, options=sky.Options(console="silent")) as pool:
+        dispatch.serialize.loads_frame = record
+        try:
+            assert echo(text) >> pool == text
+            assert pool.map(echo, [text, text]) == [text, text]
+        finally:
+            dispatch.serialize.loads_frame = real
+        pool_spill = pool.cluster.spill_dir
+    assert pool_spill is not None and len(seen) >= 2
+    assert not any(seen)
 
 
 def test_describe_unpicklable_names_the_argument() -> None:

@@ -12,6 +12,7 @@ them costs more time than the bytes it saves.
 from __future__ import annotations
 
 import io
+import mmap
 import pickle
 import struct
 import sys
@@ -159,6 +160,8 @@ def _reduce_storage(storage: Any, spill: Path | None, spilled: dict[int, tuple[b
             got = shm.reserve(spill, n)
             if got is not None:  # the one device-to-host copy, into the segment that travels
                 view, ref = got
+                if data.is_cuda:
+                    _pin(view)
                 torch.frombuffer(view, dtype=torch.uint8, count=n).copy_(data)
                 buffer = pickle.PickleBuffer(view)
                 spilled[id(buffer)] = (ref, buffer)
@@ -247,7 +250,65 @@ def _load_storage(data: Any, device: str, n: int) -> Any:
             data = bytearray(data)
         storage = torch.frombuffer(data, dtype=torch.uint8, count=n).untyped_storage()
     target = landing(device)
-    return storage if target == "cpu" else storage.to(device=target)
+    if target == "cpu":
+        return storage
+    if n >= SPILL_MIN:
+        _pin(data)
+    return storage.to(device=target)
+
+
+# -- CUDA copies through shared memory --------------------------------------------------------
+# A CUDA storage crosses between processes of one host as two copies: device to host into a
+# shared-memory segment, host to device out of it. From pageable memory CUDA copies through a
+# staging buffer of its own: 14 GB/s device to host and 7-8 GB/s host to device on an H100,
+# where page-locked memory copies at 50-54 GB/s. Pinning a 200 MB mapping costs ~9 ms, less
+# than the copy it speeds up, and the segments are kept mapped and reused (shm.py): a mapping
+# a CUDA copy touches is pinned (cudaHostRegister) once, and unpinned just before it is
+# unmapped (shm.unmapping). Where CUDA refuses, copies stay pageable.
+_pinned: dict[int, tuple[Any, int]] = {}  # id(mapping) -> (mapping, address)
+_pin_lock = threading.Lock()
+_pin_refused = False
+
+
+def _pin(buffer: Any) -> None:
+    """Page-lock for CUDA the shared-memory mapping ``buffer`` is a view of (once per mapping)."""
+    global _pin_refused
+    mm = buffer
+    for _ in range(4):  # PickleBuffer -> memoryview -> ... -> the mmap
+        if isinstance(mm, mmap.mmap) or _pin_refused:
+            break
+        mm = memoryview(mm).obj
+    if not isinstance(mm, mmap.mmap) or _pin_refused:
+        return
+    with _pin_lock:
+        if id(mm) in _pinned or mm.closed:
+            return
+        import ctypes
+
+        import torch
+
+        anchor = ctypes.c_char.from_buffer(mm)
+        address = ctypes.addressof(anchor)
+        del anchor  # (an export would keep the mapping from closing)
+        try:
+            refused = int(torch.cuda.cudart().cudaHostRegister(address, len(mm), 1)) != 0  # 1: portable
+        except Exception:  # no CUDA runtime to ask
+            refused = True
+        if refused:
+            _pin_refused = True  # this machine's CUDA will not: stop asking
+            return
+        _pinned[id(mm)] = (mm, address)
+        if _unpin not in shm.unmapping:
+            shm.unmapping.append(_unpin)
+
+
+def _unpin(mm: Any) -> None:
+    with _pin_lock:
+        held = _pinned.pop(id(mm), None)
+    if held is not None:
+        import torch
+
+        torch.cuda.cudart().cudaHostUnregister(held[1])
 
 
 def _torch_load_from_bytes(b: bytes) -> Any:

@@ -40,6 +40,7 @@ from .procs import alive
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 HEADER = mmap.ALLOCATIONGRANULARITY  # the buffer starts on a page boundary (aligned arrays)
@@ -167,8 +168,21 @@ def _room(directory: Path, size: int) -> bool:
     return (st.f_bavail * st.f_frsize - size) * RESERVE >= st.f_blocks * st.f_frsize
 
 
+# Called with a mapping just before this process unmaps it: serialize unpins what CUDA pinned.
+unmapping: list[Callable[[mmap.mmap], None]] = []
+
+
+def _before_unmap(mm: mmap.mmap) -> None:
+    for hook in unmapping:
+        try:
+            hook(mm)
+        except Exception:  # a hook must not keep a mapping from going
+            pass
+
+
 def _drop(seg: _Segment) -> None:
     seg.path.unlink(missing_ok=True)  # a receiver's mapping keeps its pages until it unmaps
+    _before_unmap(seg.mm)
     try:
         seg.mm.close()
     except BufferError:
@@ -331,6 +345,7 @@ def _unmap_stale(keep: bytes = b"") -> bool:
 
 
 def _unmap(mm: mmap.mmap) -> None:
+    _before_unmap(mm)
     try:
         mm.close()
     except BufferError:

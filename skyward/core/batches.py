@@ -288,7 +288,7 @@ class _MapRun:
             span = dispatch.span(ch, self.name, self.batch, self.retry - self.retries[index])
             flags, body, buffers = dispatch.encode(
                 (self.fn, chunk, self.timeout, *(() if span is None else (span.traceparent,))),
-                functools.partial(serialize.describe_unpicklable, self.fn, tuple(chunk), {}),
+                lambda: serialize.describe_unpicklable(self.fn, tuple(chunk), {}),  # (a copy only on failure)
             )
             finish = self.finishers[index] = dispatch.track(ch, self.name, len(chunk), self.batch,
                                                             (body, buffers), span)

@@ -234,10 +234,9 @@ class _MapRun:
                 if not self._left():
                     return
                 outstanding = self.outstanding
-                for ch in members.channels:  # nodes that joined meanwhile (elastic pools) take work too
+                live = members.ready()
+                for ch in live:  # nodes that joined meanwhile (elastic pools) take work too
                     outstanding.setdefault(ch, 0)
-                ready = members.ready()
-                live = [c for c in outstanding if c in ready]
                 if not live:
                     if any(outstanding.values()):
                         return  # what is out comes back (or fails over) first

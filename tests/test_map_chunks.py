@@ -16,9 +16,8 @@ def plan(chunker: _Chunker, timed_after: int = 0, per_item: float = 0.0) -> list
     """Every chunk's (size, tail) in order; after ``timed_after`` chunks, one of 100 items is
     reported to have taken ``per_item`` seconds each."""
     out = []
-    while chunker.start < chunker.n:
-        start = chunker.start
-        end, tail = chunker.next()
+    while chunker.left:
+        start, end, tail = chunker.next()
         out.append((end - start, tail))
         if per_item and len(out) == timed_after:
             chunker.timed(100, per_item * 100)

@@ -263,12 +263,11 @@ class _MapRun:
 
     def _left(self) -> bool:
         """Whether chunks are left to send (under the lock)."""
-        return (bool(self.todo) or self.chunker.start < self.chunker.n) and self.first_error is None
+        return (bool(self.todo) or self.chunker.left > 0) and self.first_error is None
 
     def _make(self) -> int:
         """The next chunk of the items not sent yet, queued first (under the lock)."""
-        start = self.chunker.start
-        end, tail = self.chunker.next()
+        start, end, tail = self.chunker.next()
         self.bounds.append((start, end))
         self.tails.append(tail)
         self.results.append(None)
@@ -400,9 +399,14 @@ class _Chunker:
         per_item = self.seconds / self.items
         return max(self.least, min(self.most, math.ceil(self.slots * CHUNK_COST / per_item)))
 
-    def next(self) -> tuple[int, bool]:
-        """The next chunk's end, and whether it is one of the tail's (at the floor)."""
-        left = self.n - self.start
+    @property
+    def left(self) -> int:
+        """Items not in a chunk yet."""
+        return self.n - self.start
+
+    def next(self) -> tuple[int, int, bool]:
+        """The next chunk's bounds, and whether it is one of the tail's (at the floor)."""
+        start, left = self.start, self.left
         if self.fixed is not None:
             size, tail = self.fixed, True
         else:
@@ -410,7 +414,7 @@ class _Chunker:
             size = max(floor, left // self.share)
             tail = size <= floor
         self.start += min(size, left)
-        return self.start, tail
+        return start, self.start, tail
 
 
 # Chunks of map in flight per slot of a node while they are larger than the tail's (see map).

@@ -117,3 +117,30 @@ def test_slow_items_still_end_in_small_chunks(pool: sky.Pool) -> None:
     sizes = chunk_sizes(pool, slow, items)
     assert sum(sizes) == len(items)
     assert sizes[-2] == math.ceil(400 / (8 * 16))  # the untimed floor: 2 ms calls cost more than a chunk
+
+
+def test_results_join_in_input_order_as_they_come_and_each_chunk_list_goes() -> None:
+    """map's output is joined while chunks are on their way: a chunk joins once every chunk
+    before it has, its own list is then dropped, and the last join completes the output."""
+    from types import SimpleNamespace
+
+    from skyward.core.batches import _JOINED, _Chunker, _MapRun
+
+    run = _MapRun(SimpleNamespace(members=None), SimpleNamespace(retry_on_interruption=0),  # type: ignore[arg-type]
+                  str, "str", None, list(range(5)), _Chunker(5, 1, 2), 1, None)
+    run.results = [None, [3, 4], None]
+    assert run.join() == [] and run.joined == 0  # chunk 1 waits for chunk 0
+    first = [1, 2]
+    run.results[0] = first
+    out = run.join()
+    assert out == [1, 2, 3, 4] and out is first and run.joined == 2
+    assert run.results[0] is _JOINED and run.results[1] is _JOINED
+    run.results[2] = [5]
+    assert run.join() == [1, 2, 3, 4, 5] and run.joined == 3
+    assert run.join() == [1, 2, 3, 4, 5]  # once more changes nothing
+
+    failed = _MapRun(SimpleNamespace(members=None), SimpleNamespace(retry_on_interruption=0),  # type: ignore[arg-type]
+                     str, "str", None, [1], _Chunker(1, 1), 1, None)
+    failed.results = [[1]]
+    failed.first_error = (0, ValueError("x"))
+    assert failed.join() == [] and failed.results == [[1]]  # nothing is joined after an error

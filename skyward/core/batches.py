@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import logging
 import math
 import threading
@@ -134,10 +133,8 @@ class Batches:
         run = _MapRun(dispatch, self.options, fn, name, timeout, data, chunker, slots, batch)
         results, first_error = run.run(channels)
         out: list[Any] = []
-        if first_error is None:  # each result is a list of its own (made by its unpickling)
-            out = results[0]  # type: ignore[assignment]
-            for more in itertools.islice(results, 1, None):
-                out += more  # type: ignore[arg-type]  # 3x faster than list(chain(...))
+        if first_error is None:
+            out = run.join()  # the results not joined yet (most were, as they came)
         if batch is not None:  # once the result is made: the events' thread wakes for it
             self.emit(ev.BatchFinished(
                 pool=self.pool_id, batch=batch, ok=first_error is None, total=len(data),
@@ -155,7 +152,8 @@ class _MapRun:
 
     The caller's thread sends chunks, as many as each node's window takes; a chunk's outcome
     is handled where it arrives, on the channel's reader thread: its result is unpickled
-    there into its place in ``results``, and the caller's thread is woken only when it has
+    there into its place in ``results`` and joined to the output as soon as every chunk
+    before it has been (``join``), and the caller's thread is woken only when it has
     something to do: a chunk left to send (a window has room), a lost node's chunk to send
     again, or the end. (Before, every result crossed to the caller's thread, one wake-up more
     per chunk: ~0.1 ms each on a 2-core VM.) The reader threads never send: a reader blocked
@@ -189,6 +187,9 @@ class _MapRun:
         self.retries: list[int] = []
         self.attempts: list[int] = []
         self.first_error: tuple[int, BaseException] | None = None
+        # The output: the results of chunks 0 .. joined-1, in one list (see join).
+        self.joined, self.values = 0, []  # type: ignore[var-annotated]
+        self.join_lock = threading.Lock()
         self.todo: collections.deque[int] = collections.deque()  # made, to be sent (again)
         self.out: dict[int, tuple[NodeChannel, int | None]] = {}
         self.outstanding: dict[NodeChannel, int] = {}
@@ -352,8 +353,36 @@ class _MapRun:
             self.outstanding[ch] -= 1
             # The caller's thread is needed to send (a window has room now) and at the end.
             wake = self._left() or not any(self.outstanding.values())
+        if error is None:
+            self.join()
         if wake:
             self.wake.set()
+
+    def join(self) -> list[Any]:
+        """Join the results that have come, in input order, into the output list, and return
+        it (call once more when every chunk has its outcome: it then holds every result).
+
+        The thread that stores a chunk's result joins it, with any that came before it and
+        waited for it, while later chunks are still on their way; mp.Pool puts each chunk in
+        its place as it comes too. Joining all the chunks after the last one came put a copy
+        of every result, and the freeing of every chunk's list, between the last result and
+        the caller: ~17 % of the client's time in a 1,000,000-item map on 16 nodes."""
+        with self.join_lock:
+            results, at = self.results, self.joined
+            if self.first_error is not None:
+                return self.values
+            while at < len(results):
+                part = results[at]
+                if part is None:
+                    break
+                if at == 0:
+                    self.values = part  # a list of its own, made by its unpickling
+                else:
+                    self.values += part  # 3x faster than list(chain(...))
+                results[at] = _JOINED  # done; the chunk's own list goes
+                at += 1
+            self.joined = at
+            return self.values
 
 
 class _Chunker:
@@ -428,6 +457,10 @@ GUIDED = 3
 # What one chunk costs the client (a pickle, a frame out, a result read and unpickled, the
 # wake-ups): 70-100 us measured with chunksize=1 on a 2-core VM.
 CHUNK_COST = 100e-6
+
+
+# A chunk's result once joined into the output (see _MapRun.join): done, and no longer kept.
+_JOINED: list[Any] = []
 
 
 def _iterable(items: Any, fn: Callable[..., Any]) -> Iterable[Any]:

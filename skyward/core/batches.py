@@ -338,7 +338,7 @@ class _MapRun:
         error: BaseException | None = None
         seconds = None
         try:
-            value, seconds = self.dispatch.decode(result, self.name, ch.node, timed=True)
+            value, seconds = self.dispatch.decode_chunk(result, self.name, ch.node)
         except BaseException as exc:
             error = exc
         if finish is not None:  # before the chunk counts as done: a batch ends after its tasks

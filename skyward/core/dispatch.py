@@ -161,14 +161,24 @@ class Dispatcher:
 
         return finish
 
-    def decode(self, result: Frame | BaseException, name: str, node: int, timed: bool = False) -> Any:
-        """The task's value (see decode_result); with ``timed`` (a map chunk's result), the pair
-        (value, seconds its calls took on the node, or None where the node did not say)."""
+    def decode(self, result: Frame | BaseException, name: str, node: int) -> Any:
+        """The task's value (see decode_result)."""
+        return self.decode_outcome(result, name, node)[1]
+
+    def decode_chunk(self, result: Frame | BaseException, name: str, node: int) -> tuple[list[Any], float | None]:
+        """A map chunk's values, and how long its calls took on the node (None where the node
+        did not say)."""
+        outcome = self.decode_outcome(result, name, node)
+        return outcome[1], (outcome[2] if len(outcome) > 2 else None)
+
+    def decode_outcome(self, result: Frame | BaseException, name: str, node: int) -> tuple[Any, ...]:
+        """decode_outcome, with the packages whose versions differ between here and the nodes
+        noted on an error to unpickle (a likely cause, found when the nodes joined)."""
         try:
-            return decode_result(result, name, node, timed)
+            return decode_outcome(result, name, node)
         except SerializationError as exc:
             drift = self.members.drift
-            if drift:  # a likely cause, found when the nodes joined
+            if drift:
                 exc.add_note("packages whose versions differ between this machine and the nodes: " + ", ".join(
                     f"{n} {here} here, {there} on node {at}" for n, (here, there, at) in sorted(drift.items())))
             raise
@@ -288,11 +298,16 @@ class Dispatcher:
             done(exc)
 
 
-def decode_result(result: Frame | BaseException, name: str, node: int | None = None, timed: bool = False) -> Any:
+def decode_result(result: Frame | BaseException, name: str, node: int | None = None) -> Any:
     """A RESULT (or REPLY) frame -> the task's value, or raise its exception (the same type
     when it can be rebuilt here, with the remote traceback as ``__cause__``). ``name`` (and the
-    ``node``, when known) appear in errors; messages are built only on those paths. ``timed``:
-    (value, seconds) for a map chunk's result, which says how long its calls took."""
+    ``node``, when known) appear in errors; messages are built only on those paths."""
+    return decode_outcome(result, name, node)[1]
+
+
+def decode_outcome(result: Frame | BaseException, name: str, node: int | None = None) -> tuple[Any, ...]:
+    """decode_result's work: the outcome as the node sent it when it is a value, ``("ok",
+    value)``, or ``("ok", values, seconds)`` for a map chunk (how long its calls took)."""
     if isinstance(result, BaseException):
         raise result
     try:
@@ -310,9 +325,7 @@ def decode_result(result: Frame | BaseException, name: str, node: int | None = N
             )
         ) from None
     if outcome[0] == "ok":
-        if timed:
-            return outcome[1], (outcome[2] if len(outcome) > 2 else None)
-        return outcome[1]
+        return outcome
     if outcome[0] == "err":
         remote: BaseException = outcome[1]
         if outcome[2]:

@@ -42,6 +42,12 @@ BUF_SPILLED = 2  # the buffer's data is a reference to a shared-memory segment (
 
 Buffers = list[tuple[int, bytes | bytearray | memoryview]]
 
+# Whether dumps compresses large parts when its caller does not say. A Local node's worker sets
+# it False at its configuration: everything it sends (results, streamed values, collection
+# values, errors) goes to a client on its own host. A client decides per pool (dispatch.encode):
+# one process may hold pools of several kinds.
+COMPRESS = True
+
 
 def maybe_compress(data: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     n = memoryview(data).nbytes
@@ -463,15 +469,18 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def dumps(obj: Any, spill: Path | None = None, compress: bool = True) -> tuple[int, bytes | memoryview, Buffers]:
+def dumps(obj: Any, spill: Path | None = None, compress: bool | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     """Pickle obj; returns (flags, body, buffers) ready for a frame.
 
     With ``spill`` (a folder in shared memory that both ends can map, Local pools only),
     buffers of SPILL_MIN bytes or more go through shared-memory segments instead of through
     the sockets: one copy in, none out. When the folder is full they go through the stream.
     ``compress=False`` where both ends are on one host: lz4 (~1 GB/s) is slower than a copy
-    through a local socket, and even trying it (a sample of each large part) costs.
+    through a local socket, and even trying it (a sample of each large part) costs. None:
+    this process's default (``COMPRESS``).
     """
+    if compress is None:
+        compress = COMPRESS
     raw: list[pickle.PickleBuffer] = []
     body: bytes | memoryview = b""
     flags = 0
@@ -572,7 +581,7 @@ def discard(buffers: Buffers) -> None:
 
 
 def dumps_ok(value: Any, what: str, spill: Path | None = None, seconds: float | None = None,
-             compress: bool = True) -> tuple[int, bytes | memoryview, Buffers]:
+             compress: bool | None = None) -> tuple[int, bytes | memoryview, Buffers]:
     """("ok", value), or ("ok", value, seconds) for a map chunk (how long its calls took)."""
     try:
         return dumps(("ok", value) if seconds is None else ("ok", value, seconds), spill, compress)

@@ -138,7 +138,6 @@ class Worker:
         self._peeking = False
         self.streams = (TaskStream(self, STDOUT, 1), TaskStream(self, STDERR, 2))
         self.spill: Path | None = None  # shared memory for large results: the pool's (Local) or the node's
-        self.local = False
         self.plugins: Any = None  # skyward.runtime.plugins.NodePlugins when the pool has plugins
         self._exiting = threading.Lock()
         # Nested dispatch: our id -> callback for the REPLY; a reader thread while any is out.
@@ -156,7 +155,8 @@ class Worker:
         context.configure(config["topology"])
         context.state = config.get("state")
         self.spill = Path(config["spill"]) if config.get("spill") else None
-        self.local = bool(config.get("local"))  # the client is on this host: results go uncompressed
+        # The client is on this host: nothing this process sends goes through lz4 (see serialize).
+        serialize.COMPRESS = not config.get("local")
         listener, self._lane_listener = self._lane_listener, None
         if listener is not None:
             if config.get("lane") and not self.exclusive and self.lanes is None:
@@ -560,7 +560,7 @@ class Worker:
             _stopped_first(entry)
             entry.state = "returning"
         # A map chunk's result says how long its calls took: the client sizes the next chunks by it.
-        return serialize.dumps_ok(value, entry.name, self.spill, seconds, compress=not self.local)
+        return serialize.dumps_ok(value, entry.name, self.spill, seconds)
 
     # -- timeouts ----------------------------------------------------------------------------
     def _watchdog(self) -> None:

@@ -102,29 +102,41 @@ def test_no_compression_between_processes_of_one_host() -> None:
     assert got[0] == text and not got[1].any()
 
     import skyward as sky
-    from skyward.core import dispatch
 
-    seen: list[bool] = []
-    real = dispatch.serialize.loads_frame
+    seen: list[tuple[int, bool]] = []  # (size of the payload, whether lz4 touched it)
+    real = serialize.loads
 
-    def record(frame: Any) -> Any:
-        seen.append(frame.flags & serialize.FLAG_BODY_LZ4 or any(b & serialize.BUF_LZ4 for b, _ in frame.buffers))
-        return real(frame)
+    def record(flags: int, body: Any, buffers: serialize.Buffers) -> Any:
+        seen.append((memoryview(body).nbytes,
+                     bool(flags & serialize.FLAG_BODY_LZ4 or any(b & serialize.BUF_LZ4 for b, _ in buffers))))
+        return real(flags, body, buffers)
 
     @sky.function
     def echo(x: Any) -> Any:
         return x
 
+    @sky.function
+    def stream_and_store(x: Any) -> Any:  # a streamed value, a collection value, an error
+        sky.dict("kept")["x"] = x
+        yield x
+        raise ValueError(x)
+
     with sky.Compute(nodes=1, options=sky.Options(console="silent")) as pool:
-        dispatch.serialize.loads_frame = record
+        serialize.loads = record  # (loads_frame calls it too)
         try:
             assert echo(text) >> pool == text
             assert pool.map(echo, [text, text]) == [text, text]
+            got = stream_and_store(text) >> pool
+            assert next(got) == text
+            with pytest.raises(ValueError):
+                next(got)
+            assert pool.dict("kept")["x"] == text
         finally:
-            dispatch.serialize.loads_frame = real
+            serialize.loads = real
         pool_spill = pool.cluster.spill_dir
-    assert pool_spill is not None and len(seen) >= 2
-    assert not any(seen)
+    assert pool_spill is not None and not any(lz4 for _, lz4 in seen)
+    # The result, the chunk's, the streamed value, the collection value and the error: whole.
+    assert sum(size >= 300_000 for size, _ in seen) >= 5
 
 
 def test_describe_unpicklable_names_the_argument() -> None:

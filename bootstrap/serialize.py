@@ -17,6 +17,7 @@ import pickle
 import struct
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 from . import shm
@@ -272,6 +273,10 @@ def _load_storage(data: Any, device: str, n: int) -> Any:
 # a CUDA copy touches is pinned (cudaHostRegister) once, and unpinned just before it is
 # unmapped (shm.unmapping). Where CUDA refuses, copies stay pageable.
 _pinned: dict[int, tuple[Any, int]] = {}  # id(mapping) -> (mapping, address)
+# Mappings whose unpin hook ran: never pinned again. A mapping dropped while a view of it is in
+# use stays mapped until that view goes; a CUDA copy through the view that pins it after the
+# hook ran would leave it registered with CUDA once unmapped (the copy runs pageable instead).
+_retired: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
 _pin_lock = threading.Lock()
 _pin_refused = False
 
@@ -287,7 +292,7 @@ def _pin(buffer: Any) -> None:
     if not isinstance(mm, mmap.mmap) or _pin_refused:
         return
     with _pin_lock:
-        if id(mm) in _pinned or mm.closed:
+        if id(mm) in _pinned or mm.closed or mm in _retired:
             return
         import ctypes
 
@@ -311,6 +316,7 @@ def _pin(buffer: Any) -> None:
 def _unpin(mm: Any) -> None:
     with _pin_lock:
         held = _pinned.pop(id(mm), None)
+        _retired.add(mm)
     if held is not None:
         import torch
 

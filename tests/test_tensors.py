@@ -229,6 +229,19 @@ def test_cuda_copies_pin_a_shared_memory_mapping_once_and_unpin_it_before_it_is_
         assert cudart.calls[-1] == ("unregister", address) and id(mm) not in serialize._pinned
         assert mm.closed
 
+        # A mapping dropped while a view of it is in use stays mapped until the view goes: a
+        # copy through that view after the unpin hook ran must not pin it (it would stay
+        # registered with CUDA once unmapped).
+        view, _ = shm.reserve(spill, 2 << 20)
+        serialize._pin(view)
+        mm = view.obj
+        shm._unmap(mm)  # as the receivers' cache drops a mapping; the view keeps it mapped
+        assert not mm.closed and id(mm) not in serialize._pinned
+        calls = len(cudart.calls)
+        serialize._pin(view[4096:])
+        assert len(cudart.calls) == calls and id(mm) not in serialize._pinned
+        del view
+
         refusing = _FakeCudart(answer=1)
         monkeypatch.setattr(torch.cuda, "cudart", lambda: refusing)
         view, _ = shm.reserve(spill, 2 << 20)

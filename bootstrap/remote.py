@@ -349,10 +349,7 @@ class Remote:
             transport = c.transport
             if transport is None:
                 continue
-            # Through a jump host the transport's sock is a paramiko Channel: only the first
-            # hop's has a real socket to tune.
-            if isinstance(transport.sock, socket.socket):
-                transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # (TCP_NODELAY: set before the handshake, see _fast_transport.)
             transport.set_keepalive(15)
             transport.default_window_size = _WINDOW
         return self
@@ -999,8 +996,14 @@ def _open_streamlocal(transport: paramiko.Transport, path: str, timeout: float =
 
 
 def _fast_transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    """paramiko's Transport, given the connected socket before the SSH handshake: with
+    TCP_NODELAY from the start (a login writes small packets back to back; with Nagle's
+    algorithm the second waits for the ACK of the first, which the host delays by up to 40 ms:
+    a login took 60-130 ms on loopback hosts, 30-45 ms with it), and AES-GCM first."""
     import paramiko
 
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = paramiko.Transport(sock, **kwargs)
     options = transport.get_security_options()
     options.ciphers = tuple(c for c in _GCM if c in options.ciphers) + tuple(

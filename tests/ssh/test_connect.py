@@ -98,3 +98,27 @@ def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_ho
             pool.close()
     finally:
         ssh.destroy(description)
+
+
+def test_the_ssh_socket_has_tcp_nodelay_before_the_handshake(ssh_hosts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A login writes small packets back to back: with Nagle's algorithm the second waits for
+    the host's delayed ACK of the first (up to 40 ms, several times a login). TCP_NODELAY must be
+    on when paramiko's Transport is made, before the handshake, not only once logged in."""
+    import paramiko
+
+    seen: list[int] = []
+    made = paramiko.Transport
+
+    def transport(sock: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        return made(sock, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko, "Transport", transport)
+    h = ssh_hosts(1, mode="loopback")[0]
+    r = Remote(Target(h.address, h.port, h.user, str(h.key_path))).open()
+    try:
+        assert r.run("echo ok")[1].strip() == "ok"
+    finally:
+        r.close()
+    assert seen and all(seen), seen
+

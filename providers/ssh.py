@@ -22,6 +22,7 @@ import base64
 import dataclasses
 import functools
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -495,9 +496,10 @@ class SSHCluster(Cluster):
                 seconds = now - started[name] if name in started else 0.0
                 self._phase(node.index, name, status, seconds)
 
-        def answer(line: str) -> list[bytes] | None:
-            """What the node lacks (``@@need``), sent on the same channel; nothing (and no wait on
-            the node) when it lacks nothing."""
+        def answer(line: str) -> Iterable[bytes] | None:
+            """What the node lacks (``@@need``), sent on the same channel as it is read (the
+            files are not all read into memory first: 20 MB a fresh node); nothing (and no wait
+            on the node) when it lacks nothing."""
             if not line.startswith("@@need"):
                 return None
             seen.add("need")
@@ -508,7 +510,7 @@ class SSHCluster(Cluster):
             if not shared:
                 return []
             size_shared, shared_parts = tar_archive(shared)
-            return [f"{size_shared}\n".encode(), *shared_parts]
+            return itertools.chain([f"{size_shared}\n".encode()], shared_parts)
 
         keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)} " if node.pool_dir else ""
         current[0] = "connect"

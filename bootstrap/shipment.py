@@ -29,6 +29,11 @@ Install = Literal["wheelhouse", "index"]
 # (node, phase, status, seconds): node -1 is this machine (the wheelhouse is built here).
 PhaseCallback = Callable[[int, str, str, "float | None"], None]
 
+# Where uv travels in wheelhouse mode (under the node's SKY; the script unpacks it to bin/uv):
+# gzipped, and for SSH nodes as an lz4 frame too (a node with the lz4 command takes that one).
+UV_GZ = "bin/uv.gz"
+UV_LZ4 = "bin/uv.lz4"
+
 
 @dataclass(frozen=True, slots=True)
 class Shipment:
@@ -45,12 +50,14 @@ class Shipment:
 
 def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, install: Install, kind: str,
           pin: tuple[pkglock.Package, ...] | None, platform: str | None,
-          on_phase: PhaseCallback, reuse_lock: bool = False) -> tuple[Shipment, dict[str, Any]]:
+          on_phase: PhaseCallback, reuse_lock: bool = False, uv_lz4: bool = False) -> tuple[Shipment, dict[str, Any]]:
     """The shipment for the final ``image`` (after plugin transforms) and its plugin ``ops``, and
     the pool's lock record (skyward.records.pkglock.describe). ``pin``: the packages of a pool
     being reproduced (None: resolve Image.pip here); ``platform``: uv's --python-platform of the
     nodes (None: the client's, wheelhouse mode). ``reuse_lock``: requirements that are all pinned
-    take the resolution a pool made of them less than LOCK_FRESH_S ago (``resolve``)."""
+    take the resolution a pool made of them less than LOCK_FRESH_S ago (``resolve``). ``uv_lz4``
+    (wheelhouse mode): uv as an lz4 frame too (UV_LZ4), which a node with the lz4 command takes
+    instead of uv.gz (script.node_up's ``lz4_or_gz``) and unpacks eight times faster."""
     from skyward.bootstrap import script, wheelhouse
 
     image, mounts = volume_plan(image, spec, kind)  # sky.Volume: rclone, its config
@@ -76,7 +83,9 @@ def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, insta
         on_phase(-1, "wheelhouse", "started", None)
         t0 = time.monotonic()
         try:
-            files["bin/uv.gz"] = (wheelhouse.uv_binary_gz(), 0o644)
+            files[UV_GZ] = (wheelhouse.uv_binary_gz(), 0o644)
+            if uv_lz4:
+                files[UV_LZ4] = (wheelhouse.uv_binary_lz4(), 0o644)
             for w in wheelhouse.wheels_for_lock(lock_text, python, indexes):
                 files[f"wheels/{w.name}"] = (w, 0o644)
                 wheel_names.append(w.name)
@@ -93,15 +102,20 @@ def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, insta
         skyward_sha256=sky.sha256,
         agent_requirements=reqs, includes_archive=includes is not None, ops=ops,
         wheel_names=tuple(sorted(wheel_names)), uv_version=wheelhouse.uv_version(), lock=lock_text,
+        uv_lz4_size=_size(files[UV_LZ4][0]) if UV_LZ4 in files else 0,
         volumes=mount_phase(mounts),
     )
-    sizes = {p: src.stat().st_size if isinstance(src, Path) else len(src) for p, (src, _) in files.items()}
+    sizes = {p: _size(src) for p, (src, _) in files.items()}
     shipment = Shipment(
         script.render(image, plan), f"envs/{script.env_key(image, plan)}/bin/python",
         files, sizes, includes, mounts.config.encode() if mounts is not None else None,
         apt=tuple(image.apt),
     )
     return shipment, lock
+
+
+def _size(src: Path | bytes) -> int:
+    return src.stat().st_size if isinstance(src, Path) else len(src)
 
 
 # How long a resolution of pinned requirements is reused: what pip's own HTTP cache takes an

@@ -17,8 +17,10 @@ import subprocess
 import sys
 import threading
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from skyward.errors import ProviderError
 from skyward.paths import cache_root
@@ -57,15 +59,29 @@ def uv_version() -> str:
 def uv_binary_gz() -> Path:
     """uv, gzipped once per uv version (38 MB -> 17 MB to upload to every new node)."""
     import gzip
+
+    return _packed_uv("uv.gz", lambda tmp: gzip.open(tmp, "wb", compresslevel=6))
+
+
+def uv_binary_lz4() -> Path:
+    """uv as an lz4 frame, once per uv version (38 MB -> 19 MB; 0.8 s), for nodes that have the lz4
+    command: it unpacks in 0.03 s of CPU where gunzip takes 0.25 s (a fresh node's largest
+    step on a small machine)."""
+    import lz4.frame
+
+    return _packed_uv("uv.lz4", lambda tmp: lz4.frame.open(tmp, "wb", compression_level=6))
+
+
+def _packed_uv(name: str, writer: Callable[[Path], Any]) -> Path:
     import shutil
 
     src = uv_binary()
     digest = hashlib.sha256(f"{src}:{src.stat().st_size}:{src.stat().st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_dir("uv", digest) / "uv.gz"
+    out = cache_dir("uv", digest) / name
     if not out.exists():
         # A name of this process's own: two programs packing uv at once each write theirs.
         tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with open(src, "rb") as f, gzip.open(tmp, "wb", compresslevel=6) as g:
+        with open(src, "rb") as f, writer(tmp) as g:
             shutil.copyfileobj(f, g, 1 << 20)
         tmp.replace(out)
     return out

@@ -365,7 +365,7 @@ class SSHCluster(Cluster):
             image, ops = self._final_image()
             self._ship, self.lock = shipment.build(
                 self.spec, image, ops, pool_id=self.pool_id, install=self._install, kind=self._kind,
-                pin=self._pin, platform=self._platform(), reuse_lock=True,
+                pin=self._pin, platform=self._platform(), reuse_lock=True, uv_lz4=True,
                 on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds))
 
     def _prepare_meanwhile(self) -> Future[None]:
@@ -435,6 +435,7 @@ class SSHCluster(Cluster):
     def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
         from skyward.bootstrap.remote import tar_archive
         from skyward.bootstrap.script import node_up, parse_marker, sudo_advice
+        from skyward.bootstrap.shipment import UV_GZ, UV_LZ4
 
         # Caches into the (maybe shared) home; this node's own files into its pool folder.
         mine: list[tuple[str, Path | bytes, int]] = []
@@ -442,8 +443,9 @@ class SSHCluster(Cluster):
             mine.append(("includes.tar", ship.includes, 0o600))
         if ship.volumes_conf is not None:  # the volumes' credentials: a 0600 file, never in the script
             mine.append(("rclone.conf", ship.volumes_conf, 0o600))
+        lz4_or_gz = (UV_LZ4, UV_GZ) if UV_LZ4 in ship.files else None  # (wheelhouse mode)
         text = node_up(self.pool_id, node.index, sudo=ship.apt, files=ship.sizes, script=ship.script,
-                       then=self._agent_start(node, remote))
+                       then=self._agent_start(node, remote), lz4_or_gz=lz4_or_gz)
         facts: dict[str, str] = {}
         started: dict[str, float] = {}
         current = [""]  # the phase running: "connect", "upload", a script phase, "agent"

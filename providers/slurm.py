@@ -1009,7 +1009,11 @@ class SlurmCluster(Cluster):
         """``why`` with how node ``index``'s job stands (issue 45, item 8): "connection closed;
         Slurm job 12 reached its time limit (TIMEOUT)", "...; Slurm job 12 was cancelled by uid
         1000", "...; Slurm job 12 is NODE_FAIL", "...; Slurm job 12 still RUNNING (its agent
-        ended)". One look at the queue, given at most 3 s (the login node may be what was lost)."""
+        ended)". A look at the queue, again while the job is on its way out (COMPLETING: a
+        scancel's job says CANCELLED only once its processes are gone, which took over 2.5 s on
+        a loaded 2-core machine), given at most 7 s in all (the login node may be what was lost;
+        the node's tasks have their errors already, and a replacement waits for the job to settle
+        anyway)."""
         with self._lock:
             node = self._nodes.get(index)
             job = node.job if node is not None else ""
@@ -1019,13 +1023,13 @@ class SlurmCluster(Cluster):
 
         def look() -> None:
             try:
-                seen.append(self._settled(job, within=2.5, patience=2.0, pause=0.25))
+                seen.append(self._settled(job, within=6.0, patience=2.0, pause=0.25))
             except Exception as exc:
                 log.debug("Slurm pool %s: no look at job %s for node %d's loss: %s", self.pool_id, job, index, exc)
 
         thread = threading.Thread(target=look, name="skyward-slurm-loss", daemon=True)
         thread.start()
-        thread.join(3.0)
+        thread.join(7.0)
         if not seen:
             return why
         state = seen[0]

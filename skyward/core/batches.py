@@ -188,7 +188,8 @@ class _MapRun:
         self.attempts: list[int] = []
         self.first_error: tuple[int, BaseException] | None = None
         # The output: the results of chunks 0 .. joined-1, in one list (see join).
-        self.joined, self.values = 0, []  # type: ignore[var-annotated]
+        self.joined = 0
+        self.values: list[Any] = []
         self.join_lock = threading.Lock()
         self.todo: collections.deque[int] = collections.deque()  # made, to be sent (again)
         self.out: dict[int, tuple[NodeChannel, int | None]] = {}

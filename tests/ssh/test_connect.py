@@ -100,6 +100,41 @@ def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_ho
         ssh.destroy(description)
 
 
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
+def test_a_hosts_global_request_is_acked_at_once(ssh_hosts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sshd sends "hostkeys-00@openssh.com" right after the login, wanting no answer, while the
+    client asks for its first session. sshd keeps Nagle's algorithm on for commands without a
+    terminal, so the session's confirmation waited for the client's delayed ACK of that request
+    (40 ms on every new connection). The client ACKs a global request as soon as it is handled."""
+    import paramiko
+
+    requests: list[str] = []
+    acks: list[int] = []  # how many global requests were handled when TCP_QUICKACK was set
+    handle = paramiko.Transport._parse_global_request
+
+    def parse(self: Any, m: Any) -> None:
+        requests.append(m.get_text())
+        m.rewind()
+        handle(self, m)
+
+    def setsockopt(self: socket.socket, level: int, name: int, *value: Any) -> None:
+        if (level, name) == (socket.IPPROTO_TCP, socket.TCP_QUICKACK):
+            acks.append(len(requests))
+        return real(self, level, name, *value)
+
+    real = socket.socket.setsockopt
+    monkeypatch.setattr(paramiko.Transport, "_parse_global_request", parse)
+    monkeypatch.setattr(socket.socket, "setsockopt", setsockopt)
+    h = ssh_hosts(1, mode="loopback")[0]
+    r = Remote(Target(h.address, h.port, h.user, str(h.key_path))).open()
+    try:
+        assert r.run("echo ok")[1].strip() == "ok"
+    finally:
+        r.close()
+    assert "hostkeys-00@openssh.com" in requests, requests  # (what OpenSSH's sshd sends)
+    assert acks and acks[0] >= 1, (requests, acks)
+
+
 def test_the_ssh_socket_has_tcp_nodelay_before_the_handshake(ssh_hosts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A login writes small packets back to back: with Nagle's algorithm the second waits for
     the host's delayed ACK of the first (up to 40 ms, several times a login). TCP_NODELAY must be

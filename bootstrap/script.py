@@ -195,15 +195,21 @@ def render(image: Image, plan: NodePlan) -> str:
 # login user's home (maybe shared by many hosts). RUN: this node's runtime state, on node-local
 # disk; a folder there that is not ours (or no writable /var/tmp) falls back to one keyed by the
 # host's name inside SKY.
-NODE_DIRS = """\
-SKY="${SKYWARD_NODE_HOME:-$HOME/.skyward}"
-RUN="${SKYWARD_NODE_RUN:-/var/tmp/skyward-$(id -u)}"
-mkdir -p -m 700 "$SKY" 2>/dev/null
-if ! { mkdir -p -m 700 "$RUN" 2>/dev/null && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }; then
-  RUN="$SKY/run/$(hostname)"
-  mkdir -p -m 700 "$RUN"
-fi
-"""
+# ``uid``: how the shell gets the user's id (``$EUID`` in bash, where node_up runs: no `id` process).
+# A folder that exists is not made again (no `mkdir` process: a warm host's start runs few).
+def _node_dirs(uid: str) -> str:
+    return (
+        'SKY="${SKYWARD_NODE_HOME:-$HOME/.skyward}"\n'
+        f'RUN="${{SKYWARD_NODE_RUN:-/var/tmp/skyward-{uid}}}"\n'
+        '[ -d "$SKY" ] || mkdir -p -m 700 "$SKY" 2>/dev/null\n'
+        'if ! { { [ -d "$RUN" ] || mkdir -p -m 700 "$RUN" 2>/dev/null; } && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }; then\n'
+        '  RUN="$SKY/run/$(hostname)"\n'
+        '  mkdir -p -m 700 "$RUN"\n'
+        'fi\n'
+    )
+
+
+NODE_DIRS = _node_dirs("$(id -u)")  # (any POSIX login shell: Slurm's login node runs it as is)
 
 
 def node_dirs_command(pool_id: str, node: int, *, sudo: bool | Iterable[str]) -> str:
@@ -214,7 +220,7 @@ def node_dirs_command(pool_id: str, node: int, *, sudo: bool | Iterable[str]) ->
             f'echo "@@pool $RUN/pools/{pool_folder(pool_id, node)}"\necho "@@uid $(id -u)"\n' + _sudo_check(sudo))
 
 
-def _sudo_check(sudo: bool | Iterable[str], refused: str = "") -> str:
+def _sudo_check(sudo: bool | Iterable[str], refused: str = "", uid: str = "$(id -u)") -> str:
     """``@@sudo ok`` or ``@@sudo WHY`` (then ``refused``, bash) for a login that is not root."""
     if not sudo:
         return ""
@@ -222,7 +228,7 @@ def _sudo_check(sudo: bool | Iterable[str], refused: str = "") -> str:
     # `sudo -n -l COMMAND` asks sudo's rules about exactly what the apt phase runs (`sudo -n
     # true` would refuse a rule narrowed to these packages, and to apt-get, alike).
     asked = f"sudo -n -l {_words(apt_install(packages))}" if packages else "sudo -n true"
-    return ('if [ "$(id -u)" -ne 0 ]; then\n'
+    return (f'if [ "{uid}" -ne 0 ]; then\n'
             f'  if out=$({asked} 2>&1 </dev/null); then echo "@@sudo ok"; else echo "@@sudo ${{out:-refused}}"; {refused}fi\n'
             'fi\n')
 
@@ -258,10 +264,10 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
     names = " ".join(shlex.quote(name) for name in files)
     return (
         "skyward_node_up() {\n"
-        + NODE_DIRS
+        + _node_dirs("$EUID")
         + f'POOL="${{SKYWARD_KEEP_POOL:-$RUN/pools/{pool_folder(pool_id, node)}}}"\n'
-        'echo "@@sky $SKY"; echo "@@run $RUN"; echo "@@pool $POOL"; echo "@@uid $(id -u)"\n'
-        + _sudo_check(sudo, refused="return 0; ")
+        'echo "@@sky $SKY"; echo "@@run $RUN"; echo "@@pool $POOL"; echo "@@uid $EUID"\n'
+        + _sudo_check(sudo, refused="return 0; ", uid="$EUID")
         + ((f"local skip={shlex.quote(' ' + lz4_or_gz[1] + ' ')}\n"
             f"command -v lz4 >/dev/null 2>&1 || skip={shlex.quote(' ' + lz4_or_gz[0] + ' ')}\n"
             if lz4_or_gz is not None else "local skip=''\n") if files else "")
@@ -292,6 +298,24 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
         # On the same line: bash runs it before reading further (there is nothing more to read).
         + "skyward_node_up; exit $?\n"
     )
+
+
+def bash_on_stdin(text: str, env: str = "") -> str:
+    """The command, for any login shell, that runs ``text`` (sent first on the command's stdin)
+    with bash in a session of its own (``setsid -w``: the script's processes are one group to
+    stop), the rest of stdin left to the script. ``env``: ``NAME=value`` words for ``env``.
+
+    ``bash -s`` reads a script from a pipe one byte per read(), as it must not read past the
+    script: 20,000 system calls for node_up's text, 7 ms of a host's CPU on every start. ``read -N``
+    takes it in one read (bash >= 4.1) and ``eval`` runs it. ``-N`` counts characters: an ASCII
+    text only, where they are bytes in any locale; any other text, and a bash without ``-N``
+    (whose read refuses the option and leaves stdin as it was), get ``bash -s``."""
+    start = f"exec {'env ' + env + ' ' if env else ''}setsid -w bash"
+    if not text.isascii():
+        return f"{start} -s"
+    take = (f'IFS= read -r -N {len(text)} _skyward_script 2>/dev/null || '
+            '{ [ -z "$_skyward_script" ] && exec bash -s; exit 2; }; eval "$_skyward_script"')
+    return f"{start} -c {shlex.quote(take)}"
 
 
 # _skyward_receive BYTES BASE: exactly BYTES bytes of stdin (head -c reads no further: what follows

@@ -623,7 +623,7 @@ class SlurmCluster(Cluster):
                     self._phase(-1, f"login {name}", status,
                                 None if status == "started" else time.monotonic() - started.get(name, time.monotonic()))
 
-            self._login().run(f"exec env {where} setsid -w bash -s", stdin=text.encode(),
+            self._login().run(script.bash_on_stdin(text, where), stdin=text.encode(),
                               timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
         except BaseException as exc:
             # The nodes would run the same phases on the same shared home and fail the same way

@@ -434,7 +434,7 @@ class SSHCluster(Cluster):
 
     def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
         from skyward.bootstrap.remote import tar_archive
-        from skyward.bootstrap.script import node_up, parse_marker, sudo_advice
+        from skyward.bootstrap.script import bash_on_stdin, node_up, parse_marker, sudo_advice
         from skyward.bootstrap.shipment import UV_GZ, UV_LZ4
 
         # Caches into the (maybe shared) home; this node's own files into its pool folder.
@@ -514,14 +514,14 @@ class SSHCluster(Cluster):
             size_shared, shared_parts = tar_archive(shared)
             return itertools.chain([f"{size_shared}\n".encode()], shared_parts)
 
-        keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)} " if node.pool_dir else ""
+        keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)}" if node.pool_dir else ""
         current[0] = "connect"
         # With the script, at once: the pool's secret (a line the agent's start takes: never on a
         # command line or in an environment block) and this node's own files.
         size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
         stdin = b"".join([text.encode(), (self.token + "\n").encode(), f"{size_mine}\n".encode(), *mine_parts])
         try:
-            code, out = remote.run(f"exec env {keep}setsid -w bash -s", stdin=stdin, check=False,
+            code, out = remote.run(bash_on_stdin(text, keep), stdin=stdin, check=False,
                                    on_line=on_line, answer=answer, deadline=lambda: limit[0], phase="bootstrap")
         except BootstrapError as exc:  # timed out
             phase = current[0] or "bootstrap"
@@ -570,8 +570,9 @@ class SSHCluster(Cluster):
         """Bash that starts the agent (SKY and POOL set, the token in the shell variable
         SKYWARD_AGENT_TOKEN, where node_up read it, or else the next line of stdin) and
         prints its start-up line and the node's facts (``@@port``, ``@@hostname``, ``@@interface``,
-        ``@@ip``). The start-up line is read off a FIFO as soon as the agent writes it (no polling),
-        and the facts are gathered while the agent starts."""
+        ``@@ip``). The start-up line is read off a pipe (the agent's stdout: a process substitution)
+        as soon as the agent writes it (no polling, no FIFO to make and remove), and the facts are
+        gathered while the agent starts."""
         peer = shlex.quote(node.host.private_ip or remote.host)
         direct = direct_address(node.host, remote.host) if self._direct else None
         direct_arg = f"--direct {shlex.quote(direct)} " if direct else ""
@@ -583,24 +584,23 @@ class SSHCluster(Cluster):
 export SKYWARD_AGENT_TOKEN
 unset SKYWARD_SKY SKYWARD_RUN SKYWARD_POOL SKYWARD_KEEP_POOL  # (the bootstrap's; not the agent's)
 cd "$POOL"; . ./env.sh
-mkdir -p site
+[ -d site ] || mkdir -p site
 PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
 export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
 # The agent's Unix socket in this 0700 folder: no other user of the node can connect to it (a
 # loopback port only where its path is too long for a Unix socket).
 LISTEN=--socket; [ ${{#POOL}} -le 88 ] || LISTEN=--port
 [ "$LISTEN" = --socket ] && ADDR="$POOL/agent.sock" || ADDR=0
-rm -f agent.json agent.out; mkfifo -m 600 agent.out
-setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent_start --ttl {self._ttl} --log agent.log \\
-  $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null >agent.out 2>>agent.log &
+exec {{hello_fd}}< <(exec setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent_start --ttl {self._ttl} \\
+  --log agent.log $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null 2>>agent.log)
 unset SKYWARD_AGENT_TOKEN
 route=$(ip -o route get {peer} 2>/dev/null </dev/null) || route=""
 echo "@@hostname $HOSTNAME"
 dev=' dev ([^ ]+)'; src=' src ([^ ]+)'
 if [[ $route =~ $dev ]]; then echo "@@interface ${{BASH_REMATCH[1]}}"; else echo "@@interface "; fi
 if [[ $route =~ $src ]]; then echo "@@ip ${{BASH_REMATCH[1]}}"; else echo "@@ip "; fi
-IFS= read -r -t {_AGENT_START_TIMEOUT} hello <agent.out || hello=""
-rm -f agent.out
+IFS= read -r -t {_AGENT_START_TIMEOUT} -u "$hello_fd" hello || hello=""
+exec {{hello_fd}}<&-
 echo "@@port $hello"
 """
 

@@ -241,3 +241,31 @@ def test_the_uv_phase_unpacks_the_lz4_frame_this_client_sent_else_the_gzip(tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == ("uv from lz4" if case == "lz4" else "uv from gz")
     assert sorted(p.name for p in bin_dir.iterdir()) == ["uv", "uv.gz", "uv.lz4"]  # no temporary file left
+
+
+@pytest.mark.parametrize("kind", ["ascii", "non-ascii", "bash-without-read-N"])
+def test_a_script_sent_on_stdin_runs_in_bash_and_leaves_the_rest_of_stdin_to_it(tmp_path: Path, kind: str) -> None:
+    """bash_on_stdin: the script sent first on stdin runs in bash (in a session of its own), with
+    the env= words set, and reads what the client sent after it (the pool's secret, the files)
+    byte for byte. An ASCII script is taken in one read (read -N: bash -s reads a pipe one byte
+    per read()); a script with other characters (-N counts characters), or a bash whose read
+    refuses -N, runs through bash -s."""
+    text = ('echo "foo=$FOO session=$(ps -o sid= -p $$ | tr -d " ") me=$$"; IFS= read -r secret; '
+            'echo "secret=[$secret]"; cat\n')
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    if kind == "non-ascii":
+        text = "# (é)\n" + text
+    if kind == "bash-without-read-N":  # (a read builtin of before bash 4.1: -N is not an option)
+        (tmp_path / "old.sh").write_text('read() { for a; do if [ "$a" = -N ]; then echo "read: -N: invalid option" >&2; '
+                                         'return 2; fi; done; builtin read "$@"; }\n')
+        env["BASH_ENV"] = str(tmp_path / "old.sh")
+    command = script.bash_on_stdin(text, "FOO=bar")
+    assert ("read -r -N" in command) == (kind != "non-ascii"), command
+    done = subprocess.run(["sh", "-c", command], input=(text + "s3cret line\nthe files\x00\x01").encode(),
+                          env=env, capture_output=True, timeout=30)
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    first, second, rest = out.split("\n", 2)
+    facts = dict(word.split("=", 1) for word in first.split())
+    assert facts["foo"] == "bar" and facts["session"] == facts["me"], first  # (setsid: its own session)
+    assert second == "secret=[s3cret line]" and rest == "the files\x00\x01", out

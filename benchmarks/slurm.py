@@ -8,6 +8,10 @@ Debian's slurm-wlm and munge).
   nodes, the agents reached through the login node) and enter -> first result of `@` on every
   node; the first pool of a fresh shared home (the environment built from the login node) apart
   from the warm ones (the environment found built);
+* the same batch pool on a quiet cluster: no job started or ended for --quiet seconds (3.5 s: past
+  batch_sched_delay, 3 s by default), as a cluster nobody uses; the other batch runs come right
+  after the runs before them ended, whose end made the controller schedule (so the next batch
+  job waits up to batch_sched_delay for its pass);
 * the same pool with sky.Slurm(submit="srun"): an interactive job, which Slurm schedules at once
   (a batch job waits for the scheduler's next pass over batch jobs, batch_sched_delay: 3 s by
   default, so 0-3 s on an idle cluster);
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--quiet", type=float, default=3.5,
+                        help="seconds with no job event before the quiet-cluster batch runs")
     args = parser.parse_args(argv)
     why = unavailable_reason()
     if why is not None:
@@ -89,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
             timed(ssh, n)  # the SSH pool's first: its per-host folders made
             srun = sky.Slurm(f"{login.user}@{login.address}", key=str(hosts.client_key), known_hosts=str(known),
                              submit="srun")
-            runs: dict[str, list[dict[str, float]]] = {"slurm": [], "slurm_srun": [], "ssh": []}
+            runs: dict[str, list[dict[str, float]]] = {"slurm_quiet": [], "slurm": [], "slurm_srun": [], "ssh": []}
             for _ in range(args.runs):
                 cluster.wait_idle()  # the queue empty, every node idle
+                time.sleep(args.quiet)  # (nothing else uses the test cluster)
+                runs["slurm_quiet"].append(timed(slurm, n))
+                cluster.wait_idle()
                 runs["slurm"].append(timed(slurm, n))
                 cluster.wait_idle()
                 runs["slurm_srun"].append(timed(srun, n))
@@ -100,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             results.update({k: summary(v) for k, v in runs.items()})
             results["nodes"] = n
             results["runs"] = args.runs
+            results["quiet_s"] = args.quiet
     finally:
         hosts.close()
     print(json.dumps(results, indent=2))

@@ -1,38 +1,80 @@
-"""Node-side metric sampling: one daemon thread that samples ``MetricSpec``s and hands each value
+"""Node-side metric sampling: one daemon thread that samples ``Spec``s and hands each value
 to a callback.
 
-The agent builds one :class:`Collector` per node::
+The agent builds one :class:`Collector` per node, from the pool's configuration as
+``sky.metrics.to_config`` wrote it (``node_specs``: the client checked the specs already)::
 
-    collector = Collector(from_config(cfg), emit=lambda name, value, unit: send(...))
+    collector = Collector(node_specs(cfg), emit=lambda name, value, unit: send(...))
     collector.start()
     ...
     collector.stop()
 
 Standard library only (this runs inside the agent on bare nodes) and Linux only: values come
-from /proc, ``shutil.disk_usage``, ``nvidia-smi`` and shell commands. Nothing here raises out of
+from /proc, ``statvfs``, ``nvidia-smi`` and shell commands. Nothing here raises out of
 the thread: a sample that fails is skipped (its metric's first failure is logged at debug level,
 later ones are not, so a broken metric cannot flood the log) and the next one is tried as usual.
+
+It imports little (every node starts it right after the pool is configured, beside the pool's
+first tasks): not ``skyward.metrics`` (dataclasses and inspect, 14 ms), and ``subprocess`` and
+``logging`` only when a GPU or custom metric runs a command, or a metric fails.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from skyward.metrics import GPU_KINDS, MetricSpec
+__all__ = ["GPU_KINDS", "Collector", "node_specs"]
 
-__all__ = ["Collector"]
+# Kinds whose values come from nvidia-smi; the collector drops them where it is missing.
+GPU_KINDS: frozenset[str] = frozenset({"gpu", "gpu_memory", "gpu_memory_total", "gpu_temp"})
 
-log = logging.getLogger(__name__)
+
+class Spec(Protocol):
+    """What the collector reads of a metric (sky.metrics.Spec has it, and _NodeSpec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def interval(self) -> float: ...
+    @property
+    def unit(self) -> str: ...
+    def param(self, key: str, default: str = "") -> str: ...
+
+
+class _NodeSpec:
+    """One metric of the pool's configuration, as the node reads it."""
+
+    __slots__ = ("interval", "kind", "name", "params", "unit")
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        self.name = str(entry["name"])
+        self.kind = str(entry["kind"])
+        self.interval = float(entry.get("interval", 1.0))
+        self.unit = str(entry.get("unit", ""))
+        self.params = {str(k): str(v) for k, v in (entry.get("params") or {}).items()}
+
+    def param(self, key: str, default: str = "") -> str:
+        return self.params.get(key, default)
+
+
+def node_specs(config: Sequence[dict[str, Any]]) -> list[Spec]:
+    """The metrics of ``sky.metrics.to_config``'s output (what CONFIGURE carries)."""
+    return [_NodeSpec(entry) for entry in config]
+
+
+def _debug(message: str, *args: Any, exc_info: Any = None) -> None:
+    import logging  # (only when a metric fails: the agent has no other use for it)
+
+    logging.getLogger(__name__).debug(message, *args, exc_info=exc_info)
 
 Emit = Callable[[str, float, str], None]
 
@@ -161,11 +203,12 @@ class _DiskSampler:
         pass
 
     def sample(self, tick: _Tick) -> float | None:
-        usage = shutil.disk_usage(self._path)
+        st = os.statvfs(self._path)  # (what shutil.disk_usage reads)
+        used, free = (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bavail * st.f_frsize
         # df's Use%: free here is what unprivileged users may still write (root's reserve is
         # excluded), so 100 means "full" as users experience it.
-        room = usage.used + usage.free
-        return 100.0 * usage.used / room if room else None
+        room = used + free
+        return 100.0 * used / room if room else None
 
 
 # --- network -----------------------------------------------------------------------------------
@@ -208,8 +251,13 @@ class _NetSampler:
 
 
 def _nvidia_smi() -> str | None:
-    """Path to nvidia-smi, or None where it is not on PATH (tests monkeypatch this or PATH)."""
-    return shutil.which("nvidia-smi")
+    """Path to nvidia-smi, or None where it is not on PATH (tests monkeypatch this or PATH). As
+    shutil.which looks (shutil's import is a tenth of the agent's start on a node)."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or os.curdir, "nvidia-smi")
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
 
 
 def _query_gpus(exe: str) -> list[tuple[float, float, float, float]]:
@@ -217,6 +265,8 @@ def _query_gpus(exe: str) -> list[tuple[float, float, float, float]]:
     on a Local node, only its own (SKYWARD_GPUS, which sky.Local sets beside CUDA_VISIBLE_DEVICES:
     nvidia-smi does not read the latter), else every GPU of the machine. The node's own are
     picked here by index or UUID from every GPU's row (``--id`` takes one GPU on older drivers)."""
+    import subprocess
+
     own = {d.strip() for d in os.environ.get("SKYWARD_GPUS", "").split(",") if d.strip()}
     out = subprocess.run(
         [
@@ -295,6 +345,8 @@ class _CustomSampler:
         pass
 
     def sample(self, tick: _Tick) -> float | None:
+        import subprocess
+
         # Popen rather than subprocess.run: the command gets its own process group so a timeout
         # or stop() kills everything it started (run() kills only the shell, and a grandchild
         # still holding stdout would keep run() waiting), and stop() need not wait for it.
@@ -360,13 +412,13 @@ class Collector:
     over one interval. A Collector runs once: start() it, stop() it, make a new one to restart.
     """
 
-    def __init__(self, specs: Sequence[MetricSpec], emit: Emit) -> None:
+    def __init__(self, specs: Sequence[Spec], emit: Emit) -> None:
         self._emit = emit
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
         nvidia_smi = _nvidia_smi()
-        self._metrics: list[tuple[MetricSpec, _Sampler]] = []
+        self._metrics: list[tuple[Spec, _Sampler]] = []
         for spec in specs:
             if spec.kind in GPU_KINDS and nvidia_smi is None:
                 continue  # documented: GPU metrics are absent where there is no nvidia-smi
@@ -377,7 +429,7 @@ class Collector:
         """Names of the metrics this collector will emit (GPU ones dropped without nvidia-smi)."""
         return tuple(spec.name for spec, _ in self._metrics)
 
-    def _sampler(self, spec: MetricSpec, nvidia_smi: str | None) -> _Sampler:
+    def _sampler(self, spec: Spec, nvidia_smi: str | None) -> _Sampler:
         kind = spec.kind
         if kind == "cpu":
             return _CpuSampler()
@@ -392,7 +444,7 @@ class Collector:
             return _GpuSampler(kind, nvidia_smi)
         if kind == "custom":
             return _CustomSampler(spec.param("command"), spec.interval, self._stopping)
-        raise AssertionError(f"no sampler for metric kind {kind!r}")  # MetricSpec validates kinds
+        raise AssertionError(f"no sampler for metric kind {kind!r}")  # Spec validates kinds
 
     def start(self) -> None:
         """Start the sampling thread; returns at once. Does nothing if already started or if
@@ -417,7 +469,7 @@ class Collector:
         try:
             self._loop()
         except BaseException:  # the thread must never die loudly; the agent keeps serving
-            log.debug("metrics collector stopped on an unexpected error", exc_info=True)
+            _debug("metrics collector stopped on an unexpected error", exc_info=True)
 
     def _loop(self) -> None:
         for spec, sampler in self._metrics:
@@ -447,7 +499,7 @@ class Collector:
                 after = time.monotonic()
                 slots[i] = max(slots[i] + 1, math.floor((after - start) / spec.interval) + 1)
 
-    def _sample(self, spec: MetricSpec, sampler: _Sampler, tick: _Tick) -> None:
+    def _sample(self, spec: Spec, sampler: _Sampler, tick: _Tick) -> None:
         try:
             value = sampler.sample(tick)
             if value is not None and not self._stopping.is_set():
@@ -457,10 +509,10 @@ class Collector:
         except Exception as exc:
             self._failure(spec, exc)
 
-    def _failure(self, spec: MetricSpec, exc: Exception) -> None:
+    def _failure(self, spec: Spec, exc: Exception) -> None:
         if spec.name not in self._failed:
             self._failed.add(spec.name)
-            log.debug(
+            _debug(
                 "metric %r failed (%s); skipping failed samples from now on quietly",
                 spec.name,
                 exc,

@@ -82,8 +82,6 @@ KINDS: frozenset[str] = frozenset(
     }
 )
 
-# Kinds whose values come from nvidia-smi; the collector drops them where it is missing.
-GPU_KINDS: frozenset[str] = frozenset({"gpu", "gpu_memory", "gpu_memory_total", "gpu_temp"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -294,3 +294,39 @@ def test_lifecycle() -> None:
     collector.stop()
     collector.stop()
     assert not collector_threads()
+
+
+def test_a_node_builds_its_collector_from_the_pools_configuration_as_the_client_wrote_it() -> None:
+    """CONFIGURE carries sky.metrics.to_config's dicts; the node reads them without
+    sky.metrics (node_specs) into the same metrics: names, kinds, intervals, units, params."""
+    specs = (m.CPU(interval=0.5), m.Disk("/", interval=2.0), m.Custom("depth", "echo 3", unit="jobs"),
+             m.MemoryUsed())
+    node = collector_mod.node_specs(m.to_config(specs))
+    assert [(s.name, s.kind, s.interval, s.unit) for s in node] == [(s.name, s.kind, s.interval, s.unit) for s in specs]
+    assert node[1].param("path") == "/" and node[2].param("command") == "echo 3" and node[0].param("x", "d") == "d"
+    assert Collector(node, Recorder()).names == Collector(specs, Recorder()).names
+
+
+def test_the_nodes_metrics_start_imports_no_more_than_it_needs() -> None:
+    """Every node starts its collector right after the pool is configured, beside the first
+    tasks: it must not import sky.metrics (dataclasses and inspect: 14 ms of a node's CPU), nor
+    subprocess, logging or shutil before a command runs or a metric fails."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json\n"
+            "from skyward.bootstrap.metrics import Collector, node_specs\n"
+            "before = set(sys.modules)\n"
+            "config = [{'name': 'cpu', 'kind': 'cpu', 'interval': 0.05, 'unit': '%', 'params': {}},\n"
+            "          {'name': 'disk', 'kind': 'disk', 'interval': 0.05, 'unit': '%', 'params': {'path': '/'}}]\n"
+            "got = []\n"
+            "c = Collector(node_specs(config), lambda *a: got.append(a)); c.start()\n"
+            "import time; time.sleep(0.3); c.stop()\n"
+            "print(json.dumps({'new': sorted(set(sys.modules) - before), 'all': sorted(sys.modules),\n"
+            "                  'names': sorted({a[0] for a in got})}))\n")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    timeout=60).stdout)
+    assert out["names"] == ["cpu", "disk"], out["names"]  # (it did sample)
+    heavy = {"skyward.metrics", "dataclasses", "inspect", "subprocess", "logging", "shutil", "tempfile"}
+    assert not heavy & set(out["all"]), sorted(heavy & set(out["all"]))

@@ -9,7 +9,8 @@ volume:
 * read-write volumes cache written files on the node's disk and upload them a second after
   they are closed. rclone does not wait for those uploads when it is unmounted, so the
   unmount script first asks each mount (its remote-control socket, private to the pool's
-  folder) until nothing is queued or uploading, then unmounts.
+  folder) until nothing is queued or uploading, three times in a row (a file closed just before
+  reaches the queue a moment later), then unmounts.
 
 rclone gets a clean environment (``env -i``): an ``AWS_CA_BUNDLE`` or ``AWS_PROFILE`` of the
 machine must not change what it does (with ``AWS_CA_BUNDLE`` set, rclone refuses plain-http
@@ -173,9 +174,19 @@ unmount() {{
   local sock="$POOL/rclone-$2.sock" pid=""
   [ -f "$POOL/rclone-$2.pid" ] && pid=$(cat "$POOL/rclone-$2.pid")
   if [ -S "$sock" ] && [ -n "$RCLONE" ]; then
+    # Until nothing is queued or uploading in three answers in a row: a file its writer closed
+    # just now enters rclone's queue only when rclone has handled the kernel's release of it,
+    # which FUSE sends after close() returned (and late on a loaded machine). An answer that
+    # does not come is asked again, for 2 s, before the mount is left as it is.
+    local idle=0 failed=0
     for _ in $(seq 1 36000); do
-      stats=$(env -i PATH={PATH} "$RCLONE" rc --unix-socket "$sock" vfs/stats 2>/dev/null) || break
-      echo "$stats" | grep -Eq '"uploads(InProgress|Queued)": [1-9]' || break
+      if ! stats=$(env -i PATH={PATH} "$RCLONE" rc --unix-socket "$sock" vfs/stats 2>/dev/null); then
+        failed=$((failed + 1)); [ "$failed" -lt 20 ] || break
+      elif echo "$stats" | grep -Eq '"uploads(InProgress|Queued)": [1-9]'; then
+        idle=0
+      else
+        idle=$((idle + 1)); [ "$idle" -lt 3 ] || break
+      fi
       sleep 0.1
     done
   fi

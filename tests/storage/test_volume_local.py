@@ -78,6 +78,35 @@ def test_a_read_write_volume_is_in_the_bucket_after_the_pool_closes(s3: S3Server
     assert out.read_text() == "result of part-3.txt"
 
 
+def test_the_unmount_asks_rclone_again_when_an_answer_does_not_come(s3: S3Server, bucket: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files are uploaded a second after they are closed, and rclone drops what is still queued
+    when it is unmounted: the unmount waits until its remote control says nothing is queued.
+    Asked on a loaded machine, that answer may not come; the next is asked for, rather than
+    unmounting at once (which lost the files: the pool closes well within that second)."""
+    from skyward.bootstrap import mounts
+
+    real = mounts.local_rclone()
+    fails = tmp_path / "rc-fails"
+    fails.write_text("2")  # (the first two `rclone rc` calls fail, as under load)
+    wrapper = tmp_path / "rclone"
+    wrapper.write_text(f"""#!/bin/bash
+if [ "$1" = rc ]; then
+  n=$(cat {fails}); if [ "$n" -gt 0 ]; then echo $((n - 1)) > {fails}; exit 1; fi
+fi
+exec {real} "$@"
+""")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(mounts, "local_rclone", lambda: str(wrapper))
+    st = s3.storage()
+    mount = tmp_path / "out"
+    vol = sky.Volume(bucket, str(mount), prefix="runs/2", read_only=False, storage=st)
+    with sky.Compute(nodes=1, volumes=[vol], options=QUIET) as pool:
+        pool.map(lambda i: write_result(str(mount), f"part-{i}.txt"), range(2))
+    assert st.ls(bucket, prefix="runs/2/") == ["runs/2/part-0.txt", "runs/2/part-1.txt"]
+    assert fails.read_text().strip() == "0"  # (both failures were met)
+
+
 def test_an_exception_in_the_block_unmounts(s3: S3Server, bucket: str, tmp_path: Path) -> None:
     mount = str(tmp_path / "data")
     with pytest.raises(RuntimeError, match="user bug"), \

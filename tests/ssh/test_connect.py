@@ -100,6 +100,16 @@ def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_ho
         ssh.destroy(description)
 
 
+def _log_in_and_run(ssh_hosts: Any) -> None:
+    """A new login to a loopback host and one command on it."""
+    h = ssh_hosts(1, mode="loopback")[0]
+    r = Remote(Target(h.address, h.port, h.user, str(h.key_path))).open()
+    try:
+        assert r.run("echo ok")[1].strip() == "ok"
+    finally:
+        r.close()
+
+
 @pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
 def test_a_hosts_global_request_is_acked_at_once(ssh_hosts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """sshd sends "hostkeys-00@openssh.com" right after the login, wanting no answer, while the
@@ -125,12 +135,7 @@ def test_a_hosts_global_request_is_acked_at_once(ssh_hosts: Any, monkeypatch: py
     real = socket.socket.setsockopt
     monkeypatch.setattr(paramiko.Transport, "_parse_global_request", parse)
     monkeypatch.setattr(socket.socket, "setsockopt", setsockopt)
-    h = ssh_hosts(1, mode="loopback")[0]
-    r = Remote(Target(h.address, h.port, h.user, str(h.key_path))).open()
-    try:
-        assert r.run("echo ok")[1].strip() == "ok"
-    finally:
-        r.close()
+    _log_in_and_run(ssh_hosts)
     assert "hostkeys-00@openssh.com" in requests, requests  # (what OpenSSH's sshd sends)
     assert acks and acks[0] >= 1, (requests, acks)
 
@@ -149,11 +154,6 @@ def test_the_ssh_socket_has_tcp_nodelay_before_the_handshake(ssh_hosts: Any, mon
         return made(sock, *args, **kwargs)
 
     monkeypatch.setattr(paramiko, "Transport", transport)
-    h = ssh_hosts(1, mode="loopback")[0]
-    r = Remote(Target(h.address, h.port, h.user, str(h.key_path))).open()
-    try:
-        assert r.run("echo ok")[1].strip() == "ok"
-    finally:
-        r.close()
+    _log_in_and_run(ssh_hosts)
     assert seen and all(seen), seen
 

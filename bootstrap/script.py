@@ -239,8 +239,9 @@ _SHIPPED_NAME = re.compile(r"[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*")
 
 def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[str, int], script: str,
             then: str, lz4_or_gz: tuple[str, str] | None = None) -> str:
-    """The whole start of a node over SSH as one bash text for ``bash -s``: one command, and on a
-    node that has everything no wait for the client within it. It resolves the node's folders as
+    """The whole start of a node over SSH as one bash text, sent first on the command's stdin
+    (``bash_on_stdin``): one command, and on a node that has everything no wait for the client
+    within it. It resolves the node's folders as
     ``node_dirs_command`` does (``SKYWARD_KEEP_POOL`` in its environment keeps a node's folder) and
     prints them; stops after ``@@sudo WHY`` when sudo refuses the Image's apt packages; prints
     ``@@need PATH...``: which of ``files`` (path under SKY -> size) are missing or of another size.

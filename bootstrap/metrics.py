@@ -37,7 +37,7 @@ GPU_KINDS: frozenset[str] = frozenset({"gpu", "gpu_memory", "gpu_memory_total", 
 
 
 class Spec(Protocol):
-    """What the collector reads of a metric (sky.metrics.Spec has it, and _NodeSpec)."""
+    """What the collector reads of a metric (sky.metrics.MetricSpec has it, and _NodeSpec)."""
 
     @property
     def name(self) -> str: ...
@@ -444,7 +444,7 @@ class Collector:
             return _GpuSampler(kind, nvidia_smi)
         if kind == "custom":
             return _CustomSampler(spec.param("command"), spec.interval, self._stopping)
-        raise AssertionError(f"no sampler for metric kind {kind!r}")  # Spec validates kinds
+        raise AssertionError(f"no sampler for metric kind {kind!r}")  # (the client validated the kinds: sky.metrics.MetricSpec)
 
     def start(self) -> None:
         """Start the sampling thread; returns at once. Does nothing if already started or if

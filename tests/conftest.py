@@ -17,6 +17,9 @@ import pytest
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# A run with a thread stuck in a hung call still ends (tests/stuck_threads.py says how).
+from stuck_threads import pytest_sessionfinish, pytest_unconfigure  # noqa: F401
+
 import skyward as sky
 
 

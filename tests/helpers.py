@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 class CustomError(Exception):
@@ -32,3 +35,28 @@ def fresh_python_line(script: str, *args: str, **env: str) -> str:
                           env={**os.environ, **env}, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
+
+
+def within(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread: its value (or its exception, raised here), or
+    the test fails when it has not returned within ``seconds``. The hung call's thread is left
+    behind as a daemon, so it cannot keep the test run from exiting (a ``ThreadPoolExecutor``'s
+    worker would: interpreter shutdown joins it)."""
+    import pytest
+
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the test's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=call, name=f"within-{getattr(fn, '__name__', 'call')}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"no outcome after {seconds} s: the call waits for a task nobody will answer")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -16,11 +16,11 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import within
 
 import skyward as sky
 from skyward.bootstrap.frames import Kind
@@ -56,18 +56,6 @@ class DyingWriter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
-
-
-def _within(seconds: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args)`` in a thread; fail (not hang the suite) if it has not returned in time."""
-    ex = ThreadPoolExecutor(1)
-    future = ex.submit(fn, *args, **kwargs)
-    try:
-        return future.result(timeout=seconds)
-    except TimeoutError:
-        pytest.fail(f"no outcome after {seconds} s: the call waits for a task nobody will answer")
-    finally:
-        ex.shutdown(wait=False)  # a hung call's thread is left behind, not waited for
 
 
 @contextlib.contextmanager
@@ -115,7 +103,7 @@ def test_a_map_chunk_whose_node_dies_before_its_send_runs_again_once(path: str) 
         else:
             assert ch._lane is None
             ch._writer = dying = DyingWriter(ch._writer, ch, agent_pid(pool, 1), Kind.MAP)
-        result = _within(90, pool.map, _add_one, range(2000), chunksize=10)
+        result = within(90, pool.map, _add_one, range(2000), chunksize=10)
         assert dying.fired.is_set(), "the race was not reached"
         assert result == list(range(1, 2001))
 
@@ -135,7 +123,7 @@ def test_a_call_whose_node_dies_before_its_send_runs_once_elsewhere(tmp_path: Pa
         ch = pool.members.channels[1]
         ch._writer = dying = DyingWriter(ch._writer, ch, agent_pid(pool, 1), Kind.TASK)
         future = pool.dispatcher.submit(ch, _note(str(tmp_path), 21), retries=3)
-        assert _within(60, future.result) == 42
+        assert within(60, future.result) == 42
         assert dying.fired.is_set()
         time.sleep(1.0)  # a second run, if there were one, would have written by now
         assert len(list(tmp_path.iterdir())) == 1, sorted(p.name for p in tmp_path.iterdir())
@@ -166,7 +154,7 @@ def test_a_map_notices_a_chunk_whose_outcome_went_missing() -> None:
     with said() as lines, sky.Compute(nodes=2, options=QUIET, worker=sky.Worker(executor="process")) as pool:
         ch = pool.members.channels[0]
         ch._writer = forgetful = ForgetfulWriter(ch._writer, ch, Kind.MAP)
-        result = _within(60, pool.map, _add_one, range(500), chunksize=10)
+        result = within(60, pool.map, _add_one, range(500), chunksize=10)
         assert forgetful.fired.is_set()
         assert result == list(range(1, 501))
     assert any("result never arrived" in line for line in lines), lines
@@ -178,7 +166,7 @@ def test_a_call_notices_that_its_outcome_went_missing(tmp_path: Path) -> None:
         ch = pool.members.channels[0]
         ch._writer = forgetful = ForgetfulWriter(ch._writer, ch, Kind.TASK)
         future = pool.dispatcher.submit(ch, _note(str(tmp_path), 5), retries=3)
-        assert _within(60, future.result) == 10
+        assert within(60, future.result) == 10
         assert forgetful.fired.is_set()
     assert any("result never arrived" in line for line in lines), lines
 
@@ -211,5 +199,5 @@ def test_a_map_survives_a_send_that_fails_with_eof() -> None:
     with sky.Compute(nodes=2, options=QUIET, worker=sky.Worker(executor="process")) as pool:
         ch = pool.members.channels[1]
         ch._writer = dying = EOFWriter(ch._writer, ch, agent_pid(pool, 1), Kind.MAP)
-        assert _within(90, pool.map, _add_one, range(2000), chunksize=10) == list(range(1, 2001))
+        assert within(90, pool.map, _add_one, range(2000), chunksize=10) == list(range(1, 2001))
         assert dying.fired.is_set()

@@ -211,6 +211,9 @@ class _MapRun:
                 self._fill()
             if self.wake.wait(_AUDIT_EVERY):
                 continue
+            # A pool closed or stopped under this call (from another thread, or its exit hooks)
+            # answers nothing more: end the wait with the reason rather than waiting for ever.
+            self.dispatch.check_open()
             # Second line of defence: a chunk that is out on no channel any more, yet whose
             # outcome never arrived, would be waited for forever. Run it again (or fail).
             with self.lock:

@@ -36,6 +36,18 @@ def skyward_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["SKYWARD_HOME"] = old
 
 
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A SKYWARD_HOME of the test's own (``tmp_path/home``, made by whoever writes there first),
+    and no Pulumi backend or passphrase from the caller's environment. Modules whose every test
+    needs it say ``pytestmark = pytest.mark.usefixtures("home")``; a module that needs more of
+    its own overrides it and asks for this one by the same name."""
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    for name in ("PULUMI_BACKEND_URL", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "home"
+
+
 @pytest.fixture(scope="module")
 def pool() -> Iterator[sky.Pool]:
     """A 2-node Local pool shared by the tests of one module."""

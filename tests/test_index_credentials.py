@@ -132,12 +132,11 @@ class PrivateIndex(Index):
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    # A fresh home: nothing cached, so the pool really resolves and installs.
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+def home(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The suite's fresh home, and no package cache: the pool really resolves and installs."""
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-    return tmp_path / "home"
+    return home
 
 
 @pytest.fixture

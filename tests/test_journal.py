@@ -13,12 +13,6 @@ from skyward.observe import events as ev
 from skyward.observe import journal, secrets
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path))
-    return tmp_path
-
-
 def test_the_journal_keeps_two_generations_at_most(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(journal, "MAX_BYTES", 4096)
     for i in range(400):

@@ -212,12 +212,6 @@ def write_record(pool_id: str, spec: sky.Spec) -> str:
     return pool_id
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def test_a_reproduction_asks_for_the_storage_keys_and_index_credentials_again(
         home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     storage = sky.Storage("http://127.0.0.1:9000", STORAGE_KEY, STORAGE_SECRET, path_style=True)

@@ -66,12 +66,6 @@ def _record(name: str, nodes: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def test_a_1000_node_pool_is_shown_from_its_last_probe_and_no_node_is_contacted(
     home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:

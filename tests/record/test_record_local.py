@@ -28,12 +28,6 @@ QUIET = sky.Options(console=False, logging=False)
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
-@pytest.fixture
 def index(tmp_path: Path) -> Iterator[Index]:
     ix = Index(tmp_path / "index")
     ix.publish("1.0")

@@ -39,12 +39,6 @@ def hosts() -> Iterator[SSHHosts]:
         made.close()
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def provider(hosts: SSHHosts) -> Any:
     return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path),
                                       host_key=h.host_public_key) for h in hosts])

@@ -14,11 +14,7 @@ import skyward as sky
 from skyward.errors import RecordError
 from skyward.records import record
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def cloud_record(pool_id: str, instance_type: str, hourly_cost: float | None) -> str:

@@ -6,14 +6,13 @@ back from Pulumi's mocks."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 pulumi = pytest.importorskip("pulumi")
 
-from stackfakes import FakeWorkspace, fresh_mocks, isolated_home  # noqa: E402
+from stackfakes import FakeWorkspace, fresh_mocks  # noqa: E402
 
 import skyward as sky  # noqa: E402
 from skyward.catalogue import Offer  # noqa: E402
@@ -25,9 +24,7 @@ GCP_OFFER = Offer("gcp", "e2-standard-4", "us-central1", 4, 16, "x86_64", on_dem
 ADDED = "198.51.100.0/24"
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolated_home(tmp_path, monkeypatch)
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def _plan(kind: str, detected: str | None, monkeypatch: pytest.MonkeyPatch, extra: list[str] | None = None) -> Any:

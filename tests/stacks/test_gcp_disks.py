@@ -143,10 +143,7 @@ def compute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCom
         thread.join()
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def _gcp_pool(ws: FakeWorkspace, stack: str, pool_id: str) -> CloudPool:

@@ -22,7 +22,6 @@ from stackfakes import (
     LOCK_STDERR,
     FakeWorkspace,
     command_error,
-    isolated_home,
     make_plan,
 )
 
@@ -34,9 +33,7 @@ from skyward.stacks.cloudpool import CloudPool
 PLUGIN = {"aws": "7.51.1"}
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolated_home(tmp_path, monkeypatch)
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def cloud_pool(ws: FakeWorkspace, *, spot: bool = False, fallback: bool = False, zone: str | None = None,

@@ -46,12 +46,6 @@ def two_hosts() -> Iterator[SSHHosts]:
         hosts.close()
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 @sky.function
 def where() -> str:
     return str(sky.instance_info().peers[sky.instance_info().node].private_ip)

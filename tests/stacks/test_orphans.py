@@ -17,11 +17,7 @@ from skyward.named import cli
 from skyward.stacks import keys, orphans
 from skyward.stacks.cloudpool import CloudPool
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def _pool(ws: FakeWorkspace, track: str | None = "aws") -> CloudPool:

@@ -24,10 +24,7 @@ from skyward.stacks.preview import THIS_MACHINE  # noqa: E402
 INSTANCE = "aws:ec2/instance:Instance"
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def _of(out: dict[str, Any], typ: str) -> list[dict[str, str]]:

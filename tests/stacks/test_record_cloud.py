@@ -58,12 +58,6 @@ def hosts() -> Iterator[SSHHosts]:
         made.close()
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def aws_on(ws: FakeWorkspace, hosts: SSHHosts) -> Any:
     return sky.AWS(workspace=ws, user=hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"],
                    install="wheelhouse")  # the test hosts have no index

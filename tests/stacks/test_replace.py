@@ -9,15 +9,12 @@ import pytest
 
 pytest.importorskip("pulumi")
 
-from stackfakes import FakeWorkspace, isolated_home, make_plan
+from stackfakes import FakeWorkspace, make_plan
 
 from skyward.stacks import keys
 from skyward.stacks.cloudpool import CloudPool
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolated_home(tmp_path, monkeypatch)
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def cloud_pool(ws: FakeWorkspace, *, spot: bool) -> CloudPool:

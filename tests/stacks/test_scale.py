@@ -22,7 +22,7 @@ import yaml
 from pulumi import automation as auto
 from pulumi.automation._cmd import CommandResult
 from pulumi.automation._stack_settings import StackSettingsSecureConfigValue
-from stackfakes import FakeWorkspace, isolated_home, make_plan
+from stackfakes import FakeWorkspace, make_plan
 
 from skyward.errors import StackError
 from skyward.stacks import engine, keys
@@ -31,9 +31,7 @@ from skyward.stacks.cloudpool import CloudPool
 SANE = 4096  # bytes: the longest argument a Pulumi command line should need here
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolated_home(tmp_path, monkeypatch)
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def _addresses(n: int) -> list[str]:

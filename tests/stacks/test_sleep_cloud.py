@@ -7,13 +7,12 @@ mocks (skyward.stacks.preview.resources); closing still destroys in one go."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pulumi")
 
-from stackfakes import FakeWorkspace, isolated_home, make_plan
+from stackfakes import FakeWorkspace, make_plan
 
 import skyward as sky
 from skyward.stacks import aws, gcp, keys
@@ -23,9 +22,7 @@ from skyward.stacks.preview import resources
 INSTANCE = "aws:ec2/instance:Instance"
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolated_home(tmp_path, monkeypatch)
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def _ops(ws: FakeWorkspace) -> list[str]:

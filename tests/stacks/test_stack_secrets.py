@@ -21,7 +21,7 @@ import pytest
 
 pulumi = pytest.importorskip("pulumi")
 
-from stackfakes import FakeWorkspace, fresh_mocks, isolated_home  # noqa: E402
+from stackfakes import FakeWorkspace, fresh_mocks  # noqa: E402
 
 import skyward as sky  # noqa: E402
 from skyward.catalogue import Offer  # noqa: E402
@@ -35,9 +35,7 @@ SECRETS = (STORAGE_KEY, STORAGE_SECRET, INDEX_PASSWORD, ENV_SECRET)
 OFFER = Offer("aws", "m7i.large", "us-east-1", 2, 8, "x86_64", on_demand=0.1)
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return isolated_home(tmp_path, monkeypatch)
+pytestmark = pytest.mark.usefixtures("home")  # a SKYWARD_HOME of its own (conftest)
 
 
 def secret_spec() -> sky.Spec:

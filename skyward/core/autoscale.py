@@ -83,8 +83,8 @@ class Autoscaler:
             with members.lock:
                 if members.joining or members.waking is not None:
                     continue  # nodes on their way (Nodes(min=), a wake) are not idle ones
-                live = [ch for ch in members.channels if ch.lost is None]
-                size = len(members.channels)  # a lost node being replaced still counts: no scale-up
+                live = [m.channel for m in members.table if m.channel.lost is None]
+                size = len(members.table)  # a lost node being replaced still counts: no scale-up
             busy = sum(ch.inflight for ch in live)
             now = time.monotonic()
             idle_since = state.idle_since  # decide() clears it when it shrinks the pool

@@ -38,7 +38,7 @@ from ..health import HealthChecker, NodeCheck, verdict
 from ..observe import events as ev
 from ..spec import Options
 from .dispatch import decode_result
-from .membership import Membership
+from .membership import Membership, NodeState
 
 if TYPE_CHECKING:
     from ..runtime.collections import ClientState
@@ -101,7 +101,7 @@ class Healing:
             target=self._replace, args=(rank, ch, reason, time.monotonic(), close),
             name=f"skyward-replace-{rank}", daemon=True,
         )
-        unchecked = self.members.claim_for_replacement(rank, ch, thread)
+        unchecked = self.members.claim_for_replacement(rank, ch)
         if unchecked is None:
             return
         if unchecked:  # it never passed a health check: a failed attempt
@@ -256,11 +256,9 @@ class Healing:
             return
         self.start_health_checks()
         with members.changed:
-            while not members.closed:
-                if not any(ch in members.unchecked and ch not in members.given_up for ch in members.channels):
-                    break
+            while not members.closed and members.warming():
                 members.changed.wait(0.25)
-            if members.channels and not members.ready():
+            if members.table and not members.ready():
                 raise members.no_node_error()
 
     def _health_loop(self) -> None:
@@ -274,11 +272,12 @@ class Healing:
         checks: dict[NodeChannel, _Check] = {}
         while not members.stop.wait(tick):
             now = time.monotonic()
-            ranked = members.ranked()
-            for ch in [c for c in checks if all(c is not other for _, other in ranked)]:
+            records = members.records()
+            for ch in [c for c in checks if all(c is not m.channel for m in records)]:
                 del checks[ch]
-            for rank, ch in ranked:
-                if ch.lost is not None or ch in members.replacing:
+            for m in records:
+                rank, ch = m.rank, m.channel
+                if ch.lost is not None or m.state is NodeState.REPLACING:
                     continue
                 check = checks.get(ch)
                 if check is None:

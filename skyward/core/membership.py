@@ -1,10 +1,9 @@
 """Membership: which nodes the pool has and which of them take tasks.
 
-One part of a ``Pool`` (skyward.core.pool). It owns the node table (the endpoints the provider
-gave and the channels to their agents, in rank order: 0 is the head) and each node's readiness
-(``unchecked``: no health check passed yet; ``replacing``; ``given_up``; ``joining``: nodes of
-``Nodes(min=)`` still on their way), the pool's lifecycle flags (``closed``, ``stopped``) and the
-lease heartbeat. It connects and configures nodes, adds and removes them, and tells the parts
+One part of a ``Pool`` (skyward.core.pool). It owns the node table: one ``Member`` per node, in
+rank order (0 is the head), each with the endpoint the provider gave, the channel to its agent
+and one ``NodeState``; besides it, ``joining`` counts the nodes of ``Nodes(min=)`` still on their
+way. It also holds the pool's lifecycle flags (``closed``, ``stopped``) and the lease heartbeat. It connects and configures nodes, adds and removes them, and tells the parts
 above it what is ready: dispatch asks ``ready()``/``wait_ready()``/``wait_rank()``, healing
 changes a node's readiness through the methods under "for healing". It calls no other part:
 what happens on a loss, to a nested task or to the collections is wired in by the pool
@@ -21,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.bootstrap.channel import NodeChannel
@@ -38,6 +38,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyward")
 
 Pairs = list[tuple[Any, NodeChannel]]  # (endpoint, channel) in rank order
+
+
+class NodeState(Enum):
+    """Where a node of the table stands. The channel's own ``lost`` says the connection is gone
+    the instant it goes; the state is what the pool made of it."""
+
+    UNCHECKED = "unchecked"  # connected, configured or about to be; no health check passed yet: no tasks
+    READY = "ready"  # takes tasks (while its channel is not lost)
+    # its channel went and no replacement is under way (one that never passed a check stays
+    # UNCHECKED until healing claims it: that loss counts as a failed attempt of its rank)
+    LOST = "lost"
+    REPLACING = "replacing"  # healing is bringing a node to its rank
+    GIVEN_UP = "given up"  # it will not be replaced (``Member.why`` says why)
+
+
+@dataclass(eq=False, slots=True)
+class Member:
+    """One node of the pool: everything the pool keeps about it, in one place."""
+
+    rank: int  # its position in the table: 0 is the head
+    endpoint: Any  # the provider's NodeEndpoint: its index, addresses, how to connect
+    channel: NodeChannel
+    state: NodeState
+    why: BaseException | None = None  # GIVEN_UP: the last error of its replacement
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +119,8 @@ class Membership:
         self.pid = os.getpid()
         self.lock = threading.RLock()  # guards everything below; `changed` is notified on changes
         self.changed = threading.Condition(self.lock)
-        self.endpoints: list[Any] = []
-        self.channels: list[NodeChannel] = []  # replaced whole or changed under the lock
+        self.table: list[Member] = []  # in rank order; replaced whole or changed under the lock
         self.nodes: Nodes = spec.node_spec  # the size asked for (resize changes it)
-        self.unchecked: set[NodeChannel] = set()  # no health check passed yet: no tasks
-        self.replacing: dict[NodeChannel, threading.Thread] = {}
-        self.given_up: dict[NodeChannel, BaseException] = {}
         self.joining = 0  # nodes of Nodes(min=) still coming
         self.drift: dict[str, tuple[str, str, int]] = {}  # package -> (version here, on a node, that node)
         self.closed = False
@@ -123,6 +143,27 @@ class Membership:
 
     def attach(self, cluster: Cluster) -> None:
         self.cluster = cluster
+
+    @property
+    def channels(self) -> list[NodeChannel]:
+        """The nodes' channels in rank order (a copy: the table is changed through the methods)."""
+        return [m.channel for m in self.table]
+
+    def _member(self, ch: NodeChannel) -> Member | None:
+        """The record of the node on ``ch``, while it is in the table (call with the lock held)."""
+        return next((m for m in self.table if m.channel is ch), None)
+
+    def _at(self, rank: int, ch: NodeChannel) -> Member | None:
+        """The record at ``rank`` if ``ch`` is still the node there (call with the lock held)."""
+        table = self.table
+        return table[rank] if rank < len(table) and table[rank].channel is ch else None
+
+    def _append(self, endpoint: Any, ch: NodeChannel, state: NodeState) -> None:
+        self.table.append(Member(len(self.table), endpoint, ch, state))
+
+    def _first_state(self) -> NodeState:
+        """A new node's state: with a health checker, no tasks before a check has passed."""
+        return NodeState.READY if self.options.health_checker is None else NodeState.UNCHECKED
 
     # -- whose pool it is ------------------------------------------------------------------------
     def foreign(self) -> bool:
@@ -147,8 +188,7 @@ class Membership:
     # -- what takes tasks (dispatch and batches ask) ---------------------------------------------
     def ready(self) -> list[NodeChannel]:
         """The nodes that take tasks now, in rank order."""
-        unchecked = self.unchecked
-        return [ch for ch in self.channels if ch.lost is None and ch not in unchecked]
+        return [m.channel for m in self.table if m.state is NodeState.READY and m.channel.lost is None]
 
     def node_may_come(self) -> bool:
         """Whether a node can take tasks now or later (a lost one may be replaced, an asleep
@@ -157,7 +197,7 @@ class Membership:
             return False
         with self.lock:
             return self.joining > 0 or self.waking is not None or self.asleep() or any(
-                ch.lost is None or ch not in self.given_up for ch in self.channels)
+                m.channel.lost is None or m.state is not NodeState.GIVEN_UP for m in self.table)
 
     def wait_ready(self) -> list[NodeChannel]:
         """The ready nodes, waiting while none is (raises when none will come back). An asleep
@@ -179,7 +219,7 @@ class Membership:
         """No node, none on its way, and the pool may have none: an elastic pool whose floor is 0
         (``Nodes(desired=0, max=N)``, or ``Nodes(desired=N, min=0, max=M)`` once it reaped to zero)."""
         nodes = self.nodes
-        return (not self.closed and not self.channels and not self.joining
+        return (not self.closed and not self.table and not self.joining
                 and nodes.floor == 0 and (nodes.max or 0) > 0)
 
     def _wake_if_asleep(self) -> None:
@@ -202,7 +242,7 @@ class Membership:
             self.wake_error = exc
             self.emit(ev.Error(pool=self.pool_id, message=f"the pool could not wake: {exc}"))
         else:
-            self.emit(ev.ClusterWoke(pool=self.pool_id, nodes=len(self.channels),
+            self.emit(ev.ClusterWoke(pool=self.pool_id, nodes=len(self.table),
                                      seconds=time.monotonic() - started))
         finally:
             with self.changed:
@@ -213,25 +253,27 @@ class Membership:
         """The node at ``rank``, waiting while it is being replaced or checked."""
         with self.changed:
             while True:
-                ch = self.channels[rank] if rank < len(self.channels) else None
-                if ch is None and (self.waking is not None or self.asleep()):
+                table = self.table
+                m = table[rank] if rank < len(table) else None
+                if m is None and (self.waking is not None or self.asleep()):
                     self._wake_if_asleep()
                     self.changed.wait(0.25)
                     continue
-                if ch is None:
+                if m is None:
                     raise NodeLostError(f"node rank {rank} left the pool (it was resized) before the task was sent.")
-                if ch.lost is None and ch not in self.unchecked:
+                ch = m.channel
+                if m.state is NodeState.READY and ch.lost is None:
                     return ch
-                if ch in self.given_up:
+                if m.state is NodeState.GIVEN_UP:
                     raise self.no_node_error(rank)
                 if self.closed:
                     raise PoolClosedError("the pool was closed while a task waited for its node.")
-                if ch.lost is not None and ch not in self.replacing:
+                if ch.lost is not None and m.state is not NodeState.REPLACING:
                     return ch  # lost this instant; its replacement has not been asked for yet
                 self.changed.wait(0.25)
 
     def no_node_error(self, rank: int | None = None) -> NodeLostError:
-        why = next(iter(self.given_up.values()), None)
+        why = next((m.why for m in self.table if m.state is NodeState.GIVEN_UP), None)
         what = f"node rank {rank} could not be replaced" if rank is not None else "no node of the pool is left"
         return NodeLostError(
             f"{what}: {why or 'every node was lost'}. Open a new pool, or raise "
@@ -248,24 +290,30 @@ class Membership:
 
     def size(self) -> int:
         """Nodes in the table, lost ones being replaced included."""
-        return len(self.channels)
+        return len(self.table)
+
+    def records(self) -> list[Member]:
+        """The table as it is now (the records themselves: their state moves on)."""
+        with self.lock:
+            return list(self.table)
 
     def ranked(self) -> list[tuple[int, NodeChannel]]:
         with self.lock:
-            return list(enumerate(self.channels))
+            return [(m.rank, m.channel) for m in self.table]
 
     def pairs(self) -> Pairs:
         with self.lock:
-            return list(zip(self.endpoints, self.channels, strict=False))
+            return [(m.endpoint, m.channel) for m in self.table]
 
     def head(self) -> NodeChannel | None:
-        channels = self.channels
-        return channels[0] if channels else None
+        table = self.table
+        return table[0].channel if table else None
 
     def snapshot(self) -> PoolSnapshot:
         slots = self.worker.slots
         nodes = []
-        for rank, (endpoint, ch) in enumerate(self.pairs()):
+        for m in self.records():
+            rank, endpoint, ch = m.rank, m.endpoint, m.channel
             inflight = ch.inflight
             nodes.append(NodeSnapshot(
                 rank=rank, node=ch.node, state="ready" if ch.lost is None else "lost",
@@ -288,19 +336,19 @@ class Membership:
         thread = threading.Thread(target=self._join, args=(stream, failures), name="skyward-join", daemon=True)
         thread.start()
         with self.changed:
-            while len(self.channels) < nodes.min:
+            while len(self.table) < nodes.min:
                 if self.joining == 0 or len(failures) > nodes.desired - nodes.min:
                     break
                 self.changed.wait(0.25)
-        if len(self.channels) < nodes.min:
+        if len(self.table) < nodes.min:
             thread.join()
             raise failures[0] if failures else ProviderError(f"fewer than Nodes(min={nodes.min}) nodes started.")
         log.info("pool %s: %d of %d node(s) ready (min=%d); the others join as they come",
-                 self.pool_id, len(self.channels), nodes.desired, nodes.min)
+                 self.pool_id, len(self.table), nodes.desired, nodes.min)
         return False
 
     def ready_at_last(self) -> None:
-        self.emit(ev.ClusterReady(pool=self.pool_id, nodes=len(self.channels),
+        self.emit(ev.ClusterReady(pool=self.pool_id, nodes=len(self.table),
                                   seconds=time.monotonic() - self.requested))
 
     def _join(self, stream: Iterator[Any], failures: list[BaseException]) -> None:
@@ -327,13 +375,13 @@ class Membership:
             with self.changed:
                 self.joining = 0
                 self.changed.notify_all()
-        missing = self.nodes.desired - len(self.channels)
-        if missing > 0 and not self.closed and self.channels:
+        missing = self.nodes.desired - len(self.table)
+        if missing > 0 and not self.closed and self.table:
             try:  # one more go for the nodes that failed, all at once
                 self.scale_to(self.nodes.desired)
             except Exception as exc:
                 self.emit(ev.Error(pool=self.pool_id, message=(
-                    f"the pool runs with {len(self.channels)} of {self.nodes.desired} node(s): {exc}")))
+                    f"the pool runs with {len(self.table)} of {self.nodes.desired} node(s): {exc}")))
                 return
         if not self.closed:
             self.ready_at_last()
@@ -349,12 +397,10 @@ class Membership:
             self.cluster.stop([endpoint])
             return
         with self.resize_lock:
-            with self.lock:
-                self.endpoints.append(endpoint)
-                self.channels.append(ch)
-                self.unchecked.add(ch)  # no tasks before its CONFIGURE (and its first health check)
+            with self.lock:  # no tasks before its CONFIGURE (and its first health check)
+                self._append(endpoint, ch, NodeState.UNCHECKED)
             self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
-            self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.channels)))
+            self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.table)))
             self.configure_all()
             if self.options.health_checker is None:
                 self.mark_checked(ch)
@@ -367,8 +413,8 @@ class Membership:
             self.emit(ev.InstanceProvisioned(
                 pool=self.pool_id, node=e.index, hostname=e.hostname, private_ip=e.private_ip,
             ))
-        self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.channels) + len(endpoints)))
-        head = endpoints[0] if not self.channels else None  # a pool's first node is its head
+        self.emit(ev.ClusterProvisioned(pool=self.pool_id, nodes=len(self.table) + len(endpoints)))
+        head = endpoints[0] if not self.table else None  # a pool's first node is its head
 
         def connect(endpoint: Any) -> NodeChannel:
             ch = self.connect(endpoint)
@@ -381,10 +427,8 @@ class Membership:
         for ch in channels:
             self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
         with self.lock:
-            self.endpoints.extend(endpoints)
-            self.channels.extend(channels)
-            if self.options.health_checker is not None:  # no tasks before a check has passed
-                self.unchecked.update(channels)
+            for endpoint, ch in zip(endpoints, channels, strict=True):
+                self._append(endpoint, ch, self._first_state())
         self.configure_all()
 
     # -- one node's connection -------------------------------------------------------------------
@@ -450,6 +494,10 @@ class Membership:
         except Exception:  # the provider's account is a courtesy: the loss itself must come out
             log.debug("pool %s: the provider could not say why node %d was lost", self.pool_id, node, exc_info=True)
         log.warning("pool %s: node %d was lost (%s)", self.pool_id, node, reason)
+        with self.lock:  # one that never passed a check stays UNCHECKED: its loss is a failed attempt
+            for m in self.table:
+                if m.channel.node == node and m.state is NodeState.READY:
+                    m.state = NodeState.LOST
         self.emit(ev.InstanceLost(pool=self.pool_id, node=node, reason=reason))
         try:
             self.cluster.node_lost(node)
@@ -485,8 +533,7 @@ class Membership:
     def configure_all(self) -> None:
         """Tell every node the pool as it is now: its rank and peers, the worker settings, the
         metrics, the plugins and where the collections are served."""
-        with self.lock:
-            pairs = list(zip(self.endpoints, self.channels, strict=True))
+        pairs = self.pairs()
         settings = self.worker.agent_settings()
         metrics = to_config(self.spec.image.metrics)  # Image normalized them already
         state = self.state_address(pairs)  # where the head node serves collections
@@ -530,17 +577,16 @@ class Membership:
         how long the pool had been idle, when the autoscaler shrinks it (said when it sleeps)."""
         with self.resize_lock:
             with self.lock:
-                current = len(self.channels)
+                current = len(self.table)
             if target > current:
                 self.add_nodes(target - current)
                 return
             if target == current:
                 return
             with self.lock:
-                leaving = self.channels[target:]
-                endpoints = self.endpoints[target:]
-                self.channels = self.channels[:target]
-                self.endpoints = self.endpoints[:target]
+                gone, self.table = self.table[target:], self.table[:target]
+            leaving = [m.channel for m in gone]
+            endpoints = [m.endpoint for m in gone]
             deadline = time.monotonic() + self.options.shutdown_timeout
             while any(ch.inflight for ch in leaving) and time.monotonic() < deadline:
                 self.stop.wait(0.05)
@@ -566,9 +612,9 @@ class Membership:
         # A node silent this long (no answer to a ping, no byte at all) is lost: its tasks move.
         limit = max(10.0, 5 * interval)
         while not self.stop.wait(interval):
-            for ch in list(self.channels):
+            for ch in self.channels:
                 ch.ping()
-            for ch in list(self.channels):
+            for ch in self.channels:
                 ch.check_silence(limit)
             for tick in list(self.on_heartbeat):
                 try:
@@ -582,76 +628,85 @@ class Membership:
             if self.closed:
                 return None
             self.closed = True
-            channels, self.channels = self.channels, []
+            table, self.table = self.table, []
             self.changed.notify_all()
         self.stop.set()
-        return channels
+        return [m.channel for m in table]
 
     # -- for healing: a node's readiness ---------------------------------------------------------
     def at(self, rank: int, ch: NodeChannel) -> Any | None:
         """The endpoint at ``rank`` if ``ch`` is still the node there (else None)."""
         with self.lock:
-            if rank < len(self.channels) and self.channels[rank] is ch:
-                return self.endpoints[rank]
-            return None
+            m = self._at(rank, ch)
+            return m.endpoint if m is not None else None
 
-    def claim_for_replacement(self, rank: int, ch: NodeChannel, thread: threading.Thread) -> bool | None:
-        """Record that ``thread`` replaces ``ch`` (at ``rank``); None when it needs no
-        replacement (the pool closed, it is being replaced or given up, or it left); else
-        whether it had never passed a health check."""
+    def claim_for_replacement(self, rank: int, ch: NodeChannel) -> bool | None:
+        """Mark ``ch`` (at ``rank``) as being replaced; None when it needs no replacement (the
+        pool closed, it is being replaced or given up, or it left); else whether it had never
+        passed a health check."""
         with self.lock:
-            if self.closed or ch in self.replacing or ch in self.given_up:
+            m = self._at(rank, ch)  # None: the pool shrank past it meanwhile
+            if self.closed or m is None or m.state in (NodeState.REPLACING, NodeState.GIVEN_UP):
                 return None
-            if rank >= len(self.channels) or self.channels[rank] is not ch:
-                return None  # the pool shrank past it meanwhile
-            self.replacing[ch] = thread
-            return ch in self.unchecked
+            unchecked = m.state is NodeState.UNCHECKED
+            m.state = NodeState.REPLACING
+            return unchecked
 
     def replaced(self, ch: NodeChannel) -> None:
-        """The replacement of ``ch`` ended, however it did."""
+        """The replacement of ``ch`` ended, however it did (a node swapped in has left the old
+        one's record behind; one given up stays so)."""
         with self.changed:
-            self.replacing.pop(ch, None)
+            m = self._member(ch)
+            if m is not None and m.state is NodeState.REPLACING:
+                m.state = NodeState.LOST
             self.changed.notify_all()
 
     def swap(self, rank: int, old: NodeChannel, endpoint: Any, ch: NodeChannel) -> bool:
         """Put a new node in ``old``'s place (unchecked until configured); False when the pool
         closed or shrank past ``rank`` meanwhile."""
         with self.changed:
-            if self.closed or rank >= len(self.channels) or self.channels[rank] is not old:
+            if self.closed or self._at(rank, old) is None:
                 return False
-            self.channels[rank] = ch
-            self.endpoints[rank] = endpoint
-            self.unchecked.add(ch)  # no tasks before its CONFIGURE (and its first health check)
+            # no tasks before its CONFIGURE (and its first health check)
+            self.table[rank] = Member(rank, endpoint, ch, NodeState.UNCHECKED)
             return True
 
     def insert(self, rank: int, endpoint: Any, ch: NodeChannel) -> None:
         """A node in place of a dead one of an attached pool, at ``rank``."""
         with self.lock:
-            self.endpoints.insert(rank, endpoint)
-            self.channels.insert(rank, ch)
-            if self.options.health_checker is not None:
-                self.unchecked.add(ch)
+            self.table.insert(rank, Member(rank, endpoint, ch, self._first_state()))
+            for later in self.table[rank + 1:]:
+                later.rank += 1
 
     def rank_for_index(self, index: int) -> int:
         with self.lock:
-            return sum(1 for e in self.endpoints if e.index < index)
+            return sum(1 for m in self.table if m.endpoint.index < index)
 
     def mark_checked(self, ch: NodeChannel) -> bool:
-        """``ch`` takes tasks from now on; False when it already did."""
+        """``ch`` takes tasks from now on; False when it already did (or no longer can)."""
         with self.changed:
-            if ch not in self.unchecked:
+            m = self._member(ch)
+            if m is None or m.state is not NodeState.UNCHECKED:
                 return False
-            self.unchecked.discard(ch)
+            m.state = NodeState.READY
             self.changed.notify_all()
             return True
 
     def give_up(self, ch: NodeChannel, error: BaseException) -> int:
         """``ch`` will not be replaced; returns how many nodes are still ready."""
         with self.changed:
-            self.given_up[ch] = error
+            m = self._member(ch)
+            if m is not None:
+                m.state, m.why = NodeState.GIVEN_UP, error
             self.changed.notify_all()
             return len(self.ready())
 
+    def warming(self) -> bool:
+        """Whether a node has yet to pass its first health check: one unchecked, or one being
+        replaced (its replacement comes unchecked)."""
+        with self.lock:
+            return any(m.state in (NodeState.UNCHECKED, NodeState.REPLACING) for m in self.table)
+
     def ranks_of(self, node: int) -> list[tuple[int, NodeChannel]]:
         with self.lock:
-            return [(rank, ch) for rank, ch in enumerate(self.channels) if ch.node == node]
+            return [(m.rank, m.channel) for m in self.table if m.channel.node == node]

@@ -153,8 +153,8 @@ def snapshot(pool: Pool) -> dict[str, Any]:
     except Exception:  # a price lookup must not stop the pool from showing
         cost = None
     members = pool.members
-    nodes = [{"index": ch.node, "hostname": e.hostname, "private_ip": e.private_ip,
-              "lost": ch.lost is not None} for e, ch in members.pairs()]
+    nodes = [{"index": m.channel.node, "hostname": m.endpoint.hostname, "private_ip": m.endpoint.private_ip,
+              "lost": m.channel.lost is not None} for m in members.records()]
     return {
         "id": pool.id,
         "name": pool.name,

@@ -4,17 +4,18 @@ It listens on a Unix socket in the node's 0700 folder (a Local node's, or, with 
 an SSH, cloud or Slurm node's, which the client reaches through sshd's streamlocal forwarding or
 a relay: no other user of the node can connect at all), or else on 127.0.0.1, and admits a
 client only after both proved the pool's secret (handshake.py). Tasks arrive as frames on that
-one connection and are relayed, unopened, to worker processes that it
-starts, watches and replaces (a task that kills its process gets an error, the node keeps
-serving). It holds a lease from the client: when nobody has renewed it for ``ttl`` seconds,
-the agent stops its workers and exits, so a crashed or killed client leaves nothing behind.
+one connection and are relayed, unopened, to worker processes, which the agent's supervisor
+(supervisor.py) starts, watches and replaces (a task that kills its process gets an error, the
+node keeps serving); the agent serves the connections, holds the lease and routes the frames.
+It holds a lease from the client: when nobody has renewed it for ``ttl`` seconds, the agent
+stops its workers and exits, so a crashed or killed client leaves nothing behind.
 
 Plugins come with the first CONFIGURE (cloudpickled, base64): the agent forwards them to its
-workers and applies their launcher hooks to the worker command. A launched worker (``accelerate
-launch``...) may be several processes; each connects back to the agent on a Unix socket
-instead of inheriting one. A task that submits work to the pool (nested dispatch) sends a
-SUBMIT frame, which the agent relays to the client that sent the task; while it waits, the
-task's slot is lent to other tasks.
+workers, and the supervisor applies their launcher hooks to the worker command. A launched
+worker (``accelerate launch``...) may be several processes; each connects back to the agent on
+a Unix socket instead of inheriting one. A task that submits work to the pool (nested dispatch)
+sends a SUBMIT frame, which the agent relays to the client that sent the task; while it waits,
+the task's slot is lent to other tasks.
 
 One JSON line on stdout tells whoever started the agent where it listens: ``{"port": 41234,
 "pid": 1234}`` (``{"unix": PATH, ...}`` with ``--unix``; ``{"error": ...}`` when it cannot). The
@@ -24,11 +25,9 @@ pool's secret comes in the environment, never on argv.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -36,11 +35,9 @@ import time
 from pathlib import Path
 
 from . import serialize, shm, versions
-from .forked import Forked, fork_worker
 from .frames import (
     FLAG_STREAM_IN,
     FLAG_STREAM_OUT,
-    HEADER,
     NESTED,
     Frame,
     FrameReader,
@@ -49,12 +46,12 @@ from .frames import (
     tune,
 )
 from .handshake import AGENT, COLLECTIONS, LANE, Gate, Refused, admit, derive
-from .lane import LaneCount
-from .listeners import unix_listener
+from .listeners import close as _close
+from .listeners import unlink as _unlink
+from .supervisor import Supervisor, WorkerProc, exit_reason
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
     from typing import Any
 
 PROTOCOL = 2  # 2: the challenge-response handshake (handshake.py)
@@ -85,21 +82,6 @@ class Route:
         self.spilled = spilled if spilled is not None else []
 
 
-class WorkerProc:
-    __slots__ = ("capacity", "index", "inflight", "lane", "lane_count", "launched", "lent", "proc",
-                 "retiring", "sock", "writer")
-
-    def __init__(self, index: int, proc: subprocess.Popen[bytes] | Forked, writer: FrameWriter, sock: socket.socket,
-                 capacity: int, launched: bool = False) -> None:
-        self.index, self.proc, self.writer, self.sock, self.capacity = index, proc, writer, sock, capacity
-        self.inflight: dict[int, Route] = {}
-        self.retiring = False
-        self.lent = 0  # slots lent by tasks of this worker that wait for nested work
-        self.launched = launched  # started by a plugin launcher: shares its process with others
-        self.lane: str | None = None  # where its lane listens (lane.py), when clients may use it
-        self.lane_count: LaneCount | None = None  # how many lane tasks it runs now
-
-
 class Agent:
     def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None) -> None:
         # Keys, not the secret: what a worker gets (lane, collections) opens no agent.
@@ -107,10 +89,9 @@ class Agent:
         self.lane_key = derive(token, LANE).hex()
         self.state_key = derive(token, COLLECTIONS)
         # Connections still in their handshake, few at once: a gate per listener (serve), so a
-        # flood of one (the direct TCP listener) leaves the others open, and one for workers a
-        # plugin launcher started.
+        # flood of one (the direct TCP listener) leaves the others open (workers a plugin
+        # launcher started have theirs: supervisor.py).
         self.gate = Gate(per_source=16)  # the Unix socket's (one user) or the loopback port's
-        self.launch_gate = Gate(per_source=16)
         # This node's shared-memory folder, for pools whose client is on another host (made
         # at the first CONFIGURE without a pool-wide one): large buffers from the client are
         # received straight into segments there and mapped by the workers, and the workers'
@@ -121,35 +102,43 @@ class Agent:
         self.orphaned = False
         self.lock = threading.RLock()
         self.conns: list[Conn] = []
-        self.workers: list[WorkerProc] = []
         self.pending: collections.deque[tuple[int, Route, Frame]] = collections.deque()
         self.routes: dict[int, Route] = {}
         self.tids = itertools.count(1)
         self.renewed = time.monotonic()
         self.stopping = threading.Event()
+        # The worker processes: started, kept spare, launched, retired, watched (supervisor.py).
+        self.supervisor = Supervisor(self, self.lock, self.stopping)
         self.config: dict[str, Any] | None = None
         self.settings: dict[str, Any] = {}
         self.collector: Any = None
         self.metric_specs: list[dict[str, Any]] = []  # sampled once the first CONFIGURE is answered
-        self.launchers: list[Any] = []
-        # Plugin launchers' socket folders and listeners: removed when the agent stops.
-        self.launch_dirs: list[str] = []
-        self.launch_listeners: list[socket.socket] = []
         # agent id -> (worker, the worker's id, the submitting task's route) for nested SUBMITs
         self.nested: dict[int, tuple[WorkerProc, int, Route | None]] = {}
         self.state: Any = None  # the pool's collections (state.StateServer), on the head node
         # (id(connection), client's task id) -> agent task id, for streaming tasks: CREDIT, STOP
         # and FEED frames from the client name the task by the client's id.
         self.streaming: dict[tuple[int, int], int] = {}
-        self.spare: tuple[subprocess.Popen[bytes] | Forked, socket.socket, _LaneSetup | None] | None = None  # see prestart
-        # Where workers' lane listeners go (lane.py): beside the agent's own Unix socket, when
-        # it has one (a Local node: its clients are on this host).
-        self.lane_dir: str | None = None
         # The folder of the agent's Unix socket on a node reached over SSH (--socket): the
         # collections' socket for this node's own workers goes there too (state.py).
         self.socket_dir: str | None = None
-        self.lane_ids = itertools.count(1)
         self.sealed_at: set[tuple[str, int]] = set()  # the direct listeners' addresses (see serve)
+
+    @property
+    def lane_dir(self) -> str | None:
+        """Where workers' lane listeners go (lane.py), and the collections' socket for this
+        node's workers: beside the agent's own Unix socket, when it has one (a Local node: its
+        clients are on this host)."""
+        return self.supervisor.lane_dir
+
+    @lane_dir.setter
+    def lane_dir(self, folder: str | None) -> None:
+        self.supervisor.lane_dir = folder
+
+    @property
+    def workers(self) -> list[WorkerProc]:
+        """The node's workers (the supervisor's list: change it only through the supervisor)."""
+        return self.supervisor.workers
 
     # -- lifecycle ---------------------------------------------------------------------------
     def serve(self, listener: socket.socket, *more: socket.socket) -> None:
@@ -168,13 +157,9 @@ class Agent:
             collector = self.collector
         if collector is not None:
             collector.stop()
-        self._stop_workers()
-        for launch_listener in self.launch_listeners:
-            launch_listener.close()
-        import shutil  # (here: shutil, base64 and shlex cost every node's start 4 ms)
+        self.supervisor.stop()
+        import shutil  # (here: shutil costs every node's start 4 ms)
 
-        for folder in self.launch_dirs:
-            shutil.rmtree(folder, ignore_errors=True)
         with self.lock:
             for c in self.conns:
                 _close(c.sock)
@@ -196,30 +181,6 @@ class Agent:
             if self.ttl > 0 and time.monotonic() - self.renewed > self.ttl:
                 self.orphaned = True
                 self.shutdown(f"no client renewed the lease for {self.ttl:g} s (ttl)")
-
-    def _stop_workers(self) -> None:
-        import subprocess
-
-        self._drop_spare()
-        with self.lock:
-            workers = list(self.workers)
-            for w in workers:
-                w.retiring = True
-        for w in workers:
-            _unlink(w.lane)
-            try:
-                w.proc.terminate()  # a worker busy in tasks reads no frames; SIGTERM reaches it
-            except OSError:
-                pass
-        deadline = time.monotonic() + 3
-        for w in workers:
-            try:
-                w.proc.wait(max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            # The whole group: processes a task started must not outlive the node either.
-            _kill_group(w.proc)
-            w.proc.wait()
 
     # -- client connections ------------------------------------------------------------------
     def _accept(self, listener: socket.socket, gate: Gate) -> None:
@@ -350,22 +311,13 @@ class Agent:
                 if not config.get("spill"):
                     self.node_spill = _node_spill_dir()
                 self.settings = config["worker"]
-                self.launchers = _launchers(config.get("plugins"))
-                n = self.settings["processes"]
-                command = self._launch_command()
-                if command is not None:
-                    self._drop_spare()
-                if command is None:
-                    for i in range(n):
-                        self.workers.append(self._spawn(i))
-                else:
-                    self._launch(command)
+                self.supervisor.start(self.settings, config["topology"], config.get("plugins"))
                 # Started once the client has its answer (_serve_conn): the sampler's imports
                 # cost the first task 20 ms of a node's CPU when they come before it.
                 self.metric_specs = config.get("metrics") or []
             else:  # topology changed (resize): tell every live worker
                 for w in self.workers:
-                    self._send_config(w)
+                    self.send_config(w)
             sends = self._assign()  # tasks that arrived before the first CONFIGURE
         self._send(sends)
 
@@ -399,7 +351,9 @@ class Agent:
             "slots_per_node": self.settings["capacity"] * self.settings["processes"],
         }
 
-    def _send_config(self, w: WorkerProc) -> None:
+    def send_config(self, w: WorkerProc) -> None:
+        """A worker's CONFIGURE: what it runs, where, and with which plugins (a new worker's
+        first frame; again when the pool's topology changes)."""
         assert self.config is not None
         spill = self.config.get("spill") or (str(self.node_spill) if self.node_spill is not None else None)
         body = json.dumps({
@@ -441,208 +395,9 @@ class Agent:
         return {**where, "token": self.state_key.hex()}
 
     def prestart(self, ours: list[socket.socket] | None = None) -> None:
-        """Start one worker process now, before any client has configured the node: it
-        imports while the client connects, and the first CONFIGURE (which says how many
-        threads it runs) adopts it (``_spawn``). Without it the pool's first task would wait
-        for a worker process to start. Called before the agent serves (no thread yet), it is
-        forked from this process (forked.py; ``ours``: the listeners it closes), which spares
-        it a new interpreter and the imports it shares with the agent."""
-        with self.lock:
-            if self.spare is None and not self.stopping.is_set():
-                forked = self._fork_spare(ours or []) if threading.active_count() == 1 else None
-                self.spare = forked or self._popen_worker(None)
-
-    def _fork_spare(self, ours: list[socket.socket]) -> tuple[Forked, socket.socket, _LaneSetup | None] | None:
-        mine, theirs = socket.socketpair()
-        lane = self._lane_listener(None)
-
-        def run() -> None:
-            from . import worker
-
-            worker.spare(theirs, lane.listener if lane else None, lane.count if lane else None)
-
-        env = {"SKYWARD_AGENT_PID": str(os.getpid())}
-        proc = fork_worker(env, [*ours, mine], run)
-        theirs.close()
-        if lane is not None:
-            lane.listener.close()  # the worker has its own copy
-        if proc is None:
-            mine.close()
-            if lane is not None:
-                lane.drop()
-            return None
-        return proc, mine, lane
-
-    def _popen_worker(self, settings: dict[str, Any] | None) -> tuple[subprocess.Popen[bytes], socket.socket, _LaneSetup | None]:
-        # (Imported here: a node's first worker is forked, and the agent's start is on the way
-        # to every Local pool's first task.)
-        import subprocess
-
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env.update(SKYWARD_WORKER_FD=str(theirs.fileno()), SKYWARD_AGENT_PID=str(os.getpid()))
-        lane = self._lane_listener(settings)
-        fds = [theirs.fileno()]
-        if lane is not None:
-            env["SKYWARD_LANE_FD"] = str(lane.listener.fileno())
-            fds.append(lane.listener.fileno())
-            if lane.count is not None:
-                env["SKYWARD_LANE_COUNT_FD"] = str(lane.count.fd)
-                fds.append(lane.count.fd)
-        if settings is not None:  # else the first CONFIGURE says (a spare, see prestart)
-            env.update(
-                SKYWARD_WORKER_THREADS=str(settings["threads"]),
-                SKYWARD_WORKER_EXCLUSIVE="1" if settings["exclusive"] else "0",
-            )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "skyward.bootstrap.worker"],
-            pass_fds=fds,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        theirs.close()
-        if lane is not None:
-            lane.listener.close()  # the worker has its own copy
-        return proc, ours, lane
-
-    def _lane_listener(self, settings: dict[str, Any] | None) -> _LaneSetup | None:
-        """A listener for a worker's lane (lane.py): on nodes with a Unix socket, for a worker
-        that runs its tasks in threads and lives on (a spare: its CONFIGURE decides)."""
-        if self.lane_dir is None:
-            return None
-        if settings is not None and (settings["exclusive"] or not settings.get("reuse", True)):
-            return None
-        path = os.path.join(self.lane_dir, f"lane-{next(self.lane_ids)}.sock")
-        sock = unix_listener(path)
-        if isinstance(sock, str):
-            _log(f"no lane for a worker: {sock}")
-            return None
-        return _LaneSetup(sock, path, LaneCount.create())
-
-    def _drop_spare(self) -> None:
-        """The spare worker is not needed (a plugin launcher starts the workers): stop it."""
-        with self.lock:
-            spare, self.spare = self.spare, None
-        if spare is not None:
-            proc, sock, lane = spare
-            _close(sock)  # its first read ends: it exits
-            if lane is not None:
-                lane.drop()
-            _kill_group(proc)
-            proc.wait()
-
-    def _spawn(self, index: int) -> WorkerProc:
-        with self.lock:
-            spare, self.spare = self.spare, None
-        proc, ours, lane = spare if spare is not None else self._popen_worker(self.settings)
-        w = WorkerProc(index, proc, FrameWriter(ours), ours, self.settings["capacity"])
-        # One thread-executor worker per node, reused: the lane may carry its tasks.
-        if lane is not None and (self.settings["exclusive"] or not self.settings.get("reuse", True)
-                                 or self.settings["processes"] != 1):
-            lane.drop()  # the worker closes its listener when its CONFIGURE has no lane
-            lane = None
-        if lane is not None:
-            w.lane, w.lane_count = lane.path, lane.count
-        self._send_config(w)
-        threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
-        for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
-            threading.Thread(target=self._pump, args=(pipe, stream), daemon=True).start()
-        return w
-
-    # -- plugin launchers --------------------------------------------------------------------
-    def _launch_command(self) -> str | None:
-        """The worker command rewritten by the plugins' launcher hooks (None: no launcher)."""
-        if not self.launchers:
-            return None
-        from skyward.plugins.plugin import LaunchCommand, LaunchContext
-
-        assert self.config is not None
-        topo = self.config["topology"]
-        node = int(topo["node"])
-        peers = topo.get("peers") or []
-        ctx = LaunchContext(
-            node_id=node,
-            num_nodes=int(topo["total_nodes"]),
-            head_addr=str(topo["head_addr"]),
-            casty_port=int(topo["head_port"]),
-            private_ip=str(peers[node]["private_ip"]) if node < len(peers) else "127.0.0.1",
-            python_bin=sys.executable,
-            venv_dir=sys.prefix,
-            concurrency=int(self.settings["processes"] * self.settings["capacity"]),
-            executor="process" if self.settings["exclusive"] else "thread",
-        )
-        import shlex
-
-        cmd = LaunchCommand(entrypoint=f"{shlex.quote(sys.executable)} -m skyward.bootstrap.worker")
-        for hook in self.launchers:
-            cmd = hook(cmd, ctx)
-        return cmd.render()
-
-    def _launch(self, command: str) -> None:
-        """Start the launcher; every process it starts connects back as one worker."""
-        import subprocess
-        import tempfile
-
-        folder = tempfile.mkdtemp(prefix=f"skyward-launch-{os.getpid()}-")  # whose it is, by pid
-        self.launch_dirs.append(folder)
-        path = os.path.join(folder, "agent.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.launch_listeners.append(listener)
-        listener.bind(path)
-        listener.listen(64)
-        env = dict(os.environ)
-        key = os.urandom(32)  # the launched workers prove it when they call back (handshake.py)
-        env.update(
-            SKYWARD_WORKER_ADDR=path,
-            SKYWARD_WORKER_KEY=key.hex(),
-            SKYWARD_AGENT_PID=str(os.getpid()),  # workers under a launcher watch the agent too
-            SKYWARD_WORKER_THREADS=str(self.settings["threads"]),
-            SKYWARD_WORKER_EXCLUSIVE="1" if self.settings["exclusive"] else "0",
-        )
-        _log(f"starting workers with a plugin launcher: {command}")
-        proc = subprocess.Popen(
-            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=env, start_new_session=True,
-        )
-        for stream, pipe in ((1, proc.stdout), (2, proc.stderr)):
-            threading.Thread(target=self._pump, args=(pipe, stream), daemon=True).start()
-        threading.Thread(target=self._accept_launched, args=(listener, proc, key), daemon=True).start()
-
-    def _accept_launched(self, listener: socket.socket, proc: subprocess.Popen[bytes], key: bytes) -> None:
-        indices = itertools.count()
-        while not self.stopping.is_set():
-            try:
-                sock, peer = listener.accept()
-            except OSError:
-                return
-            if not self.launch_gate.enter(sock, peer):
-                self._refused(sock, "too many launched workers in their handshake", self.launch_gate)
-                continue
-            threading.Thread(target=self._admit_launched, args=(sock, proc, key, indices), daemon=True).start()
-
-    def _admit_launched(self, sock: socket.socket, proc: subprocess.Popen[bytes], key: bytes,
-                        indices: itertools.count[int]) -> None:
-        """A process the launcher started calls back: it becomes a worker once it proved the
-        launch's key (the folder is this user's alone, but no listener trusts a connection)."""
-        try:
-            _, proof = admit(sock, key)
-            sock.sendall(_welcome(proof))
-        except (Refused, OSError) as exc:
-            self._refused(sock, f"a launched worker: {exc}", self.launch_gate)
-            return
-        finally:
-            self.launch_gate.leave(sock)
-        tune(sock)
-        with self.lock:
-            w = WorkerProc(next(indices), proc, FrameWriter(sock), sock, self.settings["capacity"], launched=True)
-            self.workers.append(w)
-            self._send_config(w)
-            sends = self._assign()
-        threading.Thread(target=self._serve_worker, args=(w,), daemon=True).start()
-        self._send(sends)
+        """Start the node's spare worker before serving anyone (Supervisor.prestart; ``ours``:
+        the listeners a forked worker closes)."""
+        self.supervisor.prestart(ours)
 
     # -- health checks (sky.HealthChecker) -------------------------------------------------------
     def _health(self, conn: Conn, frame: Frame) -> None:
@@ -696,49 +451,43 @@ class Agent:
             except OSError:
                 pass  # the worker died; its reader thread reports the task as failed
 
-    def _serve_worker(self, w: WorkerProc) -> None:
-        reader = FrameReader(w.sock)
-        while True:
-            try:
-                frame = reader.read()
-            except (EOFError, OSError):
-                break
-            if frame.kind == Kind.RESULT:
-                with self.lock:
-                    route = self.routes.pop(frame.task_id, None)
-                    w.inflight.pop(frame.task_id, None)
-                    if self.streaming and route is not None:
-                        self.streaming.pop((id(route.conn), route.client_tid), None)
-                    if not self.settings.get("reuse", True) and not w.retiring:
-                        self._retire(w)
-                    sends = self._assign()
-                if route is not None:
-                    self._reply(route, frame)
-                self._send(sends)
-            elif frame.kind == Kind.SHUTDOWN:  # the worker is about to exit on purpose
-                with self.lock:
-                    if not w.retiring and not self.stopping.is_set():
-                        w.retiring = True
-                        self.workers[self.workers.index(w)] = self._spawn(w.index)
-            elif frame.kind == Kind.OUTPUT:
-                route = self.routes.get(frame.task_id) if frame.task_id else None
-                if route is not None:
-                    self._reply(route, frame)
-                else:
-                    self._broadcast(frame)
-            elif frame.kind == Kind.SUBMIT:
-                self._relay_nested(w, frame)
-            elif frame.kind in (Kind.YIELD, Kind.PULL):  # a streaming task's values, its feed requests
-                route = self.routes.get(frame.task_id)
-                if route is not None:
-                    self._reply(route, frame)
-        if w.launched:  # siblings share the launcher's process: leave it to them
-            rc = w.proc.poll() or 0
-        else:
-            rc = w.proc.wait()
-            _kill_group(w.proc)  # what the worker's tasks started goes with it
-        _close(w.sock)
-        self._worker_exited(w, rc)
+    def from_worker(self, w: WorkerProc, frame: Frame) -> None:
+        """A frame from worker ``w`` (on its watcher's thread, supervisor.py): a result, output,
+        nested work or a streaming task's values, each to where it goes."""
+        if frame.kind == Kind.RESULT:
+            with self.lock:
+                route = self.routes.pop(frame.task_id, None)
+                w.inflight.pop(frame.task_id, None)
+                if self.streaming and route is not None:
+                    self.streaming.pop((id(route.conn), route.client_tid), None)
+                if not self.settings.get("reuse", True) and not w.retiring:
+                    self.supervisor.retire(w)
+                sends = self._assign()
+            if route is not None:
+                self._reply(route, frame)
+            self._send(sends)
+        elif frame.kind == Kind.OUTPUT:
+            route = self.routes.get(frame.task_id) if frame.task_id else None
+            if route is not None:
+                self._reply(route, frame)
+            else:
+                self._broadcast(frame)
+        elif frame.kind == Kind.SUBMIT:
+            self._relay_nested(w, frame)
+        elif frame.kind in (Kind.YIELD, Kind.PULL):  # a streaming task's values, its feed requests
+            route = self.routes.get(frame.task_id)
+            if route is not None:
+                self._reply(route, frame)
+
+    def worker_joined(self) -> None:
+        """A worker a plugin launcher started is configured: it takes what waits."""
+        with self.lock:
+            sends = self._assign()
+        self._send(sends)
+
+    def output(self, line: bytes, stream: int) -> None:
+        """What a worker process writes to its fds (C code, subprocesses): node output."""
+        self._broadcast(Frame(Kind.OUTPUT, 0, line, stream))
 
     # -- nested dispatch ---------------------------------------------------------------------
     def _relay_nested(self, w: WorkerProc, frame: Frame) -> None:
@@ -821,16 +570,9 @@ class Agent:
         flags, body, buffers = serialize.dumps_error(err, tb_text="")
         self._reply(found[1], Frame(Kind.RESULT, 0, body, flags, buffers))
 
-    def _retire(self, w: WorkerProc) -> None:
-        """reuse_processes=False: a fresh process for every task (lock held)."""
-        w.retiring = True
-        try:
-            w.writer.send_parts(Kind.SHUTDOWN, 0, 0, b"")
-        except OSError:
-            pass
-        self.workers[self.workers.index(w)] = self._spawn(w.index)
-
-    def _worker_exited(self, w: WorkerProc, rc: int) -> None:
+    def worker_exited(self, w: WorkerProc, rc: int) -> None:
+        """Worker ``w`` has exited (supervisor.py): its tasks end with WorkerDiedError, and
+        its lane's clients hear of it."""
         with self.lock:
             lost = list(w.inflight.items())
             w.inflight.clear()
@@ -838,11 +580,7 @@ class Agent:
                 self.routes.pop(tid, None)
             for aid in [a for a, (nw, _, _) in self.nested.items() if nw is w]:
                 del self.nested[aid]
-            if w.launched and w in self.workers:
-                self.workers.remove(w)  # a launcher's processes are not restarted one by one
-            replace = not w.launched and not w.retiring and not self.stopping.is_set()
-            if replace:
-                self.workers[self.workers.index(w)] = self._spawn(w.index)
+            replace = self.supervisor.exited(w)  # a fresh one in its place, unless it was meant to go
             sends = self._assign()
             spill = self.config.get("spill") if self.config is not None else None
             # Its lane's clients hear of it unless the agent is stopping it (they are leaving too).
@@ -857,7 +595,7 @@ class Agent:
         if lost or told:
             from skyward.errors import WorkerDiedError
 
-            how = _describe_exit(rc)
+            how = exit_reason(rc)
             err = WorkerDiedError(
                 f"the worker process running this task on {socket.gethostname()} {how} before "
                 f"returning a result (os._exit, a crash in native code, or the out-of-memory "
@@ -934,11 +672,6 @@ class Agent:
         for c in conns:
             self._reply(Route(c, 0), frame)
 
-    def _pump(self, pipe: Any, stream: int) -> None:
-        """Forward what a worker writes to its fds (C code, subprocesses) as node output."""
-        for line in iter(pipe.readline, b""):
-            self._broadcast(Frame(Kind.OUTPUT, 0, line, stream))
-        pipe.close()
 
 
 # Frames from a client that the agent passes to a worker (their buffers may go to shared memory).
@@ -1005,34 +738,6 @@ def _pid_namespace() -> str:
         return "0"
 
 
-def _launchers(blob: str | None) -> list[Any]:
-    """The launcher hooks of the pool's plugins, in plugin order."""
-    if not blob:
-        return []
-    import base64
-
-    import cloudpickle
-
-    plugins = cloudpickle.loads(base64.b64decode(blob))
-    return [p.launcher for p in plugins if getattr(p, "launcher", None) is not None]
-
-
-def _describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with exit code {rc}"
-
-
-def _kill_group(proc: subprocess.Popen[bytes] | Forked) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 def _unmount_volumes(folder: str) -> None:
     """Run the pool's unmount script (bootstrap/mounts.py), if the volumes phase wrote one;
     no agent is left to wait for after an orphaned pool, so at most a few minutes of uploads."""
@@ -1044,41 +749,6 @@ def _unmount_volumes(folder: str) -> None:
             subprocess.run(["bash", script], stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as exc:
             _log(f"unmounting the pool's volumes failed: {exc}")
-
-
-class _LaneSetup:
-    """A lane made for a worker before it starts: its listener, the listener's path and the
-    counter of its running lane tasks (lane.py)."""
-
-    __slots__ = ("count", "listener", "path")
-
-    def __init__(self, listener: socket.socket, path: str, count: LaneCount | None) -> None:
-        self.listener, self.path, self.count = listener, path, count
-
-    def drop(self) -> None:
-        """Not used after all (the node's settings allow no lane)."""
-        _unlink(self.path)
-        if self.count is not None:
-            self.count.close()
-
-
-def _welcome(proof: str) -> bytes:
-    body = json.dumps({"proof": proof}).encode()
-    return HEADER.pack(Kind.WELCOME, 0, 0, 0, len(body)) + body
-
-
-def _unlink(path: str | None) -> None:
-    if path:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
 
 
 if __name__ == "__main__":  # (the agent's process starts in agent_start.py, before this module's imports)

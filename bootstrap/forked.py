@@ -3,7 +3,7 @@
 On a Local pool every node's agent and worker start at once with the client, and on a small
 machine that start is CPU-bound: a new interpreter and the imports it shares with the agent are
 a third of what a worker costs before its first task. The agent forks its spare worker (see
-``Agent.prestart``) while it is still single-threaded, before it serves anyone; the child
+``Supervisor.prestart``) while it is still single-threaded, before it serves anyone; the child
 closes what is the agent's, becomes the session leader of its own process group (as a started
 worker does), and runs the same worker code. Workers started later (replacements, process
 executors, plugin launchers) are new interpreters, as before: by then the agent has threads,

@@ -1,6 +1,7 @@
 """The agent's listening sockets: a Unix socket only its user can reach, or a private address
 for clients that skip the SSH tunnel. Standard library only: the agent's start opens them before
-its own modules import (agent_start.py), and the agent opens one per worker lane."""
+its own modules import (agent_start.py), and the agent opens one per worker lane; closing a
+socket and removing its file, for the agent and its supervisor."""
 
 from __future__ import annotations
 
@@ -55,3 +56,19 @@ def unix_listener(path: str, backlog: int = 16) -> socket.socket | str:
         sock.close()
         return f"cannot listen on {path}: {exc}"
     return sock
+
+
+def close(sock: socket.socket) -> None:
+    """Shut ``sock`` both ways, so its peer's read ends at once, and close it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def unlink(path: str | None) -> None:
+    """Remove a socket's file, if there is one (``None``: there is none)."""
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -737,7 +737,7 @@ def run(worker: Worker) -> None:
     try:
         first = worker.reader.read()
     except (EOFError, OSError):
-        raise SystemExit(0) from None  # a spare worker the agent did not need (see agent.prestart)
+        raise SystemExit(0) from None  # a spare worker the agent did not need (see Supervisor.prestart)
     if first.kind != Kind.CONFIGURE:
         raise SystemExit("skyward worker: expected CONFIGURE first")
     config = json.loads(bytes(first.body))

@@ -1,4 +1,5 @@
-"""No import cycles among the project's modules (issue 24).
+"""No import cycles among the project's modules (issue 24), the pool's parts depend one way, and
+node code imports nothing of the client's parts.
 
 A cycle means two modules cannot be understood, tested or loaded one without the other, and
 Python hands one of them a half-initialised module when the order of first imports changes.
@@ -248,3 +249,117 @@ def test_the_pools_parts_depend_one_way() -> None:
         if "skyward.core.pool" in deps and module not in {"skyward.core.compute", "skyward.named.pools"}:
             wrong.append(f"{module} -> skyward.core.pool")
     assert not wrong, "imports against the parts' order:\n  " + "\n  ".join(wrong)
+
+
+# -- What runs on nodes -----------------------------------------------------------------------
+# The agent's process and its workers start from these modules (`python -m`, the Local pool's
+# fork server); every module they import, at the top or inside a function, runs on nodes too.
+NODE_ENTRIES = (
+    "skyward.bootstrap.agent_start",
+    "skyward.bootstrap.agent",
+    "skyward.bootstrap.supervisor",
+    "skyward.bootstrap.worker",
+    "skyward.bootstrap.zygote",
+)
+# Node code imports the standard library, cloudpickle, lz4 and pydantic, and of ours only its
+# own package, the runtime helpers that tasks call, and two small nouns that both ends share:
+# the errors (raised on a node, the same type on the client) and the plugin interface (plugins
+# are unpickled on nodes; the supervisor renders their launcher hooks). DESIGN.md, "Layout".
+NODE_PACKAGES = ("skyward.bootstrap", "skyward.runtime")
+NODE_MODULES = frozenset({"skyward.errors", "skyward.plugins.plugin"})
+# The client's parts, never imported on a node (a failure names them as such).
+CLIENT_SIDE = ("skyward.core", "skyward.named", "skyward.observe", "skyward.records", "skyward.dashboard",
+               "skyward.plugins", "skyward.providers", "skyward.stacks")
+# Imports in node modules that only ever run on the client, and why: the walk does not follow
+# them. Each must still be in the code (when one goes, its line here goes too).
+CLIENT_ONLY_EDGES = {
+    ("skyward.bootstrap.serialize", "skyward.observe.events"):
+        "serialize tells the open pools of its process that CUDA tensors landed on the CPU, as "
+        "events; pools are opened on the client, never on a node",
+}
+
+
+def node_side(graph: Edges, entries: tuple[str, ...], skip: set[tuple[str, str]]) -> dict[str, list[str]]:
+    """Every module that ``entries`` import, directly or through each other (``skip``: edges
+    not followed) -> the chain of imports from an entry that reaches it first."""
+    chains = {entry: [entry] for entry in entries}
+    queue = list(entries)
+    while queue:
+        module = queue.pop(0)
+        for dep in sorted(graph.get(module, {})):
+            if dep not in chains and (module, dep) not in skip:
+                chains[dep] = [*chains[module], dep]
+                queue.append(dep)
+    return chains
+
+
+def _in(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def node_violations(graph: Edges, chains: dict[str, list[str]]) -> list[str]:
+    """The node-side modules that node code may not import, each with how a node gets to it."""
+    wrong = []
+    for module, chain in sorted(chains.items()):
+        if _in(module, NODE_PACKAGES) or module in NODE_MODULES:
+            continue
+        importer = chain[-2] if len(chain) > 1 else module
+        lines = ", ".join(map(str, graph.get(importer, {}).get(module, [])))
+        part = ", a client part" if _in(module, CLIENT_SIDE) else ""
+        wrong.append(f"{module}{part}: {' -> '.join(chain)} (line {lines} of {importer})")
+    return wrong
+
+
+def test_node_code_imports_nothing_of_the_client() -> None:
+    _, graph = import_graph(PACKAGES)
+    for (module, dep), why in CLIENT_ONLY_EDGES.items():
+        assert dep in graph[module], f"{module} no longer imports {dep}: drop it from CLIENT_ONLY_EDGES ({why})"
+    chains = node_side(graph, NODE_ENTRIES, set(CLIENT_ONLY_EDGES))
+    # A walk that finds little would pass vacuously.
+    for module in ("agent", "supervisor", "worker", "frames", "serialize", "handshake", "shm", "state", "lane"):
+        assert f"skyward.bootstrap.{module}" in chains, f"skyward.bootstrap.{module} is not found node-side"
+    wrong = node_violations(graph, chains)
+    assert not wrong, (
+        "node code imports modules of the client's parts (or of ours that nodes do not have a use "
+        "for); nodes may import the standard library, cloudpickle, lz4, pydantic, skyward.bootstrap, "
+        "skyward.runtime, skyward.errors and skyward.plugins.plugin:\n  " + "\n  ".join(wrong)
+        + "\nMove what the node needs down into skyward.bootstrap (or skyward.runtime), or pass it "
+        "in from the client's side; never hide the import from this test."
+    )
+
+
+def test_the_node_checker_finds_a_client_import(tmp_path: Path) -> None:
+    """A node module that reaches the client's part through a lazy import in another node
+    module is found, with the chain; an import under TYPE_CHECKING and a skipped edge are not."""
+    root = tmp_path / "skyward"
+    for folder in ("bootstrap", "core", "runtime"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "errors.py").write_text("class E(Exception): ...\n")
+    files = {
+        "bootstrap/agent.py": "from . import helper\nfrom skyward.errors import E\n",
+        "bootstrap/helper.py": "import os\n\ndef f():\n    from skyward.runtime import tools\n    return tools\n",
+        "runtime/tools.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from skyward.core import pool\n"
+                            "def g():\n    from skyward.core import pool\n    return pool\n",
+        "bootstrap/quiet.py": "def h():\n    from skyward.core import pool\n    return pool\n",
+        "core/pool.py": "class Pool: ...\n",
+    }
+    for name, text in files.items():
+        (root / name).write_text(text)
+    _, graph = import_graph({root: "skyward"})
+    entries = ("skyward.bootstrap.agent", "skyward.bootstrap.quiet")
+    chains = node_side(graph, entries, {("skyward.bootstrap.quiet", "skyward.core.pool")})
+    assert set(chains) == {"skyward.bootstrap.agent", "skyward.bootstrap.quiet", "skyward.bootstrap.helper",
+                           "skyward.errors", "skyward.runtime.tools", "skyward.core.pool"}
+    assert chains["skyward.core.pool"] == ["skyward.bootstrap.agent", "skyward.bootstrap.helper",
+                                           "skyward.runtime.tools", "skyward.core.pool"]
+    assert node_violations(graph, chains) == [
+        "skyward.core.pool, a client part: skyward.bootstrap.agent -> skyward.bootstrap.helper -> skyward.runtime.tools "
+        "-> skyward.core.pool (line 5 of skyward.runtime.tools)"
+    ]
+    (root / "runtime" / "tools.py").write_text("def g():\n    return 1\n")
+    _, graph = import_graph({root: "skyward"})
+    assert node_violations(graph, node_side(graph, entries, set())) == [
+        "skyward.core.pool, a client part: skyward.bootstrap.quiet -> skyward.core.pool (line 2 of skyward.bootstrap.quiet)"
+    ]

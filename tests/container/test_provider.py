@@ -275,3 +275,37 @@ def test_bad_settings_are_refused_where_they_are_given() -> None:
         sky.Container(binary="lxc")
     with pytest.raises(sky.ConfigError, match="install='pip'"):
         sky.Container(install="pip")  # type: ignore[arg-type]
+
+
+@sky.function
+def greeting_var() -> str:
+    return os.environ.get("GUIDE_VAR", "not set")
+
+
+@sky.function
+def place() -> tuple[int, int, bool]:
+    info = sky.instance_info()
+    assert info is not None
+    return info.node, info.total_nodes, info.is_head
+
+
+@sky.function
+def my_part_summed(data: list[int]) -> int:
+    return sum(sky.shard(data))
+
+
+def test_the_reference_guides_shape_runs_on_a_bare_sky_container(
+    base_image: str, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reference's local-containers guide as written: sky.Container() with no image (this
+    # machine names its base in SKYWARD_CONTAINER_IMAGE), one node with an Image's env, then
+    # three nodes, a broadcast and sky.shard.
+    monkeypatch.setenv("SKYWARD_CONTAINER_IMAGE", base_image)
+    with sky.Compute(
+        provider=sky.Container(), nodes=1, image=sky.Image(env={"GUIDE_VAR": "it works"}), options=QUIET
+    ) as p:
+        assert greeting_var() >> p == "it works"
+    with sky.Compute(provider=sky.Container(), nodes=3, options=QUIET) as p:
+        assert sorted(place() @ p) == [(0, 3, True), (1, 3, False), (2, 3, False)]
+        parts = my_part_summed(list(range(100))) @ p
+        assert sum(parts) == sum(range(100)) and all(0 < s < sum(range(100)) for s in parts), parts

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap.shipment import Shipment
-from skyward.containers import DockerImage
 from skyward.bootstrap.shipment import facts as _facts
 from skyward.bootstrap.shipment import phase_command as _phase_command
+from skyward.containers import DockerImage
 from skyward.errors import BootstrapError, ConfigError, ProviderError, SkywardError
 from skyward.observe import events as ev
 from skyward.records import pkglock

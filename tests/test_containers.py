@@ -9,7 +9,14 @@ import dataclasses
 import pytest
 
 import skyward as sky
-from skyward.containers import CUDA_RELEASES, DockerImage, cuda, pytorch, runpod_base, runpod_pytorch
+from skyward.containers import (
+    CUDA_RELEASES,
+    DockerImage,
+    cuda,
+    pytorch,
+    runpod_base,
+    runpod_pytorch,
+)
 from skyward.spec import select_spec
 
 
@@ -65,7 +72,7 @@ def test_sky_container_takes_a_docker_image_as_its_tag() -> None:
     assert sky.Container(image=sky.DockerImage.of("localhost/base:1")).image == "localhost/base:1"
     # the same configuration as the tag: equal, and a named pool's settings keep the tag
     assert sky.Container(image=sky.containers.ubuntu("24.04")) == sky.Container(image="ubuntu:24.04")
-    with pytest.raises(sky.ConfigError, match="sky.containers.ubuntu"):
+    with pytest.raises(sky.ConfigError, match=r"sky\.containers\.ubuntu"):
         sky.Container(image=" ")
 
 

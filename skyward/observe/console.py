@@ -335,7 +335,7 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
     if isinstance(event, ev.ShutdownRequested):
         return f"{title}: shutting down {event.nodes} node(s)"
     if isinstance(event, ev.ShutdownCompleted):
-        outcome = "shut down" if event.ok else "shut down with an error (see above)"
+        outcome = "shut down" if event.ok else "shut down with an error"
         return f"{title}: {outcome}, {event.nodes} node(s) in {event.seconds:.2f} s"
     if isinstance(event, ev.ClusterDestroyed):
         return f"{title}: destroyed"

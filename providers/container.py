@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from skyward.bootstrap.shipment import Shipment
 from skyward.bootstrap.shipment import facts as _facts
 from skyward.bootstrap.shipment import phase_command as _phase_command
+from skyward.containers import DockerImage
 from skyward.errors import BootstrapError, ConfigError, ProviderError, SkywardError
 from skyward.observe import events as ev
 from skyward.records import pkglock
@@ -73,8 +74,9 @@ def default_image() -> str:
 class Container(ProviderConfig):
     """Nodes as containers on this machine: ``sky.Container(image="debian-with-python:12")``.
 
-    ``image``: the base every node starts from (default: ``SKYWARD_CONTAINER_IMAGE`` when set,
-    else the official ``python`` image of the client's version); it needs bash and a Python of the client's version (``install="index"``:
+    ``image``: the base every node starts from, a tag or a ``sky.DockerImage`` (``sky.containers``'
+    helpers; kept as its tag), default ``SKYWARD_CONTAINER_IMAGE`` when set, else the official
+    ``python`` image of the client's version; it needs bash and a Python of the client's version (``install="index"``:
     any Python, or none, when the containers reach a package index). ``binary``: the runtime,
     ``"podman"`` (default: no daemon, rootless or root), ``"docker"`` or ``"nerdctl"``, or a path
     to one of them. ``network``: an existing network to put the nodes on (default: a network of
@@ -82,17 +84,19 @@ class Container(ProviderConfig):
     ships every wheel; ``"index"``: nodes install ``Image.pip`` from their index).
     """
 
-    image: str | None = None
+    image: str | DockerImage | None = None
     binary: str = "podman"
     network: str | None = None
     install: Install = "wheelhouse"
     kind: ClassVar[str] = "container"
 
     def __post_init__(self) -> None:
+        if isinstance(self.image, DockerImage):  # sky.containers.cuda("12.9"), DockerImage.of(...)
+            object.__setattr__(self, "image", str(self.image))
         if self.image is not None and (not isinstance(self.image, str) or not self.image.strip()):
             raise ConfigError(
                 f"sky.Container(image={self.image!r}): give an image name, e.g. "
-                f"image='docker.io/library/python:3.12-slim'."
+                f"image='docker.io/library/python:3.12-slim' or image=sky.containers.ubuntu('24.04')."
             )
         if (
             not isinstance(self.binary, str)
@@ -207,7 +211,7 @@ class ContainerCluster(Cluster):
         self.interface = "eth0"
         self.spill_dir = None
         self._runtime = Runtime(config.binary)
-        self._image = config.image or default_image()
+        self._image = str(config.image or default_image())
         self._network = config.network or f"skyward-{pool_id}"
         self._own_network = config.network is None
         self._install: Install = config.install

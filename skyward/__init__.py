@@ -76,6 +76,9 @@ _sys.modules[__name__].__class__ = _SkywardModule
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
     "accelerators": "skyward.accelerators",
+    "containers": "skyward.containers",
+    "DockerImage": "skyward.containers",
+    "DEFAULT_IMAGE": "skyward.spec",
     "time": "skyward.time",
     "PendingFunction": "skyward.core.function",
     "PendingFunctionGroup": "skyward.core.function",
@@ -108,6 +111,7 @@ _LAZY = {
     "ClusterWoke": "skyward.observe.events",
     "ClusterDestroyed": "skyward.observe.events",
     "ClusterDetached": "skyward.observe.events",
+    "InstanceRequested": "skyward.observe.events",
     "InstanceProvisioned": "skyward.observe.events",
     "BootstrapPhase": "skyward.observe.events",
     "InstanceBootstrapped": "skyward.observe.events",
@@ -116,6 +120,8 @@ _LAZY = {
     "InstanceReplaced": "skyward.observe.events",
     "InstanceDestroyed": "skyward.observe.events",
     "ResourceChanged": "skyward.observe.events",
+    "ShutdownRequested": "skyward.observe.events",
+    "ShutdownCompleted": "skyward.observe.events",
     "JobQueued": "skyward.observe.events",
     "BatchStarted": "skyward.observe.events",
     "BatchFinished": "skyward.observe.events",
@@ -147,6 +153,8 @@ _LAZY = {
     "SSHHost": "skyward.providers.ssh",
     "Slurm": "skyward.providers.slurm",
     "Container": "skyward.providers.container",
+    "RunPod": "skyward.providers.marketplaces",
+    "VastAI": "skyward.providers.marketplaces",
     "InstanceInfo": "skyward.runtime.info",
     "PeerInfo": "skyward.runtime.info",
     "AcceleratorInfo": "skyward.runtime.info",
@@ -168,8 +176,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from . import accelerators, metrics, plugins, storage, time
+    from . import accelerators, containers, metrics, plugins, storage, time
     from .catalogue import InstanceType, Offer, offers
+    from .containers import DockerImage
     from .core.compute import Compute, Session
     from .core.function import (
         PendingFunction,
@@ -203,10 +212,13 @@ if TYPE_CHECKING:
         InstancePreempted,
         InstanceProvisioned,
         InstanceReplaced,
+        InstanceRequested,
         JobQueued,
         Log,
         Metric,
         ResourceChanged,
+        ShutdownCompleted,
+        ShutdownRequested,
         TaskCompleted,
         TaskStarted,
         subscribe,
@@ -217,6 +229,7 @@ if TYPE_CHECKING:
     from .providers.container import Container
     from .providers.gcp import GCP
     from .providers.local import Local
+    from .providers.marketplaces import RunPod, VastAI
     from .providers.slurm import Slurm
     from .providers.ssh import SSH, SSHHost
     from .runtime.collections import make_barrier as barrier
@@ -236,6 +249,7 @@ if TYPE_CHECKING:
     from .runtime.output import CallbackWriter, redirect_output, silent, stderr, stdout
     from .runtime.shard import shard
     from .spec import (
+        DEFAULT_IMAGE,
         AllocationStrategy,
         Image,
         Nodes,
@@ -290,8 +304,10 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "Compute",
     "ConfigError",
     "Container",
+    "DEFAULT_IMAGE",
     "Disk",
     "DispatchError",
+    "DockerImage",
     "Error",
     "Event",
     "GCP",
@@ -306,6 +322,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "InstancePreempted",
     "InstanceProvisioned",
     "InstanceReplaced",
+    "InstanceRequested",
     "InstanceType",
     "JobQueued",
     "Local",
@@ -344,12 +361,15 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "RemoteError",
     "RemoteFunction",
     "ResourceChanged",
+    "RunPod",
     "SSH",
     "SSHHost",
     "Secret",
     "SelectionStrategy",
     "SerializationError",
     "Session",
+    "ShutdownCompleted",
+    "ShutdownRequested",
     "SkywardError",
     "Slurm",
     "Spec",
@@ -362,6 +382,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "TaskCompleted",
     "TaskStarted",
     "TaskTimeoutError",
+    "VastAI",
     "Volume",
     "Worker",
     "WorkerDiedError",
@@ -369,6 +390,7 @@ __all__ = [  # noqa: RUF022 - plain sorted order (checked by tests/test_public_a
     "__version__",
     "accelerators",
     "barrier",
+    "containers",
     "counter",
     "dict",
     "function",

@@ -209,6 +209,10 @@ def _default_metrics() -> Any:
     return Default()
 
 
+# The Image of a pool that names none: the client's Python, skyward itself, nothing else.
+DEFAULT_IMAGE = Image()
+
+
 # The oldest Python the agent runs on (the package's requires-python).
 MIN_PYTHON = (3, 11)
 

@@ -118,3 +118,38 @@ def test_events_are_frozen() -> None:
     event = sky.TaskCompleted(pool="p", task=1, name="f", node=0, seconds=0.1, ok=True)
     with pytest.raises(AttributeError):
         event.ok = False  # type: ignore[misc]
+
+
+def test_nodes_asked_of_the_provider_and_the_shutdown_are_events() -> None:
+    import os
+    import signal
+
+    seen: list[sky.Event] = []
+    unsubscribe = sky.subscribe(seen.append)
+    try:
+        with sky.Compute(nodes=2, options=sky.Options(console="silent")) as pool:
+            pool.resize(3)  # one more node asked of the provider
+            lost = pool.members.channels[1].node
+            pid = {n["index"]: n["pid"] for n in pool.cluster.describe()["nodes"]}[lost]
+            os.kill(pid, signal.SIGKILL)  # and one in its place
+            deadline = time.monotonic() + 30
+            while not [e for e in seen if isinstance(e, sky.InstanceReplaced) and e.pool == pool.id]:
+                assert time.monotonic() < deadline, "the lost node was not replaced"
+                time.sleep(0.05)
+            pool_id = pool.id
+        ev.bus.flush()
+    finally:
+        unsubscribe()
+    mine = [e for e in seen if e.pool == pool_id and not isinstance(e, sky.TaskStarted | sky.TaskCompleted
+                                                                       | sky.Metric | sky.Log)]
+    kinds = [type(e).__name__ for e in mine]
+    asked = [e for e in mine if isinstance(e, sky.InstanceRequested)]
+    assert [(e.provider, e.count, e.replacing) for e in asked] == [("local", 2, None), ("local", 1, None),
+                                                                      ("local", 1, lost)]
+    assert kinds.index("ClusterRequested") < kinds.index("InstanceRequested") < kinds.index("InstanceProvisioned")
+    requested = next(e for e in mine if isinstance(e, sky.ShutdownRequested))
+    completed = next(e for e in mine if isinstance(e, sky.ShutdownCompleted))
+    assert requested.nodes == completed.nodes == 3 and completed.ok and completed.seconds >= 0
+    # the teardown's order: asked, each node stopped, done, then the pool is gone
+    assert kinds[-6:] == ["ShutdownRequested", "InstanceDestroyed", "InstanceDestroyed", "InstanceDestroyed",
+                          "ShutdownCompleted", "ClusterDestroyed"], kinds

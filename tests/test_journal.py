@@ -54,3 +54,33 @@ def test_a_failed_opening_keeps_the_attempt_that_raised(home: Path) -> None:
     ev.bus.emit(ev.Error(pool="a", message="no such package"))
     j.failed(RuntimeError("no such package"))
     assert [(e["event"], e["pool"]) for e in journal.read("failing")] == [("ClusterRequested", "a"), ("Error", "a")]
+
+
+def test_requests_and_the_shutdown_are_journaled_and_told_as_the_console_tells_them(home: Path) -> None:
+    from skyward.named import eventlog
+
+    j = journal.Journal("told", "provision")
+    close = j.bind("p2")
+    ev.bus.emit(ev.InstanceRequested(pool="p2", provider="local", count=2))
+    ev.bus.emit(ev.InstanceRequested(pool="p2", provider="local", replacing=1))
+    ev.bus.emit(ev.ShutdownRequested(pool="p2", nodes=2))
+    ev.bus.emit(ev.ShutdownCompleted(pool="p2", nodes=2, seconds=0.25))
+    ev.bus.emit(ev.ShutdownCompleted(pool="p2", nodes=2, seconds=1.5, ok=False))
+    ev.bus.flush()
+    close()
+    kept = journal.read("told")
+    assert [e["event"] for e in kept] == ["InstanceRequested", "InstanceRequested", "ShutdownRequested",
+                                          "ShutdownCompleted", "ShutdownCompleted"]
+    assert [journal.rebuilt(e) for e in kept] == [
+        ev.InstanceRequested(pool="p2", provider="local", count=2, time=kept[0]["time"]),
+        ev.InstanceRequested(pool="p2", provider="local", replacing=1, time=kept[1]["time"]),
+        ev.ShutdownRequested(pool="p2", nodes=2, time=kept[2]["time"]),
+        ev.ShutdownCompleted(pool="p2", nodes=2, seconds=0.25, time=kept[3]["time"]),
+        ev.ShutdownCompleted(pool="p2", nodes=2, seconds=1.5, ok=False, time=kept[4]["time"]),
+    ]
+    lines = [eventlog.describe(e) for e in kept]
+    assert lines[0].startswith("pool told: asking local for 2 node(s)  [pool p2")
+    assert lines[1].startswith("node 1: asking local for a node in its place")
+    assert lines[2].startswith("pool told: shutting down 2 node(s)")
+    assert lines[3].startswith("pool told: shut down, 2 node(s) in 0.25 s")
+    assert lines[4].startswith("pool told: shut down with an error, 2 node(s) in 1.50 s")

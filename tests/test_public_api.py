@@ -36,3 +36,14 @@ def test_accelerator_factories_are_public() -> None:
 def test_cli_entry_point() -> None:
     out = subprocess.run([sys.executable, "-m", "skyward", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and sky.__version__ in out.stdout
+
+
+def test_the_reference_apis_last_names_are_public_and_load_lazily() -> None:
+    code = (
+        "import sys, json, skyward as sky; before = 'skyward.containers' in sys.modules; "
+        "print(json.dumps([before, sky.containers.__name__, sky.DockerImage is sky.containers.DockerImage, "
+        "sky.DEFAULT_IMAGE == sky.Image(), [issubclass(getattr(sky, n), sky.Event) for n in "
+        "('InstanceRequested', 'ShutdownRequested', 'ShutdownCompleted')], sky.RunPod.kind, sky.VastAI.kind]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [False, "skyward.containers", True, True, [True, True, True], "runpod", "vastai"]

@@ -168,6 +168,8 @@ class Healing:
         while not members.stop.is_set():
             if self.attempts.get(rank, 0) >= limit:
                 return error or ProviderError("its replacements kept failing their health checks")
+            self.emit(ev.InstanceRequested(pool=self.pool_id, provider=members.spec.provider.kind,
+                                           replacing=node))
             try:
                 endpoint = members.cluster.replace(lost)
             except Exception as exc:

@@ -579,6 +579,8 @@ class Membership:
             with self.lock:
                 current = len(self.table)
             if target > current:
+                self.emit(ev.InstanceRequested(pool=self.pool_id, provider=self.spec.provider.kind,
+                                               count=target - current))
                 self.add_nodes(target - current)
                 return
             if target == current:

@@ -23,6 +23,7 @@ import contextvars
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -158,6 +159,8 @@ class Pool(DispatchTarget):
             self._origin = record.origin_soon()  # for the record, while the nodes start
             self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired,
                                            label=label))
+            if spec.node_spec.desired:
+                self._emit(ev.InstanceRequested(pool=self.id, provider=provider, count=spec.node_spec.desired))
         try:
             if cluster is None:  # nodes this pool starts: already starting (launched), or now
                 cluster = launched if launched is not None else spec.provider.create(spec, self.id, self.options, name=name)
@@ -379,6 +382,9 @@ class Pool(DispatchTarget):
             return
         _open_pools.discard(self)
         owned = self._owned
+        if owned:
+            self._emit(ev.ShutdownRequested(pool=self.id, nodes=len(channels)))
+        began, ok = time.monotonic(), False
         try:
             for ch in channels:
                 ch.close(shutdown_agent=owned)
@@ -386,10 +392,13 @@ class Pool(DispatchTarget):
                 self.cluster.close()
             else:
                 self.cluster.detach()
+            ok = True
         finally:
             if owned:
                 for ch in channels:
                     self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
+                self._emit(ev.ShutdownCompleted(pool=self.id, nodes=len(channels),
+                                                seconds=time.monotonic() - began, ok=ok))
                 self._emit(ev.ClusterDestroyed(pool=self.id))
             elif self.members.stopped is not None:  # stopped from outside: its nodes do not keep running
                 self._emit(ev.ClusterDestroyed(pool=self.id))

@@ -27,8 +27,9 @@ Mode = Literal["rich", "minimal", "log", "silent"]
 _LINE_EVENTS: tuple[type[ev.Event], ...] = (
     ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed, ev.ClusterDetached,
     ev.ClusterAsleep, ev.ClusterWoke, ev.JobQueued,
-    ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstanceLost,
+    ev.InstanceRequested, ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstanceLost,
     ev.InstancePreempted, ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
+    ev.ShutdownRequested, ev.ShutdownCompleted,
 )
 
 
@@ -134,6 +135,10 @@ class Console:
             state.state = "ready"
         elif isinstance(event, ev.InstanceDestroyed) and state:
             state.state = "destroyed"
+        elif isinstance(event, ev.ShutdownRequested):
+            for (pool, _), each in self.nodes.items():
+                if pool == event.pool and each.state != "destroyed":
+                    each.state = "stopping"
         elif isinstance(event, ev.Error) and state:
             state.state = "lost"
         elif isinstance(event, ev.TaskStarted) and state:
@@ -288,6 +293,10 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
         which = f"node {event.nodes[0]}" if len(event.nodes) == 1 else f"{len(event.nodes)} node(s)"
         return (f"{title}: {event.scheduler} job {event.job} for {which}: {event.state}{reason}, "
                 f"{event.seconds:.0f} s since it was submitted")
+    if isinstance(event, ev.InstanceRequested):
+        if event.replacing is not None:
+            return f"node {event.replacing}: asking {event.provider} for a node in its place"
+        return f"{title}: asking {event.provider} for {event.count} node(s)"
     if isinstance(event, ev.InstanceProvisioned):
         if attached:
             return f"node {event.node}: attached ({event.hostname}, {event.private_ip})"
@@ -323,6 +332,11 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
         return f"{title}: asleep, no node after {event.idle_seconds:.0f} s idle; the next task wakes it"
     if isinstance(event, ev.ClusterWoke):
         return f"{title}: woke, {event.nodes} node(s) in {event.seconds:.2f} s"
+    if isinstance(event, ev.ShutdownRequested):
+        return f"{title}: shutting down {event.nodes} node(s)"
+    if isinstance(event, ev.ShutdownCompleted):
+        outcome = "shut down" if event.ok else "shut down with an error"
+        return f"{title}: {outcome}, {event.nodes} node(s) in {event.seconds:.2f} s"
     if isinstance(event, ev.ClusterDestroyed):
         return f"{title}: destroyed"
     if isinstance(event, ev.ClusterDetached):

@@ -94,6 +94,16 @@ class JobQueued(Event):
 
 # -- instances ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceRequested(Event):
+    """Nodes asked of the provider: the pool's first ones, more for a resize or a wake, or one
+    in place of a lost node (``replacing``: that node). Each that comes is an InstanceProvisioned."""
+
+    provider: str
+    count: int = 1
+    replacing: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceProvisioned(Event):
     node: int
     hostname: str
@@ -146,6 +156,24 @@ class InstanceReplaced(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceDestroyed(Event):
     node: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownRequested(Event):
+    """The pool's teardown began: its ``nodes`` are told to stop and the provider to destroy
+    what it created (a pool that detaches, leaving its nodes running, has none)."""
+
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShutdownCompleted(Event):
+    """The teardown that ShutdownRequested began is over (``ok``: the provider destroyed
+    everything without an error), ``seconds`` after it began. ClusterDestroyed follows."""
+
+    nodes: int
+    seconds: float
+    ok: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -368,9 +396,12 @@ __all__ = [
     "InstancePreempted",
     "InstanceProvisioned",
     "InstanceReplaced",
+    "InstanceRequested",
     "Log",
     "Metric",
     "ResourceChanged",
+    "ShutdownCompleted",
+    "ShutdownRequested",
     "TaskCompleted",
     "TaskStarted",
     "subscribe",

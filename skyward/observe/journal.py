@@ -41,8 +41,9 @@ _BUFFERED = 2000  # events of a pool not yet known to be ours, held while it ope
 
 KINDS: tuple[type[ev.Event], ...] = (
     ev.ClusterRequested, ev.ClusterProvisioned, ev.ClusterReady, ev.ClusterDestroyed, ev.ClusterDetached,
-    ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstancePreempted, ev.InstanceLost,
-    ev.InstanceReplaced, ev.InstanceDestroyed, ev.ResourceChanged, ev.BatchStarted, ev.BatchFinished, ev.Error,
+    ev.InstanceRequested, ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstancePreempted,
+    ev.InstanceLost, ev.InstanceReplaced, ev.InstanceDestroyed, ev.ResourceChanged, ev.BatchStarted,
+    ev.BatchFinished, ev.ShutdownRequested, ev.ShutdownCompleted, ev.Error,
 )
 
 

@@ -68,8 +68,9 @@ def test_events_of_a_pool_that_never_came_up_say_why(cli: CLI) -> None:
     up = cli("up", "bad", "--console", "silent")
     assert up.code == 1, up
     items = _events(cli, "bad")
-    assert [i["event"] for i in items] == ["ClusterRequested", "Error"], items
-    assert "skyward-no-such-package-xyz" in items[1]["message"]
+    # the node was asked of the provider; its environment failed
+    assert [i["event"] for i in items] == ["ClusterRequested", "InstanceRequested", "Error"], items
+    assert "skyward-no-such-package-xyz" in items[2]["message"]
     assert cli("ls", "--json").json() == []  # nothing runs, the history stays
 
 

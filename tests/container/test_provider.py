@@ -275,3 +275,46 @@ def test_bad_settings_are_refused_where_they_are_given() -> None:
         sky.Container(binary="lxc")
     with pytest.raises(sky.ConfigError, match="install='pip'"):
         sky.Container(install="pip")  # type: ignore[arg-type]
+
+
+@sky.function
+def greeting_var() -> str:
+    return os.environ.get("GUIDE_VAR", "not set")
+
+
+@sky.function
+def place() -> tuple[int, int, bool]:
+    info = sky.instance_info()  # (no assert here: pytest's rewrite of it is not on the nodes)
+    if info is None:
+        raise RuntimeError("no instance_info on a node")
+    return info.node, info.total_nodes, info.is_head
+
+
+@sky.function
+def my_part_summed(data: list[int]) -> int:
+    return sum(sky.shard(data))
+
+
+def test_the_reference_guides_shape_runs_on_a_bare_sky_container(
+    base_image: str, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reference's local-containers guide as written: sky.Container() with no image (this
+    # machine names its base in SKYWARD_CONTAINER_IMAGE), one node with an Image's env, then
+    # three nodes, a broadcast and sky.shard.
+    monkeypatch.setenv("SKYWARD_CONTAINER_IMAGE", base_image)
+    with sky.Compute(
+        provider=sky.Container(), nodes=1, image=sky.Image(env={"GUIDE_VAR": "it works"}), options=QUIET
+    ) as p:
+        assert greeting_var() >> p == "it works"
+    with sky.Compute(provider=sky.Container(), nodes=3, options=QUIET) as p:
+        assert sorted(place() @ p) == [(0, 3, True), (1, 3, False), (2, 3, False)]
+        parts = my_part_summed(list(range(100))) @ p
+        assert sum(parts) == sum(range(100)) and all(0 < s < sum(range(100)) for s in parts), parts
+
+
+def test_a_docker_image_names_the_nodes_base(base_image: str, no_leftovers: None) -> None:
+    image = sky.DockerImage.of(base_image, ubuntu=None)
+    with sky.Compute(provider=sky.Container(image=image), nodes=1, options=QUIET) as p:
+        (name,) = pool_containers(p.id)
+        assert podman("inspect", "--format", "{{.ImageName}}", name).stdout.strip() == base_image
+        assert hostname() >> p == name

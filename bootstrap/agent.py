@@ -100,6 +100,23 @@ class WorkerProc:
         self.lane_count: LaneCount | None = None  # how many lane tasks it runs now
 
 
+LEASE_MIN, LEASE_MAX = 1.0, 366 * 86400.0  # a client's ttl, when not 0 (no lease at all)
+
+
+def lease_ttl(value: object) -> float | None:
+    """The lease a HELLO asks for (its ``ttl``): None when it asks for none (the agent keeps its
+    own), else seconds, 0 or from ``LEASE_MIN`` to ``LEASE_MAX``. Raises ``Refused`` for anything
+    else: a ttl of 0.01 would stop the agent at once, and a negative or NaN one (JSON says NaN
+    too) would stop its lease for ever."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            value == 0 or LEASE_MIN <= value <= LEASE_MAX):  # NaN compares false: refused
+        raise Refused(f"the HELLO's ttl {value!r:.40} is not a lease: seconds, 0 (none) or from "
+                      f"{LEASE_MIN:g} to {LEASE_MAX:g}")
+    return float(value)
+
+
 class Agent:
     def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None) -> None:
         # Keys, not the secret: what a worker gets (lane, collections) opens no agent.
@@ -260,6 +277,7 @@ class Agent:
     def _serve_conn(self, sock: socket.socket, gate: Gate) -> None:
         try:  # nothing of ours (reader, shared memory, a Conn) exists until the peer proved the key
             info, proof = admit(sock, self.key)
+            lease = lease_ttl(info.get("ttl"))
         except (Refused, OSError) as exc:
             self._refused(sock, str(exc), gate)
             return
@@ -269,11 +287,8 @@ class Agent:
         reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
         sealed = sock.family != socket.AF_UNIX and sock.getsockname()[:2] in self.sealed_at
         conn = Conn(sock, writer)
-        ttl = info.get("ttl", self.ttl)
         with self.lock:
             self.conns.append(conn)
-            if isinstance(ttl, (int, float)):
-                self.ttl = float(ttl)
             self.renewed = time.monotonic()
             # What this node is doing for every client (`skyward status` shows it).
             running = sum(len(w.inflight) + (w.lane_count.get() if w.lane_count else 0) for w in self.workers)
@@ -306,6 +321,11 @@ class Agent:
         try:
             while True:
                 frame = reader.read()
+                if lease is not None:
+                    # The HELLO's lease, taken only now: on a sealed link the first frame's MAC
+                    # is what proves the HELLO (its body is under the session keys), and a relay
+                    # that changed the ttl got the connection dropped before this.
+                    self.ttl, lease = lease, None
                 self.renewed = time.monotonic()
                 if frame.kind in (Kind.TASK, Kind.MAP):
                     self._submit(conn, frame)

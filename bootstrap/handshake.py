@@ -20,7 +20,9 @@ HELLO and WELCOME bodies as each end sent or received them (``Proof.keys`` on th
 ``Check.keys`` on the client), one key per direction, and every later frame carries MACs under
 it with a sequence number (frames.py). A relay that passed the handshake through untouched
 can then neither write a frame of its own nor replay, reorder or drop one; one that changed a
-HELLO or WELCOME fact makes the two ends' keys differ, so the first frame fails.
+HELLO or WELCOME fact makes the two ends' keys differ, so the first frame fails: that is why
+neither end acts on a fact of the other's (the agent on the HELLO's ``ttl``, the client on the
+WELCOME's package versions) before a first frame has passed.
 
 Before the peer has proven the key, a listener spends almost nothing: it reads a fixed
 20-byte header by hand, refuses any first frame that is not a HELLO of at most

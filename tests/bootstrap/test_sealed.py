@@ -469,6 +469,133 @@ def test_a_relay_that_changes_the_hello_gets_nothing_through(agent: Any) -> None
         relay.close()
 
 
+# -- the HELLO's and WELCOME's facts count only once proven --------------------------------------
+def _agent_with_lease(ttl: float, log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    env = dict(os.environ, SKYWARD_AGENT_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent_start", "--ttl", str(ttl),
+                             "--direct", "127.0.0.1", "--log", str(log)], stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _ttl_to(value: str) -> Callable[[bytes], bytes]:
+    def edit(body: bytes) -> bytes:
+        assert b'"ttl": 60' in body
+        return body.replace(b'"ttl": 60', b'"ttl": ' + value.encode())
+
+    return edit
+
+
+@pytest.mark.parametrize("value", ["0.01", "1"])
+def test_a_relay_that_shortens_the_lease_stops_nothing(agent: Any, value: str) -> None:
+    """The review's relay set the HELLO's ttl to 0.01: the agent took it before any frame was
+    checked, shut down and dropped another, legitimate client. Such a ttl is no lease (refused);
+    a plausible one (1 s) is taken only once the first frame proved the HELLO, which a changed
+    HELLO never does."""
+    proc, hello = agent
+    other = _channel(("127.0.0.1", hello["direct"]))
+    relay = Relay(("127.0.0.1", hello["direct"]), edit_hello=_ttl_to(value))
+    try:
+        with contextlib.suppress(ProtocolError):  # 0.01: refused before its WELCOME
+            _channel(relay.address).close()
+        assert relay.upstream_closed.wait(10), "the agent kept a connection whose HELLO was changed"
+        time.sleep(2)  # eight looks of the lease's watchdog, while the other client says nothing
+        assert proc.poll() is None, "the agent stopped on a ttl that nothing proved"
+        assert _value(_health(other, _const(7))) == 7 and other.lost is None
+    finally:
+        relay.close()
+        other.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "NaN", "Infinity", "1e999", '"soon"'])
+def test_a_relay_cannot_stop_the_lease(value: str, tmp_path: Path) -> None:
+    """Set to -1 or NaN (JSON says NaN too) by a relay, the HELLO's ttl stopped the agent's lease
+    for ever: it never exited. Now such a HELLO is refused, and the agent's own lease runs out."""
+    proc, hello = _agent_with_lease(2, tmp_path / "agent.log")
+    try:
+        relay = Relay(("127.0.0.1", hello["direct"]), edit_hello=_ttl_to(value))
+        try:
+            with contextlib.suppress(ProtocolError):  # refused before its WELCOME
+                _channel(relay.address).close()
+            assert relay.upstream_closed.wait(10)
+            assert proc.wait(timeout=15) == 0, "the agent's lease stopped"
+        finally:
+            relay.close()
+    finally:
+        _stop(proc)
+    assert "is not a lease" in (tmp_path / "agent.log").read_text()
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), -1, 0.01, 10 ** 9, "60", True])
+def test_a_hello_whose_ttl_is_no_lease_is_refused_with_the_reason(ttl: Any, tmp_path: Path) -> None:
+    """Even from a client that holds the key: the agent says why in its log, and no WELCOME."""
+    proc, hello = _agent_with_lease(60, tmp_path / "agent.log")
+    try:
+        with socket.create_connection(("127.0.0.1", hello["port"])) as sock:
+            prove(sock, derive(TOKEN, AGENT), {"ttl": ttl})
+            with pytest.raises(EOFError):
+                handshake.read_welcome(sock, "the agent", 10)
+        with socket.create_connection(("127.0.0.1", hello["port"])) as sock:  # 0 and plain seconds do
+            check = prove(sock, derive(TOKEN, AGENT), {"ttl": 0})
+            assert check(handshake.read_welcome(sock, "the agent", 10)[0])
+    finally:
+        _stop(proc)
+    assert f"the HELLO's ttl {ttl!r:.40} is not a lease" in (tmp_path / "agent.log").read_text()
+
+
+def test_the_welcomes_versions_count_only_once_proven(agent: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A relay that changed a package's version in the WELCOME made the client warn of a
+    difference that is not there. The client now waits for the first sealed frame from the
+    agent, which a changed WELCOME never lets pass."""
+    from types import SimpleNamespace
+
+    import pytest as pytest_module
+
+    from skyward.core.membership import Membership
+    from skyward.spec import Spec
+
+    _, hello = agent
+
+    def older_pytest(body: bytes) -> bytes:
+        facts = json.loads(body)
+        facts["packages"]["pytest"] = "0.0.1"
+        return json.dumps(facts).encode()
+
+    # a proven link: the check runs
+    direct = _channel(("127.0.0.1", hello["direct"]))
+    proven: list[bool] = []
+    try:
+        direct.when_proven(lambda: proven.append(True))
+        deadline = time.monotonic() + 10
+        while not proven:
+            assert time.monotonic() < deadline, "a real agent's first frame never proved its WELCOME"
+            time.sleep(0.02)
+    finally:
+        direct.close()
+    assert pytest_module.__version__ != "0.0.1"
+    relay = Relay(("127.0.0.1", hello["direct"]), edit_welcome=older_pytest)
+    members = Membership("p-relay", None, Spec(ttl=60), sky.Options(console="silent"), sky.Worker(),
+                         lambda event: None)
+    members.cluster = SimpleNamespace(token=TOKEN)  # type: ignore[assignment]
+    caplog.set_level("WARNING", logger="skyward")
+    ch = members.connect(SimpleNamespace(connect=lambda: socket.create_connection(relay.address), index=0))
+    try:
+        assert ch.facts["packages"]["pytest"] == "0.0.1"  # what the relay made it say...
+        assert relay.upstream_closed.wait(10)
+        time.sleep(0.5)
+        assert not members.drift and "other versions of packages" not in caplog.text  # ...counts for nothing
+    finally:
+        ch.close()
+        relay.close()
+
+
 def test_local_links_stay_plain_and_a_tcp_client_insists_on_sealing(agent: Any) -> None:
     """The loopback port (the end of an SSH tunnel) is not sealed; a client on TCP to another
     host refuses an agent that does not seal (an old agent, or a WELCOME someone changed)."""

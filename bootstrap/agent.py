@@ -46,6 +46,7 @@ from .frames import (
     FrameReader,
     FrameWriter,
     Kind,
+    Tampered,
     tune,
 )
 from .handshake import AGENT, COLLECTIONS, LANE, Gate, Refused, admit, derive
@@ -350,6 +351,8 @@ class Agent:
                         self._stopped_from_outside(conn, bytes(frame.body))
                     self.shutdown("the client asked")
                     return
+        except Tampered as exc:  # someone between the client and us: say so, drop the connection
+            _log(f"dropped a client's connection: {exc}")
         except (EOFError, OSError):
             pass
         finally:

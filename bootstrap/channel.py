@@ -24,7 +24,16 @@ from skyward.errors import (
 )
 
 from . import serialize
-from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import (
+    FLAG_STREAM_IN,
+    FLAG_STREAM_OUT,
+    Frame,
+    FrameReader,
+    FrameWriter,
+    Kind,
+    Tampered,
+    tune,
+)
 from .handshake import AGENT, Check, Refused, TurnedAway, derive, prove, read_welcome
 from .lane import ClientLane
 
@@ -428,6 +437,12 @@ class NodeChannel:
     def _lost_error(self) -> SkywardError:
         if self.stopped is not None:  # not lost: stopped on purpose, and we were told
             return PoolStoppedError(self.stopped)
+        if isinstance(self.lost, Tampered):  # the agent is fine: the link was not
+            return NodeLostError(
+                f"the connection to the agent on {self.label} was closed: {self.lost}. Someone on the "
+                f"network between this machine and the node is changing the traffic; nothing they "
+                f"wrote was used. Tasks that were running there did not return a result."
+            )
         return NodeLostError(
             f"the connection to the agent on {self.label} was lost ({self.lost}); the node or its "
             f"agent stopped. Tasks that were running there did not return a result."

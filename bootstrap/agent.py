@@ -49,7 +49,7 @@ from .frames import (
     Tampered,
     tune,
 )
-from .handshake import AGENT, COLLECTIONS, LANE, Gate, Refused, admit, derive
+from .handshake import AGENT, COLLECTIONS, LANE, LEASE_MAX, LEASE_MIN, Gate, Refused, admit, derive
 from .lane import LaneCount
 from .listeners import unix_listener
 
@@ -99,9 +99,6 @@ class WorkerProc:
         self.launched = launched  # started by a plugin launcher: shares its process with others
         self.lane: str | None = None  # where its lane listens (lane.py), when clients may use it
         self.lane_count: LaneCount | None = None  # how many lane tasks it runs now
-
-
-LEASE_MIN, LEASE_MAX = 1.0, 366 * 86400.0  # a client's ttl, when not 0 (no lease at all)
 
 
 def lease_ttl(value: object) -> float | None:

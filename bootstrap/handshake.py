@@ -65,6 +65,8 @@ WELCOME_MAX = 1 << 20
 DEADLINE = 5.0  # seconds for the whole exchange, on the server's side
 FIRST_BYTE = 2.0  # seconds from the challenge to the peer's first byte (a real client answers at once)
 GRACE = 0.5  # seconds a pending handshake is safe from eviction by newer ones (Gate)
+# The lease a client's HELLO may ask an agent for (``ttl``), when not 0 (none): seconds.
+LEASE_MIN, LEASE_MAX = 1.0, 366 * 86400.0
 # Purposes of the keys derived from a pool's secret.
 AGENT, LANE, COLLECTIONS = "agent", "lane", "collections"
 _BLOCK = 64

@@ -880,3 +880,14 @@ def test_without_the_proof_check_that_server_would_pass(client: str, tmp_path: P
     got = _clients(tmp_path)[client](_wrong_proof)
     with contextlib.suppress(AttributeError, OSError):
         got.close()
+
+
+def test_a_pool_cannot_ask_for_a_lease_its_agents_refuse() -> None:
+    """The longest ttl a Spec takes is the longest lease an agent takes: a longer one is a
+    ConfigError on the client, not a handshake the agents refuse."""
+    from skyward.bootstrap.agent import lease_ttl
+    from skyward.spec import TTL_MAX, Spec
+
+    assert TTL_MAX == handshake.LEASE_MAX and lease_ttl(Spec(ttl=TTL_MAX).ttl) == TTL_MAX
+    with pytest.raises(sky.ConfigError, match="from 0 to"):
+        Spec(ttl=TTL_MAX + 1)

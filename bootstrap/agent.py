@@ -43,9 +43,10 @@ from .frames import (
     FrameReader,
     FrameWriter,
     Kind,
+    Tampered,
     tune,
 )
-from .handshake import AGENT, COLLECTIONS, LANE, Gate, Refused, admit, derive
+from .handshake import AGENT, COLLECTIONS, LANE, LEASE_MAX, LEASE_MIN, Gate, Refused, admit, derive
 from .listeners import close as _close
 from .listeners import unlink as _unlink
 from .supervisor import Supervisor, WorkerProc, exit_reason
@@ -80,6 +81,20 @@ class Route:
         self.nested = 0  # nested submissions of this task that await their REPLY
         # The task's shared-memory buffers: given back if its worker dies before it lets them go.
         self.spilled = spilled if spilled is not None else []
+
+
+def lease_ttl(value: object) -> float | None:
+    """The lease a HELLO asks for (its ``ttl``): None when it asks for none (the agent keeps its
+    own), else seconds, 0 or from ``LEASE_MIN`` to ``LEASE_MAX``. Raises ``Refused`` for anything
+    else: a ttl of 0.01 would stop the agent at once, and a negative or NaN one (JSON says NaN
+    too) would stop its lease for ever."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            value == 0 or LEASE_MIN <= value <= LEASE_MAX):  # NaN compares false: refused
+        raise Refused(f"the HELLO's ttl {value!r:.40} is not a lease: seconds, 0 (none) or from "
+                      f"{LEASE_MIN:g} to {LEASE_MAX:g}")
+    return float(value)
 
 
 class Agent:
@@ -221,6 +236,7 @@ class Agent:
     def _serve_conn(self, sock: socket.socket, gate: Gate) -> None:
         try:  # nothing of ours (reader, shared memory, a Conn) exists until the peer proved the key
             info, proof = admit(sock, self.key)
+            lease = lease_ttl(info.get("ttl"))
         except (Refused, OSError) as exc:
             self._refused(sock, str(exc), gate)
             return
@@ -230,11 +246,8 @@ class Agent:
         reader, writer = FrameReader(sock, self._reserve, shm.release), FrameWriter(sock)
         sealed = sock.family != socket.AF_UNIX and sock.getsockname()[:2] in self.sealed_at
         conn = Conn(sock, writer)
-        ttl = info.get("ttl", self.ttl)
         with self.lock:
             self.conns.append(conn)
-            if isinstance(ttl, (int, float)):
-                self.ttl = float(ttl)
             self.renewed = time.monotonic()
             # What this node is doing for every client (`skyward status` shows it).
             running = sum(len(w.inflight) + (w.lane_count.get() if w.lane_count else 0) for w in self.workers)
@@ -267,6 +280,11 @@ class Agent:
         try:
             while True:
                 frame = reader.read()
+                if lease is not None:
+                    # The HELLO's lease, taken only now: on a sealed link the first frame's MAC
+                    # is what proves the HELLO (its body is under the session keys), and a relay
+                    # that changed the ttl got the connection dropped before this.
+                    self.ttl, lease = lease, None
                 self.renewed = time.monotonic()
                 if frame.kind in (Kind.TASK, Kind.MAP):
                     self._submit(conn, frame)
@@ -291,6 +309,8 @@ class Agent:
                         self._stopped_from_outside(conn, bytes(frame.body))
                     self.shutdown("the client asked")
                     return
+        except Tampered as exc:  # someone between the client and us: say so, drop the connection
+            _log(f"dropped a client's connection: {exc}")
         except (EOFError, OSError):
             pass
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import socket
 import threading
 import time
@@ -23,10 +24,20 @@ from skyward.errors import (
 )
 
 from . import serialize
-from .frames import FLAG_STREAM_IN, FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind, tune
+from .frames import (
+    FLAG_STREAM_IN,
+    FLAG_STREAM_OUT,
+    Frame,
+    FrameReader,
+    FrameWriter,
+    Kind,
+    Tampered,
+    tune,
+)
 from .handshake import AGENT, Check, Refused, TurnedAway, derive, prove, read_welcome
 from .lane import ClientLane
 
+log = logging.getLogger("skyward")
 Done = Callable[[Frame | BaseException], None]
 OnOutput = Callable[[int, int, int, bytes], None]  # node, task id, stream, text
 
@@ -120,8 +131,34 @@ class NodeChannel:
                 f"its WELCOME); nothing was sent to it."
             )
         self._answers_pings = bool(self.facts.get("pong"))  # agents of older versions do not
+        # On a sealed link the WELCOME's facts are proven only by the first frame from the agent
+        # that passes its MAC (the body is under the session keys): until then whoever is in
+        # between may have changed them. Callers that act on a fact wait (``when_proven``); a
+        # PING makes the agent send that frame at once.
+        self._unproven: list[Callable[[], None]] | None = [] if check.sealed else None
         self._thread = threading.Thread(target=self._read_loop, name=f"skyward-{self.label}", daemon=True)
         self._thread.start()
+        if check.sealed:
+            self.send(Kind.PING)
+
+    def when_proven(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the WELCOME's facts (``facts``) are proven: now on a link nobody
+        can be between (an SSH channel, a Unix socket, loopback), else on the reader's thread
+        when the first frame from the agent passes its MAC; never if none does (the node is lost)."""
+        with self._lock:
+            if self._unproven is not None:
+                self._unproven.append(fn)
+                return
+        fn()
+
+    def _proven(self) -> None:
+        with self._lock:
+            waiting, self._unproven = self._unproven or [], None
+        for fn in waiting:
+            try:
+                fn()
+            except Exception:  # a caller's bug must not lose the node
+                log.exception("%s: a check of the agent's facts failed", self.label)
 
     @property
     def inflight(self) -> int:
@@ -340,6 +377,8 @@ class NodeChannel:
         try:
             while True:
                 frame = self._reader.read()
+                if self._unproven is not None:
+                    self._proven()
                 if frame.kind == Kind.RESULT:
                     self._complete(frame)
                 elif frame.kind in (Kind.YIELD, Kind.PULL):
@@ -398,6 +437,12 @@ class NodeChannel:
     def _lost_error(self) -> SkywardError:
         if self.stopped is not None:  # not lost: stopped on purpose, and we were told
             return PoolStoppedError(self.stopped)
+        if isinstance(self.lost, Tampered):  # the agent is fine: the link was not
+            return NodeLostError(
+                f"the connection to the agent on {self.label} was closed: {self.lost}. Someone on the "
+                f"network between this machine and the node is changing the traffic; nothing they "
+                f"wrote was used. Tasks that were running there did not return a result."
+            )
         return NodeLostError(
             f"the connection to the agent on {self.label} was lost ({self.lost}); the node or its "
             f"agent stopped. Tasks that were running there did not return a result."

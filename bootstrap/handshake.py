@@ -20,7 +20,9 @@ HELLO and WELCOME bodies as each end sent or received them (``Proof.keys`` on th
 ``Check.keys`` on the client), one key per direction, and every later frame carries MACs under
 it with a sequence number (frames.py). A relay that passed the handshake through untouched
 can then neither write a frame of its own nor replay, reorder or drop one; one that changed a
-HELLO or WELCOME fact makes the two ends' keys differ, so the first frame fails.
+HELLO or WELCOME fact makes the two ends' keys differ, so the first frame fails: that is why
+neither end acts on a fact of the other's (the agent on the HELLO's ``ttl``, the client on the
+WELCOME's package versions) before a first frame has passed.
 
 Before the peer has proven the key, a listener spends almost nothing: it reads a fixed
 20-byte header by hand, refuses any first frame that is not a HELLO of at most
@@ -63,6 +65,8 @@ WELCOME_MAX = 1 << 20
 DEADLINE = 5.0  # seconds for the whole exchange, on the server's side
 FIRST_BYTE = 2.0  # seconds from the challenge to the peer's first byte (a real client answers at once)
 GRACE = 0.5  # seconds a pending handshake is safe from eviction by newer ones (Gate)
+# The lease a client's HELLO may ask an agent for (``ttl``), when not 0 (none): seconds.
+LEASE_MIN, LEASE_MAX = 1.0, 366 * 86400.0
 # Purposes of the keys derived from a pool's secret.
 AGENT, LANE, COLLECTIONS = "agent", "lane", "collections"
 _BLOCK = 64

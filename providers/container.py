@@ -27,6 +27,7 @@ import random
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -826,11 +827,18 @@ def _place(home: Path, files: dict[str, tuple[Path | bytes, int]]) -> None:
 
 def _sweep_folders(runtime: Runtime) -> None:
     """The host folders of pools whose client died (their agents emptied them at the end of their
-    lease and their containers removed themselves): untouched for ten minutes and no container."""
+    lease and their containers removed themselves): untouched for ten minutes and no container.
+    Only this user's folders, never a link: the temp folder is everyone's, and a pool run as
+    root could otherwise remove another user's pool folders (or whatever a link named so
+    points to)."""
+    me = os.geteuid()
     for folder in Path(tempfile.gettempdir()).glob("sky-ctr-*-*"):
         pool_id = folder.name.split("-")[2]
         try:
-            if time.time() - folder.stat().st_mtime < 600 or runtime.running(pool_id):
+            st = folder.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                continue
+            if time.time() - st.st_mtime < 600 or runtime.running(pool_id):
                 continue
         except (OSError, ProviderError):
             continue

@@ -364,6 +364,11 @@ def check_session_option(where: str, name: str, value: Any) -> None:
         )
 
 
+# The longest lease an agent takes (skyward.bootstrap.handshake.LEASE_MAX; the agent's side
+# does not import this package).
+TTL_MAX = 366 * 86400
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """What to provision: a provider and the shape of its nodes."""
@@ -414,8 +419,9 @@ class Spec:
             )
         if not isinstance(self.image, Image):
             raise ConfigError(f"image={self.image!r} is not valid: pass sky.Image(...).")
-        if isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or self.ttl < 0:
-            raise ConfigError(f"ttl={self.ttl!r} is not valid: seconds as an int >= 0 (0 disables the watchdog).")
+        if isinstance(self.ttl, bool) or not isinstance(self.ttl, int) or not 0 <= self.ttl <= TTL_MAX:
+            raise ConfigError(f"ttl={self.ttl!r} is not valid: seconds as an int from 0 to {TTL_MAX} "
+                              f"(366 days; 0 disables the watchdog).")
         object.__setattr__(self, "volumes", _volumes(self.volumes))
         object.__setattr__(self, "plugins", tuple(self.plugins))
 

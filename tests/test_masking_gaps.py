@@ -213,3 +213,21 @@ def test_tasks_do_not_find_the_pools_secret_in_any_environ(forked: bool, monkeyp
         assert len(token) >= 32
         for found in holders(token) @ pool:
             assert found == {"self": [], "agent": [], "any": []}, found
+
+
+@pytest.mark.parametrize("value", ["12345678", "87654321x", "s3cr3t/p@ss+w0rd!x", "correct horse"])
+def test_no_character_of_a_base64_form_that_holds_the_secret_shows(value: str) -> None:
+    """The review's 8-digit password: the last base64 group of ``user:PASSWORD`` printed as it
+    was, and it held the last two digits. Every character that depends on the value, the
+    groups it shares with what comes before and after included, is masked; what depends on
+    the text around it alone is left."""
+    secret(value)
+    other = bytes(b ^ 0xFF for b in value.encode())  # every bit of the value flipped
+    for prefix in ("", "u", "u:", "user:", "a longer user name:"):
+        for suffix in ("", "@", "@h", "\n", "@db.example.com:5432"):
+            for encode in (base64.b64encode, base64.urlsafe_b64encode):
+                encoded = encode(prefix.encode() + value.encode() + suffix.encode()).decode()
+                changed = encode(prefix.encode() + other + suffix.encode()).decode()
+                held = [i for i, (a, b) in enumerate(zip(encoded, changed, strict=True)) if a != b]
+                expected = encoded[:held[0]] + "***" + encoded[held[-1] + 1:]
+                assert redact(encoded) == expected, (prefix, suffix, encoded)

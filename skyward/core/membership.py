@@ -444,7 +444,7 @@ class Membership:
             on_submit=lambda origin, frame: self.on_nested(origin, frame),
             on_stopping=self._pool_stopped,
         )
-        self._compare_versions(ch)
+        ch.when_proven(lambda: self._compare_versions(ch))  # the versions a relay cannot have changed
         return ch
 
     def _compare_versions(self, ch: NodeChannel) -> None:

@@ -14,6 +14,8 @@ server's port (``skyward_session_PORT``), and a key the page keeps in its origin
 but keep ``localStorage`` per origin, port included: the cookie alone opens only the HTML shells
 (which hold no data), never the API. A session unused for ``SESSION_IDLE`` s is forgotten. A
 foreign page cannot add the header, so the API needs no other guard against cross-site requests.
+Nor can it frame a page to borrow the user's clicks: every response forbids framing
+(``framing.NoFraming``), and a page that finds itself in a frame acts on nothing (``dashboard.js``).
 
 Blocking work (registry, providers, stacks, attaching to nodes) runs in worker threads, never
 on the event loop. Pages are static HTML shells; ``app.js`` renders them from the API and
@@ -57,6 +59,7 @@ from skyward.observe.prometheus import PoolStats
 from skyward.records import audit
 
 from . import views
+from .framing import NoFraming
 from .live import LivePool
 from .watch import NodeWatch
 
@@ -599,6 +602,14 @@ def page(hub: Hub, name: str) -> Endpoint:
     return endpoint
 
 
+class _Dashboard(Starlette):
+    """The app, wrapped whole in ``NoFraming``: outside Starlette's own error handling, so that
+    the 500 of an unhandled error says it may not be framed too."""
+
+    def build_middleware_stack(self) -> Any:
+        return NoFraming(super().build_middleware_stack())
+
+
 def build(token: str, project: Path | None = None) -> Starlette:
     hub = Hub(token=token, project=project)
 
@@ -635,6 +646,6 @@ def build(token: str, project: Path | None = None) -> Starlette:
         Route("/api/ingest/events", api(hub, ingest_events), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = _Dashboard(routes=routes, lifespan=lifespan)
     app.state.hub = hub
     return app

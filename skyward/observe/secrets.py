@@ -96,11 +96,13 @@ def secret(value: str) -> Secret:
 class _Snapshot:
     """The registry's immutable state; replaced whole so that redact() needs no lock."""
 
-    __slots__ = ("pattern", "values")
+    __slots__ = ("edges", "pattern", "values")
 
-    def __init__(self, values: frozenset[str]) -> None:
+    def __init__(self, values: frozenset[str], edges: dict[str, tuple[int, int]] | None = None) -> None:
         # Longest first: where two values overlap at one position, the longer one matches.
         self.values: tuple[str, ...] = tuple(sorted(values, key=lambda v: (-len(v), v)))
+        # Characters masked too before and after a form (a base64 run's shared characters).
+        self.edges: dict[str, tuple[int, int]] = edges or {}
         self.pattern: re.Pattern[str] | None = (
             re.compile("|".join(re.escape(v) for v in self.values)) if self.values else None
         )
@@ -111,17 +113,24 @@ class _Registry:
         self._lock = threading.Lock()
         self._values: set[str] = set()  # what is masked: the values and their encoded forms
         self._given: set[str] = set()  # the values registered
+        self._edges: dict[str, tuple[int, int]] = {}
         self.snapshot = _Snapshot(frozenset())
 
-    def add(self, value: str, forms: Sequence[str] | set[str] = ()) -> None:
-        """Mask ``value`` and the ``forms`` it takes once encoded (:func:`_encoded_forms`)."""
+    def add(self, value: str, forms: Mapping[str, tuple[int, int]] | Sequence[str] = ()) -> None:
+        """Mask ``value`` and the ``forms`` it takes once encoded (:func:`_encoded_forms`: each
+        with the characters before and after it that are masked with it)."""
         with self._lock:
             if value in self._given:
                 return
             self._given.add(value)
             self._values.add(value)
             self._values.update(forms)
-            self.snapshot = _Snapshot(frozenset(self._values))
+            if isinstance(forms, Mapping):
+                for form, (before, after) in forms.items():
+                    had = self._edges.get(form, (0, 0))
+                    if (before, after) != (0, 0):
+                        self._edges[form] = (max(had[0], before), max(had[1], after))
+            self.snapshot = _Snapshot(frozenset(self._values), dict(self._edges))
         _redact_uncaught()
 
 
@@ -181,7 +190,7 @@ def register(value: str) -> None:
         )
     if len(value) < MIN_LENGTH:
         return
-    _REGISTRY.add(str(value), _encoded_forms(value) if len(value) >= ENCODED_MIN_LENGTH else ())
+    _REGISTRY.add(str(value), _encoded_forms(value) if len(value) >= ENCODED_MIN_LENGTH else {})
 
 
 # Below this length a secret's URL-encoded and base64 forms are not masked: their fragments
@@ -189,25 +198,31 @@ def register(value: str) -> None:
 ENCODED_MIN_LENGTH = 8
 
 
-def _encoded_forms(value: str) -> set[str]:
+def _encoded_forms(value: str) -> dict[str, tuple[int, int]]:
     """How ``value`` shows up when something encoded it: URL-encoded (``quote`` and
     ``quote_plus``, as in a query string or an ``OTEL_*_HEADERS`` value) and base64 (standard
-    and URL-safe; an ``Authorization: Basic`` header, a JSON blob). Base64 encodes three bytes
-    at a time, so the value's encoding depends on where it starts in the encoded input: the run
-    of characters that depends on the value alone is taken for each of the three offsets, and
-    found wherever the value was encoded as part of something longer (``user:password``)."""
+    and URL-safe; an ``Authorization: Basic`` header, a JSON blob), each with how many
+    characters before and after it are masked with it. Base64 encodes three bytes at a time,
+    so the value's encoding depends on where it starts in the encoded input: for each of the
+    three offsets, the run of characters made of the value alone is found wherever the value
+    was encoded as part of something longer (``user:password``), and the character at either
+    end that holds bits of the value and bits of its neighbour goes with it, so that nothing
+    of the value shows, not even the last digits of a short password."""
     import base64
     from urllib.parse import quote, quote_plus
 
     raw = value.encode()
-    forms = {quote(value, safe=""), quote(value), quote_plus(value)}
+    forms = dict.fromkeys((quote(value, safe=""), quote(value), quote_plus(value)), (0, 0))
     for shift in range(3):
         encoded = base64.b64encode(b"\0" * shift + raw).decode()
-        end = 4 * ((shift + len(raw)) // 3)  # the last group may hold bytes after the value
+        left = (shift + len(raw)) % 3  # the value's bytes in its last group, with what follows
+        # A last group's first `left` characters are the value's; the next one is shared.
+        end = 4 * ((shift + len(raw)) // 3) + left
         run = encoded[(0, 2, 3)[shift]:end]
-        forms |= {run, run.replace("+", "-").replace("/", "_")}
-    forms.discard(value)
-    return {f for f in forms if len(f) >= ENCODED_MIN_LENGTH}
+        edges = (1 if shift else 0, 1 if left else 0)  # the first group's is shared when shifted
+        forms[run] = forms[run.replace("+", "-").replace("/", "_")] = edges
+    forms.pop(value, None)
+    return {f: e for f, e in forms.items() if len(f) >= ENCODED_MIN_LENGTH}
 
 
 def redact(text: str) -> str:
@@ -228,9 +243,10 @@ def redact(text: str) -> str:
     # the spans, and mask each merged span once.
     spans: list[tuple[int, int]] = []
     for value in snap.values:
+        before, after = snap.edges.get(value, (0, 0))
         start = text.find(value)
         while start != -1:
-            spans.append((start, start + len(value)))
+            spans.append((max(0, start - before), min(len(text), start + len(value) + after)))
             start = text.find(value, start + 1)
     spans.sort()
     out: list[str] = []

@@ -460,13 +460,182 @@ def test_a_relay_that_changes_the_hello_gets_nothing_through(agent: Any) -> None
     relay = Relay(("127.0.0.1", hello["direct"]), edit_hello=lambda body: body.replace(b'"ttl": 60', b'"ttl": 61'))
     ch = _channel(relay.address)
     try:
-        fut = _health(ch, _const(5))
+        try:  # the client's first frame (its PING) may have lost the node already
+            fut: Future[Frame] | None = _health(ch, _const(5))
+        except sky.NodeLostError:
+            fut = None
         assert relay.upstream_closed.wait(10)
-        with pytest.raises(BaseException):  # noqa: B017
-            fut.result(10)
+        if fut is not None:
+            with pytest.raises(BaseException):  # noqa: B017
+                fut.result(10)
     finally:
         ch.close()
         relay.close()
+
+
+# -- the HELLO's and WELCOME's facts count only once proven --------------------------------------
+def _agent_with_lease(ttl: float, log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    env = dict(os.environ, SKYWARD_AGENT_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.agent_start", "--ttl", str(ttl),
+                             "--direct", "127.0.0.1", "--log", str(log)], stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _ttl_to(value: str) -> Callable[[bytes], bytes]:
+    def edit(body: bytes) -> bytes:
+        assert b'"ttl": 60' in body
+        return body.replace(b'"ttl": 60', b'"ttl": ' + value.encode())
+
+    return edit
+
+
+@pytest.mark.parametrize("value", ["0.01", "1"])
+def test_a_relay_that_shortens_the_lease_stops_nothing(agent: Any, value: str) -> None:
+    """The review's relay set the HELLO's ttl to 0.01: the agent took it before any frame was
+    checked, shut down and dropped another, legitimate client. Such a ttl is no lease (refused);
+    a plausible one (1 s) is taken only once the first frame proved the HELLO, which a changed
+    HELLO never does."""
+    proc, hello = agent
+    other = _channel(("127.0.0.1", hello["direct"]))
+    relay = Relay(("127.0.0.1", hello["direct"]), edit_hello=_ttl_to(value))
+    try:
+        with contextlib.suppress(ProtocolError):  # 0.01: refused before its WELCOME
+            _channel(relay.address).close()
+        assert relay.upstream_closed.wait(10), "the agent kept a connection whose HELLO was changed"
+        time.sleep(2)  # eight looks of the lease's watchdog, while the other client says nothing
+        assert proc.poll() is None, "the agent stopped on a ttl that nothing proved"
+        assert _value(_health(other, _const(7))) == 7 and other.lost is None
+    finally:
+        relay.close()
+        other.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "NaN", "Infinity", "1e999", '"soon"'])
+def test_a_relay_cannot_stop_the_lease(value: str, tmp_path: Path) -> None:
+    """Set to -1 or NaN (JSON says NaN too) by a relay, the HELLO's ttl stopped the agent's lease
+    for ever: it never exited. Now such a HELLO is refused, and the agent's own lease runs out."""
+    proc, hello = _agent_with_lease(2, tmp_path / "agent.log")
+    try:
+        relay = Relay(("127.0.0.1", hello["direct"]), edit_hello=_ttl_to(value))
+        try:
+            with contextlib.suppress(ProtocolError):  # refused before its WELCOME
+                _channel(relay.address).close()
+            assert relay.upstream_closed.wait(10)
+            assert proc.wait(timeout=15) == 0, "the agent's lease stopped"
+        finally:
+            relay.close()
+    finally:
+        _stop(proc)
+    assert "is not a lease" in (tmp_path / "agent.log").read_text()
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), -1, 0.01, 10 ** 9, "60", True])
+def test_a_hello_whose_ttl_is_no_lease_is_refused_with_the_reason(ttl: Any, tmp_path: Path) -> None:
+    """Even from a client that holds the key: the agent says why in its log, and no WELCOME."""
+    proc, hello = _agent_with_lease(60, tmp_path / "agent.log")
+    try:
+        with socket.create_connection(("127.0.0.1", hello["port"])) as sock:
+            prove(sock, derive(TOKEN, AGENT), {"ttl": ttl})
+            with pytest.raises(EOFError):
+                handshake.read_welcome(sock, "the agent", 10)
+        with socket.create_connection(("127.0.0.1", hello["port"])) as sock:  # 0 and plain seconds do
+            check = prove(sock, derive(TOKEN, AGENT), {"ttl": 0})
+            assert check(handshake.read_welcome(sock, "the agent", 10)[0])
+    finally:
+        _stop(proc)
+    assert f"the HELLO's ttl {ttl!r:.40} is not a lease" in (tmp_path / "agent.log").read_text()
+
+
+def test_the_welcomes_versions_count_only_once_proven(agent: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A relay that changed a package's version in the WELCOME made the client warn of a
+    difference that is not there. The client now waits for the first sealed frame from the
+    agent, which a changed WELCOME never lets pass."""
+    from types import SimpleNamespace
+
+    import pytest as pytest_module
+
+    from skyward.core.membership import Membership
+    from skyward.spec import Spec
+
+    _, hello = agent
+
+    def older_pytest(body: bytes) -> bytes:
+        facts = json.loads(body)
+        facts["packages"]["pytest"] = "0.0.1"
+        return json.dumps(facts).encode()
+
+    # a proven link: the check runs
+    direct = _channel(("127.0.0.1", hello["direct"]))
+    proven: list[bool] = []
+    try:
+        direct.when_proven(lambda: proven.append(True))
+        deadline = time.monotonic() + 10
+        while not proven:
+            assert time.monotonic() < deadline, "a real agent's first frame never proved its WELCOME"
+            time.sleep(0.02)
+    finally:
+        direct.close()
+    assert pytest_module.__version__ != "0.0.1"
+    relay = Relay(("127.0.0.1", hello["direct"]), edit_welcome=older_pytest)
+    members = Membership("p-relay", None, Spec(ttl=60), sky.Options(console="silent"), sky.Worker(),
+                         lambda event: None)
+    members.cluster = SimpleNamespace(token=TOKEN)  # type: ignore[assignment]
+    caplog.set_level("WARNING", logger="skyward")
+    ch = members.connect(SimpleNamespace(connect=lambda: socket.create_connection(relay.address), index=0))
+    try:
+        assert ch.facts["packages"]["pytest"] == "0.0.1"  # what the relay made it say...
+        assert relay.upstream_closed.wait(10)
+        time.sleep(0.5)
+        assert not members.drift and "other versions of packages" not in caplog.text  # ...counts for nothing
+    finally:
+        ch.close()
+        relay.close()
+
+
+def test_a_frame_that_fails_its_mac_is_logged_and_named_in_the_loss(tmp_path: Path) -> None:
+    """A forged frame used to end the connection in silence on the agent's side, and the client
+    said "the node or its agent stopped". The agent's log now says a frame failed its MAC, and
+    the client's error says that the link, not the node, failed."""
+    proc, hello = _agent_with_lease(60, tmp_path / "agent.log")
+    try:
+        relay = Relay(("127.0.0.1", hello["direct"]))
+        ch = _channel(relay.address)
+        try:
+            assert _value(_health(ch, _const(1))) == 1
+            relay.up_raw(HEADER.pack(Kind.PING, 0, 0, 0, 0) + os.urandom(TAG))
+            assert relay.upstream_closed.wait(10)
+            deadline = time.monotonic() + 10
+            while "failed its MAC" not in (tmp_path / "agent.log").read_text():
+                assert time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
+                time.sleep(0.05)
+        finally:
+            ch.close()
+            relay.close()
+        relay = Relay(("127.0.0.1", hello["direct"]))
+        ch = _channel(relay.address)
+        try:
+            assert _value(_health(ch, _const(2))) == 2
+            relay.down_raw(HEADER.pack(Kind.OUTPUT, 1, 0, 1, 5) + b"hello" + os.urandom(TAG))
+            with pytest.raises(sky.NodeLostError) as lost:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    _health(ch, _const(3))
+                    time.sleep(0.05)
+            assert "failed its MAC" in str(lost.value) and "agent stopped" not in str(lost.value)
+        finally:
+            ch.close()
+            relay.close()
+        assert proc.poll() is None  # the agent itself was never the problem
+    finally:
+        _stop(proc)
 
 
 def test_local_links_stay_plain_and_a_tcp_client_insists_on_sealing(agent: Any) -> None:
@@ -711,3 +880,14 @@ def test_without_the_proof_check_that_server_would_pass(client: str, tmp_path: P
     got = _clients(tmp_path)[client](_wrong_proof)
     with contextlib.suppress(AttributeError, OSError):
         got.close()
+
+
+def test_a_pool_cannot_ask_for_a_lease_its_agents_refuse() -> None:
+    """The longest ttl a Spec takes is the longest lease an agent takes: a longer one is a
+    ConfigError on the client, not a handshake the agents refuse."""
+    from skyward.bootstrap.agent import lease_ttl
+    from skyward.spec import TTL_MAX, Spec
+
+    assert TTL_MAX == handshake.LEASE_MAX and lease_ttl(Spec(ttl=TTL_MAX).ttl) == TTL_MAX
+    with pytest.raises(sky.ConfigError, match="from 0 to"):
+        Spec(ttl=TTL_MAX + 1)

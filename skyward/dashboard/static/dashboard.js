@@ -480,7 +480,18 @@ async function renderConfig() {
 }
 
 // -- start --------------------------------------------------------------------------------------
-if (PAGE === "pools") {
+// Inside another page's frame (one the browser let through, whatever the server's headers said)
+// the page acts on nothing: no data, no buttons, no live updates, only a notice. A page that
+// cannot even read window.top is framed by another origin.
+function framed() {
+  try { return window.top !== window.self; } catch (e) { return true; }
+}
+
+if (framed()) {
+  document.getElementById("live-status").textContent = "";
+  setMain(h("p", { class: "error", id: "framed" },
+    "This dashboard page is inside another page's frame, so it does nothing here: open it in a tab of its own."));
+} else if (PAGE === "pools") {
   renderPools();
   const again = debounce(renderPools, 1000);
   connect(null, (messages) => { if (messages.some((m) => m.type !== "hello")) again(); });

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.errors import ConfigError, ProviderError
-from skyward.records import pkglock
+from skyward.records import pkglock, resolver
 
 if TYPE_CHECKING:
     from skyward.spec import Image, Spec
@@ -93,7 +93,7 @@ def build(spec: Spec, image: Image, ops: tuple[str, ...], *, pool_id: str, insta
             on_phase(-1, "wheelhouse", "failed", time.monotonic() - t0)
             raise
         on_phase(-1, "wheelhouse", "done", time.monotonic() - t0)
-    lock = pkglock.describe(locked, python=python, platform=platform, indexes=indexes,
+    lock = pkglock.describe(locked, python=python, platform=platform, indexes=indexes, resolver=resolver.uv_version(),
                             pinned_from=pin is not None, skyward_wheel=sky.digest)
     includes = includes_archive(image) if image.includes else None
     plan = script.NodePlan(
@@ -126,23 +126,23 @@ LOCK_FRESH_S = 600.0
 
 def resolve(requirements: list[str], *, python: str, platform: str | None, indexes: list[str],
             reuse: bool) -> tuple[pkglock.Package, ...]:
-    """``pkglock.resolve``; with ``reuse``, requirements that are all pinned (``name==version``:
+    """``resolver.resolve``; with ``reuse``, requirements that are all pinned (``name==version``:
     the agent's own, and an Image.pip written that way) take the lock a pool resolved for the same
     requirements, Python, platform, package sources and uv less than LOCK_FRESH_S ago, from the
     client's cache. A requirement without an exact version always asks the index (its newest
     release is what it asks for)."""
     if not reuse or not requirements or not all(_pinned(r) for r in requirements):
-        return pkglock.resolve(requirements, python=python, platform=platform, indexes=indexes)
+        return resolver.resolve(requirements, python=python, platform=platform, indexes=indexes)
     import hashlib
     import json
     import sys
 
     from skyward.paths import cache_root
 
-    where = pkglock.sources(indexes)
+    where = resolver.sources(indexes)
     # (the sources' URLs may hold credentials: they go into the hash only, never into the file)
     identity = json.dumps([sorted(requirements), python, sys.version if python == sys.executable else "",
-                           platform, indexes, where.args, sorted(where.env), pkglock.uv_version()])
+                           platform, indexes, where.args, sorted(where.env), resolver.uv_version()])
     folder = cache_root() / "locks"
     path = folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.txt"
     try:
@@ -150,7 +150,7 @@ def resolve(requirements: list[str], *, python: str, platform: str | None, index
             return pkglock.parse(path.read_text())
     except (OSError, ProviderError):
         pass  # none yet, or unreadable: resolved again
-    found = pkglock.resolve(requirements, python=python, platform=platform, indexes=indexes)
+    found = resolver.resolve(requirements, python=python, platform=platform, indexes=indexes)
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}.tmp")

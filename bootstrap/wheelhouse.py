@@ -236,13 +236,13 @@ def isolated_pip(bundled: tuple[str, ...] = _BUNDLED_PIP) -> Path:
     folder = cache_dir("tools") / f"pip-from-index-py{here}"
     if (folder / "pip" / "__main__.py").exists():
         return folder
-    from skyward.records import pkglock
+    from skyward.records import resolver
 
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    where = pkglock.sources()
+    where = resolver.sources()
     try:
         proc = subprocess.run(
-            [pkglock.uv_binary(), "pip", "install", "--quiet", "--python", sys.executable, "--target", str(tmp),
+            [resolver.uv_binary(), "pip", "install", "--quiet", "--python", sys.executable, "--target", str(tmp),
              *where.args, "pip"],
             capture_output=True, text=True, timeout=300, env=where.environ(UV_NO_PROGRESS="1"))
         failed = proc.returncode != 0
@@ -281,7 +281,7 @@ def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) 
     """Wheels of exactly the packages of a pool's lock (``skyward.records.pkglock.text``), nothing resolved:
     ``pip wheel --no-deps`` (this environment's pip, or skyward's own: ``pip_command``), hashes
     checked when the lock has them, from the package sources the lock was resolved from
-    (``pkglock.pip_index_env``). Cached by the lock."""
+    (``resolver.pip_index_env``). Cached by the lock."""
     if not lock_text.strip():
         return []
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -300,7 +300,7 @@ def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) 
         hashed = "--hash=" in lock_text and all(
             ln.endswith("\\") for ln in lock_text.splitlines() if ln.strip() and not ln.startswith(" "))
         log.info("building the wheelhouse for the pool's lock (%d packages)", lock_text.count("=="))
-        from skyward.records import pkglock
+        from skyward.records import resolver
 
         pip, pip_env = pip_command()
         proc = subprocess.run(
@@ -308,7 +308,7 @@ def wheels_for_lock(lock_text: str, python: str, indexes: tuple[str, ...] = ()) 
              *(["--require-hashes"] if hashed else []),
              "--wheel-dir", str(folder), "-r", str(requirements)],
             # The indexes by pip's environment, never its argv: they may hold user:token@.
-            capture_output=True, text=True, env={**os.environ, **pip_env, **pkglock.pip_index_env(indexes)},
+            capture_output=True, text=True, env={**os.environ, **pip_env, **resolver.pip_index_env(indexes)},
         )
         if proc.returncode != 0:
             from skyward.observe.secrets import mask_url

@@ -44,7 +44,7 @@ from skyward.bootstrap.shipment import phase_command as _phase_command
 from skyward.containers import DockerImage
 from skyward.errors import BootstrapError, ConfigError, ProviderError, SkywardError
 from skyward.observe import events as ev
-from skyward.records import pkglock
+from skyward.records import pkglock, resolver
 
 from . import container_node as node_sh
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
@@ -347,7 +347,7 @@ class ContainerCluster(Cluster):
                 install=self._install,
                 kind="container",
                 pin=self._pin,
-                platform=None if self._install == "wheelhouse" else pkglock.node_platform(None),
+                platform=None if self._install == "wheelhouse" else resolver.node_platform(None),
                 on_phase=lambda node, phase, status, seconds: self._phase(
                     node, phase, status, seconds
                 ),

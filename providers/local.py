@@ -309,7 +309,7 @@ class LocalCluster(Cluster):
 
     # -- environment -------------------------------------------------------------------------
     def _environment(self, image: Image) -> dict[str, str]:
-        from skyward.records import pkglock
+        from skyward.records import pkglock, resolver
 
         from .local_env import locked, overlay
 
@@ -322,7 +322,7 @@ class LocalCluster(Cluster):
             paths.append(str(overlay([p.line(pkglock.all_hashed(install)) for p in install], indexes, exact=True)))
         # The record's lock: what the nodes import for Image.pip, and what this machine has of Image.apt.
         self.lock = pkglock.describe(packages, python=".".join(map(str, sys.version_info[:3])), platform=None, indexes=indexes,
-                                  apt=pkglock.apt_versions(image.apt), pinned_from=self._pin is not None)
+                                  resolver=resolver.uv_version(), apt=resolver.apt_versions(image.apt), pinned_from=self._pin is not None)
         if image.includes:
             paths.append(str(self._copy_includes(image.includes, image.excludes)))
         # The client's own import path (script folder, cwd, PYTHONPATH), so code importable
@@ -342,7 +342,7 @@ class LocalCluster(Cluster):
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env["SKYWARD_SITE"] = str(site)
         with contextlib.suppress(ProviderError):
-            env["SKYWARD_UV"] = pkglock.uv_binary()
+            env["SKYWARD_UV"] = resolver.uv_binary()
         for name in ("SKYWARD_GPUS", "SKYWARD_GPU_SHARE", "SKYWARD_NODE_GPUS"):
             env.pop(name, None)  # a node's own (its GPUs), never this process's (a pool in a task)
         env.update(image.env)

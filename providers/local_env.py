@@ -12,7 +12,7 @@ from pathlib import Path
 
 from skyward.errors import ConfigError, ProviderError
 from skyward.paths import cache_root
-from skyward.records import pkglock
+from skyward.records import resolver
 from skyward.records.pkglock import Package
 
 
@@ -56,7 +56,7 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise ProviderError(pkglock.missing_uv("installs Image(pip=[...]) packages for Local nodes"))
+    raise ProviderError(resolver.missing_uv("installs Image(pip=[...]) packages for Local nodes"))
 
 
 def locked(requirements: tuple[str, ...], indexes: list[str],
@@ -68,10 +68,10 @@ def locked(requirements: tuple[str, ...], indexes: list[str],
     (``pin``): the recorded packages, installing those whose version differs from the one here.
     """
     if pin is not None:
-        return pin, tuple(p for p in pin if pkglock.installed_version(p.name) != p.version)
+        return pin, tuple(p for p in pin if resolver.installed_version(p.name) != p.version)
     missing = unsatisfied(requirements)
-    have = pkglock.installed([r for r in requirements if r not in missing])
-    resolved = pkglock.resolve(missing, python=sys.executable, indexes=indexes) if missing else ()
+    have = resolver.installed([r for r in requirements if r not in missing])
+    resolved = resolver.resolve(missing, python=sys.executable, indexes=indexes) if missing else ()
     new = {p.name for p in resolved}
     return tuple(sorted([*(p for p in have if p.name not in new), *resolved], key=lambda p: p.name)), resolved
 
@@ -99,13 +99,13 @@ def overlay(requirements: list[str], extra_indexes: list[str], *, exact: bool = 
             building.mkdir(parents=True)
             (building / ".lock.txt").write_text("\n".join(requirements) + "\n")
             hashed = all("--hash=" in r for r in requirements)
-            where = pkglock.sources(extra_indexes)
+            where = resolver.sources(extra_indexes)
             cmd += ["--no-deps", *(["--require-hashes"] if hashed else []), *where.args,
                     "-r", str(building / ".lock.txt")]
             env = where.environ()
             requirements = []
         else:
-            env = {**os.environ, **pkglock.extra_index_env(extra_indexes)}
+            env = {**os.environ, **resolver.extra_index_env(extra_indexes)}
         proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             shutil.rmtree(building, ignore_errors=True)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from skyward.bootstrap import shipment as ship
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
-from skyward.records import pkglock
+from skyward.records import pkglock, resolver
 
 from . import slurm_queue as q
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
@@ -557,7 +557,7 @@ class SlurmCluster(Cluster):
             image, ops = self._final_image()
             self._ship, self.lock = ship.build(
                 self.spec, image, ops, pool_id=self.pool_id, install=self.provider.install, kind="slurm",
-                pin=self._pin, platform=None if self.provider.install == "wheelhouse" else pkglock.node_platform(None),
+                pin=self._pin, platform=None if self.provider.install == "wheelhouse" else resolver.node_platform(None),
                 on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds),
                 reuse_lock=True)
         remote = self._login()

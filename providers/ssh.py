@@ -47,7 +47,7 @@ from skyward.bootstrap.shipment import phase_command as _phase_command
 from skyward.bootstrap.shipment import volume_plan as _volume_plan  # noqa: F401  (tests import it from here)
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
-from skyward.records import pkglock
+from skyward.records import pkglock, resolver
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 
@@ -392,7 +392,7 @@ class SSHCluster(Cluster):
         """uv's --python-platform for these nodes: wheelhouse nodes share the client's (None)."""
         if self._install == "wheelhouse":
             return None
-        return pkglock.node_platform(self.node_architecture)
+        return resolver.node_platform(self.node_architecture)
 
     def _final_image(self) -> tuple[Image, tuple[str, ...]]:
         if not self.spec.plugins:

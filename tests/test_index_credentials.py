@@ -29,7 +29,7 @@ import pytest
 
 import skyward as sky
 from skyward.bootstrap import script, wheelhouse
-from skyward.records import pkglock
+from skyward.records import pkglock, resolver
 
 sys.path.insert(0, str(Path(__file__).parent / "record"))
 from pkgindex import NAME, Index
@@ -186,7 +186,7 @@ def test_the_wheelhouse_of_a_lock_is_fetched_with_no_password_on_pips_command_li
         home: Path, private: tuple[PrivateIndex, str]) -> None:
     index, url = private
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    locked = pkglock.resolve([NAME], python=sys.executable, indexes=[url])
+    locked = resolver.resolve([NAME], python=sys.executable, indexes=[url])
     with watching(PASSWORD) as seen:
         wheels = wheelhouse.wheels_for_lock(pkglock.text(locked), here, (url,))
     assert [w.name for w in wheels] == [f"{NAME}-1.0-py3-none-any.whl"]
@@ -213,7 +213,7 @@ def test_uv_settings_with_credentials_reach_pip_by_its_environment(
         (tmp_path / "uv.toml").write_text(f'[[index]]\nname = "private"\nurl = "{bare}"\n')
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     with watching(PASSWORD) as seen:
-        locked = pkglock.resolve([NAME], python=sys.executable)
+        locked = resolver.resolve([NAME], python=sys.executable)
         wheels = wheelhouse.wheels_for_lock(pkglock.text(locked), here)
     assert [w.name for w in wheels] == [f"{NAME}-1.0-py3-none-any.whl"]
     assert index.let_in > 0
@@ -230,8 +230,8 @@ def test_skyward_install_on_index_nodes_passes_the_index_by_environment(
     site = tmp_path / "site"
     site.mkdir()
     monkeypatch.setenv("SKYWARD_SITE", str(site))
-    monkeypatch.setenv("SKYWARD_UV", pkglock.uv_binary())
-    locked = pkglock.resolve([NAME], python=sys.executable, indexes=[url])
+    monkeypatch.setenv("SKYWARD_UV", resolver.uv_binary())
+    locked = resolver.resolve([NAME], python=sys.executable, indexes=[url])
     plan = install.Plan("index", (NAME,), locked, locked, "3.11", (url,), "p1")
     where = install._sources(plan)
     with watching(PASSWORD) as seen:
@@ -249,7 +249,7 @@ def run_until_skyward(text: str, tmp_path: Path) -> subprocess.CompletedProcess[
     cut = text.rindex("\n_p_skyward()", 0, cut) + 1
     sky_dir = tmp_path / "node-sky"
     (sky_dir / "bin").mkdir(parents=True)
-    shutil.copy(pkglock.uv_binary(), sky_dir / "bin" / "uv")
+    shutil.copy(resolver.uv_binary(), sky_dir / "bin" / "uv")
     dirs = {"SKYWARD_SKY": str(sky_dir), "SKYWARD_RUN": str(tmp_path / "node-run"),
             "SKYWARD_POOL": str(tmp_path / "node-run" / "pool")}
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "UV_CACHE_DIR": str(tmp_path / "node-uv-cache"), **dirs}
@@ -264,7 +264,7 @@ def test_the_node_script_installs_from_a_private_index_with_no_password_on_argv(
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if shutil.which(f"python{python}", path="/usr/bin:/bin") is None:
         pytest.skip(f"no system python{python} for the node's venv")
-    lock = pkglock.text(pkglock.resolve([NAME], python=python, indexes=[url])) if locked else ""
+    lock = pkglock.text(resolver.resolve([NAME], python=python, indexes=[url])) if locked else ""
     # The lock's install looks at the default index too (PyPI, out of reach here): the node's own
     # index, given in Image.env as users do, is this private one as well.
     env = {"UV_INDEX_URL": url} if locked else {}

@@ -141,7 +141,7 @@ def test_a_name_with_a_trailing_newline_is_refused() -> None:
 # -- SKYWARD_HOME ----------------------------------------------------------------------------------
 def test_the_home_and_its_cache_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from skyward.bootstrap import wheelhouse
-    from skyward.records import pkglock
+    from skyward.records import resolver
 
     old = os.umask(0o022)
     try:
@@ -156,8 +156,8 @@ def test_the_home_and_its_cache_are_private(tmp_path: Path, monkeypatch: pytest.
         older.chmod(0o755)
         (older / "cache").chmod(0o755)
         monkeypatch.setenv("SKYWARD_HOME", str(older))
-        pkglock.uv_version.cache_clear()
-        pkglock.uv_version()
+        resolver.uv_version.cache_clear()
+        resolver.uv_version()
         assert stat.S_IMODE(older.stat().st_mode) == 0o700
         assert stat.S_IMODE((older / "cache").stat().st_mode) == 0o700
         # records, logs... made under a fresh home: the home is 0700 whoever makes it first

@@ -27,14 +27,14 @@ pytestmark = pytest.mark.timeout(300)
 LOCK_AND_WHEELS = """
     import hashlib, json, sys
     from skyward.bootstrap import wheelhouse
-    from skyward.records import pkglock
+    from skyward.records import pkglock, resolver
 
     requirements = sys.argv[1:]
-    locked = pkglock.resolve(requirements, python=sys.executable)
+    locked = resolver.resolve(requirements, python=sys.executable)
     text = pkglock.text(locked)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = wheelhouse.wheels_for_lock(text, here)
-    print(json.dumps({"lock": text, "record": pkglock.describe(locked, python=here, platform=None, indexes=[]),
+    print(json.dumps({"lock": text, "record": pkglock.describe(locked, python=here, platform=None, indexes=[], resolver=resolver.uv_version()),
                       "wheels": {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}}))
 """
 

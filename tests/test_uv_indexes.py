@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from skyward.bootstrap import wheelhouse
-from skyward.records import pkglock, pkgsources
+from skyward.records import pkglock, pkgsources, resolver
 
 sys.path.insert(0, str(Path(__file__).parent / "record"))
 from pkgindex import NAME, Index
@@ -109,19 +109,19 @@ def test_each_tool_gets_what_the_other_is_configured_with(clean: Path, monkeypat
     monkeypatch.setenv("PIP_FIND_LINKS", "/pip/wheels")
     (clean / "uv.toml").write_text('[[index]]\nname = "private"\nurl = "https://uv-private.example/simple"\n')
     # uv: pip's default index (uv has none of its own); its own index it reads itself.
-    uv = dict(pkglock.sources(["https://pool.example/simple"]).env)
+    uv = dict(resolver.sources(["https://pool.example/simple"]).env)
     assert uv == {"UV_INDEX_URL": "https://pip-default.example/simple",
                   "UV_EXTRA_INDEX_URL": "https://pool.example/simple", "UV_FIND_LINKS": "/pip/wheels"}
     # pip: the pool's index, uv's, its own.
-    assert pkglock.pip_index_env(["https://pool.example/simple"]) == {
+    assert resolver.pip_index_env(["https://pool.example/simple"]) == {
         "PIP_INDEX_URL": "https://pip-default.example/simple",
         "PIP_EXTRA_INDEX_URL": "https://pool.example/simple https://uv-private.example/simple",
         "PIP_FIND_LINKS": "/pip/wheels"}
     # uv's default index wins over pip's, which stays one to look in.
     monkeypatch.setenv("UV_DEFAULT_INDEX", "https://uv-default.example/simple")
-    assert "UV_INDEX_URL" not in dict(pkglock.sources().env)
-    assert dict(pkglock.sources().env)["UV_EXTRA_INDEX_URL"] == "https://pip-default.example/simple"
-    pip = pkglock.pip_index_env(())
+    assert "UV_INDEX_URL" not in dict(resolver.sources().env)
+    assert dict(resolver.sources().env)["UV_EXTRA_INDEX_URL"] == "https://pip-default.example/simple"
+    pip = resolver.pip_index_env(())
     assert pip["PIP_INDEX_URL"] == "https://uv-default.example/simple"
     assert pip["PIP_EXTRA_INDEX_URL"].split() == ["https://uv-private.example/simple",
                                                    "https://pip-default.example/simple"]
@@ -148,7 +148,7 @@ def test_a_lock_and_its_wheels_from_an_index_only_uv_knows(served: str, tmp_path
         monkeypatch.setenv("UV_INDEX", f"private={served}")
     else:
         (tmp_path / "uv.toml").write_text(f'[[index]]\nname = "private"\nurl = "{served}"\n')
-    locked = pkglock.resolve([NAME], python=sys.executable)
+    locked = resolver.resolve([NAME], python=sys.executable)
     assert [(p.name, p.version) for p in locked] == [(NAME, "2.0")]
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = wheelhouse.wheels_for_lock(pkglock.text(locked), here)

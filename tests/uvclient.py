@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from skyward.records import pkglock
+from skyward.records import resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def make(folder: Path) -> Path:
     """``uv venv`` in ``folder`` and the checkout installed into it with ``uv pip install -e``; the
     venv's python (asserted to have no pip)."""
-    uv = pkglock.uv_binary()
+    uv = resolver.uv_binary()
     venv = folder / ".venv"
     env = clean_env(**machine_sources(), UV_NO_PROGRESS="1")
     # sys.executable is the suite's venv: uv builds on its base interpreter, as `uv venv` would.

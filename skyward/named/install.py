@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, ProviderError
-from ..records import pkglock
+from ..records import pkglock, resolver
 from ..records.pkglock import Package
 from .cliout import EXIT_FAILED, EXIT_OK, err, print_json
 
@@ -144,7 +144,7 @@ def plan_for(registered: dict[str, Any], requirements: Sequence[str]) -> Plan:
     if mode == "local":
         resolved = _resolve_local(registered["name"], requirements, have, indexes)
         install = tuple(p for p in resolved
-                        if (p.name, p.version) not in base and pkglock.installed_version(p.name) != p.version)
+                        if (p.name, p.version) not in base and resolver.installed_version(p.name) != p.version)
         return Plan(mode, tuple(requirements), resolved, install, python, indexes, pool_id)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if mode == "wheelhouse" and minor != here:
@@ -154,7 +154,7 @@ def plan_for(registered: dict[str, Any], requirements: Sequence[str]) -> Plan:
         )
     target = sys.executable if mode == "wheelhouse" else minor
     platform = None if mode == "wheelhouse" else (
-        lock.get("platform") or pkglock.node_platform(description.get("node_architecture")))
+        lock.get("platform") or resolver.node_platform(description.get("node_architecture")))
     resolved = _resolve(registered["name"], requirements, have, python=target, platform=platform, indexes=indexes)
     install = tuple(p for p in resolved if (p.name, p.version) not in base)
     return Plan(mode, tuple(requirements), resolved, install, python, indexes, pool_id)
@@ -166,7 +166,7 @@ def _resolve_local(name: str, requirements: Sequence[str], have: tuple[Package, 
     from ..providers.local_env import unsatisfied
 
     missing = unsatisfied(tuple(requirements))
-    met = pkglock.installed([r for r in requirements if r not in missing])
+    met = resolver.installed([r for r in requirements if r not in missing])
     resolved = _resolve(name, missing, have, python=sys.executable, platform=None, indexes=indexes)
     new = {p.name for p in resolved}
     return tuple(sorted([*(p for p in met if p.name not in new), *resolved], key=lambda p: p.name))
@@ -175,7 +175,7 @@ def _resolve_local(name: str, requirements: Sequence[str], have: tuple[Package, 
 def _resolve(name: str, requirements: Sequence[str], have: tuple[Package, ...], *, python: str,
              platform: str | None, indexes: tuple[str, ...]) -> tuple[Package, ...]:
     def attempt(reqs: Sequence[str], keep: tuple[Package, ...]) -> tuple[tuple[Package, ...] | None, str]:
-        return pkglock.attempt(reqs, python=python, platform=platform, indexes=indexes, constraints=keep)
+        return resolver.attempt(reqs, python=python, platform=platform, indexes=indexes, constraints=keep)
 
     found, said = attempt(requirements, have)
     if found is not None:
@@ -249,16 +249,16 @@ def _install_everywhere(name: str, plan: Plan, wheels: dict[str, bytes], timeout
     return sorted(results, key=lambda r: int(r["node"]))
 
 
-def _sources(plan: Plan) -> pkglock.Sources:
+def _sources(plan: Plan) -> resolver.Sources:
     """Where uv on the nodes finds the packages when no wheels are sent: its options, and the
     index URLs for its environment (never its argv: they may hold user:token@)."""
     if plan.mode == "local":  # this machine's pip settings and the pool's indexes, as its overlay
-        return pkglock.sources(plan.indexes)
+        return resolver.sources(plan.indexes)
     if plan.mode == "index" and plan.indexes:  # the node's own index (Image.env), plus the pool's
         # The node adds the UV_EXTRA_INDEX_URL its own environment has (nodeops.install_locked).
-        return pkglock.Sources(("--index-strategy", "unsafe-best-match"),
+        return resolver.Sources(("--index-strategy", "unsafe-best-match"),
                                (("UV_EXTRA_INDEX_URL", " ".join(plan.indexes)),))
-    return pkglock.Sources()
+    return resolver.Sources()
 
 
 # -- recording -----------------------------------------------------------------------------------

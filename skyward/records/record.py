@@ -657,7 +657,7 @@ def _agent_versions(packages: tuple[Any, ...], record: dict[str, Any]) -> list[s
     """The agent's own dependencies are the client's versions on remote nodes (one pickle format)."""
     if record.get("provider") == "local":
         return []
-    from .pkglock import installed_version
+    from .resolver import installed_version
 
     notes = []
     for p in packages:
@@ -670,7 +670,7 @@ def _agent_versions(packages: tuple[Any, ...], record: dict[str, Any]) -> list[s
 
 
 def _unavailable(spec: Spec, record: dict[str, Any], packages: tuple[Any, ...]) -> list[str]:
-    from .pkglock import installed_version, unavailable
+    from .resolver import installed_version, unavailable
 
     lock = record.get("lock") or {}
     indexes = [ix.url for ix in spec.image.pip_indexes]

@@ -133,14 +133,14 @@ def test_a_new_environment_gets_its_lock_and_skywards_wheel_in_one_uv_run(tmp_pa
 
     from cli.wheelindex import build_wheel
 
-    from skyward.records import pkglock
+    from skyward.records import resolver
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if shutil.which(f"python{python}", path="/usr/bin:/bin") is None:
         pytest.skip(f"no system python{python} for the node's venv")
     sky_dir, run_dir = tmp_path / "sky", tmp_path / "run"
     (sky_dir / "bin").mkdir(parents=True)
-    shutil.copy(pkglock.uv_binary(), sky_dir / "bin" / "uv")
+    shutil.copy(resolver.uv_binary(), sky_dir / "bin" / "uv")
     dep = build_wheel(sky_dir / "wheels", "skyprobe", "1.0")
     lock = f"skyprobe==1.0 \\\n    --hash=sha256:{hashlib.sha256(dep.read_bytes()).hexdigest()}\n"
 

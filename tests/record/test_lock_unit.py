@@ -6,7 +6,7 @@ import subprocess
 
 import skyward as sky
 from skyward.bootstrap.script import NodePlan, env_key, render
-from skyward.records import pkglock
+from skyward.records import pkglock, resolver
 
 UV_OUTPUT = """\
 cloudpickle==3.1.2 \\
@@ -44,5 +44,5 @@ def test_the_deps_phase_installs_the_lock_with_no_resolution() -> None:
 
 
 def test_node_platform_names_linux_wheels_of_the_architecture() -> None:
-    assert pkglock.node_platform("arm64") == "aarch64-manylinux_2_28"
-    assert pkglock.node_platform("x86_64") == "x86_64-manylinux_2_28"
+    assert resolver.node_platform("arm64") == "aarch64-manylinux_2_28"
+    assert resolver.node_platform("x86_64") == "x86_64-manylinux_2_28"

@@ -112,6 +112,6 @@ def _apt_lock(hosts: SSHHosts, shims: Path) -> None:
         assert (sky.function(lambda: 1)() >> pool) == 1
         pool_id = pool.id
     assert "install" in (shims / "calls").read_text()  # the apt phase ran, through the shim
-    from skyward.records.pkglock import apt_versions
+    from skyward.records.resolver import apt_versions
 
     assert record.read(pool_id)["lock"]["apt"] == apt_versions(["openssh-server"]) != {}

@@ -250,7 +250,7 @@ def test_a_failing_apt_phase_names_host_phase_code_and_output(three_hosts: SSHHo
 
 def test_a_missing_pip_requirement_fails_before_any_node_is_touched(three_hosts: SSHHosts, local_index: str,
                                                                    recorder: Recorder) -> None:
-    # Every pool resolves its packages once on the client (its lock, skyward/records/pkglock.py), so a
+    # Every pool resolves its packages once on the client (its lock, skyward/records/resolver.py), so a
     # requirement the index does not have fails there, naming it, before any host runs a script.
     with pytest.raises(sky.ProviderError, match="skyward-no-such-package") as info:
         open_and_close(provider=provider(three_hosts[:2], install="index"), nodes=2, options=QUIET,

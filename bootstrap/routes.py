@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from .remote import Remote
 
-log = logging.getLogger("skyward")
+log = logging.getLogger("skyward.ssh")  # as the SSH connections they ride on
 
 # A port (on the node's loopback, or on ``host`` from a bastion) or a Unix socket's path on the node.
 Target = int | str

@@ -191,7 +191,7 @@ def test_every_page_of_the_forwarders_own_forbids_framing() -> None:
         assert got.get(b"x-frame-options") == b"DENY", answer
         assert got.get(b"content-security-policy") == b"frame-ancestors 'none'", answer
 
-    with forwarder() as (forward, node):
+    with forwarder() as (forward, _node):
         framed_by_nobody(_ask(forward.port, b"GET /lab HTTP/1.1\r\nHost: x\r\n\r\n"), b"403")
         login = b"POST /.skyward/login HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\ncode=%s"
         framed_by_nobody(_ask(forward.port, login % (len(b"code=spent"), b"spent")), b"401")

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from skyward.bootstrap.remote import Remote
+    from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Options, Spec
 
 
@@ -22,6 +24,32 @@ class NodeEndpoint:
     public_ip: str | None
     hostname: str
     connect: Callable[[], socket.socket]
+
+
+@dataclass(frozen=True)
+class HereShell:
+    """The node is this machine (sky.Local): a command runs with bash here, in the node's folder."""
+
+
+@dataclass(frozen=True)
+class ExecShell:
+    """A command runs through a program here that enters the node (sky.Container: the runtime's
+    ``exec``): ``argv(tty)`` is its command line, before ``bash -c SCRIPT``."""
+
+    argv: Callable[[bool], list[str]]
+
+
+@dataclass(frozen=True)
+class SSHShell:
+    """A command runs in a session of an SSH connection: the node's own (sky.SSH, clouds), or a
+    bastion's, where ``wrap(command, tty)`` gives the line that carries it on to the node
+    (sky.Slurm: ``srun`` into the node's job, on the login node)."""
+
+    remote: Remote
+    wrap: Callable[[str, bool], str] | None = None
+
+
+NodeShell = HereShell | ExecShell | SSHShell
 
 
 class Cluster(abc.ABC):
@@ -106,6 +134,22 @@ class Cluster(abc.ABC):
         """The pool lost its connection to node ``index`` (it stays in the pool's records until
         stopped). Providers let go of what would only hang now; its agent stops by itself when
         its lease runs out. Default: nothing to do."""
+        return None
+
+    # -- reaching a node: its ports and sockets, its shell (skyward ssh/exec/cp, notebook, serving) --
+    def open_stream(self, index: int, target: Target) -> Stream:
+        """A stream to ``target`` on node ``index``: a TCP port (int) the node listens on, or a
+        Unix socket (str: its path on the node), opened the way the pool reaches that node, in the
+        fallback order of skyward.bootstrap.routes (direct, a channel, a relay). Raise
+        ``ProviderError`` naming the node when it cannot be reached. Default: none can."""
+        from skyward.errors import ProviderError
+
+        raise ProviderError(f"{type(self).__name__} opens no streams to its nodes in this version of skyward")
+
+    def shell(self, index: int) -> NodeShell | None:
+        """How a command reaches node ``index`` (see HereShell, ExecShell, SSHShell); None (the
+        default) where this provider gives no shell on its nodes. Raise ``ProviderError`` when
+        the node is not connected."""
         return None
 
     # -- pools that outlive the process that made them (`skyward up`, sky.Compute(name=...)) --

@@ -47,12 +47,13 @@ from skyward.observe import events as ev
 from skyward.records import pkglock, resolver
 
 from . import container_node as node_sh
-from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .base import Cluster, ExecShell, NodeEndpoint, ProviderConfig, require_kind
 from .container_runtime import LABEL, Runtime
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Image, Options, Spec
 
 log = logging.getLogger("skyward.container")
@@ -766,16 +767,33 @@ class ContainerCluster(Cluster):
             self._nodes.clear()
             self._described.clear()
 
-    # -- skyward ssh / cp (skyward.named.nodeaccess) -------------------------------------------------
-    def exec_argv(self, index: int, tty: bool) -> list[str]:
-        """The command line that runs a program in node ``index``'s container."""
+    # -- reaching a node: the runtime's exec into its container ---------------------------------------
+    def _node_at(self, index: int) -> _Node:
         with self._lock:
             node = self._nodes.get(index) or next(
                 (n for n in self._described if n.index == index), None
             )
         if node is None:
             raise ProviderError(f"node {index} is not one of this pool's nodes")
+        return node
+
+    def exec_argv(self, index: int, tty: bool) -> list[str]:
+        """The command line that runs a program in node ``index``'s container."""
+        node = self._node_at(index)
         return [self._runtime.path(), "exec", "-i", *(["-t"] if tty else []), node.container]
+
+    def shell(self, index: int) -> ExecShell:
+        self._node_at(index)
+        return ExecShell(functools.partial(self.exec_argv, index))
+
+    def open_stream(self, index: int, target: Target) -> Stream:
+        """A relay in the node's container, on the runtime's ``exec`` (no port is published and
+        the container's loopback is its own), run by the pool's Python there."""
+        from skyward.bootstrap.routes import through_exec
+
+        agent_python = self._ship.agent_python if self._ship else self._agent_python
+        python = f"{node_sh.NODE_HOME}/{agent_python}" if agent_python else "python3"
+        return through_exec([*self.exec_argv(index, False), python, "-m", "skyward.bootstrap.relay", str(target)])
 
 
 def _endpoint(node: _Node) -> NodeEndpoint:

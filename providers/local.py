@@ -31,7 +31,7 @@ from skyward.bootstrap import shm
 from skyward.bootstrap.procs import wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
-from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .base import Cluster, HereShell, NodeEndpoint, ProviderConfig, require_kind
 from .local_fork import ForkedAgent, ForkServer
 from .local_procs import process_running
 from .local_procs import start_time as _start_time
@@ -39,6 +39,7 @@ from .local_procs import start_time as _start_time
 if TYPE_CHECKING:
     import logging
 
+    from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Image, Options, Spec
 
     from .local_gpus import Assigned, GpuClaims
@@ -292,6 +293,16 @@ class LocalCluster(Cluster):
             self._gpus = None  # the agents hold their GPUs' claims as long as they run
         if self.spill_dir is not None:  # the pool lives on; this program's segments go
             shm.forget(self.spill_dir)
+
+    # -- reaching a node: it is this machine -------------------------------------------------------
+    def open_stream(self, index: int, target: Target) -> Stream:
+        """Direct: ``target`` on this machine (a loopback port, or a Unix socket's path)."""
+        sock = _connect(target if isinstance(target, int) else None, target if isinstance(target, str) else None, 10)
+        sock.settimeout(None)
+        return sock
+
+    def shell(self, index: int) -> HereShell:
+        return HereShell()
 
     def ask_to_shut_down(self) -> None:
         """Tell every described agent to stop (it then stops its workers); best effort."""

@@ -37,16 +37,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap import shipment as ship
+from skyward.bootstrap.routes import channel, prohibited, relay_command
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
 from skyward.records import pkglock, resolver
 
 from . import slurm_queue as q
-from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .base import Cluster, NodeEndpoint, ProviderConfig, SSHShell, require_kind
 from .slurm_shared import SharedQueue, queue_of
 
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
+    from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Image, Options, Spec
 
 log = logging.getLogger("skyward.slurm")
@@ -56,7 +58,7 @@ _POLL = 0.25  # seconds between looks at the queue and the nodes' files while a 
 # capped by sky.Slurm(max_poll_interval=). A job that starts at once is seen within 0.25 s.
 _PENDING_POLL = ((2.0, _POLL), (5.0, 1.0), (15.0, 2.0), (40.0, 5.0), (120.0, 10.0), (float("inf"), 30.0))
 _AGENT_START_TIMEOUT = 30
-_IO_LINGER = 0.3  # seconds a `skyward ssh`/`cp` step outlives its command (see SlurmCluster.node_shell)
+_IO_LINGER = 0.3  # seconds a `skyward ssh`/`cp` step outlives its command (see SlurmCluster.shell)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1236,20 +1238,37 @@ class SlurmCluster(Cluster):
         if remote is not None:
             remote.close()
 
-    # No ``remote(index)``: a shell on the login node is not a shell on the node. `skyward ssh`
-    # and `cp` take ``node_shell`` instead.
-    def node_shell(self, index: int) -> tuple[Remote, Any]:
+    # -- reaching a node: through the login node ---------------------------------------------------
+    def _job_node(self, index: int) -> _Node:
+        with self._lock:
+            node = self._nodes.get(index) or next((n for n in self._described if n.index == index), None)
+        if node is None or not node.job:
+            raise ProviderError(f"pool {self.pool_id} has no node {index} in a Slurm job now; "
+                                f"`skyward status` lists its nodes.")
+        return node
+
+    def open_stream(self, index: int, target: Target) -> Stream:
+        """A port on node ``index``'s private address, as the login node reaches it (the agents
+        listen there): a direct-tcpip channel through the login node, or a relay there where it
+        forbids forwarding. A port on the node's loopback or a Unix socket on it is out of reach:
+        the login node is another machine, and a compute node is never logged in to."""
+        node = self._job_node(index)
+        if not isinstance(target, int) or not node.address:
+            raise ProviderError(f"node {index} of pool {self.pool_id}: a Slurm node is reached through the "
+                                f"login node, which reaches TCP ports on the node's address only, not "
+                                f"{target!r}.")
+        return _tunnel(self, node.address, target)
+
+    # Never the login node's own shell (a shell there is not a shell on the node): its sessions,
+    # each carried into the node's job.
+    def shell(self, index: int) -> SSHShell:
         """Where `skyward ssh`/`cp` run a command on node ``index``: the login node's connection,
         and a function that turns a command (and whether it runs on a terminal) into the ``srun``
         line that runs it on that node inside its job: a step beside the agent's (``--overlap``:
         it takes none of the job's CPUs from it), with the job's environment (SLURM_JOB_ID, ...),
         on a pseudo-terminal of the job's when asked. Never a login to a compute node, which
         Slurm sites forbid (pam_slurm_adopt or none at all)."""
-        with self._lock:
-            node = self._nodes.get(index) or next((n for n in self._described if n.index == index), None)
-        if node is None or not node.job:
-            raise ProviderError(f"pool {self.pool_id} has no node {index} in a Slurm job now; "
-                                f"`skyward status` lists its nodes.")
+        node = self._job_node(index)
         where = node.slurm_node or node.hostname
         flags = [f"--jobid={node.job}", "--overlap", f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet"]
 
@@ -1262,7 +1281,7 @@ class SlurmCluster(Cluster):
             # short, none with 0.1 s or 0.3 s of linger.
             return shlex.join(["srun", *flags, "bash", "-c", f"{command}\nr=$?; sleep {_IO_LINGER}; exit $r"])
 
-        return self._login(), wrap
+        return SSHShell(self._login(), wrap)
 
 
 def _connected(remote: Remote) -> bool:
@@ -1294,8 +1313,7 @@ def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
             else:
                 cluster._forwarding = True
                 return sock
-    return remote.relay(f"{shlex.quote(f'{cluster.sky}/{cluster._python()}')} -m skyward.bootstrap.relay "
-                        f"{shlex.quote(f'{address}:{port}')}")
+    return remote.relay(relay_command(f"{cluster.sky}/{cluster._python()}", port, host=address))
 
 
 class _Prohibited(Exception):
@@ -1308,9 +1326,9 @@ def _direct(cluster: SlurmCluster, remote: Remote, address: str, port: int) -> A
     import paramiko
 
     try:
-        return remote.tunnel(port, host=address)
+        return channel(remote, port, host=address)
     except paramiko.ChannelException as exc:
-        if exc.code != paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED or not cluster._python():
+        if not prohibited(exc) or not cluster._python():
             raise ProviderError(
                 f"{remote.label} refused a channel to node agent {address}:{port}: {exc}. The login node "
                 f"must let its users reach the compute nodes' addresses (sshd's AllowTcpForwarding).") from None

@@ -49,10 +49,11 @@ from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
 from skyward.records import pkglock, resolver
 
-from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .base import Cluster, NodeEndpoint, ProviderConfig, SSHShell, require_kind
 
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
+    from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Image, Options, Spec
 
 log = logging.getLogger("skyward.ssh")
@@ -987,11 +988,30 @@ echo "@@port $hello"
     def remote(self, index: int) -> Remote:
         """The SSH connection node ``index``'s agent tunnel rides on (its pinned host key, its
         jump host): ``skyward ssh`` and ``skyward cp`` open their sessions on it."""
+        remote = self._connected(index).remote
+        assert remote is not None
+        return remote
+
+    def _connected(self, index: int) -> _Node:
         with self._lock:
             node = self._nodes.get(index)
         if node is None or node.remote is None or node.remote.conn is None:
             raise ProviderError(f"node {index} of this pool is not connected")
-        return node.remote
+        return node
+
+    def open_stream(self, index: int, target: Target) -> Stream:
+        """A channel of the node's own SSH connection to ``target`` (on its loopback), or a relay
+        run by the pool's Python where the node's sshd forbids forwarding."""
+        from skyward.bootstrap.routes import through_ssh
+
+        node = self._connected(index)
+        assert node.remote is not None
+        python = f"{node.home}/{node.agent_python}" if node.home and node.agent_python else "python3"
+        return through_ssh(node.remote, target, python=python)
+
+    def shell(self, index: int) -> SSHShell:
+        """Sessions on the node's own SSH connection (its pinned host key, its jump host)."""
+        return SSHShell(self.remote(index))
 
     def detach(self) -> None:
         with self._lock:
@@ -1066,29 +1086,14 @@ def direct_address(host: SSHHost, address: str) -> str | None:
 
 def _connect_agent(remote: Remote, port: int | str | None, python: str,
                    direct: tuple[str, int] | None = None) -> Any:
-    """A stream to the agent: straight over TCP on the node's private address when the agent
-    listens there (sky.SSH(direct=True)); else through the SSH connection to its Unix socket
-    (``port``: its path) or its loopback port (an agent of an earlier version): a
-    direct-streamlocal or direct-tcpip channel, or, when the node's sshd forbids that
-    forwarding, a relay over an exec channel (frames on its stdio)."""
-    import paramiko
+    """A stream to the agent (skyward.bootstrap.routes): straight over TCP on the node's private
+    address when the agent listens there (sky.SSH(direct=True)); else through the SSH connection
+    to its Unix socket (``port``: its path) or its loopback port (an agent of an earlier version),
+    or a relay where the node's sshd forbids that forwarding."""
+    from skyward.bootstrap.routes import through_ssh
 
-    if direct is not None:
-        try:
-            return socket.create_connection(direct, timeout=5)
-        except OSError as exc:
-            log.info("%s: no direct connection to the agent at %s:%d (%s); using the SSH tunnel",
-                     remote.label, *direct, exc)
     assert port is not None
-    try:
-        return remote.streamlocal(port) if isinstance(port, str) else remote.tunnel(port)
-    except paramiko.ChannelException as exc:
-        what = f"socket {port}" if isinstance(port, str) else f"port {port}"
-        if not python:
-            raise ProviderError(f"{remote.label}: cannot reach the agent's {what}: {exc}") from None
-        log.info("%s: forwarding to the agent's %s refused (%s); relaying over an exec channel",
-                 remote.label, what, exc)
-        return remote.relay(f"{shlex.quote(python)} -m skyward.bootstrap.relay {shlex.quote(str(port))}")
+    return through_ssh(remote, port, python=python, direct=direct, who="agent")
 
 
 def _run_dir(pool_dir: str) -> str:

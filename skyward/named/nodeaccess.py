@@ -13,16 +13,19 @@ SSH nodes the node's ``env.sh``), the shipped ``includes`` on ``PYTHONPATH``, an
 Python first on ``PATH`` (on SSH nodes the pool's virtualenv, activated).
 
 The pool is attached for a look (``agentcalls.attached``: each node's channel, whose handshake
-says its working directory); ``pool.cluster.remote(index)`` of SSH clusters is the connection.
-A Slurm node is reached through the login node (``pool.cluster.node_shell(index)``): a session
-there runs ``srun --overlap`` into the node's job, so the command runs on the node, inside the
-job, as its tasks do; a compute node is never logged in to.
+says its working directory); the provider says how a command reaches the node
+(``pool.cluster.shell(index)``: this machine, the container runtime's ``exec``, or sessions of an
+SSH connection) and how a stream reaches a port on it (``pool.cluster.open_stream``). A Slurm
+node is reached through the login node: a session there runs ``srun --overlap`` into the node's
+job, so the command runs on the node, inside the job, as its tasks do; a compute node is never
+logged in to.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -34,11 +37,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, ProviderError
+from ..providers.base import Cluster, ExecShell, HereShell, SSHShell
 
 if TYPE_CHECKING:
     import paramiko
 
     from ..bootstrap.remote import Remote
+    from ..bootstrap.routes import Stream, Target
 
 q = shlex.quote
 _WINDOW = 64 << 20  # SSH channel window: copies stream many MB per round trip
@@ -67,10 +72,19 @@ class Node(abc.ABC):
     index: int
     hostname: str
     cwd: str
+    # The provider's way to a port or socket on the node (Cluster.open_stream, for this node).
+    opener: Callable[[Target], Stream] | None = field(default=None, repr=False, kw_only=True)
 
     @property
     def label(self) -> str:
         return f"node {self.rank} ({self.hostname})"
+
+    def open_stream(self, target: Target) -> Stream:
+        """A stream to ``target`` on the node (a port on its loopback, or a Unix socket's path),
+        the way the pool reaches it."""
+        if self.opener is None:
+            raise ProviderError(f"{self.label} of pool {self.pool!r}: its provider opens no streams to it.")
+        return self.opener(target)
 
     @abc.abstractmethod
     def activate(self) -> str:
@@ -388,24 +402,20 @@ def pool_nodes(pool: Any, ranks: list[int]) -> list[Node]:
     return nodes
 
 
-def _node(record: dict[str, Any], cluster: Any, rank: int, desc: dict[str, Any], facts: dict[str, Any]) -> Node:
+def _node(record: dict[str, Any], cluster: Cluster, rank: int, desc: dict[str, Any], facts: dict[str, Any]) -> Node:
     name, index = record["name"], int(desc["index"])
     host = str(facts.get("hostname") or desc.get("hostname") or "?")
     cwd = str(facts.get("cwd") or desc.get("pool_dir") or "")
-    if record.get("provider") == "local":
+    shell = cluster.shell(index)
+    opener = functools.partial(cluster.open_stream, index)
+    if isinstance(shell, HereShell):
         env = {str(k): str(v) for k, v in ((record.get("cluster") or {}).get("env") or {}).items()}
-        return LocalNode(name, rank, index, host, cwd, env=env)
+        return LocalNode(name, rank, index, host, cwd, env=env, opener=opener)
     home, python = desc.get("home") or "", desc.get("agent_python") or ""
     venv = os.path.dirname(os.path.dirname(f"{home}/{python}")) if home and python else None
-    enter = getattr(cluster, "exec_argv", None)  # sky.Container: the runtime's exec into the node
-    if enter is not None:
-        return ContainerNode(name, rank, index, host, cwd, argv=lambda tty: enter(index, tty), venv=venv)
-    through = getattr(cluster, "node_shell", None)  # Slurm: the login node, then srun into the job
-    if through is not None:
-        login, wrap = through(index)
-        return SSHNode(name, rank, index, host, cwd, remote=login, venv=venv, wrap=wrap)
-    remote = getattr(cluster, "remote", None)
-    if remote is None:
-        raise ProviderError(f"pool {name!r}: provider {record.get('provider')!r} gives no shell on its "
-                            f"nodes in this version of skyward; `skyward exec {name} -- CMD` runs commands there.")
-    return SSHNode(name, rank, index, host, cwd, remote=remote(index), venv=venv)
+    if isinstance(shell, ExecShell):
+        return ContainerNode(name, rank, index, host, cwd, argv=shell.argv, venv=venv, opener=opener)
+    if isinstance(shell, SSHShell):
+        return SSHNode(name, rank, index, host, cwd, remote=shell.remote, venv=venv, wrap=shell.wrap, opener=opener)
+    raise ProviderError(f"pool {name!r}: provider {record.get('provider')!r} gives no shell on its "
+                        f"nodes in this version of skyward; `skyward exec {name} -- CMD` runs commands there.")

@@ -175,3 +175,34 @@ def test_skywards_cookies_never_reach_the_node() -> None:
                        b"POST /api/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nchunk\r\n0\r\n\r\n"
                        b"GET /end HTTP/1.1\r\nHost: x\r\n\r\n"), got
         assert b"skyward" not in got
+
+
+def test_every_page_of_the_forwarders_own_forbids_framing() -> None:
+    """Its refusals (403, 401, 502) and its login page (200) carry X-Frame-Options and the CSP
+    frame-ancestors rule: no other site can frame them. The server's answers are its own."""
+
+    def headers(answer: bytes) -> dict[bytes, bytes]:
+        lines = answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]
+        return {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines)}
+
+    def framed_by_nobody(answer: bytes, status: bytes) -> None:
+        assert answer.startswith(b"HTTP/1.1 " + status), answer
+        got = headers(answer)
+        assert got.get(b"x-frame-options") == b"DENY", answer
+        assert got.get(b"content-security-policy") == b"frame-ancestors 'none'", answer
+
+    with forwarder() as (forward, _node):
+        framed_by_nobody(_ask(forward.port, b"GET /lab HTTP/1.1\r\nHost: x\r\n\r\n"), b"403")
+        login = b"POST /.skyward/login HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\ncode=%s"
+        framed_by_nobody(_ask(forward.port, login % (len(b"code=spent"), b"spent")), b"401")
+        code = forward.codes.issue().encode()
+        framed_by_nobody(_ask(forward.port, login % (len(b"code=" + code), code)), b"200")
+        # The server's own answers pass as they are.
+        carried = _ask(forward.port, f"GET /lab?token={TOKEN} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert carried.startswith(b"HTTP/1.1 200") and b"x-frame-options" not in headers(carried), carried
+
+    def unreachable() -> socket.socket:
+        raise ConnectionRefusedError("the node went away")
+
+    with Forwarder(unreachable, JUPYTER, TOKEN) as forward:
+        framed_by_nobody(_ask(forward.port, f"GET /lab?token={TOKEN} HTTP/1.1\r\nHost: x\r\n\r\n".encode()), b"502")

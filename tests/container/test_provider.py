@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -318,3 +320,59 @@ def test_a_docker_image_names_the_nodes_base(base_image: str, no_leftovers: None
         (name,) = pool_containers(p.id)
         assert podman("inspect", "--format", "{{.ImageName}}", name).stdout.strip() == base_image
         assert hostname() >> p == name
+
+
+@sky.function
+def serve_upper() -> dict[str, object]:
+    """A server on the node's loopback and on a Unix socket there, in the worker (its threads
+    outlive the task): each connection gets what it sent, upper-cased."""
+    import os
+    import socket
+    import tempfile
+    import threading
+
+    def serve(listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+                conn.sendall(data.upper())
+
+    tcp = socket.create_server(("127.0.0.1", 0))
+    path = os.path.join(tempfile.mkdtemp(), "upper.sock")
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(path)
+    unix.listen()
+    for listener in (tcp, unix):
+        threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    return {"port": tcp.getsockname()[1], "socket": path, "node": sky.instance_info().node}
+
+
+def _ask(stream: Any, data: bytes) -> bytes:
+    try:
+        stream.sendall(data)
+        stream.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := stream.recv(65536):
+            answer += chunk
+        return answer
+    finally:
+        stream.close()
+
+
+def test_a_container_node_is_reached_through_the_runtimes_exec_streams_and_shell(pool: sky.Pool) -> None:
+    """No port is published and the container's loopback is its own: a relay on ``exec`` carries
+    a stream to a port or a socket there; a shell is the runtime's ``exec``."""
+    from skyward.providers.base import ExecShell
+
+    where = serve_upper() >> pool
+    node = int(where["node"])  # type: ignore[call-overload]  # a fresh pool: its ranks are its indices
+    assert _ask(pool.cluster.open_stream(node, int(where["port"])), b"to the port") == b"TO THE PORT"  # type: ignore[call-overload]
+    assert _ask(pool.cluster.open_stream(node, str(where["socket"])), b"to the socket") == b"TO THE SOCKET"
+    shell = pool.cluster.shell(node)
+    assert isinstance(shell, ExecShell)
+    ran = subprocess.run([*shell.argv(False), "hostname"], capture_output=True, text=True, timeout=60)
+    hostnames = {f["node"]: f["hostname"] for f in node_facts() @ pool}  # type: ignore[index]
+    assert ran.returncode == 0 and ran.stdout.strip() == hostnames[node], ran

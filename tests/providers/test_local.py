@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +176,53 @@ def test_a_pool_that_fails_before_taking_its_launched_agents_stops_them(tmp_path
     assert len(started) == 2
     assert not [pid for pid in started if alive(pid)]
     assert made and not [p for p in made if p.exists()], made
+
+
+@sky.function
+def serve_upper() -> dict[str, object]:
+    """A server on the node's loopback and on a Unix socket there, in the worker (its threads
+    outlive the task): each connection gets what it sent, upper-cased."""
+    import os
+    import socket
+    import tempfile
+    import threading
+
+    def serve(listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+                conn.sendall(data.upper())
+
+    tcp = socket.create_server(("127.0.0.1", 0))
+    path = os.path.join(tempfile.mkdtemp(), "upper.sock")
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(path)
+    unix.listen()
+    for listener in (tcp, unix):
+        threading.Thread(target=serve, args=(listener,), daemon=True).start()
+    return {"port": tcp.getsockname()[1], "socket": path, "node": sky.instance_info().node}
+
+
+def _ask(stream: Any, data: bytes) -> bytes:
+    try:
+        stream.sendall(data)
+        stream.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := stream.recv(65536):
+            answer += chunk
+        return answer
+    finally:
+        stream.close()
+
+
+def test_a_local_node_is_reached_here_a_stream_to_its_port_or_socket_and_a_shell() -> None:
+    from skyward.providers.base import HereShell
+
+    with sky.Compute(nodes=1) as pool:
+        where = serve_upper() >> pool
+        assert _ask(pool.cluster.open_stream(0, int(where["port"])), b"to the port") == b"TO THE PORT"  # type: ignore[call-overload]
+        assert _ask(pool.cluster.open_stream(0, str(where["socket"])), b"to the socket") == b"TO THE SOCKET"
+        assert isinstance(pool.cluster.shell(0), HereShell)

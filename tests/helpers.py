@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -60,3 +61,31 @@ def within(seconds: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "the condition", step: float = 0.05,
+             ignoring: tuple[type[BaseException], ...] = ()) -> Any:
+    """Poll ``check`` until it returns something truthy, and return that; an AssertionError
+    naming ``what`` (and the last answer) after ``timeout`` seconds. Exceptions of the types in
+    ``ignoring`` count as "not yet" (a page or a server that is not up yet)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except ignoring as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+        time.sleep(step)
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on ``address`` now (another process may take it before the caller binds
+    it: fine for tests)."""
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])

@@ -17,12 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
+from helpers import free_port
 
 
 class S3Server:
@@ -31,7 +26,7 @@ class S3Server:
 
     def __init__(self, address: str = "127.0.0.1") -> None:
         self.address = address
-        self.port = _free_port(address)
+        self.port = free_port(address)
         self.endpoint = f"http://{address}:{self.port}"
         # Never the machine's AWS settings (AWS_CA_BUNDLE, profiles): a clean server.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from helpers import free_port
 from sshhosts import SSHHosts
 
 _SBIN = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -119,7 +120,7 @@ class SlurmCluster:
         for sub in ("ctld", "log"):
             (self.dir / sub).mkdir(mode=0o755)
         self._start_munge()
-        self.port = _free_port(self.hosts.client_address)
+        self.port = free_port(self.hosts.client_address)
         self.conf = etc / "slurm.conf"
         self.conf.write_text(self._slurm_conf())
         (etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
@@ -308,12 +309,6 @@ def _tail(path: Path, n: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return f"({path} unreadable)"
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:

@@ -101,6 +101,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+from helpers import free_port
+
 Mode = Literal["auto", "netns", "loopback"]
 Sudo = Literal["nopasswd", "password"]
 
@@ -927,7 +929,7 @@ class SSHHosts:
         self.client_address = "127.0.0.1"
         for i in range(self.n):
             address = f"127.213.{x}.{10 + i}"
-            self.hosts.append(SSHHost(self, i, socket.gethostname(), address, _free_port(address)))
+            self.hosts.append(SSHHost(self, i, socket.gethostname(), address, free_port(address)))
 
     def _wait_ready(self, hosts: Sequence[SSHHost]) -> None:
         """Wait until every host's sshd answers with its SSH banner (from the client, or from
@@ -1010,13 +1012,6 @@ def _socket_in_netns(netns: str) -> socket.socket:
     if isinstance(made[0], OSError):
         raise made[0]
     return made[0]
-
-
-def _free_port(address: str) -> int:
-    # Small race (another process could take it before sshd binds); acceptable in tests.
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

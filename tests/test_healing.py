@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import alive, wait_gone
+from helpers import wait_for
 
 import skyward as sky
 from skyward.observe import events
@@ -41,13 +42,6 @@ def agent_pids(pool: sky.Pool) -> dict[int, int]:
     """rank -> agent pid of a Local pool's nodes."""
     by_index = {n["index"]: n["pid"] for n in pool.cluster.describe()["nodes"]}
     return {rank: by_index[ch.node] for rank, ch in enumerate(pool.members.channels)}
-
-
-def wait_for(predicate: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 @sky.function

@@ -8,12 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import helpers
 import httpx
 
 from .conftest import CLI
@@ -86,18 +86,9 @@ def program(cli: CLI, source: str) -> subprocess.Popen[str]:
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; generous timeouts (a loaded 2-core VM)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as exc:  # the page or API is not there yet
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+    """Poll ``check`` until it returns something truthy; generous timeouts (a loaded 2-core VM),
+    and an exception (the page or API is not there yet) counts as not yet."""
+    return helpers.wait_for(check, timeout, what, step=0.2, ignoring=(Exception,))
 
 
 def artifacts() -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -18,17 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import free_port
 
 from .conftest import CLI
 from .dashboard_helpers import dashboard, program, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -53,7 +47,7 @@ def prometheus(folder: Path, target: str, token: str) -> Iterator[str]:
             static_configs:
               - targets: ["{target}"]
     """))
-    port = _free_port()
+    port = free_port()
     log = (folder / "prometheus.log").open("w")
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)

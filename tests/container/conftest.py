@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,15 +39,6 @@ def pool_networks(pool_id: str | None = None) -> list[str]:
         if "skyward.pool" in labels and (pool_id is None or labels["skyward.pool"] == pool_id):
             found.append(n.get("name") or n.get("Name"))
     return found
-
-
-def wait_for(predicate, timeout: float, step: float = 0.5) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for
 
 import skyward as sky
 
-from .conftest import podman, pool_containers, pool_networks, wait_for
+from .conftest import podman, pool_containers, pool_networks
 
 pytestmark = pytest.mark.timeout(600)
 QUIET = sky.Options(console=False)
@@ -193,7 +194,7 @@ def test_a_crashed_clients_containers_stop_at_their_lease_and_are_removed(
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 9, proc.stderr[-3000:]
     pool_id = proc.stdout.split()[0]
-    assert wait_for(lambda: pool_containers(pool_id) == [], timeout=60), pool_containers(pool_id)
+    wait_for(lambda: pool_containers(pool_id) == [], timeout=60, what="the pool's containers to go", step=0.5)
     # Its agent emptied the node's folder on this machine before it went (the socket, the log, the
     # pool's files). The empty folders and the network outlive it (a later pool sweeps them after
     # ten minutes): this test removes them.
@@ -265,7 +266,7 @@ def test_a_lost_container_is_replaced_by_a_new_one_with_its_rank(
     with sky.Compute(provider=sky.Container(image=base_image), nodes=2, options=QUIET) as p:
         first = sorted(hostname() @ p)
         podman("rm", "-f", "-t", "0", first[1])  # the node's container is gone, agent and all
-        assert wait_for(lambda: first[1] not in pool_containers(p.id), timeout=30)
+        wait_for(lambda: first[1] not in pool_containers(p.id), timeout=30, what="the lost container to go", step=0.5)
         again = sorted(hostname() @ p)
     assert (
         again[0] == first[0] and again[1] not in first and again[1].startswith(f"skyward-{p.id}-")

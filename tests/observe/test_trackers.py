@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import free_port
 
 import skyward as sky
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -33,7 +27,7 @@ def mlflow_server(folder: Path) -> Iterator[str]:
     mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent))
     if mlflow_bin is None:
         pytest.skip("the mlflow server is not installed (pip install mlflow)")
-    port = _free_port()
+    port = free_port()
     log = (folder / "server.log").open("w")
     # One worker: the server's default forks several, a lot for a 2-core machine.
     proc = subprocess.Popen(

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from cli.conftest import CLI
+from helpers import wait_for
 
 import skyward as sky
 from skyward.providers import slurm_queue as q
@@ -39,13 +40,6 @@ from .conftest import Site
 
 pytestmark = pytest.mark.timeout(300)
 QUIET = sky.Options(console=False)
-
-
-def wait_for(predicate: Any, timeout: float, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting {what}"
-        time.sleep(0.2)
 
 
 def live(site: Site) -> list[dict[str, str]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for
 
 import skyward as sky
 
@@ -41,13 +42,6 @@ class Recorder:
         events.bus.flush()
         with self._lock:
             return [e for e in self.events if isinstance(e, kind)]
-
-
-def wait_for(predicate: Any, timeout: float, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting {what}"
-        time.sleep(0.1)
 
 
 @sky.function

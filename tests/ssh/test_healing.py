@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import wait_for
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
@@ -53,13 +54,6 @@ class Recorder:
         events.bus.flush()
         with self._lock:
             return [e for e in self.events if isinstance(e, kind)]
-
-
-def wait_for(predicate: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
 
 
 def on_host(host: SSHHost, command: str) -> str:

@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from skyward.bootstrap import shm
 from skyward.bootstrap.procs import wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
@@ -292,6 +290,8 @@ class LocalCluster(Cluster):
             self._nodes.clear()
             self._gpus = None  # the agents hold their GPUs' claims as long as they run
         if self.spill_dir is not None:  # the pool lives on; this program's segments go
+            from skyward.bootstrap import shm
+
             shm.forget(self.spill_dir)
 
     # -- reaching a node: it is this machine -------------------------------------------------------
@@ -364,6 +364,8 @@ class LocalCluster(Cluster):
     def _copy_includes(self, includes: tuple[str, ...], excludes: tuple[str, ...]) -> Path:
         dest = self._root / "includes"
         dest.mkdir()
+        import shutil
+
         ignore = shutil.ignore_patterns(*excludes) if excludes else None
         for item in includes:
             src = Path(item).expanduser().resolve()
@@ -589,6 +591,11 @@ class LocalCluster(Cluster):
             run_unmount(self._unmount)
 
     def _remove_dirs(self) -> None:
+        # (shutil and shm load here, not at the top: the nodes start before them, see launch)
+        import shutil
+
+        from skyward.bootstrap import shm
+
         shutil.rmtree(self._root, ignore_errors=True)
         sockets = getattr(self, "_sockets", None)
         if sockets:

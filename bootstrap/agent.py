@@ -716,46 +716,38 @@ def _inline(buffers: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 
 
 def _node_spill_dir() -> Path | None:
-    """A shared-memory folder of this agent's own (``/dev/shm/skyward-node-<pid>-<ns>-*``);
-    those of agents that were killed are removed first. None where /dev/shm cannot be used.
+    """A shared-memory folder of this agent's own (``/dev/shm/skyward-node-<pid>-<ns>-*``),
+    whose lock it holds while it lives (sweep.py); those of agents that are gone are removed
+    first. None where /dev/shm cannot be used.
 
     ``ns`` names the agent's pid namespace: containers (and the test hosts) may share one
-    /dev/shm while each counts its own pids, and an agent must never take another namespace's
-    live agent for a dead one of its own and remove its folder under a payload."""
-    shm_root = Path("/dev/shm")
+    /dev/shm while each counts its own pids; the lock says who is gone in every namespace."""
+    from . import sweep
+
+    shm_root = Path(sweep.SHM)
     if not (shm_root.is_dir() and os.access(shm_root, os.W_OK)):
         return None
-    ns = _pid_namespace()
-    for old in shm_root.glob(f"skyward-node-*-{ns}-*"):
-        try:
-            pid = int(old.name.split("-")[2])
-            mine = old.stat().st_uid == os.getuid()
-        except (IndexError, ValueError, OSError):
-            continue
-        if mine and pid != os.getpid() and not shm.alive(pid):
-            import shutil
-
-            shutil.rmtree(old, ignore_errors=True)
+    sweep.sweep_nodes()
+    ns = sweep.pid_namespace()
     # As tempfile.mkdtemp makes it (a new name, mode 0700), without tempfile's imports (4 ms of
     # every node's start).
     for _ in range(100):
         folder = shm_root / f"skyward-node-{os.getpid()}-{ns}-{os.urandom(5).hex()}"
         try:
             os.mkdir(folder, 0o700)
-            return folder
         except FileExistsError:
             continue
         except OSError:
             return None
+        sweep.hold(folder)  # (a sweep finds no lock file before this: an unlocked one is new)
+        return folder
     return None
 
 
 def _pid_namespace() -> str:
-    """This process's pid namespace (its inode number), or "0" where /proc does not say."""
-    try:
-        return os.readlink("/proc/self/ns/pid").rpartition("[")[2].rstrip("]") or "0"
-    except OSError:
-        return "0"
+    from .sweep import pid_namespace
+
+    return pid_namespace()
 
 
 def _unmount_volumes(folder: str) -> None:

@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     # The start-up line is out: whoever waits for it connects while the agent's modules import.
     from .agent import Agent, _log
+    from .sweep import LOCK, hold
 
+    for folder in args.orphan_cleanup:  # the pool's folders stay while this agent lives (sweep.py)
+        if os.path.exists(os.path.join(folder, LOCK)):
+            hold(folder)
     agent = Agent(token, args.ttl, args.orphan_cleanup)
     if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))

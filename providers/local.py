@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from skyward.bootstrap import sweep
 from skyward.bootstrap.procs import wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
@@ -165,8 +166,10 @@ class LocalCluster(Cluster):
         self.head_port = _free_port()
         self.interface = "lo"
         self._ttl = spec.ttl
+        sweep_folders(config.workdir)  # of pools whose processes were all killed
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
         self.spill_dir = _spill_dir(pool_id, self._root)
+        self._held = [sweep.hold(self._root), sweep.hold(self.spill_dir)]  # and the agents, once started
         self._procs: dict[int, Agent] = {}
         self._sockets: str | None = None  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node
@@ -228,6 +231,7 @@ class LocalCluster(Cluster):
         self._root = Path(description["root"])
         spill = description.get("spill_dir")
         self.spill_dir = Path(spill) if spill else None
+        self._held = [sweep.hold(self._root), None if self.spill_dir is None else sweep.hold(self.spill_dir)]
         self._procs = {}
         self._sockets = description.get("sockets")
         self._forks = None
@@ -289,6 +293,9 @@ class LocalCluster(Cluster):
             self._procs.clear()
             self._nodes.clear()
             self._gpus = None  # the agents hold their GPUs' claims as long as they run
+            held, self._held = self._held, []  # and the pool's folders
+            for fd in held:
+                sweep.release(fd)
         if self.spill_dir is not None:  # the pool lives on; this program's segments go
             from skyward.bootstrap import shm
 
@@ -596,6 +603,8 @@ class LocalCluster(Cluster):
 
         from skyward.bootstrap import shm
 
+        for fd in getattr(self, "_held", ()):
+            sweep.release(fd)
         shutil.rmtree(self._root, ignore_errors=True)
         sockets = getattr(self, "_sockets", None)
         if sockets:
@@ -693,6 +702,18 @@ def _stop_foreign(nodes: list[dict[str, Any]], grace: float = 5.0) -> None:
 
 
 SHM = Path("/dev/shm")  # where Local pools make their shared-memory folder (tests point it elsewhere)
+
+
+def sweep_folders(workdir: str | None = None) -> list[Path]:
+    """Remove the folders of Local pools whose processes are all gone, killed before they
+    could (``skyward-<id>-*`` in the temp folder, or ``workdir``, and in shared memory):
+    those whose lock no client or agent holds (bootstrap/sweep.py), this user's only."""
+    removed = sweep.sweep(tempfile.gettempdir(), "skyward-*-*")
+    if workdir is not None and os.path.abspath(workdir) != os.path.abspath(tempfile.gettempdir()):
+        removed += sweep.sweep(workdir, "skyward-*-*")
+    if SHM.is_dir():
+        removed += sweep.sweep(SHM, "skyward-*-*")
+    return removed
 
 
 def _spill_dir(pool_id: str, fallback: Path) -> Path:

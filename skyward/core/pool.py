@@ -187,6 +187,7 @@ class Pool(DispatchTarget):
             self._write_record()
         if complete:
             members.ready_at_last()
+        dashboard_hook.listen(self)  # before the first task, while a dashboard runs; else one failed read
         # The pool's own threads start from one that nobody waits for: Thread.start() waits
         # until the new thread runs, which on a busy machine puts a few ms each on the way to
         # the first task. (A pool closed before then finds them stopping at once.)

@@ -10,6 +10,12 @@ provider, cost; never the agents' token or the image's environment), subscribes 
 events and posts them in batches every quarter second. When the dashboard goes away the
 thread unsubscribes and goes back to looking for the file.
 
+A pool that opens while a dashboard runs is subscribed before its first task (:func:`listen`,
+called as it becomes ready), not at the thread's next look: a program that maps at once would
+otherwise lose its first tasks' events (nobody listened, so none were built). What is queued
+is sent when the pool closes (detach or destroy) and when the program exits, so a program
+that ends right after its last task is counted whole.
+
 A child forked from the program starts with none of this: the pools, the link and the events
 it had queued are the parent's to send.
 """
@@ -44,7 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyward.dashboard")
 
 LOOK_EVERY = 1.0  # seconds between looks for a dashboard while none is up
-SEND_EVERY = 0.25  # seconds between batches of events while one is up
+SEND_EVERY = 0.25  # seconds between posts of the queued events while one is up
+BATCH = 5000  # events per post
+QUEUED = 200_000  # events kept while the dashboard is slow to take them (the oldest go first)
 
 _pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -66,6 +74,21 @@ def running_server() -> dict[str, Any] | None:
     return info
 
 
+def listen(pool: Pool) -> None:
+    """A pool is ready and its caller's first task is next: while a dashboard runs, queue the
+    pool's events from now on (the thread :func:`opened` starts sends them). One failed read
+    of the server file when none runs."""
+    global _link
+    info = running_server()
+    if info is None:
+        return
+    with _lock:
+        _pools.add(pool)
+        if _link is None:
+            _link = _Link(str(info["url"]), str(info["token"]))
+        _link.subscribe(pool)
+
+
 def opened(pool: Pool) -> None:
     """A pool is ready: show it on the dashboard while one runs (cheap when none does)."""
     global _thread
@@ -76,41 +99,67 @@ def opened(pool: Pool) -> None:
             _thread.start()
 
 
+def _drop(link: _Link) -> None:
+    """Stop using ``link`` (the dashboard went away, or answered badly)."""
+    global _link
+    with _lock:
+        if _link is link:
+            _link = None
+    link.close()
+
+
 def _watch() -> None:
     global _thread, _link
     while True:
         with _lock:
             live = [p for p in _pools if p.is_active]
-            if not live and (_link is None or _link.idle()):
-                if _link is not None:
-                    _link.close()
+            link = _link
+            if not live and (link is None or link.idle()):
                 _link = None
                 _thread = None
+                if link is not None:
+                    link.close()
                 return
-        if _link is not None and time.monotonic() - _link.checked > LOOK_EVERY:
+        if link is not None and time.monotonic() - link.checked > LOOK_EVERY:
             # The dashboard stopped (or another one replaced it): stop listening at once.
             info = running_server()
-            _link.checked = time.monotonic()
-            if info is None or (str(info["url"]), str(info["token"])) != (_link.url, _link.token):
-                _link.close()
-                _link = None
-        if _link is None:
+            link.checked = time.monotonic()
+            if info is None or (str(info["url"]), str(info["token"])) != (link.url, link.token):
+                _drop(link)
+                link = None
+        if link is None:
             info = running_server()
             if info is not None:
-                _link = _Link(str(info["url"]), str(info["token"]))
-        if _link is not None:
+                with _lock:
+                    if _link is None:
+                        _link = _Link(str(info["url"]), str(info["token"]))
+                    link = _link
+        if link is not None:
             # Only when a dashboard runs: most programs never need it, and its import would
             # compete with the pool's start for the interpreter.
             import http.client
 
             try:
-                _link.sync(live)
-                _link.send()
+                link.sync(live)
+                link.send()
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 log.debug("dashboard link lost: %s", exc)
-                _link.close()
-                _link = None
-        time.sleep(SEND_EVERY if _link is not None else LOOK_EVERY)
+                _drop(link)
+                link = None
+        time.sleep(SEND_EVERY if link is not None else LOOK_EVERY)
+
+
+def _flush(timeout: float) -> None:
+    """Send what is queued now (a pool closing, the program ending): every event emitted so
+    far is handed to the link, then posted, after any post the thread has under way."""
+    link = _link
+    if link is None:
+        return
+    from skyward.observe.events import bus
+
+    bus.flush(timeout)
+    with contextlib.suppress(Exception):
+        link.send()
 
 
 def _forget_parents_link() -> None:
@@ -128,14 +177,7 @@ os.register_at_fork(after_in_child=_forget_parents_link)
 @atexit.register
 def _flush_at_exit() -> None:
     """Send what is queued (a pool closed just before the program ends) before leaving."""
-    link = _link
-    if link is None:
-        return
-    from skyward.observe.events import bus
-
-    bus.flush(1.0)
-    with contextlib.suppress(Exception):
-        link.send()
+    _flush(1.0)
 
 
 def _encode(event: Event) -> dict[str, Any]:
@@ -183,13 +225,15 @@ class _Link:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.token = token
         self.conn: http.client.HTTPConnection | None = None
-        self.queue: deque[dict[str, Any]] = deque(maxlen=20000)
+        self.queue: deque[dict[str, Any]] = deque(maxlen=QUEUED)
         self.subscribed: dict[str, Callable[[], None]] = {}  # pool id -> unsubscribe
+        self.unregistered: list[Pool] = []  # subscribed, not yet registered with the dashboard
+        self.sending = threading.Lock()  # one post at a time, the queue's batches in order
         self.ended: set[str] = set()
         self.missing: dict[str, float] = {}  # pool id -> when it was first seen closed
 
     def idle(self) -> bool:
-        return not self.queue and not self.subscribed
+        return not self.queue and not self.subscribed and not self.unregistered
 
     def _post(self, path: str, body: Any) -> None:
         import http.client
@@ -213,42 +257,53 @@ class _Link:
                 raise ValueError(f"dashboard answered {response.status} to {path}")
             return
 
-    def sync(self, live: list[Pool]) -> None:
+    def subscribe(self, pool: Pool) -> None:
+        """Queue ``pool``'s events from now on; it is registered before they are posted."""
         from skyward.observe.events import ClusterDestroyed, ClusterDetached, bus
 
-        for pool in live:
-            if pool.id in self.subscribed or pool.id in self.ended:
-                continue
-            queue = self.queue
+        if pool.id in self.subscribed or pool.id in self.ended:
+            return
+        queue = self.queue
 
-            def put(event: Event, queue: deque[dict[str, Any]] = queue) -> None:
-                queue.append(_encode(event))
-                if isinstance(event, ClusterDestroyed | ClusterDetached):
-                    self.ended.add(event.pool)
+        def put(event: Event, queue: deque[dict[str, Any]] = queue) -> None:
+            queue.append(_encode(event))
+            if isinstance(event, ClusterDestroyed | ClusterDetached):
+                self.ended.add(event.pool)
 
-            self.subscribed[pool.id] = bus.subscribe(put, pool.id)
-            self._post("/api/ingest/register", snapshot(pool))
-        # Stop listening once a pool's last event is queued (or it closed 3 s ago unseen).
-        open_ids, now = {p.id for p in live}, time.monotonic()
-        for pool_id in list(self.subscribed):
-            if pool_id not in open_ids:
-                self.missing.setdefault(pool_id, now)
-            if pool_id in self.ended or now - self.missing.get(pool_id, now) > 3.0:
-                self.subscribed.pop(pool_id)()
-                self.missing.pop(pool_id, None)
+        self.unregistered.append(pool)  # before any event of it can be queued
+        self.subscribed[pool.id] = bus.subscribe(put, pool.id)
+        pool.on_close(lambda: _flush(1.0))  # its last events leave as it closes
+
+    def sync(self, live: list[Pool]) -> None:
+        with _lock:
+            for pool in live:
+                self.subscribe(pool)
+            # Stop listening once a pool's last event is queued (or it closed 3 s ago unseen).
+            open_ids, now = {p.id for p in live}, time.monotonic()
+            for pool_id in list(self.subscribed):
+                if pool_id not in open_ids:
+                    self.missing.setdefault(pool_id, now)
+                if pool_id in self.ended or now - self.missing.get(pool_id, now) > 3.0:
+                    self.subscribed.pop(pool_id)()
+                    self.missing.pop(pool_id, None)
 
     def send(self) -> None:
-        if not self.queue:
-            return
-        batch: list[dict[str, Any]] = []
-        while self.queue and len(batch) < 5000:
-            batch.append(self.queue.popleft())
-        self._post("/api/ingest/events", batch)
+        """Register the pools not registered yet, then post everything queued, in batches."""
+        with self.sending:
+            while self.unregistered:
+                self._post("/api/ingest/register", snapshot(self.unregistered[0]))
+                self.unregistered.pop(0)
+            while self.queue:
+                batch: list[dict[str, Any]] = []
+                while self.queue and len(batch) < BATCH:
+                    batch.append(self.queue.popleft())
+                self._post("/api/ingest/events", batch)
 
     def close(self) -> None:
-        for unsubscribe in self.subscribed.values():
+        for unsubscribe in list(self.subscribed.values()):
             unsubscribe()
         self.subscribed.clear()
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        with self.sending:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None

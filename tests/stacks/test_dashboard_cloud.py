@@ -18,7 +18,7 @@ pytest.importorskip("pulumi")
 from sshhosts import SSHHosts
 from stackfakes import FakeWorkspace
 from test_end_to_end import boot
-from test_named_cloud import home, two_hosts  # noqa: F401 - fixtures
+from test_named_cloud import two_hosts  # noqa: F401 - a fixture (home is the suite's)
 
 from skyward.named import pools as named
 

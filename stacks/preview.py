@@ -474,7 +474,10 @@ def _gcp_tpu(i: dict[str, Any]) -> str:
     text = f"TPU VM {i.get('acceleratorType')}, {market}, runtime {i.get('runtimeVersion')}, in {i.get('zone')}"
     if i.get("serviceAccount"):
         text += ", deletes its TPU node when its TTL runs out (its own service account)"
-    return text
+    # stacks/gcp_tpu.py: the Cloud TPU API path, which has no Google-side deadline.
+    return (text + "; TPU API path (not a Compute Engine instance, no termination_time): its cost is bounded "
+            "by its own watchdog, which retries the delete until accepted and never powers off, and by "
+            "`skyward down`")
 
 
 def _gcp_provider(i: dict[str, Any]) -> str:

@@ -61,6 +61,9 @@ _SA_NOT_VISIBLE = re.compile(
     r"Service account \S+ already exists",
     re.I,
 )
+# Compute Engine's answer to an insert naming a service account it cannot see yet. It reads as a
+# missing iam.serviceAccounts.actAs, so it is a race only where the preflight saw that one held.
+_SA_NO_ACCESS = re.compile(r"The user does not have access to service account", re.I)
 _IAM_RETRY_SECONDS = (10.0, 20.0, 40.0, 60.0)
 _MAX_ZONE_ATTEMPTS = 6  # AWS: the program knows the zones; the pool stops asking after this many
 
@@ -172,11 +175,14 @@ class CloudPool:
                 return self._up()
             except StackError as exc:
                 text = f"{exc} {exc.output}"
-                if iam_waits and _SA_NOT_VISIBLE.search(text):
+                race = _SA_NOT_VISIBLE.search(text)
+                if race is None and self._act_as_confirmed():
+                    race = _SA_NO_ACCESS.search(text)
+                if iam_waits and race:
                     wait = iam_waits.pop(0)
                     self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
-                        f"stack {self.plan.stack}: a new service account is not visible to IAM yet; "
-                        f"updating again in {wait:g}s")))
+                        f"stack {self.plan.stack}: a new service account is not visible to IAM yet "
+                        f"({race.group(0)}); updating again in {wait:g}s")))
                     time.sleep(wait)
                     continue
                 zone_error = _NO_ZONE_CAPACITY.search(text)
@@ -194,6 +200,12 @@ class CloudPool:
                     self.fallback = False
                     continue
                 raise
+
+    def _act_as_confirmed(self) -> bool:
+        """Whether the GCP preflight saw this caller hold iam.serviceAccounts.actAs on the project."""
+        from .gcp_permissions import confirmed
+
+        return confirmed(str(self.plan.settings.get("project") or ""), "iam.serviceAccounts.actAs")
 
     def _next_zone(self) -> bool:
         """Move a plan that has not been created yet to its next candidate zone (False: none left)."""

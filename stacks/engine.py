@@ -364,6 +364,10 @@ _KNOWN_LIMITS: tuple[tuple[re.Pattern[str], str], ...] = (
      "one), and a pool without subnet= launches into the default VPC. Give the pool a subnet of a VPC "
      "of yours with a route to the internet: sky.AWS(subnet='subnet-...'), or recreate the default "
      "VPC: aws ec2 create-default-vpc."),
+    (re.compile(r"no matching (EC2 )?Subnet found", re.I),
+     "The default VPC has no default subnet in the pool's zone (it was deleted, or the zone is newer "
+     "than the account). Create one with `aws ec2 create-default-subnet --availability-zone ZONE` "
+     "(the zone the error names), or give the pool a subnet of yours: sky.AWS(subnet='subnet-...')."),
     (re.compile(r"custom roles?\b.*\b(limit|maximum|quota)|(limit|maximum|number) of custom roles?", re.I),
      "The project reached its limit of 300 custom roles (deleted roles count until they are purged, "
      "7 days after deletion); each GCP pool makes one. Delete unused roles with `gcloud iam roles "

@@ -213,6 +213,8 @@ def test_a_service_account_not_visible_yet_is_retried(tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("stderr,says", [
     ("error: invoking aws:ec2/getVpc:getVpc: no matching EC2 VPC found",
      r"no default VPC.*sky\.AWS\(subnet="),
+    ("error: invoking aws:ec2/getSubnet:getSubnet: no matching EC2 Subnet found",
+     r"no default subnet.*aws ec2 create-default-subnet --availability-zone.*sky\.AWS\(subnet="),
     ("error: Error creating Role: googleapi: Error 429: Maximum number of custom roles (300) reached",
      r"custom roles.*300.*7 days"),
     ("error: googleapi: Error 429: Maximum number of service accounts on project reached",

@@ -34,11 +34,14 @@ if TYPE_CHECKING:
     from skyward.catalogue import Offer
     from skyward.spec import Spec
 
-# Cloud errors that mean "no spot capacity (or price) right now", where on-demand may work.
+# The spot fallback, the same on both clouds: with allocation="spot-if-available", spot nodes
+# whose update failed for want of spot capacity or spot quota are asked for again on-demand,
+# once, and the log says so and why; allocation="spot" never falls back. (An on-demand quota
+# error is not a reason: on-demand would hit it too.)
 _NO_SPOT = re.compile(
     r"InsufficientInstanceCapacity|InsufficientCapacity|SpotMaxPriceTooLow|MaxSpotInstanceCountExceeded|"
     r"capacity-not-available|UnfulfillableCapacity|ZONE_RESOURCE_POOL_EXHAUSTED|resource pool exhausted|"
-    r"does not have enough resources|stockout",
+    r"does not have enough resources|stockout|Quota '(?:PREEMPTIBLE_[A-Z0-9_]+)' exceeded",
     re.IGNORECASE,
 )
 # Errors of a first creation that another zone of the region may not have.
@@ -191,9 +194,11 @@ class CloudPool:
                         f"stack {self.plan.stack}: the zone had no capacity for {self.plan.instance_type} "
                         f"({zone_error.group(0)}); trying the next zone of {self.plan.region}")))
                     continue
-                if self.fallback and any(n.spot for n in new) and _NO_SPOT.search(text):
-                    self._emit(ev.Log(pool=self.pool_id, level="WARNING",
-                                      message=f"stack {self.plan.stack}: no spot capacity for {count} node(s); using on-demand"))
+                no_spot = _NO_SPOT.search(text)
+                if self.fallback and any(n.spot for n in new) and no_spot:
+                    self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
+                        f"stack {self.plan.stack}: {count} node(s) went on-demand: spot was refused "
+                        f"({no_spot.group(0)}) and allocation is spot-if-available")))
                     new = tuple(replace(n, spot=False) for n in new)
                     settings = {k: v for k, v in self.plan.settings.items() if k != "zone_attempt"}
                     self.plan = replace(self.plan, nodes=before.nodes + new, settings=settings)

@@ -361,7 +361,7 @@ class PoolStack:
 def _gcp_quota(m: re.Match[str]) -> str:
     quota, limit, region = m.group("quota"), m.group("limit"), m.group("region")
     where = f"in region {region}" if region else "for the whole project (all regions)"
-    spot = " It is the spot/preemptible quota: allocation='spot-if-available' goes on-demand instead." \
+    spot = " It is a spot/preemptible quota: with allocation='spot-if-available' the pool goes on-demand instead." \
         if quota.startswith("PREEMPTIBLE_") else ""
     extra = (" GPUS_ALL_REGIONS is 0 on new projects: raise it as well as the region's GPU quota."
              if quota == "GPUS_ALL_REGIONS" else "")

@@ -190,8 +190,17 @@ def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:
         filters=[{"name": "instance-type", "values": [plan.instance_type]}],
     ).locations
     attempt = int(s.get("zone_attempt") or 0)
+    vpc = aws.ec2.get_vpc_output(default=True, opts=invoke)
+    # The zones where the default VPC has a default subnet: one deleted, or an availability zone
+    # newer than the account, has none, and the lookup below would fail there.
+    default_ids = aws.ec2.get_subnets_output(filters=[
+        {"name": "vpc-id", "values": [vpc.id]}, {"name": "default-for-az", "values": ["true"]},
+    ], opts=invoke).ids
+    with_subnet = default_ids.apply(lambda ids: pulumi_all(
+        [aws.ec2.get_subnet_output(id=i, opts=invoke).availability_zone for i in ids or []]))
 
-    def choose(zones: list[str]) -> str:
+    def choose(args: list[Any]) -> str:
+        zones, subnet_zones = args
         # Availability zones only: an account's opted-in Local Zones and Wavelength Zones are in
         # the offerings too (ZoneType local-zone / wavelength-zone), named <region>-<place>-..., and
         # sort first; their subnets, prices and services differ. A zone= given by name still goes.
@@ -202,20 +211,40 @@ def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:
                     f"{plan.instance_type} is not offered in zone {plan.zone}; zones of {plan.region} "
                     f"that offer it: {', '.join(zones)}. Give one of them as AWS(zone=...), or none."
                 )
+            if plan.zone not in set(subnet_zones or ()):
+                raise ValueError(no_default_subnet(plan, [plan.zone]))
             return plan.zone
         if not zones:
             raise ValueError(f"no zone of {plan.region} offers {plan.instance_type}; pick another region.")
-        if attempt >= len(zones):
+        usable = [z for z in zones if z in set(subnet_zones or ())]
+        if not usable:
+            raise ValueError(no_default_subnet(plan, zones))
+        if attempt >= len(usable):
             raise ValueError(
-                f"every zone of {plan.region} that offers {plan.instance_type} ({', '.join(zones)}) "
-                f"was tried and none could start it; try another region or instance type."
+                f"every zone of {plan.region} that offers {plan.instance_type} and has a default subnet "
+                f"({', '.join(usable)}) was tried and none could start it; try another region or instance type."
             )
-        return zones[attempt]
+        return usable[attempt]
 
-    vpc = aws.ec2.get_vpc_output(default=True, opts=invoke)
     return aws.ec2.get_subnet_output(
-        vpc_id=vpc.id, default_for_az=True, availability_zone=offered.apply(choose), opts=invoke,
+        vpc_id=vpc.id, default_for_az=True, availability_zone=pulumi_all([offered, with_subnet]).apply(choose),
+        opts=invoke,
     )
+
+
+def no_default_subnet(plan: PoolPlan, zones: list[str]) -> str:
+    """Why no zone can take the pool, and the two ways out."""
+    return (
+        f"the default VPC of {plan.region} has no default subnet in {', '.join(zones)} "
+        f"(where {plan.instance_type} is offered): it was deleted, or the zone is newer than the account. "
+        f"Create one with `aws ec2 create-default-subnet --availability-zone {zones[0]}`, or give the pool "
+        f"a subnet of yours: sky.AWS(subnet='subnet-...')."
+    )
+
+
+def pulumi_all(outputs: list[Any]) -> Any:
+    pulumi: Any = importlib.import_module("pulumi")
+    return pulumi.Output.all(*outputs)
 
 
 def _market(node: NodePlan) -> dict[str, Any] | None:

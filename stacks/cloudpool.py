@@ -34,11 +34,14 @@ if TYPE_CHECKING:
     from skyward.catalogue import Offer
     from skyward.spec import Spec
 
-# Cloud errors that mean "no spot capacity (or price) right now", where on-demand may work.
+# The spot fallback, the same on both clouds: with allocation="spot-if-available", spot nodes
+# whose update failed for want of spot capacity or spot quota are asked for again on-demand,
+# once, and the log says so and why; allocation="spot" never falls back. (An on-demand quota
+# error is not a reason: on-demand would hit it too.)
 _NO_SPOT = re.compile(
     r"InsufficientInstanceCapacity|InsufficientCapacity|SpotMaxPriceTooLow|MaxSpotInstanceCountExceeded|"
     r"capacity-not-available|UnfulfillableCapacity|ZONE_RESOURCE_POOL_EXHAUSTED|resource pool exhausted|"
-    r"does not have enough resources|stockout",
+    r"does not have enough resources|stockout|Quota '(?:PREEMPTIBLE_[A-Z0-9_]+)' exceeded",
     re.IGNORECASE,
 )
 # Errors of a first creation that another zone of the region may not have.
@@ -61,6 +64,9 @@ _SA_NOT_VISIBLE = re.compile(
     r"Service account \S+ already exists",
     re.I,
 )
+# Compute Engine's answer to an insert naming a service account it cannot see yet. It reads as a
+# missing iam.serviceAccounts.actAs, so it is a race only where the preflight saw that one held.
+_SA_NO_ACCESS = re.compile(r"The user does not have access to service account", re.I)
 _IAM_RETRY_SECONDS = (10.0, 20.0, 40.0, 60.0)
 _MAX_ZONE_ATTEMPTS = 6  # AWS: the program knows the zones; the pool stops asking after this many
 
@@ -172,11 +178,14 @@ class CloudPool:
                 return self._up()
             except StackError as exc:
                 text = f"{exc} {exc.output}"
-                if iam_waits and _SA_NOT_VISIBLE.search(text):
+                race = _SA_NOT_VISIBLE.search(text)
+                if race is None and self._act_as_confirmed():
+                    race = _SA_NO_ACCESS.search(text)
+                if iam_waits and race:
                     wait = iam_waits.pop(0)
                     self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
-                        f"stack {self.plan.stack}: a new service account is not visible to IAM yet; "
-                        f"updating again in {wait:g}s")))
+                        f"stack {self.plan.stack}: a new service account is not visible to IAM yet "
+                        f"({race.group(0)}); updating again in {wait:g}s")))
                     time.sleep(wait)
                     continue
                 zone_error = _NO_ZONE_CAPACITY.search(text)
@@ -185,15 +194,23 @@ class CloudPool:
                         f"stack {self.plan.stack}: the zone had no capacity for {self.plan.instance_type} "
                         f"({zone_error.group(0)}); trying the next zone of {self.plan.region}")))
                     continue
-                if self.fallback and any(n.spot for n in new) and _NO_SPOT.search(text):
-                    self._emit(ev.Log(pool=self.pool_id, level="WARNING",
-                                      message=f"stack {self.plan.stack}: no spot capacity for {count} node(s); using on-demand"))
+                no_spot = _NO_SPOT.search(text)
+                if self.fallback and any(n.spot for n in new) and no_spot:
+                    self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
+                        f"stack {self.plan.stack}: {count} node(s) went on-demand: spot was refused "
+                        f"({no_spot.group(0)}) and allocation is spot-if-available")))
                     new = tuple(replace(n, spot=False) for n in new)
                     settings = {k: v for k, v in self.plan.settings.items() if k != "zone_attempt"}
                     self.plan = replace(self.plan, nodes=before.nodes + new, settings=settings)
                     self.fallback = False
                     continue
                 raise
+
+    def _act_as_confirmed(self) -> bool:
+        """Whether the GCP preflight saw this caller hold iam.serviceAccounts.actAs on the project."""
+        from .gcp_permissions import confirmed
+
+        return confirmed(str(self.plan.settings.get("project") or ""), "iam.serviceAccounts.actAs")
 
     def _next_zone(self) -> bool:
         """Move a plan that has not been created yet to its next candidate zone (False: none left)."""

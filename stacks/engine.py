@@ -358,12 +358,41 @@ class PoolStack:
 # (300 custom roles per project, deleted ones count until purged after 7 days; 100 service
 # accounts per project by default, a quota that can be raised); the compute.requireOsLogin
 # organization policy constraint (OS Login docs).
-_KNOWN_LIMITS: tuple[tuple[re.Pattern[str], str], ...] = (
+def _gcp_quota(m: re.Match[str]) -> str:
+    quota, limit, region = m.group("quota"), m.group("limit"), m.group("region")
+    where = f"in region {region}" if region else "for the whole project (all regions)"
+    spot = " It is a spot/preemptible quota: with allocation='spot-if-available' the pool goes on-demand instead." \
+        if quota.startswith("PREEMPTIBLE_") else ""
+    extra = (" GPUS_ALL_REGIONS is 0 on new projects: raise it as well as the region's GPU quota."
+             if quota == "GPUS_ALL_REGIONS" else "")
+    return (f"The project's quota {quota} is {limit.removesuffix('.0')} {where}, and this pool needs more.{extra}{spot} "
+            f"Raise it on the console's Quotas page (IAM & Admin > Quotas, filter {quota}; "
+            f"`gcloud compute regions describe REGION` or `gcloud compute project-info describe` shows it), "
+            f"or use fewer nodes, a smaller type, or another region.")
+
+
+def _aws_vcpus(m: re.Match[str]) -> str:
+    limit = m.group("limit") or "(not in the message)"
+    return (f"The account's vCPU quota for this instance family is {limit} vCPUs in this region, and this pool "
+            f"needs more (new accounts start at 0 for GPU families). Raise it in the Service Quotas console "
+            f"(Amazon EC2 > 'Running On-Demand <family> instances', or 'All <family> Spot Instance Requests' "
+            f"for spot; `aws service-quotas list-service-quotas --service-code ec2`), or use fewer nodes, a "
+            f"smaller type, or another region.")
+
+
+_KNOWN_LIMITS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (re.compile(r"Quota '(?P<quota>[A-Z0-9_]+)' exceeded\.?\s+Limit: (?P<limit>[\d.]+)"
+                r"(?: in region (?P<region>[a-z0-9-]+)| globally)?", re.I), _gcp_quota),
+    (re.compile(r"VcpuLimitExceeded(?:[^\n]*?current vCPU limit of (?P<limit>\d+))?", re.I), _aws_vcpus),
     (re.compile(r"no matching (EC2 )?VPC found|VPCIdNotSpecified|No default VPC", re.I),
      "This AWS account has no default VPC in this region (it was deleted, or the account never had "
      "one), and a pool without subnet= launches into the default VPC. Give the pool a subnet of a VPC "
      "of yours with a route to the internet: sky.AWS(subnet='subnet-...'), or recreate the default "
      "VPC: aws ec2 create-default-vpc."),
+    (re.compile(r"no matching (EC2 )?Subnet found", re.I),
+     "The default VPC has no default subnet in the pool's zone (it was deleted, or the zone is newer "
+     "than the account). Create one with `aws ec2 create-default-subnet --availability-zone ZONE` "
+     "(the zone the error names), or give the pool a subnet of yours: sky.AWS(subnet='subnet-...')."),
     (re.compile(r"custom roles?\b.*\b(limit|maximum|quota)|(limit|maximum|number) of custom roles?", re.I),
      "The project reached its limit of 300 custom roles (deleted roles count until they are purged, "
      "7 days after deletion); each GCP pool makes one. Delete unused roles with `gcloud iam roles "
@@ -383,7 +412,12 @@ _KNOWN_LIMITS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def known_limit(text: str) -> str:
     """What a cloud's known limit in a failure's text means and how to proceed ("" for none)."""
-    return "".join(f"{hint}\n" for pattern, hint in _KNOWN_LIMITS if pattern.search(text))
+    said = []
+    for pattern, hint in _KNOWN_LIMITS:
+        m = pattern.search(text)
+        if m:
+            said.append(hint if isinstance(hint, str) else hint(m))
+    return "".join(f"{line}\n" for line in said)
 
 
 def _debug(line: str) -> None:

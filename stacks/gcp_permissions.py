@@ -65,6 +65,16 @@ BUCKETS = {"storage.buckets.get": STORAGE_ADMIN, "storage.buckets.getIamPolicy":
            "storage.buckets.setIamPolicy": STORAGE_ADMIN}
 
 
+# What the check found held, per project, in this process: a later error that contradicts it
+# (Compute Engine not seeing a just-made service account) is a race, not a missing role.
+_held: dict[str, frozenset[str]] = {}
+
+
+def confirmed(project: str, permission: str) -> bool:
+    """Whether this process's check saw ``permission`` held on ``project``."""
+    return permission in _held.get(project, frozenset())
+
+
 def needed(*, tpu: bool) -> dict[str, str]:
     """{permission: role} on the project for a pool of instances, or of TPU VMs."""
     return {**EVERY_POOL, **(TPU_VMS if tpu else INSTANCES)}
@@ -119,6 +129,7 @@ def check(project: str, *, tpu: bool, buckets: Iterable[str] = ()) -> None:
     missing: dict[str, list[str]] = {}
     try:
         held = api.project(project, sorted(wanted))
+        _held[project] = frozenset(held)
         for perm in sorted(set(wanted) - held):
             missing.setdefault(wanted[perm], []).append(perm)
         for bucket in sorted(set(buckets)):

@@ -14,8 +14,13 @@ node. Multi-host slices (v4-64...) have several workers per resource and are ref
 selection (no catalogue offer). ``sky.Disk`` volumes and cloud-granted buckets are not
 declared for TPU VMs yet: a plan with them is refused here, before anything is created.
 
-TTL: the user-data watchdog deletes the node's TPU node through the TPU API (v2, ``DELETE
-projects/P/locations/Z/nodes/N``), which stops its billing, with the node's own service account.
+TTL: the node's watchdog, delivered twice (cloud-init ``user-data``, and ``startup-script``,
+which the guest agent runs on TPU runtime images), deletes the node's TPU node through the TPU
+API (v2, ``DELETE projects/P/locations/Z/nodes/N``), which stops its billing, with the node's own
+service account. A refused delete is retried with backoff **for ever**: the node never powers
+off, because a powered-off TPU VM bills on and no process would be left to end it. The TPU API
+has no ``termination_time``: this watchdog (and the pool's client, or ``skyward down``) is all
+that bounds a TPU pool's cost; ``skyward preview`` says so for each TPU VM.
 That account holds one permission, ``tpu.nodes.delete`` (a custom role of the pool), granted on
 the project, **unconditionally**: a TPU node has no IAM policy of its own to grant it on, and an
 IAM condition on ``resource.name`` cannot narrow it, because Cloud TPU is not among the services
@@ -26,9 +31,7 @@ an over-grant, said so in the preview and the clouds guide: any TPU VM of a pool
 node of the project; run TPU pools in a project of their own. (The way to a per-node grant is to
 create the slices as Compute Engine instances -- Google's *Create a TPU VM instance* path, for
 the generations sold as machine types -- which gives the instance-level grant and
-``termination_time`` of stacks/gcp.py; not done yet.) When the delete is refused the node powers
-its guest off (which does not stop the bill) and the stack is destroyed by the pool's client or
-by ``skyward down --expired``.
+``termination_time`` of stacks/gcp.py; not done yet.)
 
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), from
 each VM's first network endpoint.
@@ -49,7 +52,7 @@ from .gcp_common import (
     short_id,
 )
 from .plan import NodePlan, PoolPlan
-from .userdata import cloud_config
+from .userdata import cloud_config, startup_script
 
 # Runtime versions by TPU generation (the prefix of the accelerator type), for rows that do
 # not name one: the Ubuntu 22.04 base for v2-v4, the v2-alpha runtimes for v5e, v5p and v6e.
@@ -205,6 +208,9 @@ def program(plan: PoolPlan) -> Declared:
                 "block-project-ssh-keys": "true",
                 "enable-oslogin": "FALSE",
                 "user-data": pulumi.Output.secret(user_data),  # it carries the node's private host key
+                # The watchdog again: the guest agent runs this on TPU runtime images, where
+                # nothing promises that cloud-init runs the user data.
+                "startup-script": startup_script(plan, (zone, name)),
             },
             labels={**labels, "skyward-node": str(node.index)},
             tags=[tag],

@@ -312,7 +312,10 @@ def _recorder(plan: PoolPlan) -> Any:
 
 def _lookup(token: str, args: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
     """What ``up`` would look up in the cloud, as placeholders that say so."""
+    first = plan.zone or f"the first zone of {plan.region} that offers {plan.instance_type}"
     zone = args.get("availabilityZone") or plan.zone
+    if args.get("id") == "the default subnet":  # stacks/aws.py: the zones that have one
+        zone = first
     if token == "aws:ec2/getVpc:getVpc":
         return {"id": "the default VPC"}
     if token == "aws:ec2/getSubnets:getSubnets":
@@ -321,7 +324,7 @@ def _lookup(token: str, args: dict[str, Any], plan: PoolPlan) -> dict[str, Any]:
         return {"id": args.get("id") or "the default subnet", "vpcId": "its VPC",
                 "availabilityZone": zone or f"a zone of {plan.region}"}
     if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
-        return {"locations": [plan.zone or f"the first zone of {plan.region} that offers {plan.instance_type}"]}
+        return {"locations": [first]}
     if token == "gcp:storage/getBucket:getBucket":  # looked at by `up` (buckets.declare_gcp)
         return {"name": args.get("name"), "uniformBucketLevelAccess": True}
     if token == "gcp:compute/getImage:getImage":
@@ -474,7 +477,10 @@ def _gcp_tpu(i: dict[str, Any]) -> str:
     text = f"TPU VM {i.get('acceleratorType')}, {market}, runtime {i.get('runtimeVersion')}, in {i.get('zone')}"
     if i.get("serviceAccount"):
         text += ", deletes its TPU node when its TTL runs out (its own service account)"
-    return text
+    # stacks/gcp_tpu.py: the Cloud TPU API path, which has no Google-side deadline.
+    return (text + "; TPU API path (not a Compute Engine instance, no termination_time): its cost is bounded "
+            "by its own watchdog, which retries the delete until accepted and never powers off, and by "
+            "`skyward down`")
 
 
 def _gcp_provider(i: dict[str, Any]) -> str:

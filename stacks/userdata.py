@@ -38,14 +38,28 @@ from .plan import NodePlan, PoolPlan
 _WATCHDOG = """#!/bin/bash
 # skyward TTL safety net: remove this node when no skyward agent has run for TTL seconds,
 # or when the pool's absolute deadline has passed.
-ttl={ttl}; grace={grace}; deadline={deadline}; cloud={cloud}
+ttl={ttl}; grace={grace}; deadline={deadline}; cloud={cloud}; tpu={tpu}
 interval=${{SKYWARD_WATCHDOG_INTERVAL:-15}}
 start=$(date +%s); last=$start
+say() {{ logger -t skyward "$1" 2>/dev/null || echo "skyward: $1" >&2; }}
+# GCP: delete this node through its own service account, with backoff. A Compute Engine
+# instance falls back to a power-off after a few minutes of refusals (its disks then bill until
+# `skyward down --expired`); a TPU VM never does: a powered-off TPU bills on and nothing else
+# would be left to end it, so it keeps trying until the delete is accepted.
 stop_node() {{
-  logger -t skyward "$1: removing this node" 2>/dev/null || echo "skyward: $1: removing this node" >&2
+  say "$1: removing this node"
   if [ "$cloud" = gcp ]; then
-    if "${{SKYWARD_SELF_DELETE:-/usr/local/sbin/skyward-self-delete}}"; then exit 0; fi
-    logger -t skyward "self-delete refused: powering off instead" 2>/dev/null || true
+    delay=${{SKYWARD_BACKOFF_FIRST:-5}}; most=${{SKYWARD_BACKOFF_MAX:-120}}
+    window=${{SKYWARD_DELETE_WINDOW:-300}}; began=$(date +%s); tries=0
+    while :; do
+      tries=$((tries + 1))
+      if "${{SKYWARD_SELF_DELETE:-/usr/local/sbin/skyward-self-delete}}"; then exit 0; fi
+      if [ "$tpu" != 1 ] && [ $(($(date +%s) - began)) -ge "$window" ]; then break; fi
+      say "self-delete refused (try $tries): trying again in ${{delay}}s"
+      sleep "$delay"
+      delay=$((delay * 2)); if [ "$delay" -gt "$most" ]; then delay=$most; fi
+    done
+    say "self-delete refused $tries times over ${{window}}s: powering off instead"
   fi
   systemctl poweroff || shutdown -h now || poweroff
   exit 0
@@ -89,9 +103,27 @@ def instance():
     name = call("GET", MD + "/instance/name").strip()
     return token, "%s/projects/%s/zones/%s/instances/%s" % (API, project, zone, name)
 
+# Written once the disks are marked auto-delete, so the time-of-death self-delete (and each of
+# its retries) does not mark them again.
+MARKED = os.path.join(os.environ.get("SKYWARD_STATE_DIR", "/var/lib/skyward"), "disks-auto-delete")
+
 def auto_delete(token, base):
+    if not DISKS or os.path.exists(MARKED):
+        return
     for device in DISKS:
         call("POST", base + "/setDiskAutoDelete?autoDelete=true&deviceName=" + device, token)
+    try:
+        os.makedirs(os.path.dirname(MARKED), exist_ok=True)
+        open(MARKED, "w").close()
+    except OSError:
+        pass
+
+def delete(url, token):
+    try:
+        call("DELETE", url, token)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:  # already gone: nothing bills
+            raise
 
 ERRORS = (OSError, ValueError, KeyError, urllib.error.URLError)
 if sys.argv[1:] == ["--auto-delete-only"]:
@@ -107,11 +139,11 @@ try:
     if TPU:  # a TPU VM: the compute API refuses it; the TPU API deletes the node (and bills no more)
         token = json.loads(call("GET", MD + "/instance/service-accounts/default/token"))["access_token"]
         project = call("GET", MD + "/project/project-id").strip()
-        call("DELETE", "%s/projects/%s/locations/%s/nodes/%s" % (TPU_API, project, TPU[0], TPU[1]), token)
+        delete("%s/projects/%s/locations/%s/nodes/%s" % (TPU_API, project, TPU[0], TPU[1]), token)
         sys.exit(0)
     token, base = instance()
     auto_delete(token, base)
-    call("DELETE", base, token)
+    delete(base, token)
 except ERRORS as exc:
     print("skyward: self-delete failed: %s" % exc, file=sys.stderr)
     sys.exit(1)
@@ -282,7 +314,7 @@ def cloud_config(
     if plan.ttl > 0 or deadline:
         files += [
             {"path": "/usr/local/sbin/skyward-watchdog", "permissions": "0755",
-             "content": watchdog_script(plan, cloud)},
+             "content": watchdog_script(plan, cloud, tpu=tpu_node is not None)},
             {"path": "/etc/systemd/system/skyward-watchdog.service", "permissions": "0644", "content": _UNIT},
         ]
         if cloud == "gcp" and self_delete not in files:
@@ -314,9 +346,37 @@ def cloud_config(
     return "#cloud-config\n" + json.dumps(doc, indent=1) + "\n"
 
 
-def watchdog_script(plan: PoolPlan, cloud: str) -> str:
+def watchdog_script(plan: PoolPlan, cloud: str, *, tpu: bool = False) -> str:
+    """The TTL watchdog; ``tpu``: the node is a TPU VM, which retries its delete for ever and
+    never powers off (a stopped TPU bills on)."""
     deadline = int(plan.expires) if plan.expires is not None else 0
-    return _WATCHDOG.format(ttl=int(plan.ttl), grace=int(plan.grace), deadline=deadline, cloud=cloud)
+    return _WATCHDOG.format(ttl=int(plan.ttl), grace=int(plan.grace), deadline=deadline, cloud=cloud,
+                            tpu=int(tpu))
+
+
+def startup_script(plan: PoolPlan, tpu_node: tuple[str, str]) -> str:
+    """The ``startup-script`` of a TPU VM: the watchdog again, for the runtime images where
+    cloud-init does not run the user data (the guest agent runs this on every boot). It installs
+    the watchdog and its self-delete (each file replaced whole, and only when it differs) and
+    starts it unless it runs already; nothing in it is secret. ``SKYWARD_ROOT`` prefixes every
+    path (the tests run it for real)."""
+    deadline = int(plan.expires) if plan.expires is not None else 0
+    if not (plan.ttl > 0 or deadline):
+        return "#!/bin/bash\n# skyward: no TTL and no max_duration: no watchdog\n"
+    parts = ["#!/bin/bash", "# skyward: the TTL watchdog of this TPU VM (also in its user-data)",
+             'root=${SKYWARD_ROOT:-}', 'mkdir -p "$root/usr/local/sbin" "$root/etc/systemd/system"',
+             'put() { if ! cmp -s "$2" "$root$1"; then install -m "$3" "$2" "$root$1.new" && mv -f "$root$1.new" "$root$1"; fi; rm -f "$2"; }']
+    for path, mode, content in (
+        ("/usr/local/sbin/skyward-watchdog", "0755", watchdog_script(plan, "gcp", tpu=True)),
+        ("/usr/local/sbin/skyward-self-delete", "0755", self_delete_script(plan, tpu_node)),
+        ("/etc/systemd/system/skyward-watchdog.service", "0644", _UNIT),
+    ):
+        parts += ['tmp=$(mktemp)', "cat > \"$tmp\" <<'SKYWARD_END_OF_FILE'", content.rstrip("\n"),
+                  "SKYWARD_END_OF_FILE", f'put {path} "$tmp" {mode}']
+    parts += ["if ! systemctl is-active --quiet skyward-watchdog.service; then",
+              "  systemctl daemon-reload; systemctl enable --now skyward-watchdog.service",
+              "fi", ""]
+    return "\n".join(parts)
 
 
 def self_delete_script(plan: PoolPlan, tpu_node: tuple[str, str] | None = None) -> str:

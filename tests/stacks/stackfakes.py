@@ -30,6 +30,7 @@ class Recorder(pulumi.runtime.Mocks):
     calls: list[Any] = field(default_factory=list)
     # What the cloud's lookups answer (a test changes them to play "a newer image came out").
     aws_zones: list[str] = field(default_factory=lambda: ["us-east-1b", "us-east-1a", "us-east-1c"])
+    aws_default_subnets: list[str] | None = None  # zones whose default subnet exists (None: every offered zone)
     ami_date: str = "20250101"
     gcp_image_date: str = "20250101"
     gcs_uniform: dict[str, bool] = field(default_factory=dict)  # bucket -> uniform bucket-level access
@@ -63,6 +64,9 @@ class Recorder(pulumi.runtime.Mocks):
         if token == "aws:ec2/getVpc:getVpc":
             return {"id": "vpc-default", "cidrBlock": "172.31.0.0/16"}
         if token == "aws:ec2/getSubnets:getSubnets":
+            if any(f.get("name") == "default-for-az" for f in args.args.get("filters") or []):
+                zones = self.aws_zones if self.aws_default_subnets is None else self.aws_default_subnets
+                return {"ids": [f"subnet-default-{z}" for z in zones]}
             return {"ids": ["subnet-a", "subnet-b"]}
         if token == "aws:ec2/getSubnet:getSubnet":
             if args.args.get("id"):  # given, or pinned by an earlier up

@@ -179,6 +179,34 @@ def test_a_retry_takes_the_next_zone(mocks: Recorder) -> Any:
     return declared.subnet.availability_zone.apply(lambda z: _eq(z, "us-east-1d"))
 
 
+@pulumi.runtime.test
+def test_only_zones_with_a_default_subnet_are_chosen(mocks: Recorder) -> Any:
+    # us-east-1c offers the type but its default subnet was deleted: the lookup would fail there.
+    mocks.aws_zones = ["us-east-1f", "us-east-1c", "us-east-1d"]
+    mocks.aws_default_subnets = ["us-east-1d", "us-east-1f"]
+    first = aws.program(make_plan(nodes=1))
+    second = aws.program(replace(make_plan(nodes=1), settings={"zone_attempt": 1}))
+    return pulumi.Output.all(first.subnet.availability_zone, second.subnet.availability_zone).apply(
+        lambda zones: _eq(zones, ["us-east-1d", "us-east-1f"]))
+
+
+@pytest.mark.parametrize("zone", [None, "us-east-1c"])
+def test_no_default_subnet_where_the_type_is_offered_says_how_to_make_one(zone: str | None) -> None:
+
+    mocks = fresh_mocks()
+    mocks.aws_zones = ["us-east-1f", "us-east-1c"]
+    mocks.aws_default_subnets = ["us-east-1a"]  # not where the type is offered
+
+    @pulumi.runtime.test
+    def go() -> Any:
+        return aws.program(make_plan(nodes=1, zone=zone)).subnet.id
+
+    with pytest.raises(Exception, match=r"no default subnet in us-east-1c.*"
+                                        r"aws ec2 create-default-subnet --availability-zone us-east-1c.*"
+                                        r"sky\.AWS\(subnet="):
+        go()
+
+
 def _eq(a: Any, b: Any) -> None:
     assert a == b
 

@@ -213,6 +213,16 @@ def test_a_service_account_not_visible_yet_is_retried(tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("stderr,says", [
     ("error: invoking aws:ec2/getVpc:getVpc: no matching EC2 VPC found",
      r"no default VPC.*sky\.AWS\(subnet="),
+    ("error: googleapi: Error 403: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally., quotaExceeded",
+     r"quota GPUS_ALL_REGIONS is 0 for the whole project.*0 on new projects.*Quotas page"),
+    ("error: googleapi: Error 403: Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 1.0 in region us-central1., quotaExceeded",
+     r"quota NVIDIA_T4_GPUS is 1 in region us-central1.*Quotas page \(IAM & Admin > Quotas, filter NVIDIA_T4_GPUS"),
+    ("error: creating EC2 Instance: operation error EC2: RunInstances, api error VcpuLimitExceeded: You have "
+     "requested more vCPU capacity than your current vCPU limit of 0 allows for the instance bucket that the "
+     "specified instance type belongs to.",
+     r"vCPU quota for this instance family is 0 vCPUs.*Service Quotas console"),
+    ("error: invoking aws:ec2/getSubnet:getSubnet: no matching EC2 Subnet found",
+     r"no default subnet.*aws ec2 create-default-subnet --availability-zone.*sky\.AWS\(subnet="),
     ("error: Error creating Role: googleapi: Error 429: Maximum number of custom roles (300) reached",
      r"custom roles.*300.*7 days"),
     ("error: googleapi: Error 429: Maximum number of service accounts on project reached",

@@ -137,3 +137,42 @@ def test_the_guide_names_every_role_the_check_asks_for() -> None:
              *gcp_permissions.BUCKETS.values()}
     for role in roles:
         assert role.split(" (")[1].split(")")[0] in guide, role
+
+
+# Compute Engine answers an insert naming a just-made service account it cannot see yet with "The
+# user does not have access to service account ...": a race where the check above saw actAs held
+# (the pool updates again), a missing role where it did not (the error reaches the user).
+NO_ACCESS = ("error: 1 error occurred:\n  * Error creating instance: googleapi: Error 400: The user does not have "
+             "access to service account 'sky-783090604b-0@proj-a.iam.gserviceaccount.com'.  User: "
+             "'me@proj-a.iam.gserviceaccount.com'.  Ask a project owner to grant you the iam.serviceAccountUser "
+             "role on the service account, badRequest")
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_no_access_to_a_new_service_account_is_retried_when_the_check_saw_act_as(
+        checked: bool, iam: FakeIam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pulumi")
+    from stackfakes import FakeWorkspace, command_error, isolated_home, make_plan
+
+    from skyward.errors import StackError
+    from skyward.stacks import cloudpool, keys
+
+    isolated_home(tmp_path, monkeypatch)
+    monkeypatch.setattr(cloudpool, "_IAM_RETRY_SECONDS", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(gcp_permissions, "_held", {})
+    project = PROJECT if checked else "proj-unchecked"
+    iam.held = set(gcp_permissions.needed(tpu=False))
+    gcp_permissions.check(PROJECT, tpu=False)
+    assert gcp_permissions.confirmed(PROJECT, "iam.serviceAccounts.actAs")
+    ws = FakeWorkspace(fail={"update": [command_error(NO_ACCESS)]})
+    plan = make_plan(nodes=0, zone="us-central1-a", region="us-central1", settings={"project": project})
+    key_path, _ = keys.client_key(plan.stack)
+    pool = cloudpool.CloudPool(plan, lambda plan: None, pool_id="ab12cd34", key_path=key_path, spot=False,
+                               fallback_to_on_demand=False, record={"skyward": "0.1.0"}, connect=ws)
+    if checked:
+        assert len(pool.start(1)) == 1
+        assert [k for k, _ in ws.calls].count("update") == 2
+    else:
+        with pytest.raises(StackError, match="does not have access to service account"):
+            pool.start(1)
+        assert [k for k, _ in ws.calls].count("update") == 1

@@ -64,6 +64,11 @@ def test_each_node_is_a_tpu_vm_of_the_offers_type_and_runtime(mocks: TpuRecorder
             assert metadata["ssh-keys"] == f"ubuntu:{plan.ssh_public_key}"
             assert metadata["block-project-ssh-keys"] == "true" and metadata["enable-oslogin"] == "FALSE"
             assert cloud_config(metadata["user-data"])["ssh_keys"]["ed25519_public"] == plan.nodes[i].host_key
+            # The watchdog also as startup-script (the guest agent runs it on TPU runtime images),
+            # the TPU one (retries its delete for ever), deleting this node's TPU node.
+            startup = metadata["startup-script"]
+            assert startup.startswith("#!/bin/bash") and "tpu=1" in startup and repr(["us-central1-a", name]) in startup
+            assert plan.nodes[i].host_key_private not in startup
             assert name == gcp.instance_name(plan, plan.nodes[i])
             assert network["network"] == "default" and network["enable_external_ips"] is True
 
@@ -183,7 +188,10 @@ def test_preview_of_a_tpu_pool_lists_its_tpu_vms_creating_nothing() -> None:
     vms = [r for r in plan["resources"] if r["type"] == VM]
     assert [r["name"] for r in vms] == ["node-0", "node-1"]
     assert vms[0]["detail"] == ("TPU VM v5litepod-4, spot, runtime v2-alpha-tpuv5-lite, in us-central1-a, "
-                                "deletes its TPU node when its TTL runs out (its own service account)")
+                                "deletes its TPU node when its TTL runs out (its own service account); "
+                                "TPU API path (not a Compute Engine instance, no termination_time): its cost is "
+                                "bounded by its own watchdog, which retries the delete until accepted and never "
+                                "powers off, and by `skyward down`")
     assert not any(r["type"] == "gcp:compute/instance:Instance" for r in plan["resources"])
     on_demand = spec.provider.preview(replace(spec, allocation="on-demand", nodes=1))
     (vm,) = [r for r in on_demand["resources"] if r["type"] == VM]

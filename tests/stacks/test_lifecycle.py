@@ -169,6 +169,27 @@ def test_no_spot_capacity_falls_back_to_on_demand(home: Path) -> None:
     assert [n["spot"] for n in ws.plans[cloud.plan.stack][-1]["nodes"]] == [False, False]
 
 
+SPOT_QUOTA_STDERR = ("error: 1 error occurred:\n  * Error creating instance: googleapi: Error 403: Quota "
+                     "'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded.  Limit: 0.0 in region us-central1., quotaExceeded")
+
+
+@pytest.mark.parametrize("stderr", [SPOT_QUOTA_STDERR, CAPACITY_STDERR])
+def test_spot_quota_or_capacity_goes_on_demand_by_the_same_rule_and_says_why(home: Path, stderr: str) -> None:
+    ws = FakeWorkspace(fail={"update": [command_error(stderr)]})
+    cloud = cloud_pool(ws, spot=True, fallback=True, zone="us-east-1a")
+    seen: list[ev.Event] = []
+    stop = ev.bus.subscribe(seen.append, pool="ab12cd34")
+    try:
+        assert len(cloud.start(1)) == 1
+    finally:
+        ev.bus.flush()
+        stop()
+    assert [n["spot"] for n in ws.plans[cloud.plan.stack][-1]["nodes"]] == [False]
+    why = "PREEMPTIBLE_NVIDIA_T4_GPUS" if stderr is SPOT_QUOTA_STDERR else "InsufficientInstanceCapacity"
+    said = [e.message for e in seen if isinstance(e, ev.Log) and "went on-demand" in e.message]
+    assert len(said) == 1 and why in said[0] and "spot-if-available" in said[0], said
+
+
 def test_spot_only_does_not_fall_back(home: Path) -> None:
     ws = FakeWorkspace(fail={"update": [command_error(CAPACITY_STDERR)]})
     cloud = cloud_pool(ws, spot=True, fallback=False, zone="us-east-1a")

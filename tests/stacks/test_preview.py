@@ -199,6 +199,10 @@ def test_large_gcp_and_tpu_plans_preview_from_a_sample_as_a_full_run() -> None:
                               "tpu": {"runtime_version": "v2-alpha-tpuv5-lite", "hosts": 1}})
     sampled, full, runs = _both_ways(gcp.program, _mixed(tpu, 23))
     assert sampled == full and len([r for r in full if r["type"] == "gcp:tpu/v2Vm:V2Vm"]) == 23
+    # Which TPU path the pool takes and what bounds its cost (no termination_time on the TPU API).
+    for r in (r for r in full if r["type"] == "gcp:tpu/v2Vm:V2Vm"):
+        assert "TPU API path (not a Compute Engine instance, no termination_time)" in r["detail"], r
+        assert "retries the delete until accepted and never powers off" in r["detail"], r
 
 
 def test_a_program_whose_lines_follow_the_index_another_way_runs_on_every_node_of_that_kind() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -37,6 +38,7 @@ class FakeGoogle(ThreadingHTTPServer):
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.refuse_delete = refuse_delete
         self.refuse_auto_delete = 0  # how many setDiskAutoDelete calls to refuse (a grant not yet visible)
+        self.fail_deletes = 0  # how many DELETE calls to answer 503 (the API failing for a while)
         super().__init__(("127.0.0.1", 0), _Handler)
 
     @property
@@ -63,6 +65,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif "setDiskAutoDelete" in self.path and self.server.refuse_auto_delete > 0:
             self.server.refuse_auto_delete -= 1
             body, code = '{"error": {"code": 403, "message": "Required compute.instances.setDiskAutoDelete"}}', 403
+        elif self.command == "DELETE" and self.server.fail_deletes > 0:
+            self.server.fail_deletes -= 1
+            body, code = '{"error": {"code": 503, "message": "The service is currently unavailable."}}', 503
         elif self.command == "DELETE" and self.server.refuse_delete:
             body, code = '{"error": {"code": 403, "message": "Required compute.instances.delete"}}', 403
         else:
@@ -111,6 +116,7 @@ class Node:
         self.env = {
             **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SKYWARD_WATCHDOG_INTERVAL": "0.3",
             "SKYWARD_AGENT_PATTERN": self.pattern, "SKYWARD_SELF_DELETE": str(self.self_delete),
+            "SKYWARD_STATE_DIR": str(root / "state"), "SKYWARD_BACKOFF_FIRST": "1", "SKYWARD_BACKOFF_MAX": "1",
         }
         if google is not None:
             self.env.update(SKYWARD_METADATA_URL=f"{google.url}/md", SKYWARD_COMPUTE_URL=f"{google.url}/compute/v1")
@@ -204,13 +210,38 @@ def test_gcp_node_deletes_itself_with_its_disks(nodes: Any, google: FakeGoogle) 
                      ("DELETE", base)]
 
 
-def test_gcp_node_powers_off_when_its_delete_is_refused(nodes: Any, google: FakeGoogle) -> None:
+def test_gcp_node_powers_off_when_its_delete_is_refused_for_minutes(nodes: Any, google: FakeGoogle) -> None:
     google.refuse_delete = True
     node = nodes(replace(make_plan(ttl=1), grace=0), "gcp", google)
+    node.env["SKYWARD_DELETE_WINDOW"] = "3"  # "a few minutes", shortened
     node.start()
     assert node.wait_exit(30) == 0
-    assert [m for m, p, _ in google.requests if p.startswith("/compute")] == ["DELETE"]
+    deletes = [m for m, p, _ in google.requests if p.startswith("/compute")]
+    assert set(deletes) == {"DELETE"} and len(deletes) >= 2, "the refused delete was not retried"
     assert node.powered_off()[0].startswith("systemctl poweroff")
+
+
+def test_gcp_node_retries_its_delete_until_the_api_takes_it(nodes: Any, google: FakeGoogle) -> None:
+    google.fail_deletes = 3
+    plan = replace(make_plan(ttl=1, disks=(DiskPlan(10, "/a"),)), grace=0)
+    node = nodes(plan, "gcp", google)
+    node.start()
+    assert node.wait_exit(60) == 0
+    assert node.powered_off() == [], "a GCP node whose delete failed for a moment powered off"
+    calls = [(m, p.split("?")[0].rsplit("/", 1)[-1]) for m, p, _ in google.requests if p.startswith("/compute")]
+    # The disk is marked once; the retries only repeat the delete.
+    assert calls == [("POST", "setDiskAutoDelete")] + [("DELETE", "sky-train-0")] * 4
+
+
+def test_gcp_self_delete_skips_the_disk_marking_done_at_boot(nodes: Any, google: FakeGoogle) -> None:
+    plan = replace(make_plan(ttl=1, disks=(DiskPlan(10, "/a"), DiskPlan(10, "/b"))), grace=0)
+    node = nodes(plan, "gcp", google)
+    boot = subprocess.run([str(node.self_delete), "--auto-delete-only"], env=node.env, timeout=60)
+    assert boot.returncode == 0
+    node.start()
+    assert node.wait_exit(30) == 0
+    calls = [m for m, p, _ in google.requests if p.startswith("/compute")]
+    assert calls == ["POST", "POST", "DELETE"], "the disks were marked again at the node's death"
 
 
 def test_ebs_device_names_are_read_from_the_nvme_vendor_area() -> None:
@@ -254,11 +285,12 @@ def test_a_gcp_node_sets_auto_delete_on_its_disks_at_boot(google: FakeGoogle) ->
     path.write_text(script)
     path.chmod(0o755)
     try:
-        env = {**os.environ, "SKYWARD_METADATA_URL": f"{google.url}/md",
+        env = {**os.environ, "SKYWARD_METADATA_URL": f"{google.url}/md", "SKYWARD_STATE_DIR": str(path) + ".state",
                "SKYWARD_COMPUTE_URL": f"{google.url}/compute/v1", "SKYWARD_RETRY_SECONDS": "0.1"}
         done = subprocess.run([str(path), "--auto-delete-only"], env=env, timeout=60)
     finally:
         path.unlink()
+        shutil.rmtree(str(path) + ".state", ignore_errors=True)
     assert done.returncode == 0
     calls = [(m, p) for m, p, _ in google.requests if p.startswith("/compute")]
     base = "/compute/v1/projects/proj/zones/us-east1-c/instances/sky-train-0"
@@ -290,17 +322,61 @@ def test_a_tpu_vm_deletes_its_tpu_node_through_the_tpu_api(nodes: Any, google: F
     assert calls == [("DELETE", "/tpu/v2/projects/proj/locations/us-west4-a/nodes/sky-train-ab12cd34-0")]
 
 
-def test_a_tpu_vm_powers_off_when_its_delete_is_refused(nodes: Any, google: FakeGoogle) -> None:
+def _tpu_node(nodes: Any, google: FakeGoogle) -> Any:
     from stackfakes import cloud_config
 
-    google.refuse_delete = True
     plan = replace(make_plan(ttl=1, instance_type="tpu-v5litepod-8", zone="us-west4-a"), grace=0)
     doc = cloud_config(userdata.cloud_config(plan, plan.nodes[0], [], cloud="gcp",
                                              tpu_node=("us-west4-a", "sky-train-ab12cd34-0")))
+    files = {f["path"]: f["content"] for f in doc["write_files"]}
     node = nodes(plan, "gcp", google)
-    node.self_delete.write_text(next(f["content"] for f in doc["write_files"]
-                                     if f["path"] == "/usr/local/sbin/skyward-self-delete"))
-    node.env["SKYWARD_TPU_URL"] = f"{google.url}/tpu/v2"
+    node.self_delete.write_text(files["/usr/local/sbin/skyward-self-delete"])
+    node.watchdog.write_text(files["/usr/local/sbin/skyward-watchdog"])
+    node.env.update(SKYWARD_TPU_URL=f"{google.url}/tpu/v2", SKYWARD_DELETE_WINDOW="0")
+    return node
+
+
+def test_a_tpu_vm_retries_its_delete_for_ever_and_never_powers_off(nodes: Any, google: FakeGoogle) -> None:
+    """A powered-off TPU VM bills on, and nothing else would end it: the node keeps trying (the
+    window after which a Compute Engine instance gives up is 0 here) until the API takes it."""
+    google.refuse_delete = True
+    node = _tpu_node(nodes, google)
     node.start()
+    assert node.wait_exit(6) is None, "the TPU VM's watchdog gave up on its delete"
+    assert node.powered_off() == [], "a TPU VM powered off (its TPU node bills on)"
+    tries = [p for m, p, _ in google.requests if m == "DELETE"]
+    assert len(tries) >= 3 and set(tries) == {"/tpu/v2/projects/proj/locations/us-west4-a/nodes/sky-train-ab12cd34-0"}
+    google.fail_deletes, google.refuse_delete = 1, False  # one more failure, then the API recovers
     assert node.wait_exit(30) == 0
-    assert node.powered_off()[0].startswith("systemctl poweroff")
+    assert node.powered_off() == []
+    assert len([m for m, _, _ in google.requests if m == "DELETE"]) >= len(tries) + 2
+
+
+def test_a_tpu_vm_startup_script_installs_and_starts_the_same_watchdog(tmp_path: Path) -> None:
+    """The guest agent runs ``startup-script`` on TPU runtime images (cloud-init may not run
+    there): run for real under a root of its own, it installs the user data's watchdog and
+    self-delete and starts the unit; a second boot changes nothing."""
+    from stackfakes import cloud_config
+
+    plan = replace(make_plan(ttl=60, instance_type="tpu-v5litepod-8", zone="us-west4-a"), grace=0)
+    tpu = ("us-west4-a", "sky-train-ab12cd34-0")
+    doc = cloud_config(userdata.cloud_config(plan, plan.nodes[0], [], cloud="gcp", tpu_node=tpu))
+    files = {f["path"]: f for f in doc["write_files"]}
+    root, bin_dir, log = tmp_path / "root", tmp_path / "bin", tmp_path / "systemctl.log"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f'#!/bin/bash\necho "$*" >> {log}\n[ "$1" != is-active ]\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    script = tmp_path / "startup-script"
+    script.write_text(userdata.startup_script(plan, tpu))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SKYWARD_ROOT": str(root)}
+    for _ in range(2):
+        subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
+    for path in ("/usr/local/sbin/skyward-watchdog", "/usr/local/sbin/skyward-self-delete",
+                 "/etc/systemd/system/skyward-watchdog.service"):
+        installed = root / path.lstrip("/")
+        assert installed.read_text() == files[path]["content"], path
+        assert oct(installed.stat().st_mode & 0o777) == oct(int(files[path]["permissions"], 8))
+    assert "tpu=1" in files["/usr/local/sbin/skyward-watchdog"]["content"]
+    assert log.read_text().splitlines() == ["is-active --quiet skyward-watchdog.service", "daemon-reload",
+                                            "enable --now skyward-watchdog.service"] * 2
+    assert not list(root.rglob("*.new"))

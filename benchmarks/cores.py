@@ -1,5 +1,5 @@
 """A many-core machine: ``map`` over an N-node Local pool beside ``multiprocessing.Pool(N)``,
-and how soon a large Local pool is ready (issue 47).
+and how soon a large Local pool is ready.
 
     .venv/bin/python benchmarks/cores.py [--nodes N] [--items 1000000,100000] [--reps 15]
                                          [--ready 64] [--ready-reps 3] [--json PATH]

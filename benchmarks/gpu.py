@@ -1,4 +1,4 @@
-"""Tensors through a pool beside numpy arrays of the same size (issue 44), one table.
+"""Tensors through a pool beside numpy arrays of the same size, one table.
 
     .venv/bin/python benchmarks/gpu.py [--mb 200] [--reps 5] [--quick] [--json PATH]
 

@@ -10,7 +10,7 @@
 * ``abort``: a GridSearchCV(SVC) with one failing candidate (C=-1, which SVC refuses) and
   error_score="raise", timed to its error, then a clean search (16 candidates x 5 folds)
   timed on its own: the fits of the aborted search that were already sent must not hold
-  the slots the clean search needs (issue 40).
+  the slots the clean search needs.
 
 ``--only abort`` (or grid, tiny) runs one of them.
 """

@@ -368,7 +368,7 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
         for name, fn in fns.items():
             check(fn(), m if name == ppe_1 else n)
         # skyward and multiprocessing.Pool (~15 ms each) are timed beside each other with more
-        # repetitions: issue 47 compares them, and five are too few on a loaded 2-core VM.
+        # repetitions: they are compared, and five are too few on a loaded 2-core VM.
         pair = (SKY, MP)
         times = interleaved({k: f for k, f in fns.items() if k not in pair}, reps, warmup=0)
         times.update(interleaved({k: fns[k] for k in pair}, reps * 3, warmup=0))  # checks: the warm-up
@@ -383,12 +383,12 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
     big_rows = [
         row_from_times("map", f"noop1 over range({len(big):,})", system, big_times[system],
                        unit="items/s", amount=len(big), note=note)
-        for system, note in ((SKY, "chunksize auto; issue 47: >= mp.Pool"),
+        for system, note in ((SKY, "chunksize auto: >= mp.Pool"),
                              (MP, f"chunksize default ({math.ceil(len(big) / (WORKERS * 4)):,})"))
     ] if big else []
     return [
         row_from_times("map", case, SKY, times[SKY], unit="items/s", amount=n,
-                       target=TARGET_MAP_ITEMS_S, note=f"N={n:,}, chunksize auto; issue 47: >= mp.Pool"),
+                       target=TARGET_MAP_ITEMS_S, note=f"N={n:,}, chunksize auto: >= mp.Pool"),
         row_from_times("map", case, MP, times[MP], unit="items/s", amount=n,
                        note=f"N={n:,}, chunksize default ({math.ceil(n / (WORKERS * 4))})"),
         row_from_times("map", case, PPE, times[PPE], unit="items/s", amount=n,

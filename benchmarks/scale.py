@@ -1,4 +1,4 @@
-"""Pools of thousands (issue 23 item 5): what a 1,000-5,000-node cloud pool costs the client.
+"""Pools of thousands: what a 1,000-5,000-node cloud pool costs the client.
 
     .venv/bin/python benchmarks/scale.py [--sizes 1000,3000,5000] [--reps 3] [--json PATH]
 

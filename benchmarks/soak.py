@@ -8,7 +8,7 @@ runs ``pool.map`` of 20,000 items in a loop (every result checked) while another
 ``>>`` calls in a loop (every answer checked), and one agent is SIGKILLed every ``--every``
 seconds, for ``--seconds``. A run that makes no progress (no map round and no call finished)
 for 60 s is a hang: its threads' stacks are printed and it is killed. The table counts, per
-run, map rounds, items, calls, kills, errors and hangs; the bar (issue 50) is zero hangs and
+run, map rounds, items, calls, kills, errors and hangs; the bar is zero hangs and
 zero wrong results in 20 runs.
 """
 

@@ -10,7 +10,7 @@ when run as root, sshd on loopback addresses otherwise).
 * 100 MB argument through the tunnel (target >= 300 MB/s), and 100 MB back (a result)
 * the same over a direct connection (sky.SSH(direct=True): plain TCP to the agent on the
   host's private address, token-checked)
-* a pool of 3 hosts (issue 47's figure): enter and enter -> first result, warm (median of
+* a pool of 3 hosts: enter and enter -> first result, warm (median of
   --rounds) and on fresh hosts (client caches warm), beside the floor of any start over SSH in
   the same run: a login and one command on each of the 3 hosts, in parallel; and what the pool
   asks of each host, counted on the wire per phase (tests/ssh/wire.py: logins, sessions,
@@ -232,7 +232,7 @@ def serve() -> int:
 
 
 def three_hosts(results: dict[str, Any], rounds: int, cold_rounds: int, against: str | None) -> None:
-    """Issue 47's figure: a pool of 3 hosts, warm and fresh, beside the floor (and REV)."""
+    """A pool of 3 hosts, warm and fresh, beside the floor (and REV)."""
     before = Before(against) if against else None
     try:
         with contextlib.ExitStack() as stack:

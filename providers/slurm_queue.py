@@ -108,7 +108,7 @@ def check_options(options: object) -> tuple[str, ...]:
 
 
 # Flags a spec's own fields set (vcpus=, memory_gb=, accelerator=): in options= beside that field
-# the two would fight; alone they are the user's (issue 45, item 9).
+# the two would fight; alone they are the user's.
 _SPEC_FLAGS = (
     ("vcpus", "vcpus=", ("--cpus-per-task", "-c", "--cpus-per-gpu")),
     ("memory_gb", "memory_gb=", ("--mem", "--mem-per-cpu", "--mem-per-gpu")),
@@ -133,7 +133,7 @@ def spec_conflicts(options: Sequence[str], spec: Any) -> str | None:
 def gpu_flag(spec: Spec, gres: str | None, types: Sequence[str] = ()) -> str | None:
     """``--gpus-per-node`` for the spec's accelerator: ``A100:4`` -> ``a100:4``, or the site's own
     spelling of that type where ``types`` (the GRES types sinfo shows) has it in another case
-    (``A100``: Slurm's types are case-sensitive; issue 45, item 6); ``gres`` names the site's GRES
+    (``A100``: Slurm's types are case-sensitive); ``gres`` names the site's GRES
     type instead ("" for untyped: ``--gpus-per-node=4``)."""
     acc = spec.accelerator
     if acc is None:
@@ -168,7 +168,7 @@ class JobRequest:
         one srun task per node. A node that dies does not take the others with it (--no-kill,
         --kill-on-bad-exit=0): the pool heals it with a job of its own. Never requeued
         (--no-requeue, whatever the site's JobRequeue): a requeued job would start agents the pool
-        does not know, on other ports, under a named pool's description (issue 45, item 4); a
+        does not know, on other ports, under a named pool's description; a
         failed node is replaced by the pool instead."""
         lines = ["#!/bin/bash", f"# skyward: nodes {self.first}..{self.first + self.nodes - 1} of a pool"]
         lines += [f"#SBATCH {f}" for f in (
@@ -233,7 +233,7 @@ def parse_squeue(text: str) -> dict[str, JobState]:
     return jobs
 
 
-# -- looking at the queue: a failed look is no answer, never "the job left" (issue 45, item 1) -------
+# -- looking at the queue: a failed look is no answer, never "the job left" -------
 # squeue exits 1 both when the controller cannot be reached (a restart, a timeout: "Socket timed
 # out on send/recv operation", "Unable to contact slurm controller") and when it no longer knows
 # any of the jobs asked about ("Invalid job id specified": they ended more than MinJobAge ago).
@@ -317,7 +317,7 @@ def parse_confirm(text: str, jobs: Sequence[str]) -> tuple[dict[str, JobState], 
     return states, unknown
 
 
-# Why a job of a pool ended decides whether its lost nodes are replaced (issue 45, item 3): the
+# Why a job of a pool ended decides whether its lost nodes are replaced: the
 # site's or the user's decision to end it stands; a failure of the machinery is healed.
 _STOPS = {
     "CANCELLED": "was cancelled",
@@ -538,7 +538,7 @@ def default_cpus(part: Partition | None, spec: Any, options: Sequence[str]) -> i
     nodes, the share of its CPUs that goes with the share of its GPUs the pool asks for (a pool
     of ``A100:1`` nodes on 4-GPU, 64-CPU nodes asks for 16), so the node's other GPUs stay usable
     by others. Without it Slurm gives one CPU, and two one-node jobs of a pool (replacements,
-    growth) could land on one host (issue 45, item 9)."""
+    growth) could land on one host."""
     if getattr(spec, "vcpus", None) or part is None or part.cpus <= 0:
         return None
     if {flag_name(f) for f in options} & set(_CPU_FLAGS):

@@ -1,4 +1,4 @@
-"""One look at the queue per login node, shared by every pool of this process (issue 45, item 5).
+"""One look at the queue per login node, shared by every pool of this process.
 
 Each look is an RPC to the site's controller. A program that opens ten pools at once (a sweep, in
 threads) would otherwise ask ten times for what one ``squeue`` of the user's own jobs answers: the

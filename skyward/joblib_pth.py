@@ -1,5 +1,5 @@
 """``skyward-joblib.pth``: joblib knows "skyward" in every interpreter of the environment,
-also in one that never imports skyward (issue 48, item 2).
+also in one that never imports skyward.
 
 A worker of joblib's ``loky`` backend is a fresh interpreter. ``Parallel(backend="skyward")``
 there, in a function whose module never imports skyward, got joblib's bare ``ValueError:

@@ -1,4 +1,4 @@
-"""Fork safety: a child forked while pools are open owns none of them (issue 41).
+"""Fork safety: a child forked while pools are open owns none of them.
 
 A program that forks (os.fork, multiprocessing's fork start method, a library that
 daemonizes) hands its child the pool objects, their sockets and the exit hooks. The child

@@ -194,7 +194,7 @@ def test_a_failing_health_check_gets_its_node_replaced(tmp_path: Path) -> None:
 
 
 def test_a_pool_is_handed_over_once_its_node_passed_its_first_check(tmp_path: Path) -> None:
-    # Warming gates readiness (issue 36, item 4): the pool opens once the check passes, not before.
+    # Warming gates readiness: the pool opens once the check passes, not before.
     gate = tmp_path / "open"
 
     def healthy(info: sky.InstanceInfo) -> bool:

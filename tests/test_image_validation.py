@@ -1,4 +1,4 @@
-"""Hostile Image values are refused where they are written (issue 33, item 8), and the env values
+"""Hostile Image values are refused where they are written, and the env values
 that are accepted reach the node literally: the env phase of the real bootstrap script is run with
 bash and the environment it leaves is compared with what the Image said."""
 

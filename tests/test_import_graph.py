@@ -1,4 +1,4 @@
-"""No import cycles among the project's modules (issue 24), the pool's parts depend one way, and
+"""No import cycles among the project's modules, the pool's parts depend one way, and
 node code imports nothing of the client's parts.
 
 A cycle means two modules cannot be understood, tested or loaded one without the other, and

@@ -1,4 +1,4 @@
-"""Package-index credentials never reach a command line (issue 33, item 6).
+"""Package-index credentials never reach a command line.
 
 Every local user can read every process's argv (``ps``, /proc/PID/cmdline); only the owner can
 read its environment. The index here is private: served on loopback with HTTP basic auth, so uv
@@ -198,7 +198,7 @@ def test_the_wheelhouse_of_a_lock_is_fetched_with_no_password_on_pips_command_li
 def test_uv_settings_with_credentials_reach_pip_by_its_environment(
         home: Path, private: tuple[PrivateIndex, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         where: str) -> None:
-    """A private index only uv is configured with (issue 39): named in UV_INDEX or a project's
+    """A private index only uv is configured with: named in UV_INDEX or a project's
     uv.toml, its credentials in uv's UV_INDEX_<NAME>_USERNAME/_PASSWORD. uv resolves the lock
     with them, and the wheelhouse's pip, which reads none of uv's settings, gets the index and
     its credentials by its environment too."""

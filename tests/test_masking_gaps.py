@@ -1,4 +1,4 @@
-"""The masking and at-rest gaps of the second security review (issue 49, item 4): a password of
+"""The masking and at-rest gaps of the second security review: a password of
 digits, the OTLP exporter's headers, a password with an "@" in a URL, a secret URL-encoded or in
 base64, an uncaught task exception, fingerprints that a guess can be checked against, the
 pool's secret in the environment block of the agents and workers, SKYWARD_HOME's mode, and

@@ -1,4 +1,4 @@
-"""What a new user hits first (issue 19): the hidden task time limit, a @sky.function called
+"""What a new user hits first: the hidden task time limit, a @sky.function called
 where it cannot dispatch, an undecorated function pushed at a pool."""
 
 from __future__ import annotations

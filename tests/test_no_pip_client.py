@@ -1,4 +1,4 @@
-"""A client environment with no pip in it (issue 39): made by ``uv venv`` and ``uv pip install``,
+"""A client environment with no pip in it: made by ``uv venv`` and ``uv pip install``,
 as uv users make theirs. The lock a pool records and the wheels its nodes get are the same,
 byte for byte, as from an environment with pip; pip is never installed into it; a tool the
 client lacks is named with the command that installs it.

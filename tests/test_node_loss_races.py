@@ -1,4 +1,4 @@
-"""Issue 50: every task handed to a node's channel ends in exactly one outcome, whatever the
+"""Every task handed to a node's channel ends in exactly one outcome, whatever the
 order in which a send, the node's death and a replacement happen; a waiting ``map`` never
 hangs.
 

@@ -1,4 +1,4 @@
-"""Scale to zero on real Local pools (issue 25): a pool born with no node provisions on its
+"""Scale to zero on real Local pools: a pool born with no node provisions on its
 first task; an idle one shrinks to zero, head included, and the next task wakes it, with the
 collections saying their state is gone, as after a lost head."""
 

@@ -1,4 +1,4 @@
-"""Secrets never stored or shown in clear (issue 33, item 5).
+"""Secrets never stored or shown in clear.
 
 A real Local pool mounts a bucket of a real S3-compatible server (moto) with ``sky.Storage``
 keys, has a package index with a password in its URL, a secret ``Image.env`` value and a

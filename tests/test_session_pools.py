@@ -1,4 +1,4 @@
-"""A Session's pools as the reference's session and health-check tests use them (issue 36, items
+"""A Session's pools as the reference's session and health-check tests use them (items
 3 and 4): ``session.compute(..., name=...)`` is a label when the call also describes the pool,
 and a pool with a sky.HealthChecker is ready only once its nodes passed a check (warming), while
 a failure after warming replaces the node with a "health check" reason."""

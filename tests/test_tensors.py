@@ -1,4 +1,4 @@
-"""torch tensors cross like numpy arrays (issue 44): their storage goes out of band as one
+"""torch tensors cross like numpy arrays: their storage goes out of band as one
 buffer (shared memory on Local pools, rebuilt there without a copy), with dtype, shape, strides,
 offset, sharing between views, requires_grad and nn.Parameter kept; odd layouts go through
 torch's own pickle. A tensor that was on CUDA lands on CUDA where CUDA is, else on the CPU, said

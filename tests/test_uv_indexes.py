@@ -1,5 +1,5 @@
 """Package sources set only in uv's settings, or only in pip's config files, reach both tools
-(issue 39): uv resolves a pool's lock and pip fetches its wheelhouse, and neither reads the
+: uv resolves a pool's lock and pip fetches its wheelhouse, and neither reads the
 other's settings, nor does an environment made by uv have a pip to ask for its own.
 
 The settings are read from real files in a temporary home and project; the last tests resolve

@@ -1,4 +1,4 @@
-"""A client environment the way uv users make one (issue 39): ``uv venv`` (no pip in it) and
+"""A client environment the way uv users make one: ``uv venv`` (no pip in it) and
 ``uv pip install -e <checkout>``. Built from this machine's package sources (the index settings
 pip has here, handed to uv by its environment, as a user's uv.toml would), so it works offline
 wherever the suite's own venv could be installed."""

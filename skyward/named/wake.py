@@ -1,6 +1,6 @@
 """Asleep named pools answer the terminal: ``skyward ssh``, ``cp``, ``exec``, ``install`` and the
 dashboard's exec wake a pool of ``nodes = [0, N]`` that sleeps, do their work, and let it sleep
-again (issue 36).
+again.
 
 The command wakes the pool as a program would: it attaches as a client (the trail says
 ``attached ... by skyward ssh``), and its first wait for a node starts one (the pool object

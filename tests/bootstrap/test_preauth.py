@@ -1,4 +1,4 @@
-"""Every listener is safe before authentication (issue 33, items 1-3): the agent, a worker's
+"""Every listener is safe before authentication: the agent, a worker's
 lane and the collections server admit a peer only through the challenge-response of
 bootstrap/handshake.py, spend nothing on a stranger, and a Local pool has no TCP port at all.
 
@@ -255,7 +255,7 @@ def test_an_idle_stranger_is_closed_at_the_first_byte_deadline(pool: sky.Pool) -
     assert handshake.FIRST_BYTE - 0.5 < took < handshake.FIRST_BYTE + 2 < handshake.DEADLINE + 2
 
 
-# -- issue 49 item 1: a full gate closes the oldest silent handshake, not the newest -------------
+# -- a full gate closes the oldest silent handshake, not the newest -------------
 def _pending(n: int) -> list[tuple[socket.socket, socket.socket]]:
     return [socket.socketpair() for _ in range(n)]
 

@@ -1,5 +1,5 @@
 """Frames after the handshake are authenticated where no SSH carries them, and a client checks
-a WELCOME before it reads much of it (issue 49, items 3, 4 and 5).
+a WELCOME before it reads much of it.
 
 * A relay on loopback between a direct-TCP client and an agent (``--direct``, as
   ``sky.SSH(direct=True)`` and Slurm run it) passes the handshake through untouched, then
@@ -861,7 +861,7 @@ def test_a_gigabyte_welcome_is_refused_from_its_header(client: str, tmp_path: Pa
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_server_that_admits_anyone_is_refused_for_its_wrong_proof(client: str, tmp_path: Path) -> None:
-    """Issue 49, item 5: the server skips its own check and answers a WELCOME with a wrong
+    """The server skips its own check and answers a WELCOME with a wrong
     proof; only the client's check of that proof stands between it and the client's tasks."""
     with pytest.raises(REFUSED, match="prove"):
         _clients(tmp_path)[client](_wrong_proof)

@@ -1,5 +1,5 @@
 """Everything the ``skyward`` command prints of a node -- ``exec`` (text and --json), ``logs``,
-``cp`` errors -- and the trail's ``command=`` mask a pool's secrets (issue 33, item 5): a
+``cp`` errors -- and the trail's ``command=`` mask a pool's secrets: a
 secret ``Image.env`` value and a package index's password, on a real named Local pool, read by
 real CLI processes that only know them from the pool's own settings."""
 

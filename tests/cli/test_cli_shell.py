@@ -1,4 +1,4 @@
-"""`skyward ssh` and `skyward cp` on a Local named pool (issue 25): a shell on a node, as a real
+"""`skyward ssh` and `skyward cp` on a Local named pool: a shell on a node, as a real
 terminal program (tmux), one command with its exit status, files and folders both ways."""
 
 from __future__ import annotations

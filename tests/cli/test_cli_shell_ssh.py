@@ -1,4 +1,4 @@
-"""`skyward ssh` and `skyward cp` on SSH hosts (issue 25): real sshd hosts reachable only through
+"""`skyward ssh` and `skyward cp` on SSH hosts: real sshd hosts reachable only through
 a bastion, logged into as a user who is not root. The shell and the copies ride the pool's own
 SSH connections (jump host and pinned host keys included); a real terminal (tmux) drives the
 interactive shell."""

@@ -1,4 +1,4 @@
-"""`skyward cp` downloads and the symlinks a node's folder holds (issue 33, item 10b), on a real
+"""`skyward cp` downloads and the symlinks a node's folder holds, on a real
 Local named pool: a link that stays inside the copied folder is copied as a link; one that points
 outside it (absolute, or climbing out, directly or through another link) is refused, with
 nothing copied. Kept, such a link would let a later copy into the same folder write wherever it

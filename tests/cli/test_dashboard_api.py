@@ -244,7 +244,7 @@ def _login_form(page: str) -> tuple[str, str]:
 
 
 def test_open_puts_no_secret_on_the_browsers_command_line(cli: CLI, tmp_path: Path) -> None:
-    """Issue 33, finding 7: every local user reads every command line (`ps`), and the token in
+    """Every local user reads every command line (`ps`), and the token in
     the browser's argv opened `POST /api/pools/NAME/exec`. The browser now gets the path of a
     0600 page that posts a one-time code, which the server exchanges once for the cookie."""
     opened = tmp_path / "argv.json"
@@ -307,7 +307,7 @@ def test_listening_beyond_loopback_warns(cli: CLI) -> None:
 
 
 def test_an_asleep_pool_through_the_api_shows_zero_of_its_max_and_each_wake(cli: CLI) -> None:
-    """A pool of nodes = [0, 2] (issue 25): the dashboard's API says asleep, 0/2, and lists the
+    """A pool of nodes = [0, 2]: the dashboard's API says asleep, 0/2, and lists the
     wake a program's first task made, with how long it took and what it cost."""
     cli.toml('[pools.nap]\nprovider = "local"\nnodes = [0, 2]\nttl = 300\n')
     with dashboard(cli) as d:
@@ -337,7 +337,7 @@ def test_an_asleep_pool_through_the_api_shows_zero_of_its_max_and_each_wake(cli:
 
 
 def test_a_session_unused_for_its_idle_time_is_refused() -> None:
-    """Issue 49: the browser's cookie was the token, good forever. A session is now the
+    """The browser's cookie was the token, good forever. A session is now the
     server's own, and one left unused for ``session_idle`` s is forgotten: its cookie and key
     open nothing, not even a page; a session in use stays."""
     import re

@@ -254,7 +254,7 @@ def test_the_pool_page_keeps_facts_whole_reads_its_time_axis_and_explains_empty_
 
 def test_open_logs_the_browser_in_without_the_token_on_its_command_line(cli: CLI, browser: Any,
                                                                         tmp_path: Path) -> None:
-    """`--open` hands the browser a local page (its argv carries no secret; issue 33, finding 7):
+    """`--open` hands the browser a local page (its argv carries no secret):
     opened in a real browser, that page logs in and shows the pools, and a second visit of it,
     its one-time code spent, does not."""
     argv_file = tmp_path / "argv.json"
@@ -303,7 +303,7 @@ def _recorder() -> Iterator[tuple[str, list[dict[str, str]]]]:
 
 
 def test_what_the_browser_sends_to_another_port_opens_nothing(cli: CLI, browser: Any) -> None:
-    """Issue 49: the dashboard's cookie was the token, and a browser sends 127.0.0.1's cookies to
+    """The dashboard's cookie was the token, and a browser sends 127.0.0.1's cookies to
     every port of 127.0.0.1: another user's server got the token from the logged-in browser and
     ran commands on every node (POST /api/pools/NAME/exec). Whatever that server receives now,
     replayed to the dashboard as a cookie or as a token, is refused."""

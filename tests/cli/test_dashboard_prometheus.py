@@ -1,5 +1,5 @@
 """A real Prometheus server scrapes ``skyward dashboard``'s ``/metrics`` with the bearer token
-while a program's pool runs, and its query API returns the pool's task counts (issue 37).
+while a program's pool runs, and its query API returns the pool's task counts.
 
 Prometheus is Debian's ``prometheus`` package (.ci/run installs it); without it the test skips.
 """
@@ -125,7 +125,7 @@ def test_prometheus_scrapes_a_running_pool_through_the_dashboard(cli: CLI, tmp_p
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed (.ci/run installs it)")
 def test_prometheus_scrapes_a_programs_metrics_port_with_its_token(cli: CLI, tmp_path: Path) -> None:
-    """Issue 49: a program's own /metrics answers only the token of SKYWARD_HOME/metrics/token;
+    """A program's own /metrics answers only the token of SKYWARD_HOME/metrics/token;
     Prometheus is given it as the guide says (``credentials_file``), and without it is refused."""
     prog = program(cli, """
         import json, sys, skyward as sky

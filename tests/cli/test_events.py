@@ -1,5 +1,5 @@
 """`skyward events NAME` on real Local pools: the pool's event journal and audit trail, for a
-post-mortem (issue 25 item 5), also of a pool that never came up and of one taken down."""
+post-mortem, also of a pool that never came up and of one taken down."""
 
 from __future__ import annotations
 

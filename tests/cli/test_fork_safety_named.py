@@ -1,4 +1,4 @@
-"""Fork safety with a named pool (issue 41): a program attached to a pool that `skyward up`
+"""Fork safety with a named pool: a program attached to a pool that `skyward up`
 started forks children while attached; none of them detaches it, cuts its connections or
 touches its registry entry, and each gets InheritedPoolError when it uses the pool. (The Local
 and sshd variants are tests/test_fork_safety.py and tests/ssh/test_fork_safety.py.)"""

@@ -1,4 +1,4 @@
-"""`skyward install NAME PKG...` on real Local pools (issue 25 item 4): resolved once on the
+"""`skyward install NAME PKG...` on real Local pools: resolved once on the
 client keeping the pool's versions, installed on every node, importable by workers already
 running, recorded in the lock and record (reproduce, diff), and clear errors. The SSH path (a
 wheelhouse shipped to hosts with no route out) is tests/cli/test_install_ssh.py."""

@@ -1,5 +1,5 @@
-"""`skyward install`, `logs -f` and `events` of a named pool on real sshd hosts (issue 25 items
-4 and 5). The hosts have no route out: the packages reach them as wheels this machine builds
+"""`skyward install`, `logs -f` and `events` of a named pool on real sshd hosts.
+The hosts have no route out: the packages reach them as wheels this machine builds
 (the pool's wheelhouse), as at their bootstrap. A host whose install fails is named with the
 end of its output, the host done is said, and nothing is recorded until every node has them."""
 

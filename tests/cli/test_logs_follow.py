@@ -1,4 +1,4 @@
-"""`skyward logs NAME -f` on real Local pools (issue 25 item 5): new lines of every node's agent
+"""`skyward logs NAME -f` on real Local pools: new lines of every node's agent
 log as they are written, prefixed by node, without a task slot, until Ctrl-C (exit 0)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Named pools that sleep at zero nodes (issue 25), on real Local pools: `skyward up NAME --nodes
+"""Named pools that sleep at zero nodes, on real Local pools: `skyward up NAME --nodes
 0:2` starts one asleep, a program's first task wakes it and the registry says so, idle it sleeps
 again (the last program to leave puts it to sleep at once), `ls`/`status`/`history` show it
 asleep with 0/N nodes and each wake's time and cost, `down --expired` keeps it until its ttl

@@ -1,4 +1,4 @@
-"""A named pool that sleeps at zero nodes (issue 25) on real sshd hosts: `skyward up` starts it
+"""A named pool that sleeps at zero nodes on real sshd hosts: `skyward up` starts it
 asleep with no host taken, a program's first task wakes it on a host, the last program to leave
 puts it back to sleep, the trail says each, and `skyward down` leaves nothing on the hosts."""
 

@@ -1,4 +1,4 @@
-"""An asleep named pool answers the terminal (issue 36, item 2): `skyward ssh`, `cp`, `exec` and
+"""An asleep named pool answers the terminal: `skyward ssh`, `cp`, `exec` and
 `install` wake it (saying so on stderr, with the wake's time; the trail records the wake and what
 it cost, as for a program), do their work and let it sleep again; with --no-wake they refuse
 with an error that says the pool is asleep and how to wake it. No error reads "nodes 0 to -1"."""

@@ -1,4 +1,4 @@
-"""An asleep named pool on real sshd hosts answers `skyward ssh NAME -- CMD` (issue 36, item 2):
+"""An asleep named pool on real sshd hosts answers `skyward ssh NAME -- CMD`:
 asleep -> woken on a host for the command -> asleep again, the hosts given back."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Named pools as a new user meets them (issue 19): `skyward down` of a pool in use, a pool with
+"""Named pools as a new user meets them: `skyward down` of a pool in use, a pool with
 one dead node, `preview` of a named or running pool, and the small things (a second copy of a
 startup error, a bare `skyward`, `down` of a name that does not exist, the prices' date)."""
 

@@ -1,4 +1,4 @@
-"""SSH pools from a client environment with no pip in it (issue 39), on real sshd hosts with no
+"""SSH pools from a client environment with no pip in it, on real sshd hosts with no
 route out: the nodes get their packages as wheels this machine fetches. The client is a venv made
 with ``uv venv`` and ``uv pip install -e`` (tests/uvclient.py), as uv users make theirs; every
 program and ``skyward`` command here runs with its python.

@@ -1,6 +1,6 @@
 """``skyward notebook``'s local port (``notebook.Forwarder``) against a stand-in for the node's
 server: it carries only the user's connections, boundedly, and never passes skyward's cookies on
-(issue 49: 300 connections of a stranger made 300 connections to the node and 424 threads, and
+(300 connections of a stranger made 300 connections to the node and 424 threads, and
 the dashboard's cookie, which a browser sends to every port of 127.0.0.1, reached the node)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`skyward notebook` and `skyward ssh-config` on a Local pool (issue 38): JupyterLab runs in the
+"""`skyward notebook` and `skyward ssh-config` on a Local pool: JupyterLab runs in the
 node's folder with the pool's environment, behind this command's local port; `--open` gives the
 browser a 0600 page with a one-time code, never the token; Ctrl-C stops the server; a Local
 pool has no sshd, and ssh-config says so."""

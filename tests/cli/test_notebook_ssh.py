@@ -1,4 +1,4 @@
-"""`skyward notebook` on a real sshd host behind a bastion (issue 38). The host has no route out:
+"""`skyward notebook` on a real sshd host behind a bastion. The host has no route out:
 JupyterLab and marimo reach it as wheels this machine sends (the pool's install mode, as `skyward
 install`), recorded in the pool's lock. A real browser (Debian's chromium through Selenium) opens
 the tunnelled JupyterLab and runs a cell that prints the node's hostname and imports a package of

@@ -1,4 +1,4 @@
-"""`skyward preview` without a pool name: the pool the flags describe (issue 15)."""
+"""`skyward preview` without a pool name: the pool the flags describe."""
 
 from __future__ import annotations
 

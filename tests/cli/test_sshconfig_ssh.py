@@ -1,4 +1,4 @@
-"""`ssh`, `scp` and `rsync` reach a named pool's nodes by name (issue 38): `skyward up` writes an
+"""`ssh`, `scp` and `rsync` reach a named pool's nodes by name: `skyward up` writes an
 SSH config entry per node whose ProxyCommand is `skyward proxy`, on real sshd hosts reachable
 only through a bastion. ssh checks each node's key against the pool's pin, so a node whose host
 key changed is refused; `skyward down` removes the entries."""

@@ -1,4 +1,4 @@
-"""`skyward status` of pools of any size (issue 23 item 5): nodes are probed at most 32 at a
+"""`skyward status` of pools of any size: nodes are probed at most 32 at a
 time, the results are kept beside the record, and a pool of more than 64 nodes is shown from
 its last probe, with its age, unless --probe asks for a new one."""
 

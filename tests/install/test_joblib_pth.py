@@ -1,5 +1,5 @@
 """Every way of installing skyward puts ``skyward-joblib.pth`` at the root of site-packages
-(issue 48, item 2; skyward/joblib_pth.py says why, setup.py how).
+(skyward/joblib_pth.py says why, setup.py how).
 
 setuptools' PEP 517 hooks build, from a copy of this checkout, what pip would install: a
 wheel, an editable wheel (``pip install -e .``, what CI runs) and an sdist (and a wheel from

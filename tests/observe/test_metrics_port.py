@@ -1,6 +1,6 @@
 """Options(metrics_port=...): a program without a dashboard serves its pools' Prometheus metrics
-(issue 37), on loopback unless told otherwise, to whoever has the token of
-SKYWARD_HOME/metrics/token only (issue 49: every local user read them)."""
+, on loopback unless told otherwise, to whoever has the token of
+SKYWARD_HOME/metrics/token only (every local user read them)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ except urllib.error.HTTPError as e:
 
 
 def test_the_metrics_port_answers_only_the_token() -> None:
-    """Issue 49: `Options(metrics_port=)` served pool and function names, costs and node load
+    """`Options(metrics_port=)` served pool and function names, costs and node load
     to every local user. Now it wants the token of SKYWARD_HOME/metrics/token, which only the
     user can read; another user (setpriv nobody) is refused, with or without a guess."""
     with sky.Compute(nodes=1, options=sky.Options(metrics_port=0, console="silent")) as pool:

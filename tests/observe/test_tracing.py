@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of a pool, received by a real OTLP/HTTP endpoint (issue 37).
+"""OpenTelemetry traces of a pool, received by a real OTLP/HTTP endpoint.
 
 The programs run in subprocesses: the OTEL_* variables and the tracer provider are process-wide,
 and a Local pool's nodes inherit the program's environment (so they export too).

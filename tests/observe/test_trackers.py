@@ -1,5 +1,5 @@
 """sky.plugins.mlflow against a real ``mlflow server`` (file store, loopback), and
-sky.plugins.wandb in offline mode (issue 37). Real Local pools; the trackers' own clients read
+sky.plugins.wandb in offline mode. Real Local pools; the trackers' own clients read
 back what the nodes wrote."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _check_store(uri: str, exit_status: str = "FINISHED") -> list[Any]:
 
 def test_mlflow_relative_file_store_is_the_clients_and_outlives_the_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 48: MLFLOW_TRACKING_URI=file:./mlruns is resolved here: the Local nodes' child
+    """MLFLOW_TRACKING_URI=file:./mlruns is resolved here: the Local nodes' child
     runs land in this directory's mlruns, not in their own folders (removed with the pool)."""
     pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)
@@ -163,7 +163,7 @@ def test_mlflow_relative_file_store_is_the_clients_and_outlives_the_pool(
 
 def test_mlflow_runs_of_nodes_away_from_a_store_here_come_back_into_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    """Issue 48: nodes that are not this machine cannot write to a store on it: each keeps its
+    """Nodes that are not this machine cannot write to a store on it: each keeps its
     child run in a file store in its own folder, which comes back as the block ends (the copy
     of `skyward cp`, here from Local nodes made to act as remote ones) and is copied into the
     pool's store: metrics, the note, status FAILED when the block raised."""
@@ -189,7 +189,7 @@ def test_mlflow_runs_of_nodes_away_from_a_store_here_come_back_into_it(
 
 
 def test_mlflow_stores_on_this_machine_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 48: what a node would read from its own folder is resolved here; servers and
+    """What a node would read from its own folder is resolved here; servers and
     Databricks are left alone."""
     from skyward.plugins.trackers import _local_store
 
@@ -289,7 +289,7 @@ def _sync_line(err: str) -> str:
 
 def test_wandb_offline_runs_of_local_nodes_outlive_the_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capfd: pytest.CaptureFixture[str]) -> None:
-    """Issue 48: no dir=, WANDB_DIR set here: the runs are in $WANDB_DIR/wandb once the pool
+    """No dir=, WANDB_DIR set here: the runs are in $WANDB_DIR/wandb once the pool
     has closed (they were in the nodes' folders, removed with the pool); without WANDB_DIR in
     ./wandb, as W&B itself does. A line names them and gives the `wandb sync` command."""
     _offline_wandb(monkeypatch)
@@ -313,7 +313,7 @@ def test_wandb_offline_runs_of_local_nodes_outlive_the_pool(tmp_path: Path, monk
 
 def test_wandb_offline_runs_written_on_the_nodes_come_back_before_they_go(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    """Issue 48: nodes that are not this machine write their runs in their own folder, removed
+    """Nodes that are not this machine write their runs in their own folder, removed
     with the pool; the offline runs come back here first (the copy of `skyward cp`, here from
     Local nodes made to act as remote ones), finished, with exit code 1 when the block raised."""
     from skyward.plugins import trackers

@@ -1,4 +1,4 @@
-"""An aborted joblib call frees the nodes before Parallel returns (issue 40), and
+"""An aborted joblib call frees the nodes before Parallel returns, and
 ``Parallel(backend="skyward")`` works in tasks and in the program's threads without the plugin."""
 
 from __future__ import annotations

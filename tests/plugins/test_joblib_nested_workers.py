@@ -1,4 +1,4 @@
-"""``Parallel(backend="skyward")`` inside a worker of a process-based joblib backend (issue 48):
+"""``Parallel(backend="skyward")`` inside a worker of a process-based joblib backend:
 joblib's own ``test_nested_loop[back_compat_backend-skyward]``. A loky worker is a fresh
 interpreter: it holds no pool (a pool is used from the process that opened it and from tasks
 on its nodes), so the call fails, with an error that says what works instead. That holds also

@@ -1,4 +1,4 @@
-"""joblib's own backend tests, from the installed wheel, on the "skyward" backend (issue 40).
+"""joblib's own backend tests, from the installed wheel, on the "skyward" backend.
 
 ``joblib/test/test_parallel.py`` ships in joblib's wheel. Its module is run here with its
 backend lists (``PROCESS_BACKENDS``, ``PARALLEL_BACKENDS``, ``ALL_VALID_BACKENDS``,

@@ -1,5 +1,5 @@
 """``Parallel(backend="skyward")`` without the joblib plugin: inside tasks on every node, and
-from the program's own threads inside the pool's `with` block (issue 40)."""
+from the program's own threads inside the pool's `with` block."""
 
 from __future__ import annotations
 

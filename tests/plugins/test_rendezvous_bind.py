@@ -1,4 +1,4 @@
-"""Framework rendezvous ports listen on the head node's private address only (issue 33, item 10c):
+"""Framework rendezvous ports listen on the head node's private address only:
 torch's TCPStore (MASTER_ADDR:MASTER_PORT) and JAX's coordinator (JAX_COORDINATOR_ADDRESS) used to
 listen on every interface (``*`` / ``[::]``), public ones included, on real 2-node Local pools."""
 

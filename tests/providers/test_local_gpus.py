@@ -1,4 +1,4 @@
-"""Local pools on a machine with GPUs: each node gets GPUs of its own (issue 44, item 3).
+"""Local pools on a machine with GPUs: each node gets GPUs of its own.
 
 No GPU is needed: a fake ``nvidia-smi`` on PATH describes a 4-GPU machine. The tests that need a
 real one carry the ``gpu`` marker and skip where there is none."""

@@ -1,4 +1,4 @@
-"""Issue 46, item 1: machines a cloud no longer sells are not in its catalogue, and asking for one
+"""Machines a cloud no longer sells are not in its catalogue, and asking for one
 says where the accelerator is still rented instead of planning a machine nobody can buy."""
 
 from __future__ import annotations

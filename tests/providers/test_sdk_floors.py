@@ -1,4 +1,4 @@
-"""Issue 46, item 6: the Pulumi provider SDKs a cloud pool accepts are those whose schema has what
+"""The Pulumi provider SDKs a cloud pool accepts are those whose schema has what
 the stack programs declare (pulumi-gcp built on terraform-provider-google >= 6.25 for
 ``scheduling.termination_time``), and an older one ends the pool before anything is written."""
 

@@ -1,4 +1,4 @@
-"""sky.Slurm's rules without a cluster (issue 35): login forms, sbatch flags, time limits, the GPU
+"""sky.Slurm's rules without a cluster: login forms, sbatch flags, time limits, the GPU
 request, the batch script, and how squeue/sinfo lines are read."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pool's collections from the client, on the pool object (issue 25): ``pool.dict(name)``,
+"""The pool's collections from the client, on the pool object: ``pool.dict(name)``,
 ``pool.set``, ``pool.counter``, ``pool.queue``, ``pool.barrier``, ``pool.lock`` are the objects
 that pool's tasks get from ``sky.dict(name)``..., whether or not that pool is the active one."""
 

@@ -1,4 +1,4 @@
-"""sky.Slurm as a citizen of a shared cluster (issue 45): what a real site does every day must not
+"""sky.Slurm as a citizen of a shared cluster: what a real site does every day must not
 destroy or resurrect a pool against its user's or the site's will.
 
 * item 1: a failed ``squeue`` (the controller restarting, a timeout) is no answer, never "the job

@@ -1,6 +1,6 @@
-"""Nothing outlives a Slurm pool, and a lost node comes back (issue 35, item 3): a node whose
+"""Nothing outlives a Slurm pool, and a lost node comes back: a node whose
 agent dies, or whose one-node job's host goes DOWN, is replaced by a new one-node job keeping its
-rank (a job scancel'ed is not: issue 45, tests/slurm/test_citizen.py); a client killed outright
+rank (a job scancel'ed is not: tests/slurm/test_citizen.py); a client killed outright
 leaves a job that ends by itself within the agents' lease."""
 
 from __future__ import annotations

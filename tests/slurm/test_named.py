@@ -1,4 +1,4 @@
-"""A named pool on Slurm (issue 35, item 4): `skyward up` with provider = "slurm", two programs
+"""A named pool on Slurm: `skyward up` with provider = "slurm", two programs
 attach and use it, `ls`/`status`/`exec`/`logs` see the job and its nodes, `down` cancels it; the
 record keeps the job ids, the sbatch script and the node list."""
 

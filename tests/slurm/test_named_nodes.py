@@ -1,4 +1,4 @@
-"""A named Slurm pool's nodes from the terminal (issue 35, item 4): `skyward ssh` and `skyward cp`
+"""A named Slurm pool's nodes from the terminal: `skyward ssh` and `skyward cp`
 reach each node through the login node (``srun --overlap`` inside the pool's job: never a login
 to a compute node), with what the node's tasks see; `ls`/`status` show the job, its state and
 its nodes; `down` puts the job's accounting into the record and the trail.

@@ -1,5 +1,5 @@
 """Connecting to SSH hosts, as a new user meets it: a host key changed on a non-standard port,
-a typo in a host name, a port where nothing listens (issue 19, items 3 and 4)."""
+a typo in a host name, a port where nothing listens."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_a_refused_port_is_retried_and_says_so_while_waiting(caplog: pytest.LogC
 
 
 def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_hosts: Any) -> None:
-    """Issue 19 item 2 on SSH: each node of a named pool is judged on its own."""
+    """On SSH: each node of a named pool is judged on its own."""
     import json
 
     from skyward.core.pool import Pool

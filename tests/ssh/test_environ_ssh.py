@@ -1,5 +1,5 @@
-"""The pool's secret is not in any environment block a task can read on an SSH node (issue 49,
-item 4): the agent gets it on its stdin through SSH and in its environment from the shell that
+"""The pool's secret is not in any environment block a task can read on an SSH node:
+the agent gets it on its stdin through SSH and in its environment from the shell that
 starts it, and scrubs it from its environment block (bootstrap/envblock.py) before serving.
 Real sshd hosts (tests/sshhosts.py)."""
 

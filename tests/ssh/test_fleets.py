@@ -1,4 +1,4 @@
-"""SSH fleets as they are (issue 22): hosts that share one home directory (an NFS home), several
+"""SSH fleets as they are: hosts that share one home directory (an NFS home), several
 programs on the same hosts at once, pool after pool, login users that are not root, hosts behind a
 bastion, and a console that shows only skyward's own words. Real sshd hosts (tests/sshhosts.py)."""
 

@@ -1,4 +1,4 @@
-"""Fork safety on real sshd hosts (issue 41): children forked while an SSH pool is open (a
+"""Fork safety on real sshd hosts: children forked while an SSH pool is open (a
 normal exit, os._exit, a multiprocessing fork child) leave the parent's nodes, tunnels and
 collections alone and get InheritedPoolError when they use the pool. The Local variant, with
 the event bus, the log file and the dashboard hook, is tests/test_fork_safety.py."""

@@ -1,4 +1,4 @@
-"""Host keys the user already trusts count (issue 33, item 9), against real sshd test hosts.
+"""Host keys the user already trusts count, against real sshd test hosts.
 
 Before trusting a host's key on first use, skyward consults the known_hosts files the user's
 OpenSSH trusts (``~/.ssh/known_hosts``, ``/etc/ssh/ssh_known_hosts``, or what ``UserKnownHostsFile``

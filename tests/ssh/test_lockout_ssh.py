@@ -1,4 +1,4 @@
-"""Issue 49 item 1: another user of a node cannot lock the client out by holding the agent's
+"""Another user of a node cannot lock the client out by holding the agent's
 handshake slots. User nobody on the head host finds every TCP listener there (as in
 /proc/net/tcp), holds 20 silent connections to each and reopens each one that is closed, while
 new clients attach to the pool three times, run a task on every node and use a collection from

@@ -1,4 +1,4 @@
-"""Large payloads to SSH nodes (issue 23): through the tunnel, the agent receives a large
+"""Large payloads to SSH nodes: through the tunnel, the agent receives a large
 buffer straight into a segment of the node's shared memory and the worker maps it (no second
 socket hop); with sky.SSH(direct=True) the client talks to the agent over plain TCP on the
 host's private address, after the same token check. Real sshd hosts (tests/sshhosts.py).

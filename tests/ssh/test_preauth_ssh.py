@@ -1,5 +1,5 @@
 """The agent's direct listener on a host's private address, as another local user sees it
-(issue 33): a stranger's 300 MB claim or TASK header is closed before it costs the node memory
+: a stranger's 300 MB claim or TASK header is closed before it costs the node memory
 or shared memory, and a capture on the test bridge shows the pool's secret never crossing and
 no proof repeating. Real sshd hosts in network namespaces (tests/sshhosts.py)."""
 

@@ -158,7 +158,7 @@ def test_only_sshd_listens_outside_loopback_and_the_agent_wants_the_pools_key(
                    and not line.split()[3].startswith(("127.", "[::1]"))]
         expected = [f"{host.address}:{host.port}"] + (state if node.index == 0 else [])
         assert sorted(exposed) == sorted(expected), listening
-        # the agent listens on no TCP port at all (issue 49): a Unix socket in the pool's folder
+        # the agent listens on no TCP port at all: a Unix socket in the pool's folder
         assert node.agent_port is None and node.agent_socket.startswith(node.pool_dir + "/")
         agent_tcp = [line.split()[3] for line in on_host(host, "ss -ltnpH").split("\n")
                      if f"pid={node.agent_pid}," in line]

@@ -1,4 +1,4 @@
-"""Scale to zero on real sshd hosts (issue 25): a pool born with no node starts one on a host
+"""Scale to zero on real sshd hosts: a pool born with no node starts one on a host
 at its first task, an idle one gives its hosts back (head included) and the next task wakes it
 on a host again."""
 

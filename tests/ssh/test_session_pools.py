@@ -1,4 +1,4 @@
-"""A Session's labelled pools and a health checker on real sshd hosts (issue 36, items 3 and 4):
+"""A Session's labelled pools and a health checker on real sshd hosts:
 two pools called by name in one session, each on its own host; a pool handed over only once its
 node passed its first check; a check failing after warming gets its node replaced, with a
 "health check" reason."""

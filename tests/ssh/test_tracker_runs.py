@@ -1,4 +1,4 @@
-"""Offline tracker runs written on SSH nodes come back before the nodes go (issue 48): the
+"""Offline tracker runs written on SSH nodes come back before the nodes go: the
 W&B plugin's hand-back, as the pool's block ends, over the pool's own SSH connections (the copy
 of ``skyward cp``, through ``nodeaccess.pool_nodes``). Real sshd hosts (tests/sshhosts.py); the
 nodes need no W&B: each makes a run folder as W&B lays one out (with the link to a log outside

@@ -1,4 +1,4 @@
-"""The client's own address in a cloud pool's SSH rule (issue 49, item 5): with
+"""The client's own address in a cloud pool's SSH rule: with
 ``detect_address`` (the default) the rule opens port 22 to this machine's public address as
 one /32 (or /128), beside what ``allow_ssh_from`` adds, and to nothing wider. The echo service
 is never reached here: ``public_address`` is patched, and the rule the program declares is read

@@ -1,4 +1,4 @@
-"""Issue 34, second part: what a real account would still refuse, leave billing or boot broken,
+"""What a real account would still refuse, leave billing or boot broken,
 that Pulumi's mocks cannot see -- pre-Turing GPUs on GCP (item 7), TPU VMs deleting themselves
 (item 8), the projects' and accounts' known limits (item 10), orphaned disks (item 1) and AWS
 machines sold through Capacity Blocks (item 3). Each test names the rule it encodes; the sources
@@ -162,7 +162,7 @@ def test_each_tpu_vm_has_an_account_that_may_delete_its_own_tpu_node_only() -> N
         member = next(m for m in members if m.inputs["member"] == f"serviceAccount:{email}")
         assert member.inputs["role"] == f"projects/proj/roles/{role.inputs['roleId']}"
         # Granted on the project (a TPU node has no IAM policy of its own), with no condition
-        # (Cloud TPU cannot evaluate one: issue 46, item 2; tests/stacks/test_cloud_review3.py).
+        # (Cloud TPU cannot evaluate one: tests/stacks/test_cloud_review3.py).
         name = vm.inputs["name"]
         assert not member.inputs.get("condition")
         script = next(f["content"] for f in cloud_config(seen[i]["user-data"])["write_files"]

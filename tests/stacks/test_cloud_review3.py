@@ -1,4 +1,4 @@
-"""Issue 46: the third desk review of the cloud stack programs -- the TPU VM self-delete grant
+"""The third desk review of the cloud stack programs -- the TPU VM self-delete grant
 (item 2), GCP's default firewall rules (item 3), service-account eventual consistency (item 5), SDK
 floors (item 6) and reclaim detection (item 7). Under Pulumi's mocks (assertions run by
 ``@pulumi.runtime.test``) and the fake automation-API workspace."""

@@ -1,4 +1,4 @@
-"""The providers' own rules that Pulumi's mocks do not run (issue 34): what a real account would
+"""The providers' own rules that Pulumi's mocks do not run: what a real account would
 refuse, replace or keep billing. Each test names the rule it encodes; the sources are in
 stacks/disks.py, stacks/aws.py, stacks/gcp.py and docs/guides/clouds.md."""
 

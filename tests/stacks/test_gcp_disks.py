@@ -248,7 +248,7 @@ def test_without_google_auth_down_expired_says_what_to_install_and_the_gcloud_co
 
 def test_down_expired_lists_the_service_accounts_of_pools_that_are_gone(
         compute: FakeCompute, capsys: pytest.CaptureFixture[str]) -> None:
-    # Issue 46, item 5: an account created but never recorded survives its stack's destroy.
+    # An account created but never recorded survives its stack's destroy.
     ws = FakeWorkspace()
     gone, live = _pools(ws)
 

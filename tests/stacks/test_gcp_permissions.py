@@ -1,4 +1,4 @@
-"""Issue 46, item 4: a GCP pool checks the caller's permissions before its first `up`
+"""A GCP pool checks the caller's permissions before its first `up`
 (projects.testIamPermissions, buckets.testIamPermissions), with real google-auth, against a fake
 Resource Manager, Cloud Storage and token endpoint on loopback."""
 

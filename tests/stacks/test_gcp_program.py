@@ -44,7 +44,7 @@ def test_firewall_allows_ssh_from_the_client_and_internal_traffic_by_tag(mocks: 
         assert ssh_ranges == [CLIENT] and ssh_targets == [tag] and not ssh_sources
         assert in_allows == [{"protocol": "all"}]
         assert in_sources == [tag] and in_targets == [tag] and not in_ranges
-        # ssh, internal, and the deny-all pair under them (issue 46, item 3: test_cloud_review3.py)
+        # ssh, internal, and the deny-all pair under them (test_cloud_review3.py)
         assert len(mocks.of_type("gcp:compute/firewall:Firewall")) == 4
         assert all(t == [tag] for t in tags)
 

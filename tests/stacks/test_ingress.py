@@ -1,4 +1,4 @@
-"""Who may reach a cloud pool's SSH port (issue 33, item 10a): not the whole internet, and not a
+"""Who may reach a cloud pool's SSH port: not the whole internet, and not a
 large slice of it either. The rule is checked where the value is given (sky.AWS / sky.GCP) and
 again where a stack is planned or previewed (stacks.network.check_cidrs)."""
 

@@ -1,4 +1,4 @@
-"""`skyward ssh` and `skyward cp` on a named cloud pool (issue 25): AWS nodes are SSH hosts of
+"""`skyward ssh` and `skyward cp` on a named cloud pool: AWS nodes are SSH hosts of
 their stack, reached through the stack's own host keys (given in advance: nothing is trusted on
 first use). Through the fake workspace, on the SSH test hosts booted as cloud nodes, with the
 CLI run in this process as in test_named_cloud.py (the fake workspace lives in memory)."""

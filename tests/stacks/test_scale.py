@@ -1,4 +1,4 @@
-"""Pools of thousands (issue 23 item 5): a pool's stack config never rides on a command line.
+"""Pools of thousands: a pool's stack config never rides on a command line.
 
 ``pulumi config set-all key=value`` makes each value one argument, and Linux refuses a single
 argument over 128 KiB: a pool's plan (one host key per node) passed that near 960 nodes. The

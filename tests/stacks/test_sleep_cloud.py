@@ -1,4 +1,4 @@
-"""A cloud pool that sleeps at zero nodes (issue 25): asleep, its stack is updated to hold no
+"""A cloud pool that sleeps at zero nodes: asleep, its stack is updated to hold no
 instance while its network, security group and key pair stay (it costs nothing), and waking is
 one more update that brings instances back. Checked on the stack's lifecycle through the fake
 workspace, and on what the real AWS and GCP programs declare for the asleep plan, under Pulumi's

@@ -1,5 +1,5 @@
-"""A cloud pool's secrets travel in its stack as Pulumi secrets, never as plain config (issue 33,
-item 5): ``sky.Storage`` keys, a package index's password and secret ``Image.env`` values are
+"""A cloud pool's secrets travel in its stack as Pulumi secrets, never as plain config:
+``sky.Storage`` keys, a package index's password and secret ``Image.env`` values are
 not in the stack's config (the pool's description, which the update history repeats and the
 dashboard serves), not in what skyward saves of the stack when it is removed, and not readable
 by another local user (``nobody``) anywhere under SKYWARD_HOME; the program exports them as one

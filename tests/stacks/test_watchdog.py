@@ -259,7 +259,7 @@ def test_disk_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", "-c", userdata.watchdog_script(make_plan(), "gcp")], check=True)
 
 
-# -- issue 34, item 1: GCP extra disks go with their instance on every path ------------------------
+# -- GCP's extra disks go with their instance on every path ------------------------
 # A disk attached through attached_disks has auto-delete off (the provider has no field for it:
 # terraform-provider-google #4378), so a spot preemption or termination_time, which delete the
 # instance without running anything on it, would leave the extra disks billing. The node sets
@@ -300,7 +300,7 @@ def test_a_gcp_node_sets_auto_delete_on_its_disks_at_boot(google: FakeGoogle) ->
     assert len(calls) == 4  # two refused tries, then both disks
 
 
-# -- issue 34, item 8: a TPU VM stops billing at the TTL -------------------------------------------
+# -- a TPU VM stops billing at the TTL -------------------------------------------
 # A TPU VM is not a Compute Engine instance: the compute API refuses to delete it and a guest
 # power-off leaves the TPU node (and its bill) in place. The node deletes its TPU node through the
 # TPU API (v2: DELETE projects/P/locations/Z/nodes/N) with its own service account. Its metadata

@@ -1,5 +1,5 @@
 """The storage presets read what is not given from their providers' usual environment variables
-(issue 25 item 7), by name, and say which variable or argument is missing."""
+, by name, and say which variable or argument is missing."""
 
 from __future__ import annotations
 

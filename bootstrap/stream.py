@@ -172,7 +172,11 @@ def _first_unpicklable(batch: list[Any]) -> int:
 def run_generator(gen: Iterator[Any], out: OutStream) -> None:
     """Drive ``gen`` into ``out``; close it when the consumer stops."""
     try:
-        for item in gen:
+        while not out.stopped:  # stopped before the first value: the generator never starts
+            try:
+                item = next(gen)
+            except StopIteration:
+                break
             if not out.put(item):
                 break
     finally:

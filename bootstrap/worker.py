@@ -44,6 +44,7 @@ _GRACE = 1.0  # seconds a timed-out thread gets to unwind before it is given up 
 # A cancelled task's caller waits for its slot (joblib's next call starts on it), so a thread
 # that does not unwind this fast (blocked in C: a sleep, a native fit) is replaced sooner.
 _CANCEL_GRACE = 0.1
+_EARLY_STOPS = 1024  # STOPs kept for streams not registered yet (see Worker._stop_early)
 
 
 class _Cancelled(BaseException):
@@ -147,6 +148,11 @@ class Worker:
         # Streaming (stream.py): generator tasks sending values, iterator arguments arriving.
         self._streams: dict[int, Any] = {}  # task id -> stream.OutStream
         self._feeds: dict[tuple[int, int], Any] = {}  # (task id, argument) -> stream.FeedIterator
+        # STOPs for generator tasks whose stream is not registered yet: read while the task
+        # loads, or even before its TASK frame (the agent routes a task, then sends it, and a
+        # STOP from another thread can pass in between). Applied at registration, dropped when
+        # the task ends; bounded, since a STOP for a task that already ended lands here too.
+        self._early_stops: dict[int, None] = {}
         # Clients on this host send tasks straight here (lane.py) once the agent says so.
         self._lane_listener, self._lane_count = lane_listener, lane_count
         self.lanes: WorkerLanes | None = None
@@ -327,7 +333,10 @@ class Worker:
         elif frame.kind == Kind.CONFIGURE:
             self.configure(json.loads(bytes(frame.body)))
         elif frame.kind == Kind.CREDIT or frame.kind == Kind.STOP:
-            out = self._streams.get(frame.task_id)
+            with self.lock:
+                out = self._streams.get(frame.task_id)
+                if out is None and frame.kind == Kind.STOP:
+                    self._stop_early(frame.task_id)
             if out is not None:
                 if frame.kind == Kind.STOP:
                     out.stop()
@@ -425,6 +434,16 @@ class Worker:
         self._ensure_reader()
         return feed
 
+    def _stop_early(self, tid: int) -> None:
+        """Remember a STOP for a stream not registered yet (call with self.lock held). On a
+        lane, frames come in order and the TASK was claimed before: only a running task's
+        STOP is kept. The agent's ids are never reused, so an old STOP cannot hit a new task."""
+        if tid & LANE_BIT and tid not in self.running:
+            return
+        self._early_stops[tid] = None
+        while len(self._early_stops) > _EARLY_STOPS:
+            del self._early_stops[next(iter(self._early_stops))]
+
     def _stream_out(self, tid: int, gen: Any, entry: _Entry) -> None:
         from .stream import OutStream, run_generator
 
@@ -440,6 +459,10 @@ class Worker:
         out = OutStream(self.writer, tid, self.spill, pause)
         with self.lock:
             self._streams[tid] = out
+            stopped = tid in self._early_stops
+            self._early_stops.pop(tid, None)
+        if stopped:
+            out.stop()  # the consumer gave up before the generator started: it never runs
         self._ensure_reader()
         try:
             run_generator(gen, out)
@@ -495,6 +518,7 @@ class Worker:
             with self.lock:
                 if self.running.pop(tid, None) is not None and tid & LANE_BIT and self.lanes is not None:
                     self.lanes.running(-1)
+                self._early_stops.pop(tid, None)
             if state not in ("timed_out", "abandoned") and payload is not None:
                 self._send_result(tid, payload)
         except (TaskTimeoutError, _Cancelled):  # a late async exception landing in our own code

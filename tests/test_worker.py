@@ -184,3 +184,80 @@ def test_a_worker_whose_agent_died_before_it_started_exits() -> None:
             worker.kill()
             worker.wait()
         ours.close()
+
+
+def test_a_stop_that_comes_before_the_stream_is_registered_still_stops_it() -> None:
+    # A STOP was applied only to streams already registered: one read before the TASK frame
+    # (the agent routes a task, then writes it, and the client's STOP can pass in between)
+    # or while the task was still loading was dropped, and the generator then filled its
+    # window and held its slot for ever.
+    import json
+    import queue
+    import socket
+    import subprocess
+    import sys
+    import threading
+    from collections.abc import Iterator
+
+    from skyward.bootstrap import serialize
+    from skyward.bootstrap.frames import FLAG_STREAM_OUT, Frame, FrameReader, FrameWriter, Kind
+
+    def endless() -> Iterator[int]:
+        n = 0
+        while True:
+            n += 1
+            yield n
+
+    def slow_to_start() -> Iterator[int]:
+        time.sleep(1.0)  # the STOP is read meanwhile (the watchdog reads for a busy slot)
+        return endless()
+
+    ours, theirs = socket.socketpair()
+    env = dict(os.environ, SKYWARD_WORKER_FD=str(theirs.fileno()), SKYWARD_AGENT_PID=str(os.getpid()),
+               SKYWARD_WORKER_THREADS="1")
+    worker = subprocess.Popen([sys.executable, "-m", "skyward.bootstrap.worker"], pass_fds=[theirs.fileno()],
+                              env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    theirs.close()
+    frames: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+
+    def read() -> None:
+        reader = FrameReader(ours)
+        try:
+            while True:
+                frames.put(reader.read())
+        except (EOFError, OSError):
+            pass
+
+    def task(tid: int, fn: object) -> None:
+        flags, body, buffers = serialize.dumps((fn, (), {}, None))
+        writer.send_parts(Kind.TASK, tid, flags | FLAG_STREAM_OUT, body, buffers)
+
+    def result_of(tid: int) -> Frame:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                frame = frames.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if frame.kind == Kind.RESULT and frame.task_id == tid:
+                return frame
+        raise AssertionError(f"task {tid} still runs 10 s after its STOP: the STOP was lost")
+
+    writer = FrameWriter(ours)
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        writer.send_parts(Kind.CONFIGURE, 0, 0, json.dumps({"topology": {"node": 0}}).encode())
+        writer.send_parts(Kind.STOP, 1, 0, b"")  # before its TASK frame
+        task(1, endless)
+        result_of(1)
+        task(2, slow_to_start)
+        time.sleep(0.3)
+        writer.send_parts(Kind.STOP, 2, 0, b"")  # while it loads, before its stream exists
+        result_of(2)
+        task(3, endless)  # the slot is free again, and a STOP for an ended task hurts nobody
+        writer.send_parts(Kind.STOP, 3, 0, b"")
+        result_of(3)
+    finally:
+        worker.kill()
+        worker.wait()
+        ours.close()

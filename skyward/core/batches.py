@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, as_completed
+from concurrent.futures import Future
 from typing import Any, TypeVar, overload
 
 from skyward.bootstrap import serialize
@@ -50,7 +50,7 @@ class Batches:
         return batch
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
-        """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
+        """Run a group's functions at once over the nodes; a tuple, or an iterator when streaming."""
         self.dispatcher.check_open()  # before its batch is announced
         batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
         dispatch = self.dispatcher
@@ -64,11 +64,9 @@ class Batches:
                 if finished is not None:
                     finished.wait(5.0)  # emitted by the last future's callback, maybe not yet
                     self._settle()
-        from .streaming import flatten  # a generator task's values come in place of its result
+        from .streaming import GatherStream  # a generator task's values come in place of its result
 
-        if group.ordered:
-            return flatten(f.result() for f in futures)
-        return flatten(f.result() for f in as_completed(futures))
+        return GatherStream(futures, group.ordered)
 
     def _finish_batch_when_done(self, batch: int, futures: list[Future[Any]]) -> threading.Event:
         left, start = [len(futures)], time.monotonic()

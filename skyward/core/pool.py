@@ -251,7 +251,7 @@ class Pool(DispatchTarget):
         return self.dispatcher.broadcast(pending)
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
-        """Run a group's functions at once over the nodes; a tuple, or a generator when streaming."""
+        """Run a group's functions at once over the nodes; a tuple, or an iterator when streaming."""
         return self.batches.run_parallel(group)
 
     @overload

@@ -19,7 +19,7 @@ import queue
 import re
 import threading
 import typing
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -162,13 +162,70 @@ def submit_streaming(dispatch: Any, ch: NodeChannel, pending: Any, out: bool,
     return future
 
 
-def flatten(values: Iterator[Any]) -> Iterator[Any]:
-    """``sky.gather(..., stream=True)``: a streaming task's values in place of its result."""
-    for value in values:
+class GatherStream:
+    """``sky.gather(..., stream=True)``: the group's values as they come, a streaming task's
+    values in place of its result.
+
+    However the gather ends (its last value, an error from one of its tasks, a ``break``,
+    ``close()``, Ctrl-C, the iterator dropped), every stream of it still open is stopped
+    then, not when the collector frees its reader: an error's traceback keeps the frames
+    that read the streams alive for as long as the caller holds the error."""
+
+    def __init__(self, futures: list[Future[Any]], ordered: bool) -> None:
+        self._futures = list(futures)  # its own list (the batch counts the caller's), emptied at the end
+        self._values = _flatten(self._futures, ordered)  # holds the list, never self: no cycle
+
+    def __iter__(self) -> GatherStream:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._values)
+
+    def close(self) -> None:
+        """Stop every stream of the gather; values not taken are dropped."""
+        self._values.close()  # a `yield from` in progress closes its reader first
+        _stop_streams(self._futures)  # not started yet: its ``finally`` never ran
+
+    def __enter__(self) -> GatherStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _flatten(futures: list[Future[Any]], ordered: bool) -> Generator[Any, None, None]:
+    from concurrent.futures import as_completed
+
+    try:
+        for future in list(futures) if ordered else as_completed(futures):
+            value = future.result()
+            if isinstance(value, StreamReader):
+                yield from value
+            else:
+                yield value
+    finally:
+        _stop_streams(futures)
+
+
+def _stop_streams(futures: list[Future[Any]]) -> None:
+    """Close the readers of ``futures`` (at once when done, else when done) and let them go."""
+    pending = list(futures)
+    futures.clear()
+    for future in pending:
+        future.add_done_callback(_close_stream)
+
+
+def _close_stream(future: Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        value = future.result()
         if isinstance(value, StreamReader):
-            yield from value
-        else:
-            yield value
+            value.close()
 
 
 def is_stream(value: Any) -> bool:

@@ -94,6 +94,72 @@ def test_an_exception_mid_stream_arrives_there_with_its_type(pool: sky.Pool) -> 
     assert got == [1, 2]
 
 
+def _idle(pool: sky.Pool) -> bool:
+    """Whether every task of the pool ends within 10 s (a stopped generator ends at its yield;
+    one stopped before it started never runs)."""
+    deadline = time.monotonic() + 10
+    while pool.snapshot().running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pool.snapshot().running == 0
+
+
+def test_a_gather_ended_by_an_error_stops_its_other_streams_at_once(pool: sky.Pool) -> None:
+    # The gather's readers were closed (STOP) only when the garbage collector freed them; the
+    # error's traceback kept them alive, so with the collector quiet the other generators held
+    # their slots for ever.
+    import gc
+
+    gc.disable()
+    try:
+        with pytest.raises(KeyError, match="third") as caught:
+            for _ in sky.gather(fails_midway(), counting("gather-error"), stream=True) >> pool:
+                pass
+        assert _idle(pool), "the other generator still runs after the gather's error"
+        assert caught.value is not None  # the error, and its traceback, are still held here
+    finally:
+        gc.enable()
+
+
+def test_closing_a_streaming_gather_stops_every_stream(pool: sky.Pool) -> None:
+    import gc
+
+    gc.disable()
+    try:
+        values = sky.gather(counting("gather-a"), counting("gather-b"), stream=True) >> pool
+        assert next(values) == 0
+        values.close()
+        assert _idle(pool)
+        unread = sky.gather(counting("gather-c"), stream=True) >> pool
+        unread.close()  # before its first value
+        assert _idle(pool)
+    finally:
+        gc.enable()
+
+
+@sky.function
+def quiet_then(seconds: float) -> Iterator[int]:
+    time.sleep(seconds)
+    yield 0
+
+
+def test_ctrl_c_in_a_streaming_gather_stops_every_stream(pool: sky.Pool) -> None:
+    import gc
+    import signal
+    import threading
+
+    gc.disable()
+    timer = threading.Timer(1.0, signal.pthread_kill, (threading.get_ident(), signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in sky.gather(quiet_then(2.0), counting("gather-ctrl-c"), stream=True) >> pool:
+                pass  # waits for the first stream's value when Ctrl-C comes
+        assert _idle(pool)
+    finally:
+        timer.cancel()
+        gc.enable()
+
+
 @sky.function
 def yields_a_lock(before: int) -> Iterator[Any]:
     import threading

@@ -539,30 +539,13 @@ class ContainerCluster(Cluster):
                 proc.stdout.close()
 
     def _run_script(self, node: _Node, text: str) -> None:
-        from skyward.bootstrap.script import parse_marker
+        from skyward.bootstrap.progress import PhaseReader
 
-        started: dict[str, float] = {}
-        current = [""]
+        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
 
         def on_line(line: str) -> None:
-            if line.startswith("@@skyward apt "):
-                _, _, name, version = [*line.split(), "", ""][:4]
-                self.apt_versions.setdefault(name, version)
-                if self.lock is not None:
-                    self.lock["apt"] = dict(sorted(self.apt_versions.items()))
-                return
-            parsed = parse_marker(line)
-            if parsed is None:
-                if line.strip() and not line.startswith("@@skyward"):
-                    log.debug("node %d: %s", node.index, line)
-                return
-            name, status, _ = parsed
-            now = time.monotonic()
-            if status == "started":
-                started[name], current[0] = now, name
-                self._phase(node.index, name, "started")
-            else:
-                self._phase(node.index, name, status, now - started.get(name, now))
+            if not progress.feed(line) and line.strip() and not line.startswith("@@skyward"):
+                log.debug("node %d: %s", node.index, line)
 
         code, out = self._exec(
             node,
@@ -573,12 +556,12 @@ class ContainerCluster(Cluster):
         )
         if code == 0:
             return
-        phase = current[0] or "bootstrap"
+        phase = progress.current or "bootstrap"
         tail = [line for line in out if not line.startswith("@@skyward")][-20:]
         why = ""
         if code is None:
             why = f"did not finish within bootstrap_timeout={self._bootstrap_timeout:g} s"
-        elif code in (126, 127) and not current[0]:
+        elif code in (126, 127) and not progress.current:
             why = (
                 f"could not run bash in image {self._image!r} (exit code {code}): the nodes' image "
                 f"needs bash and a Python of the client's version"

@@ -46,6 +46,7 @@ from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
 from .slurm_shared import SharedQueue, queue_of
 
 if TYPE_CHECKING:
+    from skyward.bootstrap.progress import PhaseReader
     from skyward.bootstrap.remote import Remote
     from skyward.spec import Image, Options, Spec
 
@@ -606,25 +607,17 @@ class SlurmCluster(Cluster):
         node: the compute nodes find them done. The node-local phases (apt, plugin ops, volumes)
         are the nodes' own."""
         from skyward.bootstrap import script
+        from skyward.bootstrap.progress import PhaseReader
 
         assert self._ship is not None
         try:
             text = _shared_phases(self._ship.script)
             where = (f"SKYWARD_SKY={shlex.quote(self.sky)} SKYWARD_RUN={shlex.quote(self.login_pool.rsplit('/pools/', 1)[0])} "
                      f"SKYWARD_POOL={shlex.quote(self.login_pool)}")
-            started: dict[str, float] = {}
-
-            def on_line(line: str) -> None:
-                parsed = script.parse_marker(line)
-                if parsed is not None:
-                    name, status, _ = parsed
-                    if status == "started":
-                        started[name] = time.monotonic()
-                    self._phase(-1, f"login {name}", status,
-                                None if status == "started" else time.monotonic() - started.get(name, time.monotonic()))
+            progress = PhaseReader(-1, self._phase, label="login ")
 
             self._login().run(script.bash_on_stdin(text, where), stdin=text.encode(),
-                              timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
+                              timeout=self._bootstrap_timeout, on_line=progress.feed, phase="bootstrap")
         except BaseException as exc:
             # The nodes would run the same phases on the same shared home and fail the same way
             # (no Python X.Y, a resolution error): the job waiting for them fails at once with this
@@ -722,7 +715,7 @@ class SlurmCluster(Cluster):
         started: float | None = None
         last: tuple[str, str] = ("", "")
         seen: dict[int, int] = {i: 0 for i in indices}  # log lines already turned into events
-        phase_t: dict[tuple[int, str], float] = {}
+        progress = {i: self._progress(i) for i in indices}
         ready: dict[int, dict[str, Any]] = {}
         files = " ".join(str(i) for i in indices)
         # What the nodes have written so far, in one word: their logs' bytes and how many hellos.
@@ -780,7 +773,7 @@ class SlurmCluster(Cluster):
                 started = now
             for i, lines in logs.items():
                 for line in lines[seen[i]:]:
-                    self._on_node_line(i, line, phase_t)
+                    progress[i].feed(line)
                 seen[i] = len(lines)
             for i, hello in hellos.items():
                 if i not in ready and hello:
@@ -832,23 +825,12 @@ class SlurmCluster(Cluster):
         self._started_once = True
         return [self._endpoint(i, job, ready[i]) for i in indices]
 
-    def _on_node_line(self, node: int, line: str, started: dict[tuple[int, str], float]) -> None:
-        from skyward.bootstrap.script import parse_marker
+    def _progress(self, node: int) -> PhaseReader:
+        """How node ``node``'s log lines are read: its phases as events, what apt installed on
+        it into the pool's apt versions and lock."""
+        from skyward.bootstrap.progress import PhaseReader
 
-        if line.startswith("@@skyward apt "):
-            _, _, name, version = [*line.split(), "", ""][:4]
-            self.apt_versions.setdefault(name, version)
-            return
-        parsed = parse_marker(line)
-        if parsed is None:
-            return
-        name, status, _ = parsed
-        now = time.monotonic()
-        if status == "started":
-            started[(node, name)] = now
-            self._phase(node, name, "started")
-        else:
-            self._phase(node, name, status, now - started.get((node, name), now))
+        return PhaseReader(node, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
 
     def _endpoint(self, index: int, job: str, hello: dict[str, Any]) -> NodeEndpoint:
         with self._lock:

@@ -434,7 +434,8 @@ class SSHCluster(Cluster):
 
     def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
         from skyward.bootstrap.remote import tar_archive
-        from skyward.bootstrap.script import bash_on_stdin, node_up, parse_marker, sudo_advice
+        from skyward.bootstrap.progress import PhaseReader
+        from skyward.bootstrap.script import bash_on_stdin, node_up, sudo_advice
         from skyward.bootstrap.shipment import UV_GZ, UV_LZ4
 
         # Caches into the (maybe shared) home; this node's own files into its pool folder.
@@ -454,12 +455,13 @@ class SSHCluster(Cluster):
         # bootstrap_timeout, the agent's start _AGENT_START_TIMEOUT (the node waits that long).
         limit = [time.monotonic() + self._ssh_timeout + _AGENT_START_TIMEOUT]
 
+        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
+
         def on_line(line: str) -> None:
-            if line.startswith("@@skyward apt "):
-                _, _, name, version = [*line.split(), "", ""][:4]
-                self.apt_versions.setdefault(name, version)
-                if self.lock is not None:
-                    self.lock["apt"] = dict(sorted(self.apt_versions.items()))
+            before = progress.current
+            if progress.feed(line):
+                if progress.current != before:  # a phase started: a failure now is reported in it
+                    current[0] = progress.current
                 return
             if line.startswith(("@@sky ", "@@pool ")):  # known at once: a failure later cleans this folder up
                 key, _, value = line[2:].partition(" ")
@@ -482,21 +484,10 @@ class SSHCluster(Cluster):
             if line.startswith("@@skyward pid "):
                 facts["script"] = line  # (what stops the script when it runs out of time)
                 return
-            parsed = parse_marker(line)
-            if parsed is None:
-                if line.startswith("@@") and not line.startswith("@@skyward"):
-                    facts.update(_facts(line))  # (kept here: the output's head is not kept)
-                elif line.strip():
-                    log.debug("node %d: %s", node.index, line)
-                return
-            name, status, _ = parsed
-            now = time.monotonic()
-            if status == "started":
-                started[name], current[0] = now, name
-                self._phase(node.index, name, "started")
-            else:
-                seconds = now - started[name] if name in started else 0.0
-                self._phase(node.index, name, status, seconds)
+            if line.startswith("@@") and not line.startswith("@@skyward"):
+                facts.update(_facts(line))  # (kept here: the output's head is not kept)
+            elif line.strip():
+                log.debug("node %d: %s", node.index, line)
 
         def answer(line: str) -> Iterable[bytes] | None:
             """What the node lacks (``@@need``), sent on the same channel as it is read (the

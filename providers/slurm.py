@@ -43,6 +43,7 @@ from skyward.records import pkglock
 
 from . import slurm_queue as q
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
+from .nodetable import NodeTable
 from .slurm_shared import SharedQueue, queue_of
 
 if TYPE_CHECKING:
@@ -438,7 +439,8 @@ class SlurmCluster(Cluster):
         self.head_port = random.randrange(20000, 30000)
         self.interface = "eth0"
         self.spill_dir = None
-        self._lock = threading.Lock()
+        self.table: NodeTable[_Node] = NodeTable()
+        self._lock = self.table.lock
         self._connecting = threading.Lock()  # one (re)connection to the login node at a time
         self._remote: Remote | None = None
         self._closed = False
@@ -449,12 +451,8 @@ class SlurmCluster(Cluster):
         self._parts: list[q.Partition] | None = None  # sinfo's partitions, asked once per pool
         self._said_cpus = False
         self._started_once = False  # some job's agents listened: a failed build on the login node did not matter
-        self._nodes: dict[int, _Node] = {}
-        self._described: list[_Node] = []
         self._jobs: dict[str, dict[str, Any]] = {}  # job id -> {"nodes": [...], "script": ...}
         self._ended: list[str] = []  # jobs the pool cancelled while it ran on (shrunk, healed): accounted at down
-        self._next = 0
-        self._unreachable: dict[int, str] = {}
         # Why the pool ends rather than heals (a job of it cancelled, or past its time limit):
         # every replacement and every new job is refused with it (issue 45, item 3).
         self._ended_by: str | None = None
@@ -475,6 +473,11 @@ class SlurmCluster(Cluster):
         self._forwarding = False  # a direct-tcpip channel to an agent has opened: forwarding works
         self._forwarding_lock = threading.Lock()
         self.apt_versions: dict[str, str] = {}
+
+    @property
+    def _nodes(self) -> dict[int, _Node]:
+        """The nodes submitted or handed out (the table's, under ``_lock``)."""
+        return self.table.nodes
 
     # -- the login node ------------------------------------------------------------------------
     def _login(self) -> Remote:
@@ -635,8 +638,7 @@ class SlurmCluster(Cluster):
 
     # -- the Cluster API ---------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
-        with self._lock:
-            described, self._described = self._described[:count], self._described[count:]
+        described = self.table.take_described(count)  # (all of a new job's nodes start together)
         endpoints = self._reconnect(described) if described else []
         if count - len(described) > 0:
             endpoints += self._submit(count - len(described))
@@ -649,8 +651,8 @@ class SlurmCluster(Cluster):
                 raise ProviderError(self._ended_by)
         self._prepare()
         with self._lock:
-            first = self._next
-            self._next += count
+            first = self.table.next
+            self.table.next += count
         parts = self._sinfo()
         # The site's own spelling of the GPU type (sinfo's GRES): Slurm's types are case-sensitive.
         gres_types = sorted({k for p in parts for k, _ in p.gpus})
@@ -915,8 +917,8 @@ class SlurmCluster(Cluster):
                      self.pool_id, index, old.address, old.port, exc)
             return None
         with self._lock:
-            new = self._next
-            self._next += 1
+            new = self.table.next
+            self.table.next += 1
             node = _Node(new, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address,
                          port=old.port, agent_pid=old.agent_pid, facts=old.facts)
             self._nodes[new] = node
@@ -1111,8 +1113,8 @@ class SlurmCluster(Cluster):
 
         import cloudpickle
 
+        nodes = self.table.all()
         with self._lock:
-            nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
             jobs = {j: dict(info) for j, info in self._jobs.items()}
         p = self.provider
         return {
@@ -1134,7 +1136,7 @@ class SlurmCluster(Cluster):
             "login_pool": self.login_pool,
             "login_address": self.login_address,
             "agent_python": self._python(),
-            "next": self._next,
+            "next": self.table.next,
             "jobs": jobs,
             "ended_jobs": list(self._ended),
             "nodes": [
@@ -1171,16 +1173,15 @@ class SlurmCluster(Cluster):
         self._ttl = description["ttl"]
         self.sky, self.folder = description["sky"], description["folder"]
         self.login_pool, self.login_address = description.get("login_pool", ""), description.get("login_address", "")
-        self._next = int(description.get("next", 0))
         self._agent_python = str(description.get("agent_python") or "")
         self._jobs = {j: dict(info) for j, info in description.get("jobs", {}).items()}
         self._ended = [str(j) for j in description.get("ended_jobs") or []]
-        self._described = [
+        self.table.restore([
             _Node(int(n["index"]), str(n["job"]), hostname=n.get("hostname") or "", address=n["private_ip"],
                   port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0),
                   slurm_node=n.get("slurm_node") or n.get("hostname") or "")
             for n in description["nodes"]
-        ]
+        ], int(description.get("next", 0)))
         self._ready = True  # its shipment is on the shared home already
         return self
 
@@ -1198,18 +1199,17 @@ class SlurmCluster(Cluster):
         reached = []
         for n in nodes:
             state = states.get(n.job) if states is not None else None
-            with self._lock:
-                self._nodes[n.index] = n
+            self.table.add(n)
             if states is not None and (state is None or state.ended or state.state != "RUNNING"):
                 what = f"{state.state}, reason {state.reason}" if state else "gone from the queue"
-                self._unreachable[n.index] = f"its Slurm job {n.job} is {what}"
+                self.table.mark_unreachable(n.index, f"its Slurm job {n.job} is {what}")
                 continue
             n.endpoint = NodeEndpoint(index=n.index, private_ip=n.address, public_ip=None, hostname=n.hostname,
                                       connect=functools.partial(_tunnel, self, n.address, n.port))
             reached.append(n.endpoint)
         if not reached:
             raise ProviderError(f"none of this pool's nodes can be reached: "
-                                f"{'; '.join(f'node {i}: {w}' for i, w in self._unreachable.items())}")
+                                f"{'; '.join(f'node {i}: {w}' for i, w in self.unreachable().items())}")
         return reached
 
     def detach(self) -> None:
@@ -1227,8 +1227,7 @@ class SlurmCluster(Cluster):
         it takes none of the job's CPUs from it), with the job's environment (SLURM_JOB_ID, ...),
         on a pseudo-terminal of the job's when asked. Never a login to a compute node, which
         Slurm sites forbid (pam_slurm_adopt or none at all)."""
-        with self._lock:
-            node = self._nodes.get(index) or next((n for n in self._described if n.index == index), None)
+        node = self.table.find(index)
         if node is None or not node.job:
             raise ProviderError(f"pool {self.pool_id} has no node {index} in a Slurm job now; "
                                 f"`skyward status` lists its nodes.")

@@ -31,10 +31,10 @@ from skyward.bootstrap.procs import wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, require_kind
-from .nodetable import NodeTable
 from .local_fork import ForkedAgent, ForkServer
 from .local_procs import process_running
 from .local_procs import start_time as _start_time
+from .nodetable import NodeTable
 
 if TYPE_CHECKING:
     import logging

@@ -18,11 +18,12 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
+    import logging
     from typing import TypeAlias
 
     from .base import NodeEndpoint
 
-# (concurrent.futures and logging load when nodes start in parallel: a Local pool's nodes start
+# (concurrent.futures loads when nodes start in parallel: a Local pool's nodes start
 # before the client has loaded them, see Local.launch.)
 N = TypeVar("N")
 
@@ -53,7 +54,11 @@ class NodeTable(Generic[N]):
     def all(self) -> list[N]:
         """Every node this cluster holds, handed out or described, in index order (``describe``)."""
         with self.lock:
-            return sorted([*self.nodes.values(), *self.described], key=self._index)
+            return self.all_locked()
+
+    def all_locked(self) -> list[N]:
+        """``all`` for a caller that holds ``lock`` (with the rest of its description)."""
+        return sorted([*self.nodes.values(), *self.described], key=self._index)
 
     def find(self, index: int) -> N | None:
         """Node ``index``, handed out or still described."""
@@ -138,23 +143,31 @@ class NodeTable(Generic[N]):
                     yield exc
 
     def start(self, count: int, *, reconnect: Callable[[list[N]], list[NodeEndpoint]], begin: Begin[N],
-              release: Callable[[list[N]], Any], workers: int = 8) -> list[NodeEndpoint]:
-        """``start_each``, all at once, in index order: when any new node fails, the new ones
-        that came up are released too and the first failure is raised (described nodes stay)."""
-        reconnected: list[NodeEndpoint] = []
-        new: list[NodeEndpoint] = []
-        errors: list[BaseException] = []
-        described = {self._index(n) for n in self.described}
-        for got in self.start_each(count, reconnect=reconnect, begin=begin, release=release, workers=workers):
-            if isinstance(got, BaseException):
-                errors.append(got)
-            else:
-                (reconnected if got.index in described else new).append(got)
-        if errors:
-            release(self.held(e.index for e in new))  # nothing left running of this start
-            if len(errors) > 1:
-                import logging
+              release: Callable[[list[N]], Any], workers: int = 8, log: logging.Logger | None = None,
+              ) -> list[NodeEndpoint]:
+        """``count`` nodes, all at once, in index order: the described ones first, then new ones
+        brought up in parallel. When any new node fails, every new node of this start is released
+        in one go (those that came up too) and the first failure is raised; the described nodes
+        it reconnected stay. ``log``: where more than one failure is said (the first is raised)."""
+        described = self.take_described(count)
+        endpoints = reconnect(described) if described else []
+        count -= len(described)
+        if count <= 0:
+            return endpoints
+        from concurrent.futures import ThreadPoolExecutor
 
-                logging.getLogger("skyward").error("%d nodes failed to start; the first error follows", len(errors))
+        nodes, bring_up = begin(count)
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(nodes)))) as pool:
+            futures = [pool.submit(bring_up, n) for n in nodes]
+        errors: list[BaseException] = []
+        for f in futures:
+            try:
+                endpoints.append(f.result())
+            except BaseException as exc:
+                errors.append(exc)
+        if errors:
+            release(nodes)  # nothing left running of this start
+            if len(errors) > 1 and log is not None:
+                log.error("%d nodes failed to start; the first error follows", len(errors))
             raise errors[0]
-        return sorted([*reconnected, *new], key=lambda e: e.index)
+        return sorted(endpoints, key=lambda e: e.index)

@@ -619,8 +619,11 @@ class SlurmCluster(Cluster):
                      f"SKYWARD_POOL={shlex.quote(self.login_pool)}")
             progress = PhaseReader(-1, self._phase, label="login ")
 
+            def on_line(line: str) -> None:
+                progress.feed(line)
+
             self._login().run(script.bash_on_stdin(text, where), stdin=text.encode(),
-                              timeout=self._bootstrap_timeout, on_line=progress.feed, phase="bootstrap")
+                              timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
         except BaseException as exc:
             # The nodes would run the same phases on the same shared home and fail the same way
             # (no Python X.Y, a resolution error): the job waiting for them fails at once with this
@@ -1113,8 +1116,8 @@ class SlurmCluster(Cluster):
 
         import cloudpickle
 
-        nodes = self.table.all()
         with self._lock:
+            nodes = self.table.all_locked()
             jobs = {j: dict(info) for j, info in self._jobs.items()}
         p = self.provider
         return {

@@ -298,7 +298,7 @@ class SSHCluster(Cluster):
     # -- Cluster API -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
         return self.table.start(count, reconnect=self._reconnect, begin=self._begin, release=self._release,
-                                workers=32)
+                                workers=32, log=log)
 
     def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
         """Each node as soon as it is bootstrapped (Nodes(min=): slow hosts join later)."""
@@ -410,8 +410,8 @@ class SSHCluster(Cluster):
         return node.endpoint
 
     def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
-        from skyward.bootstrap.remote import tar_archive
         from skyward.bootstrap.progress import PhaseReader
+        from skyward.bootstrap.remote import tar_archive
         from skyward.bootstrap.script import bash_on_stdin, node_up, sudo_advice
         from skyward.bootstrap.shipment import UV_GZ, UV_LZ4
 
@@ -784,8 +784,8 @@ echo "@@port $hello"
     def describe(self) -> dict[str, Any]:
         import cloudpickle
 
-        nodes = self.table.all()
         with self._lock:
+            nodes = self.table.all_locked()
             free = list(self._free)
         return {
             "provider": self._kind,

@@ -3,11 +3,15 @@
 ``NodeTable`` holds a cluster's node records (each provider's own kind: ``N``) by index, the
 nodes of an attached pool not handed out yet (``described``), the described ones that could
 not be reached (``unreachable``), the next index and the lock around all of them. Its
-``start_each`` and ``start`` are the one way nodes start: the described ones first, reconnected;
-then new ones claimed, brought up in parallel and handed out as each is ready; a node that
-fails is released and comes as its exception. The provider says only what differs about its
-machines: how a described node is reached again (``reconnect``), how new ones are claimed and
-brought up (``begin``), and how nodes are let go of (``release``).
+``start_each`` and ``start`` start nodes for the providers that bring each node up on its own
+(SSH, Container): the described ones first, reconnected; then new ones claimed and brought up
+in parallel. ``start_each`` hands out each as it is ready and releases a node that fails (it
+comes as its exception); ``start`` waits for all and, when any fails, releases every new node
+of that start in one call and raises the first failure. The provider says only what differs
+about its machines: how a described node is reached again (``reconnect``), how new ones are
+claimed and brought up (``begin``), and how nodes are let go of (``release``). Slurm (one job
+for a start's new nodes) and Local (agents forked here) keep their nodes in the table and start
+them their own way.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def _cluster(spec: sky.Spec, cloud: Any, nodes: list[Any], ports: list[int] | No
             a.index, host, agent_pid=4000 + a.index, agent_port=41000, home="/home/ubuntu",
             agent_python=".skyward/envs/abc/bin/python", pool_dir=f"/tmp/skyward/ab12cd34/{a.index}",
             endpoint=NodeEndpoint(a.index, a.private_ip, a.address, a.hostname, _unconnected))
-    cluster._next = len(nodes)
+    cluster.table.next = len(nodes)
     return cluster
 
 

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Options, Spec
 
+    from .nodetable import NodeTable
+
 
 @dataclass(frozen=True)
 class NodeEndpoint:
@@ -70,6 +72,9 @@ class Cluster(abc.ABC):
     # An attached pool replaces the described nodes it found dead before its first task (set by
     # skyward.named.pools for programs that attach; inspection commands such as `exec` leave it off).
     heal_at_attach: bool = False
+    # The cluster's nodes from claim to release (providers/nodetable.py); None for a cluster
+    # that keeps none (it then has no unreachable nodes).
+    table: NodeTable[Any] | None = None
 
     @property
     def node_count(self) -> int:
@@ -117,11 +122,15 @@ class Cluster(abc.ABC):
     def unreachable(self) -> dict[int, str]:
         """Described nodes of an attached pool that ``start`` skipped because they could not be
         reached: ``{index: why}``, each judged on its own. Empty for nodes this process started."""
-        return dict(getattr(self, "_unreachable", {}))
+        if self.table is None:
+            return {}
+        with self.table.lock:
+            return dict(self.table.unreachable)
 
     def replaced(self, index: int) -> None:
         """Node ``index``, listed by ``unreachable()``, was replaced: it is no longer missing."""
-        getattr(self, "_unreachable", {}).pop(index, None)
+        if self.table is not None:
+            self.table.replaced(index)
 
     def loss_reason(self, index: int, why: str) -> str:
         """Why node ``index`` was lost, as InstanceLost says it: ``why`` (what its connection saw:

@@ -33,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -49,9 +48,10 @@ from skyward.records import pkglock, resolver
 from . import container_node as node_sh
 from .base import Cluster, ExecShell, NodeEndpoint, ProviderConfig, require_kind
 from .container_runtime import LABEL, Runtime
+from .nodetable import NodeTable
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Image, Options, Spec
@@ -202,7 +202,13 @@ class ContainerCluster(Cluster):
     """One container per node, bootstrapped through the runtime's ``exec``."""
 
     def __init__(
-        self, config: Container, spec: Spec, pool_id: str, *, options: Options | None = None
+        self,
+        config: Container,
+        spec: Spec,
+        pool_id: str,
+        *,
+        options: Options | None = None,
+        root: Path | None = None,
     ) -> None:
         self.spec = spec
         self.pool_id = pool_id
@@ -217,9 +223,8 @@ class ContainerCluster(Cluster):
         self._network = config.network or f"skyward-{pool_id}"
         self._own_network = config.network is None
         self._install: Install = config.install
-        self._root = Path(
-            tempfile.mkdtemp(prefix=f"sky-ctr-{pool_id}-")
-        )  # 0700: the nodes' sockets
+        # 0700: the nodes' sockets (an attached pool's: the folder its nodes were made in)
+        self._root = root or Path(tempfile.mkdtemp(prefix=f"sky-ctr-{pool_id}-"))
         self._home: Path | None = None  # skyward's caches for this image (set by _prepare)
         self._ttl = spec.ttl
         o = options
@@ -230,65 +235,31 @@ class ContainerCluster(Cluster):
         )
         self._pin = pkglock.current_pin()
         self._agent_python: str | None = None  # (an attached pool's, from its description)
-        self._init_state()
-
-    def _init_state(self) -> None:
-        self._nodes: dict[int, _Node] = {}
-        self._described: list[_Node] = []
-        self._unreachable: dict[int, str] = {}
-        self._next = 0
-        self._lock = threading.Lock()
+        self.table: NodeTable[_Node] = NodeTable()
+        self._lock = self.table.lock
         self._ship: Shipment | None = None
         self._limits: list[str] | None = None
         self.apt_versions: dict[str, str] = {}
 
     # -- Cluster API -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
-        endpoints: list[NodeEndpoint] = []
-        errors: list[BaseException] = []
-        for got in self.start_each(count):
-            (errors if isinstance(got, BaseException) else endpoints).append(got)  # type: ignore[arg-type]
-        if errors:
-            self.stop(endpoints)
-            raise errors[0]
-        return sorted(endpoints, key=lambda e: e.index)
+        return self.table.start(count, reconnect=self._reconnect, begin=self._begin, release=self._release)
 
     def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
-        with self._lock:
-            described, self._described = self._described[:count], self._described[count:]
-        if described:
-            yield from self._reconnect(described)
-            count -= len(described)
-        if count <= 0:
-            return
-        self._prepare()
-        with self._lock:
-            nodes = [self._new_node() for _ in range(count)]
-        with ThreadPoolExecutor(max_workers=min(8, count)) as pool:
-            futures = {pool.submit(self._bring_up, n): n for n in nodes}
-            for f in as_completed(futures):
-                try:
-                    yield f.result()
-                except BaseException as exc:
-                    self._release([futures[f]])
-                    yield exc
+        return self.table.start_each(count, reconnect=self._reconnect, begin=self._begin, release=self._release)
 
-    def _new_node(self) -> _Node:
-        index, self._next = self._next, self._next + 1
-        folder = self._root / f"node-{index}"
-        node = _Node(index, f"skyward-{self.pool_id}-{index}", folder)
-        self._nodes[index] = node
-        return node
+    def _begin(self, count: int) -> tuple[list[_Node], Callable[[_Node], NodeEndpoint]]:
+        self._prepare()
+        return self.table.claim(count, self._new_node), self._bring_up
+
+    def _new_node(self, index: int) -> _Node:
+        return _Node(index, f"skyward-{self.pool_id}-{index}", self._root / f"node-{index}")
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
-        with self._lock:
-            nodes = [self._nodes[e.index] for e in endpoints if e.index in self._nodes]
-        self._release(nodes)
+        self._release(self.table.held(e.index for e in endpoints))
 
     def close(self) -> None:
-        with self._lock:
-            nodes = [*self._nodes.values(), *self._described]
-            self._described = []
+        nodes = self.table.clear()
         try:
             self._release(nodes)
             # Anything of this pool a half-done start left (a container whose start was interrupted).
@@ -303,7 +274,7 @@ class ContainerCluster(Cluster):
         """Tell every described agent to stop (it then stops its workers); best effort."""
         from skyward.bootstrap.channel import NodeChannel
 
-        for node in [*self._described, *self._nodes.values()]:
+        for node in self.table.all():
             try:
                 sock = _connect(node.socket, 5)
                 NodeChannel(
@@ -545,30 +516,13 @@ class ContainerCluster(Cluster):
                 proc.stdout.close()
 
     def _run_script(self, node: _Node, text: str) -> None:
-        from skyward.bootstrap.script import parse_marker
+        from skyward.bootstrap.progress import PhaseReader
 
-        started: dict[str, float] = {}
-        current = [""]
+        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
 
         def on_line(line: str) -> None:
-            if line.startswith("@@skyward apt "):
-                _, _, name, version = [*line.split(), "", ""][:4]
-                self.apt_versions.setdefault(name, version)
-                if self.lock is not None:
-                    self.lock["apt"] = dict(sorted(self.apt_versions.items()))
-                return
-            parsed = parse_marker(line)
-            if parsed is None:
-                if line.strip() and not line.startswith("@@skyward"):
-                    log.debug("node %d: %s", node.index, line)
-                return
-            name, status, _ = parsed
-            now = time.monotonic()
-            if status == "started":
-                started[name], current[0] = now, name
-                self._phase(node.index, name, "started")
-            else:
-                self._phase(node.index, name, status, now - started.get(name, now))
+            if not progress.feed(line) and line.strip() and not line.startswith("@@skyward"):
+                log.debug("node %d: %s", node.index, line)
 
         code, out = self._exec(
             node,
@@ -579,12 +533,12 @@ class ContainerCluster(Cluster):
         )
         if code == 0:
             return
-        phase = current[0] or "bootstrap"
+        phase = progress.current or "bootstrap"
         tail = [line for line in out if not line.startswith("@@skyward")][-20:]
         why = ""
         if code is None:
             why = f"did not finish within bootstrap_timeout={self._bootstrap_timeout:g} s"
-        elif code in (126, 127) and not current[0]:
+        elif code in (126, 127) and not progress.current:
             why = (
                 f"could not run bash in image {self._image!r} (exit code {code}): the nodes' image "
                 f"needs bash and a Python of the client's version"
@@ -631,9 +585,7 @@ class ContainerCluster(Cluster):
 
     def _release(self, nodes: list[_Node]) -> None:
         """Remove these nodes' containers (their agents were told to stop) and their folders."""
-        with self._lock:
-            for n in nodes:
-                self._nodes.pop(n.index, None)
+        self.table.forget(nodes)
         if not nodes:
             return
         try:
@@ -653,8 +605,7 @@ class ContainerCluster(Cluster):
     def describe(self) -> dict[str, Any]:
         import cloudpickle
 
-        with self._lock:
-            nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
+        nodes = self.table.all()
         agent_python = self._ship.agent_python if self._ship else self._agent_python
         return {
             "provider": "container",
@@ -670,7 +621,7 @@ class ContainerCluster(Cluster):
             "install": self._install,
             "root": str(self._root),
             "home": str(self._home) if self._home else None,
-            "next": self._next,
+            "next": self.table.next,
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
             "pin": (self.lock or {}).get("packages")
             if self._pin is None
@@ -700,36 +651,34 @@ class ContainerCluster(Cluster):
         import cloudpickle
 
         require_kind(description, "container")
-        self = cls.__new__(cls)
-        self._init_state()
-        self.spec = cloudpickle.loads(base64.b64decode(description["spec"]))
-        self.pool_id = description["pool_id"]
+        network = description["network"]
+        own = bool(description.get("own_network"))
+        config = Container(image=description["image"], binary=description["binary"],
+                           network=None if own else network, install=description.get("install", "wheelhouse"))
+        spec = cloudpickle.loads(base64.b64decode(description["spec"]))
+        self = cls(config, spec, description["pool_id"], root=Path(description["root"]))
+        self._network, self._own_network = network, own
         self.token = description["token"]
         self.head_port = int(description["head_port"])
         self.interface = description.get("interface", "eth0")
-        self.spill_dir = None
-        self._runtime = Runtime(description["binary"])
-        self._image = description["image"]
-        self._network = description["network"]
-        self._own_network = bool(description.get("own_network"))
-        self._install = description.get("install", "wheelhouse")
-        self._root = Path(description["root"])
         self._home = Path(description["home"]) if description.get("home") else None
         self._ttl = description["ttl"]
-        self._bootstrap_timeout = float(self.spec.image.bootstrap_timeout)
         pin = description.get("pin")
         self._pin = None if pin is None else tuple(pkglock.Package.from_json(p) for p in pin)
-        self._next = int(description.get("next", 0))
-        for n in description["nodes"]:
-            node = _Node(
-                int(n["index"]),
-                n["container"],
-                Path(n["folder"]),
-                private_ip=n.get("private_ip") or "",
-                hostname=n.get("hostname") or "",
-                agent_pid=n.get("agent_pid"),
-            )
-            self._described.append(node)
+        self.table.restore(
+            (
+                _Node(
+                    int(n["index"]),
+                    n["container"],
+                    Path(n["folder"]),
+                    private_ip=n.get("private_ip") or "",
+                    hostname=n.get("hostname") or "",
+                    agent_pid=n.get("agent_pid"),
+                )
+                for n in description["nodes"]
+            ),
+            int(description.get("next", 0)),
+        )
         self._agent_python = next(
             (n.get("agent_python") for n in description["nodes"] if n.get("agent_python")), None
         )
@@ -745,34 +694,32 @@ class ContainerCluster(Cluster):
             why = ""
         reached = []
         for node in nodes:
-            with self._lock:
-                self._nodes[node.index] = node
+            self.table.add(node)
             if running.get(node.container):
                 node.endpoint = _endpoint(node)
                 reached.append(node.endpoint)
             else:
-                self._unreachable[node.index] = why or (
-                    f"its container {node.container} is not running (its "
-                    f"agent's lease ran out, or it was removed)"
+                self.table.mark_unreachable(
+                    node.index,
+                    why
+                    or (
+                        f"its container {node.container} is not running (its "
+                        f"agent's lease ran out, or it was removed)"
+                    ),
                 )
         if not reached and nodes:
             raise ProviderError(
                 f"none of the {len(nodes)} container node(s) of this pool runs any more "
-                f"({self._unreachable[nodes[0].index]}); `skyward down` removes its record."
+                f"({self.table.unreachable[nodes[0].index]}); `skyward down` removes its record."
             )
         return reached
 
     def detach(self) -> None:
-        with self._lock:
-            self._nodes.clear()
-            self._described.clear()
+        self.table.clear()
 
     # -- reaching a node: the runtime's exec into its container ---------------------------------------
     def _node_at(self, index: int) -> _Node:
-        with self._lock:
-            node = self._nodes.get(index) or next(
-                (n for n in self._described if n.index == index), None
-            )
+        node = self.table.find(index)
         if node is None:
             raise ProviderError(f"node {index} is not one of this pool's nodes")
         return node

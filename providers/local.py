@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from .base import Cluster, HereShell, NodeEndpoint, ProviderConfig, require_kind
 from .local_fork import ForkedAgent, ForkServer
 from .local_procs import process_running
 from .local_procs import start_time as _start_time
+from .nodetable import NodeTable
 
 if TYPE_CHECKING:
     import logging
@@ -174,13 +174,7 @@ class LocalCluster(Cluster):
         self._sockets: str | None = None  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node
         self._launched: list[tuple[int, Agent]] = []  # started, not yet handed out
-        # Running nodes as describe() reports them; those this process did not start (an
-        # attached pool) are waited for and stopped by pid, as they are not our children.
-        self._nodes: dict[int, dict[str, Any]] = {}
-        self._handed: set[int] = set()
-        self._unreachable: dict[int, str] = {}
-        self._next = 0
-        self._lock = threading.Lock()
+        self._init_table()
         self.spec = spec
         # The node's own GPUs (local_gpus.py), taken before each node starts.
         self._gpus: GpuClaims | None = None
@@ -204,6 +198,20 @@ class LocalCluster(Cluster):
         except BaseException:
             self._remove_dirs()
             raise
+
+    def _init_table(self) -> None:
+        # Running nodes as describe() reports them (the table's, by index); those this process
+        # did not start (an attached pool) are waited for and stopped by pid, as they are not our
+        # children. Local starts its nodes itself (``start``: all at once, forked ahead by
+        # ``launch``); described ones stay in the table's nodes and ``_handed`` says which were
+        # handed out.
+        self.table: NodeTable[dict[str, Any]] = NodeTable(index_of=lambda n: int(n["index"]))
+        self._lock = self.table.lock
+        self._handed: set[int] = set()
+
+    @property
+    def _nodes(self) -> dict[int, dict[str, Any]]:
+        return self.table.nodes
 
     def _run_ops(self, ops: tuple[str, ...]) -> None:
         """Plugin bootstrap ops: all nodes share this machine, so they run once, here, in the
@@ -236,11 +244,9 @@ class LocalCluster(Cluster):
         self._sockets = description.get("sockets")
         self._forks = None
         self._launched = []
-        self._nodes = {int(n["index"]): dict(n) for n in description["nodes"]}
-        self._handed = set()
-        self._unreachable = {}
-        self._next = int(description["next"])
-        self._lock = threading.Lock()
+        self._init_table()
+        self._nodes.update({int(n["index"]): dict(n) for n in description["nodes"]})
+        self.table.next = int(description["next"])
         self._mounts = None
         self._unmount = description.get("unmount")  # the volumes of the process that made the pool
         # New nodes (a resize of an attached pool) get the environment the pool was made with.
@@ -272,7 +278,7 @@ class LocalCluster(Cluster):
             "root": str(self._root),
             "sockets": self._sockets,
             "spill_dir": str(self.spill_dir) if self.spill_dir is not None else None,
-            "next": self._next,
+            "next": self.table.next,
             "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
             "nodes": nodes,
             "gpus": None if self._gpus is None else {"pool": self._gpus.pool_id, "count": float(self._gpus.share)},
@@ -393,16 +399,16 @@ class LocalCluster(Cluster):
             # An attached cluster hands out the nodes that already run before starting any.
             # (A node found dead before is not tried again: the pool replaces it with a new one.)
             known = [n for i, n in sorted(self._nodes.items())
-                     if i not in self._handed and i not in self._unreachable][:count]
+                     if i not in self._handed and i not in self.table.unreachable][:count]
             live = []
             for node in known:  # each on its own: one dead agent leaves the others usable
                 if process_running(node["pid"], node.get("started")):
                     self._handed.add(node["index"])
                     live.append(node)
                 else:
-                    self._unreachable[node["index"]] = _not_running(node)
+                    self.table.unreachable[node["index"]] = _not_running(node)
             if known and not live:
-                why = "; ".join(self._unreachable[n["index"]] for n in known)
+                why = "; ".join(self.table.unreachable[n["index"]] for n in known)
                 raise ProviderError(
                     f"none of the {len(known)} Local node(s) of this pool runs any more ({why}). "
                     f"`skyward down` removes its record; `skyward up` starts it again."
@@ -410,9 +416,9 @@ class LocalCluster(Cluster):
             # Nodes launch() started ahead first, then new ones.
             need = count - len(known)
             launched, self._launched = self._launched[:need], self._launched[need:]
-            indices = list(range(self._next, self._next + need - len(launched)))
+            indices = list(range(self.table.next, self.table.next + need - len(launched)))
             self._take_gpus(indices)  # all or none, before any of them starts
-            self._next += len(indices)
+            self.table.next += len(indices)
             started = launched + [(i, self._spawn(i)) for i in indices]
         endpoints = [_endpoint(n["index"], n.get("port"), n.get("unix")) for n in live]
         for i, proc in started:
@@ -439,9 +445,9 @@ class LocalCluster(Cluster):
     def launch(self, count: int) -> None:
         """Start ``count`` agents now without waiting for them: ``start`` takes them first."""
         with self._lock:
-            first = self._next
+            first = self.table.next
             self._take_gpus(list(range(first, first + count)))
-            self._next += count
+            self.table.next += count
             self._launched += [(i, self._spawn(i)) for i in range(first, first + count)]
 
     def _take_gpus(self, indices: list[int]) -> None:

@@ -44,9 +44,11 @@ from skyward.records import pkglock, resolver
 
 from . import slurm_queue as q
 from .base import Cluster, NodeEndpoint, ProviderConfig, SSHShell, require_kind
+from .nodetable import NodeTable
 from .slurm_shared import SharedQueue, queue_of
 
 if TYPE_CHECKING:
+    from skyward.bootstrap.progress import PhaseReader
     from skyward.bootstrap.remote import Remote
     from skyward.bootstrap.routes import Stream, Target
     from skyward.spec import Image, Options, Spec
@@ -439,7 +441,8 @@ class SlurmCluster(Cluster):
         self.head_port = random.randrange(20000, 30000)
         self.interface = "eth0"
         self.spill_dir = None
-        self._lock = threading.Lock()
+        self.table: NodeTable[_Node] = NodeTable()
+        self._lock = self.table.lock
         self._connecting = threading.Lock()  # one (re)connection to the login node at a time
         self._remote: Remote | None = None
         self._closed = False
@@ -450,12 +453,8 @@ class SlurmCluster(Cluster):
         self._parts: list[q.Partition] | None = None  # sinfo's partitions, asked once per pool
         self._said_cpus = False
         self._started_once = False  # some job's agents listened: a failed build on the login node did not matter
-        self._nodes: dict[int, _Node] = {}
-        self._described: list[_Node] = []
         self._jobs: dict[str, dict[str, Any]] = {}  # job id -> {"nodes": [...], "script": ...}
         self._ended: list[str] = []  # jobs the pool cancelled while it ran on (shrunk, healed): accounted at down
-        self._next = 0
-        self._unreachable: dict[int, str] = {}
         # Why the pool ends rather than heals (a job of it cancelled, or past its time limit):
         # every replacement and every new job is refused with it (issue 45, item 3).
         self._ended_by: str | None = None
@@ -476,6 +475,11 @@ class SlurmCluster(Cluster):
         self._forwarding = False  # a direct-tcpip channel to an agent has opened: forwarding works
         self._forwarding_lock = threading.Lock()
         self.apt_versions: dict[str, str] = {}
+
+    @property
+    def _nodes(self) -> dict[int, _Node]:
+        """The nodes submitted or handed out (the table's, under ``_lock``)."""
+        return self.table.nodes
 
     # -- the login node ------------------------------------------------------------------------
     def _login(self) -> Remote:
@@ -608,22 +612,17 @@ class SlurmCluster(Cluster):
         node: the compute nodes find them done. The node-local phases (apt, plugin ops, volumes)
         are the nodes' own."""
         from skyward.bootstrap import script
+        from skyward.bootstrap.progress import PhaseReader
 
         assert self._ship is not None
         try:
             text = _shared_phases(self._ship.script)
             where = (f"SKYWARD_SKY={shlex.quote(self.sky)} SKYWARD_RUN={shlex.quote(self.login_pool.rsplit('/pools/', 1)[0])} "
                      f"SKYWARD_POOL={shlex.quote(self.login_pool)}")
-            started: dict[str, float] = {}
+            progress = PhaseReader(-1, self._phase, label="login ")
 
             def on_line(line: str) -> None:
-                parsed = script.parse_marker(line)
-                if parsed is not None:
-                    name, status, _ = parsed
-                    if status == "started":
-                        started[name] = time.monotonic()
-                    self._phase(-1, f"login {name}", status,
-                                None if status == "started" else time.monotonic() - started.get(name, time.monotonic()))
+                progress.feed(line)
 
             self._login().run(script.bash_on_stdin(text, where), stdin=text.encode(),
                               timeout=self._bootstrap_timeout, on_line=on_line, phase="bootstrap")
@@ -644,8 +643,7 @@ class SlurmCluster(Cluster):
 
     # -- the Cluster API ---------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
-        with self._lock:
-            described, self._described = self._described[:count], self._described[count:]
+        described = self.table.take_described(count)  # (all of a new job's nodes start together)
         endpoints = self._reconnect(described) if described else []
         if count - len(described) > 0:
             endpoints += self._submit(count - len(described))
@@ -658,8 +656,8 @@ class SlurmCluster(Cluster):
                 raise ProviderError(self._ended_by)
         self._prepare()
         with self._lock:
-            first = self._next
-            self._next += count
+            first = self.table.next
+            self.table.next += count
         parts = self._sinfo()
         # The site's own spelling of the GPU type (sinfo's GRES): Slurm's types are case-sensitive.
         gres_types = sorted({k for p in parts for k, _ in p.gpus})
@@ -724,7 +722,7 @@ class SlurmCluster(Cluster):
         started: float | None = None
         last: tuple[str, str] = ("", "")
         seen: dict[int, int] = {i: 0 for i in indices}  # log lines already turned into events
-        phase_t: dict[tuple[int, str], float] = {}
+        progress = {i: self._progress(i) for i in indices}
         ready: dict[int, dict[str, Any]] = {}
         files = " ".join(str(i) for i in indices)
         # What the nodes have written so far, in one word: their logs' bytes and how many hellos.
@@ -782,7 +780,7 @@ class SlurmCluster(Cluster):
                 started = now
             for i, lines in logs.items():
                 for line in lines[seen[i]:]:
-                    self._on_node_line(i, line, phase_t)
+                    progress[i].feed(line)
                 seen[i] = len(lines)
             for i, hello in hellos.items():
                 if i not in ready and hello:
@@ -834,23 +832,12 @@ class SlurmCluster(Cluster):
         self._started_once = True
         return [self._endpoint(i, job, ready[i]) for i in indices]
 
-    def _on_node_line(self, node: int, line: str, started: dict[tuple[int, str], float]) -> None:
-        from skyward.bootstrap.script import parse_marker
+    def _progress(self, node: int) -> PhaseReader:
+        """How node ``node``'s log lines are read: its phases as events, what apt installed on
+        it into the pool's apt versions and lock."""
+        from skyward.bootstrap.progress import PhaseReader
 
-        if line.startswith("@@skyward apt "):
-            _, _, name, version = [*line.split(), "", ""][:4]
-            self.apt_versions.setdefault(name, version)
-            return
-        parsed = parse_marker(line)
-        if parsed is None:
-            return
-        name, status, _ = parsed
-        now = time.monotonic()
-        if status == "started":
-            started[(node, name)] = now
-            self._phase(node, name, "started")
-        else:
-            self._phase(node, name, status, now - started.get((node, name), now))
+        return PhaseReader(node, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
 
     def _endpoint(self, index: int, job: str, hello: dict[str, Any]) -> NodeEndpoint:
         with self._lock:
@@ -935,8 +922,8 @@ class SlurmCluster(Cluster):
                      self.pool_id, index, old.address, old.port, exc)
             return None
         with self._lock:
-            new = self._next
-            self._next += 1
+            new = self.table.next
+            self.table.next += 1
             node = _Node(new, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address,
                          port=old.port, agent_pid=old.agent_pid, facts=old.facts)
             self._nodes[new] = node
@@ -1132,7 +1119,7 @@ class SlurmCluster(Cluster):
         import cloudpickle
 
         with self._lock:
-            nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
+            nodes = self.table.all_locked()
             jobs = {j: dict(info) for j, info in self._jobs.items()}
         p = self.provider
         return {
@@ -1154,7 +1141,7 @@ class SlurmCluster(Cluster):
             "login_pool": self.login_pool,
             "login_address": self.login_address,
             "agent_python": self._python(),
-            "next": self._next,
+            "next": self.table.next,
             "jobs": jobs,
             "ended_jobs": list(self._ended),
             "nodes": [
@@ -1191,16 +1178,15 @@ class SlurmCluster(Cluster):
         self._ttl = description["ttl"]
         self.sky, self.folder = description["sky"], description["folder"]
         self.login_pool, self.login_address = description.get("login_pool", ""), description.get("login_address", "")
-        self._next = int(description.get("next", 0))
         self._agent_python = str(description.get("agent_python") or "")
         self._jobs = {j: dict(info) for j, info in description.get("jobs", {}).items()}
         self._ended = [str(j) for j in description.get("ended_jobs") or []]
-        self._described = [
+        self.table.restore([
             _Node(int(n["index"]), str(n["job"]), hostname=n.get("hostname") or "", address=n["private_ip"],
                   port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0),
                   slurm_node=n.get("slurm_node") or n.get("hostname") or "")
             for n in description["nodes"]
-        ]
+        ], int(description.get("next", 0)))
         self._ready = True  # its shipment is on the shared home already
         return self
 
@@ -1218,18 +1204,17 @@ class SlurmCluster(Cluster):
         reached = []
         for n in nodes:
             state = states.get(n.job) if states is not None else None
-            with self._lock:
-                self._nodes[n.index] = n
+            self.table.add(n)
             if states is not None and (state is None or state.ended or state.state != "RUNNING"):
                 what = f"{state.state}, reason {state.reason}" if state else "gone from the queue"
-                self._unreachable[n.index] = f"its Slurm job {n.job} is {what}"
+                self.table.mark_unreachable(n.index, f"its Slurm job {n.job} is {what}")
                 continue
             n.endpoint = NodeEndpoint(index=n.index, private_ip=n.address, public_ip=None, hostname=n.hostname,
                                       connect=functools.partial(_tunnel, self, n.address, n.port))
             reached.append(n.endpoint)
         if not reached:
             raise ProviderError(f"none of this pool's nodes can be reached: "
-                                f"{'; '.join(f'node {i}: {w}' for i, w in self._unreachable.items())}")
+                                f"{'; '.join(f'node {i}: {w}' for i, w in self.unreachable().items())}")
         return reached
 
     def detach(self) -> None:
@@ -1240,8 +1225,7 @@ class SlurmCluster(Cluster):
 
     # -- reaching a node: through the login node ---------------------------------------------------
     def _job_node(self, index: int) -> _Node:
-        with self._lock:
-            node = self._nodes.get(index) or next((n for n in self._described if n.index == index), None)
+        node = self.table.find(index)
         if node is None or not node.job:
             raise ProviderError(f"pool {self.pool_id} has no node {index} in a Slurm job now; "
                                 f"`skyward status` lists its nodes.")

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -50,6 +50,7 @@ from skyward.observe import events as ev
 from skyward.records import pkglock, resolver
 
 from .base import Cluster, NodeEndpoint, ProviderConfig, SSHShell, require_kind
+from .nodetable import NodeTable
 
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
@@ -272,11 +273,8 @@ class SSHCluster(Cluster):
         self._grow, self._shrink, self._on_close = grow, shrink, on_close
         # A cloud provider's pools: its kind in the description, plus what reopens its stack.
         self._kind, self._describe_extra = kind, describe_extra
-        self._nodes: dict[int, _Node] = {}
-        self._described: list[_Node] = []  # running nodes of an attached pool, not handed out yet
-        self._unreachable: dict[int, str] = {}  # described nodes that could not be reached
-        self._next = 0
-        self._lock = threading.Lock()
+        self.table: NodeTable[_Node] = NodeTable()
+        self._lock = self.table.lock
         self._ship: _Shipment | None = None
         o = options
         # A fresh cloud instance is "running" minutes before sshd has its key (GPU images boot
@@ -293,53 +291,32 @@ class SSHCluster(Cluster):
         self.node_architecture: str | None = None  # cloud nodes: the offer's (lock resolution)
         self.apt_versions: dict[str, str] = {}  # what apt installed on the first node to report
 
+    @property
+    def _nodes(self) -> dict[int, _Node]:
+        """The nodes claimed or handed out (the table's, under ``_lock``)."""
+        return self.table.nodes
+
     # -- Cluster API -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
-        with self._lock:
-            described, self._described = self._described[:count], self._described[count:]
-        endpoints = self._reconnect(described) if described else []
-        count -= len(described)
-        if count <= 0:
-            return endpoints
-        return endpoints + self._start_new(count)
+        return self.table.start(count, reconnect=self._reconnect, begin=self._begin, release=self._release,
+                                workers=32, log=log)
 
-    def _start_new(self, count: int) -> list[NodeEndpoint]:
-        with self._lock:
-            if len(self._free) < count and self._grow is not None:
-                self._free.extend(self._grow(count - len(self._free)))
-            if len(self._free) < count:
-                raise ProviderError(
-                    f"{count} more node(s) asked for and only {len(self._free)} unused host(s) are "
-                    f"left; add hosts to sky.SSH(hosts=[...]) or ask for fewer nodes."
-                )
-            nodes = []
-            for _ in range(count):
-                nodes.append(_Node(self._next, self._free.pop(0)))
-                self._next += 1
-            for n in nodes:
-                self._nodes[n.index] = n
+    def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
+        """Each node as soon as it is bootstrapped (Nodes(min=): slow hosts join later)."""
+        return self.table.start_each(count, reconnect=self._reconnect, begin=self._begin, release=self._release,
+                                     workers=32)
+
+    def _begin(self, count: int) -> tuple[list[_Node], Callable[[_Node], NodeEndpoint]]:
+        """``count`` unused hosts (a cloud's stack grows for them), connected to while the
+        shipment is built."""
+        nodes = self._claim(count)
         ready = self._prepare_meanwhile()
-        with ThreadPoolExecutor(max_workers=min(32, count)) as pool:
-            futures = [pool.submit(self._bring_up, n, None, ready) for n in nodes]
-            errors: list[BaseException] = []
-            endpoints = []
-            for f in futures:
-                try:
-                    endpoints.append(f.result())
-                except BaseException as exc:
-                    errors.append(exc)
-        if errors:
-            self._release(nodes)  # nothing left running on any host of this start
-            if len(errors) > 1:
-                log.error("%d nodes failed to start; the first error follows", len(errors))
-            raise errors[0]
-        return endpoints
+        return nodes, lambda n: self._bring_up(n, None, ready)
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
         """Release these nodes (a pool shrinking, or asleep at zero). Their hosts become unused
         again: a plain SSH pool's next growth or wake takes them; a cloud's stack drops them."""
-        with self._lock:
-            nodes = [self._nodes[e.index] for e in endpoints if e.index in self._nodes]
+        nodes = self.table.held(e.index for e in endpoints)
         self._release(nodes)
         if self._grow is None:
             with self._lock:
@@ -347,8 +324,8 @@ class SSHCluster(Cluster):
 
     def close(self) -> None:
         with self._lock:
-            nodes = [*self._nodes.values(), *self._described, *self._stale_nodes()]
-            self._described = []
+            stale = self._stale_nodes()
+        nodes = [*self.table.clear(), *stale]
         try:
             # No shrink first: a cloud's on_close destroys the stack, instances and all, in one go.
             self._release(nodes, shrink=False)
@@ -434,8 +411,9 @@ class SSHCluster(Cluster):
         return node.endpoint
 
     def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
+        from skyward.bootstrap.progress import PhaseReader
         from skyward.bootstrap.remote import tar_archive
-        from skyward.bootstrap.script import bash_on_stdin, node_up, parse_marker, sudo_advice
+        from skyward.bootstrap.script import bash_on_stdin, node_up, sudo_advice
         from skyward.bootstrap.shipment import UV_GZ, UV_LZ4
 
         # Caches into the (maybe shared) home; this node's own files into its pool folder.
@@ -455,12 +433,13 @@ class SSHCluster(Cluster):
         # bootstrap_timeout, the agent's start _AGENT_START_TIMEOUT (the node waits that long).
         limit = [time.monotonic() + self._ssh_timeout + _AGENT_START_TIMEOUT]
 
+        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
+
         def on_line(line: str) -> None:
-            if line.startswith("@@skyward apt "):
-                _, _, name, version = [*line.split(), "", ""][:4]
-                self.apt_versions.setdefault(name, version)
-                if self.lock is not None:
-                    self.lock["apt"] = dict(sorted(self.apt_versions.items()))
+            before = progress.current
+            if progress.feed(line):
+                if progress.current != before:  # a phase started: a failure now is reported in it
+                    current[0] = progress.current
                 return
             if line.startswith(("@@sky ", "@@pool ")):  # known at once: a failure later cleans this folder up
                 key, _, value = line[2:].partition(" ")
@@ -483,21 +462,10 @@ class SSHCluster(Cluster):
             if line.startswith("@@skyward pid "):
                 facts["script"] = line  # (what stops the script when it runs out of time)
                 return
-            parsed = parse_marker(line)
-            if parsed is None:
-                if line.startswith("@@") and not line.startswith("@@skyward"):
-                    facts.update(_facts(line))  # (kept here: the output's head is not kept)
-                elif line.strip():
-                    log.debug("node %d: %s", node.index, line)
-                return
-            name, status, _ = parsed
-            now = time.monotonic()
-            if status == "started":
-                started[name], current[0] = now, name
-                self._phase(node.index, name, "started")
-            else:
-                seconds = now - started[name] if name in started else 0.0
-                self._phase(node.index, name, status, seconds)
+            if line.startswith("@@") and not line.startswith("@@skyward"):
+                facts.update(_facts(line))  # (kept here: the output's head is not kept)
+            elif line.strip():
+                log.debug("node %d: %s", node.index, line)
 
         def answer(line: str) -> Iterable[bytes] | None:
             """What the node lacks (``@@need``), sent on the same channel as it is read (the
@@ -667,9 +635,7 @@ echo "@@port $hello"
                 else:
                     remote.close()
 
-        with self._lock:
-            for n in nodes:
-                self._nodes.pop(n.index, None)
+        self.table.forget(nodes)
         if nodes:
             with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
                 list(pool.map(one, nodes))
@@ -691,26 +657,6 @@ echo "@@port $hello"
     # why the old one went away when the cloud took it back (a spot reclaim), else None.
     replace_host: Callable[[SSHHost], tuple[SSHHost, str | None]] | None = None
 
-    def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
-        """Each node as soon as it is bootstrapped (Nodes(min=): slow hosts join later)."""
-        with self._lock:
-            described, self._described = self._described[:count], self._described[count:]
-        if described:
-            yield from self._reconnect(described)
-            count -= len(described)
-        if count <= 0:
-            return
-        nodes = self._claim(count)
-        ready = self._prepare_meanwhile()
-        with ThreadPoolExecutor(max_workers=min(32, count)) as pool:
-            futures = {pool.submit(self._bring_up, n, None, ready): n for n in nodes}
-            for f in as_completed(futures):
-                try:
-                    yield f.result()
-                except BaseException as exc:
-                    self._release([futures[f]])
-                    yield exc
-
     def _claim(self, count: int) -> list[_Node]:
         with self._lock:
             if len(self._free) < count and self._grow is not None:
@@ -720,13 +666,7 @@ echo "@@port $hello"
                     f"{count} more node(s) asked for and only {len(self._free)} unused host(s) are "
                     f"left; add hosts to sky.SSH(hosts=[...]) or ask for fewer nodes."
                 )
-            nodes = []
-            for _ in range(count):
-                nodes.append(_Node(self._next, self._free.pop(0)))
-                self._next += 1
-            for n in nodes:
-                self._nodes[n.index] = n
-        return nodes
+            return self.table.claim_locked(count, lambda index: _Node(index, self._free.pop(0)))
 
     def replace(self, lost: NodeEndpoint) -> NodeEndpoint:
         """The lost node's host again when it answers (its agent restarted in the folder the
@@ -737,8 +677,8 @@ echo "@@port $hello"
             old = self._nodes.get(lost.index)
             if old is None:
                 raise ProviderError(f"node {lost.index} is not one of this pool's nodes any more")
-            node = _Node(self._next, old.host)
-            self._next += 1
+            node = _Node(self.table.next, old.host)
+            self.table.next += 1
             elsewhere = bool(self._free) or self.replace_host is not None
         self._prepare()
         try:
@@ -793,10 +733,8 @@ echo "@@port $hello"
         if spare is None:
             assert self.replace_host is not None
             spare, preempted = self.replace_host(old.host)  # the old instance leaves the stack
-        node = _Node(self._next, spare)
         with self._lock:
-            self._next += 1
-            self._nodes[node.index] = node
+            (node,) = self.table.claim_locked(1, lambda index: _Node(index, spare))
             stale = self._stale.pop((spare.address, spare.port), None)
         try:
             remote = self._open(node)
@@ -848,7 +786,7 @@ echo "@@port $hello"
         import cloudpickle
 
         with self._lock:
-            nodes = sorted([*self._nodes.values(), *self._described], key=lambda n: n.index)
+            nodes = self.table.all_locked()
             free = list(self._free)
         return {
             "provider": self._kind,
@@ -861,7 +799,7 @@ echo "@@port $hello"
             "ssh_timeout": self._ssh_timeout,
             "known_hosts": self._known_hosts,
             "direct": self._direct,
-            "next": self._next,
+            "next": self.table.next,
             # New nodes of an attached pool (a resize) are bootstrapped from the same spec.
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
             # A resize of an attached pool installs what the first nodes got, not a new resolution.
@@ -905,21 +843,20 @@ echo "@@port $hello"
         import cloudpickle
 
         require_kind(description, kind)
-        self = cls.__new__(cls)
-        self.spec = cloudpickle.loads(base64.b64decode(description["spec"]))
-        self.pool_id = description["pool_id"]
+        spec = cloudpickle.loads(base64.b64decode(description["spec"]))
+        self = cls(spec, description["pool_id"], [SSHHost(**h) for h in description.get("free", [])],
+                   install=description.get("install", "wheelhouse"), grow=grow, shrink=shrink, on_close=on_close,
+                   kind=kind, describe_extra=describe_extra, known_hosts=description.get("known_hosts"),
+                   direct=bool(description.get("direct", False)))
         self.token = description["token"]
         self.head_port = int(description["head_port"])
         self.interface = description.get("interface", "eth0")
-        self.spill_dir = None
-        self._known_hosts = description.get("known_hosts")
-        self._direct = bool(description.get("direct", False))
-        self._free = [SSHHost(**h) for h in description.get("free", [])]
-        self._install = description.get("install", "wheelhouse")
-        self._grow, self._shrink, self._on_close = grow, shrink, on_close
-        self._kind, self._describe_extra = kind, describe_extra
-        self._nodes = {}
-        self._described = [
+        self._ssh_timeout = float(description.get("ssh_timeout", 60.0))
+        self._ttl = description["ttl"]
+        pin = description.get("pin")
+        self._pin = None if pin is None else tuple(pkglock.Package.from_json(p) for p in pin)
+        self.node_architecture = description.get("node_architecture")
+        self.table.restore([
             _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),
                   agent_port=n.get("agent_port"), agent_socket=n.get("agent_socket") or "",
                   direct_port=n.get("direct_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
@@ -927,18 +864,7 @@ echo "@@port $hello"
                   endpoint=NodeEndpoint(index=int(n["index"]), private_ip=n["private_ip"], public_ip=n.get("public_ip"),
                                         hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected))
             for n in description["nodes"]
-        ]
-        self._next = int(description.get("next", len(self._described)))
-        self._unreachable = {}
-        self._lock = threading.Lock()
-        self._ship = None
-        pin = description.get("pin")
-        self._pin = None if pin is None else tuple(pkglock.Package.from_json(p) for p in pin)
-        self.node_architecture = description.get("node_architecture")
-        self.apt_versions = {}
-        self._ssh_timeout = float(description.get("ssh_timeout", 60.0))
-        self._bootstrap_timeout = float(self.spec.image.bootstrap_timeout)
-        self._ttl = description["ttl"]
+        ], int(description["next"]) if "next" in description else len(description["nodes"]))
         return self
 
     def _open(self, node: _Node, retry_for: float | None = None, connect_timeout: float | None = None) -> Remote:
@@ -965,8 +891,7 @@ echo "@@port $hello"
                     node.remote.close()
                 return exc
             assert node.endpoint is not None and (node.agent_port is not None or node.agent_socket)
-            with self._lock:
-                self._nodes[node.index] = node  # a dead agent's too: its replacement restarts it there
+            self.table.add(node)  # a dead agent's too: its replacement restarts it there
             if node.agent_pid:  # the host answers; does its agent still run? (one command)
                 code, _ = remote.run(f"kill -0 {int(node.agent_pid)} 2>/dev/null", check=False, timeout=10)
                 if code != 0:
@@ -980,7 +905,7 @@ echo "@@port $hello"
         reached = [a for a in answers if isinstance(a, NodeEndpoint)]
         failed = [(n, a) for n, a in zip(nodes, answers, strict=True) if isinstance(a, Exception)]
         for node, exc in failed:
-            self._unreachable[node.index] = str(exc)
+            self.table.mark_unreachable(node.index, str(exc))
         if not reached and failed:
             raise failed[0][1]
         return reached
@@ -1014,18 +939,14 @@ echo "@@port $hello"
         return SSHShell(self.remote(index))
 
     def detach(self) -> None:
-        with self._lock:
-            nodes = [*self._nodes.values(), *self._described]
-            self._nodes.clear()
-            self._described.clear()
-        for n in nodes:
+        for n in self.table.clear():
             if n.remote is not None:
                 n.remote.close()
 
     def alive(self) -> bool | None:
         """Whether any described agent still runs (None: no host could be asked)."""
         answers: list[bool] = []
-        for node in [*self._described, *self._nodes.values()]:
+        for node in self.table.all():
             try:
                 remote = node.remote or self._open(node, retry_for=3.0)
                 code, _ = remote.run(f"kill -0 {int(node.agent_pid or 0)} 2>/dev/null", check=False, timeout=10)

@@ -81,3 +81,27 @@ def test_accounting_from_scontrol_when_sacct_has_none() -> None:
                    "nodelist": "n-[1-3]", "start": "2026-11-26T10:00:00", "end": "2026-11-26T11:02:03"}
     assert q.parse_scontrol_job("slurm_load_jobs error: Invalid job id specified\n") is None
     assert q.duration("2-01:00:00") == 176400 and q.duration("05:07") == 307
+
+
+def test_what_apt_installed_on_the_nodes_goes_into_the_pools_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Slurm node's bootstrap says which apt versions it installed: they go into the pool's
+    lock (the record's lock["apt"]), as on SSH and Container nodes, along with its phases' events."""
+    from skyward.providers.slurm import SlurmCluster, _Node
+
+    provider = sky.Slurm("login.example")
+    cluster = SlurmCluster(sky.Spec(provider=provider, image=sky.Image(apt=["openssh-server"])), "aptlock", provider)
+    cluster.lock = {"packages": [], "apt": {}}
+    looks = [
+        "42|RUNNING|None|n1\n@@squeue 0\n"
+        "@@@log 0\n@@skyward phase apt started\n@@skyward apt openssh-server 1:9.2p1-2\n"
+        "@@skyward apt openssh-server 0.1\n@@skyward phase apt done\n"
+        '@@@hello 0 {"ip": "10.0.0.5", "hostname": "n1", "agent": {"direct": 4000, "pid": 7}}\n@@@sig 1/1\n'
+    ]
+    monkeypatch.setattr(cluster, "_run", lambda *a, **k: (0, looks[0]))
+    phases: list[tuple[int, str, str]] = []
+    monkeypatch.setattr(cluster, "_phase", lambda node, phase, status, seconds=None: phases.append((node, phase, status)))
+    cluster._nodes[0] = _Node(0, "42")
+    (endpoint,) = cluster._wait("42", [0])
+    assert (endpoint.index, endpoint.private_ip, endpoint.hostname) == (0, "10.0.0.5", "n1")
+    assert cluster.lock["apt"] == {"openssh-server": "1:9.2p1-2"}  # the first version reported
+    assert phases == [(0, "apt", "started"), (0, "apt", "done")]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
     from skyward.bootstrap.routes import Stream, Target
+    from skyward.records.pkglock import Package
     from skyward.spec import Options, Spec
 
     from .nodetable import NodeTable
@@ -68,7 +69,7 @@ class Cluster(abc.ABC):
     spec: Spec
     # What the nodes were given, exactly (skyward.records.pkglock.describe): the pool's record keeps it.
     # None where the provider cannot say (an attached pool: its record was written at creation).
-    lock: dict[str, Any] | None = None
+    package_lock: dict[str, Any] | None = None
     # An attached pool replaces the described nodes it found dead before its first task (set by
     # skyward.named.pools for programs that attach; inspection commands such as `exec` leave it off).
     heal_at_attach: bool = False
@@ -218,9 +219,11 @@ class ProviderConfig:
         then calls ``create``, which reports it."""
         return None
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> Cluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
+               pin: tuple[Package, ...] | None = None) -> Cluster:
         """The cluster for one pool (``options``: the pool's Options, for timeouts; ``name``: a
-        named pool's name, which cloud stacks carry in theirs)."""
+        named pool's name, which cloud stacks carry in theirs; ``pin``: the packages of the pool
+        being reproduced, installed as they are, nothing resolved)."""
         raise NotImplementedError
 
     # -- named pools: the other half of Cluster.describe ---------------------------------------

@@ -17,6 +17,7 @@ from .base import Cluster, ProviderConfig
 
 if TYPE_CHECKING:
     from skyward.catalogue import Offer
+    from skyward.records.pkglock import Package
     from skyward.spec import Options, Spec
     from skyward.stacks.cloudpool import CloudPool
 
@@ -124,7 +125,7 @@ def _lock_hooks(cluster: Any, cloud: CloudPool) -> Any:
 
 
 def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | None = None,
-                install: str = "index", kind: str = "aws") -> Cluster:
+                install: str = "index", kind: str = "aws", pin: tuple[Package, ...] | None = None) -> Cluster:
     """Bring the stack up and hand its nodes to the SSH bootstrap: stack outputs -> hosts ->
     bootstrap -> agents, the same path as sky.SSH. Closing the cluster destroys the stack."""
     ssh: Any = importlib.import_module("skyward.providers.ssh")
@@ -133,7 +134,7 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
     nodes = cloud.start(spec.node_spec.desired)
     try:
         cluster: Cluster = ssh.SSHCluster(
-            spec, pool_id, [host(**n.host_fields()) for n in nodes], options=options, install=install,
+            spec, pool_id, [host(**n.host_fields()) for n in nodes], options=options, install=install, pin=pin,
             **_hooks(ssh, cloud, kind),
         )
         _lock_hooks(cluster, cloud)
@@ -250,7 +251,8 @@ class CloudProvider(ProviderConfig):
         return preview_pool(self.kind, spec, offer, self._program(), pool_name=name,
                             **self._stack_args(spec, offer))
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> Cluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
+               pin: tuple[Package, ...] | None = None) -> Cluster:
         from skyward.stacks.cloudpool import launch
 
         self.preflight(spec)
@@ -259,7 +261,7 @@ class CloudProvider(ProviderConfig):
             self.kind, spec, pool_id, offer, self._program(), provider=self, **self._stack_args(spec, offer),
             plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace, pool_name=name,
         )
-        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind)
+        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin)
 
     # -- named pools (see ProviderConfig): the SSH description plus the stack's ---------------
     def attach(self, description: dict[str, Any]) -> Cluster:

@@ -149,9 +149,10 @@ class Container(ProviderConfig):
         Runtime(self.binary).path()  # the binary is there (the error says how to install it)
 
     def create(
-        self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None
+        self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
+        pin: tuple[pkglock.Package, ...] | None = None,
     ) -> ContainerCluster:
-        return ContainerCluster(self, spec, pool_id, options=options)
+        return ContainerCluster(self, spec, pool_id, options=options, pin=pin)
 
     # -- named pools (see ProviderConfig) --------------------------------------------------------
     def attach(self, description: dict[str, Any]) -> ContainerCluster:
@@ -209,6 +210,7 @@ class ContainerCluster(Cluster):
         *,
         options: Options | None = None,
         root: Path | None = None,
+        pin: tuple[pkglock.Package, ...] | None = None,
     ) -> None:
         self.spec = spec
         self.pool_id = pool_id
@@ -233,7 +235,7 @@ class ContainerCluster(Cluster):
             if o is not None and o.bootstrap_timeout
             else spec.image.bootstrap_timeout
         )
-        self._pin = pkglock.current_pin()
+        self._pin = pin  # reproducing a pool: install its recorded packages
         self._agent_python: str | None = None  # (an attached pool's, from its description)
         self.table: NodeTable[_Node] = NodeTable()
         self._lock = self.table.lock
@@ -311,7 +313,7 @@ class ContainerCluster(Cluster):
             from skyward.bootstrap import shipment
 
             image, ops = self._final_image()
-            self._ship, self.lock = shipment.build(
+            self._ship, self.package_lock = shipment.build(
                 self.spec,
                 image,
                 ops,
@@ -518,7 +520,7 @@ class ContainerCluster(Cluster):
     def _run_script(self, node: _Node, text: str) -> None:
         from skyward.bootstrap.progress import PhaseReader
 
-        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
+        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.package_lock)
 
         def on_line(line: str) -> None:
             if not progress.feed(line) and line.strip() and not line.startswith("@@skyward"):
@@ -623,7 +625,7 @@ class ContainerCluster(Cluster):
             "home": str(self._home) if self._home else None,
             "next": self.table.next,
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
-            "pin": (self.lock or {}).get("packages")
+            "pin": (self.package_lock or {}).get("packages")
             if self._pin is None
             else [p.to_json() for p in self._pin],
             "nodes": [

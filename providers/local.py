@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import logging
 
     from skyward.bootstrap.routes import Stream, Target
+    from skyward.records.pkglock import Package
     from skyward.spec import Image, Options, Spec
 
     from .local_gpus import Assigned, GpuClaims
@@ -104,8 +105,9 @@ class Local(ProviderConfig):
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> LocalCluster:
-        return LocalCluster(self, spec, pool_id)
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
+               pin: tuple[Package, ...] | None = None) -> LocalCluster:
+        return LocalCluster(self, spec, pool_id, pin=pin)
 
     def launch(self, spec: Spec, pool_id: str) -> LocalCluster | None:
         # Only the plain case: plugins, volumes and packages to install have steps of their
@@ -161,7 +163,7 @@ def _free_port() -> int:
 
 
 class LocalCluster(Cluster):
-    def __init__(self, config: Local, spec: Spec, pool_id: str) -> None:
+    def __init__(self, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None) -> None:
         self.token = _token()
         self.head_port = _free_port()
         self.interface = "lo"
@@ -184,9 +186,7 @@ class LocalCluster(Cluster):
             self._gpus = GpuClaims(pool_id, float(getattr(spec.accelerator, "count", 1)))
         self._assigned: dict[int, Assigned] = {}
         try:
-            from skyward.records.pkglock import current_pin
-
-            self._pin = current_pin()  # reproducing a pool: its recorded packages
+            self._pin = pin  # reproducing a pool: its recorded packages
             image, ops = spec.image, tuple[str, ...]()  # (the pool registers the image's secrets itself)
             if spec.plugins:  # the plugin machinery loads only for pools that have plugins
                 from skyward.plugins.compose import prepare
@@ -345,7 +345,7 @@ class LocalCluster(Cluster):
         if install:
             paths.append(str(overlay([p.line(pkglock.all_hashed(install)) for p in install], indexes, exact=True)))
         # The record's lock: what the nodes import for Image.pip, and what this machine has of Image.apt.
-        self.lock = pkglock.describe(packages, python=".".join(map(str, sys.version_info[:3])), platform=None, indexes=indexes,
+        self.package_lock = pkglock.describe(packages, python=".".join(map(str, sys.version_info[:3])), platform=None, indexes=indexes,
                                   resolver=resolver.uv_version(), apt=resolver.apt_versions(image.apt), pinned_from=self._pin is not None)
         if image.includes:
             paths.append(str(self._copy_includes(image.includes, image.excludes)))

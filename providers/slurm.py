@@ -191,8 +191,9 @@ class Slurm(ProviderConfig):
         user, host, port = self._host
         return Target(host, port, user, self.key, jump=self.jump, known_hosts=self.known_hosts)
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> SlurmCluster:
-        return SlurmCluster(spec, pool_id, self, options=options)
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
+               pin: tuple[pkglock.Package, ...] | None = None) -> SlurmCluster:
+        return SlurmCluster(spec, pool_id, self, options=options, pin=pin)
 
     # -- offers: the partitions, from sinfo on the login node -------------------------------------
     def partitions(self) -> list[q.Partition]:
@@ -433,7 +434,8 @@ class _Node:
 class SlurmCluster(Cluster):
     """A pool's jobs on one Slurm cluster, all reached through one SSH connection to its login node."""
 
-    def __init__(self, spec: Spec, pool_id: str, provider: Slurm, *, options: Options | None = None) -> None:
+    def __init__(self, spec: Spec, pool_id: str, provider: Slurm, *, options: Options | None = None,
+                 pin: tuple[pkglock.Package, ...] | None = None) -> None:
         self.spec = spec
         self.pool_id = pool_id
         self.provider = provider
@@ -468,7 +470,7 @@ class SlurmCluster(Cluster):
         self._bootstrap_timeout = float(
             o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout)
         self._ttl = spec.ttl
-        self._pin = pkglock.current_pin()
+        self._pin = pin  # reproducing a pool: install its recorded packages
         self._ship: ship.Shipment | None = None
         self._agent_python = ""  # the agent's interpreter, relative to self.sky (a described pool's)
         self._relay = False  # the login node forbids TCP forwarding: agents are reached through a relay
@@ -561,7 +563,7 @@ class SlurmCluster(Cluster):
             # _login below waits for it, or connects again after a failure and raises its error.
             threading.Thread(target=self._try_login, name="skyward-slurm-login", daemon=True).start()
             image, ops = self._final_image()
-            self._ship, self.lock = ship.build(
+            self._ship, self.package_lock = ship.build(
                 self.spec, image, ops, pool_id=self.pool_id, install=self.provider.install, kind="slurm",
                 pin=self._pin, platform=None if self.provider.install == "wheelhouse" else resolver.node_platform(None),
                 on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds),
@@ -837,7 +839,7 @@ class SlurmCluster(Cluster):
         it into the pool's apt versions and lock."""
         from skyward.bootstrap.progress import PhaseReader
 
-        return PhaseReader(node, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
+        return PhaseReader(node, self._phase, apt=self.apt_versions, lock=lambda: self.package_lock)
 
     def _endpoint(self, index: int, job: str, hello: dict[str, Any]) -> NodeEndpoint:
         with self._lock:

@@ -201,9 +201,10 @@ class SSH(ProviderConfig):
     def hourly_cost(self, spec: Spec) -> float | None:
         return 0.0  # machines you already have
 
-    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None) -> SSHCluster:
+    def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
+               pin: tuple[pkglock.Package, ...] | None = None) -> SSHCluster:
         return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install,
-                          known_hosts=self.known_hosts, direct=self.direct)
+                          known_hosts=self.known_hosts, direct=self.direct, pin=pin)
 
     # -- named pools (see ProviderConfig) --------------------------------------------------------
     def attach(self, description: dict[str, Any]) -> SSHCluster:
@@ -259,6 +260,7 @@ class SSHCluster(Cluster):
         describe_extra: Callable[[], dict[str, Any]] | None = None,
         known_hosts: str | None = None,
         direct: bool = False,
+        pin: tuple[pkglock.Package, ...] | None = None,
     ) -> None:
         self.spec = spec
         self._known_hosts = known_hosts
@@ -287,7 +289,7 @@ class SSHCluster(Cluster):
             o.bootstrap_timeout if o is not None and o.bootstrap_timeout else spec.image.bootstrap_timeout
         )
         self._ttl = spec.ttl
-        self._pin = pkglock.current_pin()  # reproducing a pool: install its recorded packages
+        self._pin = pin  # reproducing a pool: install its recorded packages
         self.node_architecture: str | None = None  # cloud nodes: the offer's (lock resolution)
         self.apt_versions: dict[str, str] = {}  # what apt installed on the first node to report
 
@@ -341,7 +343,7 @@ class SSHCluster(Cluster):
             if self._ship is not None:
                 return
             image, ops = self._final_image()
-            self._ship, self.lock = shipment.build(
+            self._ship, self.package_lock = shipment.build(
                 self.spec, image, ops, pool_id=self.pool_id, install=self._install, kind=self._kind,
                 pin=self._pin, platform=self._platform(), reuse_lock=True, uv_lz4=True,
                 on_phase=lambda node, phase, status, seconds: self._phase(node, phase, status, seconds))
@@ -433,7 +435,7 @@ class SSHCluster(Cluster):
         # bootstrap_timeout, the agent's start _AGENT_START_TIMEOUT (the node waits that long).
         limit = [time.monotonic() + self._ssh_timeout + _AGENT_START_TIMEOUT]
 
-        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.lock)
+        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.package_lock)
 
         def on_line(line: str) -> None:
             before = progress.current
@@ -803,7 +805,7 @@ echo "@@port $hello"
             # New nodes of an attached pool (a resize) are bootstrapped from the same spec.
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
             # A resize of an attached pool installs what the first nodes got, not a new resolution.
-            "pin": (self.lock or {}).get("packages") if self._pin is None else [p.to_json() for p in self._pin],
+            "pin": (self.package_lock or {}).get("packages") if self._pin is None else [p.to_json() for p in self._pin],
             "node_architecture": self.node_architecture,
             "free": [_host_record(h) for h in free],
             "nodes": [

@@ -162,8 +162,12 @@ class Pool(DispatchTarget):
             if spec.node_spec.desired:
                 self._emit(ev.InstanceRequested(pool=self.id, provider=provider, count=spec.node_spec.desired))
         try:
-            if cluster is None:  # nodes this pool starts: already starting (launched), or now
-                cluster = launched if launched is not None else spec.provider.create(spec, self.id, self.options, name=name)
+            if cluster is None and launched is not None:  # nodes this pool starts: already starting
+                cluster = launched
+            elif cluster is None:  # or now; reproducing a pool (`with pkglock.pinned(...)`): its packages
+                from ..records.pkglock import current_pin
+
+                cluster = spec.provider.create(spec, self.id, self.options, name=name, pin=current_pin())
             members.attach(cluster)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))

@@ -245,7 +245,7 @@ def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[st
     spec, cluster = pool.spec, pool.cluster
     provider = spec.provider
     # Scrubbed: the lock names the package indexes, whose URLs may carry credentials.
-    lock = scrub(dict(cluster.lock or {})) or {"packages": [], "apt": {}, "skyward": __version__}
+    lock = scrub(dict(cluster.package_lock or {})) or {"packages": [], "apt": {}, "skyward": __version__}
     head = pool.members.head()
     facts = head.facts if head is not None else {}
     if facts.get("python"):

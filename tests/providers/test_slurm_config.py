@@ -90,7 +90,7 @@ def test_what_apt_installed_on_the_nodes_goes_into_the_pools_lock(monkeypatch: p
 
     provider = sky.Slurm("login.example")
     cluster = SlurmCluster(sky.Spec(provider=provider, image=sky.Image(apt=["openssh-server"])), "aptlock", provider)
-    cluster.lock = {"packages": [], "apt": {}}
+    cluster.package_lock = {"packages": [], "apt": {}}
     looks = [
         "42|RUNNING|None|n1\n@@squeue 0\n"
         "@@@log 0\n@@skyward phase apt started\n@@skyward apt openssh-server 1:9.2p1-2\n"
@@ -103,5 +103,5 @@ def test_what_apt_installed_on_the_nodes_goes_into_the_pools_lock(monkeypatch: p
     cluster._nodes[0] = _Node(0, "42")
     (endpoint,) = cluster._wait("42", [0])
     assert (endpoint.index, endpoint.private_ip, endpoint.hostname) == (0, "10.0.0.5", "n1")
-    assert cluster.lock["apt"] == {"openssh-server": "1:9.2p1-2"}  # the first version reported
+    assert cluster.package_lock["apt"] == {"openssh-server": "1:9.2p1-2"}  # the first version reported
     assert phases == [(0, "apt", "started"), (0, "apt", "done")]

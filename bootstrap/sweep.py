@@ -24,6 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 LOCK = ".owner.lock"
+# A folder holding this file is never swept: a named pool's, which lives in the registry with no
+# process at all while it sleeps at zero nodes, and which `skyward down` removes.
+KEPT = ".kept"
 
 _held: list[int] = []  # this process's locks: kept open (and so held) until it ends
 
@@ -81,6 +84,8 @@ def sweep(root: str | os.PathLike[str], pattern: str,
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
                 continue
         except OSError:
+            continue
+        if os.path.lexists(folder / KEPT):
             continue
         try:
             fd = os.open(folder / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -107,7 +107,7 @@ class Local(ProviderConfig):
 
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
                pin: tuple[Package, ...] | None = None) -> LocalCluster:
-        return LocalCluster(self, spec, pool_id, pin=pin)
+        return LocalCluster(self, spec, pool_id, pin=pin, named=name is not None)
 
     def launch(self, spec: Spec, pool_id: str) -> LocalCluster | None:
         # Only the plain case: plugins, volumes and packages to install have steps of their
@@ -163,7 +163,8 @@ def _free_port() -> int:
 
 
 class LocalCluster(Cluster):
-    def __init__(self, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None) -> None:
+    def __init__(self, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None,
+                 named: bool = False) -> None:
         self.token = _token()
         self.head_port = _free_port()
         self.interface = "lo"
@@ -172,6 +173,9 @@ class LocalCluster(Cluster):
         self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
         self.spill_dir = _spill_dir(pool_id, self._root)
         self._held = [sweep.hold(self._root), sweep.hold(self.spill_dir)]  # and the agents, once started
+        if named:  # a named pool's folders go with `skyward down`, never with a sweep (it may sleep with no process)
+            for folder in {self._root, self.spill_dir}:
+                (folder / sweep.KEPT).touch()
         self._procs: dict[int, Agent] = {}
         self._sockets: str | None = None  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node

@@ -47,18 +47,6 @@ def unsatisfied(requirements: tuple[str, ...]) -> list[str]:
     return missing
 
 
-def uv_binary() -> str:
-    try:
-        from uv import find_uv_bin
-
-        return str(find_uv_bin())
-    except Exception:
-        found = shutil.which("uv")
-        if found:
-            return found
-    raise ProviderError(resolver.missing_uv("installs Image(pip=[...]) packages for Local nodes"))
-
-
 def locked(requirements: tuple[str, ...], indexes: list[str],
            pin: tuple[Package, ...] | None) -> tuple[tuple[Package, ...], tuple[Package, ...]]:
     """(what the nodes use for ``requirements``, what must be installed for them).
@@ -92,7 +80,7 @@ def overlay(requirements: list[str], extra_indexes: list[str], *, exact: bool = 
             return target
         building = root / f"{digest}.tmp"
         shutil.rmtree(building, ignore_errors=True)
-        cmd = [uv_binary(), "pip", "install", "--quiet", "--compile-bytecode",
+        cmd = [resolver.uv_binary("installs Image(pip=[...]) packages for Local nodes"), "pip", "install", "--quiet", "--compile-bytecode",
                "--python", sys.executable, "--target", str(building)]
         # The index URLs go in uv's environment, never its argv: they may hold user:token@.
         if exact:

@@ -27,7 +27,8 @@ from .pkglock import Package, canonical, parse
 
 
 # -- uv on this machine -----------------------------------------------------------------------
-def uv_binary() -> str:
+def uv_binary(what: str = "resolves the packages of every pool") -> str:
+    """The uv skyward runs; an error saying what needed it (``what``) and how to get it."""
     # The uv package's binary sits with this interpreter's scripts: found without importing
     # uv._find_uv (which loads sysconfig: 3 ms of every Local pool's start).
     beside = os.path.join(os.path.dirname(sys.executable), "uv")
@@ -41,7 +42,7 @@ def uv_binary() -> str:
         found = shutil.which("uv")
         if found:
             return found
-    raise ProviderError(missing_uv("resolves the packages of every pool"))
+    raise ProviderError(missing_uv(what))
 
 
 def missing_uv(what: str) -> str:

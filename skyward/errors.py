@@ -172,5 +172,10 @@ class RemoteTraceback(Exception):
         return "\n\n--- remote traceback ---\n" + self.text
 
 
+class ServeError(SkywardError, RuntimeError):
+    """A served app's replica could not start or serve (its node's traceback or last log lines
+    say why), or an endpoint was asked for something it cannot do."""
+
+
 class StorageError(SkywardError, RuntimeError):
     """An object-store operation failed: says the bucket, the key and what to check."""

@@ -61,6 +61,10 @@ class Autoscaler:
         # Whether an idle pool may shrink now: a named pool's other programs may be using the
         # nodes this one sees idle (skyward.named.pools sets it; the next idle period asks again).
         self.may_shrink: Callable[[], bool] = lambda: True
+        # Work the nodes' task slots do not show as it is (a served endpoint: its replicas hold a
+        # slot each for as long as they serve, while its load is the requests): each source says
+        # (slots its tasks hold, slots its load asks for), and the second counts for the first.
+        self.loads: list[Callable[[], tuple[int, int]]] = []
 
     def start(self) -> None:
         """Start the loop if the pool is elastic now and it does not run yet."""
@@ -86,6 +90,9 @@ class Autoscaler:
                 live = [m.channel for m in members.table if m.channel.lost is None]
                 size = len(members.table)  # a lost node being replaced still counts: no scale-up
             busy = sum(ch.inflight for ch in live)
+            for load in list(self.loads):
+                held, wanted = load()
+                busy = max(0, busy - held) + wanted
             now = time.monotonic()
             idle_since = state.idle_since  # decide() clears it when it shrinks the pool
             target = decide(members.nodes, size, busy, self.worker.slots, now, state, self.options)

@@ -222,6 +222,15 @@ class Membership:
         return (not self.closed and not self.table and not self.joining
                 and nodes.floor == 0 and (nodes.max or 0) > 0)
 
+    def wake(self) -> None:
+        """Start a node now if the pool is asleep (work is on its way that needs one: a request
+        to a served endpoint). A wake that failed before is logged here, not raised."""
+        with self.changed:
+            try:
+                self._wake_if_asleep()
+            except ProviderError as exc:
+                log.warning("pool %s: %s", self.name or self.pool_id, exc)
+
     def _wake_if_asleep(self) -> None:
         """Start a node for work that waits (once; call with the lock held). A wake that failed
         raises here, once, for the work that waited; the next task tries again."""

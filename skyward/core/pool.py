@@ -48,6 +48,7 @@ from .target import DispatchTarget, active_pool
 
 if TYPE_CHECKING:
     from ..providers.base import Cluster
+    from ..serve.endpoint import Endpoint
 
 __all__ = ["Pool", "active_pool", "decode_result"]
 
@@ -273,6 +274,15 @@ class Pool(DispatchTarget):
         dominated by round trips; ``timeout`` is per item (a chunk gets items x timeout).
         """
         return self.batches.map(fn, items, chunksize=chunksize, timeout=timeout)
+
+    def serve(self, app: Any, **options: Any) -> Endpoint:
+        """Serve an ASGI app (the app, a factory returning one, or ``"module:attr"``) from this
+        pool's nodes, one replica per node by default, behind an endpoint on this machine; see
+        skyward.serve.endpoint.Endpoint for ``options`` (``replicas_per_node``, ``ready``,
+        ``timeout``, ``auth``, ``host``, ``port``...). Use it as a context manager, or close it."""
+        from ..serve.endpoint import Endpoint
+
+        return Endpoint(self, app, **options)
 
     def _settle(self) -> None:
         """Let the console print a batch's last line before the call that ran it returns (its

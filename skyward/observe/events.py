@@ -248,6 +248,47 @@ class TaskCompleted(Event):
     bytes_received: int = 0  # its result's frame
 
 
+# -- serving (pool.serve) -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class EndpointReady(Event):
+    """An endpoint's first replica takes traffic at ``url`` (``replicas``: how many do now)."""
+
+    url: str
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class EndpointUpdated(Event):
+    """``endpoint.update(app)`` replaced its ``replicas`` one by one with the new app."""
+
+    url: str
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class EndpointClosed(Event):
+    url: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class ReplicaReady(Event):
+    """Replica ``key`` ("RANK.SLOT") on ``node`` takes traffic, ``seconds`` after it was started."""
+
+    key: str
+    node: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class ReplicaLost(Event):
+    """Replica ``key`` on ``node`` stopped taking traffic (its node was lost, or it failed to
+    start: ``reason``); the endpoint starts it again once its node's rank is ready."""
+
+    key: str
+    node: int
+    reason: str
+
+
 # -- telemetry ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
 class Metric(Event):
@@ -408,6 +449,9 @@ __all__ = [
     "ClusterProvisioned",
     "ClusterReady",
     "ClusterRequested",
+    "EndpointClosed",
+    "EndpointReady",
+    "EndpointUpdated",
     "Error",
     "Event",
     "InstanceBootstrapped",
@@ -418,6 +462,8 @@ __all__ = [
     "InstanceRequested",
     "Log",
     "Metric",
+    "ReplicaLost",
+    "ReplicaReady",
     "ResourceChanged",
     "ShutdownCompleted",
     "ShutdownRequested",

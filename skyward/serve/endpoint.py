@@ -1,0 +1,373 @@
+"""``pool.serve(app)``: an endpoint on this machine in front of replicas on the pool's nodes.
+
+The endpoint holds a ``Router`` (skyward.serve.router) and a controller thread that keeps
+``replicas_per_node`` replicas (skyward.serve.replica) on every ready node of the pool. It
+builds on what the pool has and adds no second copy of it:
+
+* **membership**: a replica is started on each node the pool's table says is ready; a node that
+  joins later (a resize, the autoscaler, a wake) gets its replicas the same way;
+* **healing**: a replica's stream fails when its node is lost; the router takes the replica out
+  at once (its idempotent requests in flight go to another), and when the pool's healing has put
+  a new node at that rank, the controller starts the replica there again;
+* **scale to zero**: a request that comes while the pool is asleep wakes it (``on_demand``), and
+  waits for the first replica: that wait is the cold start;
+* **the pool's way to a node's port**: the router reaches a replica's socket with
+  ``Cluster.open_stream`` (skyward.serve.upstream).
+
+``update(app)`` replaces the replicas one at a time: each is drained (no new request, those in
+flight finish), stopped, and started again with the new app; requests meanwhile go to the
+others, or wait in the router's queue when it was the only one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, ServeError
+from ..observe import events as ev
+from . import replica as replica_task
+from .router import AccessRecord, Router, RouterStats, Upstream
+from .upstream import connector
+
+if TYPE_CHECKING:
+    from ..core.membership import Member
+    from ..core.pool import Pool
+
+log = logging.getLogger("skyward.serve")
+
+_TICK = 0.25  # how often the controller looks at the pool's table
+_RETRY = (1.0, 30.0)  # a replica that failed to start is tried again after 1 s, doubling to 30 s
+
+
+@dataclass(eq=False)
+class _Replica:
+    key: str  # "rank.slot"
+    rank: int
+    node: int  # the provider's node index (what open_stream takes)
+    version: int  # which app (update() moves it on)
+    state: str = "starting"  # starting, ready, stopping, ended
+    stream: Iterator[dict[str, Any]] | None = None
+    began: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """One replica as the endpoint sees it now (``Endpoint.replicas``)."""
+
+    key: str  # "RANK.SLOT": the node's rank in the pool and the replica's place on it
+    node: int
+    state: str  # starting, ready, stopping
+
+
+def is_factory(app: Any) -> bool:
+    """Whether ``app`` is a factory (a callable taking no argument) rather than an ASGI app
+    (a callable taking scope, receive and send)."""
+    try:
+        sig = inspect.signature(app)
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in sig.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return not required
+
+
+def _check(app: Any, replicas_per_node: int, slots: int, timeout: float, ready: str | None,
+           on: str, port: int) -> None:
+    if not (isinstance(app, str) or callable(app)):
+        raise ConfigError(f"pool.serve(app={app!r}): app must be an ASGI app, a factory that returns "
+                          f"one, or an import string 'module:attribute'.")
+    if not isinstance(replicas_per_node, int) or replicas_per_node < 1:
+        raise ConfigError(f"pool.serve(replicas_per_node={replicas_per_node!r}): it must be an int of 1 or more.")
+    if replicas_per_node > slots:
+        raise ConfigError(
+            f"pool.serve(replicas_per_node={replicas_per_node}): each replica holds one task slot of "
+            f"its node, and this pool's nodes have {slots}. Open the pool with "
+            f"sky.Worker(concurrency={replicas_per_node}) (executor='process' for a process each).")
+    if not timeout > 0:
+        raise ConfigError(f"pool.serve(timeout={timeout!r}): it must be more than 0 seconds.")
+    if ready is not None and not ready.startswith("/"):
+        raise ConfigError(f"pool.serve(ready={ready!r}): it is the path of a URL on the app, "
+                          f"starting with '/' (e.g. '/health').")
+    if on != "client":
+        raise ConfigError(f"pool.serve(on={on!r}): this version of skyward serves from this machine "
+                          f"only: on='client' (the default).")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"pool.serve(port={port!r}): it must be 0 (any free port) to 65535.")
+
+
+class Endpoint:
+    """An app served by a pool's nodes: ``url`` and ``headers`` are what a request needs."""
+
+    def __init__(self, pool: Pool, app: Any, *, replicas_per_node: int = 1, ready: str | None = None,
+                 ready_timeout: float = 300.0, host: str = "127.0.0.1", port: int = 0, auth: bool = True,
+                 timeout: float = 60.0, max_concurrency: int = 0, max_queue: int = 1024,
+                 target_concurrency: int = 8, factory: bool | None = None, on: str = "client") -> None:
+        _check(app, replicas_per_node, pool.worker.slots, timeout, ready, on, port)
+        self.pool = pool
+        self.replicas_per_node = replicas_per_node
+        self.ready_path = ready
+        self.ready_timeout = ready_timeout
+        self.max_concurrency = max_concurrency
+        self.token = secrets.token_urlsafe(32) if auth else None
+        if self.token is not None:
+            from ..observe import secrets as masking
+
+            masking.register(self.token)
+        self._app = (app, is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
+        self._version = 0
+        self._replicas: dict[str, _Replica] = {}
+        self._failures: dict[str, tuple[int, float, BaseException]] = {}  # key -> (tries, next try, last error)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._closed = threading.Event()
+        self._router = Router(token=self.token, timeout=timeout, max_queue=max_queue,
+                              on_demand=self._on_demand, access_log=self._access)
+        self._host, self._port = self._router.start(host, port)
+        self.url = f"http://{self._host}:{self._port}"
+        self.headers: dict[str, str] = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if not isinstance(target_concurrency, int) or target_concurrency < 1:
+            raise ConfigError(f"pool.serve(target_concurrency={target_concurrency!r}): it is the requests "
+                              f"in flight per replica an elastic pool scales for: an int of 1 or more.")
+        self.target_concurrency = target_concurrency
+        self._thread = threading.Thread(target=self._control, name="skyward-serve", daemon=True)
+        self._thread.start()
+        pool.autoscaler.loads.append(self._load)
+        pool.before_close(lambda _pool: self.close())
+
+    # -- what a user calls ----------------------------------------------------------------------
+    @property
+    def replicas(self) -> list[ReplicaInfo]:
+        with self._lock:
+            return [ReplicaInfo(r.key, r.node, r.state) for r in self._replicas.values() if r.state != "ended"]
+
+    def stats(self) -> RouterStats:
+        """Requests, latency, in flight and queued, as the router counts them now."""
+        return self._router.stats()
+
+    def wait_ready(self, replicas: int | None = None, timeout: float | None = None) -> None:
+        """Wait until ``replicas`` replicas (default: every one the pool's ready nodes should
+        have) take traffic. Raises the first start failure when none can, ``TimeoutError`` after
+        ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while True:
+                want = replicas if replicas is not None else self._wanted()
+                ready = sum(r.state == "ready" for r in self._replicas.values())
+                if ready >= want:
+                    return
+                failed = [(key, err) for key, (tries, _, err) in sorted(self._failures.items()) if tries]
+                if failed and ready == 0 and not any(r.state == "starting" for r in self._replicas.values()):
+                    key, err = failed[0]
+                    raise ServeError(f"no replica of {self.url} could start; replica {key} (of "
+                                     f"{len(failed)} failed): {type(err).__name__}: {err}") from err
+                if self._closed.is_set():
+                    raise ServeError(f"the endpoint {self.url} was closed while waiting for its replicas.")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{ready} of {want} replica(s) of {self.url} ready after {timeout:g} s.")
+                self._changed.wait(_TICK if left is None else min(_TICK, left))
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Serve until the endpoint is closed, ``timeout`` passes, or Ctrl-C (what a script that
+        only serves does at its end)."""
+        try:
+            self._closed.wait(timeout)
+        except KeyboardInterrupt:
+            log.info("serving %s: interrupted", self.url)
+
+    def update(self, app: Any, *, factory: bool | None = None) -> None:
+        """Serve ``app`` instead: each replica in turn is drained, stopped and started again with
+        it, waiting for it to be ready before the next (no request fails; some wait)."""
+        _check(app, self.replicas_per_node, self.pool.worker.slots, 1, self.ready_path, "client", 0)
+        with self._lock:
+            self._app = (app, is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
+            self._version += 1
+            version = self._version
+            keys = sorted(k for k, r in self._replicas.items() if r.state == "ready")
+        for key in keys:
+            with self._lock:
+                old = self._replicas.get(key)
+            if old is None or old.version == version:
+                continue
+            self._stop(old, drain=True)
+            self._changed_wait(lambda k=key: self._ready_at(k, version))
+        self.pool._emit(ev.EndpointUpdated(pool=self.pool.id, url=self.url, replicas=len(keys)))
+
+    def close(self) -> None:
+        """Stop taking requests, end the replicas, and free the port (the pool stays open)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._load in self.pool.autoscaler.loads:
+            self.pool.autoscaler.loads.remove(self._load)
+        self._router.close()
+        with self._lock:
+            replicas = list(self._replicas.values())
+        for r in replicas:
+            self._stop(r, drain=False)
+        self._thread.join(5)
+        self.pool._emit(ev.EndpointClosed(pool=self.pool.id, url=self.url))
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.url}, replicas={len(self.replicas)})"
+
+    # -- the controller ---------------------------------------------------------------------------
+    def _wanted(self) -> int:
+        return sum(self._serves(m) for m in self.pool.members.records()) * self.replicas_per_node
+
+    @staticmethod
+    def _serves(member: Member) -> bool:
+        from ..core.membership import NodeState
+
+        return member.state is NodeState.READY and member.channel.lost is None
+
+    def _ready_at(self, key: str, version: int) -> bool:
+        r = self._replicas.get(key)
+        return self._closed.is_set() or (r is not None and r.version == version and r.state == "ready") or (
+            key in self._failures and self._failures[key][0] > 0)
+
+    def _changed_wait(self, done: Any) -> None:
+        with self._changed:
+            while not done():
+                self._changed.wait(_TICK)
+
+    def _control(self) -> None:
+        announced = False
+        while not self._closed.wait(_TICK):
+            try:
+                self._reconcile()
+            except Exception:
+                log.exception("endpoint %s: keeping its replicas failed; trying again", self.url)
+            if not announced and any(r.state == "ready" for r in list(self._replicas.values())):
+                announced = True
+                self.pool._emit(ev.EndpointReady(pool=self.pool.id, url=self.url, replicas=len(self.replicas)))
+
+    def _reconcile(self) -> None:
+        """Start the replicas the ready nodes lack; stop those of nodes that left the table."""
+        members = {m.rank: m for m in self.pool.members.records() if self._serves(m)}
+        now = time.monotonic()
+        starts: list[_Replica] = []
+        with self._lock:
+            for rank, m in members.items():
+                for slot in range(self.replicas_per_node):
+                    key = f"{rank}.{slot}"
+                    r = self._replicas.get(key)
+                    if r is not None and r.state != "ended":
+                        continue  # a lost node's replica ends with its stream; healing brings the rank back
+                    if now < self._failures.get(key, (0, 0.0, None))[1]:
+                        continue
+                    r = _Replica(key, rank, m.endpoint.index, self._version)
+                    self._replicas[key] = r
+                    starts.append(r)
+            for key, r in list(self._replicas.items()):
+                if r.state == "ended" and r not in starts:
+                    del self._replicas[key]
+        for r in starts:
+            threading.Thread(target=self._run, args=(r,), name=f"skyward-replica-{r.key}", daemon=True).start()
+
+    def _run(self, r: _Replica) -> None:
+        """Start replica ``r`` on its node and follow its stream until it ends."""
+        app, factory = self._app
+        pending = _pending(app, key=r.key, factory=factory, ready=self.ready_path, ready_timeout=self.ready_timeout)
+        ready = False
+        try:
+            stream = self.pool.run_async(pending, target=r.rank).result()
+            with self._lock:
+                r.stream = stream
+            first = next(stream)
+            if self._closed.is_set() or r.state == "stopping":
+                return
+            self._router.add(Upstream(r.key, connector(self.pool.cluster, r.node, first["socket"]),
+                                      max_concurrency=self.max_concurrency))
+            ready = True
+            with self._changed:
+                r.state = "ready"
+                self._failures.pop(r.key, None)
+                self._changed.notify_all()
+            log.info("replica %s ready on node %d in %.2f s", r.key, r.node, first.get("seconds", 0.0))
+            self.pool._emit(ev.ReplicaReady(pool=self.pool.id, key=r.key, node=r.node,
+                                            seconds=time.monotonic() - r.began))
+            for _beat in stream:
+                pass
+            raise ServeError(f"replica {r.key} ended")
+        except BaseException as exc:
+            if r.state == "stopping" or self._closed.is_set():
+                return
+            if ready:
+                self._router.remove(r.key, lost=True)
+                log.warning("replica %s on node %d lost: %s", r.key, r.node, _first_line(exc))
+                self.pool._emit(ev.ReplicaLost(pool=self.pool.id, key=r.key, node=r.node, reason=_first_line(exc)))
+            else:
+                self._failed(r, exc)
+        finally:
+            with self._changed:
+                stopped, r.state = r.state == "stopping" or self._closed.is_set(), "ended"
+                self._changed.notify_all()
+            if stopped and r.stream is not None:
+                r.stream.close()  # type: ignore[attr-defined]  # (a StreamReader: STOP, once)
+
+    def _failed(self, r: _Replica, exc: BaseException) -> None:
+        with self._lock:
+            tries = self._failures.get(r.key, (0, 0.0, None))[0] + 1
+            delay = min(_RETRY[1], _RETRY[0] * 2 ** (tries - 1))
+            self._failures[r.key] = (tries, time.monotonic() + delay, exc)
+        log.error("replica %s on node %d did not start (try %d; again in %.0f s): %s",
+                  r.key, r.node, tries, delay, exc)
+        self.pool._emit(ev.ReplicaLost(pool=self.pool.id, key=r.key, node=r.node, reason=_first_line(exc)))
+
+    def _stop(self, r: _Replica, *, drain: bool) -> None:
+        with self._lock:
+            if r.state in ("stopping", "ended"):
+                return
+            was_ready, r.state = r.state == "ready", "stopping"
+            stream = r.stream
+        if was_ready:
+            self._router.remove(r.key, lost=False)
+            if drain:
+                self._router.wait_drained(r.key, 60.0)
+        if stream is not None:
+            stream.close()  # type: ignore[attr-defined]  # the generator stops at its next beat
+
+    def _load(self) -> tuple[int, int]:
+        """For the pool's autoscaler: the slots the replicas hold, and the slots the requests ask
+        for (enough nodes for ``target_concurrency`` requests per replica; none when idle)."""
+        with self._lock:
+            held = sum(r.state in ("starting", "ready", "stopping") for r in self._replicas.values())
+        stats = self._router.stats()
+        load = stats.in_flight + stats.queued
+        per_node = self.target_concurrency * self.replicas_per_node
+        nodes = -(-load // per_node)
+        return held, nodes * self.pool.worker.slots
+
+    # -- what the router calls --------------------------------------------------------------------
+    def _on_demand(self) -> None:
+        """A request came and no replica is ready: wake an asleep pool (its nodes then get replicas)."""
+        self.pool.members.wake()
+
+    def _access(self, record: AccessRecord) -> None:
+        log.info('%s "%s %s" %d %.1f ms %s', record.client, record.method, record.path, record.status,
+                 record.seconds * 1000, record.replica or "-")
+
+
+def _pending(app: Any, **kwargs: Any) -> Any:
+    from ..core.function import PendingFunction
+
+    return PendingFunction(replica_task.run, (app,), kwargs)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,149 @@
+"""One replica of a served app, on its node: the app under uvicorn on a Unix socket of the node.
+
+``run`` is a streaming task of the pool (a generator): the endpoint dispatches it to a node's
+rank, so it runs in one of the node's workers, with the node's environment and what the plugins
+set there (the GPUs a node was given, the torch plugin's device). It
+
+1. loads the app here (an import string is imported, a factory is called): a failure raises
+   with this node's traceback, which the endpoint shows as it is;
+2. serves it with uvicorn on a socket in a private (0700) folder of its own, on a thread of the
+   worker, and waits for uvicorn's startup (the app's lifespan startup: loading the model) and,
+   when ``ready`` names a path, for that path to answer 200;
+3. yields ``{"socket": PATH, ...}`` once ready, then a beat every ``BEAT`` seconds while the
+   server runs: the client's router reaches the socket the way the pool reaches the node
+   (``Cluster.open_stream``); a beat is also where the endpoint's STOP closes the generator.
+
+Closing it (the endpoint stops the replica, the pool closes) asks uvicorn to finish what it
+serves and stop, and removes the folder. A server that stops by itself raises, with its last
+log lines. Node-side: imports nothing of the client's parts.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from skyward.errors import ServeError
+
+BEAT = 0.5  # seconds between beats: how soon a STOP closes the replica
+_LOG_LINES = 30
+
+
+class _Tail(logging.Handler):
+    """The last lines uvicorn logged, for the error that says why a replica did not start."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: collections.deque[str] = collections.deque(maxlen=_LOG_LINES)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.lines.append(text)
+        except Exception:  # a log line must never break the server
+            pass
+
+    def text(self) -> str:
+        return "\n".join(self.lines) or "(uvicorn logged nothing)"
+
+
+def load(app: Any, factory: bool) -> Any:
+    """The ASGI app: ``"module:attr"`` imported, a factory called, an app as it is."""
+    if isinstance(app, str):
+        module, _, attr = app.partition(":")
+        if not module or not attr:
+            raise ServeError(f"app {app!r} is not an import string: write it as 'module:attribute' "
+                             f"(e.g. 'myapp:app'), or pass the app object itself.")
+        target: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            try:
+                target = getattr(target, part)
+            except AttributeError:
+                raise ServeError(f"module {module!r} has no attribute {attr!r} (from app {app!r}) "
+                                 f"on this node.") from None
+        app = target
+    return app() if factory else app
+
+
+def _get(path: str, url: str, timeout: float) -> int:
+    """The status of ``GET url`` on the Unix socket ``path`` (0 when nothing answers)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(f"GET {url} HTTP/1.1\r\nHost: replica\r\nConnection: close\r\n\r\n".encode())
+            head = s.recv(64)
+        parts = head.split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and parts[0].startswith(b"HTTP/") else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
+        ready_timeout: float = 300.0) -> Iterator[dict[str, Any]]:
+    """Serve ``app`` on this node until closed (see the module's doc)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise ServeError(
+            f"replica {key}: uvicorn is not installed on node (serving runs each replica under "
+            f"uvicorn). Add it to the pool's image: sky.Image(pip=['uvicorn']), or install "
+            f"skyward[serve] where the nodes get their packages.") from None
+    began = time.monotonic()
+    asgi = load(app, factory)
+    folder = tempfile.mkdtemp(prefix="skyward-serve-")  # 0700: this user's only
+    path = os.path.join(folder, "replica.sock")
+    tail = _Tail()
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error")]
+    for lg in loggers:
+        lg.addHandler(tail)
+    config = uvicorn.Config(asgi, uds=path, lifespan="auto", log_config=None, access_log=False,
+                            log_level="info", timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"skyward-replica-{key}", daemon=True)
+    try:
+        thread.start()
+        deadline = began + ready_timeout
+        while not server.started:
+            if not thread.is_alive():
+                raise ServeError(f"replica {key}: the app's server stopped before it was ready "
+                                 f"(its startup failed). Its last log lines:\n{tail.text()}")
+            if time.monotonic() > deadline:
+                raise ServeError(f"replica {key}: not started after ready_timeout={ready_timeout:g} s "
+                                 f"(the app's startup is still running). Its last log lines:\n{tail.text()}")
+            time.sleep(0.01)
+        if ready:
+            status = 0
+            while (status := _get(path, ready, 5.0)) != 200:
+                if not thread.is_alive():
+                    raise ServeError(f"replica {key}: the app's server stopped while its readiness "
+                                     f"check {ready} was polled. Its last log lines:\n{tail.text()}")
+                if time.monotonic() > deadline:
+                    raise ServeError(
+                        f"replica {key}: {ready} did not answer 200 within ready_timeout="
+                        f"{ready_timeout:g} s (last answer: {status or 'none'}). Its last log "
+                        f"lines:\n{tail.text()}")
+                time.sleep(0.1)
+        yield {"socket": path, "pid": os.getpid(), "seconds": time.monotonic() - began}
+        while thread.is_alive():
+            thread.join(BEAT)
+            if thread.is_alive():
+                yield {}
+        raise ServeError(f"replica {key}: the app's server stopped. Its last log lines:\n{tail.text()}")
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        for lg in loggers:
+            lg.removeHandler(tail)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,190 @@
+"""pool.serve on sky.Local(): real agents, real uvicorn replicas, real HTTP through the router."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import wait_for
+
+import skyward as sky
+from skyward.observe import events
+
+pytestmark = pytest.mark.timeout(300)
+QUIET = sky.Options(console=False)
+APPS = "serve.apps"  # tests/ is on the nodes' path as it is on this one's (conftest)
+
+
+def agent_pids(pool: sky.Pool) -> dict[int, int]:
+    by_index = {n["index"]: n["pid"] for n in pool.cluster.describe()["nodes"]}
+    return {m.rank: by_index[m.endpoint.index] for m in pool.members.records()}
+
+
+def test_a_model_served_by_two_nodes_answers_every_request_and_uses_both() -> None:
+    with sky.Compute(nodes=2, options=QUIET) as pool, pool.serve(f"{APPS}:app") as endpoint:
+        endpoint.wait_ready(timeout=120)
+        assert [r.state for r in endpoint.replicas] == ["ready", "ready"]
+        with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=30) as client:
+            def ask(x: int) -> dict:
+                r = client.post("/predict", json={"x": x})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            with ThreadPoolExecutor(16) as ex:
+                answers = list(ex.map(ask, range(400)))
+        assert [a["y"] for a in answers] == [2.0 * x + 1 for x in range(400)]
+        assert len({a["pid"] for a in answers}) == 2  # both replicas took requests
+        assert all(a["auth"] is None for a in answers)  # the endpoint's token stops at the router
+        # Without the token: 401, and nothing about the replicas.
+        bare = httpx.post(endpoint.url + "/predict", json={"x": 1})
+        assert bare.status_code == 401
+        assert "replica" not in bare.text and "pid" not in bare.text
+        assert endpoint.stats().total >= 401
+
+
+def test_an_app_that_cannot_be_imported_on_the_node_says_so_with_the_nodes_traceback() -> None:
+    with sky.Compute(nodes=1, options=QUIET) as pool, pool.serve("no_such_module_here:app") as endpoint:
+        with pytest.raises(sky.SkywardError) as info:
+            endpoint.wait_ready(timeout=60)
+        assert "no_such_module_here" in str(info.value)
+
+
+def test_a_startup_that_fails_names_the_replica_and_its_log_lines() -> None:
+    with sky.Compute(nodes=1, options=QUIET) as pool, pool.serve(f"{APPS}:broken") as endpoint:
+        with pytest.raises(sky.SkywardError) as info:
+            endpoint.wait_ready(timeout=60)
+        text = str(info.value)
+        assert "replica 0.0" in text and "the model file is missing" in text
+
+
+def test_server_sent_events_pass_through_as_they_are_produced(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with sky.Compute(nodes=1, options=QUIET) as pool, pool.serve(f"{APPS}:app", ready="/health") as endpoint:
+        endpoint.wait_ready(timeout=120)
+        with httpx.Client(timeout=30) as client, client.stream(
+                "GET", endpoint.url + "/tokens", params={"gate": str(gate)}, headers=endpoint.headers) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(lines) == "data: first"  # before the last is produced: the gate is not there yet
+            gate.touch()
+            rest = [line for line in lines if line]
+        assert rest == ["data: last"]
+
+
+def test_a_killed_node_loses_no_idempotent_request_and_its_replica_comes_back() -> None:
+    lost = []
+    unsubscribe = sky.subscribe(lambda e: lost.append(e) if isinstance(e, sky.ReplicaLost | sky.ReplicaReady) else None)
+    try:
+        with sky.Compute(nodes=2, options=QUIET) as pool, pool.serve(f"{APPS}:app") as endpoint:
+            endpoint.wait_ready(timeout=120)
+            victim = agent_pids(pool)[1]
+            stop = threading.Event()
+            statuses: list[int] = []
+            pids: set[int] = set()
+
+            def load() -> None:
+                with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=60) as client:
+                    while not stop.is_set():
+                        r = client.get("/whoami", params={"sleep": "0.02"})
+                        statuses.append(r.status_code)
+                        if r.status_code == 200:
+                            pids.add(r.json()["pid"])
+
+            threads = [threading.Thread(target=load) for _ in range(8)]
+            for t in threads:
+                t.start()
+            try:
+                wait_for(lambda: len(statuses) > 100, 30, "requests before the kill")
+                os.kill(victim, signal.SIGKILL)
+                wait_for(lambda: any(isinstance(e, sky.ReplicaLost) for e in lost), 30, "the replica lost")
+                # Healing puts a new node at rank 1 and the endpoint starts its replica there.
+                wait_for(lambda: sum(isinstance(e, sky.ReplicaReady) for e in lost) >= 3, 120,
+                         "the replica back on the new node")
+                before = len(pids)
+                wait_for(lambda: len(pids) > before, 30, "the new replica answering")
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join()
+            assert statuses and all(s == 200 for s in statuses), {s for s in statuses if s != 200}
+    finally:
+        unsubscribe()
+
+
+def test_an_update_under_load_fails_no_request() -> None:
+    with sky.Compute(nodes=2, options=QUIET) as pool, pool.serve(f"{APPS}:app") as endpoint:
+        endpoint.wait_ready(timeout=120)
+        stop = threading.Event()
+        seen: list[tuple[int, int]] = []
+
+        def load() -> None:
+            with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=60) as client:
+                while not stop.is_set():
+                    r = client.post("/predict", json={"x": 3})
+                    seen.append((r.status_code, 0))
+                    v = client.get("/whoami")
+                    seen.append((v.status_code, v.json()["version"] if v.status_code == 200 else 0))
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            wait_for(lambda: len(seen) > 50, 30, "requests before the update")
+            endpoint.update(f"{APPS}:make_app_v2", factory=True)
+            mark = len(seen)
+            wait_for(lambda: len(seen) > mark + 50, 30, "requests after the update")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert all(status == 200 for status, _ in seen), {s for s, _ in seen if s != 200}
+        assert {v for s, v in seen[mark:] if v} == {2}  # only the new version answers after it
+
+
+def test_a_request_wakes_an_asleep_pool_and_is_answered() -> None:
+    woke = []
+    unsubscribe = sky.subscribe(lambda e: woke.append(e) if isinstance(e, sky.ClusterWoke) else None)
+    try:
+        options = sky.Options(console=False, autoscale_idle_timeout=600)
+        with sky.Compute(nodes=sky.Nodes(desired=0, max=1), options=options) as pool, \
+                pool.serve(f"{APPS}:app") as endpoint:
+            assert pool.current_nodes() == 0
+            began = time.monotonic()
+            r = httpx.get(endpoint.url + "/whoami", headers=endpoint.headers, timeout=120)
+            assert r.status_code == 200, r.text
+            cold = time.monotonic() - began
+            events.bus.flush()
+            assert woke, "the pool did not wake for the request"
+            assert endpoint.stats().cold_waits == 1
+            print(f"cold start of an asleep Local pool: {cold:.2f} s")
+    finally:
+        unsubscribe()
+
+
+def test_closing_the_pool_closes_its_endpoint_and_frees_the_port() -> None:
+    with sky.Compute(nodes=1, options=QUIET) as pool:
+        endpoint = pool.serve(f"{APPS}:app")
+        endpoint.wait_ready(timeout=120)
+        url = endpoint.url
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/whoami", timeout=5)
+    assert endpoint.replicas == []
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"replicas_per_node": 0}, "replicas_per_node=0"),
+    ({"replicas_per_node": 2}, "sky.Worker(concurrency=2)"),
+    ({"ready": "health"}, "starting with '/'"),
+    ({"on": "moon"}, "on='moon'"),
+    ({"timeout": 0}, "timeout=0"),
+])
+def test_bad_serve_options_say_the_value_and_the_rule(kwargs: dict, words: str) -> None:
+    with sky.Compute(nodes=1, options=QUIET) as pool, pytest.raises(sky.ConfigError, match=re.escape(words)):
+        pool.serve(f"{APPS}:app", **kwargs)

@@ -127,6 +127,7 @@ class Pool(DispatchTarget):
         members.state_address = self.shared.address
         members.ask_state = self.shared.ask
         members.on_head_gone = self.shared.head_gone
+        self.endpoints: list[Endpoint] = []  # open ones (pool.serve): what the views show
         self.attach_events: list[ev.Event] = []  # what replacing dead nodes at attach told (for the trail)
         try:
             self._log = logs.configure(options.logging)
@@ -282,7 +283,9 @@ class Pool(DispatchTarget):
         ``timeout``, ``auth``, ``host``, ``port``...). Use it as a context manager, or close it."""
         from ..serve.endpoint import Endpoint
 
-        return Endpoint(self, app, **options)
+        endpoint = Endpoint(self, app, **options)
+        self.endpoints.append(endpoint)  # (the endpoint takes itself out when it closes)
+        return endpoint
 
     def _settle(self) -> None:
         """Let the console print a batch's last line before the call that ran it returns (its

@@ -213,6 +213,8 @@ class Endpoint:
         for r in replicas:
             self._stop(r, drain=False)
         self._thread.join(5)
+        if self in self.pool.endpoints:
+            self.pool.endpoints.remove(self)
         self.pool._emit(ev.EndpointClosed(pool=self.pool.id, url=self.url))
 
     def __enter__(self) -> Endpoint:

@@ -140,6 +140,9 @@ class Membership:
         self.state_address: Callable[[Pairs], dict[str, Any] | None] = lambda pairs: None
         self.ask_state: Callable[[Any, NodeChannel], None] = lambda endpoint, channel: None
         self.on_head_gone: Callable[[str], None] = lambda why: None  # the collections' state went with it
+        # A shrink took these members out of the table: work that holds their slots for good
+        # (a served endpoint's replicas) ends there before the pool waits for their tasks.
+        self.on_leaving: list[Callable[[list[Member]], None]] = []
 
     def attach(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -598,6 +601,11 @@ class Membership:
                 gone, self.table = self.table[target:], self.table[:target]
             leaving = [m.channel for m in gone]
             endpoints = [m.endpoint for m in gone]
+            for hook in list(self.on_leaving):
+                try:
+                    hook(gone)
+                except Exception:
+                    log.exception("pool %s: a hook for the nodes leaving failed", self.name or self.pool_id)
             deadline = time.monotonic() + self.options.shutdown_timeout
             while any(ch.inflight for ch in leaving) and time.monotonic() < deadline:
                 self.stop.wait(0.05)

@@ -139,6 +139,7 @@ class Endpoint:
         self._thread = threading.Thread(target=self._control, name="skyward-serve", daemon=True)
         self._thread.start()
         pool.autoscaler.loads.append(self._load)
+        pool.members.on_leaving.append(self._leaving)
         pool.before_close(lambda _pool: self.close())
 
     # -- what a user calls ----------------------------------------------------------------------
@@ -207,6 +208,8 @@ class Endpoint:
         self._closed.set()
         if self._load in self.pool.autoscaler.loads:
             self.pool.autoscaler.loads.remove(self._load)
+        if self._leaving in self.pool.members.on_leaving:
+            self.pool.members.on_leaving.remove(self._leaving)
         self._router.close()
         with self._lock:
             replicas = list(self._replicas.values())
@@ -342,6 +345,15 @@ class Endpoint:
                 self._router.wait_drained(r.key, 60.0)
         if stream is not None:
             stream.close()  # type: ignore[attr-defined]  # the generator stops at its next beat
+
+    def _leaving(self, gone: list[Member]) -> None:
+        """A shrink takes these nodes: their replicas are drained and stopped first (the pool
+        then finds their slots free instead of waiting for tasks that serve for ever)."""
+        indices = {m.endpoint.index for m in gone}
+        with self._lock:
+            leaving = [r for r in self._replicas.values() if r.node in indices]
+        for r in leaving:
+            self._stop(r, drain=True)
 
     def _load(self) -> tuple[int, int]:
         """For the pool's autoscaler: the slots the replicas hold, and the slots the requests ask

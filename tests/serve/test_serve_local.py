@@ -188,3 +188,50 @@ def test_closing_the_pool_closes_its_endpoint_and_frees_the_port() -> None:
 def test_bad_serve_options_say_the_value_and_the_rule(kwargs: dict, words: str) -> None:
     with sky.Compute(nodes=1, options=QUIET) as pool, pytest.raises(sky.ConfigError, match=re.escape(words)):
         pool.serve(f"{APPS}:app", **kwargs)
+
+
+def test_an_elastic_pool_grows_for_the_endpoints_load_and_sleeps_when_it_is_idle() -> None:
+    """Scaling reads the requests, not the slots the replicas hold: one node serves until the
+    requests in flight pass target_concurrency, then a second joins and takes its share; idle,
+    the pool goes back to zero (its replicas with it), and the next request wakes it."""
+    options = sky.Options(console=False, autoscale_cooldown=1, autoscale_idle_timeout=3,
+                          reconcile_tick_interval=0.25)
+    with sky.Compute(nodes=sky.Nodes(desired=1, min=0, max=2), options=options) as pool, \
+            pool.serve(f"{APPS}:app", target_concurrency=2) as endpoint:
+        endpoint.wait_ready(timeout=120)
+        stop = threading.Event()
+        pids: set[int] = set()
+        statuses: list[int] = []
+
+        def load() -> None:
+            with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=120) as client:
+                while not stop.is_set():
+                    r = client.get("/whoami", params={"sleep": "0.3"})
+                    statuses.append(r.status_code)
+                    if r.status_code == 200:
+                        pids.add(r.json()["pid"])
+
+        threads = [threading.Thread(target=load) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            began = time.monotonic()
+            wait_for(lambda: pool.current_nodes() == 2, 60, "the pool to grow to 2 nodes for 8 requests")
+            print(f"grew in {time.monotonic() - began:.1f} s")
+            wait_for(lambda: len(pids) == 2, 60, "the second node's replica to take requests")
+            print(f"second replica used after {time.monotonic() - began:.1f} s")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert statuses and all(s == 200 for s in statuses)
+        # Idle: back to the floor (0), the replicas with it; a request wakes it again.
+        began = time.monotonic()
+        wait_for(lambda: pool.current_nodes() == 0, 60, "the idle pool to sleep")
+        print(f"asleep after {time.monotonic() - began:.1f} s")
+        wait_for(lambda: endpoint.replicas == [], 30, "the replicas to end with their nodes")
+        print(f"replicas gone after {time.monotonic() - began:.1f} s")
+        began = time.monotonic()
+        r = httpx.get(endpoint.url + "/whoami", headers=endpoint.headers, timeout=120)
+        assert r.status_code == 200
+        print(f"woke and answered in {time.monotonic() - began:.1f} s")

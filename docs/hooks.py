@@ -33,6 +33,7 @@ GUIDE_ORDER = [
     "named-pools",
     "ttl-and-teardown",
     "healing",
+    "serving",
     "reproducing",
     "plugins",
     "observability",
@@ -69,13 +70,14 @@ API_SECTIONS: dict[str, tuple[str, str]] = {
     "skyward.observe.logs": ("observability", "Events, metrics, logging"),
     "skyward.observe.secrets": ("observability", "Events, metrics, logging"),
     "skyward.plugins": ("plugins", "Plugins"),
+    "skyward.serve": ("serving", "Serving"),
     "skyward.errors": ("errors", "Errors"),
 }
 
 
 # API sections in reading order; any other section comes after these, alphabetically.
 API_ORDER = ["functions-and-pools", "specs", "providers", "inside-tasks", "collections",
-             "plugins", "observability", "storage", "healing", "errors"]
+             "plugins", "observability", "storage", "healing", "serving", "errors"]
 
 
 def _api_order(key: tuple[str, str]) -> tuple[int, str]:

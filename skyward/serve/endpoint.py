@@ -379,7 +379,28 @@ class Endpoint:
 def _pending(app: Any, **kwargs: Any) -> Any:
     from ..core.function import PendingFunction
 
+    _picklable(app)
     return PendingFunction(replica_task.run, (app,), kwargs)
+
+
+def _picklable(app: Any) -> None:
+    """Let an app object travel by value (one defined in the user's script). Starlette's (and
+    so FastAPI's) ``app.state`` answers every attribute through ``__getattr__`` on its dict,
+    which unpickling reaches before the dict is there: endless recursion on the node. Its state
+    is carried as the dict it wraps instead (registered once, for this process's pickling)."""
+    import copyreg
+    import sys
+
+    if isinstance(app, str) or "starlette.datastructures" not in sys.modules:
+        return
+    from starlette.datastructures import State
+
+    if State not in copyreg.dispatch_table:
+        copyreg.pickle(State, _reduce_state)
+
+
+def _reduce_state(state: Any) -> tuple[Any, tuple[dict[str, Any]]]:
+    return type(state), (dict(state._state),)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,8 +12,8 @@ Two handlers, each as a Starlette app: ``echo`` (POST a small JSON body, get it 
 
 The load is ``wrk`` (Debian's package) with C connections for S seconds after a short warm-up:
 requests/s and its latency percentiles. Last, the cold start: an asleep Local pool
-(``Nodes(desired=0, max=1)``) gets a request; the time from sending it to its answer, and the
-part of it that was the app's own startup (the replica's). Everything runs on this machine, so
+(``Nodes(desired=0, max=1)``) gets a request for the echo app (no startup of its own); the time
+from sending it to its answer. Everything runs on this machine, so
 the load generator, the router and the replicas share its cores: compare rows of one run.
 """
 
@@ -73,7 +73,7 @@ def _ms(text: str) -> float:
 
 def wrk(url: str, headers: dict[str, str], seconds: float, connections: int) -> dict[str, float]:
     """POST BODY to url with wrk: requests/s, p50, p90, p99 (ms), and the non-2xx answers."""
-    lua = "wrk.method = 'POST'\nwrk.body = '{}'\nwrk.headers['Content-Type'] = 'application/json'\n".format(BODY)
+    lua = f"wrk.method = 'POST'\nwrk.body = '{BODY}'\nwrk.headers['Content-Type'] = 'application/json'\n"
     for k, v in headers.items():
         lua += f"wrk.headers['{k}'] = '{v}'\n"
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
@@ -125,27 +125,33 @@ def skyward(handler: str, nodes: int, seconds: float, connections: int) -> dict[
         return measure(url, endpoint.headers, seconds, connections)
 
 
-def ray_serve(handler: str, replicas: int, seconds: float, connections: int) -> dict[str, float] | None:
+def ray_rows(seconds: float, connections: int) -> dict[str, dict[str, float]]:
+    """Both handlers through Ray Serve, 1 and 2 replicas, in one Ray session (none without ray)."""
     try:
         import ray
         from ray import serve
     except ImportError:
-        return None
+        return {}
     import serve_apps
 
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     port = free_port()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
+    rows: dict[str, dict[str, float]] = {}
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = serve_apps.ray_deployment(handler, replicas)
-        serve.run(app, route_prefix="/", blocking=False)
-        url = f"http://127.0.0.1:{port}/"
-        wait_http(url, {}, timeout=120)
-        return measure(url, {}, seconds, connections)
+        for handler in ("echo", "predict"):
+            for n in (1, 2):
+                serve.run(serve_apps.ray_deployment(handler, n), route_prefix="/", blocking=False)
+                url = f"http://127.0.0.1:{port}/"
+                wait_http(url, {}, timeout=120)
+                rows[f"{handler}: Ray Serve, {n} replica" + ("s" if n > 1 else "")] = measure(
+                    url, {}, seconds, connections)
     finally:
         serve.shutdown()
         ray.shutdown()
+    return rows
 
 
 def cold_start() -> dict[str, float]:
@@ -156,12 +162,9 @@ def cold_start() -> dict[str, float]:
     options = sky.Options(console=False, logging=False, autoscale_idle_timeout=600)
     with sky.Compute(nodes=sky.Nodes(desired=0, max=1), options=options) as pool, \
             pool.serve(f"{APPS}:echo") as endpoint:
-        ready: list[float] = []
-        unsubscribe = sky.subscribe(lambda e: ready.append(e.seconds) if isinstance(e, sky.ReplicaReady) else None)
         began = time.perf_counter()
         r = httpx.post(endpoint.url + "/", content=BODY, headers=endpoint.headers, timeout=120)
         total = time.perf_counter() - began
-        unsubscribe()
         assert r.status_code == 200, r.text
         return {"seconds": total}
 
@@ -181,12 +184,11 @@ def main() -> None:
     for handler in ("echo", "predict"):
         rows[f"{handler}: plain uvicorn"] = plain(handler, seconds, args.connections)
         for n in (1, 2):
-            rows[f"{handler}: pool.serve, {n} replica" + ("s" if n > 1 else "")] = skyward(handler, n, seconds, args.connections)
-        if not args.skip_ray:
-            for n in (1, 2):
-                got = ray_serve(handler, n, seconds, args.connections)
-                if got is not None:
-                    rows[f"{handler}: Ray Serve, {n} replica" + ("s" if n > 1 else "")] = got
+            rows[f"{handler}: pool.serve, {n} replica" + ("s" if n > 1 else "")] = skyward(
+                handler, n, seconds, args.connections)
+    if not args.skip_ray:
+        rows.update(ray_rows(seconds, args.connections))
+    rows = dict(sorted(rows.items(), key=lambda kv: kv[0].split(":")[0] != "echo"))
     cold = cold_start()
 
     from rich.console import Console

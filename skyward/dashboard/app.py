@@ -149,8 +149,11 @@ class Hub:
             return match is not None and self.codes.pop(match, None) is not None
 
     def publish(self, message: dict[str, Any], ref: str | None = None, name: str | None = None) -> None:
+        """Send ``message`` to the pages that want it: one about a pool (``ref``/``name``) to the
+        pages of that pool and the pools list; one about no pool in particular (the registry
+        changed) to every page, a pool's page included (its record may be what changed)."""
         for queue, wanted in list(self.subscribers):
-            if wanted is None or wanted in (ref, name):
+            if wanted is None or (ref is None and name is None) or wanted in (ref, name):
                 try:
                     queue.put_nowait(message)
                 except asyncio.QueueFull:  # a stalled reader loses events, never the server

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ServeError
 from ..observe import events as ev
+from . import access
 from . import replica as replica_task
 from .router import AccessRecord, Router, RouterStats, Upstream
 from .upstream import connector
@@ -131,6 +132,9 @@ class Endpoint:
                               on_demand=self._on_demand, access_log=self._access)
         self._host, self._port = self._router.start(host, port)
         self.url = f"http://{self._host}:{self._port}"
+        logfile = pool._log.file
+        self.access_log = access.open_for(None if logfile is None else logfile.parent, pool.name or pool.id,
+                                          self._port)
         self.headers: dict[str, str] = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         if not isinstance(target_concurrency, int) or target_concurrency < 1:
             raise ConfigError(f"pool.serve(target_concurrency={target_concurrency!r}): it is the requests "
@@ -208,6 +212,8 @@ class Endpoint:
         if self._load in self.pool.autoscaler.loads:
             self.pool.autoscaler.loads.remove(self._load)
         self._router.close()
+        if self.access_log is not None:
+            self.access_log.close()
         with self._lock:
             replicas = list(self._replicas.values())
         for r in replicas:
@@ -360,6 +366,10 @@ class Endpoint:
         self.pool.members.wake()
 
     def _access(self, record: AccessRecord) -> None:
+        access_log = getattr(self, "access_log", None)  # (a request may come before it is open)
+        if access_log is not None:
+            access_log.write(record)
+            return
         log.info('%s "%s %s" %d %.1f ms %s', record.client, record.method, record.path, record.status,
                  record.seconds * 1000, record.replica or "-")
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyward.serve")
 
 _TICK = 0.25  # how often the controller looks at the pool's table
+_STATS_EVERY = 1.0  # seconds between EndpointStats events (only when something changed)
 _RETRY = (1.0, 30.0)  # a replica that failed to start is tried again after 1 s, doubling to 30 s
 
 
@@ -221,6 +222,7 @@ class Endpoint:
         self._thread.join(5)
         if self in self.pool.endpoints:
             self.pool.endpoints.remove(self)
+        self.pool._emit(self.stats_event())  # the final counts (the last may be a second old)
         self.pool._emit(ev.EndpointClosed(pool=self.pool.id, url=self.url))
 
     def __enter__(self) -> Endpoint:
@@ -254,6 +256,8 @@ class Endpoint:
 
     def _control(self) -> None:
         announced = False
+        last: tuple[Any, ...] = ()
+        sent = 0.0
         while not self._closed.wait(_TICK):
             try:
                 self._reconcile()
@@ -262,6 +266,19 @@ class Endpoint:
             if not announced and any(r.state == "ready" for r in list(self._replicas.values())):
                 announced = True
                 self.pool._emit(ev.EndpointReady(pool=self.pool.id, url=self.url, replicas=len(self.replicas)))
+            if time.monotonic() - sent >= _STATS_EVERY:
+                event = self.stats_event()
+                if event._values()[2:] != last:  # (pool and time aside)
+                    last, sent = event._values()[2:], time.monotonic()
+                    self.pool._emit(event)
+
+    def stats_event(self) -> ev.EndpointStats:
+        """What the views are told of this endpoint now (see ``EndpointStats``)."""
+        s = self._router.stats()
+        return ev.EndpointStats(
+            pool=self.pool.id, url=self.url, replicas=tuple((r.key, r.node, r.state) for r in self.replicas),
+            in_flight=s.in_flight, queued=s.queued, total=s.total, statuses=tuple(sorted(s.by_status.items())),
+            latency_buckets=tuple(s.latency_buckets), latency_sum=s.latency_sum, cold_waits=s.cold_waits)
 
     def _reconcile(self) -> None:
         """Start the replicas the ready nodes lack; stop those of nodes that left the table."""

@@ -1,8 +1,9 @@
-"""What a pool shows of its endpoints: the access log file, with a
+"""What a pool shows of its endpoints: the access log file and the Prometheus series, with a
 real pool, real replicas and real requests through the router."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from helpers import wait_for
 
 import skyward as sky
+from skyward.observe import events, prometheus
 from skyward.observe import secrets as masking
 from skyward.serve.access import line, mask_path
 from skyward.serve.router import AccessRecord
@@ -69,3 +71,36 @@ def test_a_line_masks_registered_secrets_and_secret_named_parameters_of_a_query(
 def test_mask_path_masks_secret_named_parameters_only() -> None:
     assert mask_path("/a?token=x&page=2&API-KEY=y&password=") == "/a?token=***&page=2&API-KEY=***&password=***"
     assert mask_path("/plain") == "/plain" and mask_path("/a?flag") == "/a?flag"
+
+
+def _scrape() -> str:
+    address = prometheus.metrics_address()
+    assert address is not None
+    request = urllib.request.Request(f"http://{address[0]}:{address[1]}/metrics",
+                                     headers={"Authorization": f"Bearer {prometheus.metrics_token()}"})
+    return urllib.request.urlopen(request, timeout=10).read().decode()
+
+
+def test_the_endpoints_series_are_scraped_with_the_pools(served: tuple) -> None:
+    pool, endpoint, _ = served
+    labels = f'endpoint="{endpoint.url.removeprefix("http://")}",pool="{pool.id}"'
+
+    def scraped() -> dict[str, float] | None:
+        events.bus.flush()
+        text = _scrape()
+        got = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("skyward_endpoint")}
+        return got if got.get(f"skyward_endpoint_request_duration_seconds_count{{{labels}}}") == 10 else None
+
+    got = wait_for(scraped, 30, "the endpoint's 10 requests in /metrics")
+    assert got[f'skyward_endpoint_requests_total{{{labels},status="200"}}'] == 8
+    assert got[f'skyward_endpoint_requests_total{{{labels},status="404"}}'] == 1
+    assert got[f'skyward_endpoint_requests_total{{{labels},status="401"}}'] == 1
+    endpoint_label = labels.split(",")[0]
+    assert got[f'skyward_endpoint_request_duration_seconds_bucket{{{endpoint_label},le="+Inf",pool="{pool.id}"}}'] == 10
+    assert 0 < got[f"skyward_endpoint_request_duration_seconds_sum{{{labels}}}"] < 30
+    assert got[f"skyward_endpoint_in_flight{{{labels}}}"] == 0
+    assert got[f"skyward_endpoint_queued{{{labels}}}"] == 0
+    assert got[f"skyward_endpoint_cold_starts_total{{{labels}}}"] == 0
+    assert got[f'skyward_endpoint_replicas{{{labels},state="ready"}}'] == 1
+    assert got[f'skyward_endpoint_replicas{{{labels},state="starting"}}'] == 0

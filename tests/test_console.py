@@ -13,6 +13,8 @@ import termios
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PROGRAM = textwrap.dedent("""
     import skyward as sky
 
@@ -96,3 +98,75 @@ def test_minimal_prints_only_ready_errors_and_destroyed(tmp_path: Path) -> None:
     lines = out.stderr.splitlines()
     assert len(lines) == 2, out.stderr
     assert "ready" in lines[0] and "destroyed" in lines[1]
+
+
+SERVING = textwrap.dedent("""
+    import os, signal, time
+    import httpx
+    import skyward as sky
+
+    seen = []
+
+    def until(check, what):
+        end = time.monotonic() + 120
+        while not check():
+            if time.monotonic() > end:
+                raise SystemExit("timed out waiting for " + what)
+            time.sleep(0.1)
+
+    def main():
+        sky.subscribe(lambda e: seen.append(e) if isinstance(e, sky.ReplicaReady) else None)
+        with sky.Compute(nodes=2, options=sky.Options(console=CONSOLE)) as pool:
+            with pool.serve("serve.apps:app") as endpoint:
+                endpoint.wait_ready(timeout=120)
+                print("url", endpoint.url, flush=True)
+                until(lambda: "serving at" in open(os.environ["ERR"]).read(), "the serving line")
+                by_index = {n["index"]: n["pid"] for n in pool.cluster.describe()["nodes"]}
+                rank1 = next(m for m in pool.members.records() if m.rank == 1)
+                os.kill(by_index[rank1.endpoint.index], signal.SIGKILL)
+                until(lambda: len(seen) >= 3, "the replica back")
+                endpoint.wait_ready(timeout=120)
+                endpoint.update("serve.apps:make_app_v2", factory=True)
+                assert httpx.get(endpoint.url + "/whoami", headers=endpoint.headers, timeout=30).status_code == 200
+
+
+    if __name__ == "__main__":  # a node imports this file to unpickle; it must not serve again
+        main()
+""")
+
+
+def _serve(tmp_path: Path, console: str) -> tuple[str, str]:
+    script = tmp_path / "prog.py"
+    script.write_text(SERVING.replace("CONSOLE", repr(console)))
+    tests = Path(__file__).parent
+    err = tmp_path / "stderr"
+    path = os.pathsep.join([str(tests), *filter(None, [os.environ.get("PYTHONPATH")])])
+    with err.open("w") as stderr:
+        out = subprocess.run([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                             timeout=280, env=dict(os.environ, PYTHONPATH=path, ERR=str(err)))
+    text = err.read_text()
+    assert out.returncode == 0, text
+    return out.stdout, text
+
+
+@pytest.mark.timeout(300)
+def test_serving_lines_say_the_url_a_lost_replica_its_return_and_an_update(tmp_path: Path) -> None:
+    stdout, text = _serve(tmp_path, "log")
+    url = stdout.split()[1]
+    assert f"serving at {url}, " in text and "replica(s)" in text, text
+    lost = re.search(r"node \d+: replica 1\.0 lost \(.+\); the others take its requests", text)
+    assert lost, text
+    back = re.search(r"node \d+: replica 1\.0 back, ready in [\d.]+ s", text)
+    assert back and back.start() > lost.start(), text
+    assert re.search(rf"{re.escape(url)} updated, 2 replica\(s\) restarted", text), text
+    assert f"stopped serving at {url}" in text, text
+    # Only a replica that comes back gets a line of its own; the first ones are in "serving at".
+    assert "replica 0.0 back" not in text and text.count(" back, ready in ") == 1, text
+
+
+@pytest.mark.timeout(300)
+def test_minimal_shows_the_url_and_a_lost_replica_only(tmp_path: Path) -> None:
+    stdout, text = _serve(tmp_path, "minimal")
+    assert "serving at " + stdout.split()[1] in text, text
+    assert "replica 1.0 lost" in text, text
+    assert " back, ready in " not in text and " updated, " not in text, text

@@ -16,6 +16,7 @@ SERIES = 900  # samples kept per node and metric (15 minutes at one per second)
 FINISHED = 200  # finished tasks kept
 LINES = 300  # output lines kept per node
 BATCHES = 50  # maps/gathers kept
+RATE_WINDOW = 10.0  # seconds an endpoint's requests/s is measured over
 
 
 class LivePool:
@@ -32,6 +33,8 @@ class LivePool:
         self.lines: dict[int, deque[str]] = {}
         self.errors: deque[dict[str, Any]] = deque(maxlen=50)
         self.tasks_done = self.tasks_failed = 0
+        self.endpoints: dict[str, dict[str, Any]] = {}  # url -> its last EndpointStats (and "closed")
+        self.endpoint_totals: dict[str, deque[tuple[float, int]]] = {}  # url -> (time, requests) of each
         self.ended: float | None = None
         self.updated = time.time()
 
@@ -106,6 +109,17 @@ class LivePool:
     def _on_Error(self, e: dict[str, Any]) -> None:
         self.errors.appendleft({"time": e.get("time"), "message": e.get("message"), "node": e.get("node")})
 
+    def _on_EndpointStats(self, e: dict[str, Any]) -> None:
+        url = str(e["url"])
+        self.endpoints[url] = {**e, "closed": False}
+        totals = self.endpoint_totals.setdefault(url, deque(maxlen=SERIES))
+        totals.append((float(e.get("time") or time.time()), int(e.get("total") or 0)))
+
+    def _on_EndpointClosed(self, e: dict[str, Any]) -> None:
+        last = self.endpoints.get(str(e["url"]))
+        if last is not None:
+            last.update(closed=True, replicas=[], in_flight=0, queued=0)
+
     def _on_InstanceProvisioned(self, e: dict[str, Any]) -> None:
         self.nodes[int(e["node"])] = {"index": e["node"], "hostname": e.get("hostname"),
                                       "private_ip": e.get("private_ip"), "lost": False}
@@ -167,4 +181,51 @@ class LivePool:
             "batches": [self.batches[b] for b in sorted(self.batches, reverse=True)],
             "output": {str(n): list(lines) for n, lines in sorted(self.lines.items())},
             "errors": list(self.errors),
+            "endpoints": [self.endpoint_view(url) for url in sorted(self.endpoints)],
         }
+
+    def endpoint_view(self, url: str, now: float | None = None) -> dict[str, Any]:
+        """An endpoint as the pool page shows it: its replicas, requests/s over the last
+        ``RATE_WINDOW`` seconds, p50/p99 latency and errors since it opened."""
+        e = self.endpoints[url]
+        now = time.time() if now is None else now
+        statuses = {int(status): int(n) for status, n in e.get("statuses") or ()}
+        buckets = [(float(b), int(n)) for b, n in e.get("latency_buckets") or ()]
+        total = int(e.get("total") or 0)
+        before = 0  # requests counted at the window's start (0: the endpoint opened in it)
+        for when, count in self.endpoint_totals.get(url, ()):
+            if when <= now - RATE_WINDOW:
+                before = count
+        return {
+            "url": url,
+            "closed": bool(e.get("closed")),
+            "replicas": [{"key": key, "node": node, "state": state} for key, node, state in e.get("replicas") or ()],
+            "requests": total,
+            "requests_per_second": 0.0 if e.get("closed") else round(max(0, total - before) / RATE_WINDOW, 2),
+            "in_flight": int(e.get("in_flight") or 0),
+            "queued": int(e.get("queued") or 0),
+            "cold_starts": int(e.get("cold_waits") or 0),
+            "p50_seconds": quantile(buckets, 0.5),
+            "p99_seconds": quantile(buckets, 0.99),
+            "errors": sum(n for status, n in statuses.items() if status >= 500),
+            "client_errors": sum(n for status, n in statuses.items() if 400 <= status < 500),
+            "statuses": {str(status): n for status, n in sorted(statuses.items())},
+        }
+
+
+def quantile(buckets: list[tuple[float, int]], q: float) -> float | None:
+    """The ``q`` quantile of a cumulative histogram ((upper bound, count), ..., (inf, total)),
+    interpolated inside its bucket as Prometheus' ``histogram_quantile`` does; None when empty.
+    A quantile in the last (unbounded) bucket is that of the highest finite bound."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower

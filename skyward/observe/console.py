@@ -30,6 +30,7 @@ _LINE_EVENTS: tuple[type[ev.Event], ...] = (
     ev.InstanceRequested, ev.InstanceProvisioned, ev.BootstrapPhase, ev.InstanceBootstrapped, ev.InstanceLost,
     ev.InstancePreempted, ev.InstanceReplaced, ev.InstanceDestroyed, ev.BatchStarted, ev.BatchFinished, ev.Error,
     ev.ShutdownRequested, ev.ShutdownCompleted,
+    ev.EndpointReady, ev.EndpointUpdated, ev.EndpointClosed, ev.ReplicaLost, ev.ReplicaReady,
 )
 
 
@@ -84,6 +85,7 @@ class Console:
         self._progress: Any = None
         self._unsubscribe: Callable[[], None] | None = None
         self._phase = _Attaching()
+        self._serving = _Serving()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Console:
@@ -170,12 +172,14 @@ class Console:
     @staticmethod
     def _minimal(event: ev.Event) -> bool:
         return isinstance(event, ev.ClusterReady | ev.Error | ev.ClusterDestroyed | ev.ClusterDetached
-                          | ev.JobQueued | ev.InstanceLost | ev.InstanceReplaced | ev.ClusterAsleep | ev.ClusterWoke)
+                          | ev.JobQueued | ev.InstanceLost | ev.InstanceReplaced | ev.ClusterAsleep | ev.ClusterWoke
+                          | ev.EndpointReady | ev.ReplicaLost)
 
     def _describe(self, event: ev.Event) -> str | None:
         names = {k: f"{b.kind} {b.name}" for k, b in self.batches.items()}
         title = self.title if self.pool is not None else f"pool {event.pool}"
-        line = describe(event, title, names, attached=self._phase.attaching(event))
+        line = describe(event, title, names, attached=self._phase.attaching(event),
+                        back=self._serving.back(event))
         if line and self.pool is None and line.startswith("node "):
             line = f"pool {event.pool} {line}"  # several pools share this view
         return line
@@ -282,10 +286,27 @@ class _Attaching:
         return event.pool not in self._requested and event.pool not in self._ready
 
 
+class _Serving:
+    """Tells a replica that comes back after it was lost from one of an endpoint's first: only
+    the first is worth a line (``EndpointReady`` already counts the others)."""
+
+    def __init__(self) -> None:
+        self._lost: set[tuple[str, str]] = set()
+
+    def back(self, event: ev.Event) -> bool:
+        if isinstance(event, ev.ReplicaLost):
+            self._lost.add((event.pool, event.key))
+        elif isinstance(event, ev.ReplicaReady) and (event.pool, event.key) in self._lost:
+            self._lost.discard((event.pool, event.key))
+            return True
+        return False
+
+
 def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
-             attached: bool = False) -> str | None:
+             attached: bool = False, back: bool = False) -> str | None:
     """One line for the events worth a line (tasks and metrics are too many); shared by the
-    log console and the log file. ``attached``: the pool attaches to nodes that run already."""
+    log console and the log file. ``attached``: the pool attaches to nodes that run already;
+    ``back``: a ``ReplicaReady`` is of a replica that was lost (the others get no line)."""
     if isinstance(event, ev.ClusterRequested):
         return f"{title}: requesting {event.nodes} {event.provider} node(s)"
     if isinstance(event, ev.JobQueued):
@@ -341,6 +362,17 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
         return f"{title}: destroyed"
     if isinstance(event, ev.ClusterDetached):
         return f"{title}: detached; its {event.nodes} node(s) keep running"
+    if isinstance(event, ev.EndpointReady):
+        return f"{title}: serving at {event.url}, {event.replicas} replica(s)"
+    if isinstance(event, ev.EndpointUpdated):
+        return f"{title}: {event.url} updated, {event.replicas} replica(s) restarted one by one with the new app"
+    if isinstance(event, ev.EndpointClosed):
+        return f"{title}: stopped serving at {event.url}"
+    if isinstance(event, ev.ReplicaLost):
+        return (f"node {event.node}: replica {event.key} lost ({event.reason}); the others take its "
+                f"requests, it starts again once its node is ready")
+    if isinstance(event, ev.ReplicaReady) and back:
+        return f"node {event.node}: replica {event.key} back, ready in {event.seconds:.1f} s"
     return None
 
 
@@ -351,6 +383,7 @@ class EventLog:
         self._title = title
         self._batches: dict[int, str] = {}
         self._phase = _Attaching()
+        self._serving = _Serving()
         self._log = logging.getLogger("skyward.observe.events")
         # At DEBUG the file also keeps the tasks' output, prefixed by node.
         kinds = (*_LINE_EVENTS, ev.Log) if self._log.isEnabledFor(logging.DEBUG) else _LINE_EVENTS
@@ -363,7 +396,8 @@ class EventLog:
             return
         if isinstance(event, ev.BatchStarted):
             self._batches[event.batch] = f"{event.kind} {event.name}"
-        line = describe(event, self._title, self._batches, attached=self._phase.attaching(event))
+        line = describe(event, self._title, self._batches, attached=self._phase.attaching(event),
+                        back=self._serving.back(event))
         if line:
             # INFO even for errors: the console already shows them; this is the file's copy.
             self._log.info("%s", line)

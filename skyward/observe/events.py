@@ -289,6 +289,25 @@ class ReplicaLost(Event):
     reason: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+class EndpointStats(Event):
+    """What an endpoint's router counted, emitted about once a second while it changes (the
+    views' source: Prometheus, the dashboard). Counters are since the endpoint opened:
+    ``statuses`` ((status, requests), ...), ``latency_buckets`` ((upper bound in seconds,
+    cumulative requests), ...) and ``latency_sum`` (seconds); ``cold_waits``: requests that came
+    when no replica was ready. ``replicas``: (key, node, state) of each replica now."""
+
+    url: str
+    replicas: tuple[tuple[str, int, str], ...]
+    in_flight: int
+    queued: int
+    total: int
+    statuses: tuple[tuple[int, int], ...]
+    latency_buckets: tuple[tuple[float, int], ...]
+    latency_sum: float
+    cold_waits: int
+
+
 # -- telemetry ----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
 class Metric(Event):
@@ -451,6 +470,7 @@ __all__ = [
     "ClusterRequested",
     "EndpointClosed",
     "EndpointReady",
+    "EndpointStats",
     "EndpointUpdated",
     "Error",
     "Event",

@@ -12,7 +12,8 @@ dashboard's answers only its own token: a loopback port is open to every local u
 
 Names and labels are an interface (Grafana boards are built on them): add, never rename.
 ``pool`` is a named pool's name, or a program's pool id; ``node`` a node's index; ``function``
-a task's qualified name; ``provider`` the provider's kind. ``prometheus_client`` is imported
+a task's qualified name; ``provider`` the provider's kind; ``endpoint`` an endpoint's
+``HOST:PORT`` (``pool.serve``; its series come from ``EndpointStats`` events). ``prometheus_client`` is imported
 only by the code that serves (the ``dashboard`` extra, or ``metrics_port``).
 """
 
@@ -49,6 +50,7 @@ NODE_GAUGES = {
     "gpu_memory": ("skyward_node_gpu_memory_percent", "GPU memory used on the node (0-100)"),
 }
 NODE_STATES = ("provisioning", "bootstrapping", "ready", "lost")
+REPLICA_STATES = ("starting", "ready", "stopping")
 
 
 @dataclasses.dataclass
@@ -80,6 +82,7 @@ class PoolStats:
         self.cost = 0.0
         self.cost_at = started if started is not None else time.time()
         self.ended = False
+        self.endpoints: dict[str, dict[str, Any]] = {}  # endpoint label -> its last EndpointStats
 
     def _fn(self, name: str) -> _Function:
         found = self.functions.get(name)
@@ -131,6 +134,13 @@ class PoolStats:
                 if name:
                     fn = self._fn(name)
                     fn.queued = max(0, fn.queued - left)
+            elif kind == "EndpointStats":
+                self.endpoints[endpoint_label(str(e["url"]))] = e
+            elif kind == "EndpointClosed":
+                last = self.endpoints.get(endpoint_label(str(e["url"])))
+                if last is not None:  # the counts stay (Prometheus reads the final ones); nothing runs
+                    self.endpoints[endpoint_label(str(e["url"]))] = {**last, "replicas": [], "in_flight": 0,
+                                                                      "queued": 0}
             elif kind == "Metric":
                 self.samples[(int(e["node"]), str(e["name"]))] = (float(e["value"]), str(e.get("unit") or ""))
             elif kind in ("InstanceProvisioned", "BootstrapPhase", "InstanceBootstrapped", "InstanceLost",
@@ -193,6 +203,18 @@ class _Families:
         self.gauges = {name: g(metric, text, labels=node) for name, (metric, text) in NODE_GAUGES.items()}
         self.sample = g("skyward_node_sample", "any other sample the node's metrics sampler takes",
                         labels=["pool", "node", "metric", "unit"])
+        ep = ["pool", "endpoint"]
+        self.requests = c("skyward_endpoint_requests", "requests an endpoint (pool.serve) answered, by status",
+                          labels=[*ep, "status"])
+        self.latency = HistogramMetricFamily(
+            "skyward_endpoint_request_duration_seconds",
+            "from a request's arrival at the endpoint to its last byte (queueing and cold starts included)",
+            labels=ep)
+        self.in_flight = g("skyward_endpoint_in_flight", "requests a replica is answering now", labels=ep)
+        self.waiting = g("skyward_endpoint_queued", "requests waiting for a free replica", labels=ep)
+        self.cold = c("skyward_endpoint_cold_starts", "requests that came when no replica was ready "
+                      "(an asleep pool woke for them, or every replica was lost)", labels=ep)
+        self.replicas = g("skyward_endpoint_replicas", "the endpoint's replicas by state", labels=[*ep, "state"])
 
     def add_pool(self, pool: str, provider: str, nodes: dict[str, int], hourly: float | None,
                  cost: float | None) -> None:
@@ -235,10 +257,43 @@ class _Families:
                 gauge.add_metric([pool, str(node)], value)
             else:
                 self.sample.add_metric([pool, str(node), name, unit], value)
+        endpoints: dict[str, dict[str, Any]] = {}
+        for s in stats:
+            with s.lock:
+                endpoints.update(s.endpoints)
+        for label, e in sorted(endpoints.items()):
+            self.add_endpoint(pool, label, e)
+
+    def add_endpoint(self, pool: str, label: str, e: dict[str, Any]) -> None:
+        labels = [pool, label]
+        for status, n in e.get("statuses") or ():
+            self.requests.add_metric([*labels, str(status)], int(n))
+        buckets = [(_bound(float(b)), int(n)) for b, n in e.get("latency_buckets") or ()]
+        if not buckets or buckets[-1][0] != "+Inf":
+            buckets.append(("+Inf", int(e.get("total") or 0)))
+        self.latency.add_metric(labels, buckets, float(e.get("latency_sum") or 0.0))
+        self.in_flight.add_metric(labels, int(e.get("in_flight") or 0))
+        self.waiting.add_metric(labels, int(e.get("queued") or 0))
+        self.cold.add_metric(labels, int(e.get("cold_waits") or 0))
+        states: dict[str, int] = dict.fromkeys(REPLICA_STATES, 0)
+        for _key, _node, state in e.get("replicas") or ():
+            states[str(state)] = states.get(str(state), 0) + 1
+        for state, n in states.items():
+            self.replicas.add_metric([*labels, state], n)
 
     def __iter__(self) -> Iterator[Any]:
         yield from (self.info, self.nodes, self.hourly, self.cost, self.queued, self.running, self.done,
-                    self.failed, self.sent, self.received, self.duration, *self.gauges.values(), self.sample)
+                    self.failed, self.sent, self.received, self.duration, *self.gauges.values(), self.sample,
+                    self.requests, self.latency, self.in_flight, self.waiting, self.cold, self.replicas)
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else str(value)
+
+
+def endpoint_label(url: str) -> str:
+    """An endpoint's ``endpoint`` label: its ``HOST:PORT`` (unique on the machine that serves it)."""
+    return urlsplit(url).netloc or url
 
 
 def families(stats: Iterable[PoolStats], others: Iterable[dict[str, Any]] = ()) -> list[Any]:

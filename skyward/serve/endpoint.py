@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ServeError
 from ..observe import events as ev
+from . import access
 from . import replica as replica_task
 from .router import AccessRecord, Router, RouterStats, Upstream
 from .upstream import connector
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyward.serve")
 
 _TICK = 0.25  # how often the controller looks at the pool's table
+_STATS_EVERY = 1.0  # seconds between EndpointStats events (only when something changed)
 _RETRY = (1.0, 30.0)  # a replica that failed to start is tried again after 1 s, doubling to 30 s
 
 
@@ -131,6 +133,9 @@ class Endpoint:
                               on_demand=self._on_demand, access_log=self._access)
         self._host, self._port = self._router.start(host, port)
         self.url = f"http://{self._host}:{self._port}"
+        logfile = pool._log.file
+        self.access_log = access.open_for(None if logfile is None else logfile.parent, pool.name or pool.id,
+                                          self._port)
         self.headers: dict[str, str] = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         if not isinstance(target_concurrency, int) or target_concurrency < 1:
             raise ConfigError(f"pool.serve(target_concurrency={target_concurrency!r}): it is the requests "
@@ -211,6 +216,8 @@ class Endpoint:
         if self._leaving in self.pool.members.on_leaving:
             self.pool.members.on_leaving.remove(self._leaving)
         self._router.close()
+        if self.access_log is not None:
+            self.access_log.close()
         with self._lock:
             replicas = list(self._replicas.values())
         for r in replicas:
@@ -218,6 +225,7 @@ class Endpoint:
         self._thread.join(5)
         if self in self.pool.endpoints:
             self.pool.endpoints.remove(self)
+        self.pool._emit(self.stats_event())  # the final counts (the last may be a second old)
         self.pool._emit(ev.EndpointClosed(pool=self.pool.id, url=self.url))
 
     def __enter__(self) -> Endpoint:
@@ -251,6 +259,8 @@ class Endpoint:
 
     def _control(self) -> None:
         announced = False
+        last: tuple[Any, ...] = ()
+        sent = 0.0
         while not self._closed.wait(_TICK):
             try:
                 self._reconcile()
@@ -259,6 +269,19 @@ class Endpoint:
             if not announced and any(r.state == "ready" for r in list(self._replicas.values())):
                 announced = True
                 self.pool._emit(ev.EndpointReady(pool=self.pool.id, url=self.url, replicas=len(self.replicas)))
+            if time.monotonic() - sent >= _STATS_EVERY:
+                event = self.stats_event()
+                if event._values()[2:] != last:  # (pool and time aside)
+                    last, sent = event._values()[2:], time.monotonic()
+                    self.pool._emit(event)
+
+    def stats_event(self) -> ev.EndpointStats:
+        """What the views are told of this endpoint now (see ``EndpointStats``)."""
+        s = self._router.stats()
+        return ev.EndpointStats(
+            pool=self.pool.id, url=self.url, replicas=tuple((r.key, r.node, r.state) for r in self.replicas),
+            in_flight=s.in_flight, queued=s.queued, total=s.total, statuses=tuple(sorted(s.by_status.items())),
+            latency_buckets=tuple(s.latency_buckets), latency_sum=s.latency_sum, cold_waits=s.cold_waits)
 
     def _reconcile(self) -> None:
         """Start the replicas the ready nodes lack; stop those of nodes that left the table."""
@@ -372,6 +395,10 @@ class Endpoint:
         self.pool.members.wake()
 
     def _access(self, record: AccessRecord) -> None:
+        access_log = getattr(self, "access_log", None)  # (a request may come before it is open)
+        if access_log is not None:
+            access_log.write(record)
+            return
         log.info('%s "%s %s" %d %.1f ms %s', record.client, record.method, record.path, record.status,
                  record.seconds * 1000, record.replica or "-")
 

@@ -372,3 +372,44 @@ def test_a_session_unused_for_its_idle_time_is_refused() -> None:
         assert get("/api/config", idle) == 401
         assert get("/", idle, page=True) == 401
         assert get("/", used, page=True) == 200
+
+
+@pytest.mark.timeout(300)
+def test_a_programs_endpoint_shows_on_its_pool_page_and_in_metrics(cli: CLI) -> None:
+    import os
+
+    tests = str(Path(__file__).parent.parent)  # serve.apps, for the program and its nodes
+    cli.env["PYTHONPATH"] = os.pathsep.join([tests, *filter(None, [cli.env.get("PYTHONPATH")])])
+    with dashboard(cli) as d:
+        prog = program(cli, """
+            import sys, time, httpx, skyward as sky
+
+            with sky.Compute(nodes=1, options=sky.Options(console="silent")) as pool:
+                time.sleep(2.5)  # the hook looks for a dashboard once a second
+                with pool.serve("serve.apps:app") as endpoint:
+                    endpoint.wait_ready(timeout=120)
+                    with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=30) as c:
+                        codes = [c.get("/whoami").status_code for _ in range(20)] + [c.get("/nope").status_code]
+                    print(endpoint.url, codes.count(200), flush=True)
+                    sys.stdin.readline()  # hold the endpoint open until the test has looked
+        """)
+        assert prog.stdout is not None
+        url, ok = prog.stdout.readline().split()
+        assert ok == "20", prog.stderr.read() if prog.stderr else ""
+        ref = wait_for(lambda: [p for p in d.api("GET", "/api/pools").json() if p["kind"] == "program"], 60,
+                       "the program's pool")[0]["ref"]
+        served = wait_for(lambda: [e for e in d.api("GET", f"/api/pools/{ref}").json()["endpoints"]
+                                   if e["requests"] == 21], 30, "the endpoint's 21 requests")[0]
+        assert served["url"] == url and not served["closed"]
+        assert served["replicas"] == [{"key": "0.0", "node": 0, "state": "ready"}]
+        assert served["errors"] == 0 and served["client_errors"] == 1 and served["statuses"] == {"200": 20, "404": 1}
+        assert served["requests_per_second"] > 0  # 21 requests in the last 10 s
+        assert 0 < served["p50_seconds"] <= served["p99_seconds"] < 30
+        metrics = d.api("GET", "/metrics").text
+        label = f'endpoint="{url.removeprefix("http://")}"'
+        assert any(line.startswith("skyward_endpoint_requests_total{") and label in line and 'status="200"' in line
+                   and line.endswith(" 20.0") for line in metrics.splitlines()), metrics
+        prog.communicate(timeout=60)
+        closed = wait_for(lambda: [e for e in d.api("GET", f"/api/pools/{ref}").json()["endpoints"]
+                                   if e["closed"]], 30, "the endpoint closed")[0]
+        assert closed["replicas"] == [] and closed["requests"] == 21

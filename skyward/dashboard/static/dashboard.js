@@ -253,6 +253,26 @@ function nodesSection(detail, live) {
     table(["node", "host", "address", "health", "CPU / memory / GPU %"], rows, { id: "nodes-table" }));
 }
 
+// pool.serve: each endpoint's URL, its replicas, requests/s, latency (from its histogram), errors.
+function servingSection(live) {
+  const endpoints = (live && live.endpoints) || [];
+  if (!endpoints.length) return null;
+  const ms = (s) => (s === null || s === undefined ? "-" : `${(1000 * s).toFixed(1)} ms`);
+  const rows = endpoints.map((e) => h("tr", { dataset: { url: e.url } },
+    h("td", {}, e.url, e.closed ? " (closed)" : ""),
+    h("td", {}, e.replicas.length ? e.replicas.map((r) => `${r.key} on node ${r.node}: ${r.state}`).join(", ") : "none"),
+    h("td", { class: "num" }, `${Number(e.requests_per_second).toFixed(1)}/s`),
+    h("td", { class: "num" }, e.requests),
+    h("td", { class: "num" }, ms(e.p50_seconds)),
+    h("td", { class: "num" }, ms(e.p99_seconds)),
+    h("td", { class: "num" }, e.errors + (e.client_errors ? ` (+${e.client_errors} 4xx)` : "")),
+    h("td", { class: "num" }, `${e.in_flight} / ${e.queued}`),
+    h("td", { class: "num" }, e.cold_starts)));
+  return h("section", { id: "serving" }, h("h2", {}, `Serving (${endpoints.length})`),
+    table(["url", "replicas", "requests/s", "requests", "p50", "p99", "5xx errors", "in flight / queued", "cold starts"],
+      rows, { id: "endpoints-table" }));
+}
+
 function tasksSection(detail, live) {
   const batches = detail.batches || (live && live.batches) || [];
   const running = (live && live.running) || [];
@@ -391,7 +411,7 @@ async function loadPool() {
   // One element per fact, so that a label and its value always wrap together.
   head.querySelector("dl").replaceChildren(...facts.map(([k, v]) => h("div", { class: "fact" }, h("dt", {}, k), h("dd", {}, v))));
   const programs = (d.programs || []).length ? h("p", { class: "muted" }, "Used now by: " + d.programs.map((p) => `${p.program} (pid ${p.pid})`).join(", ")) : null;
-  setMain(head, actions(d), programs, wakesSection(d), nodesSection(d, live), tasksSection(d, live), outputSection(d, live),
+  setMain(head, actions(d), programs, wakesSection(d), servingSection(live), nodesSection(d, live), tasksSection(d, live), outputSection(d, live),
     h("section", { id: "audit" }), h("section", { id: "stack", hidden: true }));
   for (const node of Object.keys(charts)) redraw(charts[node]);
   showChartsNote();

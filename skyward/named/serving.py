@@ -101,6 +101,9 @@ def hold(name: str) -> Iterator[None]:
                 f"pool {name!r} is already being served{by}: one `skyward serve {name}` at a time. "
                 f"Roll it to another app with `skyward serve {name} APP --update`, or stop it first "
                 f"(Ctrl-C where it runs).") from None
+        for left in (*_folder().glob(f"{name}.serve-update.*"), *_folder().glob(f"{name}.serve-result.*")):
+            with contextlib.suppress(OSError):
+                left.unlink()  # of a requester killed while it waited: it waits no more
         try:
             yield
         finally:

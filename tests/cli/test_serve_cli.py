@@ -145,3 +145,15 @@ def test_update_with_no_serve_running_says_so_and_takes_the_app_from_skyward_tom
     wrong = cli("serve", "demo")
     assert wrong.code == 2 and f"{bad}: [pools.demo] serve.port = 99999" in wrong.err, wrong
     assert (down := cli("down", "demo")).code == 0, down
+
+
+def test_down_of_the_served_pool_ends_the_serve_command(cli: CLI) -> None:
+    shutil.copy(APPS, cli.cwd / "webapp.py")
+    assert (up := cli("up", "demo", "--provider", "local", "--nodes", "1")).code == 0, up
+    with serving(cli, "demo", "webapp:app", "--port", "0") as (proc, _said, log):
+        wait_for(lambda: "ready: 1 replica(s)" in log.read_text(), 120, "the replica ready")
+        assert (down := cli("down", "demo", "--force")).code == 0, down
+        assert proc.wait(60) == 1, log.read_text()
+        assert "pool 'demo' was closed" in log.read_text()
+    assert not (cli.home / "registry" / "demo.serve").exists()
+    assert cli("ls", "--json").json() == []

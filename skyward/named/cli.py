@@ -8,6 +8,7 @@
     skyward install NAME PKG... | events NAME                packages on every node; a post-mortem
     skyward ssh NAME [-- CMD] | cp SRC DEST                  a shell on a node; files to and from nodes
     skyward notebook NAME | ssh-config [NAME]                JupyterLab/marimo on a node; ssh NAME-0 by name
+    skyward serve NAME [APP] [--update]                      an ASGI app served from the pool's nodes
     skyward down NAME | --all | --expired                    stop pools
     skyward preview NAME | offers                            what a pool would be, what can be had
 
@@ -157,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     from .notebook import add_notebook
     from .proxy import add_proxy
     from .runscript import add_run
+    from .servecli import add_serve
     from .shell import add_ssh
     from .sshconfigcli import add_ssh_config
 
@@ -169,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     add_notebook(command)
     add_ssh_config(command)
     add_proxy(command)
+    add_serve(command)
     return parser
 
 
@@ -522,6 +525,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         _opportunistic_cleanup()
     for row in rows:
         row["removed"] = row["name"] in gone
+        row["serving"] = None if row["removed"] else _serving(row["name"])
     orphan_rows = _orphan_rows()
     if args.json:
         print_json(rows + orphan_rows)
@@ -547,10 +551,27 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for r in orphan_rows:
         table.append([r["name"], r["provider"], str(r["nodes"]), r["state"], _duration(r["age_seconds"]), "-", "-"])
     print(format_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
+    served = [r for r in rows if r["serving"]]
+    if served:
+        print("\n" + format_table(["SERVED", "URL", "APP", "READY", "REQ/S", "PID"], [
+            [r["name"], s["url"], str(s["app"]), f"{s['ready']}/{s['replicas']}" + (" (updating)" if s["updating"] else ""),
+             f"{s['requests_per_s']:.1f}", str(s["pid"])] for r in rows if (s := r["serving"])]))
     if orphan_rows:
         print("\nCloud pools whose program ended without tearing them down may still cost money: "
               "`skyward down --expired` destroys their stacks.")
     return EXIT_OK
+
+
+def _serving(name: str) -> dict[str, Any] | None:
+    """The endpoint a `skyward serve NAME` process serves now (skyward.named.serving), or None."""
+    from .serving import read_status
+
+    status = read_status(name)
+    if status is None:
+        return None
+    keys = ("url", "app", "auth", "ready", "replicas", "requests_per_s", "requests", "in_flight", "queued",
+            "updating", "pid", "host", "updated")
+    return {k: status.get(k) for k in keys}
 
 
 def _nodes_cell(row: dict[str, Any]) -> str:

@@ -71,6 +71,18 @@ class NodesTable(_Table):
         return self
 
 
+class ServeTable(_Table):
+    """``[pools.NAME.serve]``: what ``skyward serve NAME`` serves when the command names no app."""
+
+    app: str | None = None  # 'module:attribute'
+    factory: bool = False  # the attribute is a function that returns the app
+    host: str | None = None
+    port: int | None = Field(default=None, ge=0, le=65535)
+    replicas_per_node: int | None = Field(default=None, ge=1)
+    ready: str | None = None  # a path that answers 200 once a replica is ready ('/health')
+    timeout: float | None = Field(default=None, gt=0)
+
+
 class PoolTable(_Table):
     """One ``[pools.NAME]`` table (or the whole of defaults.toml)."""
 
@@ -87,6 +99,7 @@ class PoolTable(_Table):
     ttl: int = Field(600, ge=0)
     image: ImageTable = ImageTable()
     worker: WorkerTable = WorkerTable()
+    serve: ServeTable = ServeTable()
     # Provider settings, in a sub-table named after the provider: [pools.NAME.ssh] hosts = [...]
     local: dict[str, Any] = {}
     ssh: dict[str, Any] = {}

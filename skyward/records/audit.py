@@ -2,7 +2,8 @@
 (``NAME.jsonl``) and one for every pool's record (``_pools.jsonl``; no pool name starts with _).
 
 One line per lifecycle event (recorded, amended, provisioned, attached, detached, resized, node
-lost, node replaced, exec, installed, install failed, destroyed, closed) saying who (user@host),
+lost, node replaced, exec, installed, install failed, served, serve updated, serve stopped,
+destroyed, closed) saying who (user@host),
 when, what, and the pool's offer, cost estimate and the skyward version; never a secret: every
 detail goes through ``secrets.scrub`` on its way in (a command run on the nodes, an error). Lines
 are appended with one ``write`` on an O_APPEND descriptor under an exclusive ``flock``, so
@@ -31,7 +32,7 @@ from ..paths import skyward_home
 from ..version import __version__
 
 EVENTS = ("recorded", "amended", "provisioned", "attached", "detached", "resized", "node lost", "node replaced",
-          "exec", "installed", "install failed", "destroyed", "closed")
+          "exec", "installed", "install failed", "served", "serve updated", "serve stopped", "destroyed", "closed")
 POOLS = "_pools"  # the trail of every pool's record, named or not
 
 

@@ -1,0 +1,159 @@
+"""`skyward serve` on a Local named pool, with real processes: the command serves a Starlette
+app from the pool's nodes and prints the URL and the header; requests go through; `skyward ls`
+shows the endpoint; `--update` rolls the running server to a factory; SIGTERM stops serving and
+leaves the pool up; and the mistakes (no app anywhere, --update with no server) say what to do."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from .conftest import CLI  # noqa: E402
+from .dashboard_helpers import wait_for  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+APPS = Path(__file__).resolve().parents[1] / "serve" / "apps.py"
+TOML = """
+[pools.demo]
+provider = "local"
+nodes = 2
+ttl = 300
+"""
+
+
+@contextmanager
+def serving(cli: CLI, *args: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, str], Path]]:
+    """`skyward serve ARGS` in the background: the process, what its announcement said (url,
+    header) and its stderr's file. Stopped (SIGTERM, then SIGKILL) and waited for on the way out."""
+    log = cli.cwd.parent / "serve.err"
+    with log.open("w") as errors:
+        proc = subprocess.Popen([sys.executable, "-m", "skyward", "serve", *args], cwd=cli.cwd, env=cli.env,
+                                stdout=subprocess.PIPE, stderr=errors, text=True)
+    try:
+        said: dict[str, str] = {}
+        assert proc.stdout is not None
+        while "header" not in said:
+            line = proc.stdout.readline()
+            if not line:
+                pytest.fail(f"`skyward serve` ended (exit {proc.wait(30)}) before it printed its URL:\n"
+                            f"{log.read_text()}")
+            key, _, value = line.strip().partition(":")
+            if key in ("url", "header"):
+                said[key] = value.strip()
+        yield proc, said, log
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_serve_a_named_pool_update_it_and_stop_it_leaving_the_pool_up(cli: CLI) -> None:
+    cli.toml(TOML)
+    shutil.copy(APPS, cli.cwd / "webapp.py")  # the app, importable from the project folder
+    assert (up := cli("up", "demo")).code == 0, up
+    with serving(cli, "demo", "webapp:app", "--port", "0", "--ready", "/health") as (proc, said, log):
+        url, header = said["url"], said["header"]
+        assert url.startswith("http://127.0.0.1:") and header.startswith("Authorization: Bearer ")
+        name, _, value = header.partition(": ")
+        headers = {name: value}
+        token = value.removeprefix("Bearer ")
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+            answers = [client.post("/predict", json={"x": x}) for x in range(20)]
+            assert [r.status_code for r in answers] == [200] * 20, answers[-1].text
+            assert [r.json()["y"] for r in answers] == [2.0 * x + 1 for x in range(20)]
+            assert httpx.get(url + "/whoami", timeout=30).status_code == 401  # no header, no answer
+            assert client.get("/whoami").json()["version"] == 1
+
+            # `skyward ls` shows the endpoint, its replicas and its rate; never the token.
+            wait_for(lambda: ((cli("ls", "--json").json()[0].get("serving") or {}).get("ready") == 2),
+                     60, "ls showing 2 replicas ready")
+            (row,) = cli("ls", "--json").json()
+            assert row["serving"]["url"] == url and row["serving"]["app"] == "webapp:app"
+            assert row["serving"]["pid"] == proc.pid and row["serving"]["requests"] >= 21
+            table = cli("ls")
+            assert "SERVED" in table.out and url in table.out and "2/2" in table.out, table
+            status = cli.home / "registry" / "demo.serve"
+            assert stat.S_IMODE(status.stat().st_mode) == 0o600
+            assert token not in status.read_text() and token not in table.out + str(row)
+
+            # One server per pool: a second says who serves it.
+            second = cli("serve", "demo", "webapp:app", "--port", "0")
+            assert second.code == 1 and f"already being served by pid {proc.pid}" in second.err, second
+
+            # Roll to the factory; requests keep working and the new version answers.
+            rolled = cli("serve", "demo", "webapp:make_app_v2", "--factory", "--update", timeout=180)
+            assert rolled.code == 0, rolled
+            assert "now serves 'webapp:make_app_v2': 2 replica(s) ready" in rolled.out, rolled
+            assert client.get("/whoami").json()["version"] == 2
+            wait_for(lambda: cli("ls", "--json").json()[0]["serving"]["app"] == "webapp:make_app_v2", 30,
+                     "ls showing the new app")
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+        assert "pool 'demo' stays up" in log.read_text()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/whoami", timeout=5)
+    assert not (cli.home / "registry" / "demo.serve").exists()
+    (row,) = cli("ls", "--json").json()
+    assert row["state"] == "running" and row["serving"] is None and row["clients"] == 0
+    ran = cli("exec", "demo", "--", "true")  # the pool's nodes still answer
+    assert ran.code == 0, ran
+
+    trail = [e for e in cli("history", "demo", "--json").json()
+             if e["event"] in ("served", "serve updated", "serve stopped")]
+    assert [e["event"] for e in trail] == ["served", "serve updated", "serve stopped"]
+    assert all(e["url"] == url and "@" in e["who"] for e in trail)
+    assert [e["app"] for e in trail] == ["webapp:app", "webapp:make_app_v2", "webapp:make_app_v2"]
+    assert token not in (cli.home / "audit" / "demo.jsonl").read_text()
+    assert (down := cli("down", "demo")).code == 0, down
+
+
+def test_serve_without_an_app_anywhere_says_how_to_name_one(cli: CLI) -> None:
+    cli.toml(TOML)
+    bare = cli("serve", "demo")
+    assert bare.code == 2, bare
+    assert "no app to serve" in bare.err and "[pools.demo.serve]" in bare.err and 'app = "module:app"' in bare.err
+    wrong = cli("serve", "demo", "webapp")
+    assert wrong.code == 2 and "'module:attribute'" in wrong.err, wrong
+
+
+def test_update_with_no_serve_running_says_so_and_takes_the_app_from_skyward_toml(cli: CLI) -> None:
+    cli.toml(TOML + '\n[pools.demo.serve]\napp = "webapp:app"\nport = 0\n')
+    assert (up := cli("up", "demo")).code == 0, up
+    result = cli("serve", "demo", "--update")
+    assert result.code == 1, result
+    assert "no `skyward serve demo` runs" in result.err and "`skyward serve demo webapp:app`" in result.err
+    assert not list((cli.home / "registry").glob("demo.serve-update.*"))  # no request left behind
+    bad = cli.toml(TOML + '\n[pools.demo.serve]\napp = "webapp:app"\nport = 99999\n')
+    wrong = cli("serve", "demo")
+    assert wrong.code == 2 and f"{bad}: [pools.demo] serve.port = 99999" in wrong.err, wrong
+    assert (down := cli("down", "demo")).code == 0, down
+
+
+def test_down_of_the_served_pool_ends_the_serve_command(cli: CLI) -> None:
+    shutil.copy(APPS, cli.cwd / "webapp.py")
+    assert (up := cli("up", "demo", "--provider", "local", "--nodes", "1")).code == 0, up
+    with serving(cli, "demo", "webapp:app", "--port", "0") as (proc, _said, log):
+        wait_for(lambda: "ready: 1 replica(s)" in log.read_text(), 120, "the replica ready")
+        assert (down := cli("down", "demo", "--force")).code == 0, down
+        assert proc.wait(60) == 1, log.read_text()
+        assert "pool 'demo' was closed" in log.read_text()
+    assert not (cli.home / "registry" / "demo.serve").exists()
+    assert cli("ls", "--json").json() == []

@@ -193,17 +193,34 @@ class Endpoint:
         it, waiting for it to be ready before the next (no request fails; some wait)."""
         _check(app, self.replicas_per_node, self.pool.worker.slots, 1, self.ready_path, "client", 0)
         with self._lock:
+            previous = self._app
             self._app = (app, is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
             self._version += 1
             version = self._version
             keys = sorted(k for k, r in self._replicas.items() if r.state == "ready")
-        for key in keys:
+        for done, key in enumerate(keys):
             with self._lock:
                 old = self._replicas.get(key)
             if old is None or old.version == version:
                 continue
             self._stop(old, drain=True)
             self._changed_wait(lambda k=key: self._ready_at(k, version))
+            with self._lock:
+                r = self._replicas.get(key)
+                failure = self._failures.get(key)
+                if self._closed.is_set() or (r is not None and r.version == version and r.state == "ready"):
+                    continue
+                # The new app does not start: the rest keep the app they serve, and this one
+                # starts again with it at once (the next tick), instead of the update taking
+                # every replica down one by one.
+                self._app, self._version = previous, self._version + 1
+                self._failures.pop(key, None)
+            error = failure[2] if failure is not None else None
+            raise ServeError(
+                f"update of {self.url} stopped at replica {key}: the new app did not start there "
+                f"({type(error).__name__ if error else 'no reason'}: {error}). {done} replica(s) serve the "
+                f"new app, the other {len(keys) - done} the previous one ({key} is started again with "
+                f"it). Fix the app and update again.") from error
         self.pool._emit(ev.EndpointUpdated(pool=self.pool.id, url=self.url, replicas=len(keys)))
 
     def close(self) -> None:

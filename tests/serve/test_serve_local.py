@@ -148,6 +148,19 @@ def test_an_update_under_load_fails_no_request() -> None:
         assert {v for s, v in seen[mark:] if v} == {2}  # only the new version answers after it
 
 
+def test_an_update_to_an_app_that_does_not_start_stops_at_the_first_replica_and_keeps_serving() -> None:
+    with sky.Compute(nodes=2, options=QUIET) as pool, pool.serve(f"{APPS}:app") as endpoint:
+        endpoint.wait_ready(timeout=120)
+        with pytest.raises(sky.ServeError) as info:
+            endpoint.update(f"{APPS}:broken")
+        assert "replica 0.0" in str(info.value) and "the model file is missing" in str(info.value)
+        endpoint.wait_ready(timeout=120)  # 0.0 back with the previous app; 1.0 never stopped
+        with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=30) as client:
+            answers = [client.post("/predict", json={"x": 2}) for _ in range(20)]
+        assert [a.json()["y"] for a in answers] == [5.0] * 20
+        assert len({a.json()["pid"] for a in answers}) == 2
+
+
 def test_a_request_wakes_an_asleep_pool_and_is_answered() -> None:
     woke = []
     unsubscribe = sky.subscribe(lambda e: woke.append(e) if isinstance(e, sky.ClusterWoke) else None)

@@ -38,3 +38,12 @@ def test_concurrent_requests_are_all_answered_by_two_containers(served: tuple[sk
 def test_server_sent_events_pass_out_of_a_container_as_they_are_produced(
         served: tuple[sky.Pool, Endpoint]) -> None:
     checks.events_pass_through_as_they_are_produced(*served)
+
+
+def test_a_node_without_uvicorn_says_how_to_add_it(base_image: str) -> None:
+    image = sky.Image(includes=[str(checks.APPS)])  # the app's module, and no uvicorn
+    with sky.Compute(provider=sky.Container(image=base_image), nodes=1, image=image, options=QUIET) as pool, \
+            pool.serve("apps:app") as endpoint, pytest.raises(sky.SkywardError) as info:
+        endpoint.wait_ready(timeout=120)
+    text = str(info.value)
+    assert "uvicorn is not installed" in text and "image=sky.Image(pip=['uvicorn'" in text, text

@@ -97,9 +97,9 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
         import uvicorn
     except ImportError:
         raise ServeError(
-            f"replica {key}: uvicorn is not installed on node (serving runs each replica under "
-            f"uvicorn). Add it to the pool's image: sky.Image(pip=['uvicorn']), or install "
-            f"skyward[serve] where the nodes get their packages.") from None
+            f"replica {key}: uvicorn is not installed on node {socket.gethostname()} (each replica "
+            f"runs the app under uvicorn, on its node). Add it, with the packages the app imports, "
+            f"to the pool's image: sky.Compute(..., image=sky.Image(pip=['uvicorn', ...])).") from None
     began = time.monotonic()
     asgi = load(app, factory)
     folder = tempfile.mkdtemp(prefix="skyward-serve-")  # 0700: this user's only

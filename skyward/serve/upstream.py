@@ -16,6 +16,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,12 +53,27 @@ def bridged(stream: Stream) -> socket.socket:
     return theirs
 
 
+# Opening a stream blocks (an SSH channel to a node that was cut off waits up to its timeout):
+# threads of their own, so that a few such opens never hold up those to healthy replicas, as
+# they would in asyncio's default executor (cores + 4 threads).
+_OPENERS: ThreadPoolExecutor | None = None
+_OPENERS_LOCK = threading.Lock()
+
+
+def _openers() -> ThreadPoolExecutor:
+    global _OPENERS
+    with _OPENERS_LOCK:
+        if _OPENERS is None:
+            _OPENERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="skyward-serve-open")
+        return _OPENERS
+
+
 def connector(cluster: Cluster, index: int, path: str) -> Connect:
     """The ``connect`` of the replica listening on ``path`` on node ``index``."""
 
     async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         loop = asyncio.get_running_loop()
-        stream = await loop.run_in_executor(None, cluster.open_stream, index, path)
+        stream = await loop.run_in_executor(_openers(), cluster.open_stream, index, path)
         sock = stream if isinstance(stream, socket.socket) else bridged(stream)
         sock.setblocking(False)
         return await asyncio.open_connection(sock=sock, limit=_CHUNK)

@@ -125,7 +125,7 @@ def test_max_concurrency_queues_then_refuses_past_max_queue(pair: list[Replica],
 
 def test_timeout_answers_504(pair: list[Replica], routers: list[Router]) -> None:
     records: list[AccessRecord] = []
-    router, url = started(routers, *pair, timeout=0.5, access_log=records.append)
+    _router, url = started(routers, *pair, timeout=0.5, access_log=records.append)
     with httpx.Client(base_url=url, timeout=30) as client:
         began = time.monotonic()
         r = client.get("/slow?s=5")
@@ -156,7 +156,7 @@ def test_bearer_token(pair: list[Replica], routers: list[Router]) -> None:
 
 
 def test_server_sent_events_arrive_as_produced(pair: list[Replica], routers: list[Router], tmp_path: Path) -> None:
-    router, url = started(routers, *pair)
+    _router, url = started(routers, *pair)
     gate = tmp_path / "gate"
     with httpx.Client(base_url=url, timeout=30) as client, \
             client.stream("GET", f"/events?gate={gate}") as r:
@@ -171,7 +171,7 @@ def test_server_sent_events_arrive_as_produced(pair: list[Replica], routers: lis
 
 @pytest.mark.parametrize("framing", ["chunked", "content-length"])
 def test_large_upload_streams(pair: list[Replica], routers: list[Router], tmp_path: Path, framing: str) -> None:
-    router, url = started(routers, pair[0])
+    _router, url = started(routers, pair[0])
     mark = tmp_path / "started"
     size, piece = 50 * 1024 * 1024, b"y" * (1024 * 1024)
 
@@ -202,7 +202,7 @@ def test_websocket_echo(pair: list[Replica], routers: list[Router]) -> None:
 
 def test_replica_killed_during_get_is_retried_elsewhere(own_pair: list[Replica], routers: list[Router],
                                                       tmp_path: Path) -> None:
-    router, url = started(routers, *own_pair)
+    _router, url = started(routers, *own_pair)
     mark = tmp_path / "slow"
     with httpx.Client(base_url=url, timeout=30) as client:
         t, box = in_thread(client.get, f"/slow?s=1&mark={mark}")
@@ -214,7 +214,7 @@ def test_replica_killed_during_get_is_retried_elsewhere(own_pair: list[Replica],
 
 
 def test_replica_killed_during_post_is_502(own_pair: list[Replica], routers: list[Router], tmp_path: Path) -> None:
-    router, url = started(routers, *own_pair)
+    _router, url = started(routers, *own_pair)
     mark = tmp_path / "slow"
     with httpx.Client(base_url=url, timeout=30) as client:
         t, box = in_thread(client.post, f"/slow?s=5&mark={mark}", content=b"payload")

@@ -154,6 +154,14 @@ class HeadTooLarge(Exception):
     pass
 
 
+class Refused(Exception):
+    """The router answers the request itself (401, 502, 503, 504...)."""
+
+    def __init__(self, status: int, text: str, extra: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(text)
+        self.status, self.text, self.extra = status, text, extra
+
+
 class UpstreamConn:
     """One connection to a replica, with a response parser that follows it across requests."""
 

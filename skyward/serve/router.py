@@ -3,7 +3,8 @@ replica with the fewest outstanding requests, streams both ways, fails over what
 when a replica is lost, and queues (bounded, with a deadline) when every replica is busy.
 
 It runs its own asyncio loop on a daemon thread; every public method is safe to call from any
-other thread. HTTP framing lives in ``skyward.serve.http``.
+other thread. HTTP framing lives in ``skyward.serve.http``, the choice of a replica and the
+queue in ``skyward.serve.balance``.
 """
 
 from __future__ import annotations
@@ -16,21 +17,24 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from skyward.errors import ConfigError
+from skyward.serve.balance import Balancer, Replica, Upstream
 from skyward.serve.http import (
     END,
     ClientReader,
     HeadTooLarge,
+    Refused,
     RequestHead,
     UpstreamConn,
     answer,
     nodelay,
 )
+
+__all__ = ["AccessRecord", "Router", "RouterStats", "Upstream"]
 
 log = logging.getLogger("skyward.serve")
 
@@ -38,18 +42,7 @@ T = TypeVar("T")
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 REPLAY_LIMIT = 1024 * 1024  # an idempotent request's body kept for a retry, at most
-MAX_IDLE = 4.0  # seconds an upstream connection stays pooled (uvicorn closes them after 5)
-POOL_SIZE = 64  # idle upstream connections kept per replica
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-@dataclass
-class Upstream:
-    """A ready replica: ``connect`` opens one new connection to it (on the router's loop)."""
-
-    key: str
-    connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-    max_concurrency: int = 0  # 0: unbounded; past it, requests for it wait at the router
 
 
 @dataclass(frozen=True)
@@ -73,27 +66,6 @@ class RouterStats:
     cold_waits: int  # requests that arrived when there was no replica at all
     per_replica: dict[str, int]  # replica key -> requests in flight on it (draining ones too)
     replicas: tuple[str, ...]  # keys of the ready replicas
-
-
-class _Replica:
-    def __init__(self, upstream: Upstream) -> None:
-        self.upstream = upstream
-        self.key = upstream.key
-        self.in_flight = 0
-        self.draining = False
-        self.lost = False
-        self.idle: deque[UpstreamConn] = deque()
-        self.active: set[UpstreamConn] = set()
-
-    def free(self) -> bool:
-        cap = self.upstream.max_concurrency
-        return not cap or self.in_flight < cap
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, text: str, extra: tuple[tuple[str, str], ...] = ()) -> None:
-        super().__init__(text)
-        self.status, self.text, self.extra = status, text, extra
 
 
 @dataclass
@@ -120,24 +92,16 @@ class Router:
         self._token = token
         self._expected = f"Bearer {token}".encode() if token is not None else b""
         self._timeout = timeout
-        self._max_queue = max_queue
-        self._on_demand = on_demand
+        self._balance = Balancer(max_queue, on_demand)
         self._access_log = access_log
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
         self._clients: set[asyncio.Task[Any]] = set()
-        self._replicas: dict[str, _Replica] = {}  # ready and draining
-        self._ready: list[_Replica] = []
-        self._rr = 0
-        self._waiters: deque[tuple[asyncio.Future[_Replica], frozenset[_Replica]]] = deque()
-        self._cold = False
-        self._in_flight_by_key: dict[str, int] = {}
         self._total = 0
         self._by_status: dict[int, int] = {}
         self._buckets = [0] * len(BUCKETS)
         self._latency_sum = 0.0
-        self._cold_waits = 0
 
     # ---- the public, thread-safe surface ----
 
@@ -166,14 +130,14 @@ class Router:
         return str(bound[0]), int(bound[1])
 
     def add(self, upstream: Upstream) -> None:
-        self._call(lambda: self._add(upstream))
+        self._call(lambda: self._balance.add(upstream))
 
     def remove(self, key: str, *, lost: bool) -> None:
-        self._call(lambda: self._remove(key, lost))
+        self._call(lambda: self._balance.remove(key, lost))
 
     def wait_drained(self, key: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self._call(lambda: self._in_flight_by_key.get(key, 0)):
+        while self._call(lambda: self._balance.in_flight_by_key.get(key, 0)):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
@@ -209,34 +173,6 @@ class Router:
 
         return asyncio.run_coroutine_threadsafe(run(), loop).result()
 
-    def _add(self, upstream: Upstream) -> None:
-        old = self._replicas.get(upstream.key)
-        if old is not None and not old.draining:
-            self._ready.remove(old)
-        rep = _Replica(upstream)
-        self._replicas[rep.key] = rep
-        self._ready.append(rep)
-        self._cold = False
-        self._dispatch()
-
-    def _remove(self, key: str, lost: bool) -> None:
-        rep = self._replicas.get(key)
-        if rep is None:
-            return
-        if not rep.draining:
-            rep.draining = True
-            self._ready.remove(rep)
-        if lost:
-            rep.lost = True
-            for conn in [*rep.active, *rep.idle]:
-                conn.abort()
-        for conn in rep.idle:
-            conn.abort()
-        rep.idle.clear()
-        if rep.in_flight == 0:
-            del self._replicas[key]
-        self._dispatch()  # waiters that excluded nothing may now start a cold episode elsewhere
-
     def _snapshot(self) -> RouterStats:
         running, cumulative = 0, []
         for bound, n in zip(BUCKETS, self._buckets, strict=True):
@@ -244,136 +180,25 @@ class Router:
             cumulative.append((bound, running))
         cumulative.append((float("inf"), self._total))
         return RouterStats(
-            in_flight=sum(self._in_flight_by_key.values()), queued=len(self._waiters), total=self._total,
+            in_flight=sum(self._balance.in_flight_by_key.values()), queued=len(self._balance.waiters), total=self._total,
             by_status=dict(self._by_status), latency_buckets=tuple(cumulative),
-            latency_sum=self._latency_sum, cold_waits=self._cold_waits,
-            per_replica=dict(self._in_flight_by_key), replicas=tuple(r.key for r in self._ready))
+            latency_sum=self._latency_sum, cold_waits=self._balance.cold_waits,
+            per_replica=dict(self._balance.in_flight_by_key), replicas=tuple(r.key for r in self._balance.ready))
 
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
-        for fut, _ in self._waiters:
+        for fut, _ in self._balance.waiters:
             fut.cancel()
         for task in list(self._clients):
             task.cancel()
-        for rep in list(self._replicas.values()):
+        for rep in list(self._balance.replicas.values()):
             for conn in [*rep.active, *rep.idle]:
                 conn.abort()
         if self._clients:
             await asyncio.wait(list(self._clients), timeout=10)
         if self._server is not None:
             await self._server.wait_closed()
-
-    # ---- choosing a replica ----
-
-    def _pick(self, exclude: frozenset[_Replica]) -> _Replica | None:
-        ready = self._ready
-        n = len(ready)
-        best: _Replica | None = None
-        for i in range(n):
-            rep = ready[(self._rr + i) % n]
-            if rep in exclude or not rep.free():
-                continue
-            if best is None or rep.in_flight < best.in_flight:
-                best = rep
-        if best is not None:
-            self._rr = (self._rr + 1) % max(n, 1)
-            self._take(best)
-        return best
-
-    def _take(self, rep: _Replica) -> None:
-        rep.in_flight += 1
-        self._in_flight_by_key[rep.key] = self._in_flight_by_key.get(rep.key, 0) + 1
-
-    def _release(self, rep: _Replica) -> None:
-        rep.in_flight -= 1
-        left = self._in_flight_by_key.get(rep.key, 1) - 1
-        if left > 0:
-            self._in_flight_by_key[rep.key] = left
-        else:
-            self._in_flight_by_key.pop(rep.key, None)
-        if rep.draining and rep.in_flight == 0 and self._replicas.get(rep.key) is rep:
-            del self._replicas[rep.key]
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        if not self._waiters:
-            return
-        for entry in list(self._waiters):
-            fut, exclude = entry
-            if fut.done():
-                self._waiters.remove(entry)
-                continue
-            rep = self._pick(exclude)
-            if rep is None:
-                if not exclude:
-                    break
-                continue
-            self._waiters.remove(entry)
-            fut.set_result(rep)
-
-    async def _acquire(self, exclude: frozenset[_Replica], deadline: float) -> _Replica:
-        if not self._waiters:
-            rep = self._pick(exclude)
-            if rep is not None:
-                return rep
-        if len(self._waiters) >= self._max_queue:
-            raise _Refused(503, "every replica is busy and the queue is full; retry shortly",
-                           (("Retry-After", "1"),))
-        if not self._ready:
-            self._cold_waits += 1
-            if not self._cold:
-                self._cold = True
-                self._wake()
-        fut: asyncio.Future[_Replica] = asyncio.get_running_loop().create_future()
-        entry = (fut, exclude)
-        self._waiters.append(entry)
-        got: _Replica | None = None
-        try:
-            async with asyncio.timeout_at(deadline):
-                got = await fut
-            return got
-        except TimeoutError:
-            raise _Refused(504, "no replica answered in time") from None
-        finally:
-            if got is None:
-                if fut.done() and not fut.cancelled():
-                    self._release(fut.result())
-                fut.cancel()
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(entry)
-
-    def _wake(self) -> None:
-        on_demand = self._on_demand
-        if on_demand is None:
-            return
-
-        def call() -> None:
-            try:
-                on_demand()
-            except Exception:
-                log.exception("waking the pool for a request (on_demand)")
-
-        threading.Thread(target=call, name="skyward-serve-wake", daemon=True).start()
-
-    async def _connection(self, rep: _Replica) -> tuple[UpstreamConn, bool]:
-        now = asyncio.get_running_loop().time()
-        while rep.idle:
-            conn = rep.idle.pop()
-            if conn.usable(now, MAX_IDLE):
-                return conn, False
-            conn.abort()
-        reader, writer = await rep.upstream.connect()
-        nodelay(writer)
-        return UpstreamConn(reader, writer), True
-
-    def _park(self, rep: _Replica, conn: UpstreamConn) -> None:
-        rep.active.discard(conn)
-        if conn.reusable and not rep.draining and not conn.writer.is_closing() and len(rep.idle) < POOL_SIZE:
-            conn.idle_since = asyncio.get_running_loop().time()
-            rep.idle.append(conn)
-        else:
-            conn.abort()
 
     # ---- a client connection ----
 
@@ -430,9 +255,9 @@ class Router:
             if self._token is not None:
                 got = head.header(b"authorization") or b""
                 if not hmac.compare_digest(got, self._expected):
-                    raise _Refused(401, "unauthorized", (("WWW-Authenticate", "Bearer"),))
+                    raise Refused(401, "unauthorized", (("WWW-Authenticate", "Bearer"),))
             status, rep_key, keep = await self._forward(req, writer, start + self._timeout)
-        except _Refused as r:
+        except Refused as r:
             status = r.status
             keep = keep and self._skip_body(req)
             writer.write(answer(r.status, r.text, close=not keep, extra=r.extra))
@@ -474,36 +299,36 @@ class Router:
                        deadline: float) -> tuple[int, str | None, bool]:
         """Sends the request to a replica (once more to another when that is safe) and relays
         its answer: (status, replica key, keep the client connection)."""
-        exclude: frozenset[_Replica] = frozenset()
+        exclude: frozenset[Replica] = frozenset()
         while True:
-            if exclude and not any(r not in exclude for r in self._ready):
+            if exclude and not any(r not in exclude for r in self._balance.ready):
                 (gone,) = exclude
-                raise _Refused(502, f"replica {gone.key} was lost and no other replica is ready")
-            rep = await self._acquire(exclude, deadline)
+                raise Refused(502, f"replica {gone.key} was lost and no other replica is ready")
+            rep = await self._balance.acquire(exclude, deadline)
             try:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        conn, fresh = await self._connection(rep)
+                        conn, fresh = await self._balance.connection(rep)
                 except TimeoutError:
-                    raise _Refused(504, f"replica {rep.key} did not accept a connection in time") from None
+                    raise Refused(504, f"replica {rep.key} did not accept a connection in time") from None
                 except Exception as e:
                     if exclude or not req.replayable():
-                        raise _Refused(502, f"could not connect to replica {rep.key}") from None
+                        raise Refused(502, f"could not connect to replica {rep.key}") from None
                     log.warning("serve: cannot connect to replica %s (%s); trying another", rep.key, e)
                     exclude = frozenset({rep})
                     continue
                 outcome = await self._exchange(req, rep, conn, fresh, writer, deadline)
             finally:
-                self._release(rep)
+                self._balance.release(rep)
             if outcome == "retry":
                 if exclude:
-                    raise _Refused(502, f"replica {rep.key} was lost")
+                    raise Refused(502, f"replica {rep.key} was lost")
                 exclude = frozenset({rep})
                 continue
             status, keep = outcome
             return status, rep.key, keep
 
-    async def _exchange(self, req: _Request, rep: _Replica, conn: UpstreamConn, fresh: bool,
+    async def _exchange(self, req: _Request, rep: Replica, conn: UpstreamConn, fresh: bool,
                         writer: asyncio.StreamWriter, deadline: float) -> Any:
         """One try on one connection: (status, keep) once answered, or "retry" when the replica
         was lost before anything reached the client and the request may be sent again."""
@@ -530,7 +355,7 @@ class Router:
                 conn.reusable = False
                 with contextlib.suppress(BaseException):
                     await pump
-            self._park(rep, conn)
+            self._balance.park(rep, conn)
 
     def _body_now(self, req: _Request) -> list[bytes]:
         """The whole body, already read: framed for the replica."""
@@ -582,7 +407,7 @@ class Router:
         except (ConnectionError, OSError):
             pass  # the relay sees the replica go
 
-    async def _relay(self, req: _Request, rep: _Replica, conn: UpstreamConn, fresh: bool,
+    async def _relay(self, req: _Request, rep: Replica, conn: UpstreamConn, fresh: bool,
                      writer: asyncio.StreamWriter, deadline: float, pump: asyncio.Task[None] | None) -> Any:
         reader = conn.reader
         held: list[bytes] = []
@@ -596,12 +421,12 @@ class Router:
                     held.append(data)
         except TimeoutError:
             conn.abort()
-            raise _Refused(504, f"replica {rep.key} did not answer in time") from None
+            raise Refused(504, f"replica {rep.key} did not answer in time") from None
         except (ConnectionError, OSError):
             pass
         except Exception:  # httptools.HttpParserError: not HTTP
             conn.abort()
-            raise _Refused(502, f"replica {rep.key} sent an invalid response") from None
+            raise Refused(502, f"replica {rep.key} sent an invalid response") from None
         if req.client_gone:
             return 499, False
         if not conn.headed:
@@ -614,7 +439,7 @@ class Router:
                 # a pooled connection the replica had just closed: try a new one, same replica
                 try:
                     async with asyncio.timeout_at(deadline):
-                        again, _ = await self._connection(rep)
+                        again, _ = await self._balance.connection(rep)
                 except Exception:
                     return "retry" if req.idempotent else self._lost(rep)
                 return await self._exchange(req, rep, again, True, writer, deadline)
@@ -652,8 +477,8 @@ class Router:
             conn.reusable = False
         return status, keep
 
-    def _lost(self, rep: _Replica) -> Any:
-        raise _Refused(502, f"replica {rep.key} was lost before it answered")
+    def _lost(self, rep: Replica) -> Any:
+        raise Refused(502, f"replica {rep.key} was lost before it answered")
 
     async def _splice(self, req: _Request, conn: UpstreamConn, writer: asyncio.StreamWriter) -> None:
         """After a 101 answer: bytes both ways until either side closes."""

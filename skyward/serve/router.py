@@ -80,6 +80,7 @@ class _Request:
     body_complete: bool = False
     client_gone: bool = False
     expect_continue: bool = False
+    head_sent: bool = False  # bytes of the replica's answer reached the client
 
     def replayable(self) -> bool:
         return not self.body_started or (self.body_complete and self.replay is not None)
@@ -264,6 +265,14 @@ class Router:
         except asyncio.CancelledError:
             keep = False
             raise
+        except (ConnectionError, OSError):
+            keep = False  # the client went away
+        except Exception:
+            log.exception("serve: the router failed on %s %s", head.method, head.url[:200].decode("latin-1"))
+            keep = False
+            if not req.head_sent:
+                status = 502
+                writer.write(answer(502, "the router failed on this request", close=True))
         finally:
             seconds = loop.time() - start
             self._record(req, status or 499, seconds, rep_key)
@@ -449,6 +458,7 @@ class Router:
                 return "retry"
             return self._lost(rep)
         writer.write(b"".join(held))
+        req.head_sent = True
         status = conn.status
         if conn.upgraded:
             await self._splice(req, conn, writer)

@@ -317,3 +317,25 @@ def test_port_in_use_is_a_config_error() -> None:
         with pytest.raises(ConfigError, match=f"127.0.0.1:{port}.*in use"):
             router.start("127.0.0.1", port)
     assert not [t for t in threading.enumerate() if t.name.startswith("skyward-serve")]
+
+
+def test_pipelined_requests_answered_in_order_and_garbage_refused(pair: list[Replica], routers: list[Router]) -> None:
+    router, url = started(routers, *pair)
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                    b"POST /echo?n=2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                    b"GET /echo?n=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while got.count(b'"query"') < 3:
+            data = raw.recv(65536)
+            assert data, got
+            got += data
+        assert got.index(b"n=1") < got.index(b"n=2") < got.index(b"n=3")
+        assert b'"body":"abc"' in got
+        raw.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        rest = b""
+        while data := raw.recv(65536):
+            rest += data
+        assert rest.startswith(b"HTTP/1.1 400")
+    assert router.stats().by_status == {200: 3}

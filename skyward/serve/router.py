@@ -309,10 +309,10 @@ class Router:
         """Sends the request to a replica (once more to another when that is safe) and relays
         its answer: (status, replica key, keep the client connection)."""
         exclude: frozenset[Replica] = frozenset()
+        why = ""
         while True:
             if exclude and not any(r not in exclude for r in self._balance.ready):
-                (gone,) = exclude
-                raise Refused(502, f"replica {gone.key} was lost and no other replica is ready")
+                raise Refused(502, f"{why}, and no other replica is ready")
             rep = await self._balance.acquire(exclude, deadline)
             try:
                 try:
@@ -324,7 +324,7 @@ class Router:
                     if exclude or not req.replayable():
                         raise Refused(502, f"could not connect to replica {rep.key}") from None
                     log.warning("serve: cannot connect to replica %s (%s); trying another", rep.key, e)
-                    exclude = frozenset({rep})
+                    exclude, why = frozenset({rep}), f"could not connect to replica {rep.key}"
                     continue
                 outcome = await self._exchange(req, rep, conn, fresh, writer, deadline)
             finally:
@@ -332,7 +332,7 @@ class Router:
             if outcome == "retry":
                 if exclude:
                     raise Refused(502, f"replica {rep.key} was lost")
-                exclude = frozenset({rep})
+                exclude, why = frozenset({rep}), f"replica {rep.key} was lost"
                 continue
             status, keep = outcome
             return status, rep.key, keep

@@ -101,14 +101,14 @@ def test_a_killed_node_loses_no_idempotent_request_and_its_replica_comes_back() 
             for t in threads:
                 t.start()
             try:
-                wait_for(lambda: len(statuses) > 100, 30, "requests before the kill")
+                wait_for(lambda: len(statuses) > 100 and len(pids) == 2, 30, "both replicas answering before the kill")
+                original = set(pids)
                 os.kill(victim, signal.SIGKILL)
                 wait_for(lambda: any(isinstance(e, sky.ReplicaLost) for e in lost), 30, "the replica lost")
                 # Healing puts a new node at rank 1 and the endpoint starts its replica there.
                 wait_for(lambda: sum(isinstance(e, sky.ReplicaReady) for e in lost) >= 3, 120,
                          "the replica back on the new node")
-                before = len(pids)
-                wait_for(lambda: len(pids) > before, 30, "the new replica answering")
+                wait_for(lambda: pids - original, 30, "the new replica answering")
             finally:
                 stop.set()
                 for t in threads:

@@ -82,13 +82,13 @@ def test_a_killed_agent_fails_no_get_and_its_replica_comes_back(
             t.start()
         try:
             wait_for(lambda: len(statuses) > 100 and len(pids) == 2, 60, "requests on both replicas before the kill")
+            before = set(pids)  # (the new replica may answer before the wait below returns)
             on_host(three_hosts[1], f"kill -9 {pid}")
             lost = lambda: [e for e in seen if isinstance(e, sky.ReplicaLost)]  # noqa: E731
             wait_for(lambda: events.bus.flush() or lost(), 60, "the replica lost")
             # Healing starts the agent again on its warm host; the endpoint starts the replica there.
             wait_for(lambda: events.bus.flush() or [e for e in seen if isinstance(e, sky.ReplicaReady)], 180,
                      "the replica back after healing")
-            before = set(pids)
             wait_for(lambda: pids - before, 60, "the new replica answering")
         finally:
             stop.set()

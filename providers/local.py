@@ -107,7 +107,7 @@ class Local(ProviderConfig):
 
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
                pin: tuple[Package, ...] | None = None) -> LocalCluster:
-        return LocalCluster(self, spec, pool_id, pin=pin, named=name is not None)
+        return LocalCluster.new(self, spec, pool_id, pin=pin, named=name is not None)
 
     def launch(self, spec: Spec, pool_id: str) -> LocalCluster | None:
         # Only the plain case: plugins, volumes and packages to install have steps of their
@@ -118,7 +118,7 @@ class Local(ProviderConfig):
         desired = spec.node_spec.desired
         if desired <= 0:  # a pool born asleep starts its first node on its first task
             return None
-        cluster = LocalCluster(self, spec, pool_id)
+        cluster = LocalCluster.new(self, spec, pool_id)
         try:
             cluster.launch(desired)
         except BaseException:
@@ -163,34 +163,53 @@ def _free_port() -> int:
 
 
 class LocalCluster(Cluster):
-    def __init__(self, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None,
-                 named: bool = False) -> None:
-        self.token = _token()
-        self.head_port = _free_port()
-        self.interface = "lo"
-        self._ttl = spec.ttl
-        sweep_folders(config.workdir)  # of pools whose processes were all killed
-        self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
-        self.spill_dir = _spill_dir(pool_id, self._root)
-        self._held = [sweep.hold(self._root), sweep.hold(self.spill_dir)]  # and the agents, once started
-        if named:  # a named pool's folders go with `skyward down`, never with a sweep (it may sleep with no process)
-            for folder in {self._root, self.spill_dir}:
-                (folder / sweep.KEPT).touch()
+    """A pool's agents, processes of this machine. ``new`` makes a pool's folders and environment;
+    ``from_description`` takes another process's pool as it describes it; both build the cluster
+    through ``__init__`` from what they have."""
+
+    def __init__(self, *, token: str, head_port: int, ttl: float, root: Path, spill_dir: Path | None,
+                 env: dict[str, str] | None = None, interface: str = "lo", sockets: str | None = None,
+                 unmount: Any = None, gpus: GpuClaims | None = None) -> None:
+        self.token = token
+        self.head_port = head_port
+        self.interface = interface
+        self._ttl = ttl
+        self._root = root
+        self.spill_dir = spill_dir
+        self._held = [sweep.hold(root), None if spill_dir is None else sweep.hold(spill_dir)]
         self._procs: dict[int, Agent] = {}
-        self._sockets: str | None = None  # see _socket_path
+        self._sockets = sockets  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node
         self._launched: list[tuple[int, Agent]] = []  # started, not yet handed out
         self._init_table()
-        self.spec = spec
+        self._env: dict[str, str] = env if env is not None else {}
+        self._mounts: Any = None  # the pool's volumes, mounted by this process (one per pool, shared by its nodes)
+        self._unmount = unmount  # the volumes of the process that made the pool (a described one)
+        self._pin: tuple[Package, ...] | None = None  # reproducing a pool: its recorded packages
         # The node's own GPUs (local_gpus.py), taken before each node starts.
-        self._gpus: GpuClaims | None = None
+        self._gpus = gpus
+        self._assigned: dict[int, Assigned] = {}
+
+    @classmethod
+    def new(cls, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None,
+            named: bool = False) -> LocalCluster:
+        """A new pool's cluster: its folders, its nodes' environment, its volumes; no node yet."""
+        sweep_folders(config.workdir)  # of pools whose processes were all killed
+        root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
+        gpus: GpuClaims | None = None
         if spec.accelerator is not None:
             from .local_gpus import GpuClaims
 
-            self._gpus = GpuClaims(pool_id, float(getattr(spec.accelerator, "count", 1)))
-        self._assigned: dict[int, Assigned] = {}
+            gpus = GpuClaims(pool_id, float(getattr(spec.accelerator, "count", 1)))
+        self = cls(token=_token(), head_port=_free_port(), ttl=spec.ttl, root=root,
+                   spill_dir=_spill_dir(pool_id, root), gpus=gpus)
+        if named:  # a named pool's folders go with `skyward down`, never with a sweep (it may sleep with no process)
+            for folder in {self._root, self.spill_dir}:
+                if folder is not None:
+                    (folder / sweep.KEPT).touch()
+        self.spec = spec
         try:
-            self._pin = pin  # reproducing a pool: its recorded packages
+            self._pin = pin
             image, ops = spec.image, tuple[str, ...]()  # (the pool registers the image's secrets itself)
             if spec.plugins:  # the plugin machinery loads only for pools that have plugins
                 from skyward.plugins.compose import prepare
@@ -198,10 +217,11 @@ class LocalCluster(Cluster):
                 image, ops = prepare(spec, self)  # plugin transforms see this cluster
             self._env = self._environment(image)
             self._run_ops(ops)
-            self._mounts = _mount_volumes(spec, pool_id, self._root)  # one per pool, shared by its nodes
+            self._mounts = _mount_volumes(spec, pool_id, self._root)
         except BaseException:
             self._remove_dirs()
             raise
+        return self
 
     def _init_table(self) -> None:
         # Running nodes as describe() reports them (the table's, by index); those this process
@@ -235,34 +255,26 @@ class LocalCluster(Cluster):
     def from_description(cls, description: dict[str, Any]) -> LocalCluster:
         """The cluster another process started (``describe()`` of it); starts nothing."""
         require_kind(description, "local")
-        self = cls.__new__(cls)
-        self.token = description["token"]
-        self.head_port = int(description["head_port"])
-        self.interface = description.get("interface", "lo")
-        self._ttl = description["ttl"]
-        self._root = Path(description["root"])
         spill = description.get("spill_dir")
-        self.spill_dir = Path(spill) if spill else None
-        self._held = [sweep.hold(self._root), None if self.spill_dir is None else sweep.hold(self.spill_dir)]
-        self._procs = {}
-        self._sockets = description.get("sockets")
-        self._forks = None
-        self._launched = []
-        self._init_table()
+        gpus = description.get("gpus")
+        claims: GpuClaims | None = None
+        if gpus:  # its nodes' GPUs: a resize takes free ones, a stop frees theirs
+            from .local_gpus import GpuClaims
+
+            claims = GpuClaims(gpus["pool"], float(gpus["count"]))
+        self = cls(token=description["token"], head_port=int(description["head_port"]), ttl=description["ttl"],
+                   root=Path(description["root"]), spill_dir=Path(spill) if spill else None,
+                   # New nodes (a resize of an attached pool) get the environment the pool was made with.
+                   env={**os.environ, **description.get("env", {})},
+                   interface=description.get("interface", "lo"), sockets=description.get("sockets"),
+                   unmount=description.get("unmount"), gpus=claims)
         self._nodes.update({int(n["index"]): dict(n) for n in description["nodes"]})
         self.table.next = int(description["next"])
-        self._mounts = None
-        self._unmount = description.get("unmount")  # the volumes of the process that made the pool
-        # New nodes (a resize of an attached pool) get the environment the pool was made with.
-        self._env = {**os.environ, **description.get("env", {})}
-        self._gpus, self._assigned = None, {}
-        gpus = description.get("gpus")
-        if gpus:  # its nodes' GPUs: a resize takes free ones, a stop frees theirs
+        if claims is not None:
             from fractions import Fraction
 
-            from .local_gpus import Assigned, GpuClaims
+            from .local_gpus import Assigned
 
-            self._gpus = GpuClaims(gpus["pool"], float(gpus["count"]))
             for node in self._nodes.values():
                 got = node.get("gpus")
                 if got:
@@ -286,7 +298,7 @@ class LocalCluster(Cluster):
             "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
             "nodes": nodes,
             "gpus": None if self._gpus is None else {"pool": self._gpus.pool_id, "count": float(self._gpus.share)},
-            "unmount": self._mounts.describe() if self._mounts is not None else getattr(self, "_unmount", None),
+            "unmount": self._mounts.describe() if self._mounts is not None else self._unmount,
         }
 
     def detach(self) -> None:
@@ -599,10 +611,10 @@ class LocalCluster(Cluster):
                 self._remove_dirs()
 
     def _unmount_volumes(self) -> None:
-        mounts, self._mounts = getattr(self, "_mounts", None), None
+        mounts, self._mounts = self._mounts, None
         if mounts is not None:
             mounts.close()
-        elif getattr(self, "_unmount", None):  # a described pool's volumes (skyward down)
+        elif self._unmount:  # a described pool's volumes (skyward down)
             from skyward.bootstrap.mounts import run_unmount
 
             run_unmount(self._unmount)
@@ -613,12 +625,11 @@ class LocalCluster(Cluster):
 
         from skyward.bootstrap import shm
 
-        for fd in getattr(self, "_held", ()):
+        for fd in self._held:
             sweep.release(fd)
         shutil.rmtree(self._root, ignore_errors=True)
-        sockets = getattr(self, "_sockets", None)
-        if sockets:
-            shutil.rmtree(sockets, ignore_errors=True)
+        if self._sockets:
+            shutil.rmtree(self._sockets, ignore_errors=True)
         if self.spill_dir is not None:
             shm.forget(self.spill_dir)  # this process's mappings of the pool's segments
             shutil.rmtree(self.spill_dir, ignore_errors=True)

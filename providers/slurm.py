@@ -924,11 +924,10 @@ class SlurmCluster(Cluster):
                      self.pool_id, index, old.address, old.port, exc)
             return None
         with self._lock:
-            new = self.table.next
-            self.table.next += 1
-            node = _Node(new, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address,
-                         port=old.port, agent_pid=old.agent_pid, facts=old.facts)
-            self._nodes[new] = node
+            (node,) = self.table.claim_locked(1, lambda i: _Node(
+                i, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address, port=old.port,
+                agent_pid=old.agent_pid, facts=old.facts))
+            new = node.index
             self._nodes.pop(index, None)
             info = self._jobs.get(old.job)
             if info is not None:

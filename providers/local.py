@@ -37,6 +37,7 @@ from .nodetable import NodeTable
 
 if TYPE_CHECKING:
     import logging
+    from collections.abc import Callable, Iterator
 
     from skyward.bootstrap.routes import Stream, Target
     from skyward.records.pkglock import Package
@@ -107,7 +108,7 @@ class Local(ProviderConfig):
 
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
                pin: tuple[Package, ...] | None = None) -> LocalCluster:
-        return LocalCluster(self, spec, pool_id, pin=pin, named=name is not None)
+        return LocalCluster.new(self, spec, pool_id, pin=pin, named=name is not None)
 
     def launch(self, spec: Spec, pool_id: str) -> LocalCluster | None:
         # Only the plain case: plugins, volumes and packages to install have steps of their
@@ -118,7 +119,7 @@ class Local(ProviderConfig):
         desired = spec.node_spec.desired
         if desired <= 0:  # a pool born asleep starts its first node on its first task
             return None
-        cluster = LocalCluster(self, spec, pool_id)
+        cluster = LocalCluster.new(self, spec, pool_id)
         try:
             cluster.launch(desired)
         except BaseException:
@@ -163,34 +164,58 @@ def _free_port() -> int:
 
 
 class LocalCluster(Cluster):
-    def __init__(self, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None,
-                 named: bool = False) -> None:
-        self.token = _token()
-        self.head_port = _free_port()
-        self.interface = "lo"
-        self._ttl = spec.ttl
-        sweep_folders(config.workdir)  # of pools whose processes were all killed
-        self._root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
-        self.spill_dir = _spill_dir(pool_id, self._root)
-        self._held = [sweep.hold(self._root), sweep.hold(self.spill_dir)]  # and the agents, once started
-        if named:  # a named pool's folders go with `skyward down`, never with a sweep (it may sleep with no process)
-            for folder in {self._root, self.spill_dir}:
-                (folder / sweep.KEPT).touch()
+    """A pool's agents, processes of this machine. ``new`` makes a pool's folders and environment;
+    ``from_description`` takes another process's pool as it describes it; both build the cluster
+    through ``__init__`` from what they have."""
+
+    def __init__(self, *, token: str, head_port: int, ttl: float, root: Path, spill_dir: Path | None,
+                 env: dict[str, str] | None = None, interface: str = "lo", sockets: str | None = None,
+                 unmount: Any = None, gpus: GpuClaims | None = None) -> None:
+        self.token = token
+        self.head_port = head_port
+        self.interface = interface
+        self._ttl = ttl
+        self._root = root
+        self.spill_dir = spill_dir
+        self._held = [sweep.hold(root), None if spill_dir is None else sweep.hold(spill_dir)]
         self._procs: dict[int, Agent] = {}
-        self._sockets: str | None = None  # see _socket_path
+        self._sockets = sockets  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node
         self._launched: list[tuple[int, Agent]] = []  # started, not yet handed out
-        self._init_table()
-        self.spec = spec
+        # Each node as describe() reports it (the table's, by index): claimed as {"index": i}
+        # when its agent is forked, the rest once its agent said hello (``_up``). Those this
+        # process did not start (an attached pool) are waited for and stopped by pid, as they
+        # are not our children.
+        self.table: NodeTable[dict[str, Any]] = NodeTable(index_of=lambda n: int(n["index"]))
+        self._lock = self.table.lock
+        self._env: dict[str, str] = env if env is not None else {}
+        self._mounts: Any = None  # the pool's volumes, mounted by this process (one per pool, shared by its nodes)
+        self._unmount = unmount  # the volumes of the process that made the pool (a described one)
+        self._pin: tuple[Package, ...] | None = None  # reproducing a pool: its recorded packages
         # The node's own GPUs (local_gpus.py), taken before each node starts.
-        self._gpus: GpuClaims | None = None
+        self._gpus = gpus
+        self._assigned: dict[int, Assigned] = {}
+
+    @classmethod
+    def new(cls, config: Local, spec: Spec, pool_id: str, *, pin: tuple[Package, ...] | None = None,
+            named: bool = False) -> LocalCluster:
+        """A new pool's cluster: its folders, its nodes' environment, its volumes; no node yet."""
+        sweep_folders(config.workdir)  # of pools whose processes were all killed
+        root = Path(tempfile.mkdtemp(prefix=f"skyward-{pool_id}-", dir=config.workdir))
+        gpus: GpuClaims | None = None
         if spec.accelerator is not None:
             from .local_gpus import GpuClaims
 
-            self._gpus = GpuClaims(pool_id, float(getattr(spec.accelerator, "count", 1)))
-        self._assigned: dict[int, Assigned] = {}
+            gpus = GpuClaims(pool_id, float(getattr(spec.accelerator, "count", 1)))
+        self = cls(token=_token(), head_port=_free_port(), ttl=spec.ttl, root=root,
+                   spill_dir=_spill_dir(pool_id, root), gpus=gpus)
+        if named:  # a named pool's folders go with `skyward down`, never with a sweep (it may sleep with no process)
+            for folder in {self._root, self.spill_dir}:
+                if folder is not None:
+                    (folder / sweep.KEPT).touch()
+        self.spec = spec
         try:
-            self._pin = pin  # reproducing a pool: its recorded packages
+            self._pin = pin
             image, ops = spec.image, tuple[str, ...]()  # (the pool registers the image's secrets itself)
             if spec.plugins:  # the plugin machinery loads only for pools that have plugins
                 from skyward.plugins.compose import prepare
@@ -198,24 +223,11 @@ class LocalCluster(Cluster):
                 image, ops = prepare(spec, self)  # plugin transforms see this cluster
             self._env = self._environment(image)
             self._run_ops(ops)
-            self._mounts = _mount_volumes(spec, pool_id, self._root)  # one per pool, shared by its nodes
+            self._mounts = _mount_volumes(spec, pool_id, self._root)
         except BaseException:
             self._remove_dirs()
             raise
-
-    def _init_table(self) -> None:
-        # Running nodes as describe() reports them (the table's, by index); those this process
-        # did not start (an attached pool) are waited for and stopped by pid, as they are not our
-        # children. Local starts its nodes itself (``start``: all at once, forked ahead by
-        # ``launch``); described ones stay in the table's nodes and ``_handed`` says which were
-        # handed out.
-        self.table: NodeTable[dict[str, Any]] = NodeTable(index_of=lambda n: int(n["index"]))
-        self._lock = self.table.lock
-        self._handed: set[int] = set()
-
-    @property
-    def _nodes(self) -> dict[int, dict[str, Any]]:
-        return self.table.nodes
+        return self
 
     def _run_ops(self, ops: tuple[str, ...]) -> None:
         """Plugin bootstrap ops: all nodes share this machine, so they run once, here, in the
@@ -235,35 +247,26 @@ class LocalCluster(Cluster):
     def from_description(cls, description: dict[str, Any]) -> LocalCluster:
         """The cluster another process started (``describe()`` of it); starts nothing."""
         require_kind(description, "local")
-        self = cls.__new__(cls)
-        self.token = description["token"]
-        self.head_port = int(description["head_port"])
-        self.interface = description.get("interface", "lo")
-        self._ttl = description["ttl"]
-        self._root = Path(description["root"])
         spill = description.get("spill_dir")
-        self.spill_dir = Path(spill) if spill else None
-        self._held = [sweep.hold(self._root), None if self.spill_dir is None else sweep.hold(self.spill_dir)]
-        self._procs = {}
-        self._sockets = description.get("sockets")
-        self._forks = None
-        self._launched = []
-        self._init_table()
-        self._nodes.update({int(n["index"]): dict(n) for n in description["nodes"]})
-        self.table.next = int(description["next"])
-        self._mounts = None
-        self._unmount = description.get("unmount")  # the volumes of the process that made the pool
-        # New nodes (a resize of an attached pool) get the environment the pool was made with.
-        self._env = {**os.environ, **description.get("env", {})}
-        self._gpus, self._assigned = None, {}
         gpus = description.get("gpus")
+        claims: GpuClaims | None = None
         if gpus:  # its nodes' GPUs: a resize takes free ones, a stop frees theirs
+            from .local_gpus import GpuClaims
+
+            claims = GpuClaims(gpus["pool"], float(gpus["count"]))
+        self = cls(token=description["token"], head_port=int(description["head_port"]), ttl=description["ttl"],
+                   root=Path(description["root"]), spill_dir=Path(spill) if spill else None,
+                   # New nodes (a resize of an attached pool) get the environment the pool was made with.
+                   env={**os.environ, **description.get("env", {})},
+                   interface=description.get("interface", "lo"), sockets=description.get("sockets"),
+                   unmount=description.get("unmount"), gpus=claims)
+        self.table.restore([dict(n) for n in description["nodes"]], int(description["next"]))
+        if claims is not None:
             from fractions import Fraction
 
-            from .local_gpus import Assigned, GpuClaims
+            from .local_gpus import Assigned
 
-            self._gpus = GpuClaims(gpus["pool"], float(gpus["count"]))
-            for node in self._nodes.values():
+            for node in description["nodes"]:
                 got = node.get("gpus")
                 if got:
                     self._assigned[int(node["index"])] = Assigned(
@@ -272,7 +275,7 @@ class LocalCluster(Cluster):
 
     def describe(self) -> dict[str, Any]:
         with self._lock:
-            nodes = [dict(self._nodes[i]) for i in sorted(self._nodes)]
+            nodes = [dict(n) for n in self.table.all_locked() if _up(n)]
         return {
             "provider": "local",
             "token": self.token,
@@ -286,7 +289,7 @@ class LocalCluster(Cluster):
             "env": {k: v for k, v in self._env.items() if os.environ.get(k) != v},
             "nodes": nodes,
             "gpus": None if self._gpus is None else {"pool": self._gpus.pool_id, "count": float(self._gpus.share)},
-            "unmount": self._mounts.describe() if self._mounts is not None else getattr(self, "_unmount", None),
+            "unmount": self._mounts.describe() if self._mounts is not None else self._unmount,
         }
 
     def detach(self) -> None:
@@ -301,7 +304,7 @@ class LocalCluster(Cluster):
                 _DETACHED.extend(self._mounts.procs)
                 self._mounts = None
             self._procs.clear()
-            self._nodes.clear()
+            self.table.clear_locked()
             self._gpus = None  # the agents hold their GPUs' claims as long as they run
             held, self._held = self._held, []  # and the pool's folders
             for fd in held:
@@ -325,8 +328,8 @@ class LocalCluster(Cluster):
         """Tell every described agent to stop (it then stops its workers); best effort."""
         from skyward.bootstrap.channel import NodeChannel
 
-        for node in list(self._nodes.values()):
-            if not process_running(node["pid"], node.get("started")):
+        for node in self.table.all():
+            if not _up(node) or not process_running(node["pid"], node.get("started")):
                 continue
             try:
                 sock = _connect(node.get("port"), node.get("unix"), 5)
@@ -399,60 +402,74 @@ class LocalCluster(Cluster):
 
     # -- nodes -------------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
+        return self.table.start(count, reconnect=self._reconnect, together=self._begin, release=self._release)
+
+    def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
+        """As ``start``: a start's agents are forked at once and greet in turn, within milliseconds."""
+        return self.table.start_each(count, reconnect=self._reconnect, together=self._begin, release=self._release)
+
+    def _reconnect(self, nodes: list[dict[str, Any]]) -> list[NodeEndpoint]:
+        """Hand out described nodes whose agent still runs, each judged on its own: one dead agent
+        leaves the others usable (the pool replaces it with a new node)."""
+        live = []
+        for node in nodes:
+            self.table.add(node)  # a dead one's too: close() and `skyward down` stop what is left of it
+            if process_running(node["pid"], node.get("started")):
+                live.append(node)
+            else:
+                self.table.mark_unreachable(node["index"], _not_running(node))
+        if not live:
+            why = "; ".join(_not_running(n) for n in nodes)
+            raise ProviderError(
+                f"none of the {len(nodes)} Local node(s) of this pool runs any more ({why}). "
+                f"`skyward down` removes its record; `skyward up` starts it again."
+            )
+        return [_endpoint(n["index"], n.get("port"), n.get("unix")) for n in live]
+
+    def _begin(self, count: int) -> tuple[list[dict[str, Any]], Callable[[list[dict[str, Any]]], list[NodeEndpoint]]]:
+        """``count`` agents: those ``launch`` forked ahead first, then new ones, forked now (their
+        GPUs taken first, all or none); they come up as each says hello, in index order."""
         with self._lock:
-            # An attached cluster hands out the nodes that already run before starting any.
-            # (A node found dead before is not tried again: the pool replaces it with a new one.)
-            known = [n for i, n in sorted(self._nodes.items())
-                     if i not in self._handed and i not in self.table.unreachable][:count]
-            live = []
-            for node in known:  # each on its own: one dead agent leaves the others usable
-                if process_running(node["pid"], node.get("started")):
-                    self._handed.add(node["index"])
-                    live.append(node)
-                else:
-                    self.table.unreachable[node["index"]] = _not_running(node)
-            if known and not live:
-                why = "; ".join(self.table.unreachable[n["index"]] for n in known)
-                raise ProviderError(
-                    f"none of the {len(known)} Local node(s) of this pool runs any more ({why}). "
-                    f"`skyward down` removes its record; `skyward up` starts it again."
-                )
-            # Nodes launch() started ahead first, then new ones.
-            need = count - len(known)
-            launched, self._launched = self._launched[:need], self._launched[need:]
-            indices = list(range(self.table.next, self.table.next + need - len(launched)))
-            self._take_gpus(indices)  # all or none, before any of them starts
-            self.table.next += len(indices)
-            started = launched + [(i, self._spawn(i)) for i in indices]
-        endpoints = [_endpoint(n["index"], n.get("port"), n.get("unix")) for n in live]
-        for i, proc in started:
-            try:
-                port, unix = self._handshake(i, proc)
-            except BaseException:
-                self._free_gpus([i])
-                raise
-            with self._lock:
-                self._nodes[i] = {
-                    "index": i, "private_ip": "127.0.0.1", "public_ip": None,
-                    "hostname": socket.gethostname(), "port": port, "unix": unix, "pid": proc.pid,
-                    "started": _start_time(proc.pid),
-                    "log": str(self._root / f"node-{i}" / "agent.log"),
-                }
-                if i in self._assigned:
-                    self._nodes[i]["gpus"] = self._assigned[i].describe()
-                self._handed.add(i)
-            if self._gpus is not None and i in self._assigned:
-                self._gpus.bind(i, proc.pid)  # held by the agent from now on: free when it exits
-            endpoints.append(_endpoint(i, port, unix))
-        return endpoints
+            launched, self._launched = self._launched[:count], self._launched[count:]
+            nodes = [self.table.nodes[i] for i, _ in launched] + self._fork_locked(count - len(launched))
+        return nodes, self._greet
 
     def launch(self, count: int) -> None:
         """Start ``count`` agents now without waiting for them: ``start`` takes them first."""
         with self._lock:
-            first = self.table.next
-            self._take_gpus(list(range(first, first + count)))
-            self.table.next += count
-            self._launched += [(i, self._spawn(i)) for i in range(first, first + count)]
+            self._launched += [(n["index"], self._procs[n["index"]]) for n in self._fork_locked(count)]
+
+    def _fork_locked(self, count: int) -> list[dict[str, Any]]:
+        """``count`` new nodes claimed in the table (the caller holds its lock), each agent forked."""
+        first = self.table.next
+        self._take_gpus(list(range(first, first + count)))  # all or none, before any of them starts
+
+        def fork(index: int) -> dict[str, Any]:
+            self._spawn(index)
+            return {"index": index}
+
+        return self.table.claim_locked(count, fork)
+
+    def _greet(self, nodes: list[dict[str, Any]]) -> list[NodeEndpoint]:
+        """Each forked agent's hello, in turn: where it listens, its pid; its record is complete."""
+        endpoints = []
+        for node in nodes:
+            i = node["index"]
+            proc = self._procs[i]
+            port, unix = self._handshake(i, proc)
+            with self._lock:
+                node.update({
+                    "private_ip": "127.0.0.1", "public_ip": None,
+                    "hostname": socket.gethostname(), "port": port, "unix": unix, "pid": proc.pid,
+                    "started": _start_time(proc.pid),
+                    "log": str(self._root / f"node-{i}" / "agent.log"),
+                })
+                if i in self._assigned:
+                    node["gpus"] = self._assigned[i].describe()
+            if self._gpus is not None and i in self._assigned:
+                self._gpus.bind(i, proc.pid)  # held by the agent from now on: free when it exits
+            endpoints.append(_endpoint(i, port, unix))
+        return endpoints
 
     def _take_gpus(self, indices: list[int]) -> None:
         """Each new node's own GPUs (an accelerator= pool), or ProviderError before any starts."""
@@ -567,20 +584,24 @@ class LocalCluster(Cluster):
             ) from None
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
+        self._release(self.table.held(e.index for e in endpoints))
+
+    def _release(self, nodes: list[dict[str, Any]]) -> None:
+        """These nodes' agents stop (ours are reaped, others stopped by pid) and their GPUs go back."""
         with self._lock:
-            procs = [self._procs.pop(e.index) for e in endpoints if e.index in self._procs]
-            gone = [self._nodes.pop(e.index) for e in endpoints if e.index in self._nodes]
+            procs = [self._procs.pop(n["index"]) for n in nodes if n["index"] in self._procs]
+        self.table.forget(nodes)
         _reap(procs)
-        _stop_foreign([n for n in gone if n["pid"] not in {p.pid for p in procs}])
-        self._free_gpus([e.index for e in endpoints])
+        ours = {p.pid for p in procs}
+        _stop_foreign([n for n in nodes if _up(n) and n["pid"] not in ours])
+        self._free_gpus([n["index"] for n in nodes])
 
     def close(self) -> None:
         with self._lock:
             procs = list(self._procs.values())
             self._procs.clear()
             ours = {p.pid for p in procs}
-            foreign = [n for n in self._nodes.values() if n["pid"] not in ours]
-            self._nodes.clear()
+            foreign = [n for n in self.table.clear_locked() if _up(n) and n["pid"] not in ours]
             forks, self._forks = self._forks, None
         try:
             _reap(procs)
@@ -599,10 +620,10 @@ class LocalCluster(Cluster):
                 self._remove_dirs()
 
     def _unmount_volumes(self) -> None:
-        mounts, self._mounts = getattr(self, "_mounts", None), None
+        mounts, self._mounts = self._mounts, None
         if mounts is not None:
             mounts.close()
-        elif getattr(self, "_unmount", None):  # a described pool's volumes (skyward down)
+        elif self._unmount:  # a described pool's volumes (skyward down)
             from skyward.bootstrap.mounts import run_unmount
 
             run_unmount(self._unmount)
@@ -613,18 +634,22 @@ class LocalCluster(Cluster):
 
         from skyward.bootstrap import shm
 
-        for fd in getattr(self, "_held", ()):
+        for fd in self._held:
             sweep.release(fd)
         shutil.rmtree(self._root, ignore_errors=True)
-        sockets = getattr(self, "_sockets", None)
-        if sockets:
-            shutil.rmtree(sockets, ignore_errors=True)
+        if self._sockets:
+            shutil.rmtree(self._sockets, ignore_errors=True)
         if self.spill_dir is not None:
             shm.forget(self.spill_dir)  # this process's mappings of the pool's segments
             shutil.rmtree(self.spill_dir, ignore_errors=True)
 
 
 _DETACHED: list[Agent] = []
+
+
+def _up(node: dict[str, Any]) -> bool:
+    """Has this node's agent said hello (a node claimed at its fork has only its index)?"""
+    return "pid" in node
 
 
 def _not_running(node: dict[str, Any]) -> str:

@@ -2,17 +2,19 @@
 
 ``NodeTable`` holds a cluster's node records (each provider's own kind: ``N``) by index, the
 nodes of an attached pool not handed out yet (``described``), the described ones that could
-not be reached (``unreachable``), the next index and the lock around all of them. Its
-``start_each`` and ``start`` start nodes for the providers that bring each node up on its own
-(SSH, Container): the described ones first, reconnected; then new ones claimed and brought up
-in parallel. ``start_each`` hands out each as it is ready and releases a node that fails (it
-comes as its exception); ``start`` waits for all and, when any fails, releases every new node
-of that start in one call and raises the first failure. The provider says only what differs
-about its machines: how a described node is reached again (``reconnect``), how new ones are
-claimed and brought up (``begin``), and how nodes are let go of (``release``). Slurm (one job
-for a start's new nodes) and Local (agents forked here) keep their nodes in the table and start
-them their own way.
-"""
+not be reached (``unreachable``), the next index and the lock around all of them. Every
+provider starts its nodes through ``start`` and ``start_each``: the described ones first,
+reconnected; then new ones claimed with the next indices and brought up. The provider says
+only what differs about its machines: how a described node is reached again (``reconnect``),
+how new ones are claimed and brought up, and how nodes are let go of (``release``).
+
+New nodes come up one of two ways. ``begin``: each on its own, in parallel (SSH hosts,
+containers); ``start_each`` hands out each as it is ready and releases a node that fails (it
+comes as its exception). ``together``: all of a start's new nodes at once, in one step that
+succeeds or fails for all of them (one Slurm job; Local's agents, forked here and greeted in
+turn); ``start_each`` then hands them out as ``start`` does. Either way ``start`` waits for all
+and, when any fails, releases every new node of that start in one call and raises the first
+failure; the described nodes it reconnected stay."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ N = TypeVar("N")
 if TYPE_CHECKING:
     # begin(count) claims ``count`` new nodes and says how each comes up (on a thread of its own).
     Begin: TypeAlias = Callable[[int], tuple[list[N], Callable[[N], NodeEndpoint]]]
+    # together(count) claims ``count`` new nodes and says how they come up all at once: their
+    # endpoints in index order, or an exception for all of them.
+    Together: TypeAlias = Callable[[int], tuple[list[N], Callable[[list[N]], list[NodeEndpoint]]]]
 
 
 class NodeTable(Generic[N]):
@@ -117,17 +122,27 @@ class NodeTable(Generic[N]):
     def clear(self) -> list[N]:
         """Every node, handed out or described, taken out of the table (``close``, ``detach``)."""
         with self.lock:
-            everything = [*self.nodes.values(), *self.described]
-            self.nodes.clear()
-            self.described = []
-            return everything
+            return self.clear_locked()
+
+    def clear_locked(self) -> list[N]:
+        """``clear`` for a caller that holds ``lock``."""
+        everything = [*self.nodes.values(), *self.described]
+        self.nodes.clear()
+        self.described = []
+        return everything
 
     # -- starting ---------------------------------------------------------------------------------
-    def start_each(self, count: int, *, reconnect: Callable[[list[N]], list[NodeEndpoint]], begin: Begin[N],
+    def start_each(self, count: int, *, reconnect: Callable[[list[N]], list[NodeEndpoint]],
+                   begin: Begin[N] | None = None, together: Together[N] | None = None,
                    release: Callable[[list[N]], Any], workers: int = 8) -> Iterator[NodeEndpoint | BaseException]:
         """``count`` nodes, each as soon as it is ready: the described ones first (``reconnect``
         marks those it cannot reach unreachable), then new ones from ``begin``, brought up in
-        parallel; a new node that fails is released and comes as its exception."""
+        parallel; a new node that fails is released and comes as its exception. With
+        ``together`` the new nodes come as ``start`` gives them (and a failure is raised)."""
+        if together is not None:
+            yield from self.start(count, reconnect=reconnect, together=together, release=release)
+            return
+        assert begin is not None, "NodeTable.start_each needs begin= or together="
         described = self.take_described(count)
         if described:
             yield from reconnect(described)
@@ -146,7 +161,8 @@ class NodeTable(Generic[N]):
                     release([futures[f]])
                     yield exc
 
-    def start(self, count: int, *, reconnect: Callable[[list[N]], list[NodeEndpoint]], begin: Begin[N],
+    def start(self, count: int, *, reconnect: Callable[[list[N]], list[NodeEndpoint]],
+              begin: Begin[N] | None = None, together: Together[N] | None = None,
               release: Callable[[list[N]], Any], workers: int = 8, log: logging.Logger | None = None,
               ) -> list[NodeEndpoint]:
         """``count`` nodes, all at once, in index order: the described ones first, then new ones
@@ -158,6 +174,14 @@ class NodeTable(Generic[N]):
         count -= len(described)
         if count <= 0:
             return endpoints
+        if together is not None:
+            new, bring_up_all = together(count)
+            try:
+                return endpoints + bring_up_all(new)
+            except BaseException:
+                release(new)  # nothing left running of this start
+                raise
+        assert begin is not None, "NodeTable.start needs begin= or together="
         from concurrent.futures import ThreadPoolExecutor
 
         nodes, bring_up = begin(count)

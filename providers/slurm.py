@@ -32,7 +32,7 @@ import secrets
 import shlex
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -645,21 +645,28 @@ class SlurmCluster(Cluster):
 
     # -- the Cluster API ---------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
-        described = self.table.take_described(count)  # (all of a new job's nodes start together)
-        endpoints = self._reconnect(described) if described else []
-        if count - len(described) > 0:
-            endpoints += self._submit(count - len(described))
-        return endpoints
+        return self.table.start(count, reconnect=self._reconnect, together=self._begin, release=self._release)
 
-    def _submit(self, count: int) -> list[NodeEndpoint]:
-        """One job of ``count`` nodes; back when every node's agent listens."""
+    def start_each(self, count: int) -> Iterator[NodeEndpoint | BaseException]:
+        """As ``start``: all of a start's new nodes are one job's, and come up together."""
+        return self.table.start_each(count, reconnect=self._reconnect, together=self._begin, release=self._release)
+
+    def _begin(self, count: int) -> tuple[list[_Node], Callable[[list[_Node]], list[NodeEndpoint]]]:
+        """``count`` new nodes, claimed once the shipment is on its way; one job brings them up."""
         with self._lock:
             if self._ended_by is not None:
                 raise ProviderError(self._ended_by)
         self._prepare()
-        with self._lock:
-            first = self.table.next
-            self.table.next += count
+        return self.table.claim(count, lambda i: _Node(i, "")), self._submit
+
+    def _release(self, nodes: list[_Node]) -> None:
+        """A failed start's nodes: their job (if Slurm took it) is cancelled, the table forgets them."""
+        self._cancel(sorted({n.job for n in nodes if n.job}))
+        self.table.forget(nodes)
+
+    def _submit(self, nodes: list[_Node]) -> list[NodeEndpoint]:
+        """One job for these nodes; back when every node's agent listens."""
+        first, count = nodes[0].index, len(nodes)
         parts = self._sinfo()
         # The site's own spelling of the GPU type (sinfo's GRES): Slurm's types are case-sensitive.
         gres_types = sorted({k for p in parts for k, _ in p.gpus})
@@ -703,19 +710,12 @@ class SlurmCluster(Cluster):
                    f"The {'launcher' if name.endswith('.srun') else 'batch script'} is {self.folder}/{name}; "
                    f"try `{'bash' if name.endswith('.srun') else 'sbatch'}` of it by hand on the login node."))
             )
-        indices = list(range(first, first + count))
+        indices = [n.index for n in nodes]
         with self._lock:
             self._jobs[job] = {"nodes": indices, "script": text, "submitted": time.time()}
-            for i in indices:
-                self._nodes[i] = _Node(i, job)
-        try:
-            return self._wait(job, indices)
-        except BaseException:
-            self._cancel([job])
-            with self._lock:
-                for i in indices:
-                    self._nodes.pop(i, None)
-            raise
+            for n in nodes:
+                n.job = job
+        return self._wait(job, indices)
 
     def _wait(self, job: str, indices: list[int]) -> list[NodeEndpoint]:
         """Watch the job in the queue (events on each change), then its nodes' bootstrap; fail
@@ -924,11 +924,10 @@ class SlurmCluster(Cluster):
                      self.pool_id, index, old.address, old.port, exc)
             return None
         with self._lock:
-            new = self.table.next
-            self.table.next += 1
-            node = _Node(new, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address,
-                         port=old.port, agent_pid=old.agent_pid, facts=old.facts)
-            self._nodes[new] = node
+            (node,) = self.table.claim_locked(1, lambda i: _Node(
+                i, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address, port=old.port,
+                agent_pid=old.agent_pid, facts=old.facts))
+            new = node.index
             self._nodes.pop(index, None)
             info = self._jobs.get(old.job)
             if info is not None:

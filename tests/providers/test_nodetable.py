@@ -93,3 +93,38 @@ def test_find_clear_and_unreachable() -> None:
     assert table.unreachable == {} and table.held([3, 4, 7]) == [_Node(3, True)]
     assert sorted(n.index for n in table.clear()) == [3, 4]
     assert table.all() == [] and table.find(3) is None
+
+
+class _Together(_Machines):
+    """Nodes that come up in one step (one Slurm job): all of them, or an error for all."""
+
+    def together(self, count: int) -> tuple[list[_Node], Callable[[list[_Node]], list[NodeEndpoint]]]:
+        return self.table.claim(count, _Node), self.bring_up_all
+
+    def bring_up_all(self, nodes: list[_Node]) -> list[NodeEndpoint]:
+        return [self.bring_up(n) for n in nodes]
+
+    def kw(self) -> dict[str, object]:
+        return {"reconnect": self.reconnect, "together": self.together, "release": self.release}
+
+
+def test_nodes_that_come_up_together_are_handed_out_after_the_described_ones() -> None:
+    table: NodeTable[_Node] = NodeTable()
+    table.restore([_Node(0, True)], next_index=2)
+    m = _Together(table)
+    assert [e.index for e in table.start(3, **m.kw())] == [0, 2, 3]  # type: ignore[arg-type]
+    assert [e.index for e in table.start_each(2, **m.kw())] == [4, 5]  # type: ignore[arg-type]
+    assert sorted(table.nodes) == [0, 2, 3, 4, 5] and m.releases == []
+
+
+def test_when_nodes_that_come_up_together_fail_they_all_go_in_one_release() -> None:
+    table: NodeTable[_Node] = NodeTable()
+    table.restore([_Node(0, True)], next_index=1)
+    m = _Together(table, failing=frozenset({2}))
+    with pytest.raises(ProviderError, match="node 2 did not come up"):
+        table.start(3, **m.kw())  # type: ignore[arg-type]
+    assert m.releases == [[1, 2]] and sorted(table.nodes) == [0]
+    with pytest.raises(ProviderError, match="node 2 did not come up"):  # start_each raises it too
+        table.next = 1
+        list(table.start_each(2, **m.kw()))  # type: ignore[arg-type]
+    assert m.releases == [[1, 2], [1, 2]] and sorted(table.nodes) == [0]

@@ -378,7 +378,7 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
         } if big else {}
         for fn in big_fns.values():
             check(fn(), len(big))
-        big_times = interleaved(big_fns, reps * 3, warmup=0)  # 0.1-0.2 s each: more reps
+        big_times = interleaved(big_fns, reps * 3, warmup=0) if big_fns else {}  # 0.1-0.2 s each: more reps
 
     big_rows = [
         row_from_times("map", f"noop1 over range({len(big):,})", system, big_times[system],

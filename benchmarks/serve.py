@@ -136,8 +136,12 @@ def ray_rows(seconds: float, connections: int) -> dict[str, dict[str, float]]:
 
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     port = free_port()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
+    try:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
+    except Exception as exc:  # its rows are left out, saying why; ours stand
+        print(f"Ray did not start, its rows are left out: {exc}", file=sys.stderr)
+        return {}
     rows: dict[str, dict[str, float]] = {}
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

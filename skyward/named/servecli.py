@@ -7,6 +7,11 @@ closes the endpoint and detaches, and the pool stays up. While it serves it writ
 beside the pool's record for ``skyward ls``, and takes update requests from ``skyward serve
 NAME APP --update`` (skyward.named.serving says how, and why files).
 
+A pool that sleeps at zero (``nodes = [0, N]``) is served asleep: the endpoint's first request
+wakes it (``Endpoint`` calls ``members.wake()``, the wake a program's first task makes, recorded
+the same way), and the pool's autoscaler, which counts the endpoint's requests, puts it to sleep
+after ``--idle-timeout`` seconds with none (its replicas drained and stopped first).
+
 APP is an import string ``module:attribute``, imported on the nodes; the current directory is
 put first on this process's import path, as uvicorn does (a Local pool's nodes import what was
 importable where ``skyward up`` ran). Without APP, ``[pools.NAME.serve] app`` of skyward.toml

@@ -1,7 +1,7 @@
 """`skyward serve` on a Local named pool, with real processes: the command serves a Starlette
 app from the pool's nodes and prints the URL and the header; requests go through; `skyward ls`
 shows the endpoint; `--update` rolls the running server to a factory; SIGTERM stops serving and
-leaves the pool up; and the mistakes (no app anywhere, --update with no server) say what to do."""
+leaves the pool up; an asleep pool is woken by a request and sleeps again when idle; and the mistakes (no app anywhere, --update with no server) say what to do."""
 
 from __future__ import annotations
 

@@ -13,7 +13,9 @@ Two handlers, each as a Starlette app: ``echo`` (POST a small JSON body, get it 
 The load is ``wrk`` (Debian's package) with C connections for S seconds after a short warm-up:
 requests/s and its latency percentiles. Last, the cold start: an asleep Local pool
 (``Nodes(desired=0, max=1)``) gets a request for the echo app (no startup of its own); the time
-from sending it to its answer. Everything runs on this machine, so
+from sending it to its answer; and the same for ``skyward serve NAME`` on an asleep Local named
+pool (``skyward up NAME --nodes 0:1``, in a SKYWARD_HOME of its own, taken down at the end).
+Everything runs on this machine, so
 the load generator, the router and the replicas share its cores: compare rows of one run.
 """
 
@@ -173,6 +175,39 @@ def cold_start() -> dict[str, float]:
         return {"seconds": total}
 
 
+def named_cold_start() -> dict[str, float]:
+    """``skyward up bench --nodes 0:1`` (asleep), ``skyward serve bench``, one request: its time."""
+    import httpx
+
+    home = tempfile.mkdtemp(prefix="skyward-bench-serve-")
+    env = {**os.environ, "SKYWARD_HOME": home}  # the cwd, HERE, is importable: the nodes import serve_apps
+    cli = [sys.executable, "-m", "skyward"]
+    serve: subprocess.Popen[str] | None = None
+    try:
+        subprocess.run([*cli, "up", "bench", "--provider", "local", "--nodes", "0:1", "--ttl", "600"], cwd=HERE,
+                       env=env, check=True, capture_output=True)
+        with (Path(home) / "serve.err").open("w") as errors:
+            serve = subprocess.Popen([*cli, "serve", "bench", f"{APPS}:echo", "--port", "0", "--json",
+                                      "--idle-timeout", "600"], cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                     stderr=errors, text=True)
+        line = serve.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"skyward serve ended: {(Path(home) / 'serve.err').read_text()}")
+        said = json.loads(line)
+        began = time.perf_counter()
+        r = httpx.post(said["url"] + "/", content=BODY, headers=said["headers"], timeout=120)
+        total = time.perf_counter() - began
+        assert r.status_code == 200, r.text
+        return {"seconds": total}
+    finally:
+        if serve is not None:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(60)
+            serve.stdout.close()  # type: ignore[union-attr]
+        subprocess.run([*cli, "down", "bench", "--force"], cwd=HERE, env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 s per row instead of 10")
@@ -194,6 +229,7 @@ def main() -> None:
         rows.update(ray_rows(seconds, args.connections))
     rows = dict(sorted(rows.items(), key=lambda kv: kv[0].split(":")[0] != "echo"))
     cold = cold_start()
+    named_cold = named_cold_start()
 
     from rich.console import Console
     from rich.table import Table
@@ -209,12 +245,15 @@ def main() -> None:
     console = Console()
     console.print(table)
     console.print(f"cold start of an asleep Local pool (request sent -> answer): {cold['seconds']:.2f} s")
+    console.print(f"cold start of an asleep Local named pool, `skyward serve` (request sent -> answer): "
+                  f"{named_cold['seconds']:.2f} s")
     for handler in ("echo", "predict"):
         floor = rows[f"{handler}: plain uvicorn"]["p50"]
         ours = rows[f"{handler}: pool.serve, 1 replica"]["p50"]
         console.print(f"{handler}: p50 at one connection, pool.serve minus plain uvicorn: {ours - floor:+.2f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "cold_start": cold}, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "cold_start": cold, "named_cold_start": named_cold},
+                                             indent=2))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class ServeTable(_Table):
     replicas_per_node: int | None = Field(default=None, ge=1)
     ready: str | None = None  # a path that answers 200 once a replica is ready ('/health')
     timeout: float | None = Field(default=None, gt=0)
+    idle_timeout: float | None = Field(default=None, gt=0)  # an elastic pool shrinks (or sleeps) after
 
 
 class PoolTable(_Table):

@@ -7,6 +7,11 @@ closes the endpoint and detaches, and the pool stays up. While it serves it writ
 beside the pool's record for ``skyward ls``, and takes update requests from ``skyward serve
 NAME APP --update`` (skyward.named.serving says how, and why files).
 
+A pool that sleeps at zero (``nodes = [0, N]``) is served asleep: the endpoint's first request
+wakes it (``Endpoint`` calls ``members.wake()``, the wake a program's first task makes, recorded
+the same way), and the pool's autoscaler, which counts the endpoint's requests, puts it to sleep
+after ``--idle-timeout`` seconds with none (its replicas drained and stopped first).
+
 APP is an import string ``module:attribute``, imported on the nodes; the current directory is
 put first on this process's import path, as uvicorn does (a Local pool's nodes import what was
 importable where ``skyward up`` ran). Without APP, ``[pools.NAME.serve] app`` of skyward.toml
@@ -56,6 +61,9 @@ def add_serve(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
                    help="replicas of the app on each node (default 1; each holds a task slot)")
     p.add_argument("--ready", metavar="PATH",
                    help="a path of the app that answers 200 once a replica is ready, e.g. /health")
+    p.add_argument("--idle-timeout", type=float, metavar="S",
+                   help="an elastic pool shrinks to its floor after S seconds with no request; one of "
+                        "nodes 0:N sleeps, and the next request wakes it (default 60)")
     p.add_argument("--no-auth", action="store_true",
                    help="take requests without the bearer token (anyone who reaches the port may call)")
     p.add_argument("--timeout", type=float, metavar="S",
@@ -65,19 +73,24 @@ def add_serve(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """The command's flags over ``[pools.NAME.serve]`` over the defaults."""
+    from ..spec import Options
     from .config import load
     from .registry import check_name
 
     check_name(args.name)
     table = dict(load(args.name, require=False).data.get("serve") or {})
     flags = {"app": args.app, "factory": args.factory, "host": args.host, "port": args.port,
-             "replicas_per_node": args.replicas_per_node, "ready": args.ready, "timeout": args.timeout}
+             "replicas_per_node": args.replicas_per_node, "ready": args.ready, "timeout": args.timeout,
+             "idle_timeout": args.idle_timeout}
     out: dict[str, Any] = {"factory": False, "host": "127.0.0.1", "port": 8000, "replicas_per_node": 1,
-                           "ready": None, "timeout": 60.0}
+                           "ready": None, "timeout": 60.0, "idle_timeout": Options().autoscale_idle_timeout}
     out.update({k: v for k, v in table.items() if v is not None})
     if args.app is not None and args.factory is None:
         out["factory"] = False  # the table's factory goes with the table's app
     out.update({k: v for k, v in flags.items() if v is not None})
+    if float(out["idle_timeout"]) <= 0:
+        raise ConfigError(f"--idle-timeout {out['idle_timeout']}: the seconds with no request before an "
+                          f"elastic pool shrinks must be > 0 (e.g. --idle-timeout 300).")
     app = out.get("app")
     if not app:
         raise ConfigError(
@@ -137,7 +150,9 @@ def _serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     _log_to_stderr()
     try:
         with serving.hold(args.name):
-            pool = attach(record, Options(console="silent", logging=False), why="skyward serve")
+            options = Options(console="silent", logging=False, autoscale_idle_timeout=float(settings["idle_timeout"]))
+            pool = attach(record, options, why="skyward serve")
+            unsubscribe = pool.subscribe(_say_wakes(args.name))
             try:
                 endpoint = pool.serve(app, factory=bool(settings["factory"]), host=settings["host"],
                                       port=settings["port"], replicas_per_node=settings["replicas_per_node"],
@@ -154,9 +169,24 @@ def _serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                     audit.append(args.name, "serve stopped", record.get("id", ""), url=endpoint.url,
                                  app=current["app"], requests=endpoint.stats().total)
             finally:
+                unsubscribe()
                 pool.close()  # detaches: the pool stays up
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _say_wakes(name: str) -> Callable[[Any], None]:
+    """On stderr, when a request wakes the asleep pool and when it sleeps again once idle."""
+    from ..observe import events as ev
+
+    def say(event: Any) -> None:
+        if isinstance(event, ev.ClusterWoke):
+            err(f"pool {name!r} woke for a request: {event.nodes} node(s) in {event.seconds:.1f} s")
+        elif isinstance(event, ev.ClusterAsleep) and event.idle_seconds:
+            err(f"pool {name!r} had no request for {event.idle_seconds:.0f} s: its replicas stopped and it "
+                f"sleeps; the next request wakes it")
+
+    return say
 
 
 def _on_term(signum: int, frame: Any) -> None:
@@ -188,7 +218,9 @@ def _announce(args: argparse.Namespace, pool: Pool, endpoint: Endpoint, app: str
               flush=True)
         return
     curl = " ".join(f"-H '{k}: {v}'" for k, v in endpoint.headers.items())
-    lines = [f"serving {app!r} from pool {args.name!r} ({pool.current_nodes()} node(s))",
+    nodes = pool.current_nodes()
+    size = f"{nodes} node(s)" if nodes else "asleep: the first request wakes it"
+    lines = [f"serving {app!r} from pool {args.name!r} ({size})",
              f"  url:     {endpoint.url}",
              f"  header:  {header}" if header else "  header:  (none: --no-auth, anyone who reaches the port may call)",
              f"  try:     curl {curl + ' ' if curl else ''}{endpoint.url}/",

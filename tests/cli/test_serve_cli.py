@@ -1,7 +1,7 @@
 """`skyward serve` on a Local named pool, with real processes: the command serves a Starlette
 app from the pool's nodes and prints the URL and the header; requests go through; `skyward ls`
 shows the endpoint; `--update` rolls the running server to a factory; SIGTERM stops serving and
-leaves the pool up; and the mistakes (no app anywhere, --update with no server) say what to do."""
+leaves the pool up; an asleep pool is woken by a request and sleeps again when idle; and the mistakes (no app anywhere, --update with no server) say what to do."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -157,3 +158,43 @@ def test_down_of_the_served_pool_ends_the_serve_command(cli: CLI) -> None:
         assert "pool 'demo' was closed" in log.read_text()
     assert not (cli.home / "registry" / "demo.serve").exists()
     assert cli("ls", "--json").json() == []
+
+
+def test_serving_an_asleep_pool_wakes_it_on_a_request_and_lets_it_sleep_when_idle(cli: CLI) -> None:
+    shutil.copy(APPS, cli.cwd / "webapp.py")
+    assert (up := cli("up", "nap", "--provider", "local", "--nodes", "0:2", "--ttl", "300")).code == 0, up
+    assert cli.record("nap")["cluster"]["nodes"] == []
+    with serving(cli, "nap", "webapp:app", "--port", "0", "--idle-timeout", "3") as (proc, said, log):
+        wait_for(lambda: "the first request wakes it" in log.read_text(), 30, "the command saying so")
+        assert cli.record("nap")["cluster"]["nodes"] == [], "serving alone must not wake the pool"
+        assert cli("ls", "--json").json()[0]["state"] == "asleep"
+        name, _, value = said["header"].partition(": ")
+        with httpx.Client(base_url=said["url"], headers={name: value}, timeout=120) as client:
+            began = time.monotonic()
+            first = client.get("/whoami")
+            cold = time.monotonic() - began
+            print(f"\ncold start of an asleep Local named pool (request sent -> answer): {cold:.2f} s")
+            assert first.status_code == 200 and first.json()["version"] == 1, first.text
+            assert len(cli.record("nap")["cluster"]["nodes"]) == 1
+            assert "pool 'nap' woke for a request: 1 node(s)" in log.read_text()
+
+            # Idle for --idle-timeout: the replica is drained and stopped, then the node; asleep again.
+            wait_for(lambda: "had no request for" in log.read_text(), 60, "the pool to sleep when idle")
+            wait_for(lambda: cli.record("nap")["cluster"]["nodes"] == [], 30, "the record with no node")
+            assert cli("ls", "--json").json()[0]["state"] == "asleep"
+            assert proc.poll() is None and " lost" not in log.read_text(), log.read_text()
+
+            second = client.get("/whoami")  # wakes it again: a new node, a new replica
+            assert second.status_code == 200 and second.json()["pid"] != first.json()["pid"], second.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+
+    record = cli.record("nap")  # the last client out put it to sleep at once
+    assert record["cluster"]["nodes"] == [] and record["asleep_since"], record
+    trail = cli("history", "nap", "--json").json()
+    (attached,) = [e for e in trail if e["event"] == "attached"]
+    assert attached["by"] == "skyward serve"
+    wakes = [e for e in trail if e["event"] == "woke"]
+    assert len(wakes) == 2 and all(e["by"] == attached["client"] for e in wakes), trail
+    assert [e["event"] for e in trail if e["event"] in ("woke", "asleep")] == ["woke", "asleep"] * 2
+    assert (down := cli("down", "nap")).code == 0, down

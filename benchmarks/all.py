@@ -18,6 +18,8 @@ warm caches or threads):
 * gpu.py      torch tensors and state_dicts through a Local node beside numpy arrays; CUDA
               tensors as results and arguments and a DDP step through a pool, where CUDA is
               (needs torch: without it the part is left out)
+* serve.py    requests through pool.serve beside plain uvicorn and Ray Serve (wrk), and the
+              cold start of an asleep pool (needs wrk: without it the part is left out)
 
 then prints the figures the performance issue names, each against its target, and writes
 every sub-benchmark's own JSON into one file with --json. Install the peers with
@@ -41,12 +43,12 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
-PARTS = ("run", "startup", "ssh", "scale", "cores", "gpu")
+PARTS = ("run", "startup", "ssh", "scale", "cores", "gpu", "serve")
 
 
 def run_part(name: str, quick: bool, out: Path) -> dict[str, Any] | None:
     args = [sys.executable, str(HERE / f"{name}.py"), "--json", str(out)]
-    if quick and name in ("run", "ssh", "gpu"):
+    if quick and name in ("run", "ssh", "gpu", "serve"):
         args.append("--quick")
     if quick and name == "startup":
         args += ["--rounds", "3"]
@@ -167,6 +169,23 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
             figure = f"{r['median']:,.2f} {r['unit']}" + (f" ({r['vs_numpy']:.2f}x)" if "vs_numpy" in r else "")
             target = f"{r['target']} {_verdict(r['ok'])}" if "ok" in r else ""
             lines.append((r["case"], figure, reference, target))
+    served = (parts.get("serve") or {}).get("rows", {})
+    for handler in ("echo", "predict"):
+        floor, ours = served.get(f"{handler}: plain uvicorn"), served.get(f"{handler}: pool.serve, 1 replica")
+        if floor and ours:
+            ray = served.get(f"{handler}: Ray Serve, 1 replica")
+            peers = f"uvicorn {floor['p50']:.2f} ms, {floor['rps']:,.0f}/s" + (
+                f"; Ray Serve {ray['p50']:.2f} ms, {ray['rps']:,.0f}/s" if ray else "")
+            extra = ours["p50"] - floor["p50"]
+            target = f"p50 <= uvicorn + 1 ms {_verdict(extra <= 1.0)}" + (
+                f", req/s >= Ray Serve's {_verdict(ours['rps'] >= ray['rps'])}" if ray else "")
+            lines.append((f"pool.serve {handler}: p50 (1 connection), req/s (16)",
+                          f"{ours['p50']:.2f} ms, {ours['rps']:,.0f}/s", peers, target))
+    for key, what in (("cold_start", "an asleep Local pool"), ("named_cold_start", "an asleep Local named pool")):
+        cold = (parts.get("serve") or {}).get(key)
+        if cold:
+            lines.append((f"serving: {what}'s cold start (request -> answer)", f"{cold['seconds']:.2f} s", "",
+                          f"<= 2 s + app startup {_verdict(cold['seconds'] <= 2.0)}"))
     return lines
 
 

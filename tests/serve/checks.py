@@ -4,6 +4,7 @@ scikit-learn (from the Image's pip)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,3 +54,37 @@ def events_pass_through_as_they_are_produced(pool: sky.Pool, endpoint: Endpoint)
         touch(gate) @ pool
         rest = [line for line in lines if line]
     assert rest == ["data: last"]
+
+
+class Load:
+    """``clients`` threads sending ``GET /whoami`` (each answer after ``sleep`` s) back to back
+    while the ``with`` block runs: every status, and the pids of the replicas that answered."""
+
+    def __init__(self, endpoint: Endpoint, *, clients: int = 8, sleep: float = 0.02, timeout: float = 60) -> None:
+        self.endpoint, self.sleep, self.timeout = endpoint, sleep, timeout
+        self.statuses: list[int] = []
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, name=f"load-{i}") for i in range(clients)]
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.endpoint.url, headers=self.endpoint.headers, timeout=self.timeout) as client:
+            while not self._stop.is_set():
+                r = client.get("/whoami", params={"sleep": str(self.sleep)})
+                self.statuses.append(r.status_code)
+                if r.status_code == 200:
+                    self.pids.add(r.json()["pid"])
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def failed(self) -> set[int]:
+        """The statuses other than 200 that came (none: every request was answered)."""
+        return {s for s in self.statuses if s != 200}

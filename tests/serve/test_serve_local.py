@@ -7,7 +7,6 @@ import re
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from helpers import wait_for
 
 import skyward as sky
+from serve.checks import Load, every_request_is_answered_by_both_nodes
 from skyward.observe import events
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,17 +31,7 @@ def test_a_model_served_by_two_nodes_answers_every_request_and_uses_both() -> No
     with sky.Compute(nodes=2, options=QUIET) as pool, pool.serve(f"{APPS}:app") as endpoint:
         endpoint.wait_ready(timeout=120)
         assert [r.state for r in endpoint.replicas] == ["ready", "ready"]
-        with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=30) as client:
-            def ask(x: int) -> dict:
-                r = client.post("/predict", json={"x": x})
-                assert r.status_code == 200, r.text
-                return r.json()
-
-            with ThreadPoolExecutor(16) as ex:
-                answers = list(ex.map(ask, range(400)))
-        assert [a["y"] for a in answers] == [2.0 * x + 1 for x in range(400)]
-        assert len({a["pid"] for a in answers}) == 2  # both replicas took requests
-        assert all(a["auth"] is None for a in answers)  # the endpoint's token stops at the router
+        every_request_is_answered_by_both_nodes(endpoint, 400)
         # Without the token: 401, and nothing about the replicas.
         bare = httpx.post(endpoint.url + "/predict", json={"x": 1})
         assert bare.status_code == 401
@@ -85,35 +75,17 @@ def test_a_killed_node_loses_no_idempotent_request_and_its_replica_comes_back() 
         with sky.Compute(nodes=2, options=QUIET) as pool, pool.serve(f"{APPS}:app") as endpoint:
             endpoint.wait_ready(timeout=120)
             victim = agent_pids(pool)[1]
-            stop = threading.Event()
-            statuses: list[int] = []
-            pids: set[int] = set()
-
-            def load() -> None:
-                with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=60) as client:
-                    while not stop.is_set():
-                        r = client.get("/whoami", params={"sleep": "0.02"})
-                        statuses.append(r.status_code)
-                        if r.status_code == 200:
-                            pids.add(r.json()["pid"])
-
-            threads = [threading.Thread(target=load) for _ in range(8)]
-            for t in threads:
-                t.start()
-            try:
-                wait_for(lambda: len(statuses) > 100 and len(pids) == 2, 30, "both replicas answering before the kill")
-                original = set(pids)
+            with Load(endpoint) as load:
+                wait_for(lambda: len(load.statuses) > 100 and len(load.pids) == 2, 30,
+                         "both replicas answering before the kill")
+                original = set(load.pids)
                 os.kill(victim, signal.SIGKILL)
                 wait_for(lambda: any(isinstance(e, sky.ReplicaLost) for e in lost), 30, "the replica lost")
                 # Healing puts a new node at rank 1 and the endpoint starts its replica there.
                 wait_for(lambda: sum(isinstance(e, sky.ReplicaReady) for e in lost) >= 3, 120,
                          "the replica back on the new node")
-                wait_for(lambda: pids - original, 30, "the new replica answering")
-            finally:
-                stop.set()
-                for t in threads:
-                    t.join()
-            assert statuses and all(s == 200 for s in statuses), {s for s in statuses if s != 200}
+                wait_for(lambda: load.pids - original, 30, "the new replica answering")
+            assert load.statuses and not load.failed(), load.failed()
     finally:
         unsubscribe()
 
@@ -212,32 +184,13 @@ def test_an_elastic_pool_grows_for_the_endpoints_load_and_sleeps_when_it_is_idle
     with sky.Compute(nodes=sky.Nodes(desired=1, min=0, max=2), options=options) as pool, \
             pool.serve(f"{APPS}:app", target_concurrency=2) as endpoint:
         endpoint.wait_ready(timeout=120)
-        stop = threading.Event()
-        pids: set[int] = set()
-        statuses: list[int] = []
-
-        def load() -> None:
-            with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=120) as client:
-                while not stop.is_set():
-                    r = client.get("/whoami", params={"sleep": "0.3"})
-                    statuses.append(r.status_code)
-                    if r.status_code == 200:
-                        pids.add(r.json()["pid"])
-
-        threads = [threading.Thread(target=load) for _ in range(8)]
-        for t in threads:
-            t.start()
-        try:
+        with Load(endpoint, sleep=0.3, timeout=120) as load:
             began = time.monotonic()
             wait_for(lambda: pool.current_nodes() == 2, 60, "the pool to grow to 2 nodes for 8 requests")
             print(f"grew in {time.monotonic() - began:.1f} s")
-            wait_for(lambda: len(pids) == 2, 60, "the second node's replica to take requests")
+            wait_for(lambda: len(load.pids) == 2, 60, "the second node's replica to take requests")
             print(f"second replica used after {time.monotonic() - began:.1f} s")
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert statuses and all(s == 200 for s in statuses)
+        assert load.statuses and not load.failed(), load.failed()
         # Idle: back to the floor (0), the replicas with it; a request wakes it again.
         began = time.monotonic()
         wait_for(lambda: pool.current_nodes() == 0, 60, "the idle pool to sleep")

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from helpers import wait_for
 from serve import checks
@@ -65,36 +63,18 @@ def test_a_killed_agent_fails_no_get_and_its_replica_comes_back(
     unsubscribe = sky.subscribe(lambda e: seen.append(e) if isinstance(e, sky.ReplicaLost | sky.ReplicaReady) else None)
     try:
         pid = pool.run(agent_pid(), target=1)
-        stop = threading.Event()
-        statuses: list[int] = []
-        pids: set[int] = set()
-
-        def load() -> None:
-            with httpx.Client(base_url=endpoint.url, headers=endpoint.headers, timeout=60) as client:
-                while not stop.is_set():
-                    r = client.get("/whoami", params={"sleep": "0.02"})
-                    statuses.append(r.status_code)
-                    if r.status_code == 200:
-                        pids.add(r.json()["pid"])
-
-        threads = [threading.Thread(target=load) for _ in range(8)]
-        for t in threads:
-            t.start()
-        try:
-            wait_for(lambda: len(statuses) > 100 and len(pids) == 2, 60, "requests on both replicas before the kill")
-            before = set(pids)  # (the new replica may answer before the wait below returns)
+        with checks.Load(endpoint) as load:
+            wait_for(lambda: len(load.statuses) > 100 and len(load.pids) == 2, 60,
+                     "requests on both replicas before the kill")
+            before = set(load.pids)  # (the new replica may answer before the wait below returns)
             on_host(three_hosts[1], f"kill -9 {pid}")
             lost = lambda: [e for e in seen if isinstance(e, sky.ReplicaLost)]  # noqa: E731
             wait_for(lambda: events.bus.flush() or lost(), 60, "the replica lost")
             # Healing starts the agent again on its warm host; the endpoint starts the replica there.
             wait_for(lambda: events.bus.flush() or [e for e in seen if isinstance(e, sky.ReplicaReady)], 180,
                      "the replica back after healing")
-            wait_for(lambda: pids - before, 60, "the new replica answering")
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert statuses and all(s == 200 for s in statuses), {s for s in statuses if s != 200}
+            wait_for(lambda: load.pids - before, 60, "the new replica answering")
+        assert load.statuses and not load.failed(), load.failed()
         assert sorted(r.state for r in endpoint.replicas) == ["ready", "ready"]
     finally:
         unsubscribe()

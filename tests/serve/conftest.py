@@ -4,6 +4,7 @@ each in a subprocess that the fixture kills and waits for, whatever the test did
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -69,25 +70,27 @@ def start_replicas(folder: Path, *names: str) -> list[Replica]:
     return replicas
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
-    """Two replicas, a and b, shared by a module's tests (tests that kill one start their own)."""
-    replicas = start_replicas(tmp_path_factory.mktemp("replicas"), "a", "b")
+@contextlib.contextmanager
+def _running(folder: Path, *names: str) -> Iterator[list[Replica]]:
+    replicas = start_replicas(folder, *names)
     try:
         yield replicas
     finally:
         for r in replicas:
             r.kill()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
+    """Two replicas, a and b, shared by a module's tests (tests that kill one start their own)."""
+    with _running(tmp_path_factory.mktemp("replicas"), "a", "b") as replicas:
+        yield replicas
 
 
 @pytest.fixture
 def own_pair(tmp_path: Path) -> Iterator[list[Replica]]:
-    replicas = start_replicas(tmp_path, "c", "d")
-    try:
+    with _running(tmp_path, "c", "d") as replicas:
         yield replicas
-    finally:
-        for r in replicas:
-            r.kill()
 
 
 @pytest.fixture

@@ -28,6 +28,9 @@ class _Args:
         self.ttl = 600.0
         self.log: str | None = None  # file for the agent's own log lines
         self.orphan_cleanup: list[str] = []  # folders to remove when the lease expires
+        # SSH and Slurm nodes: the folder of the node's pool folders ($RUN/pools), where those of
+        # pools whose processes are all gone are removed at the start (sweep.py)
+        self.sweep: str | None = None
         self.unix: str | None = None  # also listen on this Unix socket (Local pools)
         # SSH, cloud and Slurm nodes: listen on this Unix socket in the node's 0700 pool folder
         # instead of a loopback port (the client reaches it through sshd: no other user can).
@@ -38,12 +41,12 @@ class _Args:
 
 _OPTIONS = {"--host": "host", "--port": "port", "--ttl": "ttl", "--log": "log",
             "--orphan-cleanup": "orphan_cleanup", "--unix": "unix", "--direct": "direct",
-            "--socket": "socket"}
+            "--socket": "socket", "--sweep": "sweep"}
 
 
 def _parse_args(argv: list[str]) -> _Args:
     """``--host H --port P --ttl S --log FILE --orphan-cleanup DIR (repeatable) --unix PATH
-    --socket PATH --direct ADDRESS``, each as ``--name value`` or ``--name=value``, or ``--fork-server``
+    --socket PATH --direct ADDRESS --sweep DIR``, each as ``--name value`` or ``--name=value``, or ``--fork-server``
     alone (zygote.py). The agent's only callers are skyward's providers, so a plain loop does
     (argparse costs every node's start 6 ms)."""
     args = _Args()
@@ -134,11 +137,14 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client decides; Ctrl-C is its to handle
     # The start-up line is out: whoever waits for it connects while the agent's modules import.
     from .agent import Agent, _log
-    from .sweep import LOCK, hold
+    from .sweep import LOCK, hold, sweep
 
     for folder in args.orphan_cleanup:  # the pool's folders stay while this agent lives (sweep.py)
         if os.path.exists(os.path.join(folder, LOCK)):
             hold(folder)
+    if args.sweep:  # other pools' folders on this node whose processes were all killed (after our hold)
+        for gone in sweep(args.sweep, "[!.]*-*"):
+            _log(f"removed {gone}: a pool folder whose processes are all gone")
     agent = Agent(token, args.ttl, args.orphan_cleanup)
     if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))

@@ -211,6 +211,27 @@ def _node_dirs(uid: str) -> str:
 
 NODE_DIRS = _node_dirs("$(id -u)")  # (any POSIX login shell: Slurm's login node runs it as is)
 
+# Bash (4.1 or later) that makes a node's pool folder ($POOL) and holds its owner lock
+# (bootstrap/sweep.py) before anything else is written there: a shared flock on an open file
+# this shell keeps (SKYWARD_LOCK_FD), which the bootstrap's commands and the agent inherit, so the
+# lock lives while any of them does and goes with the last (however it ends); another pool's
+# agent then sweeps the folder. A new lock file is locked under another name first and then
+# renamed, so no sweep ever finds it unheld. Without the flock command no lock file is made,
+# and the folder is never swept. With ``kept`` (a named pool's) the folder is marked never to
+# be swept at all (``skyward down`` removes it).
+def hold_pool(kept: bool = False) -> str:
+    return (
+        '[ -d "$POOL" ] || mkdir -p -m 700 "$POOL"\n'
+        'if command -v flock >/dev/null 2>&1; then\n'
+        '  if [ -e "$POOL/.owner.lock" ]; then\n'
+        '    exec {SKYWARD_LOCK_FD}<"$POOL/.owner.lock" && flock -s -n "$SKYWARD_LOCK_FD"\n'
+        '  elif exec {SKYWARD_LOCK_FD}>"$POOL/.owner.lock.$$" && flock -s "$SKYWARD_LOCK_FD"; then\n'
+        '    mv -f "$POOL/.owner.lock.$$" "$POOL/.owner.lock"\n'
+        '  fi\n'
+        'fi\n'
+        + (': > "$POOL/.kept"\n' if kept else '')
+    )
+
 
 def node_dirs_command(pool_id: str, node: int, *, sudo: bool | Iterable[str]) -> str:
     """Bash that resolves a node's folders and prints them as ``@@KEY VALUE`` lines: sky, run, pool,
@@ -238,12 +259,13 @@ _SHIPPED_NAME = re.compile(r"[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*")
 
 
 def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[str, int], script: str,
-            then: str, lz4_or_gz: tuple[str, str] | None = None) -> str:
+            then: str, lz4_or_gz: tuple[str, str] | None = None, kept: bool = False) -> str:
     """The whole start of a node over SSH as one bash text, sent first on the command's stdin
     (``bash_on_stdin``): one command, and on a node that has everything no wait for the client
     within it. It resolves the node's folders as
-    ``node_dirs_command`` does (``SKYWARD_KEEP_POOL`` in its environment keeps a node's folder) and
-    prints them; stops after ``@@sudo WHY`` when sudo refuses the Image's apt packages; prints
+    ``node_dirs_command`` does (``SKYWARD_KEEP_POOL`` in its environment keeps a node's folder),
+    makes the pool's folder and holds its owner lock first (``hold_pool``; ``kept``: a named
+    pool's, never swept) and prints them; stops after ``@@sudo WHY`` when sudo refuses the Image's apt packages; prints
     ``@@need PATH...``: which of ``files`` (path under SKY -> size) are missing or of another size.
     Then it reads what the client sent with the script, without waiting for anything: a line holding
     the pool's secret (kept in a shell variable, not exported: ``then`` hands it to the agent), a
@@ -267,7 +289,8 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
         "skyward_node_up() {\n"
         + _node_dirs("$EUID")
         + f'POOL="${{SKYWARD_KEEP_POOL:-$RUN/pools/{pool_folder(pool_id, node)}}}"\n'
-        'echo "@@sky $SKY"; echo "@@run $RUN"; echo "@@pool $POOL"; echo "@@uid $EUID"\n'
+        + hold_pool(kept)
+        + 'echo "@@sky $SKY"; echo "@@run $RUN"; echo "@@pool $POOL"; echo "@@uid $EUID"\n'
         + _sudo_check(sudo, refused="return 0; ", uid="$EUID")
         + ((f"local skip={shlex.quote(' ' + lz4_or_gz[1] + ' ')}\n"
             f"command -v lz4 >/dev/null 2>&1 || skip={shlex.quote(' ' + lz4_or_gz[0] + ' ')}\n"

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap import shipment as ship
 from skyward.bootstrap.routes import channel, prohibited, relay_command
+from skyward.bootstrap.script import hold_pool
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
 from skyward.records import pkglock, resolver
@@ -641,7 +642,7 @@ class SlurmCluster(Cluster):
         return _NODE_SCRIPT.format(
             folder=shlex.quote(self.folder), sky=shlex.quote(self.sky), pool=self.pool_id,
             python=self._ship.agent_python, ttl=self._ttl, login=shlex.quote(self.login_address),
-            timeout=_AGENT_START_TIMEOUT * 20)
+            timeout=_AGENT_START_TIMEOUT * 20, hold=hold_pool())
 
     # -- the Cluster API ---------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
@@ -1394,8 +1395,7 @@ if ! {{ mkdir -p -m 700 "$RUN" 2>/dev/null && [ ! -L "$RUN" ] && [ -O "$RUN" ] &
 fi
 POOL="$RUN/pools/{pool}-$I"
 hello() {{ printf '%s\n' "$1" > "$FOLDER/node-$I.json.tmp" && mv -f "$FOLDER/node-$I.json.tmp" "$FOLDER/node-$I.json"; }}
-mkdir -p -m 700 "$POOL"
-umask 077
+{hold}umask 077
 for f in includes.tar rclone.conf; do [ -f "$FOLDER/$f" ] && cp "$FOLDER/$f" "$POOL/$f"; done
 if ! SKYWARD_SKY="$SKY" SKYWARD_RUN="$RUN" SKYWARD_POOL="$POOL" bash "$FOLDER/bootstrap.sh" </dev/null >"$FOLDER/node-$I.log" 2>&1; then
   hello "{{\"error\": \"bootstrap\", \"hostname\": \"$(hostname)\"}}"; exit 1
@@ -1412,7 +1412,7 @@ rm -f agent.json
 # Unix socket in this 0700 folder (no loopback port another user of the node could fill).
 LOCAL="--socket $POOL/agent.sock"; [ ${{#POOL}} -le 88 ] || LOCAL=
 SKYWARD_AGENT_TOKEN="$TOKEN" "$SKY/{python}" -m skyward.bootstrap.agent_start --ttl {ttl} --log "$FOLDER/agent-$I.log" \
-  $LOCAL --direct "$ADDR" --orphan-cleanup "$POOL" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
+  $LOCAL --direct "$ADDR" --orphan-cleanup "$POOL" --sweep "$RUN/pools" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
 AGENT=$!
 TOKEN=
 trap 'kill -TERM $AGENT 2>/dev/null' TERM INT

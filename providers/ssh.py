@@ -203,8 +203,10 @@ class SSH(ProviderConfig):
 
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
                pin: tuple[pkglock.Package, ...] | None = None) -> SSHCluster:
-        return SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install,
-                          known_hosts=self.known_hosts, direct=self.direct, pin=pin)
+        cluster = SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install,
+                             known_hosts=self.known_hosts, direct=self.direct, pin=pin)
+        cluster.named = name is not None
+        return cluster
 
     # -- named pools (see ProviderConfig) --------------------------------------------------------
     def attach(self, description: dict[str, Any]) -> SSHCluster:
@@ -270,6 +272,9 @@ class SSHCluster(Cluster):
         self.head_port = random.randrange(20000, 30000)  # the address of torch/jax rendezvous
         self.interface = "eth0"
         self.spill_dir = None
+        # A named pool's node folders are never swept (hold_pool's .kept): it may be attached again
+        # after its agents died, and restarts them in those folders; `skyward down` removes them.
+        self.named = False
         self._free = list(hosts)
         self._install = install
         self._grow, self._shrink, self._on_close = grow, shrink, on_close
@@ -426,7 +431,7 @@ class SSHCluster(Cluster):
             mine.append(("rclone.conf", ship.volumes_conf, 0o600))
         lz4_or_gz = (UV_LZ4, UV_GZ) if UV_LZ4 in ship.files else None  # (wheelhouse mode)
         text = node_up(self.pool_id, node.index, sudo=ship.apt, files=ship.sizes, script=ship.script,
-                       then=self._agent_start(node, remote), lz4_or_gz=lz4_or_gz)
+                       then=self._agent_start(node, remote), lz4_or_gz=lz4_or_gz, kept=self.named)
         facts: dict[str, str] = {}
         started: dict[str, float] = {}
         current = [""]  # the phase running: "connect", "upload", a script phase, "agent"
@@ -563,7 +568,7 @@ export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" S
 LISTEN=--socket; [ ${{#POOL}} -le 88 ] || LISTEN=--port
 [ "$LISTEN" = --socket ] && ADDR="$POOL/agent.sock" || ADDR=0
 exec {{hello_fd}}< <(exec setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent_start --ttl {self._ttl} \\
-  --log agent.log $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" </dev/null 2>>agent.log)
+  --log agent.log $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" --sweep "${{POOL%/*}}" </dev/null 2>>agent.log)
 unset SKYWARD_AGENT_TOKEN
 route=$(ip -o route get {peer} 2>/dev/null </dev/null) || route=""
 echo "@@hostname $HOSTNAME"
@@ -679,14 +684,18 @@ echo "@@port $hello"
             old = self._nodes.get(lost.index)
             if old is None:
                 raise ProviderError(f"node {lost.index} is not one of this pool's nodes any more")
-            node = _Node(self.table.next, old.host)
-            self.table.next += 1
+            (node,) = self.table.claim_locked(1, lambda index: _Node(index, old.host))
             elsewhere = bool(self._free) or self.replace_host is not None
-        self._prepare()
+        try:  # (a node that does not come up leaves the table again)
+            self._prepare()
+        except BaseException:
+            self.table.forget([node])
+            raise
         try:
             remote = self._open(node, retry_for=0.0 if elsewhere else None,
                                 connect_timeout=3.0 if elsewhere else None)
         except Exception as exc:
+            self.table.forget([node])
             if node.remote is not None:
                 node.remote.close()
             if not elsewhere:
@@ -694,9 +703,13 @@ echo "@@port $hello"
             log.warning("node %d (%s) does not answer (%s); replacing it with another host",
                         old.index, old.host.address, exc)
             return self._replace_elsewhere(old)
+        except BaseException:
+            self.table.forget([node])
+            raise
         try:
             endpoint = self._restart(node, old, remote)
         except BaseException:
+            self.table.forget([node])
             remote.close()
             raise
         self._swap(old, node)
@@ -851,6 +864,7 @@ echo "@@port $hello"
                    kind=kind, describe_extra=describe_extra, known_hosts=description.get("known_hosts"),
                    direct=bool(description.get("direct", False)))
         self.token = description["token"]
+        self.named = True  # (a description is a named pool's)
         self.head_port = int(description["head_port"])
         self.interface = description.get("interface", "eth0")
         self._ssh_timeout = float(description.get("ssh_timeout", 60.0))

@@ -269,3 +269,28 @@ def test_a_script_sent_on_stdin_runs_in_bash_and_leaves_the_rest_of_stdin_to_it(
     facts = dict(word.split("=", 1) for word in first.split())
     assert facts["foo"] == "bar" and facts["session"] == facts["me"], first  # (setsid: its own session)
     assert second == "secret=[s3cret line]" and rest == "the files\x00\x01", out
+
+
+def test_a_starting_pools_folder_is_locked_before_anything_is_in_it_and_swept_after(tmp_path: Path) -> None:
+    """hold_pool: the folder and its held lock come first; a sweep while the bootstrap (or the agent it
+    starts) runs leaves the folder, one after all of them ended removes it, and a named pool's stays."""
+    from skyward.bootstrap.sweep import LOCK, sweep
+
+    pools = tmp_path / "pools"
+    started = subprocess.Popen(
+        ["bash", "-c", f'POOL={shlex.quote(str(pools / "p1-0"))}\n{script.hold_pool()}'
+                       'ls -A "$POOL"; exec sleep 30'],  # what the shell execs holds it too (the agent)
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert started.stdout is not None
+        assert started.stdout.readline().strip() == LOCK  # nothing else there yet, and no temporary name left
+        assert sweep(pools, "[!.]*-*") == []  # still starting
+        assert (pools / "p1-0").is_dir()
+    finally:
+        started.kill()
+        started.wait()
+    kept = subprocess.run(["bash", "-c", f'POOL={shlex.quote(str(pools / "n1-0"))}\n{script.hold_pool(kept=True)}'],
+                          check=True)
+    assert kept.returncode == 0
+    assert sweep(pools, "[!.]*-*") == [pools / "p1-0"]
+    assert (pools / "n1-0" / ".kept").exists()

@@ -31,6 +31,21 @@ RETIRED_FAMILIES = {
     "p3": "V100", "p3dn": "V100",  # dstackai/gpuhunt#233: "AWS API no longer describes p3 instances"
     "g4ad": "Radeon Pro V520",  # gone from AWS's instance-types-by-Region lists (2026-09)
 }
+# Families AWS sells that skyward does not launch, and why: dl1 (Gaudi) needs the Habana driver,
+# which no image skyward picks has, and its nodes would be admitted without a device check.
+UNDRIVEN_FAMILIES = {"dl1": "Gaudi"}
+
+
+def undriven(family: str) -> str:
+    """Why skyward does not launch this AWS family, and what to use instead."""
+    accelerator = UNDRIVEN_FAMILIES[family]
+    return (
+        f"skyward does not launch AWS {family} instances ({accelerator}): no image it picks has the "
+        f"Habana (Intel Gaudi) driver, so a node would boot without a working device. Run on {accelerator} "
+        f"machines you have set up with the driver (a {family} instance launched from an image that has "
+        f"it, or Intel's Tiber cloud) through sky.SSH(hosts=[...]), or pick an accelerator skyward drives "
+        f"on AWS: Trainium (accelerator='Trainium1'), Inferentia, or an NVIDIA GPU (sky.offers(provider='aws'))."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +120,15 @@ class AWS(CloudProvider):
                 f"AWS retired the {family} family ({RETIRED_FAMILIES[family]}): {self.instance_type} can no longer "
                 f"be launched{elsewhere}. Pick a current instance type (sky.offers(provider='aws') lists them)."
             )
+        if family in UNDRIVEN_FAMILIES:
+            raise NoOfferError(f"AWS(instance_type={self.instance_type!r}): {undriven(family)}")
+        want = Want.of(spec, region=region, instance_type=self.instance_type)
+        for undriven_family, accelerator in UNDRIVEN_FAMILIES.items():
+            if want.accelerator is not None and want.accelerator.name == accelerator:
+                raise NoOfferError(f"no aws offer has {want.accelerator}: {undriven(undriven_family)}")
         if self.zone and not self.zone.startswith(region):
             raise NoOfferError(f"AWS(zone={self.zone!r}) is not in region {region!r}; pick a zone of that region.")
-        return select("aws", Want.of(spec, region=region, instance_type=self.instance_type))
+        return select("aws", want)
 
     # -- provisioning ----------------------------------------------------------------------
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:

@@ -27,6 +27,10 @@ DEFAULT_REGION = "us-central1"
 SERVICE_ACCOUNT_QUOTA = 100
 
 
+# Compute Engine refuses a scheduling.termination_time more than 120 days after the request.
+MAX_DURATION_LIMIT = 120 * 86400
+
+
 @dataclass(frozen=True, slots=True)
 class GCP(CloudProvider):
     """Google Compute Engine.
@@ -81,6 +85,12 @@ class GCP(CloudProvider):
         check_cidrs(self.allow_ssh_from, "sky.GCP(allow_ssh_from=...)")  # refused where given, not at `up`
         if self.max_duration is not None and self.max_duration < 30:
             raise ConfigError(f"GCP(max_duration={self.max_duration!r}) is not valid: seconds >= 30, or None for no cap.")
+        if self.max_duration is not None and self.max_duration > MAX_DURATION_LIMIT:
+            raise ConfigError(
+                f"GCP(max_duration={self.max_duration!r}) is {self.max_duration / 86400:g} days: Compute Engine "
+                f"refuses a termination_time more than 120 days ahead ({MAX_DURATION_LIMIT} s). Give at most "
+                f"{MAX_DURATION_LIMIT}, or None for no cap."
+            )
         if self.image:
             check_image(self.image)
         if self.zone and self.region and not self.zone.startswith(self.region + "-"):

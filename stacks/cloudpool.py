@@ -45,10 +45,13 @@ _NO_SPOT = re.compile(
     re.IGNORECASE,
 )
 # Errors of a first creation that another zone of the region may not have.
+# Matched by the clouds' own sentences: AWS's "Unsupported" code also answers launch requests no
+# zone would take ("The requested configuration is currently not supported"), and GCP's
+# "Unsupported ..." errors are about the request, not the zone.
 _NO_ZONE_CAPACITY = re.compile(
-    r"InsufficientInstanceCapacity|Unsupported|ZONE_RESOURCE_POOL_EXHAUSTED|resource pool exhausted|"
+    r"InsufficientInstanceCapacity|ZONE_RESOURCE_POOL_EXHAUSTED|resource pool exhausted|"
     r"does not have enough resources|is not supported in your requested Availability Zone|"
-    r"not available in zone|UnfulfillableCapacity",
+    r"not available in zone|Machine type with name '[^']+' does not exist in zone|UnfulfillableCapacity",
     re.IGNORECASE,
 )
 # A grant right after its service account was made may not see it yet (IAM is eventually

@@ -186,6 +186,7 @@ def program(plan: PoolPlan) -> Declared:
             }},
             network_interfaces=[{
                 "network": network, "subnetwork": s.get("subnetwork"), "access_configs": [{}],
+                **({"nic_type": "GVNIC"} if needs_gvnic(machine_type) else {}),
             }],
             attached_disks=[{"source": d.self_link, "device_name": f"disk-{j}"} for j, d in enumerate(node_disks)],
             guest_accelerators=[{"type": accel, "count": int(s.get("accelerator_count", 1))}] if attach else [],
@@ -235,6 +236,15 @@ def program(plan: PoolPlan) -> Declared:
     ])
     pulumi.export("placement", {"image": image, "zone": zone})
     return Declared(provider, firewalls, instances, disks, accounts, role, grants, image, zone)
+
+
+# Machine series whose network interface must be gVNIC (Compute Engine's GPU machine types page:
+# A3 and A4 support gVNIC only; a VirtIO-Net interface is refused or gets no network).
+GVNIC_SERIES = ("a3-", "a4-")
+
+
+def needs_gvnic(machine_type: str) -> bool:
+    return machine_type.startswith(GVNIC_SERIES)
 
 
 def _scheduling(node: NodePlan, plan: PoolPlan) -> dict[str, Any]:

@@ -8,8 +8,11 @@ and the organization) and, for buckets granted to the nodes, Cloud Storage which
 bucket (``buckets.testIamPermissions``: a role granted on the bucket alone is enough). What is
 missing ends the pool before anything exists, with the predefined roles that grant it.
 
-The check never blocks a pool it could not run: without google-auth, credentials, the APIs, or
-the network, it logs why and the ``up`` goes on (and fails where it would have).
+The check never blocks a pool it could not run: without google-auth, credentials or the network,
+it logs why and the ``up`` goes on (and fails where it would have). An API the check calls that is
+disabled in the project is named, with the command that enables it: an error where the pool needs
+that API too (Resource Manager for a TPU pool's project grant, Cloud Storage for granted buckets),
+else a warning that the permissions went unchecked.
 ``SKYWARD_RESOURCE_MANAGER_URL`` and ``SKYWARD_STORAGE_URL`` point it at other servers (tests).
 """
 
@@ -51,6 +54,8 @@ EVERY_POOL = {
 INSTANCES = {
     "compute.instances.create": COMPUTE_ADMIN, "compute.instances.delete": COMPUTE_ADMIN,
     "compute.instances.setMetadata": COMPUTE_ADMIN, "compute.instances.setServiceAccount": COMPUTE_ADMIN,
+    # An insert with network tags and labels is checked for these as well.
+    "compute.instances.setTags": COMPUTE_ADMIN, "compute.instances.setLabels": COMPUTE_ADMIN,
     "compute.instances.setIamPolicy": COMPUTE_ADMIN, "compute.disks.create": COMPUTE_ADMIN,
     "compute.disks.setIamPolicy": COMPUTE_ADMIN, "compute.subnetworks.use": COMPUTE_ADMIN,
     "compute.subnetworks.useExternalIp": COMPUTE_ADMIN,
@@ -117,6 +122,32 @@ class _Api:
         return set(got.get("permissions") or ())
 
 
+def disabled_api(body: str) -> str | None:
+    """The service named by a Google API error saying it is disabled in the project (SERVICE_DISABLED)."""
+    try:
+        error = json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        return None
+    for detail in error.get("details") or ():
+        if isinstance(detail, dict) and detail.get("reason") == "SERVICE_DISABLED":
+            service = (detail.get("metadata") or {}).get("service")
+            if service:
+                return str(service)
+    return None
+
+
+def _disabled(project: str, service: str, needed_by_pool: bool) -> None:
+    enable = f"gcloud services enable {service} --project {project}"
+    if needed_by_pool:
+        raise ConfigError(
+            f"sky.GCP: the API {service} is disabled in project {project!r}, and this pool needs it "
+            f"(nothing was created). Enable it: {enable} (or the console's APIs & Services page), "
+            f"wait a minute, and start the pool again."
+        )
+    log.warning("GCP permissions not checked before up: the API %s is disabled in project %r. "
+                "Enable it to have them checked: %s", service, project, enable)
+
+
 def check(project: str, *, tpu: bool, buckets: Iterable[str] = ()) -> None:
     """ConfigError naming each missing permission and the role that grants it; nothing when all
     are held or when the check could not run (logged)."""
@@ -127,18 +158,25 @@ def check(project: str, *, tpu: bool, buckets: Iterable[str] = ()) -> None:
         return
     wanted = needed(tpu=tpu)
     missing: dict[str, list[str]] = {}
+    asking = "resource manager"
     try:
         held = api.project(project, sorted(wanted))
         _held[project] = frozenset(held)
         for perm in sorted(set(wanted) - held):
             missing.setdefault(wanted[perm], []).append(perm)
+        asking = "storage"
         for bucket in sorted(set(buckets)):
             held = api.bucket(bucket, sorted(BUCKETS))
             for perm in sorted(set(BUCKETS) - held):
                 missing.setdefault(BUCKETS[perm], []).append(f"{perm} on gs://{bucket}")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        detail = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else exc
-        log.warning("GCP permissions not checked before up: %s", detail)
+        body = exc.read().decode(errors="replace") if isinstance(exc, urllib.error.HTTPError) else ""
+        service = disabled_api(body)
+        if service:
+            # Storage is only asked about for buckets the nodes get; Resource Manager writes a TPU pool's grant.
+            _disabled(project, service, needed_by_pool=asking == "storage" or tpu)
+        else:
+            log.warning("GCP permissions not checked before up: %s", body[:300] or exc)
         return
     except Exception as exc:  # google.auth refresh errors and the like
         log.warning("GCP permissions not checked before up (%s: %s)", type(exc).__name__, exc)

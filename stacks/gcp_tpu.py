@@ -3,8 +3,9 @@
 A TPU is not a card attached to a Compute Engine instance: a TPU VM is its own resource
 (``gcp.tpu.V2Vm``), named by its *accelerator type* (``v5litepod-8``: the slice) and booted
 from a TPU *runtime version* (``v2-alpha-tpuv5-lite``) instead of an image. Everything else is
-as for instances (stacks/gcp.py): the pool's two firewall rules on its network tag, the
-``ssh-keys`` metadata with the client key, ``user-data`` with the node's host key and the TTL
+as for instances (stacks/gcp.py): the pool's firewall rules on its network tag (and, for
+more than one node, all traffic from the TPU VMs' private addresses too, since nothing says a
+TPU VM counts as a tagged source under the deny-all), the ``ssh-keys`` metadata with the client key, ``user-data`` with the node's host key and the TTL
 watchdog, labels with the pool name and expiry, spot (or preemptible, for the generations
 that predate spot) where the plan says. The nodes are then bootstrapped over SSH like any
 other, and the jax plugin's rendezvous works across them as across GPU nodes.
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .gcp_common import (
+    ALLOW_PRIORITY,
     account_id,
     choose_zone,
     declare_firewalls,
@@ -141,6 +143,21 @@ def _field(value: Any, name: str, camel: str) -> Any:
     return getattr(value, name, None)
 
 
+def _allow_by_address(gcp: Any, pulumi: Any, plan: PoolPlan, network: str, tag: str, vms: list[Any],
+                      res: Any) -> Any:
+    """All traffic from the pool's TPU VMs by their private addresses, above the deny-all: nothing
+    says a TPU VM counts as a source carrying the pool's tag, which the "internal" rule needs.
+    The tag stays a source too, so the rule never matches everything before the addresses exist
+    (a rule with no sources at all would allow 0.0.0.0/0)."""
+    addresses = pulumi.Output.all(*[vm.network_endpoints.apply(lambda eps: endpoint(eps, public=False))
+                                    for vm in vms]).apply(lambda ips: sorted(f"{ip}/32" for ip in ips if ip))
+    return gcp.compute.Firewall(
+        "internal-addresses", network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
+        description=f"skyward pool {plan.pool}: all traffic between its TPU VMs, by address",
+        allows=[{"protocol": "all"}], source_ranges=addresses, source_tags=[tag], target_tags=[tag], opts=res,
+    )
+
+
 @dataclass
 class Declared:
     """What the TPU program declared (the tests look at these)."""
@@ -224,6 +241,9 @@ def program(plan: PoolPlan) -> Declared:
             opts=res,  # no condition: Cloud TPU requests carry no resource attributes to test
         )
         accounts[node.index] = account
+
+    if len(vms) > 1:
+        firewalls["internal-addresses"] = _allow_by_address(gcp, pulumi, plan, network, tag, list(vms.values()), res)
 
     pulumi.export("nodes", [
         {"index": i, "id": vm.id,

@@ -14,7 +14,7 @@ from skyward.accelerators import Accelerator, names, parse
 # What the issue asks each cloud's catalogue to rent (canonical accelerator names).
 AWS_FAMILIES = {
     "g5g": "T4G", "inf1": "Inferentia1", "inf2": "Inferentia2",
-    "trn1": "Trainium1", "trn2": "Trainium2", "dl1": "Gaudi", "g6": "L4", "g6e": "L40S",
+    "trn1": "Trainium1", "trn2": "Trainium2", "g6": "L4", "g6e": "L40S",
     "p5e": "H200", "p5en": "H200", "p6-b200": "B200", "g4dn": "T4", "g5": "A10G", "p4d": "A100", "p5": "H100",
 }
 GCP_FAMILIES = {
@@ -84,7 +84,6 @@ def test_every_gcp_accelerator_row_yields_an_offer_where_it_is_sold(instance_typ
         (sky.accelerators.T4G(), sky.AWS(), "g5g.xlarge"),
         (sky.accelerators.Inferentia1(), sky.AWS(), "inf1.xlarge"),
         (sky.accelerators.Trainium1(count=16), sky.AWS(), "trn1.32xlarge"),
-        (sky.accelerators.Gaudi(count=8), sky.AWS(), "dl1.24xlarge"),
         (sky.accelerators.L40S(count=8), sky.AWS(), "g6e.48xlarge"),
         (sky.accelerators.H200(count=8), sky.AWS(region="us-east-2"), "p5en.48xlarge"),  # p5e: Capacity Blocks only
         (sky.accelerators.B200(count=8), sky.AWS(region="us-west-2"), "p6-b200.48xlarge"),

@@ -48,3 +48,25 @@ def test_no_aws_row_needs_the_amazon_linux_2_image() -> None:
     from skyward.stacks import aws
 
     assert not any("Amazon Linux 2" in pattern for _, pattern in aws._AMIS.values())
+
+
+# dl1 (Gaudi) is sold, but no image skyward picks drives it: the row is gone and asking for it
+# says what to use instead, by accelerator and by instance type.
+def test_no_dl1_row_is_in_the_catalogue() -> None:
+    assert not [o for o in catalogue.load("aws") if o.instance_type.startswith("dl1.") or o.accelerator == "Gaudi"]
+
+
+@pytest.mark.parametrize("ask", [
+    {"accelerator": "Gaudi"}, {"accelerator": sky.accelerators.Gaudi(count=8)}, {"accelerator": "dl1"},
+])
+def test_gaudi_on_aws_says_what_to_use(ask: dict) -> None:
+    provider = sky.AWS()
+    with pytest.raises(NoOfferError, match=r"(?s)does not launch AWS dl1.*Habana.*sky\.SSH\(hosts=.*Trainium"):
+        provider.offer(sky.Spec(provider=provider, **ask))
+    assert "Gaudi" in (provider.check(sky.Spec(provider=provider, **ask)) or "")
+
+
+def test_dl1_by_instance_type_says_what_to_use() -> None:
+    provider = sky.AWS(instance_type="dl1.24xlarge")
+    with pytest.raises(NoOfferError, match=r"instance_type='dl1.24xlarge'.*does not launch AWS dl1"):
+        provider.offer(sky.Spec(provider=provider))

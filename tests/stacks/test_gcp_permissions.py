@@ -28,6 +28,7 @@ class FakeIam(ThreadingHTTPServer):
         self.held: set[str] = set()  # on the project
         self.on_bucket: dict[str, set[str]] = {}
         self.asked: list[tuple[str, list[str]]] = []
+        self.disabled: set[str] = set()  # services answering SERVICE_DISABLED, as Google's APIs do
         super().__init__(("127.0.0.1", 0), _Handler)
 
     @property
@@ -56,6 +57,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             return self._send(401, {"error": {"code": 401}})
         if self.path == f"/v1/projects/{PROJECT}:testIamPermissions":
+            if "cloudresourcemanager.googleapis.com" in self.server.disabled:
+                return self._send(403, _service_disabled("cloudresourcemanager.googleapis.com", "Cloud Resource Manager API"))
             asked = json.loads(raw)["permissions"]
             self.server.asked.append((PROJECT, asked))
             return self._send(200, {"permissions": [p for p in asked if p in self.server.held]})
@@ -71,6 +74,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.asked.append((parts[4], asked))
             return self._send(200, {"permissions": [p for p in asked if p in self.server.on_bucket.get(parts[4], set())]})
         return self._send(404, {"error": {"code": 404}})
+
+
+def _service_disabled(service: str, title: str) -> dict[str, Any]:
+    return {"error": {"code": 403, "status": "PERMISSION_DENIED", "message": (
+        f"{title} has not been used in project 123 before or it is disabled. Enable it by visiting "
+        f"https://console.developers.google.com/apis/api/{service}/overview?project=123 then retry."),
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED",
+                     "domain": "googleapis.com", "metadata": {"service": service, "consumer": "projects/123"}}]}}
 
 
 @pytest.fixture
@@ -129,6 +140,25 @@ def test_bucket_iam_permissions_are_checked_on_the_bucket(iam: FakeIam) -> None:
 def test_a_check_that_cannot_run_does_not_block_the_pool(iam: FakeIam, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SKYWARD_RESOURCE_MANAGER_URL", "http://127.0.0.1:9/v1")  # nothing listens
     gcp_permissions.check(PROJECT, tpu=True)  # logged, not raised
+
+
+def test_an_instance_pool_is_checked_for_setting_tags_and_labels(iam: FakeIam) -> None:
+    iam.held = set(gcp_permissions.needed(tpu=False)) - {"compute.instances.setTags", "compute.instances.setLabels"}
+    with pytest.raises(ConfigError, match=r"Compute Admin \(roles/compute.admin\): compute.instances.setLabels, "
+                                          r"compute.instances.setTags"):
+        gcp_permissions.check(PROJECT, tpu=False)
+
+
+def test_a_disabled_api_is_named_with_the_command_that_enables_it(iam: FakeIam, caplog: pytest.LogCaptureFixture) -> None:
+    iam.disabled = {"cloudresourcemanager.googleapis.com"}
+    # A TPU pool writes its self-delete grant through that API: it cannot go on.
+    with pytest.raises(ConfigError, match=r"cloudresourcemanager\.googleapis\.com is disabled.*gcloud services "
+                                          r"enable cloudresourcemanager\.googleapis\.com --project proj-a"):
+        gcp_permissions.check(PROJECT, tpu=True)
+    # An instance pool does not need it: the up goes on, and the log says what to enable.
+    with caplog.at_level("WARNING", logger="skyward.stacks"):
+        gcp_permissions.check(PROJECT, tpu=False)
+    assert "gcloud services enable cloudresourcemanager.googleapis.com --project proj-a" in caplog.text
 
 
 def test_the_guide_names_every_role_the_check_asks_for() -> None:

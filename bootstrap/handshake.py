@@ -343,6 +343,11 @@ class Gate:
         with self._lock:
             self._ours = found
 
+    @property
+    def trusted(self) -> frozenset[str]:
+        """The pool's own addresses, as ``trust`` was last told them."""
+        return self._ours
+
     def enter(self, sock: socket.socket | None = None, peer: object = None) -> bool:
         """Take a handshake slot for ``sock`` (whose address is ``peer``, as ``accept`` gave it);
         False when none can be had (close the connection). To make room it may close an older

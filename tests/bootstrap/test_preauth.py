@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import flood_silently
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -343,36 +344,21 @@ def test_the_pools_own_addresses_and_peers_that_spoke_are_served_first() -> None
             b.close()
 
 
-def _flood(port: int, sources: list[str], per_source: int, stop: threading.Event) -> None:
-    """Hold ``per_source`` connections from each source address open, saying nothing, and open
-    a new one for each the server closes (an idle stranger's flood that reopens what it loses)."""
-    import select
+def test_the_head_agent_tells_its_collections_the_pools_addresses_from_the_topology() -> None:
+    from skyward.bootstrap.agent import Agent
 
-    def opened(src: str) -> socket.socket:
-        s = socket.socket()
-        s.bind((src, 0))
-        s.connect(("127.0.0.1", port))
-        return s
+    def topology(*ips: str) -> dict[str, object]:
+        return {"topology": {"node": 0, "peers": [{"node": i, "private_ip": ip, "public_ip": None}
+                                                  for i, ip in enumerate(ips)]}}
 
-    socks = {opened(src): src for src in sources for _ in range(per_source)}
-    try:
-        while not stop.is_set():
-            ready, _, _ = select.select(list(socks), [], [], 0.05)
-            for s in ready:
-                try:
-                    gone = s.recv(4096) == b""
-                except OSError:
-                    gone = True
-                if gone:
-                    src = socks.pop(s)
-                    s.close()
-                    try:
-                        socks[opened(src)] = src
-                    except OSError:
-                        socks[s] = src  # (not reachable: tried again at the next close)
-    finally:
-        for s in socks:
-            s.close()
+    agent = Agent("secret", 0)
+    agent.config = topology("10.0.0.1", "10.0.0.2")  # the first CONFIGURE came before the serve
+    state = agent._state()
+    assert state.gate.trusted == {"10.0.0.1", "10.0.0.2"}
+    agent._configure(topology("10.0.0.1", "10.0.0.2", "fd00::3"))  # a resize: a third node
+    assert state.gate.trusted == {"10.0.0.1", "10.0.0.2", "fd00::3"}
+    agent._configure(topology("10.0.0.1"))  # and back to one: the others are strangers again
+    assert state.gate.trusted == {"10.0.0.1"}
 
 
 def test_a_flood_from_several_addresses_leaves_the_pools_own_address_its_handshakes() -> None:
@@ -384,7 +370,8 @@ def test_a_flood_from_several_addresses_leaves_the_pools_own_address_its_handsha
     assert tag == "ok"
     server.trust({"peers": [{"node": 0, "private_ip": "127.0.0.1", "public_ip": None}]})
     stop = threading.Event()
-    flood = threading.Thread(target=_flood, args=(where["port"], [f"127.0.0.{i}" for i in range(2, 6)], 12, stop),
+    flood = threading.Thread(target=flood_silently,
+                             args=("127.0.0.1", where["port"], [f"127.0.0.{i}" for i in range(2, 6)], 12, stop),
                              daemon=True)
     flood.start()
     try:

@@ -45,10 +45,12 @@ class BuildPyWithPth(build_py):
                     PTH,
                 )
                 return
+            where: Path | None = HERE  # skyward stays in the checkout
         else:
             root = Path(self.build_lib)
+            where = None  # beside the .pth, in the site-packages the wheel is installed in
         root.mkdir(parents=True, exist_ok=True)
-        (root / PTH).write_text(HOOK["pth_text"](), encoding="utf-8")
+        (root / PTH).write_text(HOOK["pth_text"](where), encoding="utf-8")
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         outputs = list(super().get_outputs(include_bytecode))

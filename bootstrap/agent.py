@@ -235,7 +235,7 @@ class Agent:
 
     def _serve_conn(self, sock: socket.socket, gate: Gate) -> None:
         try:  # nothing of ours (reader, shared memory, a Conn) exists until the peer proved the key
-            info, proof = admit(sock, self.key)
+            info, proof = admit(sock, self.key, gate=gate)
             lease = lease_ttl(info.get("ttl"))
         except (Refused, OSError) as exc:
             self._refused(sock, str(exc), gate)
@@ -338,6 +338,8 @@ class Agent:
             else:  # topology changed (resize): tell every live worker
                 for w in self.workers:
                     self.send_config(w)
+            if self.state is not None:  # the collections serve the pool's nodes first
+                self.state.trust(config.get("topology"))
             sends = self._assign()  # tasks that arrived before the first CONFIGURE
         self._send(sends)
 
@@ -399,6 +401,8 @@ class Agent:
 
                 self.state = StateServer(self.state_key, self._log_to_clients, unix_dir=self.lane_dir,
                                          local_dir=self.socket_dir)
+                if self.config is not None:
+                    self.state.trust(self.config.get("topology"))
             return self.state
 
     def _log_to_clients(self, text: str) -> None:

@@ -42,8 +42,12 @@ import os
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .frames import HEADER, Kind
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
 
 try:  # what hmac.compare_digest is, without hmac's OpenSSL import
     from _operator import _compare_digest
@@ -167,9 +171,11 @@ class Proof(str):
         return to_client, to_server
 
 
-def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[dict[str, object], Proof]:
+def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE,
+          gate: Gate | None = None) -> tuple[dict[str, object], Proof]:
     """The server's side: challenge the peer and check its HELLO. Returns the HELLO's facts and
     the proof to put in the WELCOME (``"proof"``); raises ``Refused`` (or OSError) otherwise.
+    ``gate``: the one ``sock`` entered, told when the peer has sent a HELLO's header.
     Leaves the socket's timeout as it found it only on success (callers close it on failure)."""
     end = time.monotonic() + deadline
     server_nonce = os.urandom(NONCE)
@@ -180,6 +186,8 @@ def admit(sock: socket.socket, key: bytes, deadline: float = DEADLINE) -> tuple[
     if kind != Kind.HELLO or nbufs or body_len > HELLO_MAX:
         raise Refused(f"the first frame was not a HELLO of at most {HELLO_MAX} bytes "
                       f"(kind {kind}, {body_len} bytes, {nbufs} buffers)")
+    if gate is not None:
+        gate.heard(sock)
     raw = _recv_exact(sock, body_len, end)
     try:
         hello = json.loads(raw)
@@ -285,6 +293,16 @@ def welcome(sock: socket.socket, check: Check, who: str, timeout: float = 60.0) 
     return facts
 
 
+class _Pending:
+    """A connection in its handshake, as ``Gate`` holds it."""
+
+    __slots__ = ("heard", "ours", "since", "sock", "source")
+
+    def __init__(self, since: float, source: str, sock: socket.socket, ours: bool) -> None:
+        self.since, self.source, self.sock, self.ours = since, source, sock, ours
+        self.heard = False  # the peer sent a HELLO's header
+
+
 class Gate:
     """The connections in their handshake, few at once, and a log of the refused ones that
     stays short under a flood (one line per ``quiet`` seconds, with the count).
@@ -292,23 +310,43 @@ class Gate:
     A full gate does not refuse the newest connection: it closes the oldest pending one that
     has had ``grace`` seconds to answer (a real peer answers the challenge in milliseconds; a
     stranger holding slots open says nothing), so a flood that keeps every slot taken, and
-    reopens each one it loses, cannot keep a real client out. Each source address (every
-    loopback address counts as one, an IPv6 one by its /64) holds at most ``per_source`` slots,
-    evicting its own oldest beyond that: a flood from one place leaves the other slots to
-    everyone else. Connections entered without a socket (``enter()``) are only counted."""
+    reopens each one it loses, cannot keep a real client out. Of those, one that has sent
+    nothing goes before one that has sent a HELLO's header (``heard``). Each source address
+    (every loopback address counts as one, an IPv6 one by its /64) holds at most
+    ``per_source`` slots, evicting its own oldest beyond that: a flood from one place leaves
+    the other slots to everyone else.
+
+    A flood from several addresses (a LAN machine, a container bridge) can still take every
+    slot: the pool's own addresses (``trust``: its nodes', from the topology) are then served
+    first. A connection from one of them takes the slot of a stranger's pending handshake at
+    once (no grace), and a stranger's connection never evicts theirs. Each of the pool's
+    addresses is a source of its own, with its share (another user on a node can only flood
+    that node's share). Connections entered without a socket (``enter()``) are only counted."""
 
     def __init__(self, limit: int = 16, quiet: float = 10.0, *, per_source: int | None = None,
                  grace: float = GRACE) -> None:
         self._limit = limit
         self._per_source = per_source or max(1, limit // 4)
         self._grace = grace
-        self._pending: dict[int, tuple[float, str, socket.socket]] = {}  # id(sock): oldest first
+        self._pending: dict[int, _Pending] = {}  # id(sock): oldest first
+        self._ours: frozenset[str] = frozenset()
         self._counted = 0  # entered without a socket: never evicted
         self._lock = threading.Lock()
         self._quiet = quiet
         self._last = -quiet
         self._unsaid = 0
         self.evicted = 0  # how many pending handshakes were closed to let newer ones in
+
+    def trust(self, addresses: Iterable[object]) -> None:
+        """The pool's own addresses (its nodes' IP addresses), served before any stranger's."""
+        found = frozenset(host for host in map(_host, addresses) if host)
+        with self._lock:
+            self._ours = found
+
+    @property
+    def trusted(self) -> frozenset[str]:
+        """The pool's own addresses, as ``trust`` was last told them."""
+        return self._ours
 
     def enter(self, sock: socket.socket | None = None, peer: object = None) -> bool:
         """Take a handshake slot for ``sock`` (whose address is ``peer``, as ``accept`` gave it);
@@ -321,30 +359,49 @@ class Gate:
                     return False
                 self._counted += 1
                 return True
-            source = _source(peer)
-            mine = [k for k, (_, s, _) in self._pending.items() if s == source]
+            host = _host(peer)
+            ours = bool(host) and host in self._ours
+            source = "pool " + host if ours else _source(peer)
             victim: int | None = None
-            if len(mine) >= self._per_source:
-                victim = self._oldest(mine, now)
+            if sum(1 for e in self._pending.values() if e.source == source) >= self._per_source:
+                victim = self._victim(lambda e: e.source == source, now, self._grace)
                 if victim is None:
                     return False
             elif len(self._pending) + self._counted >= self._limit:
-                victim = self._oldest(list(self._pending), now)
+                # a stranger's pending handshake first (at once for one of ours); ours only
+                # make room for ours, and only after their grace
+                victim = self._victim(lambda e: not e.ours, now, 0.0 if ours else self._grace)
+                if victim is None and ours:
+                    victim = self._victim(lambda e: True, now, self._grace)
                 if victim is None:
                     return False
             if victim is not None:
-                _, _, old = self._pending.pop(victim)
+                old = self._pending.pop(victim).sock
                 self.evicted += 1
                 with contextlib.suppress(OSError):
                     old.shutdown(socket.SHUT_RDWR)
-            self._pending[id(sock)] = (now, source, sock)
+            self._pending[id(sock)] = _Pending(now, source, sock, ours)
             return True
 
-    def _oldest(self, keys: list[int], now: float) -> int | None:
-        """The oldest of ``keys`` (in entry order) when it has had its grace, else None."""
-        if keys and now - self._pending[keys[0]][0] >= self._grace:
-            return keys[0]
-        return None
+    def heard(self, sock: socket.socket) -> None:
+        """``sock``'s peer sent a HELLO's header: evicted only after those that sent nothing."""
+        with self._lock:
+            entry = self._pending.get(id(sock))
+            if entry is not None:
+                entry.heard = True
+
+    def _victim(self, which: Callable[[_Pending], bool], now: float, grace: float) -> int | None:
+        """The pending handshake to close for a newer one, of those ``which`` selects that have
+        had ``grace`` seconds: the oldest silent one, else the oldest heard one; None if none."""
+        heard: int | None = None
+        for key, entry in self._pending.items():
+            if not which(entry) or now - entry.since < grace:
+                continue
+            if not entry.heard:
+                return key
+            if heard is None:
+                heard = key
+        return heard
 
     def leave(self, sock: socket.socket | None = None) -> None:
         """Give the slot back (``sock``: as entered; after an eviction, nothing is left to give)."""
@@ -364,6 +421,16 @@ class Gate:
             count, self._unsaid, self._last = self._unsaid, 0, now
         more = f" ({count - 1} more since the last such line)" if count > 1 else ""
         return f"refused a connection: {why}{more}"
+
+
+def _host(peer: object) -> str:
+    """The IP address of ``peer`` (as ``accept`` gave it, or an address alone), IPv4-mapped
+    IPv6 and scope ids taken off; "" for a Unix socket's peer."""
+    if isinstance(peer, tuple):
+        peer = peer[0] if peer else ""
+    if not isinstance(peer, str):
+        return ""
+    return peer.removeprefix("::ffff:").partition("%")[0]
 
 
 def _source(peer: object) -> str:

@@ -170,7 +170,8 @@ class StateServer:
         self.local_dir = local_dir
         self.local_path: str | None = None
         # Connections in their handshake: on TCP each address gets a share of the slots (a flood
-        # from one leaves the rest to the other nodes); the Unix socket has its own gate.
+        # from one leaves the rest to the other nodes) and the pool's own nodes' addresses
+        # (trust) are served before strangers'; the Unix socket has its own gate.
         self.gate = Gate(limit=32, per_source=8)
         self.local_gate = Gate(limit=32, per_source=32)
         self.lock = threading.Lock()
@@ -503,6 +504,12 @@ class StateServer:
             where["unix"] = self.local_path
         return where
 
+    def trust(self, topology: dict[str, Any] | None) -> None:
+        """The pool's nodes as the topology lists them: their private addresses are served
+        before any stranger's when a flood takes every handshake slot (Gate.trust)."""
+        peers = (topology or {}).get("peers") or []
+        self.gate.trust(p.get("private_ip") for p in peers if isinstance(p, dict))
+
     def log_line(self, text: str) -> None:
         import sys
 
@@ -529,7 +536,7 @@ class StateServer:
 
     def _serve_peer(self, sock: socket.socket, gate: Gate) -> None:
         try:
-            info, proof = admit(sock, self.key)
+            info, proof = admit(sock, self.key, gate=gate)
             node, pid = int(info.get("node", -1)), int(info.get("pid", 0))  # type: ignore[call-overload]
         except (Refused, OSError, TypeError, ValueError) as exc:
             self._refused(sock, str(exc), gate)

@@ -330,7 +330,7 @@ class Supervisor:
         """A process the launcher started calls back: it becomes a worker once it proved the
         launch's key (the folder is this user's alone, but no listener trusts a connection)."""
         try:
-            _, proof = admit(sock, key)
+            _, proof = admit(sock, key, gate=self.launch_gate)
             sock.sendall(_welcome(proof))
         except (Refused, OSError) as exc:
             self._refused(sock, f"a launched worker: {exc}")

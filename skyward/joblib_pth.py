@@ -15,7 +15,9 @@ travels in the line as a string, compiled only when ``joblib.parallel`` is first
 compiling it at start-up would cost more than all the rest of the line.
 
 When ``joblib.parallel`` is first imported, ``find_spec`` imports ``skyward.joblib_name``
-(and so the light ``skyward`` package), whose finder registers the name right after
+(and so the light ``skyward`` package, found only where it is installed: the site-packages
+that holds the ``.pth`` file, or an editable install's checkout, never the working folder
+that ``sys.path`` starts with), whose finder registers the name right after
 ``joblib.parallel`` has run, and hands it the search. The backend's own module loads only when
 a ``Parallel`` asks for "skyward". In a worker then, skyward's error says which process it is
 and what to do (no pool is there); where a pool is reachable, the call runs on it.
@@ -51,6 +53,7 @@ _LINE = (
     "os.environ.get({opt_out!r}, '') in ('', '0') "
     "and type(sys.meta_path[0]).__name__ != {hook!r} "
     "and sys.meta_path.insert(0, type({hook!r}, (), {{'__module__': {name!r}, 'done': False, "
+    "'where': {where}, "
     "'find_spec': lambda self, name, path=None, target=None, g={{}}: "
     "None if name != 'joblib.parallel' or self.done "
     "else exec({source!r}, g) or g['find_spec'](self, name, path, target)}})())\n"
@@ -66,6 +69,23 @@ def find_spec(hook: Any, name: str, path: Any = None, target: Any = None) -> Any
     if "skyward.joblib_name" in sys.modules:
         return None  # skyward is imported: its own finder, ahead of this one, does the work
     try:
+        if "skyward" not in sys.modules:
+            # skyward from where it is installed, never through sys.path: its first entry is
+            # the working folder (python -c, -m) or the script's, where anyone may have put a
+            # folder named skyward.
+            from importlib.machinery import PathFinder
+            from importlib.util import module_from_spec
+
+            found = PathFinder.find_spec("skyward", [hook.where]) if hook.where else None
+            if found is None or found.loader is None:
+                return None
+            module = module_from_spec(found)
+            sys.modules["skyward"] = module
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                del sys.modules["skyward"]
+                raise
         # skyward's import puts its finder on sys.meta_path, where the import system, already
         # walking that list for joblib.parallel, would not look: it is asked here.
         from skyward import joblib_name
@@ -79,9 +99,14 @@ def find_spec(hook: Any, name: str, path: Any = None, target: Any = None) -> Any
     return spec
 
 
-def pth_text() -> str:
+def pth_text(where: str | Path | None = None) -> str:
     """The ``.pth`` file's text: ``find_spec``'s source, less its docstring, comments and
-    annotations (not evaluated there: nothing is imported for them), in the line."""
+    annotations (not evaluated there: nothing is imported for them), in the line.
+
+    ``where``: the folder that holds the ``skyward`` package (an editable install's checkout);
+    by default the folder of the ``.pth`` file itself, the site-packages a wheel put both in
+    (``sitedir``, a local variable of ``site.addpackage``, which runs the line)."""
+    place = repr(str(where)) if where is not None else "locals().get('sitedir', '')"
     tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
     func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "find_spec")
     body = func.body
@@ -90,7 +115,7 @@ def pth_text() -> str:
     func.returns = None
     for arg in func.args.args:
         arg.annotation = None
-    return _LINE.format(opt_out=OPT_OUT, hook=HOOK, name=NAME, source=ast.unparse(func))
+    return _LINE.format(opt_out=OPT_OUT, hook=HOOK, name=NAME, where=place, source=ast.unparse(func))
 
 
 if __name__ == "__main__":  # python skyward/joblib_pth.py: the line, to read it

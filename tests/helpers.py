@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -89,3 +90,38 @@ def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((address, 0))
         return int(s.getsockname()[1])
+
+
+def flood_silently(host: str, port: int, sources: list[str], per_source: int, stop: threading.Event) -> None:
+    """Until ``stop``: hold ``per_source`` connections to ``host``:``port`` from each of the
+    ``sources`` addresses, saying nothing, and open a new one for each the server closes (an
+    idle stranger's flood that reopens every slot it loses)."""
+    import select
+
+    def opened(source: str) -> socket.socket:
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        try:
+            s.bind((source, 0))
+            s.connect((host, port))
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    socks = {opened(source): source for source in sources for _ in range(per_source)}
+    try:
+        while not stop.is_set():
+            ready, _, _ = select.select(list(socks), [], [], 0.05)
+            for s in ready:
+                try:
+                    gone = s.recv(4096) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    source = socks.pop(s)
+                    s.close()
+                    with contextlib.suppress(OSError):  # (not reachable now: one fewer held)
+                        socks[opened(source)] = source
+    finally:
+        for s in socks:
+            s.close()

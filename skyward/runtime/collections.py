@@ -297,8 +297,10 @@ class _NodeSender:
 
 
 # A connection the collection server turned away (its handshake slots all taken: busy, or a
-# flood) is made again after these pauses, each with up to half again at random.
-_STATE_RETRY_PAUSES = (0.1, 0.2, 0.4, 0.8, 1.6)
+# flood) is made again after these pauses, each with up to half again at random: about 9 s in
+# all, as the node channel's (bootstrap/channel.py), so a flood outlasting the short schedule
+# does not fail a task's collection call that the channel would have carried.
+_STATE_RETRY_PAUSES = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
 
 
 def _connect_state(connection: Any, state: builtins.dict[str, Any], node: int) -> Any:

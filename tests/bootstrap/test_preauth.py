@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import flood_silently
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -314,6 +315,81 @@ def test_one_source_holds_only_its_share_of_the_gate() -> None:
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_the_pools_own_addresses_and_peers_that_spoke_are_served_first() -> None:
+    gate = handshake.Gate(limit=4, grace=10.0, per_source=2)
+    gate.trust(["10.0.0.1", "", None])
+    pairs = _pending(9)
+    try:
+        # strangers from four addresses fill the gate; all young, so a fifth is refused
+        for (server, _), i in zip(pairs[:4], range(2, 6), strict=True):
+            assert gate.enter(server, (f"10.0.0.{i}", 40000))
+        gate.heard(pairs[0][0])  # the oldest sent a HELLO's header: the silent ones go first
+        assert not gate.enter(pairs[4][0], ("10.0.0.6", 40000))
+        # a node of the pool takes a stranger's slot at once: the oldest silent one
+        assert gate.enter(pairs[5][0], ("::ffff:10.0.0.1", 5000, 0, 0))
+        assert gate.evicted == 1 and _shut(pairs[1][1]) and not _shut(pairs[0][1], 0.02)
+        assert gate.enter(pairs[6][0], ("10.0.0.1", 5001))
+        assert gate.evicted == 2 and _shut(pairs[2][1])
+        # its own share holds as any source's (its own oldest, after the grace: refused now)
+        assert not gate.enter(pairs[7][0], ("10.0.0.1", 5002))
+        # a stranger never evicts the pool's own
+        gate.leave(pairs[3][0])
+        assert gate.enter(pairs[7][0], ("10.0.0.7", 1)) and not gate.enter(pairs[8][0], ("10.0.0.8", 1))
+        assert not any(_shut(client, 0.02) for _, client in pairs[5:7])
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_the_head_agent_tells_its_collections_the_pools_addresses_from_the_topology() -> None:
+    from skyward.bootstrap.agent import Agent
+
+    def topology(*ips: str) -> dict[str, object]:
+        return {"topology": {"node": 0, "peers": [{"node": i, "private_ip": ip, "public_ip": None}
+                                                  for i, ip in enumerate(ips)]}}
+
+    agent = Agent("secret", 0)
+    agent.config = topology("10.0.0.1", "10.0.0.2")  # the first CONFIGURE came before the serve
+    state = agent._state()
+    assert state.gate.trusted == {"10.0.0.1", "10.0.0.2"}
+    agent._configure(topology("10.0.0.1", "10.0.0.2", "fd00::3"))  # a resize: a third node
+    assert state.gate.trusted == {"10.0.0.1", "10.0.0.2", "fd00::3"}
+    agent._configure(topology("10.0.0.1"))  # and back to one: the others are strangers again
+    assert state.gate.trusted == {"10.0.0.1"}
+
+
+def test_a_flood_from_several_addresses_leaves_the_pools_own_address_its_handshakes() -> None:
+    from skyward.bootstrap.state import StateServer
+
+    key = derive("s", COLLECTIONS)
+    server = StateServer(key, lambda line: None)
+    (tag, where), _ = server._serve("127.0.0.1")
+    assert tag == "ok"
+    server.trust({"peers": [{"node": 0, "private_ip": "127.0.0.1", "public_ip": None}]})
+    stop = threading.Event()
+    flood = threading.Thread(target=flood_silently,
+                             args=("127.0.0.1", where["port"], [f"127.0.0.{i}" for i in range(2, 6)], 12, stop),
+                             daemon=True)
+    flood.start()
+    try:
+        time.sleep(1.5)  # every slot the strangers can take is taken, and reopened as it goes
+        served = 0
+        for _ in range(15):
+            try:
+                StateConnection("127.0.0.1", where["port"], key.hex(), 0).close()
+                served += 1
+            except ConnectionError:
+                pass
+            time.sleep(0.05)
+        assert served == 15, f"the pool's own address completed {served} of 15 handshakes"
+    finally:
+        stop.set()
+        flood.join(10)
+        assert server.listener is not None
+        server.listener.close()
 
 
 def test_a_flood_of_idle_strangers_is_capped_and_the_pool_serves_on(pool: sky.Pool) -> None:

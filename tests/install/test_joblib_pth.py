@@ -108,7 +108,8 @@ def test_the_editable_wheel_has_the_hook_beside_its_path(checkout: Path, tmp_pat
     root = _root_files(editable)
     paths = [name for name in root if name.startswith("__editable__")]
     assert len(paths) == 1 and [Path(p) for p in root[paths[0]].split()] == [checkout], root
-    assert root[NAME] == pth_text() and set(root) == {paths[0], NAME}, sorted(root)
+    # its hook finds skyward in the checkout, where the editable install left it
+    assert root[NAME] == pth_text(checkout.resolve()) and set(root) == {paths[0], NAME}, sorted(root)
     assert NAME in _record(editable)
 
 
@@ -143,10 +144,12 @@ print(json.dumps({"hooks": hooks, "got": got, "left": [type(f).__name__ for f in
 
 @pytest.fixture
 def site_dir(wheel: Path, tmp_path: Path) -> Iterator[Path]:
-    """A folder holding the wheel's .pth alone."""
+    """A folder holding the wheel's files, as site-packages holds them once it is installed
+    (skyward's dependencies come from this venv)."""
+    folder = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:
-        zf.extract(NAME, tmp_path)
-    yield tmp_path
+        zf.extractall(folder)
+    yield folder
 
 
 def _fresh(site_dir: Path, **env: str) -> dict[str, object]:
@@ -167,3 +170,20 @@ def test_the_line_does_nothing_when_opted_out(site_dir: Path) -> None:
     out = _fresh(site_dir, **{OPT_OUT: "1"})
     assert out["hooks"] == 0, out
     assert "Invalid backend: skyward" in str(out["got"]), out
+
+
+def test_the_line_never_imports_a_skyward_planted_in_the_working_folder(site_dir: Path, tmp_path: Path) -> None:
+    """``python -c`` (and ``-m``) put the working folder first on sys.path: a ``skyward``
+    package someone left there must not be what the hook imports."""
+    work = tmp_path / "work"
+    (work / "skyward").mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    (work / "skyward" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    done = subprocess.run([sys.executable, "-c", _FRESH + "print(sys.modules['skyward'].__file__)\n",
+                           str(site_dir)], cwd=work, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *_, line, where = done.stdout.strip().splitlines()
+    assert not marker.exists(), "the hook imported the skyward package of the working folder"
+    assert Path(where).parent.parent == site_dir, where  # the installed one
+    assert str(json.loads(line)["got"]).startswith("skyward.errors.NoActivePoolError"), line

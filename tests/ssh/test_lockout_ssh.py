@@ -13,11 +13,14 @@ import json
 import logging
 import os
 import shlex
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import flood_silently
 from sshhosts import SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
@@ -188,3 +191,57 @@ def test_a_flood_of_silent_connections_by_another_user_does_not_lock_the_client_
             ssh.destroy(description)
         else:
             cluster.detach()
+
+
+@sky.function
+def handshakes(tries: int) -> int:
+    """How many of ``tries`` new connections to the collections (from this node) were admitted."""
+    from skyward.bootstrap.state import StateConnection
+    from skyward.runtime import context
+
+    where, done = context.state, 0
+    for _ in range(tries):
+        try:
+            StateConnection(where["host"], int(where["port"]), where["token"], 1).close()
+            done += 1
+        except ConnectionError:
+            pass
+        time.sleep(0.05)
+    return done
+
+
+def test_a_flood_from_four_lan_addresses_leaves_the_other_node_its_collections(hosts: SSHHosts) -> None:
+    """A neighbour on the nodes' network with four addresses (here: the bridge's machine)
+    takes every handshake slot of the collections' TCP listener that one address could not;
+    node 1's address is the pool's own (the head knows it from the topology), so its new
+    connections are admitted all the same."""
+    if os.geteuid() != 0:
+        pytest.skip("adding addresses to the bridge needs root")
+    assert hosts.bridge is not None and hosts.subnet is not None
+    ssh = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                         for h in hosts])
+    sources = [str(hosts.subnet[200 + i]) for i in range(4)]
+    added: list[str] = []
+    stop = threading.Event()
+    flood: threading.Thread | None = None
+    try:
+        with sky.Compute(provider=ssh, nodes=2, options=QUIET) as pool:
+            assert bump("warm") >> pool == 1  # the head serves its collections
+            served = pool.shared.served
+            assert served is not None and served[1] and "port" in served[1], served
+            for source in sources:
+                subprocess.run(["ip", "addr", "add", f"{source}/{hosts.subnet.prefixlen}", "dev", hosts.bridge],
+                               check=True, capture_output=True)
+                added.append(source)
+            flood = threading.Thread(target=flood_silently, args=(served[1]["host"], int(served[1]["port"]),
+                                                                   sources, 12, stop), daemon=True)
+            flood.start()
+            time.sleep(1.5)  # every slot the flood can take is taken, and reopened as it goes
+            assert pool.run(handshakes(15), target=1) == 15
+    finally:
+        stop.set()
+        if flood is not None:
+            flood.join(10)
+        for source in added:
+            subprocess.run(["ip", "addr", "del", f"{source}/{hosts.subnet.prefixlen}", "dev", hosts.bridge],
+                           capture_output=True)

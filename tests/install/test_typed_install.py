@@ -120,13 +120,14 @@ def test_the_editable_install_is_a_path_that_type_checkers_read(user_python: Pat
 
 def test_the_editable_install_has_the_joblib_hook(user_python: Path) -> None:
     """Beside the path, ``pip install -e .`` puts skyward-joblib.pth in site-packages (setup.py;
-    tests/install/test_joblib_pth.py checks the wheels and what the line does)."""
+    tests/install/test_joblib_pth.py checks the wheels and what the line does), naming the
+    checkout as where skyward is (never found through sys.path and the working folder)."""
     from skyward.joblib_pth import NAME, pth_text
 
     site = Path(_run([str(user_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                      ROOT, 60).stdout.strip())
     assert (site / NAME).is_file(), sorted(p.name for p in site.glob("*.pth"))
-    assert (site / NAME).read_text() == pth_text()
+    assert (site / NAME).read_text() == pth_text(ROOT.resolve())
 
 
 def test_mypy_sees_the_operators_result_types(user_python: Path, project: tuple[Path, dict[int, str]]) -> None:

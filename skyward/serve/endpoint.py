@@ -27,6 +27,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +130,8 @@ class Endpoint:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
+        # Where the router's streams to replicas open (skyward.serve.upstream): the endpoint's own.
+        self._openers = ThreadPoolExecutor(max_workers=32, thread_name_prefix="skyward-serve-open")
         self._router = Router(token=self.token, timeout=timeout, max_queue=max_queue,
                               on_demand=self._on_demand, access_log=self._access)
         self._host, self._port = self._router.start(host, port)
@@ -233,6 +236,7 @@ class Endpoint:
         if self._leaving in self.pool.members.on_leaving:
             self.pool.members.on_leaving.remove(self._leaving)
         self._router.close()
+        self._openers.shutdown(wait=False, cancel_futures=True)
         if self.access_log is not None:
             self.access_log.close()
         with self._lock:
@@ -335,7 +339,7 @@ class Endpoint:
             first = next(stream)
             if self._closed.is_set() or r.state == "stopping":
                 return
-            self._router.add(Upstream(r.key, connector(self.pool.cluster, r.node, first["socket"]),
+            self._router.add(Upstream(r.key, connector(self.pool.cluster, r.node, first["socket"], self._openers),
                                       max_concurrency=self.max_concurrency))
             ready = True
             with self._changed:

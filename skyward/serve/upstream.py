@@ -1,6 +1,6 @@
 """How the router opens a connection to a replica: through the pool's own way to its node.
 
-``connector(cluster, index, path)`` gives the router's ``connect``: each call opens a stream to the
+``connector(cluster, index, path, openers)`` gives the router's ``connect``: each call opens a stream to the
 replica's Unix socket on node ``index`` with ``Cluster.open_stream`` (a socket here on Local and
 container nodes, a channel of the pool's SSH connection on SSH, Slurm and cloud nodes, or a relay
 where sshd forbids that), and hands it to asyncio. A stream that is a socket is used as it is; any
@@ -16,7 +16,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,27 +53,15 @@ def bridged(stream: Stream) -> socket.socket:
     return theirs
 
 
-# Opening a stream blocks (an SSH channel to a node that was cut off waits up to its timeout):
-# threads of their own, so that a few such opens never hold up those to healthy replicas, as
-# they would in asyncio's default executor (cores + 4 threads).
-_OPENERS: ThreadPoolExecutor | None = None
-_OPENERS_LOCK = threading.Lock()
-
-
-def _openers() -> ThreadPoolExecutor:
-    global _OPENERS
-    with _OPENERS_LOCK:
-        if _OPENERS is None:
-            _OPENERS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="skyward-serve-open")
-        return _OPENERS
-
-
-def connector(cluster: Cluster, index: int, path: str) -> Connect:
-    """The ``connect`` of the replica listening on ``path`` on node ``index``."""
+def connector(cluster: Cluster, index: int, path: str, openers: Executor) -> Connect:
+    """The ``connect`` of the replica listening on ``path`` on node ``index``. Streams open on
+    ``openers`` (the endpoint's threads): opening one blocks, up to its timeout for an SSH node
+    that was cut off, and a few such opens must not hold up those to healthy replicas, as they
+    would in asyncio's default executor (cores + 4 threads)."""
 
     async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         loop = asyncio.get_running_loop()
-        stream = await loop.run_in_executor(_openers(), cluster.open_stream, index, path)
+        stream = await loop.run_in_executor(openers, cluster.open_stream, index, path)
         sock = stream if isinstance(stream, socket.socket) else bridged(stream)
         sock.setblocking(False)
         return await asyncio.open_connection(sock=sock, limit=_CHUNK)

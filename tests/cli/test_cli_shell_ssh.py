@@ -93,7 +93,8 @@ def test_ssh_is_a_terminal_on_the_node_through_the_bastion_with_the_pools_venv(l
         term.type('read -r line; echo "@@read=$line"')  # keys go to the program reading them
         term.type("typed words")
         term.wait_for(r"@@read=typed words")
-        term.type("sleep 60")
+        term.type('echo "@@sleep""ing"; sleep 60')
+        term.wait_for(r"@@sleeping")  # the line runs (C-c before it would interrupt nothing)
         term.keys("C-c")  # to the node, like every key: the sleep stops, the shell stays
         term.type('echo "@@after=$?"')
         assert term.wait_for(r"@@after=(\d+)")[1] == "130"

@@ -81,6 +81,11 @@ def is_factory(app: Any) -> bool:
     return not required
 
 
+def _resolved(app: Any, factory: bool | None) -> tuple[Any, bool]:
+    """(app, whether to call it for the app): ``factory`` as given, else guessed from a callable."""
+    return app, (is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
+
+
 def _check(app: Any, replicas_per_node: int, slots: int, timeout: float, ready: str | None,
            on: str, port: int) -> None:
     if not (isinstance(app, str) or callable(app)):
@@ -113,6 +118,9 @@ class Endpoint:
                  timeout: float = 60.0, max_concurrency: int = 0, max_queue: int = 1024,
                  target_concurrency: int = 8, factory: bool | None = None, on: str = "client") -> None:
         _check(app, replicas_per_node, pool.worker.slots, timeout, ready, on, port)
+        if not isinstance(target_concurrency, int) or target_concurrency < 1:
+            raise ConfigError(f"pool.serve(target_concurrency={target_concurrency!r}): it is the requests "
+                              f"in flight per replica an elastic pool scales for: an int of 1 or more.")
         self.pool = pool
         self.replicas_per_node = replicas_per_node
         self.ready_path = ready
@@ -123,7 +131,7 @@ class Endpoint:
             from ..observe import secrets as masking
 
             masking.register(self.token)
-        self._app = (app, is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
+        self._app = _resolved(app, factory)
         self._version = 0
         self._replicas: dict[str, _Replica] = {}
         self._failures: dict[str, tuple[int, float, BaseException]] = {}  # key -> (tries, next try, last error)
@@ -132,6 +140,7 @@ class Endpoint:
         self._closed = threading.Event()
         # Where the router's streams to replicas open (skyward.serve.upstream): the endpoint's own.
         self._openers = ThreadPoolExecutor(max_workers=32, thread_name_prefix="skyward-serve-open")
+        self.access_log: access.AccessLog | None = None  # opened once the port is known, below
         self._router = Router(token=self.token, timeout=timeout, max_queue=max_queue,
                               on_demand=self._on_demand, access_log=self._access)
         self._host, self._port = self._router.start(host, port)
@@ -140,9 +149,6 @@ class Endpoint:
         self.access_log = access.open_for(None if logfile is None else logfile.parent, pool.name or pool.id,
                                           self._port)
         self.headers: dict[str, str] = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        if not isinstance(target_concurrency, int) or target_concurrency < 1:
-            raise ConfigError(f"pool.serve(target_concurrency={target_concurrency!r}): it is the requests "
-                              f"in flight per replica an elastic pool scales for: an int of 1 or more.")
         self.target_concurrency = target_concurrency
         self._thread = threading.Thread(target=self._control, name="skyward-serve", daemon=True)
         self._thread.start()
@@ -197,7 +203,7 @@ class Endpoint:
         _check(app, self.replicas_per_node, self.pool.worker.slots, 1, self.ready_path, "client", 0)
         with self._lock:
             previous = self._app
-            self._app = (app, is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
+            self._app = _resolved(app, factory)
             self._version += 1
             version = self._version
             keys = sorted(k for k, r in self._replicas.items() if r.state == "ready")
@@ -416,7 +422,7 @@ class Endpoint:
         self.pool.members.wake()
 
     def _access(self, record: AccessRecord) -> None:
-        access_log = getattr(self, "access_log", None)  # (a request may come before it is open)
+        access_log = self.access_log  # (None for a request that comes before it is open)
         if access_log is not None:
             access_log.write(record)
             return

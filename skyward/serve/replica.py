@@ -8,7 +8,8 @@ set there (the GPUs a node was given, the torch plugin's device). It
    with this node's traceback, which the endpoint shows as it is;
 2. serves it with uvicorn on a socket in a private (0700) folder of its own, on a thread of the
    worker, and waits for uvicorn's startup (the app's lifespan startup: loading the model) and,
-   when ``ready`` names a path, for that path to answer 200;
+   when ``ready`` names a path, for that path to answer 200 (the folders of replicas whose
+   worker was killed are swept first: bootstrap.sweep, by their owner's lock);
 3. yields ``{"socket": PATH, ...}`` once ready, then a beat every ``BEAT`` seconds while the
    server runs: the client's router reaches the socket the way the pool reaches the node
    (``Cluster.open_stream``); a beat is also where the endpoint's STOP closes the generator.
@@ -32,6 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from skyward.bootstrap import sweep
 from skyward.errors import ServeError
 
 BEAT = 0.5  # seconds between beats: how soon a STOP closes the replica
@@ -102,7 +104,11 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
             f"to the pool's image: sky.Compute(..., image=sky.Image(pip=['uvicorn', ...])).") from None
     began = time.monotonic()
     asgi = load(app, factory)
-    folder = tempfile.mkdtemp(prefix="skyward-serve-")  # 0700: this user's only
+    # 0700: this user's only. Its lock is held while this worker lives, so that the next replica
+    # of this machine removes it when the worker was killed (a lost node) before its finally ran.
+    sweep.sweep(tempfile.gettempdir(), "skyward-serve-*")
+    folder = tempfile.mkdtemp(prefix="skyward-serve-")
+    held = sweep.hold(folder)
     path = os.path.join(folder, "replica.sock")
     tail = _Tail()
     loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error")]
@@ -147,3 +153,4 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
         for lg in loggers:
             lg.removeHandler(tail)
         shutil.rmtree(folder, ignore_errors=True)
+        sweep.release(held)

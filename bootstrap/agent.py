@@ -416,7 +416,10 @@ class Agent:
         where = self.config.get("state")
         if not where or "error" in where:
             return where
-        return {**where, "token": self.state_key.hex()}
+        # A node of another group than the head's gets the head's key (``key``: its agent has
+        # another secret, the server another key).
+        where = dict(where)
+        return {**where, "token": where.pop("key", None) or self.state_key.hex()}
 
     def prestart(self, ours: list[socket.socket] | None = None) -> None:
         """Start the node's spare worker before serving anyone (Supervisor.prestart; ``ours``:

@@ -230,7 +230,8 @@ CORE_MAY_IMPORT = {
     "skyward.core.batches": {"dispatch", "function", "streaming"},
     "skyward.core.healing": {"membership", "dispatch"},
     "skyward.core.autoscale": {"membership"},
-    "skyward.core.pool": {"membership", "dispatch", "batches", "healing", "autoscale", "function", "target"},
+    "skyward.core.group": {"membership", "dispatch", "batches", "healing", "autoscale", "target"},
+    "skyward.core.pool": {"membership", "dispatch", "batches", "healing", "autoscale", "function", "target", "group"},
     "skyward.core.compute": {"pool"},
 }
 

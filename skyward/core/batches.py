@@ -49,13 +49,17 @@ class Batches:
         self.emit(ev.BatchStarted(pool=self.pool_id, batch=batch, kind=kind, name=name, total=total))
         return batch
 
-    def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
-        """Run a group's functions at once over the nodes; a tuple, or an iterator when streaming."""
+    def run_parallel(self, group: PendingFunctionGroup,
+                     route: Callable[[], Dispatcher] | None = None) -> tuple[Any, ...] | Iterator[Any]:
+        """Run a group's functions at once over the nodes; a tuple, or an iterator when streaming.
+        ``route``: which dispatcher takes each function (a pool of several node groups), else
+        this one."""
         self.dispatcher.check_open()  # before its batch is announced
         batch = self._batch("gather", group.items[0].name if group.items else "", len(group.items))
-        dispatch = self.dispatcher
-        retries = dispatch.retries(None)
-        futures = [dispatch.submit(dispatch.pick(None), p, batch, retries) for p in group.items]
+        futures = []
+        for p in group.items:
+            dispatch = self.dispatcher if route is None else route()
+            futures.append(dispatch.submit(dispatch.pick(None), p, batch, dispatch.retries(None)))
         finished = self._finish_batch_when_done(batch, futures) if batch is not None else None
         if not group.stream:
             try:

@@ -91,16 +91,35 @@ class Compute:
         worker: Worker | None = None,
         reproduce: str | None = None,
         strict: bool = False,
+        groups: Mapping[str, Spec | tuple[Spec, ...]] | None = None,
+        head: str | None = None,
         **kwargs: Unpack[SpecKwargs],
     ) -> None:
         """``reproduce=POOL_ID``: open the pool of that record again, everything pinned (see
         skyward.records.record); ``provider=`` may replace the recorded provider (same kind), ``strict``
-        refuses when anything cannot be the same."""
+        refuses when anything cannot be the same.
+
+        ``groups={"prep": sky.Spec(...), "train": sky.Spec(...)}``: a pool of several kinds of
+        node (skyward.core.group), each group a spec (or a tuple of alternatives) of its own;
+        ``pool["train"]`` dispatches to one group. ``head`` names the group whose first node
+        holds the pool's collections (the first group by default)."""
         self.name = name
         self.options = options or Options()
         if not isinstance(self.options, Options):
             raise ConfigError(f"options={options!r} is not valid: pass sky.Options(...).")
         self.reproduce, self.strict = reproduce, strict
+        self.groups: dict[str, tuple[Spec, ...]] | None = None
+        self.head = head
+        if groups is not None:
+            from .group import check_groups
+
+            _check_grouped(specs, kwargs, name, reproduce)
+            self.groups = check_groups(groups, head)
+        elif head is not None:
+            raise ConfigError(
+                f"head={head!r} names a group, and this pool has none: give groups={{...}} too, or "
+                f"leave head= out."
+            )
         if reproduce is not None:
             _check_reproduce(reproduce, name, specs, kwargs, worker)
             self._provider = kwargs.get("provider")
@@ -108,7 +127,7 @@ class Compute:
         elif name is not None:
             _check_named(name, specs, kwargs, worker, self.options)
         self.worker = _resolve_worker(self.options, worker)
-        self.specs = _build_specs(specs, kwargs)
+        self.specs = _build_specs(specs, kwargs) if self.groups is None else next(iter(self.groups.values()))
         self.label: str | None = None  # set by Session.compute: its name for a pool it describes
         self.pool: Pool | None = None
         self._previous_sigterm: Any = None
@@ -120,17 +139,13 @@ class Compute:
             from ..named.pools import open_named
 
             return open_named(self.name, self.options)
-        spec = select_spec(self.specs, self.options)
-        spec.provider.preflight(spec)  # e.g. no Pulumi CLI: say so before anything is written
-        if spec.plugins:
-            from ..plugins.compose import validate
+        if self.groups is not None:
+            chosen = {name: _checked(select_spec(specs, self.options)) for name, specs in self.groups.items()}
+            from .pool import Pool
 
-            validate(spec.plugins)  # a wrong item fails here, before anything is provisioned
-        if spec.ttl == 0:
-            warnings.warn(
-                "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "
-                "until you stop them yourself.", stacklevel=3,
-            )
+            return Pool(chosen[self.head or next(iter(chosen))], self.options, self.worker, label=self.label,
+                        groups=chosen, head=self.head)
+        spec = _checked(select_spec(self.specs, self.options))
         return _open_pool(spec, self.options, self.worker, self.label)
 
     def __enter__(self) -> Pool:
@@ -158,6 +173,34 @@ class Compute:
         if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
+
+
+def _checked(spec: PoolSpec) -> PoolSpec:
+    """What can be refused before anything is provisioned (preflight, plugins, ttl=0)."""
+    spec.provider.preflight(spec)  # e.g. no Pulumi CLI: say so before anything is written
+    if spec.plugins:
+        from ..plugins.compose import validate
+
+        validate(spec.plugins)  # a wrong item fails here, before anything is provisioned
+    if spec.ttl == 0:
+        warnings.warn(
+            "ttl=0 disables the node watchdog: if this program is killed, its nodes keep running "
+            "until you stop them yourself.", stacklevel=4,
+        )
+    return spec
+
+
+def _check_grouped(specs: tuple[Any, ...], kwargs: Mapping[str, Any], name: str | None,
+                   reproduce: str | None) -> None:
+    """groups= describes the whole pool: nothing else may describe it too."""
+    given = [*(["specs"] if specs else []), *sorted(kwargs), *(["name"] if name is not None else []),
+             *(["reproduce"] if reproduce is not None else [])]
+    if given:
+        raise ConfigError(
+            f"sky.Compute(groups=...) got {', '.join(given)} too: with groups, each group's settings "
+            f"go in its own sky.Spec(...) (groups={{'prep': sky.Spec(nodes=4), ...}}); named pools and "
+            f"reproduced pools of several groups are not supported yet."
+        )
 
 
 def _check_reproduce(pool_id: str, name: str | None, specs: tuple[Any, ...], kwargs: Mapping[str, Any],

@@ -136,7 +136,7 @@ class Healing:
             members.cluster.stop([endpoint])
             return
         self.emit(ev.InstanceBootstrapped(pool=self.pool_id, node=ch.node))
-        if rank == 0:  # the new head serves the collections, empty: each process is told once
+        if rank == 0 and members.holds_state:  # the new head serves the collections, empty: each process is told once
             self.shared.head_gone(f"node {old.node}, the head node that held them, was lost ({reason})")
         members.configure_all()
         if self.options.health_checker is None:

@@ -77,6 +77,7 @@ class NodeSnapshot:
     slots: int  # tasks it runs at once (Worker.concurrency + buffer)
     running: int  # tasks it is running now
     queued: int  # tasks sent to it beyond its slots, waiting there
+    group: str = "default"  # the group it is a node of (skyward.core.group); rank is within it
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,13 @@ class Membership:
         # A shrink took these members out of the table: work that holds their slots for good
         # (a served endpoint's replicas) ends there before the pool waits for their tasks.
         self.on_leaving: list[Callable[[list[Member]], None]] = []
+        # The group these nodes are (skyward.core.group); in a pool of several groups the pool
+        # gives each node its pool-wide place (``layout``), and hears when a group's nodes change
+        # (``on_configured``: the other groups' nodes are told their new pool-wide numbers).
+        self.group = "default"
+        self.holds_state = True  # its first node serves the pool's collections (the head group)
+        self.layout: Callable[[Membership], dict[str, Any]] | None = None
+        self.on_configured: Callable[[Membership], None] | None = None
 
     def attach(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -330,7 +338,7 @@ class Membership:
             nodes.append(NodeSnapshot(
                 rank=rank, node=ch.node, state="ready" if ch.lost is None else "lost",
                 host=endpoint.hostname, private_ip=endpoint.private_ip, public_ip=endpoint.public_ip,
-                slots=slots, running=min(inflight, slots), queued=max(0, inflight - slots),
+                slots=slots, running=min(inflight, slots), queued=max(0, inflight - slots), group=self.group,
             ))
         return PoolSnapshot(pool=self.pool_id, name=self.name, active=not self.closed, nodes=tuple(nodes))
 
@@ -542,9 +550,10 @@ class Membership:
             self._plugins_blob = encode_for_nodes(self.spec.plugins)
         return self._plugins_blob
 
-    def configure_all(self) -> None:
+    def configure_all(self, spread: bool = True) -> None:
         """Tell every node the pool as it is now: its rank and peers, the worker settings, the
-        metrics, the plugins and where the collections are served."""
+        metrics, the plugins and where the collections are served (``spread``: and, in a pool of
+        several groups, the other groups' nodes their new pool-wide places)."""
         pairs = self.pairs()
         settings = self.worker.agent_settings()
         metrics = to_config(self.spec.image.metrics)  # Image normalized them already
@@ -558,22 +567,29 @@ class Membership:
                 "plugins": self._node_plugins(),
                 "state": state,
             })
+        if spread and self.on_configured is not None:
+            self.on_configured(self)
 
     def topology(self, position: int, pairs: Pairs) -> dict[str, Any]:
         """What ``sky.instance_info()`` says on the node at ``position``."""
         acc = self.spec.accelerator
         assert acc is None or not isinstance(acc, str)  # Spec converts strings
         count = float(getattr(acc, "count", 0) or 0)
+        peers = [{"node": i, "private_ip": e.private_ip, "public_ip": e.public_ip} for i, (e, _) in enumerate(pairs)]
+        head_addr, head_port = pairs[0][0].private_ip, self.cluster.head_port
+        # The group's own world (what framework plugins build theirs over), and the pool's.
+        group = {"group": self.group, "group_rank": position, "group_size": len(pairs), "group_peers": peers,
+                 "group_head_addr": head_addr, "group_head_port": head_port}
+        wide = {"node": position, "total_nodes": len(pairs), "peers": peers, "head_addr": head_addr,
+                "head_port": head_port}
+        if self.layout is not None:
+            pool = self.layout(self)
+            wide = {**pool, "node": pool["offset"] + position}
+            del wide["offset"]
         return {
-            "node": position,
-            "total_nodes": len(pairs),
-            "head_addr": pairs[0][0].private_ip,
-            "head_port": self.cluster.head_port,
+            **wide,
+            **group,
             "job_id": self.pool_id,
-            "peers": [
-                {"node": i, "private_ip": e.private_ip, "public_ip": e.public_ip}
-                for i, (e, _) in enumerate(pairs)
-            ],
             "accelerators": count,
             "total_accelerators": count * len(pairs),
             "accelerator": None if acc is None else {

@@ -20,12 +20,13 @@ from __future__ import annotations
 import _thread
 import atexit
 import contextvars
+import itertools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -40,8 +41,9 @@ from ..spec import Nodes, NodeSpec, Options, PoolSpec, Worker
 from . import target
 from .autoscale import Autoscaler
 from .batches import Batches
-from .dispatch import Dispatcher, decode_result
+from .dispatch import Dispatcher, decode_result, results
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction
+from .group import DEFAULT_GROUP, Group, GroupTarget
 from .healing import Healing
 from .membership import Membership, PoolSnapshot
 from .target import DispatchTarget, active_pool
@@ -94,6 +96,7 @@ class Pool(DispatchTarget):
         self, spec: PoolSpec, options: Options, worker: Worker, *,
         cluster: Cluster | None = None, name: str | None = None,
         pool_id: str | None = None, launched: Cluster | None = None, label: str | None = None,
+        groups: Mapping[str, PoolSpec] | None = None, head: str | None = None,
     ) -> None:
         """``cluster``: nodes that already run (a named pool another process started, from
         ``provider.attach``); the pool then connects to them and, on close, detaches and leaves
@@ -101,7 +104,12 @@ class Pool(DispatchTarget):
         starting (``provider.launch``, under ``pool_id``); the pool owns them as if it had
         created them. ``label``: the name a Session gave a pool it described
         (``session.compute(..., name=...)``): shown in the console, events and record; never a
-        named pool's name (nothing attaches to it)."""
+        named pool's name (nothing attaches to it). ``groups``: the pool's groups, name -> spec
+        (skyward.core.group; ``spec`` is then the head group's), ``head`` the one whose first node
+        holds the collections (the first by default); without them the pool is one group."""
+        specs = dict(groups) if groups else {DEFAULT_GROUP: spec}
+        head = head or next(iter(specs))
+        spec = specs[head]
         self.spec = spec
         self.options = options
         self.worker = worker
@@ -113,20 +121,28 @@ class Pool(DispatchTarget):
         self._before_close: list[Callable[[Pool], None]] = []  # named pools: sleep when the last client leaves
         self._tokens: list[contextvars.Token[Any]] = []
         self._emit = ev.emit  # Error messages redacted
-        # The parts, lowest first; each is handed what it uses.
-        self.members = members = Membership(self.id, name, spec, options, worker, self._emit)
+        # The groups and their parts, lowest first; each part is handed what it uses. The head
+        # group's parts are the pool's own (what skyward's tools read); a pool of one group has
+        # no other.
+        self.groups = {g: Group(g, s, self.id, name, options, worker, self._emit) for g, s in specs.items()}
+        self.head_group = self.groups[head]
+        self.members = members = self.head_group.members
         self.shared = ClientState(options, members.head, self.id, check=members.check_owner)
-        self.healing = Healing(members, options, self.shared, self._emit)  # checks health_checker=
-        self.dispatcher = Dispatcher(members, options, self._emit)
-        self.batches = Batches(self.dispatcher, options, worker, self._settle)
-        self.autoscaler = Autoscaler(members, options, worker)
-        members.on_lost = self.healing.node_lost
-        members.on_nested = self.dispatcher.route_nested
-        members.on_heartbeat.append(self.dispatcher.audit)  # a task whose outcome went missing
-        members.on_stopped = self._stopped_from_outside
+        for group in self.groups.values():
+            group.wire(self.shared, options, worker, self._emit, self._settle)
+            group.members.on_stopped = self._stopped_from_outside
+            if group is not self.head_group:  # its nodes reach the collections on the head group's first node
+                group.members.holds_state = False
+                group.members.state_address = self._state_elsewhere
+            if len(self.groups) > 1:
+                group.members.layout = self._layout
+                group.members.on_configured = self._spread
+        self.healing, self.dispatcher = self.head_group.healing, self.head_group.dispatcher  # checks health_checker=
+        self.batches, self.autoscaler = self.head_group.batches, self.head_group.autoscaler
         members.state_address = self.shared.address
         members.ask_state = self.shared.ask
         members.on_head_gone = self.shared.head_gone
+        self._rr = itertools.count()  # which group takes `>> pool` on a tie
         self.endpoints: list[Endpoint] = []  # open ones (pool.serve): what the views show
         self.attach_events: list[ev.Event] = []  # what replacing dead nodes at attach told (for the trail)
         try:
@@ -143,10 +159,12 @@ class Pool(DispatchTarget):
         # Inside sky.App the App's console shows this pool; it opens none of its own.
         mode = "silent" if app.current() is not None else console.resolve(options.console)
         self._console = Console(mode, self.id, title).start()
-        provider = getattr(spec.provider, "kind", type(spec.provider).__name__)
+        provider = "+".join(dict.fromkeys(getattr(g.spec.provider, "kind", type(g.spec.provider).__name__)
+                                          for g in self.groups.values()))
         # Views outside skyward, before the first event: OTEL_* variables ask for traces
         # (nothing is loaded without them), metrics_port for a Prometheus endpoint.
-        self.dispatcher.tracer = tracing.start(self.id, name or label, provider, spec.node_spec.desired)
+        desired = sum(g.spec.node_spec.desired for g in self.groups.values())
+        self.dispatcher.tracer = tracing.start(self.id, name or label, provider, desired)
         if options.metrics_port is not None:
             from ..observe import prometheus
 
@@ -159,52 +177,153 @@ class Pool(DispatchTarget):
             from ..records import record
 
             self._origin = record.origin_soon()  # for the record, while the nodes start
-            self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=spec.node_spec.desired,
-                                           label=label))
-            if spec.node_spec.desired:
-                self._emit(ev.InstanceRequested(pool=self.id, provider=provider, count=spec.node_spec.desired))
+            self._emit(ev.ClusterRequested(pool=self.id, provider=provider, nodes=desired, label=label))
+            if desired:
+                self._emit(ev.InstanceRequested(pool=self.id, provider=provider, count=desired))
         try:
-            if cluster is None and launched is not None:  # nodes this pool starts: already starting
-                cluster = launched
-            elif cluster is None:  # or now; reproducing a pool (`with pkglock.pinned(...)`): its packages
-                from ..records.pkglock import current_pin
+            if len(self.groups) > 1:
+                self._create_groups()
+            else:
+                if cluster is None and launched is not None:  # nodes this pool starts: already starting
+                    cluster = launched
+                elif cluster is None:  # or now; reproducing a pool (`with pkglock.pinned(...)`): its packages
+                    from ..records.pkglock import current_pin
 
-                cluster = spec.provider.create(spec, self.id, self.options, name=name, pin=current_pin())
-            members.attach(cluster)
+                    cluster = spec.provider.create(spec, self.id, self.options, name=name, pin=current_pin())
+                members.attach(cluster)
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self._stop_views()
             raise
-        secrets.register(self.cluster.token)  # the agents' token never shows in logs either
+        for group in self.groups.values():
+            secrets.register(group.cluster.token)  # the agents' token never shows in logs either
         _open_pools.add(self)
         # Where CUDA tensors received while it is open land (and who hears that they landed on the CPU).
         serialize.pool_opened(self.id, options.tensor_device == "cpu", self._emit)
         self._on_close.append(lambda: serialize.pool_closed(self.id))
         try:
-            complete = members.start()  # all nodes, or Nodes(min=) of them (the rest join later)
-            if complete and not self._owned and self.cluster.heal_at_attach:
-                self.attach_events = self.healing.replace_unreachable()  # its dead nodes, now
+            complete = self._start_groups()
             self.healing.wait_warm()  # a health checker's first pass on each node (warming)
+            for group in self.groups.values():
+                if group is not self.head_group:
+                    group.healing.wait_warm()
         except BaseException as exc:
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self.close()
             raise
         if self._owned:
             self._write_record()
-        if complete:
-            members.ready_at_last()
+        for group, done in complete.items():
+            if done:
+                group.members.ready_at_last()
         dashboard_hook.listen(self)  # before the first task, while a dashboard runs; else one failed read
         # The pool's own threads start from one that nobody waits for: Thread.start() waits
         # until the new thread runs, which on a busy machine puts a few ms each on the way to
         # the first task. (A pool closed before then finds them stopping at once.)
         _thread.start_new_thread(self._start_threads, ())
 
+    def _create_groups(self) -> None:
+        """Each group's nodes, from its own provider, all at once (a pool of several groups).
+        A group's cluster is named after the pool and the group; if one cannot be created, those
+        that were are destroyed before the error goes on."""
+        from ..records.pkglock import current_pin
+
+        pin = current_pin()
+        made: dict[str, Cluster] = {}
+        errors: list[BaseException] = []
+
+        def create(group: Group) -> None:
+            try:
+                made[group.name] = group.spec.provider.create(group.spec, f"{self.id}-{group.name}", self.options,
+                                                              name=None, pin=pin)
+            except BaseException as exc:
+                exc.add_note(f"(while creating group {group.name!r} of pool {self.id})")
+                errors.append(exc)
+
+        threads = [threading.Thread(target=create, args=(g,), name=f"skyward-group-{g.name}", daemon=True)
+                   for g in self.groups.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            for made_cluster in made.values():
+                try:
+                    made_cluster.close()
+                except Exception:
+                    log.exception("pool %s: destroying a group's nodes after another group failed", self.id)
+            raise errors[0]
+        for group in self.groups.values():
+            group.members.attach(made[group.name])
+
+    def _start_groups(self) -> dict[Group, bool]:
+        """Start every group's nodes at once; for each, whether all of its nodes are ready (else
+        the rest join later: Nodes(min=)). The first error raised is the pool's."""
+        complete: dict[Group, bool] = {}
+        errors: list[BaseException] = []
+
+        def start(group: Group) -> None:
+            try:
+                complete[group] = done = group.members.start()  # all nodes, or Nodes(min=) of them
+                if done and not self._owned and group.cluster.heal_at_attach:
+                    self.attach_events += group.healing.replace_unreachable()  # its dead nodes, now
+            except BaseException as exc:
+                if len(self.groups) > 1:
+                    exc.add_note(f"(while starting group {group.name!r})")
+                errors.append(exc)
+
+        if len(self.groups) == 1:
+            start(self.head_group)
+        else:
+            threads = [threading.Thread(target=start, args=(g,), name=f"skyward-group-{g.name}", daemon=True)
+                       for g in self.groups.values()]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+        return complete
+
+    def _layout(self, members: Membership) -> dict[str, Any]:
+        """The pool-wide part of a node's topology in a pool of several groups: the nodes of all
+        groups, numbered in group order, and the offset of ``members``' group among them."""
+        peers: list[dict[str, Any]] = []
+        offset = 0
+        for group in self.groups.values():
+            if group.members is members:
+                offset = len(peers)
+            for endpoint, _ in group.members.pairs():
+                peers.append({"node": len(peers), "private_ip": endpoint.private_ip, "public_ip": endpoint.public_ip})
+        head = self.members.pairs()
+        return {"offset": offset, "total_nodes": len(peers), "peers": peers,
+                "head_addr": head[0][0].private_ip if head else "", "head_port": self.cluster.head_port}
+
+    def _state_elsewhere(self, pairs: Any) -> dict[str, Any] | None:
+        """Where a node of a group other than the head's reaches the collections: the head's
+        server over TCP, with the head's collections key (its own agent has another secret)."""
+        where = self.shared.address(self.members.pairs())
+        if not where or "error" in where:
+            return where
+        from ..bootstrap.handshake import COLLECTIONS, derive
+
+        where = {k: v for k, v in where.items() if k != "unix"}  # the head's own workers' socket
+        return {**where, "key": derive(self.cluster.token, COLLECTIONS).hex()}
+
+    def _spread(self, changed: Membership) -> None:
+        """A group's nodes changed: the other groups' nodes hear their new pool-wide numbers."""
+        for group in self.groups.values():
+            if group.members is not changed and group.members.table and not group.members.closed:
+                group.members.configure_all(spread=False)
+
     def _start_threads(self) -> None:
         try:
-            self.members.start_heartbeat(self.spec.ttl)
+            for group in self.groups.values():
+                group.members.start_heartbeat(group.spec.ttl)
             dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
-            self.autoscaler.start()
-            self.healing.start_health_checks()
+            for group in self.groups.values():
+                group.autoscaler.start()
+                group.healing.start_health_checks()
         except Exception:
             log.exception("pool %s: starting its background threads failed", self.name or self.id)
 
@@ -243,22 +362,89 @@ class Pool(DispatchTarget):
         connected (not when it was stopped from outside); a hook that fails is logged."""
         self._before_close.append(hook)
 
+    # -- groups (skyward.core.group) -----------------------------------------------------------
+    def __getitem__(self, name: str) -> GroupTarget:
+        """``pool["train"]``: the group called ``name``, a dispatch target for its nodes alone."""
+        group = self.groups.get(name) if isinstance(name, str) else None
+        if group is None:
+            raise ConfigError(
+                f"pool[{name!r}]: this pool has no group called {name!r}; its groups are "
+                f"{', '.join(map(repr, self.groups))}. Name one of them (groups come from "
+                f"sky.Compute(groups={{...}}); a pool opened from one spec is the one group {DEFAULT_GROUP!r})."
+            )
+        return GroupTarget(self, group)
+
+    def _pick(self, target: int | str | None) -> tuple[Group, int | str | None]:
+        """The group that takes a task sent to the whole pool, and the target within it: the
+        group whose ready nodes are the least busy (a task waits for a node where none is ready);
+        a pool-wide rank is the node at that place in group order; 'head' the head group's first."""
+        if len(self.groups) == 1:
+            return self.head_group, target
+        if target == "head":
+            return self.head_group, target
+        if target is not None:
+            if isinstance(target, bool) or not isinstance(target, int):
+                raise ConfigError(f"target={target!r} is not valid: use 'head' or a node rank of the pool.")
+            rank = target
+            for group in self.groups.values():
+                size = group.members.size()
+                if rank < size:
+                    return group, rank
+                rank -= size
+            raise ConfigError(
+                f"target={target!r} is not valid: the pool has {self.current_nodes()} node(s), ranks "
+                f"0 to {self.current_nodes() - 1} across its groups; to pick within a group, use "
+                f"pool[name].run(..., target=rank)."
+            )
+        self.dispatcher.check_open()
+        slots = self.worker.slots
+        best: tuple[float, int, Group] | None = None
+        turn = next(self._rr)
+        for i, group in enumerate(self.groups.values()):
+            ready = group.members.ready()
+            if not ready:
+                continue
+            load = sum(ch.inflight for ch in ready) / (len(ready) * slots)
+            key = (load, (i - turn) % len(self.groups))
+            if best is None or key < best[:2]:
+                best = (*key, group)
+        return (best[2] if best is not None else self.head_group), None
+
+    def _awake(self) -> list[Group]:
+        """The groups that have nodes (all of them when none has: "every node" then wakes them)."""
+        awake = [g for g in self.groups.values() if g.members.size()]
+        return awake or list(self.groups.values())
+
     # -- dispatch (skyward.core.dispatch, skyward.core.batches) --------------------------------
     def run(self, pending: PendingFunction[T], *, target: int | str | None = None) -> T:
         """Run on one node (round-robin, or ``target``: 'head' or a rank) and return the result."""
-        return self.dispatcher.run(pending, target=target)
+        group, within = self._pick(target)
+        return group.dispatcher.run(pending, target=within)
 
     def run_async(self, pending: PendingFunction[T], *, target: int | str | None = None) -> Future[T]:
         """Like ``run`` but returns at once with a Future."""
-        return self.dispatcher.run_async(pending, target=target)
+        group, within = self._pick(target)
+        return group.dispatcher.run_async(pending, target=within)
 
     def broadcast(self, pending: PendingFunction[T]) -> list[T]:
-        """Run on every node; results in node order."""
-        return self.dispatcher.broadcast(pending)
+        """Run on every node; results in node order (in a pool of several groups: group by group,
+        of the groups that have nodes)."""
+        if len(self.groups) == 1:
+            return self.dispatcher.broadcast(pending)
+        futures: list[Future[T]] = []
+        for group in self._awake():
+            dispatch, members = group.dispatcher, group.members
+            dispatch.check_open()
+            if not members.size():
+                members.wait_ready()
+            futures += [dispatch.submit(members.wait_rank(rank), pending) for rank in range(members.size())]
+        return results(futures)
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:
         """Run a group's functions at once over the nodes; a tuple, or an iterator when streaming."""
-        return self.batches.run_parallel(group)
+        if len(self.groups) == 1:
+            return self.batches.run_parallel(group)
+        return self.batches.run_parallel(group, route=lambda: self._pick(None)[0].dispatcher)
 
     @overload
     def map(self, fn: RemoteFunction[..., T], items: Iterable[Any], *,
@@ -274,7 +460,42 @@ class Pool(DispatchTarget):
         Items travel in chunks (``chunksize``, automatic by default) so that short calls are not
         dominated by round trips; ``timeout`` is per item (a chunk gets items x timeout).
         """
-        return self.batches.map(fn, items, chunksize=chunksize, timeout=timeout)
+        if len(self.groups) == 1:
+            return self.batches.map(fn, items, chunksize=chunksize, timeout=timeout)
+        return self._map_groups(fn, items, chunksize, timeout)
+
+    def _map_groups(self, fn: Callable[..., Any], items: Iterable[Any], chunksize: int | None,
+                    timeout: float | None) -> list[Any]:
+        """``map`` over a pool of several groups: the items in one contiguous part per group that
+        has nodes, sized by its ready slots, each mapped by its group at the same time."""
+        self.dispatcher.check_open()
+        data = items if type(items) is list else list(items)
+        groups = self._awake()
+        weights = [max(1, len(g.members.ready())) for g in groups]
+        cuts, total, acc = [0], sum(weights), 0
+        for w in weights:
+            acc += w
+            cuts.append(len(data) * acc // total)
+        parts: list[list[Any] | None] = [None] * len(groups)
+        errors: list[BaseException] = []
+
+        def one(i: int) -> None:
+            try:
+                part = data[cuts[i]:cuts[i + 1]]
+                parts[i] = groups[i].batches.map(fn, part, chunksize=chunksize, timeout=timeout) if part else []
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(i,), name="skyward-map-group", daemon=True)
+                   for i in range(1, len(groups))]
+        for t in threads:
+            t.start()
+        one(0)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [value for part in parts for value in (part or [])]
 
     def serve(self, app: Any, **options: Any) -> Endpoint:
         """Serve an ASGI app (the app, a factory returning one, or ``"module:attr"``) from this
@@ -295,8 +516,8 @@ class Pool(DispatchTarget):
 
     # -- size (skyward.core.membership, skyward.core.autoscale) --------------------------------
     def current_nodes(self) -> int:
-        """How many nodes are connected and take tasks now."""
-        return self.members.current_nodes()
+        """How many nodes are connected and take tasks now (in all groups)."""
+        return sum(g.members.current_nodes() for g in self.groups.values())
 
     @property
     def is_active(self) -> bool:
@@ -310,8 +531,13 @@ class Pool(DispatchTarget):
         return self.current_nodes() * self.worker.slots
 
     def snapshot(self) -> PoolSnapshot:
-        """The nodes as they are now: rank, state, host, slots and the tasks each is running."""
-        return self.members.snapshot()
+        """The nodes as they are now: rank (within its group), group, state, host, slots and the
+        tasks each is running."""
+        snap = self.members.snapshot()
+        if len(self.groups) == 1:
+            return snap
+        nodes = tuple(n for g in self.groups.values() for n in g.members.snapshot().nodes)
+        return PoolSnapshot(pool=snap.pool, name=snap.name, active=snap.active, nodes=nodes)
 
     def resize(self, nodes: NodeSpec) -> None:
         """Change the pool's size (and, with sky.Nodes, its elastic range) now.
@@ -319,19 +545,21 @@ class Pool(DispatchTarget):
         Removed nodes finish their running tasks first. With ``Nodes(desired, max=...)`` the
         pool keeps autoscaling between ``desired`` and ``max``.
         """
-        self.dispatcher.check_open()
-        members = self.members
-        size = Nodes.of(nodes)
-        if isinstance(nodes, int) and members.nodes.max is not None and size.desired <= members.nodes.max:
-            size = Nodes(desired=size.desired, max=members.nodes.max)  # keep the elastic range
-        members.nodes = size
-        members.scale_to(size.desired)
-        self.autoscaler.start()
+        self._one_group("resize")
+        self.head_group.resize(nodes)
+
+    def _one_group(self, what: str) -> None:
+        if len(self.groups) > 1:
+            raise ConfigError(
+                f"pool.{what}(...) on a pool of several groups ({', '.join(map(repr, self.groups))}): "
+                f"say which group, e.g. pool[{next(iter(self.groups))!r}].{what}(...)."
+            )
 
     def set_range(self, nodes: Nodes) -> None:
         """Change the elastic range without resizing now: the autoscaler moves the pool within
         it from here on (an attached named pool of ``nodes = [0, N]`` that has nodes running gets
         its floor of 0 back, so that it sleeps when idle)."""
+        self._one_group("set_range")
         self.dispatcher.check_open()
         self.members.nodes = nodes
         self.autoscaler.start()
@@ -339,7 +567,7 @@ class Pool(DispatchTarget):
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> Pool:
         self._tokens.append(target.enter(self))
-        if len(self._tokens) == 1 and self.spec.plugins:
+        if len(self._tokens) == 1 and any(g.spec.plugins for g in self.groups.values()):
             self._enter_plugins()
         return self
 
@@ -356,7 +584,10 @@ class Pool(DispatchTarget):
         from ..plugins.compose import enter_client_hooks
 
         try:
-            self._client_hooks = enter_client_hooks(self.spec.plugins, self, self.cluster)
+            self._client_hooks = stack = enter_client_hooks(self.spec.plugins, self, self.cluster)
+            for group in self.groups.values():  # the other groups' plugins, each with its own nodes
+                if group is not self.head_group and group.spec.plugins:
+                    stack.enter_context(enter_client_hooks(group.spec.plugins, self, group.cluster))
         except BaseException:
             target.leave(self._tokens.pop())
             self.close()
@@ -395,9 +626,11 @@ class Pool(DispatchTarget):
                     log.exception("pool %s: a hook before closing failed", self.name or self.id)
         if not self.members.closed:
             self.shared.flush()  # the client's buffered eventual writes
+        others = [(g, g.members.close()) for g in self.groups.values() if g is not self.head_group]
         channels = self.members.close()
         if channels is None:
             return
+        channels = channels + [ch for _, chs in others for ch in chs or ()]
         _open_pools.discard(self)
         owned = self._owned
         if owned:
@@ -406,10 +639,7 @@ class Pool(DispatchTarget):
         try:
             for ch in channels:
                 ch.close(shutdown_agent=owned)
-            if owned:
-                self.cluster.close()
-            else:
-                self.cluster.detach()
+            self._end_clusters(owned)
             ok = True
         finally:
             if owned:
@@ -430,6 +660,21 @@ class Pool(DispatchTarget):
                     hook()
                 except Exception:  # the trail must not turn a clean exit into a failure
                     log.exception("pool %s: recording its close failed", self.name or self.id)
+
+    def _end_clusters(self, owned: bool) -> None:
+        """Destroy (or, ``owned`` False, let go of) every group's nodes; one group's failure does
+        not leave the others' running: the first error is raised once all were tried."""
+        first: BaseException | None = None
+        for group in [self.head_group, *(g for g in self.groups.values() if g is not self.head_group)]:
+            try:
+                group.cluster.close() if owned else group.cluster.detach()
+            except BaseException as exc:
+                if len(self.groups) == 1:
+                    raise
+                log.exception("pool %s: ending group %s's nodes failed", self.id, group.name)
+                first = first or exc
+        if first is not None:
+            raise first
 
     def detach(self) -> None:
         """Disconnect and leave the nodes running (what ``skyward up`` does once they are

@@ -1,12 +1,14 @@
 """torch, jax, keras, huggingface and accelerate.
 
-Rank, on every framework plugin: each worker process is one rank. With the thread executor
-a node has one worker process, so rank = node and world = nodes; with the process executor
-each of a node's ``concurrency`` processes is a rank: rank = ``info.global_worker_index``,
-world = ``info.total_workers``, local rank = ``info.worker``. Rendezvous hooks run when each
+Rank, on every framework plugin: each worker process is one rank, and the world is the node's
+group (skyward.core.group: in a pool of one group, the pool), so ``f() @ pool["train"]`` trains
+over the train group's nodes alone. With the thread executor
+a node has one worker process, so rank = group rank and world = the group's nodes; with the process executor
+each of a node's ``concurrency`` processes is a rank: rank = ``info.group_worker_index``,
+world = ``info.group_workers``, local rank = ``info.worker``. Rendezvous hooks run when each
 worker starts, so every rank joins even if only one node ever gets a task. The rendezvous
-ports are the pool's ``head_port`` (torch) and ``head_port + 1`` (jax) on the head node, and
-they listen on the head node's private address only: left to themselves, torch's TCPStore and
+ports are the group's ``head_port`` (torch) and ``head_port + 1`` (jax) on the group's first node,
+and they listen on that node's private address only: left to themselves, torch's TCPStore and
 JAX's coordinator listen on every interface, a public one included, and admit whoever connects.
 """
 
@@ -52,18 +54,18 @@ def _accelerator_maker(cluster: Any) -> str | None:
 
 def _threads_per_rank(info: Any) -> int:
     """Cores per rank among the ranks sharing this host (Local: every node shares it)."""
-    me = info.peers[info.node].private_ip if info.node < len(info.peers) else None
-    nodes_here = sum(1 for p in info.peers if p.private_ip == me) or 1
+    me = info.group_peers[info.group_rank].private_ip if info.group_rank < len(info.group_peers) else None
+    nodes_here = sum(1 for p in info.group_peers if p.private_ip == me) or 1
     return max(1, (os.cpu_count() or 1) // (nodes_here * info.workers_per_node))
 
 
 def _rank_env(info: Any) -> dict[str, str]:
     return {
-        "WORLD_SIZE": str(info.total_workers),
-        "RANK": str(info.global_worker_index),
+        "WORLD_SIZE": str(info.group_workers),
+        "RANK": str(info.group_worker_index),
         "LOCAL_RANK": str(info.worker),
         "LOCAL_WORLD_SIZE": str(info.workers_per_node),
-        "NODE_RANK": str(info.node),
+        "NODE_RANK": str(info.group_rank),
     }
 
 
@@ -208,7 +210,7 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
     @contextlib.contextmanager
     def around_app(info: Any) -> Iterator[None]:
         threads = _threads_per_rank(info)
-        os.environ.update(_rank_env(info), MASTER_ADDR=info.head_addr, MASTER_PORT=str(info.head_port))
+        os.environ.update(_rank_env(info), MASTER_ADDR=info.group_head_addr, MASTER_PORT=str(info.group_head_port))
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         mine = bind_worker_gpus(info)  # before CUDA starts in this process
         import torch as _torch
@@ -221,8 +223,8 @@ def torch(*, backend: str | None = None, cuda: str | None = "cu128", version: st
             _torch.cuda.set_device(_worker_device(info, _torch.cuda.device_count()))
         owned = False
         if not dist.is_initialized():
-            dist.init_process_group(chosen, store=_torch_store(info), world_size=info.total_workers,
-                                    rank=info.global_worker_index, timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT))
+            dist.init_process_group(chosen, store=_torch_store(info), world_size=info.group_workers,
+                                    rank=info.group_worker_index, timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT))
             owned = True
         restore = _guard_process_group(dist) if owned else None
         try:
@@ -247,10 +249,10 @@ def _torch_store(info: Any) -> Any:
     from torch.distributed import TCPStore
 
     timeout = timedelta(seconds=_RENDEZVOUS_TIMEOUT)
-    if info.global_worker_index != 0:
-        return TCPStore(info.head_addr, info.head_port, info.total_workers, False, timeout)
-    fd = _listen("torch", info.head_addr, info.head_port).detach()
-    return TCPStore(info.head_addr, info.head_port, info.total_workers, True, timeout, master_listen_fd=fd)
+    if info.group_worker_index != 0:
+        return TCPStore(info.group_head_addr, info.group_head_port, info.group_workers, False, timeout)
+    fd = _listen("torch", info.group_head_addr, info.group_head_port).detach()
+    return TCPStore(info.group_head_addr, info.group_head_port, info.group_workers, True, timeout, master_listen_fd=fd)
 
 
 def _guard_process_group(dist: Any) -> Any:
@@ -305,11 +307,11 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
 
     @contextlib.contextmanager
     def around_app(info: Any) -> Iterator[None]:
-        address = _hostport(info.head_addr, info.head_port + 1)
+        address = _hostport(info.group_head_addr, info.group_head_port + 1)
         os.environ.update(
             JAX_COORDINATOR_ADDRESS=address,
-            JAX_NUM_PROCESSES=str(info.total_workers),
-            JAX_PROCESS_ID=str(info.global_worker_index),
+            JAX_NUM_PROCESSES=str(info.group_workers),
+            JAX_PROCESS_ID=str(info.group_worker_index),
         )
         os.environ.setdefault("OMP_NUM_THREADS", str(_threads_per_rank(info)))
         bind_worker_gpus(info)  # before JAX starts its backends
@@ -320,8 +322,8 @@ def jax(*, cuda: str | None = "cu124") -> Plugin:
         _jax.config.update("jax_cpu_collectives_implementation", "gloo")
         _jax_coordinator_binds_private(info)
         _jax.distributed.initialize(
-            coordinator_address=address, num_processes=info.total_workers,
-            process_id=info.global_worker_index, initialization_timeout=_RENDEZVOUS_TIMEOUT,
+            coordinator_address=address, num_processes=info.group_workers,
+            process_id=info.group_worker_index, initialization_timeout=_RENDEZVOUS_TIMEOUT,
         )
         try:
             yield
@@ -337,9 +339,9 @@ def _jax_coordinator_binds_private(info: Any) -> None:
     """Make ``jax.distributed.initialize`` bind its coordinator (process 0's service) to the head
     node's private address: by default it binds ``[::]``, every interface. Through JAX's own
     variable, so that keras.distribution.initialize, which passes no bind address, binds the same."""
-    os.environ["JAX_COORDINATOR_BIND_ADDRESS"] = _hostport(info.head_addr, info.head_port + 1)
-    if info.global_worker_index == 0:  # a clear error now, rather than the service failing to start
-        _listen("jax", info.head_addr, info.head_port + 1).close()
+    os.environ["JAX_COORDINATOR_BIND_ADDRESS"] = _hostport(info.group_head_addr, info.group_head_port + 1)
+    if info.group_worker_index == 0:  # a clear error now, rather than the service failing to start
+        _listen("jax", info.group_head_addr, info.group_head_port + 1).close()
 
 
 def keras(*, backend: str = "jax") -> Plugin:
@@ -362,7 +364,7 @@ def keras(*, backend: str = "jax") -> Plugin:
         bind_worker_gpus(info)  # the node's own GPUs, a share of them per worker process
         if backend == "jax":
             _jax_memory_share(info)
-        if backend == "jax" and info.total_workers > 1:
+        if backend == "jax" and info.group_workers > 1:
             import jax as _jax
 
             if not _jax.distributed.is_initialized():
@@ -370,7 +372,7 @@ def keras(*, backend: str = "jax") -> Plugin:
 
                 _jax_coordinator_binds_private(info)
                 _keras.distribution.initialize(
-                    _hostport(info.head_addr, info.head_port + 1), info.total_workers, info.global_worker_index)
+                    _hostport(info.group_head_addr, info.group_head_port + 1), info.group_workers, info.group_worker_index)
             import keras as _keras
 
             _keras.distribution.set_distribution(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import context
 
@@ -69,6 +70,33 @@ class InstanceInfo(BaseModel):
     peers: list[PeerInfo]
     accelerator: AcceleratorInfo | None = None
     network: NetworkInfo
+    # The node's group (skyward.core.group): its name, the node's rank within it, the group's
+    # size, nodes and first node. In a pool of one group these are the pool's own.
+    group: str = "default"
+    group_rank: int = -1
+    group_size: int = -1
+    group_peers: list[PeerInfo] = Field(default_factory=list)
+    group_head_addr: str = ""
+    group_head_port: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_defaults(cls, data: Any) -> Any:
+        """A topology without group fields (one group, an older sender): the group is the pool."""
+        if isinstance(data, dict) and "group_rank" not in data:
+            data = {**data, "group_rank": data.get("node"), "group_size": data.get("total_nodes"),
+                    "group_peers": data.get("peers", []), "group_head_addr": data.get("head_addr"),
+                    "group_head_port": data.get("head_port")}
+        return data
+
+    @property
+    def group_worker_index(self) -> int:
+        """This worker's rank within its group (what a framework's world over the group uses)."""
+        return self.group_rank * self.workers_per_node + self.worker
+
+    @property
+    def group_workers(self) -> int:
+        return self.group_size * self.workers_per_node
 
     @property
     def global_worker_index(self) -> int:

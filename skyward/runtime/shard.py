@@ -137,7 +137,7 @@ def _resolve_position(node: int | None, total_nodes: int | None) -> tuple[int, i
         from skyward.runtime.info import current_instance_info
 
         info = current_instance_info()
-        return _check_position(info.node, info.total_nodes)
+        return _check_position(info.group_rank, info.group_size)  # its group's nodes (the pool's, one group)
     if node is None or total_nodes is None:
         given, missing = ("node", "total_nodes") if node is not None else ("total_nodes", "node")
         raise ConfigError(

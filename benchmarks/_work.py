@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where an array is made: the start-up benchmark's
+    import numpy as np  # no-op tasks (PPE's) would otherwise pay its import
 
 # Arrays made on a worker, kept so that timing `make` measures the transfer and not the
 # random number generator. One per process (a skyward node, a PPE or loky worker).
@@ -42,6 +43,8 @@ def echo(arr: np.ndarray) -> np.ndarray:
 def _array(n: int) -> np.ndarray:
     arr = _CACHE.get(n)
     if arr is None:
+        import numpy as np
+
         arr = np.random.default_rng(n).random(n)  # random floats: nothing for lz4 to find
         _CACHE[n] = arr
     return arr

@@ -102,6 +102,7 @@ TARGET_ROUNDTRIP_MS = 0.5  # and, the issue's target, TARGET_ROUNDTRIP_VS_PPE x 
 TARGET_ROUNDTRIP_VS_PPE = 1.10
 TARGET_MAP_ITEMS_S = 20_000
 TARGET_ARRAY_GB_S = 1.0
+TARGET_MANY_VS_ONE = 0.9  # ten arrays in a dict move at >= 0.9 x one array of their total size
 # Wall time <= 1.10 x ProcessPoolExecutor's in the same run. Not "x ideal" (serial / 2): two
 # busy processes on a small VM rarely get two full cores, for any system alike.
 TARGET_CPU_VS_PPE = 1.10
@@ -403,6 +404,8 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
 
 RAY = "ray"
 FLOOR = "np.copy"
+ONE = "skyward, one array"
+PARTS = 10  # the many-arrays case: the array in this many parts, in a dict
 
 
 @contextmanager
@@ -470,10 +473,15 @@ def bench_array(s: Settings, startup: list[float]) -> list[Row]:
                 f.result()
         if ray is not None:
             ray.get([ray_funcs[_work.prepare].remote(n, 0.5) for _ in range(WORKERS)])
+        # The same bytes as ten arrays in one value (a dict, as a state_dict holds its tensors).
+        parts = {f"part{i}": np.copy(p) for i, p in enumerate(np.array_split(arr, PARTS))}
         for system, call in submit.items():
             back = call(_work.echo, arr)
             if not np.array_equal(back, arr):
                 raise AssertionError(f"{system}: echo returned a different array")
+            back = call(_work.echo, parts)
+            if back.keys() != parts.keys() or not all(np.array_equal(back[k], parts[k]) for k in parts):
+                raise AssertionError(f"{system}: echo returned different arrays")
             del back
             if call(_work.nbytes, arr) != size or call(_work.make, n).shape != (n,):
                 raise AssertionError(f"{system}: wrong array results")
@@ -482,15 +490,20 @@ def bench_array(s: Settings, startup: list[float]) -> list[Row]:
         # (np.copy into fresh memory, as a receiver that owns its copy needs).
         floors = {_work.nbytes: lambda: np.copy(arr), _work.make: lambda: np.copy(arr),
                   _work.echo: lambda: np.copy(np.copy(arr))}
+        many = f"echo: {PARTS} arrays in a dict, both ways"
         cases = [
             ("send: arg -> node, tiny result", size, _work.nbytes, arr),
             ("receive: node -> client, tiny arg", size, _work.make, n),
             ("echo: both ways", 2 * size, _work.echo, arr),
+            (many, 2 * size, _work.echo, parts),
         ]
         for case, moved, fn, arg in cases:
             status(f"array: {case}, {reps} interleaved reps")
             fns = {system: (lambda c=call, f=fn, a=arg: c(f, a)) for system, call in submit.items()}
-            fns[FLOOR] = floors[fn]
+            fns[FLOOR] = floors[fn] if case != many else (
+                lambda: [np.copy(np.copy(p)) for p in parts.values()])
+            if case == many:  # the single array beside it, interleaved: the ratio the target is on
+                fns[ONE] = lambda c=submit[SKY]: c(_work.echo, arr)
             # Two warm-ups: a 2-node pool sends the first two calls to different nodes.
             times = interleaved(fns, reps, warmup=2)
             ray_rate = moved / 1e9 / percentile(times[RAY], 50) if RAY in times else None
@@ -501,13 +514,19 @@ def bench_array(s: Settings, startup: list[float]) -> list[Row]:
                 note = mb + (", bytes both ways / time" if moved != size else "")
                 if system == SKY and ray_rate is not None:
                     note += "; target: Ray's median in this run"
+                if system == SKY and case == many:
+                    target = TARGET_MANY_VS_ONE * moved / 1e9 / percentile(times[ONE], 50)
+                    note = (f"{PARTS} x {size // PARTS / 1e6:,.0f} MB float64; target: "
+                            f"{TARGET_MANY_VS_ONE:.2f} x skyward's one {mb} array, interleaved with it")
+                if system == ONE:
+                    note = f"one {mb} array, in the same reps (the many-arrays row's reference)"
                 if system == FLOOR:
                     note = ("two np.copy" if moved != size else "one np.copy") + " in the client, for scale"
                 rows.append(row_from_times(
                     "array", case, system, times[system], unit="GB/s", amount=moved / 1e9,
                     target=target, note=note,
                 ))
-    order, names = [SKY, RAY, PPE, LOKY, FLOOR], [case for case, *_ in cases]
+    order, names = [SKY, ONE, RAY, PPE, LOKY, FLOOR], [case for case, *_ in cases]
     rows.sort(key=lambda r: (names.index(r.case), order.index(r.system)))
 
     status(f"array: reference, raw loopback TCP (one hop, two threads), {reps} reps")

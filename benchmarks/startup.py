@@ -7,7 +7,9 @@ opens 2 workers (sky.Compute(nodes=2) on sky.Local(), ProcessPoolExecutor(2), lo
 2 CPUs, a Dask LocalCluster of 2 worker processes), runs one trivial task, and reports the
 time from the start of the script (after the interpreter itself started) to that result.
 Peers that are not installed are left out. Rounds interleave the systems; the table shows
-medians. `import skyward` is timed the same way, beside a bare interpreter.
+medians, skyward's against PPE's (target: at most 1.5x), and the machine's load average
+before and after: on a shared machine the others' work slows every system. `import skyward`
+is timed the same way, beside a bare interpreter.
 
 The interpreters run with compiled bytecode, as an installed package has it: they write and
 read .pyc files in a cache folder of this run's (PYTHONPYCACHEPREFIX, even where
@@ -109,7 +111,13 @@ IMPORTS = {
 }
 
 
+TARGET_VS_PPE = 1.5  # skyward's fresh interpreter -> first result, against PPE's in the run
+
 ENV: dict[str, str] | None = None  # the interpreters' environment (see main); None: this one's
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in avg)
 
 
 def installed(module: str) -> bool:
@@ -159,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             run_program(PROGRAMS[s])
         for stmt in IMPORTS.values():
             time_import(stmt)
+    load_before = os.getloadavg()  # others' work on the machine slows every system, not alike
     first: dict[str, list[float]] = {s: [] for s in systems}
     entered: list[float] = []  # skyward: sky.Compute(...) entered -> first result
     woke: list[float] = []  # skyward: an asleep pool's first task -> its result
@@ -187,10 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['case']:<46} {r['system']:<{width}}  median {r['median_s'] * 1000:8.1f} ms"
               f"  min {r['min_s'] * 1000:8.1f} ms")
+    ppe = statistics.median(first["PPE"]) if "PPE" in first else None
+    if ppe:
+        print(f"skyward / PPE, fresh interpreter -> first result: "
+              f"{statistics.median(first['skyward']) / ppe:.2f}x (target <= {TARGET_VS_PPE:.2f}x)")
     print("bytecode: " + ("compiled once, cached (PYTHONPYCACHEPREFIX)" if cache is not None
                           else "as this environment has it"))
+    load = {"before": load_before, "after": os.getloadavg()}
+    print(f"machine load (1, 5, 15 min averages): before {_load(load['before'])}, after {_load(load['after'])}"
+          f" on {os.cpu_count()} cores")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "rounds": args.rounds,
+        Path(args.json).write_text(json.dumps({"rows": rows, "rounds": args.rounds, "load": load,
+                                               "cores": os.cpu_count(),
                                                "bytecode_cache": cache is not None}, indent=2) + "\n")
     if cache is not None:
         cache.cleanup()

@@ -341,20 +341,21 @@ class Once:
     """A task's callback that runs once: its first outcome counts, any later one is dropped
     (the channel gives each task exactly one; this holds even if it ever did not)."""
 
-    __slots__ = ("_done", "_lock")
+    # The callback waits in a one-item list: list.pop is atomic, so whichever outcome pops it
+    # first runs it, without a lock of its own per task.
+    __slots__ = ("_done",)
 
     def __init__(self, done: Callable[[Frame | BaseException], None]) -> None:
-        self._done: Callable[[Frame | BaseException], None] | None = done
-        self._lock = threading.Lock()
+        self._done = [done]
 
     @property
     def ran(self) -> bool:
-        return self._done is None
+        return not self._done
 
     def __call__(self, result: Frame | BaseException) -> None:
-        with self._lock:
-            done, self._done = self._done, None  # let go of the callback: its future holds the result
-        if done is None:
+        try:
+            done = self._done.pop()  # let go of the callback: its future holds the result
+        except IndexError:
             log.debug("dropped a second outcome of one task: %r", result)
             return
         done(result)

@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import Any
 
-from .listeners import direct_listener, unix_listener
+from .listeners import SHORT_FOLDER, SHORT_PREFIX, direct_listener, short_folder, unix_listener
 
 
 class _Args:
@@ -105,6 +105,19 @@ def main(argv: list[str] | None = None) -> None:
     hello: dict[str, Any] = {"pid": os.getpid()}
     listeners: list[socket.socket] = []
     unix_path = args.unix or args.socket
+    # A node reached over SSH (--socket) whose folder's path is too long for Unix sockets (a
+    # deep home, a long host name): its sockets go to a short folder of its own instead, and a
+    # loopback port (which every user of the node can reach) only where none can be made.
+    short, tcp_why = None, ""
+    if args.socket and not args.unix and len(os.fsencode(os.path.dirname(os.path.abspath(args.socket)))) > SHORT_FOLDER:
+        short, why = short_folder()
+        if short is not None:
+            unix_path = args.socket = os.path.join(short, os.path.basename(args.socket))
+        else:
+            tcp_why = (f"the path {os.path.abspath(args.socket)!r} is too long for a Unix socket and "
+                       f"no short folder could be made ({why})")
+            hello["unix_error"] = tcp_why
+            unix_path = args.socket = None
     # A Local node (its clients are on this host), or a node reached over SSH (--socket): no
     # TCP port at all, only a Unix socket in a folder of this user's alone.
     if unix_path:
@@ -142,10 +155,17 @@ def main(argv: list[str] | None = None) -> None:
     for folder in args.orphan_cleanup:  # the pool's folders stay while this agent lives (sweep.py)
         if os.path.exists(os.path.join(folder, LOCK)):
             hold(folder)
+    if short is not None:  # held as long as this agent lives; those of agents killed outright go
+        hold(short)
+        for gone in sweep(os.path.dirname(short), SHORT_PREFIX + "*"):
+            _log(f"removed {gone}: a socket folder whose agent is gone")
+        _log(f"the pool folder's path is too long for a Unix socket: the agent's sockets are in {short}")
+    elif tcp_why:
+        _log(f"listening on a loopback TCP port, which every user of this node can reach: {tcp_why}")
     if args.sweep:  # other pools' folders on this node whose processes were all killed (after our hold)
         for gone in sweep(args.sweep, "[!.]*-*"):
             _log(f"removed {gone}: a pool folder whose processes are all gone")
-    agent = Agent(token, args.ttl, args.orphan_cleanup)
+    agent = Agent(token, args.ttl, args.orphan_cleanup + ([short] if short else []))
     if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
     elif args.socket:
@@ -164,6 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         if unix_path:
             with contextlib.suppress(OSError):
                 os.unlink(unix_path)
+        if short is not None:
+            import shutil
+
+            shutil.rmtree(short, ignore_errors=True)
     _log("stopped")
 
 

@@ -58,6 +58,37 @@ def unix_listener(path: str, backlog: int = 16) -> socket.socket | str:
     return sock
 
 
+# The longest folder a node's sockets may live in: its longest name (``lane-NNN.sock``) still
+# fits a Unix socket's path (108 bytes on Linux, 104 on BSDs; 100 leaves room).
+SHORT_FOLDER = 88
+# Where a short folder of its own is made when the one given is too long, in this order.
+SHORT_BASES = ("/tmp", "/var/tmp", "/dev/shm")
+SHORT_PREFIX = "skyward-sock-"
+
+
+def short_folder(bases: tuple[str, ...] = SHORT_BASES) -> tuple[str | None, str]:
+    """A new folder of this user's alone (mode 0700, a name nobody had: as ``mktemp -d`` makes
+    it) whose path is short enough for Unix sockets, for a node whose own folder's path is too
+    long (a deep home, a long host name): ``(folder, "")``, or ``(None, why)`` where none of
+    ``bases`` takes one. A stranger's file of that name is never used: the name is new."""
+    why = []
+    for base in bases:
+        for _ in range(20):
+            folder = os.path.join(base, SHORT_PREFIX + os.urandom(5).hex())
+            if len(os.fsencode(folder)) > SHORT_FOLDER:
+                why.append(f"{base} is too deep")
+                break
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                why.append(f"{base}: {exc.strerror or exc}")
+                break
+            return folder, ""
+    return None, "; ".join(why) or "no folder was free"
+
+
 def close(sock: socket.socket) -> None:
     """Shut ``sock`` both ways, so its peer's read ends at once, and close it."""
     try:

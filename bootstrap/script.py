@@ -193,18 +193,40 @@ def render(image: Image, plan: NodePlan) -> str:
 
 # The node's folders, as the client and the script compute them (bash). SKY: caches, in the
 # login user's home (maybe shared by many hosts). RUN: this node's runtime state, on node-local
-# disk; a folder there that is not ours (or no writable /var/tmp) falls back to one keyed by the
-# host's name inside SKY.
+# disk (see run_folder).
 # ``uid``: how the shell gets the user's id (``$EUID`` in bash, where node_up runs: no `id` process).
 # A folder that exists is not made again (no `mkdir` process: a warm host's start runs few).
 def _node_dirs(uid: str) -> str:
     return (
         'SKY="${SKYWARD_NODE_HOME:-$HOME/.skyward}"\n'
-        f'RUN="${{SKYWARD_NODE_RUN:-/var/tmp/skyward-{uid}}}"\n'
         '[ -d "$SKY" ] || mkdir -p -m 700 "$SKY" 2>/dev/null\n'
-        'if ! { { [ -d "$RUN" ] || mkdir -p -m 700 "$RUN" 2>/dev/null; } && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }; then\n'
-        '  RUN="$SKY/run/$(hostname)"\n'
-        '  mkdir -p -m 700 "$RUN"\n'
+        + run_folder(uid)
+    )
+
+
+def run_folder(uid: str) -> str:
+    """POSIX shell that sets RUN (SKY set): ``/var/tmp/skyward-<uid>`` (or ``SKYWARD_NODE_RUN``)
+    when it is a folder of this user's, not a link. One that is not (another user of the node
+    made it first, to move the node's folder; or /var/tmp refuses us) is never used: a private
+    folder of our own is made beside it as ``mktemp -d`` makes them (a new name, mode 0700) and
+    found again through a note per host in SKY (which another user cannot write), so RUN stays
+    on node-local disk with a short path; only where /var/tmp takes no folder at all is RUN one
+    keyed by the host's name inside SKY."""
+    ours = '[ -d "$RUN" ] && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]'
+    return (
+        f'RUN="${{SKYWARD_NODE_RUN:-/var/tmp/skyward-{uid}}}"\n'
+        f'if ! {{ {{ [ -d "$RUN" ] || mkdir -p -m 700 "$RUN" 2>/dev/null; }} && {ours}; }}; then\n'
+        '  NOTE="$SKY/run/$(hostname).run"\n'
+        '  RUN=$(cat "$NOTE" 2>/dev/null)\n'
+        f'  if ! {{ [ -n "$RUN" ] && {ours}; }}; then\n'
+        '    mkdir -p -m 700 "$SKY/run"\n'
+        f'    if RUN=$(mktemp -d "/var/tmp/skyward-{uid}.XXXXXXXX" 2>/dev/null) && [ -n "$RUN" ]; then\n'
+        '      printf \'%s\\n\' "$RUN" > "$NOTE.$$" && mv -f "$NOTE.$$" "$NOTE"\n'
+        '    else\n'
+        '      RUN="$SKY/run/$(hostname)"\n'
+        '      mkdir -p -m 700 "$RUN"\n'
+        '    fi\n'
+        '  fi\n'
         'fi\n'
     )
 

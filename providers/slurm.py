@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from skyward.bootstrap import shipment as ship
 from skyward.bootstrap.routes import channel, prohibited, relay_command
-from skyward.bootstrap.script import hold_pool
+from skyward.bootstrap.script import hold_pool, run_folder
 from skyward.errors import BootstrapError, ConfigError, ProviderError
 from skyward.observe import events as ev
 from skyward.records import pkglock, resolver
@@ -642,7 +642,7 @@ class SlurmCluster(Cluster):
         return _NODE_SCRIPT.format(
             folder=shlex.quote(self.folder), sky=shlex.quote(self.sky), pool=self.pool_id,
             python=self._ship.agent_python, ttl=self._ttl, login=shlex.quote(self.login_address),
-            timeout=_AGENT_START_TIMEOUT * 20, hold=hold_pool())
+            timeout=_AGENT_START_TIMEOUT * 20, hold=hold_pool(), run=run_folder("$(id -u)"))
 
     # -- the Cluster API ---------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeEndpoint]:
@@ -1389,11 +1389,7 @@ FOLDER={folder}
 I=$(( $1 + ${{SLURM_NODEID:-0}} ))
 IFS= read -r TOKEN < "$FOLDER/token" || TOKEN=
 SKY={sky}
-RUN="${{SKYWARD_NODE_RUN:-/var/tmp/skyward-$(id -u)}}"
-if ! {{ mkdir -p -m 700 "$RUN" 2>/dev/null && [ ! -L "$RUN" ] && [ -O "$RUN" ] && [ -w "$RUN" ]; }}; then
-  RUN="$SKY/run/$(hostname)"; mkdir -p -m 700 "$RUN"
-fi
-POOL="$RUN/pools/{pool}-$I"
+{run}POOL="$RUN/pools/{pool}-$I"
 hello() {{ printf '%s\n' "$1" > "$FOLDER/node-$I.json.tmp" && mv -f "$FOLDER/node-$I.json.tmp" "$FOLDER/node-$I.json"; }}
 {hold}umask 077
 for f in includes.tar rclone.conf; do [ -f "$FOLDER/$f" ] && cp "$FOLDER/$f" "$POOL/$f"; done
@@ -1409,10 +1405,10 @@ DEV=$(ip -o route get {login} 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' |
 [ -n "$ADDR" ] || ADDR=$(hostname -I 2>/dev/null | cut -d" " -f1)
 rm -f agent.json
 # Clients come through the login node to the direct listener; the agent's other listener is a
-# Unix socket in this 0700 folder (no loopback port another user of the node could fill).
-LOCAL="--socket $POOL/agent.sock"; [ ${{#POOL}} -le 88 ] || LOCAL=
+# Unix socket in this 0700 folder, or in a short one of its own where this path is too long (no
+# loopback port another user of the node could fill).
 SKYWARD_AGENT_TOKEN="$TOKEN" "$SKY/{python}" -m skyward.bootstrap.agent_start --ttl {ttl} --log "$FOLDER/agent-$I.log" \
-  $LOCAL --direct "$ADDR" --orphan-cleanup "$POOL" --sweep "$RUN/pools" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
+  --socket "$POOL/agent.sock" --direct "$ADDR" --orphan-cleanup "$POOL" --sweep "$RUN/pools" </dev/null >agent.json 2>>"$FOLDER/agent-$I.log" &
 AGENT=$!
 TOKEN=
 trap 'kill -TERM $AGENT 2>/dev/null' TERM INT

@@ -563,12 +563,10 @@ cd "$POOL"; . ./env.sh
 [ -d site ] || mkdir -p site
 PP="$POOL/site"; if [ -d "$POOL/includes" ]; then PP="$POOL/includes:$PP"; fi
 export PYTHONPATH="$PP${{PYTHONPATH:+:$PYTHONPATH}}" SKYWARD_SITE="$POOL/site" SKYWARD_UV="$SKY/bin/uv"
-# The agent's Unix socket in this 0700 folder: no other user of the node can connect to it (a
-# loopback port only where its path is too long for a Unix socket).
-LISTEN=--socket; [ ${{#POOL}} -le 88 ] || LISTEN=--port
-[ "$LISTEN" = --socket ] && ADDR="$POOL/agent.sock" || ADDR=0
+# The agent's Unix socket in this 0700 folder: no other user of the node can connect to it (the
+# agent puts it in a short folder of its own where this path is too long for a Unix socket).
 exec {{hello_fd}}< <(exec setsid "$SKY/{node.agent_python}" -m skyward.bootstrap.agent_start --ttl {self._ttl} \\
-  --log agent.log $LISTEN "$ADDR" {direct_arg}--orphan-cleanup "$POOL" --sweep "${{POOL%/*}}" </dev/null 2>>agent.log)
+  --log agent.log --socket "$POOL/agent.sock" {direct_arg}--orphan-cleanup "$POOL" --sweep "${{POOL%/*}}" </dev/null 2>>agent.log)
 unset SKYWARD_AGENT_TOKEN
 route=$(ip -o route get {peer} 2>/dev/null </dev/null) || route=""
 echo "@@hostname $HOSTNAME"
@@ -591,6 +589,9 @@ echo "@@port $hello"
                 log.info("%s: the agent cannot be reached directly (%s); using the SSH tunnel",
                          remote.label, hello.get("direct_error", "no direct listener"))
             node.agent_socket = str(hello.get("unix") or "")
+            if hello.get("unix_error"):
+                log.warning("%s: the agent listens on a loopback TCP port, which other users of the node "
+                            "can reach: %s", remote.label, hello["unix_error"])
             port = None if node.agent_socket else int(hello["port"])
             return port, int(hello["pid"]), facts
         except (ValueError, KeyError, TypeError):

@@ -302,8 +302,10 @@ def bench_roundtrip(s: Settings, startup: list[float]) -> list[Row]:
            f"interleaved blocks: `noop() >> pool`, `ex.submit(noop).result()` (PPE, loky)")
     with open_systems(startup, loky=True) as sy, ray_session() as ray, dask_client() as dask:
         pool, ppe, lk = sy.pool, sy.ppe, sy.loky
+        group = pool["default"]  # the pool's one group, as a target of its own
         calls: dict[str, Callable[[], Any]] = {
             SKY: lambda: sky_noop() >> pool,
+            SKY_GROUP: lambda: sky_noop() >> group,
             PPE: lambda: ppe.submit(_work.noop).result(),
             LOKY: lambda: lk.submit(_work.noop).result(),
         }
@@ -324,6 +326,10 @@ def bench_roundtrip(s: Settings, startup: list[float]) -> list[Row]:
         row_from_times("roundtrip", case, PPE, times[PPE], unit="ms", note=note),
         row_from_times("roundtrip", case, LOKY, times[LOKY], unit="ms", note=note),
     ]
+    rows.append(row_from_times(
+        "roundtrip", case, SKY_GROUP, times[SKY_GROUP], unit="ms",
+        target=TARGET_GROUP_VS_POOL * percentile(times[SKY], 50) * 1e3,
+        note=note + f"; target: {TARGET_GROUP_VS_POOL:.2f} x `>> pool`'s median in this run"))
     rows += [row_from_times("roundtrip", case, peer, times[peer], unit="ms", note=note)
              for peer in (RAY, DASK) if peer in times]
     if by_value in times:
@@ -359,8 +365,10 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
     # before skyward's client threads exist.
     with multiprocessing.Pool(WORKERS) as mp_pool, open_systems(startup, loky=False) as sy:
         pool, ppe = sy.pool, sy.ppe
+        group = pool["default"]
         fns: dict[str, Callable[[], Any]] = {
             SKY: lambda: pool.map(sky_noop1, items),
+            SKY_GROUP: lambda: group.map(sky_noop1, items),
             MP: lambda: mp_pool.map(_work.noop1, items),
             PPE: lambda: list(ppe.map(_work.noop1, items, chunksize=1024)),
             ppe_1: lambda: list(ppe.map(_work.noop1, small)),
@@ -370,7 +378,7 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
             check(fn(), m if name == ppe_1 else n)
         # skyward and multiprocessing.Pool (~15 ms each) are timed beside each other with more
         # repetitions: they are compared, and five are too few on a loaded 2-core VM.
-        pair = (SKY, MP)
+        pair = (SKY, SKY_GROUP, MP)
         times = interleaved({k: f for k, f in fns.items() if k not in pair}, reps, warmup=0)
         times.update(interleaved({k: fns[k] for k in pair}, reps * 3, warmup=0))  # checks: the warm-up
         big = list(range(s.map_big_items))
@@ -390,6 +398,9 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
     return [
         row_from_times("map", case, SKY, times[SKY], unit="items/s", amount=n,
                        target=TARGET_MAP_ITEMS_S, note=f"N={n:,}, chunksize auto: >= mp.Pool"),
+        row_from_times("map", case, SKY_GROUP, times[SKY_GROUP], unit="items/s", amount=n,
+                       target=percentile([n / t for t in times[SKY]], 50) / TARGET_GROUP_VS_POOL,
+                       note=f"N={n:,}; target: pool.map's rate in this run / {TARGET_GROUP_VS_POOL:.2f}"),
         row_from_times("map", case, MP, times[MP], unit="items/s", amount=n,
                        note=f"N={n:,}, chunksize default ({math.ceil(n / (WORKERS * 4))})"),
         row_from_times("map", case, PPE, times[PPE], unit="items/s", amount=n,
@@ -403,6 +414,8 @@ def bench_map(s: Settings, startup: list[float]) -> list[Row]:
 
 
 RAY = "ray"
+SKY_GROUP = 'skyward, pool["default"]'  # the same pool's one group as the target (groups cost nothing)
+TARGET_GROUP_VS_POOL = 1.05
 FLOOR = "np.copy"
 ONE = "skyward, one array"
 PARTS = 10  # the many-arrays case: the array in this many parts, in a dict

@@ -174,3 +174,20 @@ def test_a_group_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> Non
             sky.Compute(groups={"ok": sky.Spec(nodes=1), "bad": bad}, options=QUIET):
         pass
     wait_for(lambda: _children() <= before, 30, "the ok group's nodes to be gone")
+
+
+def _pid(_: object) -> int:
+    return os.getpid()
+
+
+def test_joblib_runs_on_the_group_it_is_given() -> None:
+    joblib = pytest.importorskip("joblib")
+    with two_groups() as pool:
+        pids = {name: {w[5] for w in where() @ pool[name]} for name in ("prep", "train")}
+        for name in ("train", "prep"):
+            with joblib.parallel_config(backend="skyward", group=name):
+                got = joblib.Parallel(n_jobs=2)(joblib.delayed(_pid)(i) for i in range(12))  # (1: joblib runs it here)
+            assert set(got) <= pids[name], name
+        with joblib.parallel_config(backend="skyward", group="nope"), \
+                pytest.raises(sky.ConfigError, match="no group called 'nope'"):
+            joblib.Parallel(n_jobs=2)(joblib.delayed(_pid)(i) for i in range(2))

@@ -232,7 +232,7 @@ CORE_MAY_IMPORT = {
     "skyward.core.autoscale": {"membership"},
     "skyward.core.group": {"membership", "dispatch", "batches", "healing", "autoscale", "target"},
     "skyward.core.pool": {"membership", "dispatch", "batches", "healing", "autoscale", "function", "target", "group"},
-    "skyward.core.compute": {"pool"},
+    "skyward.core.compute": {"pool", "group"},
 }
 
 

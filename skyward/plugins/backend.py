@@ -111,9 +111,11 @@ class _ClientTarget:
     slow one on its node would wait for it while other nodes idle (an unordered generator's
     fast results, a failing fit found late). The first node to free a slot takes the next."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, group: str | None = None) -> None:
+        """``group``: the pool's group whose nodes take the batches (skyward.core.group), else
+        the head group's (a pool of one group: its nodes)."""
         self.pool = pool
-        self.dispatcher = pool.dispatcher
+        self.dispatcher = pool.dispatcher if group is None else pool[group].group.dispatcher
         self._lock = threading.Lock()
         self._waiting: collections.deque[_Batch] = collections.deque()
         self._out = 0  # our batches on the nodes
@@ -186,7 +188,7 @@ class _ClientTarget:
 
     @property
     def spill(self) -> Any:
-        return self.pool.cluster.spill_dir
+        return self.dispatcher.members.cluster.spill_dir
 
 
 # A Parallel(backend="skyward") in a process that another one started for its work: a worker of
@@ -268,9 +270,12 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
     default_n_jobs = -1
 
     def __init__(self, pool: Any = None, nesting_level: int | None = None,
-                 inner_max_num_threads: int | None = None, **kwargs: Any) -> None:
+                 inner_max_num_threads: int | None = None, group: str | None = None, **kwargs: Any) -> None:
+        """``group``: in a pool of several groups, the one whose nodes run the batches
+        (``parallel_config(backend="skyward", group="prep")``); the head group's by default."""
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads, **kwargs)
         self._pool = pool
+        self._group = group
         self._target: _ClientTarget | _NodeTarget | None = None
         # The batches sent and not answered yet: how to cancel each, and its future.
         self._out: dict[int, tuple[Callable[[], None], Future[Any]]] = {}
@@ -279,12 +284,12 @@ class SkywardBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def _resolve(self) -> _ClientTarget | _NodeTarget:
         if self._pool is not None:
-            return _ClientTarget(self._pool)
+            return _ClientTarget(self._pool, self._group)
         from skyward.core.target import active_pool
 
         pool = active_pool()
         if pool is not None:
-            return _ClientTarget(pool)
+            return _ClientTarget(pool, self._group)
         return _NodeTarget()
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:

@@ -152,6 +152,9 @@ class Endpoint:
         # Where the router's streams to replicas open (skyward.serve.upstream): the endpoint's own.
         self._openers = ThreadPoolExecutor(max_workers=32, thread_name_prefix="skyward-serve-open")
         self.access_log: access.AccessLog | None = None  # opened once the port is known, below
+        if on == "head" and host != "127.0.0.1":
+            raise ConfigError(f"pool.serve(host={host!r}, on='head'): the head's router listens on the head "
+                              f"node's private address; host= is for on='client' only.")
         self.on = on
         self._router: Router | HeadRouter
         if on == "head":

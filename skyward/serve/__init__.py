@@ -5,6 +5,8 @@
   over what it can when a replica is lost, and queues (bounded) when every replica is busy.
 * ``replica``: what runs on a node: the app under uvicorn on a Unix socket of the node, started
   as a streaming task of the pool (so the pool's membership, healing and plugins apply to it).
+* ``head`` / ``headlink``: ``on="head"``: the router as a task on the pool's head node, on its
+  private address, and the endpoint's hold on it (a control socket, and the task's beats).
 * ``endpoint``: ``pool.serve(app)``: starts a replica on each node as it joins, hands ready ones
   to the router, and takes lost ones out.
 """

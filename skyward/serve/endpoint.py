@@ -14,6 +14,10 @@ builds on what the pool has and adds no second copy of it:
 * **the pool's way to a node's port**: the router reaches a replica's socket with
   ``Cluster.open_stream`` (skyward.serve.upstream).
 
+With ``on="head"`` the router runs on the pool's head node instead (skyward.serve.head, held
+here by skyward.serve.headlink), listening on its private address; the replicas then listen on
+TCP on their node's private address and check the endpoint's token themselves.
+
 ``update(app)`` replaces the replicas one at a time: each is drained (no new request, those in
 flight finish), stopped, and started again with the new app; requests meanwhile go to the
 others, or wait in the router's queue when it was the only one.
@@ -35,6 +39,7 @@ from ..errors import ConfigError, ServeError
 from ..observe import events as ev
 from . import access
 from . import replica as replica_task
+from .headlink import HeadRouter
 from .router import AccessRecord, Router, RouterStats, Upstream
 from .upstream import connector
 
@@ -46,6 +51,7 @@ log = logging.getLogger("skyward.serve")
 
 _TICK = 0.25  # how often the controller looks at the pool's table
 _STATS_EVERY = 1.0  # seconds between EndpointStats events (only when something changed)
+ON = ("client", "head")  # where the router runs
 _RETRY = (1.0, 30.0)  # a replica that failed to start is tried again after 1 s, doubling to 30 s
 
 
@@ -55,6 +61,7 @@ class _Replica:
     rank: int
     node: int  # the provider's node index (what open_stream takes)
     version: int  # which app (update() moves it on)
+    address: str = ""  # the node's private address (where an on="head" replica listens)
     state: str = "starting"  # starting, ready, stopping, ended
     stream: Iterator[dict[str, Any]] | None = None
     began: float = field(default_factory=time.monotonic)
@@ -87,27 +94,31 @@ def _resolved(app: Any, factory: bool | None) -> tuple[Any, bool]:
 
 
 def _check(app: Any, replicas_per_node: int, slots: int, timeout: float, ready: str | None,
-           on: str, port: int) -> None:
+           on: str, port: int) -> int:
+    """Checks the options; the task slots a node must have for them."""
     if not (isinstance(app, str) or callable(app)):
         raise ConfigError(f"pool.serve(app={app!r}): app must be an ASGI app, a factory that returns "
                           f"one, or an import string 'module:attribute'.")
     if not isinstance(replicas_per_node, int) or replicas_per_node < 1:
         raise ConfigError(f"pool.serve(replicas_per_node={replicas_per_node!r}): it must be an int of 1 or more.")
-    if replicas_per_node > slots:
+    if on not in ON:
+        raise ConfigError(f"pool.serve(on={on!r}): the router runs on 'client' (this machine, the default) "
+                          f"or 'head' (the pool's head node, for clients in the pool's network).")
+    need = replicas_per_node + (on == "head")
+    if need > slots:
+        router = " and the head node's router one more" if on == "head" else ""
         raise ConfigError(
-            f"pool.serve(replicas_per_node={replicas_per_node}): each replica holds one task slot of "
-            f"its node, and this pool's nodes have {slots}. Open the pool with "
-            f"sky.Worker(concurrency={replicas_per_node}) (executor='process' for a process each).")
+            f"pool.serve(replicas_per_node={replicas_per_node}, on={on!r}): each replica holds one task slot "
+            f"of its node{router}, and this pool's nodes have {slots}. Open the pool with "
+            f"sky.Worker(concurrency={need}) (executor='process' for a process each).")
     if not timeout > 0:
         raise ConfigError(f"pool.serve(timeout={timeout!r}): it must be more than 0 seconds.")
     if ready is not None and not ready.startswith("/"):
         raise ConfigError(f"pool.serve(ready={ready!r}): it is the path of a URL on the app, "
                           f"starting with '/' (e.g. '/health').")
-    if on != "client":
-        raise ConfigError(f"pool.serve(on={on!r}): this version of skyward serves from this machine "
-                          f"only: on='client' (the default).")
     if not 0 <= port <= 65535:
         raise ConfigError(f"pool.serve(port={port!r}): it must be 0 (any free port) to 65535.")
+    return need
 
 
 class Endpoint:
@@ -141,9 +152,19 @@ class Endpoint:
         # Where the router's streams to replicas open (skyward.serve.upstream): the endpoint's own.
         self._openers = ThreadPoolExecutor(max_workers=32, thread_name_prefix="skyward-serve-open")
         self.access_log: access.AccessLog | None = None  # opened once the port is known, below
-        self._router = Router(token=self.token, timeout=timeout, max_queue=max_queue,
-                              on_demand=self._on_demand, access_log=self._access)
-        self._host, self._port = self._router.start(host, port)
+        if on == "head" and host != "127.0.0.1":
+            raise ConfigError(f"pool.serve(host={host!r}, on='head'): the head's router listens on the head "
+                              f"node's private address; host= is for on='client' only.")
+        self.on = on
+        self._router: Router | HeadRouter
+        if on == "head":
+            self._router = HeadRouter(pool, port=port, token=self.token, timeout=timeout, max_queue=max_queue,
+                                      access_log=self._access)
+            self._host, self._port = self._router.host, self._router.port
+        else:
+            self._router = Router(token=self.token, timeout=timeout, max_queue=max_queue,
+                                  on_demand=self._on_demand, access_log=self._access)
+            self._host, self._port = self._router.start(host, port)
         self.url = f"http://{self._host}:{self._port}"
         logfile = pool._log.file
         self.access_log = access.open_for(None if logfile is None else logfile.parent, pool.name or pool.id,
@@ -200,7 +221,7 @@ class Endpoint:
     def update(self, app: Any, *, factory: bool | None = None) -> None:
         """Serve ``app`` instead: each replica in turn is drained, stopped and started again with
         it, waiting for it to be ready before the next (no request fails; some wait)."""
-        _check(app, self.replicas_per_node, self.pool.worker.slots, 1, self.ready_path, "client", 0)
+        _check(app, self.replicas_per_node, self.pool.worker.slots, 1, self.ready_path, self.on, 0)
         with self._lock:
             previous = self._app
             self._app = _resolved(app, factory)
@@ -324,7 +345,7 @@ class Endpoint:
                         continue  # a lost node's replica ends with its stream; healing brings the rank back
                     if now < self._failures.get(key, (0, 0.0, None))[1]:
                         continue
-                    r = _Replica(key, rank, m.endpoint.index, self._version)
+                    r = _Replica(key, rank, m.endpoint.index, self._version, m.endpoint.private_ip)
                     self._replicas[key] = r
                     starts.append(r)
             for key, r in list(self._replicas.items()):
@@ -336,7 +357,9 @@ class Endpoint:
     def _run(self, r: _Replica) -> None:
         """Start replica ``r`` on its node and follow its stream until it ends."""
         app, factory = self._app
-        pending = _pending(app, key=r.key, factory=factory, ready=self.ready_path, ready_timeout=self.ready_timeout)
+        tcp = dict(listen=r.address, token=self.token) if isinstance(self._router, HeadRouter) else {}
+        pending = _pending(app, key=r.key, factory=factory, ready=self.ready_path, ready_timeout=self.ready_timeout,
+                           **tcp)
         ready = False
         try:
             stream = self.pool.run_async(pending, target=r.rank).result()
@@ -345,8 +368,12 @@ class Endpoint:
             first = next(stream)
             if self._closed.is_set() or r.state == "stopping":
                 return
-            self._router.add(Upstream(r.key, connector(self.pool.cluster, r.node, first["socket"], self._openers),
-                                      max_concurrency=self.max_concurrency))
+            if isinstance(self._router, HeadRouter):
+                host, port = first["tcp"]
+                self._router.add_tcp(r.key, host, port, self.max_concurrency)
+            else:
+                self._router.add(Upstream(r.key, connector(self.pool.cluster, r.node, first["socket"],
+                                                           self._openers), max_concurrency=self.max_concurrency))
             ready = True
             with self._changed:
                 r.state = "ready"

@@ -14,6 +14,11 @@ set there (the GPUs a node was given, the torch plugin's device). It
    server runs: the client's router reaches the socket the way the pool reaches the node
    (``Cluster.open_stream``); a beat is also where the endpoint's STOP closes the generator.
 
+With ``listen=ADDRESS`` (an endpoint whose router runs on the pool's head node,
+skyward.serve.head) the replica listens on a TCP port of that address instead (the node's
+private address, never every address), and every request must carry the endpoint's bearer token
+(``Bearer``, compared in constant time): it yields ``{"tcp": [ADDRESS, PORT], ...}``.
+
 Closing it (the endpoint stops the replica, the pool closes) asks uvicorn to finish what it
 serves and stop, and removes the folder. A server that stops by itself raises, with its last
 log lines. Node-side: imports nothing of the client's parts.
@@ -22,6 +27,7 @@ log lines. Node-side: imports nothing of the client's parts.
 from __future__ import annotations
 
 import collections
+import hmac
 import importlib
 import logging
 import os
@@ -78,13 +84,45 @@ def load(app: Any, factory: bool) -> Any:
     return app() if factory else app
 
 
-def _get(path: str, url: str, timeout: float) -> int:
-    """The status of ``GET url`` on the Unix socket ``path`` (0 when nothing answers)."""
+class Bearer:
+    """ASGI middleware: an HTTP or websocket request must carry ``Authorization: Bearer TOKEN``
+    (compared in constant time) or gets 401 (a websocket is closed before it opens); the header
+    is taken out before the app sees the request, as the client's router does."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            got, rest = b"", []
+            for name, value in scope.get("headers", ()):
+                if name.lower() == b"authorization":
+                    got = value
+                else:
+                    rest.append((name, value))
+            if not hmac.compare_digest(got, self.expected):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": b"unauthorized\n"})
+                return
+            scope = {**scope, "headers": rest}
+        await self.app(scope, receive, send)
+
+
+def _get(where: str | tuple[str, int], url: str, timeout: float, token: str | None = None) -> int:
+    """The status of ``GET url`` on the Unix socket or TCP address ``where`` (0 when nothing
+    answers)."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        family = socket.AF_UNIX if isinstance(where, str) else socket.AF_INET6 if ":" in where[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
-            s.connect(path)
-            s.sendall(f"GET {url} HTTP/1.1\r\nHost: replica\r\nConnection: close\r\n\r\n".encode())
+            s.connect(where)
+            s.sendall(f"GET {url} HTTP/1.1\r\nHost: replica\r\n{auth}Connection: close\r\n\r\n".encode())
             head = s.recv(64)
         parts = head.split(b" ", 2)
         return int(parts[1]) if len(parts) > 1 and parts[0].startswith(b"HTTP/") else 0
@@ -93,7 +131,8 @@ def _get(path: str, url: str, timeout: float) -> int:
 
 
 def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
-        ready_timeout: float = 300.0) -> Iterator[dict[str, Any]]:
+        ready_timeout: float = 300.0, listen: str | None = None,
+        token: str | None = None) -> Iterator[dict[str, Any]]:
     """Serve ``app`` on this node until closed (see the module's doc)."""
     try:
         import uvicorn
@@ -104,20 +143,30 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
             f"to the pool's image: sky.Compute(..., image=sky.Image(pip=['uvicorn', ...])).") from None
     began = time.monotonic()
     asgi = load(app, factory)
+    sockets: list[socket.socket] | None = None
+    if listen is not None:
+        if token is not None:
+            asgi = Bearer(asgi, token)
+        try:
+            sockets = [socket.create_server((listen, 0))]
+        except OSError as e:
+            raise ServeError(f"replica {key}: cannot listen on {listen} (the node's private address) on "
+                             f"node {socket.gethostname()}: {e.strerror}.") from e
     # 0700: this user's only. Its lock is held while this worker lives, so that the next replica
     # of this machine removes it when the worker was killed (a lost node) before its finally ran.
     sweep.sweep(tempfile.gettempdir(), "skyward-serve-*")
     folder = tempfile.mkdtemp(prefix="skyward-serve-")
     held = sweep.hold(folder)
     path = os.path.join(folder, "replica.sock")
+    where: str | tuple[str, int] = (listen, int(sockets[0].getsockname()[1])) if listen and sockets else path
     tail = _Tail()
     loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error")]
     for lg in loggers:
         lg.addHandler(tail)
-    config = uvicorn.Config(asgi, uds=path, lifespan="auto", log_config=None, access_log=False,
-                            log_level="info", timeout_graceful_shutdown=10)
+    config = uvicorn.Config(asgi, uds=None if sockets else path, lifespan="auto", log_config=None,
+                            access_log=False, log_level="info", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"skyward-replica-{key}", daemon=True)
+    thread = threading.Thread(target=server.run, args=(sockets,), name=f"skyward-replica-{key}", daemon=True)
     try:
         thread.start()
         deadline = began + ready_timeout
@@ -131,7 +180,7 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
             time.sleep(0.01)
         if ready:
             status = 0
-            while (status := _get(path, ready, 5.0)) != 200:
+            while (status := _get(where, ready, 5.0, token)) != 200:
                 if not thread.is_alive():
                     raise ServeError(f"replica {key}: the app's server stopped while its readiness "
                                      f"check {ready} was polled. Its last log lines:\n{tail.text()}")
@@ -141,7 +190,8 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
                         f"{ready_timeout:g} s (last answer: {status or 'none'}). Its last log "
                         f"lines:\n{tail.text()}")
                 time.sleep(0.1)
-        yield {"socket": path, "pid": os.getpid(), "seconds": time.monotonic() - began}
+        address: dict[str, Any] = {"tcp": list(where)} if sockets else {"socket": path}
+        yield {**address, "pid": os.getpid(), "seconds": time.monotonic() - began}
         while thread.is_alive():
             thread.join(BEAT)
             if thread.is_alive():
@@ -150,6 +200,8 @@ def run(app: Any, *, key: str, factory: bool = False, ready: str | None = None,
     finally:
         server.should_exit = True
         thread.join(15)
+        for sock in sockets or ():
+            sock.close()
         for lg in loggers:
             lg.removeHandler(tail)
         shutil.rmtree(folder, ignore_errors=True)

@@ -89,8 +89,11 @@ class _Request:
 class Router:
     def __init__(self, *, token: str | None, timeout: float = 60.0, max_queue: int = 1024,
                  on_demand: Callable[[], None] | None = None,
-                 access_log: Callable[[AccessRecord], None] | None = None) -> None:
+                 access_log: Callable[[AccessRecord], None] | None = None, forward_auth: bool = False) -> None:
         self._token = token
+        # Whether the checked Authorization header goes on to the replica (a head node's router:
+        # its replicas listen on TCP and check the same token themselves).
+        self._strip_auth = token is not None and not forward_auth
         self._expected = f"Bearer {token}".encode() if token is not None else b""
         self._timeout = timeout
         self._balance = Balancer(max_queue, on_demand)
@@ -346,7 +349,7 @@ class Router:
         conn.begin(head_only=head.method == "HEAD")
         if rep.lost:
             conn.abort()
-        data = head.upstream(strip_auth=self._token is not None, client=req.client)
+        data = head.upstream(strip_auth=self._strip_auth, client=req.client)
         pump: asyncio.Task[None] | None = None
         if req.expect_continue:
             req.expect_continue = False

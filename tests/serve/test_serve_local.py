@@ -39,6 +39,33 @@ def test_a_model_served_by_two_nodes_answers_every_request_and_uses_both() -> No
         assert endpoint.stats().total >= 401
 
 
+def test_on_head_the_router_runs_on_node_0_and_replicas_listen_on_tcp_with_the_token() -> None:
+    import psutil
+
+    with sky.Compute(nodes=2, worker=sky.Worker(concurrency=2), options=QUIET) as pool, \
+            pool.serve(f"{APPS}:app", on="head", ready="/health") as endpoint:
+        endpoint.wait_ready(timeout=120)
+        assert endpoint.url.startswith("http://127.0.0.1:")  # a Local node's private address
+        every_request_is_answered_by_both_nodes(endpoint)
+        assert httpx.post(endpoint.url + "/predict", json={"x": 1}).status_code == 401
+        # The router is the head node's (its agent's process tree), not this process's.
+        port = int(endpoint.url.rsplit(":", 1)[1])
+        agents = agent_pids(pool)
+
+        def listeners(root: int, tree: bool = True) -> set[int]:
+            procs = [psutil.Process(root), *(psutil.Process(root).children(recursive=True) if tree else ())]
+            return {c.laddr.port for p in procs for c in p.net_connections("tcp") if c.status == "LISTEN"}
+
+        assert port in listeners(agents[0]) and port not in listeners(os.getpid(), tree=False)
+        # Each replica listens on TCP of its node's address, and asks for the token itself.
+        replica_ports = (listeners(agents[0]) | listeners(agents[1])) - {port}
+        assert len(replica_ports) == 2
+        for p in replica_ports:
+            assert httpx.get(f"http://127.0.0.1:{p}/whoami").status_code == 401
+            assert httpx.get(f"http://127.0.0.1:{p}/whoami", headers=endpoint.headers).status_code == 200
+        wait_for(lambda: endpoint.stats().total >= 201, 10, "the head's counts reaching the client")
+
+
 def test_an_app_that_cannot_be_imported_on_the_node_says_so_with_the_nodes_traceback() -> None:
     with sky.Compute(nodes=1, options=QUIET) as pool, pool.serve("no_such_module_here:app") as endpoint:
         with pytest.raises(sky.SkywardError) as info:
@@ -168,6 +195,7 @@ def test_closing_the_pool_closes_its_endpoint_and_frees_the_port() -> None:
     ({"replicas_per_node": 2}, "sky.Worker(concurrency=2)"),
     ({"ready": "health"}, "starting with '/'"),
     ({"on": "moon"}, "on='moon'"),
+    ({"on": "head"}, "sky.Worker(concurrency=2)"),  # the head's router holds a slot beside its replica
     ({"timeout": 0}, "timeout=0"),
 ])
 def test_bad_serve_options_say_the_value_and_the_rule(kwargs: dict, words: str) -> None:

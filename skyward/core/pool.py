@@ -97,6 +97,7 @@ class Pool(DispatchTarget):
         cluster: Cluster | None = None, name: str | None = None,
         pool_id: str | None = None, launched: Cluster | None = None, label: str | None = None,
         groups: Mapping[str, PoolSpec] | None = None, head: str | None = None,
+        clusters: Mapping[str, Cluster] | None = None,
     ) -> None:
         """``cluster``: nodes that already run (a named pool another process started, from
         ``provider.attach``); the pool then connects to them and, on close, detaches and leaves
@@ -106,7 +107,9 @@ class Pool(DispatchTarget):
         (``session.compute(..., name=...)``): shown in the console, events and record; never a
         named pool's name (nothing attaches to it). ``groups``: the pool's groups, name -> spec
         (skyward.core.group; ``spec`` is then the head group's), ``head`` the one whose first node
-        holds the collections (the first by default); without them the pool is one group."""
+        holds the collections (the first by default); without them the pool is one group.
+        ``clusters``: with ``groups``, each group's running nodes (a named pool of several groups,
+        as ``cluster`` is for one group)."""
         specs = dict(groups) if groups else {DEFAULT_GROUP: spec}
         head = head or next(iter(specs))
         spec = specs[head]
@@ -116,7 +119,7 @@ class Pool(DispatchTarget):
         self.id = pool_id or os.urandom(4).hex()  # 8 hex digits (uuid would load platform: 2 ms)
         self.name = name
         self.label = label
-        self._owned = cluster is None
+        self._owned = cluster is None and clusters is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
         self._before_close: list[Callable[[Pool], None]] = []  # named pools: sleep when the last client leaves
         self._tokens: list[contextvars.Token[Any]] = []
@@ -173,7 +176,7 @@ class Pool(DispatchTarget):
             except BaseException:
                 self._stop_views()
                 raise
-        if cluster is None:
+        if self._owned:
             from ..records import record
 
             self._origin = record.origin_soon()  # for the record, while the nodes start
@@ -182,7 +185,7 @@ class Pool(DispatchTarget):
                 self._emit(ev.InstanceRequested(pool=self.id, provider=provider, count=desired))
         try:
             if len(self.groups) > 1:
-                self._create_groups()
+                self._create_groups(clusters)
             else:
                 if cluster is None and launched is not None:  # nodes this pool starts: already starting
                     cluster = launched
@@ -222,10 +225,17 @@ class Pool(DispatchTarget):
         # the first task. (A pool closed before then finds them stopping at once.)
         _thread.start_new_thread(self._start_threads, ())
 
-    def _create_groups(self) -> None:
+    def _create_groups(self, clusters: Mapping[str, Cluster] | None) -> None:
         """Each group's nodes, from its own provider, all at once (a pool of several groups).
         A group's cluster is named after the pool and the group; if one cannot be created, those
-        that were are destroyed before the error goes on."""
+        that were are destroyed before the error goes on. ``clusters``: nodes that already run."""
+        if clusters is not None:
+            missing = set(self.groups) - set(clusters)
+            if missing:
+                raise ConfigError(f"pool {self.id}: no running nodes were given for group(s) {sorted(missing)}.")
+            for group in self.groups.values():
+                group.members.attach(clusters[group.name])
+            return
         from ..records.pkglock import current_pin
 
         pin = current_pin()

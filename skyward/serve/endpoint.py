@@ -362,7 +362,7 @@ class Endpoint:
                            **tcp)
         ready = False
         try:
-            stream = self.pool.run_async(pending, target=r.rank).result()
+            stream = self.pool.dispatcher.run_async(pending, target=r.rank).result()  # the head group: pool.members
             with self._lock:
                 r.stream = stream
             first = next(stream)

@@ -44,7 +44,7 @@ class HeadRouter:
         self._access_log = access_log
         pending = PendingFunction(head_task.run, (), dict(host=self.address, port=port, token=token,
                                                            timeout=timeout, max_queue=max_queue))
-        self._stream: Iterator[dict[str, Any]] = pool.run_async(pending, target=0).result()
+        self._stream: Iterator[dict[str, Any]] = pool.dispatcher.run_async(pending, target=0).result()
         first = next(self._stream)
         self.host, self.port = str(first["host"]), int(first["port"])
         self._control = pool.cluster.open_stream(heads[0].endpoint.index, first["control"])

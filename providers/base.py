@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,11 @@ class SSHShell:
 
 NodeShell = HereShell | ExecShell | SSHShell
 
+# How long before a pool's max_duration deadline it stops starting nodes (growth, wakes,
+# replacements): a cloud node takes minutes to boot and bootstrap, and one started later would be
+# deleted at the deadline about when it could take its first task, billed for nothing.
+GROWTH_MARGIN = 600.0
+
 
 class Cluster(abc.ABC):
     """A provider's live nodes for one pool; destroyed by ``close`` (idempotent)."""
@@ -76,6 +82,23 @@ class Cluster(abc.ABC):
     # The cluster's nodes from claim to release (providers/nodetable.py); None for a cluster
     # that keeps none (it then has no unreachable nodes).
     table: NodeTable[Any] | None = None
+    # When the pool's nodes are deleted for good (a cloud pool's ``max_duration``: epoch
+    # seconds), else None; no node is started within ``growth_margin`` seconds of it.
+    deadline: float | None = None
+    growth_margin: float = GROWTH_MARGIN
+
+    def no_growth(self) -> str | None:
+        """Why no new node may start now (the pool's deadline is near or past), else None."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.time()
+        if left >= self.growth_margin:
+            return None
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(self.deadline))
+        ends = f"ended {-left:.0f} s ago" if left <= 0 else f"ends in {left:.0f} s"
+        return (f"the pool's max_duration {ends} (at {when}), when every node is deleted; no new node "
+                f"starts in its last {self.growth_margin:.0f} s, where it would be deleted about as soon "
+                f"as it booted. Give the next pool a longer max_duration if it needs to grow or heal that late")
 
     @property
     def node_count(self) -> int:

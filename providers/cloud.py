@@ -106,7 +106,9 @@ def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
 
 
 def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool) -> None:
-    """A lost node that does not answer is replaced by one stack update (skyward.core.healing)."""
+    """A lost node that does not answer is replaced by one stack update (skyward.core.healing),
+    unless the pool's max_duration deadline is near (Cluster.no_growth: no node starts then)."""
+    cluster.deadline = cloud.plan.expires
 
     def replace_host(host: Any) -> tuple[Any, str | None]:
         address, reclaimed = cloud.replace(host)

@@ -6,7 +6,11 @@ after the firewalls and service accounts exist. Before a real pool's first ``up`
 holds on the project (``projects.testIamPermissions``, which counts roles inherited from folders
 and the organization) and, for buckets granted to the nodes, Cloud Storage which it holds on each
 bucket (``buckets.testIamPermissions``: a role granted on the bucket alone is enough). What is
-missing ends the pool before anything exists, with the predefined roles that grant it.
+missing ends the pool before anything exists, with the predefined roles that grant it. The
+identity asked about is the one Pulumi's Google provider will use (``provider_credentials``):
+``GOOGLE_OAUTH_ACCESS_TOKEN``, else a key in ``GOOGLE_CREDENTIALS`` (or its two older names),
+else Application Default Credentials, impersonating ``GOOGLE_IMPERSONATE_SERVICE_ACCOUNT`` when
+set; the error and the log name it and where it came from.
 
 The check never blocks a pool it could not run: without google-auth, credentials or the network,
 it logs why and the ``up`` goes on (and fails where it would have). An API the check calls that is
@@ -25,6 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from skyward.errors import ConfigError
@@ -89,16 +94,106 @@ def _url(env: str, default: str) -> str:
     return (os.environ.get(env) or default).rstrip("/")
 
 
+# Where Pulumi's Google provider takes its credentials from, before Application Default
+# Credentials: an access token, else a key (a file's path or the JSON itself) in the first of these
+# set; then it may impersonate a service account with them.
+ACCESS_TOKEN_ENV = "GOOGLE_OAUTH_ACCESS_TOKEN"
+KEY_ENVS = ("GOOGLE_CREDENTIALS", "GOOGLE_CLOUD_KEYFILE_JSON", "GCLOUD_KEYFILE_JSON")
+IMPERSONATE_ENV = "GOOGLE_IMPERSONATE_SERVICE_ACCOUNT"
+
+
+def _who(credentials: Any, info: dict[str, Any] | None = None) -> str:
+    email = getattr(credentials, "service_account_email", None)
+    if email and email != "default":
+        return f"service account {email}"
+    kind = (info or {}).get("type")
+    if kind == "authorized_user" or hasattr(credentials, "refresh_token"):
+        account = getattr(credentials, "account", "") or ""
+        return f"user {account}" if account else "a user's credentials"
+    if kind == "external_account":
+        return "a workload identity federation credential"
+    if type(credentials).__module__.startswith("google.auth.compute_engine"):
+        return "this VM's service account (the metadata server)"
+    return f"{type(credentials).__module__}.{type(credentials).__name__} credentials"
+
+
+def _from_info(info: dict[str, Any], scope: str) -> Any:
+    """Credentials from a key's JSON that the user set in the environment (their own settings)."""
+    kind = info.get("type")
+    if kind == "service_account":
+        from google.oauth2 import service_account
+
+        return service_account.Credentials.from_service_account_info(info, scopes=[scope])
+    if kind == "authorized_user":
+        from google.oauth2 import credentials as oauth2
+
+        return oauth2.Credentials.from_authorized_user_info(info, scopes=[scope])
+    import warnings
+
+    import google.auth
+
+    with warnings.catch_warnings():  # its warning is about keys from elsewhere; this one is the user's
+        warnings.simplefilter("ignore", DeprecationWarning)
+        credentials, _ = google.auth.load_credentials_from_dict(info, scopes=[scope])
+    return credentials
+
+
+def provider_credentials() -> tuple[Any, str]:
+    """The credentials Pulumi's Google provider will use for the pool's ``up``, and who they are
+    in words (which identity, from which setting): the preflight asks about that identity, not
+    about gcloud's or Application Default Credentials' when the environment names another."""
+    import google.auth
+
+    from .gcp_disks import SCOPE
+
+    token = os.environ.get(ACCESS_TOKEN_ENV, "").strip()
+    key_env = next((env for env in KEY_ENVS if os.environ.get(env, "").strip()), None)
+    credentials: Any
+    if token:
+        from google.oauth2 import credentials as oauth2
+
+        credentials, who = oauth2.Credentials(token), f"the access token in {ACCESS_TOKEN_ENV}"
+    elif key_env is not None:
+        value = os.environ[key_env].strip()
+        try:
+            info = json.loads(value if value.startswith("{") else Path(value).expanduser().read_text())
+            credentials = _from_info(info, SCOPE)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"sky.GCP: {key_env} is set, so Pulumi takes its Google credentials from it, but it is "
+                f"neither a readable key file nor a key's JSON ({type(exc).__name__}: {exc}). Point it at "
+                f"a service account key, or unset it to use Application Default Credentials."
+            ) from None
+        who = f"{_who(credentials, info)} (from {key_env})"
+    else:
+        credentials, _ = google.auth.default(scopes=[SCOPE])
+        path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        where = f"GOOGLE_APPLICATION_CREDENTIALS={path}" if path else "Application Default Credentials"
+        info = None
+        if path:
+            try:
+                info = json.loads(Path(path).expanduser().read_text())
+            except (OSError, ValueError):
+                info = None
+        who = f"{_who(credentials, info)} (from {where})"
+    target = os.environ.get(IMPERSONATE_ENV, "").strip()
+    if target:
+        from google.auth import impersonated_credentials
+
+        credentials = impersonated_credentials.Credentials(
+            source_credentials=credentials, target_principal=target, target_scopes=[SCOPE])
+        who = f"service account {target} (from {IMPERSONATE_ENV}), impersonated by {who}"
+    return credentials, who
+
+
 class _Api:
-    """Two testIamPermissions calls with Application Default Credentials (as stacks/gcp_disks)."""
+    """Two testIamPermissions calls with the credentials Pulumi's provider uses (provider_credentials)."""
 
     def __init__(self) -> None:
-        import google.auth
-
-        from .gcp_disks import SCOPE, _transport
+        from .gcp_disks import _transport
 
         self._request = _transport()
-        self.credentials, _ = google.auth.default(scopes=[SCOPE])
+        self.credentials, self.who = provider_credentials()
 
     def call(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         if not self.credentials.valid:
@@ -153,9 +248,12 @@ def check(project: str, *, tpu: bool, buckets: Iterable[str] = ()) -> None:
     are held or when the check could not run (logged)."""
     try:
         api = _Api()
+    except ConfigError:
+        raise
     except Exception as exc:  # no google-auth, no credentials: the up will say it better
         log.info("GCP permissions not checked before up (%s: %s)", type(exc).__name__, exc)
         return
+    log.info("GCP permissions checked for %s, the identity Pulumi uses", api.who)
     wanted = needed(tpu=tpu)
     missing: dict[str, list[str]] = {}
     asking = "resource manager"
@@ -176,15 +274,15 @@ def check(project: str, *, tpu: bool, buckets: Iterable[str] = ()) -> None:
             # Storage is only asked about for buckets the nodes get; Resource Manager writes a TPU pool's grant.
             _disabled(project, service, needed_by_pool=asking == "storage" or tpu)
         else:
-            log.warning("GCP permissions not checked before up: %s", body[:300] or exc)
+            log.warning("GCP permissions of %s not checked before up: %s", api.who, body[:300] or exc)
         return
     except Exception as exc:  # google.auth refresh errors and the like
-        log.warning("GCP permissions not checked before up (%s: %s)", type(exc).__name__, exc)
+        log.warning("GCP permissions of %s not checked before up (%s: %s)", api.who, type(exc).__name__, exc)
         return
     if missing:
         lines = "\n".join(f"  {role}: {', '.join(perms)}" for role, perms in sorted(missing.items()))
         raise ConfigError(
-            f"sky.GCP: your credentials lack permissions this pool needs in project {project!r} "
-            f"(nothing was created). Grant these roles (or the permissions in a custom role):\n{lines}\n"
-            f"See docs/guides/clouds.md, 'What a real account needs'."
+            f"sky.GCP: the identity Pulumi creates the pool as, {api.who}, lacks permissions this pool "
+            f"needs in project {project!r} (nothing was created). Grant it these roles (or the "
+            f"permissions in a custom role):\n{lines}\nSee docs/guides/clouds.md, 'What a real account needs'."
         )

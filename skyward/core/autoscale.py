@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..observe import events as ev
 from ..spec import Nodes, Options, Worker
 from .membership import Membership
 
@@ -83,6 +84,7 @@ class Autoscaler:
         dispatched after they join (round-robin for >>, the next chunks of a running map)."""
         members = self.members
         state = ScaleState(last_change=time.monotonic())
+        said_no_growth = False
         while not members.stop.wait(min(1.0, self.options.reconcile_tick_interval)):
             with members.lock:
                 if members.joining or members.waking is not None:
@@ -98,6 +100,15 @@ class Autoscaler:
             target = decide(members.nodes, size, busy, self.worker.slots, now, state, self.options)
             if target is None:
                 continue
+            if target > size:
+                refused = members.cluster.no_growth()
+                if refused is not None:
+                    if not said_no_growth:  # said once: the tasks wait on the nodes there are
+                        said_no_growth = True
+                        message = f"autoscale: {busy} task(s) wait, but the pool stays at {size} node(s): {refused}"
+                        log.warning("pool %s: %s", members.name or members.pool_id, message)
+                        members.emit(ev.Log(pool=members.pool_id, level="WARNING", message=message))
+                    continue
             if target < size and not self.may_shrink():
                 log.info("autoscale: idle here, but another program uses the pool; keeping %d node(s)", size)
                 continue

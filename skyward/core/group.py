@@ -103,6 +103,7 @@ class Group:
         size = Nodes.of(nodes)
         if isinstance(nodes, int) and members.nodes.max is not None and size.desired <= members.nodes.max:
             size = Nodes(desired=size.desired, max=members.nodes.max)  # keep the elastic range
+        members.check_growth(members.size(), size.desired)  # before the range changes
         members.nodes = size
         members.scale_to(size.desired)
         self.autoscaler.start()

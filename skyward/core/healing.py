@@ -47,6 +47,10 @@ log = logging.getLogger("skyward")
 DEFAULT_ATTEMPTS = 3
 
 
+class _NotReplaced(ProviderError):
+    """A lost node is not replaced at all: the pool's deadline is too near (Cluster.no_growth)."""
+
+
 def _unreachable() -> Any:
     raise ProviderError("a dead node of an attached pool is not connected to")
 
@@ -166,6 +170,9 @@ class Healing:
         delay = self.options.provision_retry_delay if self.options.provision_retry_delay is not None else 1.0
         error: BaseException | None = None
         while not members.stop.is_set():
+            refused = members.cluster.no_growth()
+            if refused is not None:
+                return _NotReplaced(refused)
             if self.attempts.get(rank, 0) >= limit:
                 return error or ProviderError("its replacements kept failing their health checks")
             self.emit(ev.InstanceRequested(pool=self.pool_id, provider=members.spec.provider.kind,
@@ -194,6 +201,13 @@ class Healing:
 
     def _give_up(self, rank: int, old: NodeChannel, error: BaseException) -> None:
         limit = self.options.max_provision_attempts or DEFAULT_ATTEMPTS
+        if isinstance(error, _NotReplaced):
+            reason = ProviderError(f"node {old.node} (rank {rank}) is not replaced: {error}")
+            left = self.members.give_up(old, reason)
+            message = f"{reason}. The pool goes on with {left} node(s) until then."
+            log.error("pool %s: %s", self.pool_id, message)
+            self.emit(ev.Error(pool=self.pool_id, message=message, node=old.node))
+            return
         reason = ProviderError(
             f"node {old.node} (rank {rank}) could not be replaced after {limit} attempt(s) "
             f"(Options.max_provision_attempts={limit}); the last error: {error}"

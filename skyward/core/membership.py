@@ -600,6 +600,13 @@ class Membership:
         }
 
     # -- size ------------------------------------------------------------------------------------
+    def check_growth(self, current: int, target: int) -> None:
+        """Raise ProviderError when the pool may not grow from ``current`` to ``target`` nodes now
+        (its max_duration deadline is near: Cluster.no_growth)."""
+        refused = self.cluster.no_growth() if target > current else None
+        if refused is not None:
+            raise ProviderError(f"the pool does not grow from {current} to {target} node(s): {refused}")
+
     def scale_to(self, target: int, idle: float | None = None) -> None:
         """Add or remove nodes (the last ranks leave, once their running tasks are done). ``idle``:
         how long the pool had been idle, when the autoscaler shrinks it (said when it sleeps)."""
@@ -607,6 +614,7 @@ class Membership:
             with self.lock:
                 current = len(self.table)
             if target > current:
+                self.check_growth(current, target)
                 self.emit(ev.InstanceRequested(pool=self.pool_id, provider=self.spec.provider.kind,
                                                count=target - current))
                 self.add_nodes(target - current)

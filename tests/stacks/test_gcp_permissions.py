@@ -4,6 +4,7 @@ Resource Manager, Cloud Storage and token endpoint on loopback."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import urllib.parse
@@ -23,9 +24,14 @@ PROJECT = "proj-a"
 TOKEN = "ya29.fake-token"
 
 
+OTHER = f"pulumi@{PROJECT}.iam.gserviceaccount.com"  # a second identity, with a token of its own
+OTHER_TOKEN = "ya29.other-token"
+
+
 class FakeIam(ThreadingHTTPServer):
     def __init__(self) -> None:
         self.held: set[str] = set()  # on the project
+        self.other_held: set[str] = set()  # what OTHER holds there
         self.on_bucket: dict[str, set[str]] = {}
         self.asked: list[tuple[str, list[str]]] = []
         self.disabled: set[str] = set()  # services answering SERVICE_DISABLED, as Google's APIs do
@@ -52,16 +58,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
-        if self.path == "/token":
-            return self._send(200, {"access_token": TOKEN, "expires_in": 3600, "token_type": "Bearer"})
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if self.path == "/token":  # a JWT bearer grant: the token is the signing key's identity's
+            assertion = urllib.parse.parse_qs(raw)["assertion"][0].split(".")[1]
+            issuer = json.loads(base64.urlsafe_b64decode(assertion + "=" * (-len(assertion) % 4)))["iss"]
+            token = OTHER_TOKEN if issuer == OTHER else TOKEN
+            return self._send(200, {"access_token": token, "expires_in": 3600, "token_type": "Bearer"})
+        if self.headers.get("Authorization") not in (f"Bearer {TOKEN}", f"Bearer {OTHER_TOKEN}"):
             return self._send(401, {"error": {"code": 401}})
         if self.path == f"/v1/projects/{PROJECT}:testIamPermissions":
             if "cloudresourcemanager.googleapis.com" in self.server.disabled:
                 return self._send(403, _service_disabled("cloudresourcemanager.googleapis.com", "Cloud Resource Manager API"))
             asked = json.loads(raw)["permissions"]
             self.server.asked.append((PROJECT, asked))
-            return self._send(200, {"permissions": [p for p in asked if p in self.server.held]})
+            held = self.server.other_held if self.headers["Authorization"].endswith(OTHER_TOKEN) else self.server.held
+            return self._send(200, {"permissions": [p for p in asked if p in held]})
         return self._send(404, {"error": {"code": 404}})
 
     def do_GET(self) -> None:
@@ -84,21 +94,27 @@ def _service_disabled(service: str, title: str) -> dict[str, Any]:
                      "domain": "googleapis.com", "metadata": {"service": service, "consumer": "projects/123"}}]}}
 
 
-@pytest.fixture
-def iam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeIam]:
+def service_account_key(email: str, token_uri: str) -> str:
+    """A service account key's JSON, with a fresh RSA key, whose tokens come from ``token_uri``."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    server = FakeIam()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption()).decode()
+    return json.dumps({"type": "service_account", "project_id": PROJECT, "private_key_id": "k1", "private_key": pem,
+                       "client_email": email, "client_id": "1", "token_uri": token_uri})
+
+
+@pytest.fixture
+def iam(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeIam]:
+    server = FakeIam()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
     creds = tmp_path / "sa.json"
-    creds.write_text(json.dumps({
-        "type": "service_account", "project_id": PROJECT, "private_key_id": "k1", "private_key": pem,
-        "client_email": f"me@{PROJECT}.iam.gserviceaccount.com", "client_id": "1", "token_uri": f"{server.url}/token"}))
+    creds.write_text(service_account_key(f"me@{PROJECT}.iam.gserviceaccount.com", f"{server.url}/token"))
+    for env in (*gcp_permissions.KEY_ENVS, gcp_permissions.ACCESS_TOKEN_ENV, gcp_permissions.IMPERSONATE_ENV):
+        monkeypatch.delenv(env, raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
     monkeypatch.setenv("SKYWARD_RESOURCE_MANAGER_URL", f"{server.url}/v1")
     monkeypatch.setenv("SKYWARD_STORAGE_URL", f"{server.url}/storage/v1")
@@ -159,6 +175,54 @@ def test_a_disabled_api_is_named_with_the_command_that_enables_it(iam: FakeIam, 
     with caplog.at_level("WARNING", logger="skyward.stacks"):
         gcp_permissions.check(PROJECT, tpu=False)
     assert "gcloud services enable cloudresourcemanager.googleapis.com --project proj-a" in caplog.text
+
+
+@pytest.mark.parametrize("as_text", [False, True])
+def test_the_identity_checked_is_the_one_pulumi_uses(
+        as_text: bool, iam: FakeIam, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Application Default Credentials (me@) hold every role; GOOGLE_CREDENTIALS, which Pulumi's
+    # provider reads first, names another account that holds none: that one is asked about.
+    iam.held = set(gcp_permissions.needed(tpu=False))
+    key = service_account_key(OTHER, f"{iam.url}/token")
+    if not as_text:
+        (tmp_path / "pulumi.json").write_text(key)
+        key = str(tmp_path / "pulumi.json")
+    monkeypatch.setenv("GOOGLE_CREDENTIALS", key)
+    with pytest.raises(ConfigError) as info:
+        gcp_permissions.check(PROJECT, tpu=False)
+    text = str(info.value)
+    assert f"service account {OTHER} (from GOOGLE_CREDENTIALS)" in text and "compute.instances.create" in text
+    iam.other_held = set(gcp_permissions.needed(tpu=False))
+    with caplog.at_level("INFO", logger="skyward.stacks"):
+        gcp_permissions.check(PROJECT, tpu=False)  # now it holds them
+    assert f"checked for service account {OTHER} (from GOOGLE_CREDENTIALS)" in caplog.text
+
+
+def test_without_pulumi_settings_the_identity_is_application_default_credentials(iam: FakeIam) -> None:
+    _, who = gcp_permissions.provider_credentials()
+    assert who.startswith(f"service account me@{PROJECT}.iam.gserviceaccount.com (from GOOGLE_APPLICATION_CREDENTIALS=")
+    with pytest.raises(ConfigError, match=r"me@proj-a\.iam\.gserviceaccount\.com \(from GOOGLE_APPLICATION_CREDENTIALS"):
+        gcp_permissions.check(PROJECT, tpu=False)  # holds nothing
+
+
+def test_an_unreadable_google_credentials_is_said(iam: FakeIam, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GCLOUD_KEYFILE_JSON", "/nonexistent/key.json")
+    with pytest.raises(ConfigError, match=r"GCLOUD_KEYFILE_JSON is set, so Pulumi takes its Google credentials "
+                                          r"from it, but it is neither a readable key file"):
+        gcp_permissions.check(PROJECT, tpu=False)
+
+
+def test_an_access_token_and_impersonation_are_named(iam: FakeIam, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOOGLE_OAUTH_ACCESS_TOKEN", OTHER_TOKEN)
+    _, who = gcp_permissions.provider_credentials()
+    assert who == "the access token in GOOGLE_OAUTH_ACCESS_TOKEN"
+    with pytest.raises(ConfigError, match=r"the access token in GOOGLE_OAUTH_ACCESS_TOKEN, lacks permissions"):
+        gcp_permissions.check(PROJECT, tpu=False)  # the token is OTHER's, which holds nothing
+    monkeypatch.setenv("GOOGLE_IMPERSONATE_SERVICE_ACCOUNT", "deployer@proj-a.iam.gserviceaccount.com")
+    _, who = gcp_permissions.provider_credentials()
+    assert who == ("service account deployer@proj-a.iam.gserviceaccount.com (from GOOGLE_IMPERSONATE_SERVICE_ACCOUNT), "
+                   "impersonated by the access token in GOOGLE_OAUTH_ACCESS_TOKEN")
 
 
 def test_the_guide_names_every_role_the_check_asks_for() -> None:

@@ -249,6 +249,14 @@ class ProviderConfig:
         being reproduced, installed as they are, nothing resolved)."""
         raise NotImplementedError
 
+    def create_together(self, specs: dict[str, Spec], pool_id: str, options: Options | None = None,
+                        name: str | None = None, pin: tuple[Package, ...] | None = None) -> dict[str, Cluster] | None:
+        """The clusters of several groups of one pool on this provider (skyward.core.group), made
+        together where the provider can share what a pool has once (a cloud's stack, network and
+        security group): group name -> its cluster. None (the default): the pool calls ``create``
+        for each group."""
+        return None
+
     # -- named pools: the other half of Cluster.describe ---------------------------------------
     def attach(self, description: dict[str, Any]) -> Cluster:
         """A Cluster for nodes that already run, from another process's ``Cluster.describe()``.

@@ -242,16 +242,34 @@ class Pool(DispatchTarget):
         made: dict[str, Cluster] = {}
         errors: list[BaseException] = []
 
-        def create(group: Group) -> None:
+        # Groups on one provider that can make them together (a cloud: one stack for the pool)
+        # are made in one call; each other group on its own; all at the same time.
+        batches: list[list[Group]] = []
+        for group in self.groups.values():
+            same = next((b for b in batches if b[0].spec.provider == group.spec.provider), None)
+            if same is None:
+                batches.append([group])
+            else:
+                same.append(group)
+
+        def create(batch: list[Group]) -> None:
+            names = ", ".join(repr(g.name) for g in batch)
             try:
-                made[group.name] = group.spec.provider.create(group.spec, f"{self.id}-{group.name}", self.options,
-                                                              name=None, pin=pin)
+                provider = batch[0].spec.provider
+                together = provider.create_together({g.name: g.spec for g in batch}, self.id, self.options,
+                                                    name=None, pin=pin) if len(batch) > 1 else None
+                if together is not None:
+                    made.update(together)
+                    return
+                for group in batch:
+                    names = repr(group.name)
+                    made[group.name] = provider.create(group.spec, f"{self.id}-{group.name}", self.options,
+                                                       name=None, pin=pin)
             except BaseException as exc:
-                exc.add_note(f"(while creating group {group.name!r} of pool {self.id})")
+                exc.add_note(f"(while creating group {names} of pool {self.id})")
                 errors.append(exc)
 
-        threads = [threading.Thread(target=create, args=(g,), name=f"skyward-group-{g.name}", daemon=True)
-                   for g in self.groups.values()]
+        threads = [threading.Thread(target=create, args=(b,), name="skyward-groups", daemon=True) for b in batches]
         for t in threads:
             t.start()
         for t in threads:

@@ -432,3 +432,15 @@ def test_the_torch_plugin_gives_each_worker_process_its_half_of_the_node_gpus(fo
         seen = dict(pool.map(worker_gpus, range(16), chunksize=1))
     assert len(node) == 2
     assert seen == {0: node[0], 1: node[1]}  # (the CPU torch here picks gloo: no CUDA)
+
+
+def test_groups_of_one_pool_get_gpus_of_their_own(four_gpus: Path) -> None:
+    groups = {"prep": sky.Spec(nodes=2), "train": sky.Spec(nodes=1, accelerator="A100:2"),
+              "eval": sky.Spec(nodes=2, accelerator="A100")}
+    with sky.Compute(groups=groups, options=QUIET) as pool:
+        got = {name: [r["visible"] for r in gpus_here() @ pool[name]] for name in groups}
+    assert got["prep"] == [None, None]  # a CPU group leaves the GPUs alone
+    (train,) = got["train"]
+    handed = [*train.split(","), *got["eval"]]
+    assert sorted(handed) == UUIDS  # two for the train node, one each for the eval nodes, none twice
+    assert local_gpus.in_use() == []

@@ -191,3 +191,16 @@ def test_joblib_runs_on_the_group_it_is_given() -> None:
         with joblib.parallel_config(backend="skyward", group="nope"), \
                 pytest.raises(sky.ConfigError, match="no group called 'nope'"):
             joblib.Parallel(n_jobs=2)(joblib.delayed(_pid)(i) for i in range(2))
+
+
+def test_an_elastic_group_grows_and_shrinks_on_its_own_work() -> None:
+    options = sky.Options(console=False, autoscale_cooldown=0.2, autoscale_idle_timeout=1.0,
+                          reconcile_tick_interval=0.1)
+    groups = {"steady": sky.Spec(nodes=1), "burst": sky.Spec(nodes=(1, 3))}
+    with sky.Compute(groups=groups, options=options) as pool:
+        futures = [work_a_while(1.5) > pool["burst"] for _ in range(6)]
+        wait_for(lambda: pool["burst"].current_nodes() == 3, 30, "the burst group to grow to 3")
+        assert pool["steady"].current_nodes() == 1
+        assert {f.result(timeout=60) for f in futures} == {"burst"}
+        wait_for(lambda: pool["burst"].current_nodes() == 1, 30, "the burst group to shrink back")
+        assert pool["steady"].current_nodes() == 1

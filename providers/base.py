@@ -5,10 +5,10 @@ from __future__ import annotations
 import abc
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from skyward.bootstrap.remote import Remote
@@ -55,6 +55,15 @@ class SSHShell:
 
 NodeShell = HereShell | ExecShell | SSHShell
 
+
+class Firewall(Protocol):
+    """What admits traffic to a pool's nodes where skyward manages it (a cloud pool's stack:
+    skyward.stacks.cloudpool.CloudPool): a port of one node opened to some networks, and closed."""
+
+    def open_port(self, node: int, port: int, cidrs: Sequence[str]) -> None: ...
+
+    def close_port(self, node: int, port: int) -> None: ...
+
 # How long before a pool's max_duration deadline it stops starting nodes (growth, wakes,
 # replacements): a cloud node takes minutes to boot and bootstrap, and one started later would be
 # deleted at the deadline about when it could take its first task, billed for nothing.
@@ -86,6 +95,9 @@ class Cluster(abc.ABC):
     # seconds), else None; no node is started within ``growth_margin`` seconds of it.
     deadline: float | None = None
     growth_margin: float = GROWTH_MARGIN
+    # The pool's firewall where skyward manages one (a cloud pool's stack), else None: then
+    # whatever can reach a node's address reaches its ports, as the hosts' own firewalls allow.
+    firewall: Firewall | None = None
 
     def no_growth(self) -> str | None:
         """Why no new node may start now (the pool's deadline is near or past), else None."""

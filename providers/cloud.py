@@ -107,8 +107,10 @@ def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
 
 def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool) -> None:
     """A lost node that does not answer is replaced by one stack update (skyward.core.healing),
-    unless the pool's max_duration deadline is near (Cluster.no_growth: no node starts then)."""
+    unless the pool's max_duration deadline is near (Cluster.no_growth: no node starts then).
+    Also the cluster's firewall: the stack, which opens a node's port with an update."""
     cluster.deadline = cloud.plan.expires
+    cluster.firewall = cloud  # pool.serve(on="head", allow_from=...) opens the head's port through it
 
     def replace_host(host: Any) -> tuple[Any, str | None]:
         address, reclaimed = cloud.replace(host)

@@ -5,6 +5,10 @@
   tries the next zone when one has no capacity), or in the given zone;
 * a security group: TCP 22 from the client's address (/32) and any CIDRs the user added,
   all traffic between members of the group, nothing else in; everything out;
+* per node with ports opened by ``pool.serve(on="head", allow_from=...)`` (``plan.serve_ports``):
+  a security group of its own, attached to that node's instance only, admitting TCP on those
+  ports from those CIDRs (and nothing else: the pool's group keeps the rest); it goes when the
+  plan no longer has the ports;
 * a key pair from the pool's ed25519 client key;
 * one instance per node: spot (one-time, terminated on interruption) or on-demand, as the
   plan says per node; shutting down from inside terminates it; IMDSv2 required (the user
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import buckets, disks
@@ -83,6 +87,7 @@ class Declared:
     subnet: Any
     ami: Any
     access: buckets.AwsAccess | None = None  # the nodes' role for sky.Volume buckets (buckets.py)
+    serve_groups: dict[int, Any] = field(default_factory=dict)  # node index -> its serve_ports' group
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -118,6 +123,7 @@ def program(plan: PoolPlan) -> Declared:
         tags={**tags, "Name": f"skyward-{plan.stack}"},
         opts=res,
     )
+    serve_groups = _serve_groups(aws, plan, subnet, tags, res)
     key = aws.ec2.KeyPair("client", key_name=f"skyward-{plan.stack}", public_key=plan.ssh_public_key, tags=tags, opts=res)
 
     if plan.image or pinned.get("ami"):
@@ -146,7 +152,8 @@ def program(plan: PoolPlan) -> Declared:
             ami=ami,
             instance_type=plan.instance_type,
             subnet_id=subnet.id,
-            vpc_security_group_ids=[group.id],
+            vpc_security_group_ids=[group.id, *([serve_groups[node.index].id] if node.index in serve_groups
+                                                else [])],
             key_name=key.key_name,
             associate_public_ip_address=True,
             instance_initiated_shutdown_behavior="terminate",
@@ -175,7 +182,35 @@ def program(plan: PoolPlan) -> Declared:
         for i, inst in instances.items()
     ])
     pulumi.export("placement", {"ami": ami, "subnet": subnet.id, "zone": subnet.availability_zone})
-    return Declared(provider, group, key, instances, subnet, ami, access)
+    return Declared(provider, group, key, instances, subnet, ami, access, serve_groups)
+
+
+def _serve_groups(aws: Any, plan: PoolPlan, subnet: Any, tags: dict[str, str], res: Any) -> dict[int, Any]:
+    """A security group per node that has ports in ``plan.serve_ports``: TCP on each port from its
+    CIDRs only. Attached to that node's instance alone (a group is a property of the instance's
+    interface, so a group of its own is how one node gets a rule the others do not)."""
+    present = {n.index for n in plan.nodes}
+    by_node: dict[int, list[Any]] = {}
+    for p in plan.serve_ports:
+        if p.node in present:
+            by_node.setdefault(p.node, []).append(p)
+    return {
+        node: aws.ec2.SecurityGroup(
+            f"serve-node-{node}",
+            description=describable(f"skyward pool {plan.pool}: endpoint ports of node {node} from allow_from"),
+            vpc_id=subnet.vpc_id,
+            ingress=[
+                {"description": describable(f"pool.serve on port {p.port} from allow_from"), "protocol": "tcp",
+                 "from_port": p.port, "to_port": p.port, "cidr_blocks": [c for c in p.cidrs if ":" not in c],
+                 "ipv6_cidr_blocks": [c for c in p.cidrs if ":" in c]}
+                for p in sorted(ports, key=lambda p: p.port)
+            ],
+            egress=[],  # the pool's group lets everything out
+            tags={**tags, "Name": f"skyward-{plan.stack}-serve-node-{node}"},
+            opts=res,
+        )
+        for node, ports in sorted(by_node.items())
+    }
 
 
 def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:

@@ -28,7 +28,7 @@ from skyward.version import __version__
 
 from . import keys, notes
 from .engine import Connect, PoolStack, local_connect
-from .plan import NodePlan, PoolPlan
+from .plan import NodePlan, PoolPlan, PortPlan
 
 if TYPE_CHECKING:
     from skyward.catalogue import Offer
@@ -293,6 +293,36 @@ class CloudPool:
                 return
             self.plan = self.plan.with_nodes(tuple(n for n in self.plan.nodes if n.index not in gone))
             self._up()
+
+    def open_port(self, node: int, port: int, cidrs: Sequence[str]) -> None:
+        """Let ``cidrs`` reach TCP ``port`` of node ``node`` (index), and no other node: one stack
+        update (``plan.serve_ports``; the programs declare the rule). When the update fails the
+        plan is put back and the error goes on."""
+        with self._lock:
+            if self._closed:
+                raise ProviderError(f"stack {self.plan.stack}: the pool is closed; no port can be opened")
+            before = self.plan
+            kept = tuple(p for p in before.serve_ports if (p.node, p.port) != (node, port))
+            self.plan = replace(before, serve_ports=(*kept, PortPlan(node, port, tuple(cidrs))))
+            try:
+                self._up()
+            except BaseException:
+                self.plan = before
+                raise
+        self._emit(ev.Log(pool=self.pool_id, level="INFO", message=(
+            f"stack {self.plan.stack}: TCP port {port} of node {node} open to {', '.join(cidrs)}")))
+
+    def close_port(self, node: int, port: int) -> None:
+        """Take the rule of ``open_port(node, port, ...)`` away: one stack update. The plan is
+        without it even when that update fails, so the pool's next update takes it away."""
+        with self._lock:
+            kept = tuple(p for p in self.plan.serve_ports if (p.node, p.port) != (node, port))
+            if self._closed or kept == self.plan.serve_ports:
+                return
+            self.plan = replace(self.plan, serve_ports=kept)
+            self._up()
+        self._emit(ev.Log(pool=self.pool_id, level="INFO",
+                          message=f"stack {self.plan.stack}: TCP port {port} of node {node} closed again"))
 
     def close(self) -> None:
         """Refresh, destroy and remove the stack; forget the pool's client key. Idempotent."""

@@ -4,7 +4,9 @@
   CIDRs the user added (one rule per address family: a rule cannot mix them); all traffic
   between instances carrying the tag; and nothing else in: a deny-all on the tag (IPv4 and
   IPv6) at priority 65000, above the default network's own allow rules at 65534
-  (gcp_common.declare_firewalls);
+  (gcp_common.declare_firewalls); per port an ``on="head"`` endpoint opened (``plan.serve_ports``),
+  TCP from its ``allow_from=`` CIDRs to that node alone, by its service account
+  (gcp_common.declare_serve_firewalls);
 * per node, a service account that may do one thing: delete that node's own instance and
   disks (a custom role with those permissions only, granted on that instance and those disks,
   nowhere else). The TTL watchdog uses it: a guest power-off would only *stop* the VM, and a
@@ -40,6 +42,7 @@ from .gcp_common import (
     account_id,
     choose_zone,
     declare_firewalls,
+    declare_serve_firewalls,
     instance_name,
     network_tag,
     resource_name,
@@ -227,6 +230,7 @@ def program(plan: PoolPlan) -> Declared:
         instances[node.index] = inst
         disks[node.index] = node_disks
         accounts[node.index] = account
+    firewalls.update(declare_serve_firewalls(gcp, plan, network, accounts, res))
 
     pulumi.export("nodes", [
         {"index": i, "id": inst.id,

@@ -81,6 +81,32 @@ def declare_firewalls(gcp: Any, plan: PoolPlan, network: str, tag: str, res: Any
     return firewalls
 
 
+def declare_serve_firewalls(gcp: Any, plan: PoolPlan, network: str, accounts: dict[int, Any],
+                            res: Any) -> dict[str, Any]:
+    """The rules of ``plan.serve_ports`` (``pool.serve(on="head", allow_from=...)``): TCP on the
+    port from its CIDRs (a rule per address family), targeting that node alone by its own service
+    account (every node has one: the pool's tag is on all of them, and the instance itself stays
+    as it is). Above the deny-all, like the pool's other allows. A node no longer in the plan
+    gets none."""
+    firewalls: dict[str, Any] = {}
+    for p in plan.serve_ports:
+        account = accounts.get(p.node)
+        if account is None:
+            continue
+        v4 = [c for c in p.cidrs if ":" not in c]
+        v6 = [c for c in p.cidrs if ":" in c]
+        for key, ranges in ((f"serve-{p.node}-{p.port}", v4), (f"serve-{p.node}-{p.port}-v6", v6)):
+            if ranges:
+                firewalls[key] = gcp.compute.Firewall(
+                    key, network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
+                    description=f"skyward pool {plan.pool}: pool.serve on port {p.port} of node {p.node} "
+                                f"from allow_from",
+                    allows=[{"protocol": "tcp", "ports": [str(p.port)]}], source_ranges=ranges,
+                    target_service_accounts=[account.email], opts=res,
+                )
+    return firewalls
+
+
 def short_id(plan: PoolPlan) -> str:
     """Ten hex digits of the stack name: service account and role ids are short."""
     return hashlib.sha256(plan.stack.encode()).hexdigest()[:10]

@@ -117,6 +117,12 @@ def _refuse_what_is_not_declared(plan: PoolPlan) -> None:
             f"pool {plan.pool}: buckets granted by the cloud (sky.Volume with storage=None) are not "
             f"supported on TPU VMs yet; give the Volume a sky.storage preset with keys instead."
         )
+    if getattr(plan, "serve_ports", ()):
+        raise ValueError(
+            f"pool {plan.pool}: opening an endpoint's port to allow_from= is not supported on TPU VMs yet "
+            f"(nothing says a firewall rule can target one TPU VM); serve with on='client', or on='head' "
+            f"without allow_from= for clients among the pool's own nodes."
+        )
     tpu = plan.settings.get("tpu") or {}
     if int(tpu.get("hosts", 1)) != 1:
         raise ValueError(

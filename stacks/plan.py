@@ -43,6 +43,16 @@ class BucketPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class PortPlan:
+    """A TCP port of one node opened to some networks: an ``on="head"`` endpoint's ``allow_from=``
+    (skyward.serve.endpoint). Only that node gets the rule; a node no longer in the plan, none."""
+
+    node: int  # the node's index
+    port: int
+    cidrs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPlan:
     """Everything common to the AWS and GCP programs."""
 
@@ -67,6 +77,7 @@ class PoolPlan:
     expires: int | None = None  # epoch seconds of the hard cap, None: no cap (the lease decides)
     version: str = ""
     settings: dict[str, Any] = field(default_factory=dict)  # provider specifics (subnet, project...)
+    serve_ports: tuple[PortPlan, ...] = ()  # ports of one node opened to allow_from= (pool.serve)
 
     def with_nodes(self, nodes: tuple[NodePlan, ...]) -> PoolPlan:
         return replace(self, nodes=nodes)
@@ -89,7 +100,9 @@ class PoolPlan:
         nodes = tuple(NodePlan(**n) for n in data.pop("nodes"))
         disks = tuple(DiskPlan(**d) for d in data.pop("disks", ()))
         buckets = tuple(BucketPlan(**b) for b in data.pop("buckets", ()))
-        return cls(nodes=nodes, disks=disks, buckets=buckets, ssh_cidrs=tuple(data.pop("ssh_cidrs")), **data)
+        ports = tuple(PortPlan(int(p["node"]), int(p["port"]), tuple(p["cidrs"])) for p in data.pop("serve_ports", ()))
+        return cls(nodes=nodes, disks=disks, buckets=buckets, ssh_cidrs=tuple(data.pop("ssh_cidrs")),
+                   serve_ports=ports, **data)
 
     def record(self) -> dict[str, Any]:
         """The plan without secrets, for the stack config."""

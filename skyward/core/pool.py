@@ -529,7 +529,8 @@ class Pool(DispatchTarget):
         """Serve an ASGI app (the app, a factory returning one, or ``"module:attr"``) from this
         pool's nodes, one replica per node by default, behind an endpoint on this machine; see
         skyward.serve.endpoint.Endpoint for ``options`` (``replicas_per_node``, ``ready``,
-        ``timeout``, ``auth``, ``host``, ``port``...). Use it as a context manager, or close it."""
+        ``timeout``, ``auth``, ``host``, ``port``, ``on``, ``allow_from``...). Use it as a context
+        manager, or close it."""
         from ..serve.endpoint import Endpoint
 
         endpoint = Endpoint(self, app, **options)

@@ -16,7 +16,10 @@ builds on what the pool has and adds no second copy of it:
 
 With ``on="head"`` the router runs on the pool's head node instead (skyward.serve.head, held
 here by skyward.serve.headlink), listening on its private address; the replicas then listen on
-TCP on their node's private address and check the endpoint's token themselves.
+TCP on their node's private address and check the endpoint's token themselves. On a cloud pool,
+``allow_from=`` (CIDRs, with a fixed ``port=``) has the pool's stack open that port of the head
+node to those networks (``Cluster.firewall``: one stack update), and close it again when the
+endpoint closes; elsewhere skyward manages no firewall, and ``allow_from=`` is refused.
 
 ``update(app)`` replaces the replicas one at a time: each is drained (no new request, those in
 flight finish), stopped, and started again with the new app; requests meanwhile go to the
@@ -26,11 +29,12 @@ others, or wait in the router's queue when it was the only one.
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -121,14 +125,64 @@ def _check(app: Any, replicas_per_node: int, slots: int, timeout: float, ready: 
     return need
 
 
+def _allowed(allow_from: Sequence[str] | None, on: str, port: int, pool: Pool) -> tuple[str, ...]:
+    """The CIDRs of ``allow_from=``, checked: valid networks, none the whole internet or a wide
+    public slice of it, only with ``on="head"``, a fixed ``port=``, and a pool whose firewall
+    skyward manages (a cloud pool's stack)."""
+    from ..stacks.network import WIDEST
+
+    if allow_from is None:
+        return ()
+    if isinstance(allow_from, str):
+        allow_from = [allow_from]
+    if on != "head":
+        raise ConfigError(
+            f"pool.serve(allow_from={list(allow_from)!r}, on={on!r}): allow_from= opens the port of a router "
+            f"on the head node; the router of on='client' listens on this machine (host=, 127.0.0.1 by "
+            f"default). Serve with on='head', or drop allow_from=.")
+    cidrs: list[str] = []
+    for cidr in allow_from:
+        try:
+            net = ipaddress.ip_network(str(cidr).strip(), strict=False)
+        except ValueError:
+            raise ConfigError(f"pool.serve(allow_from=...): {cidr!r} is not an address or a CIDR; write "
+                              f"e.g. '10.0.0.0/8' or '203.0.113.7/32'.") from None
+        if net.prefixlen == 0:
+            raise ConfigError(
+                f"pool.serve(allow_from=...): {cidr!r} would open the endpoint to the whole world, with its "
+                f"bearer token all that stands in the way. List the networks of the clients that call it "
+                f"(e.g. the VPC's '10.0.0.0/8', an office's '203.0.113.0/24'), or serve with on='client' and "
+                f"reach it from this machine.")
+        if net.prefixlen < WIDEST[net.version] and not net.is_private:
+            raise ConfigError(
+                f"pool.serve(allow_from=...): {cidr!r} would open the endpoint to {net.num_addresses:,} public "
+                f"addresses; a public prefix may be no wider than /{WIDEST[4]} (IPv4) or /{WIDEST[6]} (IPv6). "
+                f"List the networks of the clients that call it instead (e.g. '203.0.113.0/24').")
+        cidrs.append(str(net))
+    if not cidrs:
+        return ()
+    if port == 0:
+        raise ConfigError(
+            f"pool.serve(on='head', allow_from={cidrs!r}): give the port to open, e.g. port=8000: a firewall "
+            f"rule and the clients outside the pool both name it, so it is not left to chance (port=0).")
+    if getattr(pool.cluster, "firewall", None) is None:
+        raise ConfigError(
+            f"pool.serve(on='head', allow_from={cidrs!r}): skyward manages no firewall for this pool's nodes "
+            f"(only cloud pools, sky.AWS and sky.GCP, have a stack that opens ports); the head's port is reachable by whatever reaches its private address, as that "
+            f"network's own firewall allows. Drop allow_from= and restrict the port there.")
+    return tuple(dict.fromkeys(cidrs))
+
+
 class Endpoint:
     """An app served by a pool's nodes: ``url`` and ``headers`` are what a request needs."""
 
     def __init__(self, pool: Pool, app: Any, *, replicas_per_node: int = 1, ready: str | None = None,
                  ready_timeout: float = 300.0, host: str = "127.0.0.1", port: int = 0, auth: bool = True,
                  timeout: float = 60.0, max_concurrency: int = 0, max_queue: int = 1024,
-                 target_concurrency: int = 8, factory: bool | None = None, on: str = "client") -> None:
+                 target_concurrency: int = 8, factory: bool | None = None, on: str = "client",
+                 allow_from: Sequence[str] | None = None) -> None:
         _check(app, replicas_per_node, pool.worker.slots, timeout, ready, on, port)
+        allowed = _allowed(allow_from, on, port, pool)
         if not isinstance(target_concurrency, int) or target_concurrency < 1:
             raise ConfigError(f"pool.serve(target_concurrency={target_concurrency!r}): it is the requests "
                               f"in flight per replica an elastic pool scales for: an int of 1 or more.")
@@ -156,11 +210,15 @@ class Endpoint:
             raise ConfigError(f"pool.serve(host={host!r}, on='head'): the head's router listens on the head "
                               f"node's private address; host= is for on='client' only.")
         self.on = on
+        self.allow_from = allowed
+        self._opened: tuple[int, int] | None = None  # (head node, port) the pool's firewall opened
         self._router: Router | HeadRouter
         if on == "head":
             self._router = HeadRouter(pool, port=port, token=self.token, timeout=timeout, max_queue=max_queue,
                                       access_log=self._access)
             self._host, self._port = self._router.host, self._router.port
+            if allowed:
+                self._open_port(self._router, allowed)
         else:
             self._router = Router(token=self.token, timeout=timeout, max_queue=max_queue,
                                   on_demand=self._on_demand, access_log=self._access)
@@ -263,6 +321,7 @@ class Endpoint:
         if self._leaving in self.pool.members.on_leaving:
             self.pool.members.on_leaving.remove(self._leaving)
         self._router.close()
+        self._close_port()
         self._openers.shutdown(wait=False, cancel_futures=True)
         if self.access_log is not None:
             self.access_log.close()
@@ -284,6 +343,32 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url}, replicas={len(self.replicas)})"
+
+    # -- the head's port, on a cloud pool ----------------------------------------------------------
+    def _open_port(self, router: HeadRouter, cidrs: tuple[str, ...]) -> None:
+        """Have the pool's firewall open the router's port on the head to ``cidrs`` (a stack
+        update); when that fails, the router ends and the error goes on."""
+        firewall = self.pool.cluster.firewall
+        assert firewall is not None  # (_allowed saw to it)
+        try:
+            firewall.open_port(router.node, router.port, cidrs)
+        except BaseException:
+            router.close()
+            raise
+        self._opened = (router.node, router.port)
+        log.info("endpoint %s: port %d of the head node open to %s", f"http://{router.host}:{router.port}",
+                 router.port, ", ".join(cidrs))
+
+    def _close_port(self) -> None:
+        opened, self._opened = self._opened, None
+        firewall = getattr(self.pool.cluster, "firewall", None)
+        if opened is None or firewall is None:
+            return
+        try:
+            firewall.close_port(*opened)
+        except Exception as e:
+            log.error("endpoint %s: closing port %d of the head node failed (%s); the rule goes with the "
+                      "pool's next stack update, or with the pool", self.url, opened[1], _first_line(e))
 
     # -- the controller ---------------------------------------------------------------------------
     def _wanted(self) -> int:

@@ -41,6 +41,7 @@ class HeadRouter:
                              "endpoint's router on (is it asleep or still starting?). Wait for the pool, "
                              "or serve with on='client'.")
         self.address = heads[0].endpoint.private_ip
+        self.node = heads[0].endpoint.index  # the provider's index of the head (a firewall's rule names it)
         self._access_log = access_log
         pending = PendingFunction(head_task.run, (), dict(host=self.address, port=port, token=token,
                                                            timeout=timeout, max_queue=max_queue))

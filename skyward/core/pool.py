@@ -245,7 +245,7 @@ class Pool(DispatchTarget):
         def create(group: Group) -> None:
             try:
                 made[group.name] = group.spec.provider.create(group.spec, f"{self.id}-{group.name}", self.options,
-                                                              name=None, pin=pin)
+                                                              name=self.name, pin=pin)
             except BaseException as exc:
                 exc.add_note(f"(while creating group {group.name!r} of pool {self.id})")
                 errors.append(exc)

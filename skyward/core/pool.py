@@ -257,14 +257,14 @@ class Pool(DispatchTarget):
             try:
                 provider = batch[0].spec.provider
                 together = provider.create_together({g.name: g.spec for g in batch}, self.id, self.options,
-                                                    name=None, pin=pin) if len(batch) > 1 else None
+                                                    name=self.name, pin=pin) if len(batch) > 1 else None
                 if together is not None:
                     made.update(together)
                     return
                 for group in batch:
                     names = repr(group.name)
                     made[group.name] = provider.create(group.spec, f"{self.id}-{group.name}", self.options,
-                                                       name=None, pin=pin)
+                                                       name=self.name, pin=pin)
             except BaseException as exc:
                 exc.add_note(f"(while creating group {names} of pool {self.id})")
                 errors.append(exc)

@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("status", "One pool's nodes: reachable or not, hostname, agent, clients. A pool of "
                           "more than 64 nodes is shown from its last probe (with its age) unless --probe.")
     p.add_argument("name")
+    p.add_argument("--group", help="only this group's nodes (a pool of several groups)")
     fresh = p.add_mutually_exclusive_group()
     fresh.add_argument("--probe", action="store_true",
                        help="contact every node now (32 at a time), whatever the pool's size")
@@ -141,14 +142,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per node (default 60)")
     p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
+    p.add_argument("--group", help="only this group's nodes (a pool of several groups)")
     p.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command, after --")
 
     p = command("logs", "The agent logs of a pool's nodes.")
     p.add_argument("name")
-    p.add_argument("--node", type=int, help="only this node")
+    p.add_argument("--node", type=int, help="only this node (with --group: its rank within the group)")
+    p.add_argument("--group", help="only this group's nodes (a pool of several groups)")
     p.add_argument("--lines", type=int, default=100, help="last N lines (default 100)")
     p.add_argument("-f", "--follow", action="store_true",
                    help="then print new lines as they come, prefixed by node, until Ctrl-C")
+
+    p = command("resize", "change the number of nodes of a running pool, or of one of its groups")
+    p.add_argument("name")
+    p.add_argument("nodes", metavar="N|DESIRED:MAX",
+                   help="the new size: N nodes (0 puts it to sleep until a task needs it) or DESIRED:MAX")
+    p.add_argument("--group", help="the group to resize (required when the pool has several)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the new size (default 120)")
 
     # Commands that live in their own modules register themselves (handler= on the parser).
     from ..dashboard.command import add_dashboard
@@ -265,11 +275,12 @@ def _progress(message: str) -> Iterator[None]:
 def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, Any]:
     """What listings show of a record: never the token or how to log in."""
     from . import sleep
-    from .pools import _total_cost
+    from .pools import _total_cost, group_views
 
     cluster = record.get("cluster") or {}
     nodes = [{k: n.get(k) for k in ("index", "hostname", "private_ip", "public_ip")}
-             for n in cluster.get("nodes", [])]
+             | ({"group": g} if record.get("groups") else {})
+             for g, view in group_views(record).items() for n in (view.get("cluster") or {}).get("nodes", [])]
     now = time.time()
     out = {
         "name": record["name"],
@@ -288,7 +299,11 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
         "owner": (record.get("owner") or {}).get("who"),
         "clients": len(record.get("clients", [])),
         "ephemeral": record.get("ephemeral", False),
+        "groups": _groups_summary(record),
+        "head": record.get("head"),
     }
+    if out["groups"]:
+        out["provider"] = "+".join(dict.fromkeys(str(g["provider"]) for g in out["groups"]))
     if st is not None:
         out["state"] = st.state
         out["nodes_down"] = list(st.nodes_down)
@@ -297,6 +312,17 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
         if record.get("provider") == "slurm" and cluster and not st.gone:
             out["slurm"] = _slurm_jobs(record)
     return out
+
+
+def _groups_summary(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each group of a pool of several groups: its name, provider and nodes ([] for one spec)."""
+    from .pools import _total_cost, group_views
+
+    if not record.get("groups"):
+        return []
+    return [{"name": g, "provider": v.get("provider"), "nodes": len((v.get("cluster") or {}).get("nodes", [])),
+             "head": g == record.get("head"), "offer": v.get("offer"),
+             "hourly_cost": _total_cost({**v, "groups": None})} for g, v in group_views(record).items()]
 
 
 def _slurm_jobs(record: dict[str, Any]) -> dict[str, Any]:
@@ -548,6 +574,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             state += f", {_slurm_cell(r)}"
         table.append([r["name"], str(r["provider"]), _nodes_cell(r), state,
                       _duration(r["age_seconds"]), expiry, money(r["hourly_cost"])])
+        for g in r["groups"]:  # a pool of several groups: a line for each, under the pool's
+            table.append([f"  {g['name']}" + (" (head)" if g["head"] else ""), str(g["provider"]),
+                          str(g["nodes"]), "", "", "", money(g["hourly_cost"])])
     for r in orphan_rows:
         table.append([r["name"], r["provider"], str(r["nodes"]), r["state"], _duration(r["age_seconds"]), "-", "-"])
     print(format_table(["NAME", "PROVIDER", "NODES", "STATE", "AGE", "EXPIRES", "$/H"], table))
@@ -587,17 +616,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = status_of(record)
     if st.asleep:
         return _status_asleep(args, record, st)
+    views = _selected_groups(record, args.group)
     running = not st.gone and st.state != "provisioning"
-    count = len((record.get("cluster") or {}).get("nodes", []))
+    count = sum(len((v.get("cluster") or {}).get("nodes", [])) for v in views.values())
     live = running and (args.probe or (not args.cached and count <= probe.LIVE_NODES))
     at: float | None = None
+    grouped = bool(record.get("groups"))
     if not running:
         nodes: list[dict[str, Any]] = []
     elif live:
         with _progress(f"contacting {count} node(s), {probe.PARALLEL} at a time"):
-            nodes = probe.probe(record)
+            nodes = []
+            for g, view in views.items():  # a group's nodes are numbered by their rank in it
+                found = probe.probe(view) if (view.get("cluster") or {}).get("nodes") else []
+                nodes += [{**n, "group": g, "rank": i} for i, n in enumerate(found)] if grouped else found
         at = time.time()
-        probe.save(record, nodes, at)
+        if not grouped:
+            probe.save(record, nodes, at)
+    elif grouped:  # the last probe is kept for pools of one group only
+        nodes = [{**n, "group": g, "rank": i} for g, view in views.items() for i, n in enumerate(probe.unknown(view))]
     else:
         nodes, at = probe.last(record)
     age = None if at is None else round(time.time() - at, 1)
@@ -610,8 +647,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print_json(out)
         return EXIT_OK if healthy else EXIT_FAILED
     count_text = f"{len(nodes)}/{out['max_nodes']}" if out["may_sleep"] else str(len(nodes))
-    print(f"pool {record['name']!r}: {st.state}, {record.get('provider')}, {count_text} node(s), "
+    print(f"pool {record['name']!r}: {st.state}, {out['provider']}, {count_text} node(s), "
           f"ttl {record.get('ttl')} s, {len(out['clients'])} client(s) attached")
+    for g in out["groups"]:
+        if args.group in (None, g["name"]):
+            print(f"group {g['name']!r}{' (head)' if g['head'] else ''}: {g['provider']}, {g['nodes']} node(s)")
     if running and not live:
         when = "never probed" if at is None else f"health as of its last probe, {_duration(age or 0)} ago"
         print(f"{when}; `skyward status {record['name']} --probe` contacts the {count} node(s) now "
@@ -623,14 +663,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     if (out.get("slurm") or {}).get("error"):
         print(f"Slurm jobs: unknown ({out['slurm']['error']})")
     if nodes:
-        rows = [[str(n["index"]), n.get("hostname") or "-", n.get("private_ip") or "-",
+        rows = [[*([n["group"], str(n["rank"])] if grouped else [str(n["index"])]),
+                 n.get("hostname") or "-", n.get("private_ip") or "-",
                  {True: "ok", False: "UNREACHABLE", None: "?"}[n["reachable"]], str(n.get("agent_pid") or "-"),
                  str(n.get("python") or "-"), "-" if n.get("tasks") is None else str(n["tasks"]),
                  n.get("error") or ""] for n in nodes]
-        print(format_table(["NODE", "HOST", "IP", "HEALTH", "AGENT PID", "PYTHON", "TASKS", ""], rows))
+        print(format_table([*(["GROUP", "NODE"] if grouped else ["NODE"]), "HOST", "IP", "HEALTH", "AGENT PID",
+                            "PYTHON", "TASKS", ""], rows))
     if out["may_sleep"]:
         _print_wakes(record["name"])
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def _selected_groups(record: dict[str, Any], group: str | None) -> dict[str, dict[str, Any]]:
+    """``--group GROUP``'s view of the record, or every group's (pools.group_views)."""
+    from .pools import group_view, group_views
+
+    if group is None:
+        return group_views(record)
+    return {group: group_view(record, group, "")}
 
 
 def _status_asleep(args: argparse.Namespace, record: dict[str, Any], st: PoolStatus) -> int:
@@ -947,36 +998,50 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("exec needs a command after --, e.g. `skyward exec NAME -- hostname`.")
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
+    from .pools import get, group_view
     from .wake import awake
 
+    if args.group is not None:
+        group_view(get(args.name), args.group, "")  # an unknown group fails before anything connects
+    where = f"group {args.group!r} of {args.name!r}" if args.group else repr(args.name)
     with awake(args.name, wake=not args.no_wake, command="skyward exec"), \
-            _progress(f"running {command!r} on every node of {args.name!r}"), _attached(args.name) as pool:
-        results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ pool
-        reached = [ch.node for ch in pool.members.channels]
-        missing = pool.cluster.unreachable()
+            _progress(f"running {command!r} on every node of {where}"), _attached(args.name) as pool:
+        target = pool if args.group is None else pool[args.group]
+        results = function(run_shell, timeout=args.timeout + 10)(command, args.timeout) @ target
+        groups = [g for g in pool.groups.values() if args.group in (None, g.name)]
+        reached = [(g.name, ch.node) for g in groups if g.members.size() or args.group
+                   for ch in g.members.channels]
+        missing = {(g.name, i): why for g in groups for i, why in g.cluster.unreachable().items()}
+    from .pools import group_views
     from .registry import read
 
     record = read(args.name) or {}
-    nodes = (record.get("cluster") or {}).get("nodes", [])
-    rank = {int(n["index"]): i for i, n in enumerate(nodes)}
-    for r, index in zip(results, reached, strict=False):
-        r["node"] = rank.get(index, index)
-    for index, why in missing.items():  # a node that cannot be reached fails on its own line
-        results.append({"node": rank.get(index, index), "hostname": nodes[rank[index]].get("hostname")
-                        if index in rank else None, "exit_code": None, "stdout": "", "stderr": "", "error": why})
-    results.sort(key=lambda r: r["node"])
+    grouped = bool(record.get("groups"))
+    described = {g: (v.get("cluster") or {}).get("nodes", []) for g, v in group_views(record).items()}
+    rank = {(g, int(n["index"])): i for g, nodes in described.items() for i, n in enumerate(nodes)}
+    for r, key in zip(results, reached, strict=False):
+        r["node"] = rank.get(key, key[1])
+        if grouped:
+            r["group"] = key[0]
+    for key, why in missing.items():  # a node that cannot be reached fails on its own line
+        results.append({"node": rank.get(key, key[1]), "hostname": described[key[0]][rank[key]].get("hostname")
+                        if key in rank else None, "exit_code": None, "stdout": "", "stderr": "", "error": why,
+                        **({"group": key[0]} if grouped else {})})
+    order = list(described)
+    results.sort(key=lambda r: (order.index(r["group"]) if "group" in r else 0, r["node"]))
     audit.append(args.name, "exec", record.get("id", ""), command=command,
-                 exit_codes=[r["exit_code"] for r in results])
+                 exit_codes=[r["exit_code"] for r in results], **({"group": args.group} if args.group else {}))
     # What the nodes printed goes out with the pool's secrets masked (attaching registered its
     # secret env values here): `skyward exec NAME -- env` must not show them.
     if args.json:
         print_json(results)
     else:
         for r in results:
+            label = f"{r['group']} " if "group" in r else ""
             if r["exit_code"] is None and r.get("error"):
-                say(f"[node {r['node']} {r['hostname']}] not run: {r['error']}")
+                say(f"[{label}node {r['node']} {r['hostname']}] not run: {r['error']}")
                 continue
-            print(f"[node {r['node']} {r['hostname']}] exit {r['exit_code']}")
+            print(f"[{label}node {r['node']} {r['hostname']}] exit {r['exit_code']}")
             for stream in (r["stdout"], r["stderr"]):
                 if stream:
                     say(stream.rstrip("\n"))
@@ -992,31 +1057,97 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from .nodeops import tail
     from .pools import get
 
-    nodes = get(args.name)["cluster"]["nodes"] if get(args.name).get("cluster") else []
-    if args.node is not None and not 0 <= args.node < len(nodes):
-        raise ConfigError(f"--node {args.node}: pool {args.name!r} has nodes 0 to {len(nodes) - 1}.")
+    record = get(args.name)
+    grouped = bool(record.get("groups"))
+    views = _selected_groups(record, args.group)
+    if args.node is not None and grouped and args.group is None:
+        raise ConfigError(f"--node {args.node}: pool {args.name!r} has several groups ({', '.join(map(repr, views))}); "
+                          f"give --group GROUP with it (--node is then the rank within that group).")
+    described = {g: (v.get("cluster") or {}).get("nodes", []) for g, v in views.items()}
+    for g, nodes in described.items():
+        if args.node is not None and not 0 <= args.node < len(nodes):
+            whose = f"group {g!r} of pool {args.name!r}" if grouped else f"pool {args.name!r}"
+            raise ConfigError(f"--node {args.node}: {whose} has nodes 0 to {len(nodes) - 1}.")
     out = []
     with _attached(args.name) as pool:
-        target = {ch.node: r for r, ch in pool.members.ranked()}  # the live nodes' ranks here
-        missing = pool.cluster.unreachable()
-        for rank, node in enumerate(nodes):
-            if args.node is not None and rank != args.node:
-                continue
-            path = node.get("log")
-            why = ("this provider does not say where its agent log is" if not path else
-                   missing.get(int(node["index"]), "not attached") if int(node["index"]) not in target else None)
-            if why is not None:
-                out.append({"node": rank, "hostname": node.get("hostname"), "path": path, "text": "", "error": why})
-                continue
-            found: dict[str, Any] = pool.run(function(tail)(path, args.lines), target=target[int(node["index"])])
-            out.append({"node": rank, **found})
+        for g, nodes in described.items():
+            group = pool.groups[g] if grouped else pool.head_group
+            target = {ch.node: r for r, ch in group.members.ranked()}  # the live nodes' ranks here
+            missing = group.cluster.unreachable()
+            for rank, node in enumerate(nodes):
+                if args.node is not None and rank != args.node:
+                    continue
+                path = node.get("log")
+                why = ("this provider does not say where its agent log is" if not path else
+                       missing.get(int(node["index"]), "not attached") if int(node["index"]) not in target else None)
+                label = {"group": g} if grouped else {}
+                if why is not None:
+                    out.append({**label, "node": rank, "hostname": node.get("hostname"), "path": path, "text": "",
+                                "error": why})
+                    continue
+                found: dict[str, Any] = pool[group.name].run(function(tail)(path, args.lines),
+                                                             target=target[int(node["index"])])
+                out.append({**label, "node": rank, **found})
     if args.json:
         print_json(out)
     else:
         for r in out:
-            print(f"== node {r['node']} ({r['hostname']}) {r['path'] or ''} ==")
+            who = f"{r['group']} " if "group" in r else ""
+            print(f"== {who}node {r['node']} ({r['hostname']}) {r['path'] or ''} ==")
             say(r["error"] if r["error"] else r["text"].rstrip("\n"))
     return EXIT_FAILED if any(r["error"] for r in out) else EXIT_OK
+
+
+def cmd_resize(args: argparse.Namespace) -> int:
+    """``skyward resize NAME [--group GROUP] N``: attach, change the group's size, wait for it,
+    write the nodes it has now to the registry, detach (the nodes stay)."""
+    from ..records import audit
+    from ..spec import Nodes, Options
+    from . import registry
+    from .config import parse_nodes
+    from .pools import _describe_groups, attach, for_a_look, get, group_view, status_of
+
+    record = get(args.name)
+    if not status_of(record).asleep:
+        record = for_a_look(args.name)  # a pool being provisioned, or gone, cannot be resized
+    view = group_view(record, args.group, "skyward resize NAME N")
+    group = view.get("group", DEFAULT_GROUP_NAME)
+    size = 0 if args.nodes.strip() == "0" else parse_nodes(args.nodes)
+    nodes = size if isinstance(size, int) else Nodes(desired=size[0], max=size[1])
+    desired = 0 if nodes == 0 else Nodes.of(nodes).desired
+    with _progress(f"resizing {'group ' + repr(group) + ' of ' if record.get('groups') else ''}pool "
+                   f"{args.name!r} to {desired} node(s)"), \
+            contextlib.closing(attach(record, Options(console="silent", logging=False), audited=False,
+                                      sleeps=False)) as pool:
+        target = pool[group]
+        target.resize(nodes)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            if target.current_nodes() == desired and len(target.group.cluster.describe()["nodes"]) == desired:
+                break
+            time.sleep(0.1)
+        else:
+            raise ProviderError(f"pool {args.name!r}: group {group!r} has {target.current_nodes()} node(s) after "
+                                f"{args.timeout:g} s, not {desired}; `skyward status {args.name}` shows them.")
+
+        def store(r: dict[str, Any]) -> None:
+            if r.get("groups"):
+                _describe_groups(r, pool)
+            else:
+                r["cluster"] = pool.cluster.describe()
+
+        registry.update(args.name, store)
+    audit.append(args.name, "resized", record.get("id", ""), nodes=desired, by="skyward resize",
+                 **({"group": group} if record.get("groups") else {}))
+    if args.json:
+        print_json({"name": args.name, "group": group, "nodes": desired})
+    else:
+        print(f"pool {args.name!r}: {'group ' + repr(group) + ' ' if record.get('groups') else ''}now has "
+              f"{desired} node(s)" + (" (asleep: a task sent to it wakes it)" if desired == 0 else "") + ".")
+    return EXIT_OK
+
+
+DEFAULT_GROUP_NAME = "default"
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

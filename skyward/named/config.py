@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -84,8 +85,8 @@ class ServeTable(_Table):
     idle_timeout: float | None = Field(default=None, gt=0)  # an elastic pool shrinks (or sleeps) after
 
 
-class PoolTable(_Table):
-    """One ``[pools.NAME]`` table (or the whole of defaults.toml)."""
+class _SpecTable(_Table):
+    """What one kind of node is made of: a ``[pools.NAME]`` table, or one of its groups."""
 
     provider: Literal["local", "ssh", "slurm", "container", "aws", "gcp"] = "local"
     nodes: Any = 1
@@ -100,7 +101,6 @@ class PoolTable(_Table):
     ttl: int = Field(600, ge=0)
     image: ImageTable = ImageTable()
     worker: WorkerTable = WorkerTable()
-    serve: ServeTable = ServeTable()
     # Provider settings, in a sub-table named after the provider: [pools.NAME.ssh] hosts = [...]
     local: dict[str, Any] = {}
     ssh: dict[str, Any] = {}
@@ -129,6 +129,41 @@ class PoolTable(_Table):
 
             parse(value)  # AcceleratorError is a ValueError: pydantic reports it with the key
         return value
+
+
+class GroupTable(_SpecTable):
+    """``[pools.NAME.groups.GROUP]``: one group of a pool, with what a pool of one spec takes."""
+
+
+class PoolTable(_SpecTable):
+    """One ``[pools.NAME]`` table (or the whole of defaults.toml)."""
+
+    serve: ServeTable = ServeTable()
+    # A pool of several groups: [pools.NAME.groups.prep], [pools.NAME.groups.train]; the keys at
+    # [pools.NAME] are then what every group has unless its own table says otherwise.
+    groups: dict[str, GroupTable] = {}
+    head: str | None = None  # the group whose first node holds the collections (the first by default)
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: dict[str, GroupTable]) -> dict[str, GroupTable]:
+        for name in value:
+            if not GROUP_NAME.fullmatch(name):
+                raise ValueError(
+                    f"group name {name!r} is not valid: a name starts with a letter and has up to 32 "
+                    f"letters, digits, '-' or '_' (e.g. 'prep', 'train-a100')"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _head(self) -> PoolTable:
+        if self.head is not None and self.head not in self.groups:
+            groups = ", ".join(map(repr, self.groups)) or "none: head needs [pools.NAME.groups.GROUP] tables"
+            raise ValueError(f"head = {self.head!r} names no group of this pool (its groups: {groups})")
+        return self
+
+
+GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 
 
 NODES_RULE = (
@@ -208,7 +243,13 @@ def _explain(exc: ValidationError, source: str, table: str, raw: dict[str, Any])
 
 def _allowed_keys(path: list[str]) -> list[str]:
     model: Any = PoolTable
-    for part in path:
+    parts = iter(path)
+    for part in parts:
+        if part == "groups" and model is PoolTable:
+            if next(parts, None) is None:
+                return []  # the group names themselves: any valid name
+            model = GroupTable
+            continue
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -234,6 +275,11 @@ def check_table(raw: dict[str, Any], source: str, table: str = "") -> PoolTable:
         options = raw.get(kind)
         if options:
             _check_provider_options(kind, options, source, f"{table}.{kind}" if table else kind)
+        for group, settings in (raw.get("groups") or {}).items():
+            options = settings.get(kind)
+            if options:
+                where = f"{table}.groups.{group}.{kind}" if table else f"groups.{group}.{kind}"
+                _check_provider_options(kind, options, source, where)
     return model
 
 
@@ -275,6 +321,37 @@ class PoolConfig:
     @property
     def table(self) -> PoolTable:
         return PoolTable.model_validate(self.data)
+
+    @property
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """Each group's settings, name -> the data of one spec (``load`` merged them); a pool
+        without ``[pools.NAME.groups.*]`` tables has none."""
+        return dict(self.data.get("groups") or {})
+
+    @property
+    def head(self) -> str | None:
+        return self.data.get("head")
+
+
+# The keys of [pools.NAME] that are the pool's, not what each group is made of.
+POOL_KEYS = ("groups", "head", "serve")
+
+
+def with_groups(data: dict[str, Any], flags: dict[str, Any] | None) -> dict[str, Any]:
+    """A pool's merged data with each group's own settings complete: the pool-level keys, then
+    the group's table, then the command line's flags (they apply to every group)."""
+    groups = data.get("groups")
+    if not groups:
+        return data
+    if flags and "nodes" in flags:
+        raise ConfigError(
+            f"command line: --nodes does not apply to a pool of several groups (its groups: "
+            f"{', '.join(map(repr, groups))}); set nodes in each [pools.NAME.groups.GROUP] table, or "
+            f"change a running group's size with `skyward resize NAME --group GROUP N`."
+        )
+    base = {k: v for k, v in data.items() if k not in POOL_KEYS}
+    whole = {name: merge(base, table, flags or {}) for name, table in groups.items()}
+    return {**data, "groups": whole}
 
 
 def load(name: str, *, project: Path | None = None, flags: dict[str, Any] | None = None,
@@ -322,7 +399,7 @@ def load(name: str, *, project: Path | None = None, flags: dict[str, Any] | None
             f"pool {name!r} is not running and not defined ({where}). Add a [pools.{name}] table "
             f"to {PROJECT_FILE}, or start it with `skyward up {name} --provider local --nodes 2`."
         )
-    data = merge(*layers)
+    data = with_groups(merge(*layers), flags)
     check_table(data, " + ".join(sources) or "defaults")
     return PoolConfig(name, data, tuple(sources))
 

@@ -78,6 +78,8 @@ def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Wor
         node_spec = raw_nodes
     if nodes is not None:  # attaching: as many as run now, keeping the elastic ceiling
         ceiling = Nodes.of(node_spec).max
+        if nodes == 0 and not ceiling:  # a group resized to 0: it wakes to the size it was given
+            ceiling = max(1, Nodes.of(node_spec).desired)
         node_spec = Nodes(desired=nodes, max=ceiling if ceiling and ceiling >= nodes else None)
     keys = ("accelerator", "vcpus", "memory_gb", "disk_gb", "architecture", "allocation",
             "region", "max_hourly_cost", "ttl")
@@ -88,6 +90,42 @@ def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Wor
         **{k: data[k] for k in keys if k in data},
     )
     return spec, Worker(**(data.get("worker") or {}))
+
+
+# -- groups --------------------------------------------------------------------------------------
+DEFAULT_GROUP = "default"  # skyward.core.group's name for a pool's one group (not imported: it loads the pool)
+
+
+def group_views(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each group of a named pool's record as a record of that group alone (its ``config``,
+    ``cluster`` and ``provider``), in group order. A pool of one spec is the one group
+    ``default``, whose view is the record itself (records written before groups were too)."""
+    groups = record.get("groups")
+    if not groups:
+        return {DEFAULT_GROUP: record}
+    return {name: {**record, "config": g["config"], "cluster": g.get("cluster"), "provider": g.get("provider"),
+                   "hourly_cost": g.get("hourly_cost"), "offer": g.get("offer"), "group": name}
+            for name, g in groups.items()}
+
+
+def group_view(record: dict[str, Any], group: str | None, command: str) -> dict[str, Any]:
+    """The view of ``--group GROUP`` (see ``group_views``); without one, the record itself,
+    unless ``command`` needs one group of a pool that has several."""
+    views = group_views(record)
+    if group is None:
+        if len(views) > 1 and command:
+            raise ConfigError(
+                f"pool {record['name']!r} has several groups ({', '.join(map(repr, views))}): "
+                f"`{command}` needs one, e.g. `{command.replace('NAME', record['name'])} --group "
+                f"{next(iter(views))}`."
+            )
+        return record
+    if group not in views:
+        raise ConfigError(
+            f"--group {group!r}: pool {record['name']!r} has no group called {group!r}; its groups are "
+            f"{', '.join(map(repr, views))}."
+        )
+    return views[group]
 
 
 # -- state ---------------------------------------------------------------------------------------
@@ -139,18 +177,7 @@ def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
         return PoolStatus(name, record, "provisioning", None, None)
     if sleep.is_asleep(record):
         return _asleep_status(record, now)
-    alive: bool | None = None
-    down: tuple[int, ...] = ()
-    cluster = record.get("cluster")
-    if cluster:
-        try:
-            provider = provider_from(record["config"])
-            alive = provider.alive(cluster)
-            if alive:  # each node on its own: one dead node is not the pool's end
-                each = provider.nodes_alive(cluster)
-                down = tuple(int(n["index"]) for n, a in zip(cluster["nodes"], each, strict=False) if a is False)
-        except SkywardError:
-            alive = None
+    alive, down = _alive(record)
     if alive is False:
         if sleep.may_sleep(record):  # its nodes are gone, and it may have none: asleep, until its ttl
             return _asleep_status(record, now)
@@ -164,6 +191,40 @@ def status_of(record: dict[str, Any], now: float | None = None) -> PoolStatus:
     if alive is None and now > expires + _GRACE:
         return PoolStatus(name, record, "expired", expires, None)
     return PoolStatus(name, record, "running", expires, alive, down)
+
+
+def _alive(record: dict[str, Any]) -> tuple[bool | None, tuple[int, ...]]:
+    """Whether the pool's nodes run, as its providers can tell without connecting, and the
+    ranks of those known to be down (pool-wide: group after group). A pool of several groups is
+    alive while any group's nodes are (a group resized to 0 has none, and is not its end)."""
+    answers: list[bool | None] = []
+    down: list[int] = []
+    offset = 0
+    views = list(group_views(record).values())
+    for view in views:
+        cluster = view.get("cluster")
+        nodes = (cluster or {}).get("nodes") or []
+        if not cluster or (len(views) > 1 and not nodes):
+            offset += len(nodes)
+            continue
+        try:
+            provider = provider_from(view["config"])
+            alive = provider.alive(cluster)
+            if alive:  # each node on its own: one dead node is not the pool's end
+                each = provider.nodes_alive(cluster)
+                down += [offset + i if len(views) > 1 else int(n["index"])
+                         for i, (n, a) in enumerate(zip(nodes, each, strict=False)) if a is False]
+        except SkywardError:
+            alive = None
+        answers.append(alive)
+        offset += len(nodes)
+    if not answers:
+        return None, ()
+    if any(a is True for a in answers):
+        return True, tuple(down)
+    if all(a is False for a in answers):
+        return False, ()
+    return None, ()
 
 
 def _asleep_status(record: dict[str, Any], now: float) -> PoolStatus:
@@ -269,15 +330,11 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     program's and is destroyed when it closes. ``built``: the spec and worker already made
     (`skyward reproduce`), ``cfg.data`` then only describes them for later attaches."""
     from ..core.pool import Pool
-    from ..providers.base import ProviderConfig
 
+    if cfg.groups and built is None:
+        return _provision_groups(cfg, options, keep=keep)
     spec, worker = built if built is not None else spec_from(cfg.data)
-    if type(spec.provider).attach is ProviderConfig.attach:
-        raise ProviderError(
-            f"pool {cfg.name!r}: provider {spec.provider.kind!r} cannot run named pools in this "
-            f"version of skyward (its clusters cannot be described and attached to again); use "
-            f"sky.Compute(provider=...) in your program instead, or provider = 'local'."
-        )
+    _check_attachable(cfg.name, spec)
     spec = select_spec((spec,), options)
     if spec.ttl == 0:
         warnings.warn(
@@ -322,6 +379,98 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     return pool
 
 
+def _check_attachable(name: str, spec: Spec) -> None:
+    from ..providers.base import ProviderConfig
+
+    if type(spec.provider).attach is ProviderConfig.attach:
+        raise ProviderError(
+            f"pool {name!r}: provider {spec.provider.kind!r} cannot run named pools in this "
+            f"version of skyward (its clusters cannot be described and attached to again); use "
+            f"sky.Compute(provider=...) in your program instead, or provider = 'local'."
+        )
+
+
+def _group_specs(record_or_cfg: dict[str, dict[str, Any]], head: str | None,
+                 nodes: dict[str, int] | None = None) -> tuple[dict[str, Spec], str, Worker]:
+    """Each group's Spec from its settings (``nodes``: attaching, as many as each runs now), the
+    head group's name and the pool's Worker (the head group's ``worker`` settings)."""
+    from ..core.group import check_groups
+
+    built = {g: spec_from(data, None if nodes is None else nodes[g]) for g, data in record_or_cfg.items()}
+    specs = {g: spec for g, (spec, _) in built.items()}
+    check_groups(specs, head)
+    head = head or next(iter(specs))
+    return specs, head, built[head][1]
+
+
+def _provision_groups(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
+    """``provision`` of a pool of several groups (``[pools.NAME.groups.*]``): one Pool of
+    groups, whose record keeps each group's settings and nodes under ``groups``; its
+    ``config`` and ``cluster`` are the head group's, for the tools that look at one group."""
+    from ..core.pool import Pool
+
+    specs, head, worker = _group_specs(cfg.groups, cfg.head)
+    for spec in specs.values():
+        _check_attachable(cfg.name, spec)
+    specs = {g: select_spec((spec,), options) for g, spec in specs.items()}
+    ttl = max(spec.ttl for spec in specs.values())
+    if any(spec.ttl == 0 for spec in specs.values()):
+        warnings.warn(
+            f"pool {cfg.name!r} has a group with ttl = 0: its nodes never stop by themselves; stop them "
+            f"with `skyward down {cfg.name}` (for a cloud pool, they cost money until you do).",
+            stacklevel=3,
+        )
+        ttl = 0
+    with registry.lock(cfg.name, wait=0):
+        _claim(cfg.name)
+        head_cfg = type(cfg)(cfg.name, cfg.groups[head], cfg.sources)
+        record = _record(head_cfg, specs[head], "", ephemeral=not keep)
+        record.update(ttl=ttl, head=head, offer=", ".join(f"{g}: {_offer(s)}" for g, s in specs.items()),
+                      groups={g: {"config": cfg.groups[g], "cluster": None, "provider": s.provider.kind,
+                                  "hourly_cost": s.provider.hourly_cost(s), "offer": _offer(s)}
+                              for g, s in specs.items()})
+        registry.write(record)
+        try:
+            with journal.capture(cfg.name, "provision") as events:
+                pool = Pool(specs[head], options, worker, groups=specs, head=head, name=cfg.name)
+        except BaseException:
+            registry.remove(cfg.name)
+            raise
+        pool.on_close(events.bind(pool.id))
+        try:
+            record.update(id=pool.id, state="running", last_seen=time.time())
+            _describe_groups(record, pool)
+            if not keep:
+                record["clients"] = [_client(pool.id)]
+            registry.write(record)
+        except BaseException:
+            pool.close()
+            registry.remove(cfg.name)
+            raise
+    audit.append(cfg.name, "provisioned", pool.id, provider=record["provider"],
+                 nodes=sum(s.node_spec.desired for s in specs.values()), offer=record["offer"],
+                 hourly_cost=_total_cost(record), ttl=ttl, groups=list(specs), head=head,
+                 by="skyward up" if keep else "sky.Compute(name=...)", stack=_stack_name(record))
+    if keep:
+        from .sshconfig import after_up
+
+        after_up(record)  # SSH config entries for the head group's nodes
+        return pool
+    _Recorder(pool, cfg.name).start()
+    pool.on_close(lambda: _destroyed_by_owner(cfg.name, pool.id))
+    return pool
+
+
+def _describe_groups(record: dict[str, Any], pool: Pool) -> None:
+    """Put each group's nodes, as its cluster describes them now, in ``record`` (a pool of
+    several groups; the head group's are also the record's ``cluster``)."""
+    groups = record["groups"]
+    for name, group in pool.groups.items():
+        old = groups[name].get("cluster") or {}
+        groups[name]["cluster"] = _keep_pins({"cluster": old}, group.cluster.describe())
+    record["cluster"] = groups[pool.head_group.name]["cluster"]
+
+
 def _destroyed_by_owner(name: str, pool_id: str) -> None:
     removed = False
     with contextlib.suppress(PoolBusyError), registry.lock(name):
@@ -334,6 +483,9 @@ def _destroyed_by_owner(name: str, pool_id: str) -> None:
 
 
 def _total_cost(record: dict[str, Any]) -> float | None:
+    if record.get("groups"):  # each group at its own price per node
+        costs = [_total_cost({**view, "groups": None}) for view in group_views(record).values()]
+        return None if any(c is None for c in costs) else round(sum(c for c in costs if c is not None), 4)
     cost = record.get("hourly_cost")
     cluster = record.get("cluster") or {}
     nodes = len(cluster.get("nodes", [])) or _desired(record)
@@ -365,14 +517,25 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
     from ..core.pool import Pool
 
     name = record["name"]
-    sleepy = sleep.may_sleep(record)
+    grouped = bool(record.get("groups"))
+    sleepy = sleep.may_sleep(record) and not grouped
     # A pool that sleeps at zero starts the nodes its tasks need: a node found dead is dropped
     # from it, never replaced (a program's attach replaces dead nodes of other pools; `exec`
     # and the other looks replace nothing).
     cluster_desc, dropped = _without_dead_nodes(record) if sleepy else (record["cluster"], [])
-    spec, worker = spec_from(record["config"], nodes=len(cluster_desc["nodes"]))
-    cluster = spec.provider.attach(cluster_desc)
-    cluster.heal_at_attach = audited and not sleepy
+    if grouped:  # each group's nodes, from its own provider; one Pool of the groups
+        views = group_views(record)
+        specs, head, worker = _group_specs({g: v["config"] for g, v in views.items()}, record.get("head"),
+                                           nodes={g: len(v["cluster"]["nodes"]) for g, v in views.items()})
+        clusters = {g: specs[g].provider.attach(v["cluster"]) for g, v in views.items()}
+        for each in clusters.values():
+            each.heal_at_attach = audited
+        spec, cluster = specs[head], clusters[head]
+    else:
+        spec, worker = spec_from(record["config"], nodes=len(cluster_desc["nodes"]))
+        cluster = spec.provider.attach(cluster_desc)
+        cluster.heal_at_attach = audited and not sleepy
+        clusters = {DEFAULT_GROUP: cluster}
     client_id = uuid.uuid4().hex[:8]
 
     def add(r: dict[str, Any]) -> None:
@@ -383,24 +546,29 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
     registry.update(name, add)
     try:  # a program's attach is kept for `skyward events`; the CLI's own looks are not
         with journal.capture(name, "attach") if audited else contextlib.nullcontext() as events:
-            pool = Pool(spec, options, worker, cluster=cluster, name=name)
+            if grouped:
+                pool = Pool(spec, options, worker, groups=specs, head=head, clusters=clusters, name=name)
+            else:
+                pool = Pool(spec, options, worker, cluster=cluster, name=name)
     except BaseException:
         _detached(name, client_id)
         raise
     if events is not None:
         pool.on_close(events.bind(pool.id))
-    missing = cluster.unreachable()
+    missing = {(g, i): w for g, c in clusters.items() for i, w in c.unreachable().items()}
     if missing:  # attached to the nodes that answer; say which did not, and why
         log.warning(
             "pool %r: %s; attached to the %d other node(s). `skyward status %s` shows each node; "
             "`skyward down %s` then `skyward up %s` starts the pool afresh.",
-            name, "; ".join(f"node {i} cannot be reached ({w})" for i, w in sorted(missing.items())),
+            name, "; ".join(f"{f'group {g} ' if grouped else ''}node {i} cannot be reached ({w})"
+                            for (g, i), w in sorted(missing.items())),
             pool.current_nodes(), name, name, name)
     if audited:
         audit.append(name, "attached", record["id"], client=pool.id, by=why,
                      nodes=pool.current_nodes())
-        for index, reason in sorted(missing.items()):
-            audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id)
+        for (group, index), reason in sorted(missing.items()):
+            audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id,
+                         **({"group": group} if grouped else {}))
         for index, reason in dropped:
             audit.append(name, "node dropped", record["id"], node=index, reason=reason, by=pool.id)
         recorder = _Recorder(pool, name)
@@ -528,39 +696,42 @@ class _Recorder:
         record = registry.read(self.name) or {}
         pool_id = record.get("id", self.pool.id)
         if isinstance(event, ev.ClusterProvisioned | ev.InstanceDestroyed):
-            description = self.pool.cluster.describe()
-            self.meter.count(len(description["nodes"]), time.time())
-
-            def store(r: dict[str, Any]) -> None:
-                r["cluster"] = _keep_pins(r, description)
-
+            store = self.nodes_into()
+            nodes = sum(len(g.cluster.describe()["nodes"]) for g in self.pool.groups.values())
+            self.meter.count(nodes, time.time())
             with contextlib.suppress(SkywardError):
                 registry.update(self.name, store)
-            audit.append(self.name, "resized", pool_id, nodes=len(description["nodes"]),
-                         by=self.pool.id)
+            audit.append(self.name, "resized", pool_id, nodes=nodes, by=self.pool.id)
         elif isinstance(event, ev.ClusterWoke | ev.ClusterAsleep):
             self._slept_or_woke(event, record, pool_id)
         elif isinstance(event, ev.InstanceLost):
             audit.append(self.name, "node lost", pool_id, node=event.node, reason=event.reason)
         elif isinstance(event, ev.InstanceReplaced):  # the registry describes the new node
-            description = self.pool.cluster.describe()
-
-            def keep(r: dict[str, Any]) -> None:
-                r["cluster"] = _keep_pins(r, description)
-
             with contextlib.suppress(SkywardError):
-                registry.update(self.name, keep)
+                registry.update(self.name, self.nodes_into())
             audit.append(self.name, "node replaced", pool_id, node=event.node, new_node=event.new_node,
                          rank=event.rank, seconds=round(event.seconds, 3), reason=event.reason, by=self.pool.id)
+
+    def nodes_into(self) -> Callable[[dict[str, Any]], None]:
+        """What writes the pool's nodes, as its clusters describe them now, into a record."""
+        pool = self.pool
+        if len(pool.groups) > 1:
+            return lambda r: _describe_groups(r, pool) if r.get("groups") else None
+        description = pool.cluster.describe()
+
+        def store(r: dict[str, Any]) -> None:
+            r["cluster"] = _keep_pins(r, description)
+
+        return store
 
     def _slept_or_woke(self, event: ev.ClusterWoke | ev.ClusterAsleep, record: dict[str, Any], pool_id: str) -> None:
         """A wake: how long it took and the price per hour of what woke. A sleep: how long the
         pool was awake and what that cost (node-seconds at the record's price per node-hour)."""
         now = time.time()
-        description = self.pool.cluster.describe()
+        store = self.nodes_into()
 
         def mark(r: dict[str, Any]) -> None:
-            r["cluster"] = _keep_pins(r, description)
+            store(r)
             if isinstance(event, ev.ClusterWoke):
                 r.pop("asleep_since", None)
                 r["woke"] = now
@@ -592,13 +763,22 @@ def _keep_pins(record: dict[str, Any], description: dict[str, Any]) -> dict[str,
 # -- stop ----------------------------------------------------------------------------------------
 def _destroy_record(record: dict[str, Any], reason: str) -> None:
     """Destroy what a record describes, then forget it (call with the pool's lock held)."""
-    cluster = record.get("cluster")
     used: dict[str, Any] | None = None
-    if cluster:
-        provider = provider_from(record["config"])
-        provider.destroy(cluster)
+    errors: list[SkywardError] = []
+    for view in group_views(record).values():  # every group's nodes, even when one cannot be destroyed
+        cluster = view.get("cluster")
+        if not cluster:
+            continue
+        try:
+            provider = provider_from(view["config"])
+            provider.destroy(cluster)
+        except SkywardError as exc:
+            errors.append(exc)
+            continue
         accounting = getattr(provider, "accounting", None)  # a scheduler's (Slurm): what the jobs used
-        used = accounting(cluster) if callable(accounting) else None
+        used = (accounting(cluster) if callable(accounting) else None) or used
+    if errors:
+        raise errors[0]
     registry.remove(record["name"])
     from .sshconfig import remove as remove_ssh_entries
 
@@ -684,11 +864,16 @@ def _announce_stop(record: dict[str, Any], message: str, wait: float = 10.0) -> 
     import threading
 
     def tell() -> None:
+        for view in group_views(record).values():
+            if (view.get("cluster") or {}).get("nodes"):
+                tell_group(view)
+
+    def tell_group(view: dict[str, Any]) -> None:
         from skyward.bootstrap.channel import NodeChannel
         from skyward.bootstrap.frames import Kind
 
-        description = record["cluster"]
-        cluster = provider_from(record["config"]).attach(description)
+        description = view["cluster"]
+        cluster = provider_from(view["config"]).attach(description)
         try:
             endpoints = cluster.start(len(description["nodes"]))
             body = json.dumps({"message": message}).encode()

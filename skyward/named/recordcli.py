@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from ..errors import RecordError
+from ..errors import ConfigError, RecordError
 from ..paths import skyward_home
 from ..records import audit, record
 from .cliout import EXIT_FAILED, EXIT_OK, err, format_table, money, print_json, say
@@ -108,6 +108,13 @@ def reproduce(args: argparse.Namespace) -> int:
     from .pools import check_name, provision
 
     rep = record.reproduction(args.pool_id)
+    if rep.record.get("groups"):
+        raise ConfigError(
+            f"pool {args.pool_id} was a pool of several groups ({', '.join(map(repr, rep.record['groups']))}); "
+            f"`skyward reproduce` rebuilds pools of one spec only in this version of skyward. Its record "
+            f"(`skyward history {args.pool_id}`) holds each group's spec: start them again from a "
+            f"skyward.toml with [pools.NAME.groups.GROUP] tables."
+        )
     record.say(rep, args.strict)  # warnings (shown on stderr), or the refusal
     name = check_name(args.name or rep.record.get("name") or f"repro-{args.pool_id}")
     cfg = PoolConfig(name, record.config_data(rep.spec, rep.worker), (f"the record of pool {args.pool_id}",))

@@ -271,6 +271,13 @@ def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[st
     who = audit.who()
     scheduler = getattr(cluster, "scheduler_facts", None)  # Slurm: the jobs, their scripts and nodes
     more = {getattr(provider, "kind", "?"): scheduler()} if callable(scheduler) else {}
+    groups = getattr(pool, "groups", {})
+    if len(groups) > 1:  # a pool of several groups: each group's spec, nodes and offer
+        more["head"] = pool.head_group.name
+        more["groups"] = {name: {"provider": getattr(g.spec.provider, "kind", "?"),
+                                 "spec": spec_view(g.spec, pool.worker), "nodes": g.members.current_nodes(),
+                                 "hourly_cost": g.spec.provider.hourly_cost(g.spec)}
+                          for name, g in groups.items()}
     return {
         **more,
         "format": FORMAT,

@@ -29,41 +29,54 @@ if TYPE_CHECKING:
 class Node:
     """One node of the pool as the registry describes it, and its channel when reached."""
 
-    rank: int
+    rank: int  # within its group
     description: dict[str, Any]
     channel: NodeChannel | None
     why: str | None  # why it was not reached
+    group: str = "default"  # its group (skyward.core.group)
+    cluster: Any = None  # its group's provider handle
+    grouped: bool = False  # its pool has several groups (its label says which)
 
     @property
     def label(self) -> str:
         host = self.description.get("hostname") or (self.description.get("host") or {}).get("address")
-        return f"node {self.rank}" + (f" ({host})" if host else "")
+        where = f"{self.group} " if self.grouped else ""
+        return f"{where}node {self.rank}" + (f" ({host})" if host else "")
 
 
 @contextlib.contextmanager
-def attached(name: str) -> Iterator[tuple[Pool, list[Node]]]:
-    """The running pool ``name``, attached for a look, and its nodes in rank order."""
+def attached(name: str, group: str | None = None) -> Iterator[tuple[Pool, list[Node]]]:
+    """The running pool ``name``, attached for a look, and its nodes in rank order: those of
+    ``group``, or of every group in group order (a pool of several groups)."""
     from ..spec import Options
-    from .pools import attach, for_a_look
+    from .pools import attach, for_a_look, group_view, group_views
 
     record = for_a_look(name)
     # A look replaces nothing: a node lost meanwhile is the programs' to replace (and the
     # registry's to describe); here it is only reported.
+    if group is not None:
+        group_view(record, group, "")  # an unknown group fails before anything connects
     pool = attach(record, Options(console="silent", logging=False, max_provision_attempts=1), audited=False)
-    pool.cluster.replace = _no_replacement  # type: ignore[method-assign]
+    for part in pool.groups.values():
+        part.cluster.replace = _no_replacement  # type: ignore[method-assign]
     quiet = logging.NullHandler()  # the pool's own warnings about it would repeat ours
     logging.getLogger("skyward").addHandler(quiet)
     try:
         from .registry import read
 
-        described = ((read(name) or record).get("cluster") or {}).get("nodes", [])
-        channels = {ch.node: ch for ch in pool.members.channels}
-        missing = pool.cluster.unreachable()
+        views = group_views(read(name) or record)
         nodes = []
-        for rank, node in enumerate(described):
-            index = int(node["index"])
-            ch = channels.get(index)
-            nodes.append(Node(rank, node, ch, None if ch is not None else missing.get(index, "not attached")))
+        for g, view in views.items():
+            if group not in (None, g) or g not in pool.groups:
+                continue
+            members, cluster = pool.groups[g].members, pool.groups[g].cluster
+            channels = {ch.node: ch for ch in members.channels}
+            missing = cluster.unreachable()
+            for rank, node in enumerate((view.get("cluster") or {}).get("nodes", [])):
+                index = int(node["index"])
+                ch = channels.get(index)
+                nodes.append(Node(rank, node, ch, None if ch is not None else missing.get(index, "not attached"),
+                                  g, cluster, len(views) > 1))
         yield pool, nodes
     finally:
         try:

@@ -54,7 +54,9 @@ def add_cp(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
                       "start in the node's working directory.")
     p.add_argument("source", metavar="SRC", help="LOCAL path or NAME:PATH")
     p.add_argument("dest", metavar="DEST", help="NAME:PATH or LOCAL path")
-    p.add_argument("--node", type=int, help="only this node (rank 0 to nodes-1); default: every node")
+    p.add_argument("--node", type=int, help="only this node (rank 0 to nodes-1; with --group: its rank "
+                   "within the group); default: every node")
+    p.add_argument("--group", help="only this group's nodes (a pool of several groups)")
     p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
     p.set_defaults(handler=cmd_cp)
 
@@ -93,7 +95,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
                                f"was copied.")
     started = time.monotonic()
     with awake(name, wake=not args.no_wake, command="skyward cp", node=args.node), \
-            open_nodes(name, args.node) as (record, nodes):
+            open_nodes(name, args.node, args.group) as (record, nodes):
         if src.pool is None:
             done = upload(Path(src.path), dest.path, nodes, show=_show_bar(args))
         else:

@@ -38,15 +38,18 @@ class _Tail:
 
 def follow(args: argparse.Namespace) -> int:
     try:
-        return _follow(args.name, args.node, args.lines, args.json)
+        return _follow(args.name, args.node, args.lines, args.json, getattr(args, "group", None))
     except KeyboardInterrupt:  # Ctrl-C is how a follow ends
         return EXIT_OK
 
 
-def _follow(name: str, only: int | None, lines: int, as_json: bool) -> int:
+def _follow(name: str, only: int | None, lines: int, as_json: bool, group: str | None = None) -> int:
     if lines < 0:
         raise ConfigError(f"--lines {lines}: give a number of lines, 0 or more.")
-    with attached(name) as (_pool, nodes):
+    with attached(name, group) as (_pool, nodes):
+        if only is not None and len({n.group for n in nodes}) > 1:
+            raise ConfigError(f"--node {only}: pool {name!r} has several groups; give --group GROUP with "
+                              f"it (--node is then the rank within that group).")
         if only is not None and not 0 <= only < len(nodes):
             raise ConfigError(f"--node {only}: pool {name!r} has nodes 0 to {len(nodes) - 1}.")
         tails = []

@@ -363,28 +363,50 @@ def ranks_of(record: dict[str, Any], node: int | None) -> list[int]:
 
 
 @contextlib.contextmanager
-def open_nodes(name: str, node: int | None) -> Iterator[tuple[dict[str, Any], list[Node]]]:
+def open_nodes(name: str, node: int | None, group: str | None = None) -> Iterator[tuple[dict[str, Any], list[Node]]]:
     """Attach to running pool ``name`` for a look (agentcalls.attached: no healing, no audit
-    entry) and hand out its nodes (``node``: only that rank; None: every node). A node that
-    cannot be reached is an error naming it: nothing runs on the others then."""
+    entry) and hand out its nodes (``node``: only that rank; None: every node; ``group``: of that
+    group only, ``node`` being the rank within it: a pool of several groups needs it with
+    ``node``). A node that cannot be reached is an error naming it: nothing runs on the others then."""
     from .agentcalls import attached
-    from .pools import get
+    from .pools import get, group_view, group_views
 
-    wanted = ranks_of(get(name), node)  # a wrong --node fails before anything connects
-    with attached(name) as (pool, described):
+    first = get(name)
+    views = group_views(first)
+    if node is not None and group is None and len(views) > 1:  # the pool-wide rank: group after group
+        group, node = _pool_rank(first, views, node)
+    ranks_of(group_view(first, group, ""), node)  # a wrong --node or --group fails before anything connects
+    with attached(name, group) as (_pool, described):
         record = get(name)
-        if not wanted or wanted[-1] >= len(described):
+        wanted = [found for found in described if node in (None, found.rank)]
+        if not wanted:
             raise ProviderError(f"pool {name!r} has {len(described)} node(s) now; `skyward status {name}` "
                                 f"lists them.")
         nodes: list[Node] = []
-        for rank in wanted:
-            found = described[rank]
+        views = group_views(record)
+        for found in wanted:
             if found.channel is None:
                 raise ProviderError(
                     f"{found.label} of pool {name!r} cannot be reached: {found.why}. `skyward status "
                     f"{name}` shows each node" + ("; --node picks one that answers." if len(wanted) > 1 else "."))
-            nodes.append(_node(record, pool.cluster, rank, found.description, found.channel.facts))
+            view = views.get(found.group, record)
+            nodes.append(_node(view, found.cluster, found.rank, found.description, found.channel.facts))
         yield record, nodes
+
+
+def _pool_rank(record: dict[str, Any], views: dict[str, dict[str, Any]], node: int) -> tuple[str, int]:
+    """``--node N`` without ``--group`` on a pool of several groups: the node at that place in the
+    whole pool, numbered group after group (as ``instance_info().node``), as (group, its rank)."""
+    rank = node
+    for g, view in views.items():
+        count = len((view.get("cluster") or {}).get("nodes", []))
+        if 0 <= rank < count:
+            return g, rank
+        rank -= count
+    total = node - rank
+    raise ConfigError(f"--node {node}: pool {record['name']!r} has {total} node(s) across its groups "
+                      f"({', '.join(map(repr, views))}), numbered 0 to {total - 1} group after group; "
+                      f"--group GROUP --node N picks by the rank within a group.")
 
 
 def pool_nodes(pool: Any, ranks: list[int]) -> list[Node]:

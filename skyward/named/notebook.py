@@ -81,7 +81,9 @@ def add_notebook(command: Callable[[str, str], argparse.ArgumentParser]) -> None
     p = command("notebook", "JupyterLab (or marimo) on a node of a running pool, in the pool's environment, "
                             "served on a local port through the pool's connection; Ctrl-C stops it.")
     p.add_argument("name", help="the pool's name")
-    p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0)")
+    p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0; with "
+                   "--group: its rank within the group)")
+    p.add_argument("--group", help="a node of this group (a pool of several groups)")
     p.add_argument("--marimo", action="store_true", help="a marimo server instead of JupyterLab")
     p.add_argument("--open", action="store_true",
                    help="open it in a browser (logged in with a one-time code, never the token on a command line)")
@@ -100,7 +102,7 @@ def cmd_notebook(args: argparse.Namespace) -> int:
     flavor = MARIMO if args.marimo else JUPYTER
     with _stops_on_sigterm(), awake(args.name, wake=not args.no_wake, command="skyward notebook", node=args.node):
         _ensure_installed(args.name, args.node, flavor)
-        with open_nodes(args.name, args.node) as (record, nodes):
+        with open_nodes(args.name, args.node, args.group) as (record, nodes):
             node = nodes[0]
             started = time.time()
             reason = _serve(args, flavor, node, record)

@@ -30,7 +30,9 @@ def add_ssh(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
                        "the pool's environment (what its tasks see); with -- CMD, that one command, "
                        "exiting with its exit status.")
     p.add_argument("name", help="the pool's name")
-    p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0)")
+    p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0; with "
+                   "--group: its rank within the group)")
+    p.add_argument("--group", help="a node of this group (a pool of several groups)")
     p.add_argument("--no-wake", action="store_true", help="refuse with an error when the pool is asleep, instead of waking it for this command")
     p.add_argument("cmd", nargs="*", metavar="-- CMD", help="a command to run instead of a shell, after --")
     p.set_defaults(handler=cmd_ssh)
@@ -59,7 +61,7 @@ def cmd_ssh(args: argparse.Namespace) -> int:
     words = list(args.cmd)
     command = None if not words else words[0] if len(words) == 1 else shlex.join(words)
     with awake(args.name, wake=not args.no_wake, command="skyward ssh", node=args.node), \
-            open_nodes(args.name, args.node) as (record, nodes):
+            open_nodes(args.name, args.node, args.group) as (record, nodes):
         node = nodes[0]
         if command is None and sys.stderr.isatty():
             err(f"{node.label} of pool {args.name!r}, in {node.cwd}; `exit` or Ctrl-D leaves")

@@ -83,6 +83,22 @@ def test_a_named_pool_of_two_local_groups_through_the_cli(cli: CLI) -> None:
     ambiguous = cli("resize", "pipe", "0")
     assert ambiguous.code != 0 and "several groups ('prep', 'train')" in ambiguous.err
 
+    # ssh and cp: --group picks the group, --node the rank within it; --node alone is pool-wide
+    # (a Local node's folder is named after its group's cluster: "<pool id>-<group>")
+    here = cli("ssh", "pipe", "--group", "train", "--", "pwd")
+    assert here.code == 0 and "-train-" in here.out, here
+    where = [cli("ssh", "pipe", "--node", str(n), "--", "pwd").out for n in range(3)]
+    assert ["-prep-" in where[0], "-prep-" in where[1], "-train-" in where[2]] == [True] * 3, where
+    assert where[0] != where[1]
+    (cli.cwd / "note.txt").write_text("for train")
+    copied = cli("cp", "note.txt", "pipe:", "--group", "train")
+    assert copied.code == 0, copied
+    seen = cli("exec", "pipe", "--json", "--", "cat note.txt 2>/dev/null || echo none").json()
+    assert [(r["group"], r["stdout"].strip()) for r in seen] == [
+        ("prep", "none"), ("prep", "none"), ("train", "for train")]
+    beyond = cli("ssh", "pipe", "--node", "3", "--", "true")
+    assert beyond.code != 0 and "numbered 0 to 2 group after group" in beyond.err, beyond
+
     resized = cli("resize", "pipe", "--group", "prep", "0")
     assert resized.code == 0, resized
     assert cli.record("pipe")["groups"]["prep"]["cluster"]["nodes"] == []

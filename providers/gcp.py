@@ -157,7 +157,7 @@ class GCP(CloudProvider):
         zone has every group's machine (the zones the pool tries are the ones all can use)."""
         if any(o.extra.get("tpu") for o in offers.values()):
             return None
-        settings = super()._pool_settings(specs, offers, args)
+        settings = CloudProvider._pool_settings(self, specs, offers, args)  # slots: no zero-arg super()
         if settings is None:
             return None
         zones = [z for z in settings.get("zones") or []

@@ -231,3 +231,31 @@ def test_a_groups_lock_is_kept_under_its_name(home: Path) -> None:
     kept = json.loads(ws.configs[cloud.plan.stack]["skyward:lock"].value)
     assert kept == {"groups": {"prep": {"packages": ["a"]}, "train": {"packages": ["b"]}}}
     assert cloud.group("train").lock_facts()["instance_type"] == "g5.xlarge"
+
+
+def test_groups_that_cannot_share_a_stack_get_one_each(home: Path) -> None:
+    """create_together answers None (the pool makes one stack per group) for groups in two
+    regions, with other buckets, or on GCP holding TPUs or no common zone."""
+    import skyward as sky
+
+    ws = FakeWorkspace()
+    aws_provider = sky.AWS(workspace=ws, detect_address=False)
+    specs = {"a": sky.Spec(provider=aws_provider, nodes=1, vcpus=2, region="us-east-1"),
+             "b": sky.Spec(provider=aws_provider, nodes=1, vcpus=2, region="us-west-2")}
+    assert aws_provider.create_together(specs, "ab12cd34") is None
+    assert ws.calls == []  # nothing was made
+    buckets = {"a": sky.Spec(provider=aws_provider, nodes=1, vcpus=2, volumes=[sky.Volume("one-bucket", "/one")]),
+               "b": sky.Spec(provider=aws_provider, nodes=1, vcpus=2)}
+    assert aws_provider.create_together(buckets, "ab12cd34") is None
+
+    gcp_provider = sky.GCP(workspace=ws, project="proj", detect_address=False)
+    one = {"settings": {"zones": ["us-central1-a", "us-central1-b"]}}
+    other = {"settings": {"zones": ["us-central1-b", "us-central1-c"]}}
+    apart = {"settings": {"zones": ["us-central1-f"]}}
+    offer = aws_provider.offer(specs["a"])  # any offer of one region without TPUs
+    spec = specs["a"]
+    both = gcp_provider._pool_settings({"a": spec, "b": spec}, {"a": offer, "b": offer}, {"a": one, "b": other})
+    assert both == {"zones": ["us-central1-b"]}
+    assert gcp_provider._pool_settings({"a": spec, "b": spec}, {"a": offer, "b": offer}, {"a": one, "b": apart}) is None
+    tpu = dataclasses.replace(offer, extra={**offer.extra, "tpu": {"type": "v5litepod-8"}})
+    assert gcp_provider._pool_settings({"a": spec, "b": spec}, {"a": offer, "b": tpu}, {"a": one, "b": one}) is None

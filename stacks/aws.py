@@ -19,6 +19,11 @@ Lookups are resolved once: the first ``up`` exports the AMI, subnet and zone it 
 ``up`` (grow, shrink, resize) uses those values, so a newer AMI or another default subnet
 never replaces a running node.
 
+A pool of several groups (``plan.groups``) is one such stack: the network, security group, key
+pair and role are the pool's; each node's instance is made from its group's view of the plan
+(``PoolPlan.of``: instance type, disks, image, ttl), in a zone that offers every group's
+instance type, tagged ``skyward-group``; each group's AMI is pinned (``placement["amis"]``).
+
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), and
 ``placement`` (ami, subnet, zone).
 """

@@ -24,6 +24,11 @@ has no capacity). The boot image family is resolved once to a concrete image: th
 ``up`` exports it and the zone (``placement``), the pool pins them in its plan, and later
 ``up``s never replace a running node for a newer image in the family.
 
+A pool of several groups (``plan.groups``) is one such stack: the firewalls, network tag and
+custom role are the pool's; each node's instance is made from its group's view of the plan
+(``PoolPlan.of``: machine type, accelerators, disks, image, ttl), labelled ``skyward-group``;
+each group's image is pinned (``placement["images"]``).
+
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), and
 ``placement`` (image, zone).
 """

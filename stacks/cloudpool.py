@@ -333,6 +333,8 @@ class CloudPool:
             self.stack.remove()
             keys.forget(self.plan.stack)
             notes.forget(self.plan.stack)
+        with _OPEN_LOCK:
+            _OPEN.pop(f"{self.backend}|{self.plan.stack}", None)
 
     # -- a pool of several groups: each group's cluster works through a view -----------------
     def group(self, name: str) -> CloudGroup:

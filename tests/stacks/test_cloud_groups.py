@@ -259,3 +259,24 @@ def test_groups_that_cannot_share_a_stack_get_one_each(home: Path) -> None:
     assert gcp_provider._pool_settings({"a": spec, "b": spec}, {"a": offer, "b": offer}, {"a": one, "b": apart}) is None
     tpu = dataclasses.replace(offer, extra={**offer.extra, "tpu": {"type": "v5litepod-8"}})
     assert gcp_provider._pool_settings({"a": spec, "b": spec}, {"a": offer, "b": tpu}, {"a": one, "b": one}) is None
+
+
+def test_groups_reopened_in_one_process_share_one_stack_and_plan(home: Path) -> None:
+    """A named pool's groups are attached one by one from their descriptions: they must update
+    one plan, or one group's update would drop the nodes another group added since."""
+    ws = FakeWorkspace()
+    cloud = _group_pool(ws)
+    cloud.start_groups({"prep": 1, "train": 1})
+    prep_desc, train_desc = cloud.group("prep").describe(), cloud.group("train").describe()
+    prep = CloudPool.from_description(prep_desc, lambda plan: None, connect=ws).group(prep_desc["group"])
+    train = CloudPool.from_description(train_desc, lambda plan: None, connect=ws).group(train_desc["group"])
+    assert prep.cloud is train.cloud
+    prep.grow(1)
+    train.grow(1)
+    assert sorted((n.index, n.group) for n in train.cloud.plan.nodes) == [
+        (0, "prep"), (1, "train"), (2, "prep"), (3, "train")]
+    assert [n["index"] for n in ws.plans[cloud.plan.stack][-1]["nodes"]] == [0, 1, 2, 3]
+    prep.close()
+    train.close()
+    reopened = CloudPool.from_description(prep_desc, lambda plan: None, connect=ws)
+    assert reopened is not prep.cloud  # a closed pool is not handed out again

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from skyward.catalogue import Offer
     from skyward.records.pkglock import Package
     from skyward.spec import Options, Spec
-    from skyward.stacks.cloudpool import CloudPool
+    from skyward.stacks.cloudpool import CloudGroup, CloudPool
 
 
 def preflight(what: str, extra: str, modules: tuple[str, ...], *, fake_workspace: bool = False) -> None:
@@ -92,7 +92,7 @@ def require_preview_sdk(what: str, extra: str, modules: tuple[str, ...], spec: S
         )
 
 
-def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
+def _hooks(ssh: Any, cloud: CloudPool | CloudGroup, kind: str) -> dict[str, Any]:
     """What ties an SSHCluster to its stack: growing and shrinking are stack updates, closing
     destroys the stack, and the description carries what reopens it in another process."""
     host = ssh.SSHHost
@@ -105,7 +105,7 @@ def _hooks(ssh: Any, cloud: CloudPool, kind: str) -> dict[str, Any]:
     }
 
 
-def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool) -> None:
+def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool | CloudGroup) -> None:
     """A lost node that does not answer is replaced by one stack update (skyward.core.healing),
     unless the pool's max_duration deadline is near (Cluster.no_growth: no node starts then).
     Also the cluster's firewall: the stack, which opens a node's port with an update."""
@@ -119,7 +119,7 @@ def _heal_hook(cluster: Any, ssh: Any, cloud: CloudPool) -> None:
     cluster.replace_host = replace_host
 
 
-def _lock_hooks(cluster: Any, cloud: CloudPool) -> Any:
+def _lock_hooks(cluster: Any, cloud: CloudPool | CloudGroup) -> Any:
     """The pool's record reads the image id, instance type and region from the stack's plan, and
     writes the finished lock back into the stack config."""
     cluster.cloud_lock = cloud.lock_facts
@@ -149,8 +149,54 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
     return cluster
 
 
+def ssh_clusters(specs: dict[str, Spec], pool_id: str, cloud: CloudPool, options: Options | None = None,
+                 install: str = "index", kind: str = "aws",
+                 pin: tuple[Package, ...] | None = None) -> dict[str, Cluster]:
+    """A pool of several groups in one stack: one update brings every group's nodes up, then
+    each group's nodes go through the SSH bootstrap as that group's own cluster (all at once),
+    which grows, shrinks, heals and closes through its view of the stack (CloudGroup). When any
+    group fails, the clusters made are closed and the stack destroyed."""
+    import threading
+
+    ssh: Any = importlib.import_module("skyward.providers.ssh")
+    host = ssh.SSHHost
+    nodes = cloud.start_groups({g: spec.node_spec.desired for g, spec in specs.items()})
+    made: dict[str, Cluster] = {}
+    errors: list[BaseException] = []
+
+    def bootstrap(name: str) -> None:
+        try:
+            view = cloud.group(name)
+            cluster: Cluster = ssh.SSHCluster(
+                specs[name], f"{pool_id}-{name}", [host(**n.host_fields()) for n in nodes[name]], options=options,
+                install=install, pin=pin, **_hooks(ssh, view, kind),
+            )
+            _lock_hooks(cluster, view)
+            _heal_hook(cluster, ssh, view)
+            made[name] = cluster
+        except BaseException as exc:
+            exc.add_note(f"(while bootstrapping group {name!r} of stack {cloud.plan.stack})")
+            errors.append(exc)
+
+    threads = [threading.Thread(target=bootstrap, args=(g,), name=f"skyward-group-{g}", daemon=True) for g in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for cluster in made.values():
+            try:
+                cluster.close()
+            except Exception as exc:  # the first error is the one to show
+                errors[0].add_note(f"closing a group that came up failed too: {exc}")
+        cloud.close()
+        raise errors[0]
+    return {g: made[g] for g in specs}
+
+
 # -- named pools: Cluster.describe() of a cloud pool is the SSH description plus "stack" -----------
-def _reopen(kind: str, description: dict[str, Any], program: Callable[[Any], Any], connect: Any) -> CloudPool:
+def _reopen(kind: str, description: dict[str, Any], program: Callable[[Any], Any],
+            connect: Any) -> CloudPool | CloudGroup:
     from skyward.errors import ProviderError
     from skyward.stacks.cloudpool import CloudPool
 
@@ -164,7 +210,8 @@ def _reopen(kind: str, description: dict[str, Any], program: Callable[[Any], Any
             f"so it cannot be reopened. Remove the record with `skyward down`, then destroy the stack "
             f"by name with skyward.stacks.open_stack('<stack>').destroy() (`skyward history` shows it)."
         )
-    return CloudPool.from_description(stack, program, connect=connect)
+    cloud = CloudPool.from_description(stack, program, connect=connect)
+    return cloud.group(str(stack["group"])) if stack.get("group") else cloud
 
 
 def attach(kind: str, description: dict[str, Any], program: Callable[[Any], Any], connect: Any) -> Cluster:
@@ -266,6 +313,42 @@ class CloudProvider(ProviderConfig):
             plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace, pool_name=name,
         )
         return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin)
+
+    def create_together(self, specs: dict[str, Spec], pool_id: str, options: Options | None = None,
+                        name: str | None = None, pin: tuple[Package, ...] | None = None) -> dict[str, Cluster] | None:
+        """The groups of one pool on this cloud in ONE stack: one network and security group
+        (firewalls on GCP) and client key for the pool, each group's instances with their own
+        type, market, disks and image. None -- each group its own stack -- when they cannot
+        share one (``_pool_settings``: other regions, other buckets, TPUs, no common zone)."""
+        from skyward.stacks.cloudpool import launch_groups
+
+        offers = {g: self.offer(spec) for g, spec in specs.items()}
+        args = {g: self._stack_args(spec, offers[g]) for g, spec in specs.items()}
+        settings = self._pool_settings(specs, offers, args)
+        if settings is None:
+            return None
+        for spec in specs.values():
+            self.preflight(spec)
+        cloud = launch_groups(
+            self.kind, specs, pool_id, offers, self._program(), provider=self, stack_args=args, settings=settings,
+            plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace, pool_name=name,
+        )
+        return ssh_clusters(specs, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin)
+
+    def _pool_settings(self, specs: dict[str, Spec], offers: dict[str, Offer],
+                       args: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+        """The settings of one stack for these groups (the first group's), or None when they
+        cannot share one: offers in other regions, or other sky.Volume buckets (the nodes' one
+        role grants the pool's buckets)."""
+        from skyward.volumes import Volume
+
+        if len({o.region for o in offers.values()}) > 1:
+            return None
+        buckets = {tuple((v.bucket, v.prefix, v.read_only) for v in spec.volumes
+                         if isinstance(v, Volume) and v.storage is None) for spec in specs.values()}
+        if len(buckets) > 1:
+            return None
+        return dict(args[next(iter(specs))]["settings"])
 
     # -- named pools (see ProviderConfig): the SSH description plus the stack's ---------------
     def attach(self, description: dict[str, Any]) -> Cluster:

@@ -151,6 +151,21 @@ class GCP(CloudProvider):
         return select("gcp", Want.of(spec, region=self.region_for(spec), instance_type=self.instance_type))
 
     # -- provisioning ----------------------------------------------------------------------
+    def _pool_settings(self, specs: dict[str, Spec], offers: dict[str, Offer],
+                       args: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+        """One stack for these groups: none holds TPUs (a TPU pool is its own program), and some
+        zone has every group's machine (the zones the pool tries are the ones all can use)."""
+        if any(o.extra.get("tpu") for o in offers.values()):
+            return None
+        settings = CloudProvider._pool_settings(self, specs, offers, args)  # slots: no zero-arg super()
+        if settings is None:
+            return None
+        zones = [z for z in settings.get("zones") or []
+                 if all(z in (a["settings"].get("zones") or [z]) for a in args.values())]
+        if settings.get("zones") and not zones and not self.zone:
+            return None
+        return {**settings, "zones": zones}
+
     def _stack_args(self, spec: Spec, offer: Offer) -> dict[str, Any]:
         """What the stack program is given besides the spec and offer (create and preview)."""
         from skyward.stacks.disks import gcp_check

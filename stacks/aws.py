@@ -23,6 +23,11 @@ Lookups are resolved once: the first ``up`` exports the AMI, subnet and zone it 
 ``up`` (grow, shrink, resize) uses those values, so a newer AMI or another default subnet
 never replaces a running node.
 
+A pool of several groups (``plan.groups``) is one such stack: the network, security group, key
+pair and role are the pool's; each node's instance is made from its group's view of the plan
+(``PoolPlan.of``: instance type, disks, image, ttl), in a zone that offers every group's
+instance type, tagged ``skyward-group``; each group's AMI is pinned (``placement["amis"]``).
+
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), and
 ``placement`` (ami, subnet, zone).
 """
@@ -35,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import buckets, disks
-from .plan import NodePlan, PoolPlan
+from .plan import NodePlan, PoolPlan, label_value
 from .userdata import cloud_config
 
 UBUNTU_OWNER = "099720109477"  # Canonical
@@ -88,6 +93,7 @@ class Declared:
     ami: Any
     access: buckets.AwsAccess | None = None  # the nodes' role for sky.Volume buckets (buckets.py)
     serve_groups: dict[int, Any] = field(default_factory=dict)  # node index -> its serve_ports' group
+    amis: dict[str, Any] | None = None  # group -> its AMI ("" in a pool of one kind of node)
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -96,10 +102,11 @@ def program(plan: PoolPlan) -> Declared:
     pulumi: Any = importlib.import_module("pulumi")
     aws: Any = importlib.import_module("pulumi_aws")
 
-    disks.aws_check(plan.disks, plan.instance_type)  # a plan reopened from a record, too
+    views = {g: plan.of(g) for g in plan.group_names()}  # each group's instance type, disks, image
+    for view in views.values():
+        disks.aws_check(view.disks, view.instance_type)  # a plan reopened from a record, too
     tags = plan.labels()
     s = plan.settings
-    pinned = s.get("pinned") or {}
     provider = aws.Provider(
         "aws", region=plan.region, profile=s.get("profile"), default_tags={"tags": tags},
     )
@@ -126,14 +133,8 @@ def program(plan: PoolPlan) -> Declared:
     serve_groups = _serve_groups(aws, plan, subnet, tags, res)
     key = aws.ec2.KeyPair("client", key_name=f"skyward-{plan.stack}", public_key=plan.ssh_public_key, tags=tags, opts=res)
 
-    if plan.image or pinned.get("ami"):
-        ami: Any = pulumi.Output.from_input(plan.image or pinned["ami"])
-    else:
-        owner, pattern = ami_filter(plan)
-        ami = aws.ec2.get_ami_output(
-            most_recent=True, owners=[owner], opts=invoke,
-            filters=[{"name": "name", "values": [pattern]}, {"name": "state", "values": ["available"]}],
-        ).id
+    amis = {g: _ami(pulumi, aws, view, invoke) for g, view in views.items()}
+    ami = amis[plan.group_names()[0]]
 
     # What would replace a running node if it changed is pinned in the plan after the first
     # up; ignore_changes keeps an explicit change (a new ami=) from replacing running nodes too.
@@ -146,11 +147,12 @@ def program(plan: PoolPlan) -> Declared:
     access = buckets.declare_aws(aws, plan, res, tags)
     instances: dict[int, Any] = {}
     for node in plan.nodes:
-        user_data = cloud_config(plan, node, [disk_candidates(j) for j in range(len(plan.disks))], cloud="aws")
+        view = views[node.group]  # the plan itself in a pool of one kind of node
+        user_data = cloud_config(view, node, [disk_candidates(j) for j in range(len(view.disks))], cloud="aws")
         inst = aws.ec2.Instance(
             node.name,
-            ami=ami,
-            instance_type=plan.instance_type,
+            ami=amis[node.group],
+            instance_type=view.instance_type,
             subnet_id=subnet.id,
             vpc_security_group_ids=[group.id, *([serve_groups[node.index].id] if node.index in serve_groups
                                                 else [])],
@@ -161,17 +163,18 @@ def program(plan: PoolPlan) -> Declared:
             instance_market_options=_market(node),
             # IMDSv2 only: the user data (with the node's private host key) is served by IMDS.
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
-            root_block_device={"volume_size": plan.disk_gb, "volume_type": "gp3", "delete_on_termination": True},
+            root_block_device={"volume_size": view.disk_gb, "volume_type": "gp3", "delete_on_termination": True},
             # Part of the instance, not volumes attached after launch: they are deleted when the
             # instance terminates, whoever terminates it, and nothing detaches a mounted disk.
             ebs_block_devices=[
                 {"device_name": device_name(j), "volume_size": disk.size_gb, "volume_type": disk.type or "gp3",
                  "delete_on_termination": True, **({"iops": disk.iops} if disk.iops else {}),
                  "tags": {**tags, "Name": f"skyward-{plan.stack}-{node.name}-disk-{j}"}}
-                for j, disk in enumerate(plan.disks)
+                for j, disk in enumerate(view.disks)
             ],
             user_data=pulumi.Output.secret(user_data),  # it carries the node's private host key
-            tags={**tags, "Name": f"skyward-{plan.stack}-{node.name}", "skyward-node": str(node.index)},
+            tags={**tags, "Name": f"skyward-{plan.stack}-{node.name}", "skyward-node": str(node.index),
+                  **({"skyward-group": label_value(node.group)} if node.group else {})},
             opts=inst_opts,
         )
         instances[node.index] = inst
@@ -181,8 +184,24 @@ def program(plan: PoolPlan) -> Declared:
          "hostname": inst.private_dns}
         for i, inst in instances.items()
     ])
-    pulumi.export("placement", {"ami": ami, "subnet": subnet.id, "zone": subnet.availability_zone})
-    return Declared(provider, group, key, instances, subnet, ami, access, serve_groups)
+    placement = {"ami": ami, "subnet": subnet.id, "zone": subnet.availability_zone}
+    if plan.groups:  # each group's AMI, pinned per group (PoolPlan.of)
+        placement["amis"] = amis
+    pulumi.export("placement", placement)
+    return Declared(provider, group, key, instances, subnet, ami, access, serve_groups, amis)
+
+
+def _ami(pulumi: Any, aws: Any, plan: PoolPlan, invoke: Any) -> Any:
+    """The AMI of the plan's nodes (one group's view of a pool of several): given, pinned by an
+    earlier up, or the latest of the default family for its hardware."""
+    pinned = plan.settings.get("pinned") or {}
+    if plan.image or pinned.get("ami"):
+        return pulumi.Output.from_input(plan.image or pinned["ami"])
+    owner, pattern = ami_filter(plan)
+    return aws.ec2.get_ami_output(
+        most_recent=True, owners=[owner], opts=invoke,
+        filters=[{"name": "name", "values": [pattern]}, {"name": "state", "values": ["available"]}],
+    ).id
 
 
 def _serve_groups(aws: Any, plan: PoolPlan, subnet: Any, tags: dict[str, str], res: Any) -> dict[int, Any]:
@@ -220,10 +239,15 @@ def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:
     given = s.get("subnet") or (s.get("pinned") or {}).get("subnet")
     if given:
         return aws.ec2.get_subnet_output(id=given, opts=invoke)
-    offered = aws.ec2.get_instance_type_offerings_output(
+    # A pool of several groups: a zone that offers every group's instance type.
+    types = list(dict.fromkeys(g.instance_type for g in plan.groups)) or [plan.instance_type]
+    offerings = [aws.ec2.get_instance_type_offerings_output(
         location_type="availability-zone", opts=invoke,
-        filters=[{"name": "instance-type", "values": [plan.instance_type]}],
-    ).locations
+        filters=[{"name": "instance-type", "values": [t]}],
+    ).locations for t in types]
+    offered = offerings[0] if len(offerings) == 1 else pulumi_all(offerings).apply(
+        lambda found: sorted(set.intersection(*(set(z or ()) for z in found))))
+    what = " and ".join(types)  # the instance type(s) the zone must offer, in the messages
     attempt = int(s.get("zone_attempt") or 0)
     vpc = aws.ec2.get_vpc_output(default=True, opts=invoke)
     # The zones where the default VPC has a default subnet: one deleted, or an availability zone
@@ -243,20 +267,20 @@ def _subnet(aws: Any, plan: PoolPlan, invoke: Any) -> Any:
         if plan.zone:
             if zones and plan.zone not in zones:
                 raise ValueError(
-                    f"{plan.instance_type} is not offered in zone {plan.zone}; zones of {plan.region} "
+                    f"{what} is not offered in zone {plan.zone}; zones of {plan.region} "
                     f"that offer it: {', '.join(zones)}. Give one of them as AWS(zone=...), or none."
                 )
             if plan.zone not in set(subnet_zones or ()):
                 raise ValueError(no_default_subnet(plan, [plan.zone]))
             return plan.zone
         if not zones:
-            raise ValueError(f"no zone of {plan.region} offers {plan.instance_type}; pick another region.")
+            raise ValueError(f"no zone of {plan.region} offers {what}; pick another region.")
         usable = [z for z in zones if z in set(subnet_zones or ())]
         if not usable:
             raise ValueError(no_default_subnet(plan, zones))
         if attempt >= len(usable):
             raise ValueError(
-                f"every zone of {plan.region} that offers {plan.instance_type} and has a default subnet "
+                f"every zone of {plan.region} that offers {what} and has a default subnet "
                 f"({', '.join(usable)}) was tried and none could start it; try another region or instance type."
             )
         return usable[attempt]

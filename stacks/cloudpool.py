@@ -113,6 +113,7 @@ class CloudPool:
         connect: Connect | None = None,
         backend: str | None = None,
         track: str | None = None,
+        markets: dict[str, tuple[bool, bool]] | None = None,
     ) -> None:
         from .backend import backend_url
 
@@ -132,6 +133,10 @@ class CloudPool:
         self._track = track
         # The pool's lock (skyward.records.pkglock), once its nodes installed it: kept in the stack config.
         self._lock_json: str | None = None
+        # A pool of several groups (plan.groups): each group's market (spot, fallback allowed),
+        # and the groups whose clusters closed (the last one destroys the stack).
+        self._markets = {g: _Market(*m) for g, m in (markets or {}).items()}
+        self._closed_groups: set[str] = set()
         self.stack = PoolStack(
             plan.stack, _Program(self, program), pool=pool_id, plugins=plugins or {},
             connect=connect or local_connect,
@@ -140,10 +145,16 @@ class CloudPool:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, count: int) -> list[NodeAddress]:
         """The first ``up``; anything it created is destroyed again when it fails."""
+        return self.start_groups({"": count})[""]
+
+    def start_groups(self, counts: dict[str, int]) -> dict[str, list[NodeAddress]]:
+        """The first ``up`` of a pool of several groups: every group's nodes in one update
+        (``{"": count}``: a pool of one kind of node). Anything it created is destroyed again
+        when it fails."""
         try:
             if self._track:
                 notes.note(self, self._track)  # before anything exists in the cloud
-            nodes = self.grow(count)
+            nodes = self._grow(counts)
             if self._track:
                 notes.note(self, self._track)  # with what the first up pinned
             return nodes
@@ -156,20 +167,26 @@ class CloudPool:
                 self._emit(ev.Error(pool=self.pool_id, message=str(cleanup)))
             raise
 
-    def grow(self, count: int) -> list[NodeAddress]:
-        """Add ``count`` nodes (one stack update) and return them. When the update fails the
-        plan is put back as it was, so the next update does not create nodes that never came."""
+    def grow(self, count: int, group: str = "") -> list[NodeAddress]:
+        """Add ``count`` nodes (to ``group``, in a pool of several; one stack update) and return
+        them. When the update fails the plan is put back as it was, so the next update does not
+        create nodes that never came."""
+        return self._grow({group: count})[group]
+
+    def _grow(self, counts: dict[str, int]) -> dict[str, list[NodeAddress]]:
         with self._lock:
             before = self.plan
-            new = self._new_nodes(count)
+            new: tuple[NodePlan, ...] = ()
+            for group, count in counts.items():
+                new += self._new_nodes(count, group, taken=new)
             self.plan = before.with_nodes(before.nodes + new)
             try:
-                outputs = self._up_with_retries(before, new, count)
+                outputs = self._up_with_retries(before, new, len(new))
             except BaseException:
                 self.plan = before
                 raise
             self._pin(outputs)
-            return self._addresses(outputs, [n.index for n in new])
+            return {g: self._addresses(outputs, [n.index for n in new if n.group == g]) for g in counts}
 
     def _up_with_retries(self, before: PoolPlan, new: tuple[NodePlan, ...], count: int) -> dict[str, Any]:
         """``up``, trying the next zone on a first creation that found no capacity (or a zone
@@ -198,14 +215,18 @@ class CloudPool:
                         f"({zone_error.group(0)}); trying the next zone of {self.plan.region}")))
                     continue
                 no_spot = _NO_SPOT.search(text)
-                if self.fallback and any(n.spot for n in new) and no_spot:
+                # The groups whose new nodes may go on-demand (the pool itself: group "").
+                falling = {n.group for n in new if n.spot and self._market(n.group).fallback}
+                if falling and no_spot:
+                    moved = sum(1 for n in new if n.group in falling)
                     self._emit(ev.Log(pool=self.pool_id, level="WARNING", message=(
-                        f"stack {self.plan.stack}: {count} node(s) went on-demand: spot was refused "
+                        f"stack {self.plan.stack}: {moved} node(s) went on-demand: spot was refused "
                         f"({no_spot.group(0)}) and allocation is spot-if-available")))
-                    new = tuple(replace(n, spot=False) for n in new)
+                    new = tuple(replace(n, spot=False) if n.group in falling else n for n in new)
                     settings = {k: v for k, v in self.plan.settings.items() if k != "zone_attempt"}
                     self.plan = replace(self.plan, nodes=before.nodes + new, settings=settings)
-                    self.fallback = False
+                    for group in falling:
+                        self._market(group).fallback = False
                     continue
                 raise
 
@@ -247,7 +268,8 @@ class CloudPool:
                                   message=f"stack {self.plan.stack}: refresh before replacing node {index} failed: {exc}"))
             reclaimed = self._reclaimed(index)
             previous = self.plan
-            new = self._new_nodes(1)  # numbered after every node so far: never the lost one's index
+            group = next((n.group for n in previous.nodes if n.index == index), "")
+            new = self._new_nodes(1, group)  # numbered after every node so far: never the lost one's index
             before = previous.with_nodes(tuple(n for n in previous.nodes if n.index != index))
             self.plan = before.with_nodes(before.nodes + new)
             try:
@@ -341,6 +363,29 @@ class CloudPool:
             self.stack.remove()
             keys.forget(self.plan.stack)
             notes.forget(self.plan.stack)
+        with _OPEN_LOCK:
+            _OPEN.pop(f"{self.backend}|{self.plan.stack}", None)
+
+    # -- a pool of several groups: each group's cluster works through a view -----------------
+    def group(self, name: str) -> CloudGroup:
+        """The view of group ``name`` that its cluster grows, shrinks, heals and closes through."""
+        self.plan.of(name)  # KeyError for a group the plan does not have
+        return CloudGroup(self, name)
+
+    def close_group(self, group: str) -> None:
+        """Group ``group``'s cluster closed: its nodes leave the stack (one update) while another
+        group's cluster is open; the last one to close destroys the stack (``close``)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed_groups.add(group)
+            if not self._closed_groups >= set(self.plan.group_names()):
+                left = tuple(n for n in self.plan.nodes if n.group != group)
+                if len(left) != len(self.plan.nodes):
+                    self.plan = self.plan.with_nodes(left)
+                    self._up()
+                return
+        self.close()
 
     # -- named pools: what another process needs to reopen this stack -----------------------
     def describe(self) -> dict[str, Any]:
@@ -357,6 +402,8 @@ class CloudPool:
                 "record": json.loads(json.dumps(self._record, default=str)), "secrets": dict(self._secrets),
                 "plugins": dict(self.stack.plugins), "addresses": dict(self._by_address),
                 "lock": self._lock_json,
+                **({"markets": {g: [m.spot, m.fallback] for g, m in self._markets.items()},
+                    "closed_groups": sorted(self._closed_groups)} if self._markets else {}),
             }
 
     @classmethod
@@ -367,15 +414,26 @@ class CloudPool:
         import functools
 
         backend = str(description["backend"])
+        key = f"{backend}|{description['name']}"
+        if description["plan"].get("groups"):  # the groups of one pool share one CloudPool here
+            with _OPEN_LOCK:
+                open_ = _OPEN.get(key)
+                if open_ is not None and not open_._closed:
+                    return open_
         cloud = cls(
             PoolPlan.from_dict(description["plan"]), program, pool_id=str(description["pool_id"]),
             key_path=Path(description["key_path"]), spot=bool(description["spot"]),
             fallback_to_on_demand=bool(description["fallback"]), record=dict(description.get("record") or {}),
             secrets=dict(description.get("secrets") or {}), plugins=dict(description.get("plugins") or {}),
             connect=connect or functools.partial(local_connect, backend_url=backend), backend=backend,
+            markets={str(g): (bool(m[0]), bool(m[1])) for g, m in (description.get("markets") or {}).items()},
         )
         cloud._by_address = {str(a): int(i) for a, i in (description.get("addresses") or {}).items()}
         cloud._lock_json = description.get("lock")
+        cloud._closed_groups = set(description.get("closed_groups") or ())
+        if cloud.plan.groups:
+            with _OPEN_LOCK:
+                _OPEN[key] = cloud
         return cloud
 
     # -- plumbing --------------------------------------------------------------------------
@@ -389,13 +447,20 @@ class CloudPool:
         except (AttributeError, KeyError):
             raise ProviderError(f"stack {self.plan.stack}: {node!r} is not one of this pool's nodes") from None
 
-    def _new_nodes(self, count: int) -> tuple[NodePlan, ...]:
-        start = max((n.index for n in self.plan.nodes), default=-1) + 1
+    def _new_nodes(self, count: int, group: str = "", taken: tuple[NodePlan, ...] = ()) -> tuple[NodePlan, ...]:
+        """``count`` new nodes of ``group``, numbered after every node of the pool (and ``taken``)."""
+        start = max((n.index for n in (*self.plan.nodes, *taken)), default=-1) + 1
+        spot = self._market(group).spot
         nodes = []
         for index in range(start, start + count):
             host = keys.ed25519(f"{self.plan.stack}-node-{index}")
-            nodes.append(NodePlan(index=index, spot=self.spot, host_key=host.public, host_key_private=host.private))
+            nodes.append(NodePlan(index=index, spot=spot, host_key=host.public, host_key_private=host.private,
+                                  group=group))
         return tuple(nodes)
+
+    def _market(self, group: str) -> Any:
+        """Whose ``spot`` and ``fallback`` a group's new nodes follow: the pool's for group ""."""
+        return self._markets[group] if group else self
 
     def _up(self) -> dict[str, Any]:
         self.stack.config = {
@@ -411,17 +476,21 @@ class CloudPool:
         # are in their (secret) user data there, and in a named pool's 0600 record.
         return self.stack.up()
 
-    def keep_lock(self, lock: dict[str, Any]) -> None:
+    def keep_lock(self, lock: dict[str, Any], group: str = "") -> None:
         """Put the pool's lock (what its nodes installed, the image id...) in the stack config,
-        now and with every later update: the stack alone says how to make the pool again."""
+        now and with every later update: the stack alone says how to make the pool again. In a
+        pool of several groups, each group's lock is kept under its name: ``{"groups": {...}}``."""
         with self._lock:
+            if group:
+                kept = json.loads(self._lock_json) if self._lock_json else {}
+                lock = {"groups": {**(kept.get("groups") or {}), group: lock}}
             self._lock_json = json.dumps(lock, sort_keys=True, default=str)
             self.stack.set_config({"lock": self._lock_json})
 
-    def lock_facts(self) -> dict[str, Any]:
-        """The cloud part of the pool's lock: the concrete image the lookup resolved (pinned after
-        the first update), the instance type, region, zone and subnet."""
-        plan = self.plan
+    def lock_facts(self, group: str = "") -> dict[str, Any]:
+        """The cloud part of the pool's (or ``group``'s) lock: the concrete image the lookup
+        resolved (pinned after the first update), the instance type, region, zone and subnet."""
+        plan = self.plan.of(group)
         pinned = plan.settings.get("pinned") or {}
         return {"image": plan.image or pinned.get("ami") or pinned.get("image"), "instance_type": plan.instance_type,
                 "region": plan.region, "zone": plan.zone or pinned.get("zone"), "subnet": pinned.get("subnet"),
@@ -452,6 +521,58 @@ class CloudPool:
 
     def _emit(self, event: ev.Event) -> None:
         ev.bus.emit(event)
+
+
+@dataclass(slots=True)
+class _Market:
+    """A group's market in a pool of several: spot or not, and whether spot may fall back."""
+
+    spot: bool
+    fallback: bool
+
+
+# The pools of several groups reopened in this process (named pools): each group's cluster is
+# attached on its own, and all must update the one plan.
+_OPEN: dict[str, CloudPool] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+class CloudGroup:
+    """One group of a pool of several, as its cluster sees the pool's one stack: growing adds
+    nodes of this group, replacing a lost node makes one of this group, closing removes this
+    group's nodes (the last group to close destroys the stack). ``plan`` is the group's view."""
+
+    def __init__(self, cloud: CloudPool, name: str) -> None:
+        self.cloud, self.name = cloud, name
+
+    @property
+    def plan(self) -> PoolPlan:
+        return self.cloud.plan.of(self.name)
+
+    @property
+    def stack(self) -> PoolStack:
+        return self.cloud.stack
+
+    def grow(self, count: int) -> list[NodeAddress]:
+        return self.cloud.grow(count, self.name)
+
+    def shrink(self, nodes: Iterable[Any]) -> None:
+        self.cloud.shrink(nodes)
+
+    def replace(self, gone: Any) -> tuple[NodeAddress, str | None]:
+        return self.cloud.replace(gone)
+
+    def close(self) -> None:
+        self.cloud.close_group(self.name)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.cloud.describe(), "group": self.name}
+
+    def lock_facts(self) -> dict[str, Any]:
+        return self.cloud.lock_facts(self.name)
+
+    def keep_lock(self, lock: dict[str, Any]) -> None:
+        self.cloud.keep_lock(lock, self.name)
 
 
 class _Program:
@@ -622,4 +743,68 @@ def launch(
         fallback_to_on_demand=spec.allocation in ("spot-if-available", "cheapest") and offer.on_demand is not None,
         record=record, secrets=secrets, plugins=plugins, connect=connect,
         track=kind if pool_name is None else None,
+    )
+
+
+# Settings that are the pool's, not a group's: where the pool is, and what its first update pinned.
+_POOL_SETTINGS = ("zones", "zone_attempt", "pinned", "subnet", "profile", "project", "network", "subnetwork")
+
+
+def launch_groups(
+    kind: str,
+    specs: dict[str, Spec],
+    pool_id: str,
+    offers: dict[str, Offer],
+    program: Callable[[PoolPlan], Any],
+    *,
+    provider: Any,
+    stack_args: dict[str, dict[str, Any]],
+    settings: dict[str, Any],
+    plugins: dict[str, str],
+    connect: Connect | None,
+    pool_name: str | None = None,
+) -> CloudPool:
+    """The CloudPool of a new pool of several groups on one cloud: one stack, one network and
+    security group (or firewalls), one client key; each group's nodes with their own instance
+    type, market, disks and image (``PoolPlan.groups``). ``stack_args``: each group's provider
+    arguments (``_stack_args``); ``settings``: the pool's (where the pool is: the first group's,
+    with the zones every group can use). Nothing is created in the cloud yet."""
+    from .backend import stack_name
+    from .network import client_cidrs
+    from .plan import GroupPlan
+
+    first = next(iter(specs))
+    args = stack_args[first]
+    where = f"sky.{kind.upper()}(allow_ssh_from=...)"
+    cidrs = client_cidrs(args["allow_ssh_from"], args["detect_address"], where)
+    stack = stack_name(pool_name, pool_id)
+    key_path, client = keys.client_key(stack)
+    groups = []
+    for name, spec in specs.items():
+        a = stack_args[name]
+        view = new_plan(spec, offers[name], stack=stack, pool=pool_name or pool_id, zone=args["zone"], image=a["image"],
+                        user=args["user"], settings={}, cidrs=cidrs, public_key=client.public,
+                        max_duration=args["max_duration"])
+        groups.append(GroupPlan(
+            name=name, instance_type=view.instance_type, disk_gb=view.disk_gb, disks=view.disks, image=view.image,
+            gpu=view.gpu, architecture=view.architecture, ttl=view.ttl, grace=view.grace,
+            settings={k: v for k, v in a["settings"].items() if k not in _POOL_SETTINGS},
+        ))
+    plan = new_plan(
+        specs[first], offers[first], stack=stack, pool=pool_name or pool_id, zone=args["zone"], image=args["image"],
+        user=args["user"], settings=settings, cidrs=cidrs, public_key=client.public, max_duration=args["max_duration"],
+    )
+    plan = replace(plan, groups=tuple(groups))
+    records: dict[str, Any] = {}
+    secrets: dict[str, str] = {}
+    markets: dict[str, tuple[bool, bool]] = {}
+    for name, spec in specs.items():
+        records[name], group_secrets = spec_record(spec, offers[name], provider)
+        secrets.update({f"{name}/{k}": v for k, v in group_secrets.items()})
+        markets[name] = (offers[name].market(spec.allocation) == "spot",
+                         spec.allocation in ("spot-if-available", "cheapest") and offers[name].on_demand is not None)
+    return CloudPool(
+        plan, program, pool_id=pool_id, key_path=key_path, spot=markets[first][0],
+        fallback_to_on_demand=markets[first][1], record={"skyward": __version__, "groups": records},
+        secrets=secrets, plugins=plugins, connect=connect, track=kind if pool_name is None else None, markets=markets,
     )

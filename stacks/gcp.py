@@ -26,6 +26,11 @@ has no capacity). The boot image family is resolved once to a concrete image: th
 ``up`` exports it and the zone (``placement``), the pool pins them in its plan, and later
 ``up``s never replace a running node for a newer image in the family.
 
+A pool of several groups (``plan.groups``) is one such stack: the firewalls, network tag and
+custom role are the pool's; each node's instance is made from its group's view of the plan
+(``PoolPlan.of``: machine type, accelerators, disks, image, ttl), labelled ``skyward-group``;
+each group's image is pinned (``placement["images"]``).
+
 Outputs: ``nodes``, one entry per node (index, id, public and private IP, hostname), and
 ``placement`` (image, zone).
 """
@@ -48,7 +53,7 @@ from .gcp_common import (
     resource_name,
     short_id,
 )
-from .plan import NodePlan, PoolPlan
+from .plan import NodePlan, PoolPlan, label_value
 from .userdata import NVIDIA_BRANCH, cloud_config
 
 # Canonical's Ubuntu 24.04 images; for GPUs the accelerator images with the current NVIDIA
@@ -107,6 +112,7 @@ class Declared:
     grants: dict[int, list[Any]]
     image: Any
     zone: str
+    images: dict[str, Any] | None = None  # group -> its boot image ("" in a pool of one kind of node)
 
 
 def program(plan: PoolPlan) -> Declared:
@@ -120,9 +126,8 @@ def program(plan: PoolPlan) -> Declared:
         return gcp_tpu.program(plan)  # type: ignore[return-value]
 
     s = plan.settings
-    machine_type = s.get("machine_type") or plan.instance_type
-    disk_rules.gcp_check(plan.disks, machine_type)  # a plan reopened from a record, too
-    disk_type = disk_rules.gcp_default_type(machine_type)  # Hyperdisk on the series that take only it
+    # Each group's machine: its view of the plan (the plan itself in a pool of one kind of node).
+    machines = {g: _Machine.of(plan.of(g)) for g in plan.group_names()}
     labels = plan.labels()
     zone = choose_zone(plan)
     project = s.get("project")
@@ -135,13 +140,8 @@ def program(plan: PoolPlan) -> Declared:
 
     firewalls = declare_firewalls(gcp, plan, network, tag, res)
 
-    pinned = s.get("pinned") or {}
-    if plan.image or pinned.get("image"):
-        image: Any = pulumi.Output.from_input(plan.image or pinned["image"])
-    else:
-        image_project, family = default_image(plan)
-        image = gcp.compute.get_image_output(family=family, project=image_project,
-                                             opts=pulumi.InvokeOptions(provider=provider)).self_link
+    images = {g: _image(pulumi, gcp, m.plan, provider) for g, m in machines.items()}
+    image = images[plan.group_names()[0]]
 
     role = gcp.projects.IAMCustomRole(
         "self-delete", role_id=role_id(plan), project=project,
@@ -150,9 +150,6 @@ def program(plan: PoolPlan) -> Declared:
         permissions=list(SELF_DELETE_PERMISSIONS), opts=res,
     )
 
-    accel = s.get("accelerator_type")
-    attach = bool(s.get("attach")) and accel
-    proprietary_at_boot = needs_proprietary_driver(plan) and not plan.image  # an image= brings its own driver
     # Pinned after the first up; ignore_changes keeps a new image= from replacing running nodes.
     inst_opts = pulumi.ResourceOptions(provider=provider, ignore_changes=["bootDisk.initializeParams.image"])
     instances: dict[int, Any] = {}
@@ -162,13 +159,15 @@ def program(plan: PoolPlan) -> Declared:
     checked_buckets: dict[str, Any] = {}  # sky.Volume buckets looked up (buckets.declare_gcp)
     for node in plan.nodes:
         name = instance_name(plan, node)
+        m = machines[node.group]
+        node_labels = {**labels, **({"skyward-group": label_value(node.group)} if node.group else {})}
         node_disks = [
             gcp.compute.Disk(
                 f"{node.name}-disk-{j}", name=resource_name(f"sky-{plan.stack}", suffix=f"-{node.index}-disk-{j}"), zone=zone, size=disk.size_gb,
-                type=disk.type or disk_type, labels=labels, opts=res,
+                type=disk.type or m.disk_type, labels=node_labels, opts=res,
                 **({"provisioned_iops": disk.iops} if disk.iops else {}),
             )
-            for j, disk in enumerate(plan.disks)
+            for j, disk in enumerate(m.plan.disks)
         ]
         account = gcp.serviceaccount.Account(
             f"{node.name}-account", account_id=account_id(plan, node), project=project,
@@ -177,35 +176,35 @@ def program(plan: PoolPlan) -> Declared:
             create_ignore_already_exists=True,
             display_name=f"skyward {plan.stack} node {node.index}", opts=res,
         )
-        user_data = cloud_config(plan, node, [[f"/dev/disk/by-id/google-disk-{j}"] for j in range(len(plan.disks))],
-                                 cloud="gcp", proprietary_driver=proprietary_at_boot)
+        user_data = cloud_config(m.plan, node, [[f"/dev/disk/by-id/google-disk-{j}"] for j in range(len(m.plan.disks))],
+                                 cloud="gcp", proprietary_driver=m.proprietary_at_boot)
         inst = gcp.compute.Instance(
             node.name,
             name=name,
-            machine_type=machine_type,
+            machine_type=m.machine_type,
             zone=zone,
             boot_disk={"auto_delete": True, "initialize_params": {
-                "image": image, "size": plan.disk_gb, "type": disk_type,
+                "image": images[node.group], "size": m.plan.disk_gb, "type": m.disk_type,
             }},
             network_interfaces=[{
                 "network": network, "subnetwork": s.get("subnetwork"), "access_configs": [{}],
-                **({"nic_type": "GVNIC"} if needs_gvnic(machine_type) else {}),
+                **({"nic_type": "GVNIC"} if needs_gvnic(m.machine_type) else {}),
             }],
             attached_disks=[{"source": d.self_link, "device_name": f"disk-{j}"} for j, d in enumerate(node_disks)],
-            guest_accelerators=[{"type": accel, "count": int(s.get("accelerator_count", 1))}] if attach else [],
+            guest_accelerators=[{"type": m.accel, "count": m.accel_count}] if m.attach else [],
             scheduling=_scheduling(node, plan),
             service_account={"email": account.email, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]},
             metadata={
                 # The guest agent installs ssh-keys at once; a node installing its GPU driver at
                 # boot admits the client only once a GPU answers (userdata._NVIDIA), so it gets none.
                 **({"skyward-gpu-driver": f"nvidia-{NVIDIA_BRANCH} (proprietary), installed at boot"}
-                   if proprietary_at_boot else {"ssh-keys": f"{plan.ssh_user}:{plan.ssh_public_key}"}),
+                   if m.proprietary_at_boot else {"ssh-keys": f"{plan.ssh_user}:{plan.ssh_public_key}"}),
                 "block-project-ssh-keys": "true",
                 # A project (or organization) enforcing OS Login ignores ssh-keys metadata.
                 "enable-oslogin": "FALSE",
                 "user-data": pulumi.Output.secret(user_data),  # it carries the node's private host key
             },
-            labels={**labels, "skyward-node": str(node.index)},
+            labels={**node_labels, "skyward-node": str(node.index)},
             tags=[tag],
             allow_stopping_for_update=True,
             opts=inst_opts,
@@ -238,8 +237,47 @@ def program(plan: PoolPlan) -> Declared:
          "private_ip": inst.network_interfaces[0].network_ip, "hostname": inst.name}
         for i, inst in instances.items()
     ])
-    pulumi.export("placement", {"image": image, "zone": zone})
-    return Declared(provider, firewalls, instances, disks, accounts, role, grants, image, zone)
+    placement = {"image": image, "zone": zone}
+    if plan.groups:  # each group's image, pinned per group (PoolPlan.of)
+        placement["images"] = images
+    pulumi.export("placement", placement)
+    return Declared(provider, firewalls, instances, disks, accounts, role, grants, image, zone, images)
+
+
+@dataclass(frozen=True)
+class _Machine:
+    """What one group's instances are made of (the whole pool's, in a pool of one kind of node)."""
+
+    plan: PoolPlan  # the group's view of the pool's plan (PoolPlan.of)
+    machine_type: str
+    disk_type: str
+    accel: Any
+    accel_count: int
+    attach: bool
+    proprietary_at_boot: bool
+
+    @classmethod
+    def of(cls, plan: PoolPlan) -> _Machine:
+        s = plan.settings
+        machine_type = s.get("machine_type") or plan.instance_type
+        disk_rules.gcp_check(plan.disks, machine_type)  # a plan reopened from a record, too
+        accel = s.get("accelerator_type")
+        return cls(
+            plan, machine_type,
+            disk_rules.gcp_default_type(machine_type),  # Hyperdisk on the series that take only it
+            accel, int(s.get("accelerator_count", 1)), bool(s.get("attach")) and bool(accel),
+            needs_proprietary_driver(plan) and not plan.image,  # an image= brings its own driver
+        )
+
+
+def _image(pulumi: Any, gcp: Any, plan: PoolPlan, provider: Any) -> Any:
+    """The boot image of the plan's nodes: given, pinned by an earlier up, or the family's latest."""
+    pinned = plan.settings.get("pinned") or {}
+    if plan.image or pinned.get("image"):
+        return pulumi.Output.from_input(plan.image or pinned["image"])
+    image_project, family = default_image(plan)
+    return gcp.compute.get_image_output(family=family, project=image_project,
+                                        opts=pulumi.InvokeOptions(provider=provider)).self_link
 
 
 # Machine series whose network interface must be gVNIC (Compute Engine's GPU machine types page:

@@ -13,12 +13,14 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class NodePlan:
-    """One node: its index in the pool, its market, and the host key it will present."""
+    """One node: its index in the pool (unique across its groups), its market, the host key it
+    will present, and its group ("" in a pool of one kind of node: the plan's own fields)."""
 
     index: int
     spot: bool
     host_key: str  # public, "ssh-ed25519 AAAA..."
     host_key_private: str = field(repr=False, default="")
+    group: str = ""
 
     @property
     def name(self) -> str:
@@ -53,6 +55,25 @@ class PortPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """One group of a pool of several (skyward.core.group) in the pool's one stack: what its nodes
+    have of their own. Everything else -- region, zone, network, security group or firewalls, the
+    client key, expiry, buckets -- is the pool's. ``settings`` go over the pool's (GCP: the machine
+    type and accelerator; AWS: the AMI family)."""
+
+    name: str
+    instance_type: str
+    disk_gb: int
+    disks: tuple[DiskPlan, ...] = ()
+    image: str | None = None
+    gpu: bool = False
+    architecture: str = "x86_64"
+    ttl: int = 600
+    grace: int = 900
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPlan:
     """Everything common to the AWS and GCP programs."""
 
@@ -78,9 +99,35 @@ class PoolPlan:
     version: str = ""
     settings: dict[str, Any] = field(default_factory=dict)  # provider specifics (subnet, project...)
     serve_ports: tuple[PortPlan, ...] = ()  # ports of one node opened to allow_from= (pool.serve)
+    # A pool of several groups: each group's own fields (the plan's own are the first group's);
+    # every node names its group. () for a pool of one kind of node.
+    groups: tuple[GroupPlan, ...] = ()
 
     def with_nodes(self, nodes: tuple[NodePlan, ...]) -> PoolPlan:
         return replace(self, nodes=nodes)
+
+    def group_names(self) -> tuple[str, ...]:
+        """The groups whose nodes the program declares: ("",) for a pool of one kind of node."""
+        return tuple(g.name for g in self.groups) or ("",)
+
+    def of(self, group: str) -> PoolPlan:
+        """The plan as one group's nodes see it: its instance type, disks, image, hardware, ttl
+        and settings over the pool's, and only its nodes. ``""``: the plan itself."""
+        if not group:
+            return self
+        g = next((g for g in self.groups if g.name == group), None)
+        if g is None:
+            raise KeyError(f"stack {self.stack} has no group {group!r} (groups: {', '.join(self.group_names())})")
+        settings = {**self.settings, **g.settings}
+        pinned = dict(settings.get("pinned") or {})
+        for key, per_group in (("ami", "amis"), ("image", "images")):  # looked up per group (stacks/aws.py, gcp.py)
+            if group in (pinned.get(per_group) or {}):
+                pinned[key] = pinned[per_group][group]
+        if pinned:
+            settings["pinned"] = pinned
+        return replace(self, instance_type=g.instance_type, disk_gb=g.disk_gb, disks=g.disks, image=g.image,
+                       gpu=g.gpu, architecture=g.architecture, ttl=g.ttl, grace=g.grace, settings=settings,
+                       nodes=tuple(n for n in self.nodes if n.group == group), groups=())
 
     def labels(self) -> dict[str, str]:
         """Tags/labels on every resource: lower-case keys and values, valid on AWS and GCP."""
@@ -101,7 +148,9 @@ class PoolPlan:
         disks = tuple(DiskPlan(**d) for d in data.pop("disks", ()))
         buckets = tuple(BucketPlan(**b) for b in data.pop("buckets", ()))
         ports = tuple(PortPlan(int(p["node"]), int(p["port"]), tuple(p["cidrs"])) for p in data.pop("serve_ports", ()))
-        return cls(nodes=nodes, disks=disks, buckets=buckets, ssh_cidrs=tuple(data.pop("ssh_cidrs")),
+        groups = tuple(GroupPlan(**{**g, "disks": tuple(DiskPlan(**d) for d in g.get("disks", ()))})
+                       for g in data.pop("groups", ()))
+        return cls(nodes=nodes, disks=disks, buckets=buckets, ssh_cidrs=tuple(data.pop("ssh_cidrs")), groups=groups,
                    serve_ports=ports, **data)
 
     def record(self) -> dict[str, Any]:
@@ -109,6 +158,10 @@ class PoolPlan:
         data = asdict(self)
         for node in data["nodes"]:
             node.pop("host_key_private")
+            if not node["group"]:  # a pool of one kind of node records what it always did
+                node.pop("group")
+        if not data["groups"]:
+            data.pop("groups")
         return data
 
 

@@ -88,3 +88,23 @@ def test_a_node_that_shows_another_host_key_is_refused_and_the_stack_destroyed(t
     with pytest.raises(sky.HostKeyError), sky.Compute(provider=provider, nodes=1, options=options):
         pytest.fail("the pool must not open")
     assert [kind for kind, _ in ws.calls][-3:] == ["refresh", "destroy", "remove"]
+
+
+def test_two_aws_groups_are_one_stack_and_each_group_its_own_cluster(two_hosts: SSHHosts) -> None:
+    ws = FakeWorkspace(node_outputs=boot(two_hosts))
+    provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"],
+                       install="wheelhouse")  # the test hosts have no index
+    groups = {"prep": sky.Spec(provider=provider, nodes=1, vcpus=2),
+              "train": sky.Spec(provider=provider, nodes=1, vcpus=16)}
+    with sky.Compute(groups=groups, options=sky.Options(console=False)) as pool:
+        prep, train = where() @ pool["prep"], where() @ pool["train"]
+        stacks = set(ws.plans)
+        plan = ws.plans[next(iter(stacks))][-1]
+    assert len(stacks) == 1  # one stack for the pool, not one per group
+    by_group = {n["group"]: n["index"] for n in plan["nodes"]}
+    types = {g["name"]: g["instance_type"] for g in plan["groups"]}
+    assert set(by_group) == {"prep", "train"} and types["prep"] != types["train"]
+    assert (prep[0]["ip"], train[0]["ip"]) == (two_hosts[by_group["prep"]].address,
+                                               two_hosts[by_group["train"]].address)
+    ops = [kind for kind, _ in ws.calls]
+    assert ops[:3] == ["select", "config", "update"] and ops[-3:] == ["refresh", "destroy", "remove"]

@@ -6,7 +6,6 @@ wrote it, with the value, the rule and the next step in the message.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -496,6 +495,8 @@ class SpecKwargs(TypedDict, total=False):
 
 
 def unknown_field_error(name: str, where: str = "sky.Compute") -> ConfigError:
+    import difflib  # only for this message: every client imports this module at start
+
     close = difflib.get_close_matches(name, [*SPEC_FIELDS, "options", "worker", "name"], n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return ConfigError(

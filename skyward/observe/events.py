@@ -9,6 +9,7 @@ other subscribers, never task dispatch.
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import logging
 import os
@@ -16,8 +17,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import MISSING, FrozenInstanceError, dataclass, field, replace
+from typing import Any, Literal, TypeVar, dataclass_transform
 
 log = logging.getLogger("skyward.observe.events")
 
@@ -49,26 +50,128 @@ class Event:
         return hash(self._values())
 
 
+_E = TypeVar("_E", bound=type)
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True)
+def _event(cls: _E) -> _E:
+    """``@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)``, made cheaply.
+
+    The dataclass decorator compiles three functions for each class (__init__, __setattr__,
+    __delattr__) and asks inspect for a signature to write its docstring: for these ~40 classes
+    that is most of what importing this module costs, and every client pays it at start.
+    Here the class gets the same fields, params, slots, docstring and pickling as the decorator
+    gives; __setattr__/__delattr__ are shared; its __init__ is compiled the first time it is
+    looked up (_LazyInit). dataclasses.fields, replace, is_dataclass and
+    asdict see a dataclass.
+    """
+    base: Any = cls.__mro__[1]
+    fields = dict(base.__dataclass_fields__)
+    own = inspect.get_annotations(cls)
+    for name, annotation in own.items():
+        default = cls.__dict__.get(name, MISSING)
+        f = field() if default is MISSING else field(default=default)
+        f.name, f.type, f.kw_only = name, annotation, True
+        f._field_type = _PLAIN_FIELD
+        fields[name] = f
+    namespace = {k: v for k, v in cls.__dict__.items() if k not in own and k not in ("__dict__", "__weakref__")}
+    namespace.update(
+        __slots__=tuple(own), __dataclass_fields__=fields, __dataclass_params__=_PARAMS, __match_args__=(),
+        __setattr__=_frozen_setattr, __delattr__=_frozen_delattr,
+        __getstate__=_GETSTATE, __setstate__=_SETSTATE, __init__=_LazyInit(),
+    )
+    made: Any = type(cls)(cls.__name__, cls.__bases__, namespace)
+    made.__qualname__ = cls.__qualname__
+    if not made.__doc__:  # as the decorator writes it: the class's signature
+        made.__doc__ = made.__name__ + "(*, " + ", ".join(_shown(f) for f in fields.values()) + ")"
+    return made
+
+
+def _shown(f: Any) -> str:
+    text = f"{f.name}: {f.type!r}"
+    if f.default_factory is not MISSING:
+        return text + " = <factory>"
+    return text if f.default is MISSING else f"{text} = {f.default!r}"
+
+
+def _frozen_setattr(self: Event, name: str, value: object) -> None:
+    if "__dataclass_fields__" in type(self).__dict__ or name in self.__dataclass_fields__:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+    object.__setattr__(self, name, value)
+
+
+def _frozen_delattr(self: Event, name: str) -> None:
+    if "__dataclass_fields__" in type(self).__dict__ or name in self.__dataclass_fields__:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+    object.__delattr__(self, name)
+
+
+_frozen_setattr.__name__ = _frozen_setattr.__qualname__ = "__setattr__"
+_frozen_delattr.__name__ = _frozen_delattr.__qualname__ = "__delattr__"
+# What the decorator gave Event and gives each of its classes alike, taken from Event.
+_PLAIN_FIELD = Event.__dataclass_fields__["pool"]._field_type  # type: ignore[attr-defined]
+_PARAMS = Event.__dataclass_params__  # type: ignore[attr-defined]
+_FACTORY = Event.__init__.__kwdefaults__["time"]  # type: ignore[index]  # "<factory>": call time.time
+_GETSTATE = Event.__dict__["__getstate__"]
+_SETSTATE = Event.__dict__["__setstate__"]
+
+
+def _compile_init(cls: Any) -> Any:
+    """The class's __init__ as the decorator writes it: its keyword-only fields in order, each
+    set with object.__setattr__, ``time`` from time.time unless given."""
+    fields = cls.__dataclass_fields__.values()
+    names = [f.name for f in fields]
+    lines = [f"def __init__(self, *, {', '.join(names)}):", "    if time is _FACTORY: time = _now()"]
+    lines += [f"    _set(self, {name!r}, {name})" for name in names]
+    scope = {"_FACTORY": _FACTORY, "_now": _now, "_set": object.__setattr__}
+    exec("\n".join(lines), scope)
+    init = scope["__init__"]
+    init.__kwdefaults__ = {f.name: _FACTORY if f.default_factory is not MISSING else f.default
+                           for f in fields if f.default is not MISSING or f.default_factory is not MISSING}
+    init.__annotations__ = {**{f.name: f.type for f in fields}, "return": None}
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
+class _LazyInit:
+    """An event class's __init__ until it is first looked up (an instance made, inspect or help
+    reading it): then compiled and put in its place, so a client pays only for the events it
+    makes, never at import."""
+
+    __slots__ = ("owner",)
+
+    def __set_name__(self, owner: Any, name: str) -> None:
+        self.owner = owner
+
+    def __get__(self, obj: object, cls: type | None = None) -> Any:
+        init = _compile_init(self.owner)
+        self.owner.__init__ = init
+        return init if obj is None else init.__get__(obj, cls)
+
+
+_now = time.time
+
+
 # -- cluster lifecycle --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterRequested(Event):
     provider: str
     nodes: int
     label: str | None = None  # the name a Session gave the pool (session.compute(..., name=...))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterProvisioned(Event):
     nodes: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterReady(Event):
     nodes: int
     seconds: float  # from request to ready
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterAsleep(Event):
     """A pool of ``Nodes(desired=0)`` stopped its last node (it sat idle for
     ``Options.autoscale_idle_timeout``): it costs nothing until its next task wakes it."""
@@ -76,7 +179,7 @@ class ClusterAsleep(Event):
     idle_seconds: float  # how long it had been idle (0 when a resize put it to sleep)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterWoke(Event):
     """A pool with no node got a task and started ``nodes`` node(s) for it."""
 
@@ -84,19 +187,19 @@ class ClusterWoke(Event):
     seconds: float  # from the task that woke it to a ready node
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterDestroyed(Event):
     pass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ClusterDetached(Event):
     """This client let go of a named pool; its nodes keep running for the next client."""
 
     nodes: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class JobQueued(Event):
     """A scheduler's job for some of the pool's nodes (sky.Slurm) changed state or reason while
     the pool waits for it: ``state`` as the scheduler says it (PENDING, RUNNING, ...), ``reason``
@@ -112,7 +215,7 @@ class JobQueued(Event):
 
 
 # -- instances ----------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstanceRequested(Event):
     """Nodes asked of the provider: the pool's first ones, more for a resize or a wake, or one
     in place of a lost node (``replacing``: that node). Each that comes is an InstanceProvisioned."""
@@ -122,14 +225,14 @@ class InstanceRequested(Event):
     replacing: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstanceProvisioned(Event):
     node: int
     hostname: str
     private_ip: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class BootstrapPhase(Event):
     node: int  # -1: work on this machine for every node (building the wheelhouse)
     phase: str
@@ -137,12 +240,12 @@ class BootstrapPhase(Event):
     seconds: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstanceBootstrapped(Event):
     node: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstancePreempted(Event):
     """The provider says a lost node was a spot instance taken back (after InstanceLost)."""
 
@@ -150,7 +253,7 @@ class InstancePreempted(Event):
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstanceLost(Event):
     """The connection to a node's agent broke (host down, network cut, agent killed) or its
     health checks failed; its running tasks move to other nodes (Options.retry_on_interruption)
@@ -160,7 +263,7 @@ class InstanceLost(Event):
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstanceReplaced(Event):
     """A new node (``new_node``) took the place and the rank of lost node ``node``;
     ``seconds``: from the loss to the new node being ready for tasks."""
@@ -172,12 +275,12 @@ class InstanceReplaced(Event):
     seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class InstanceDestroyed(Event):
     node: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ShutdownRequested(Event):
     """The pool's teardown began: its ``nodes`` are told to stop and the provider to destroy
     what it created (a pool that detaches, leaving its nodes running, has none)."""
@@ -185,7 +288,7 @@ class ShutdownRequested(Event):
     nodes: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ShutdownCompleted(Event):
     """The teardown that ShutdownRequested began is over (``ok``: the provider destroyed
     everything without an error), ``seconds`` after it began. ClusterDestroyed follows."""
@@ -195,7 +298,7 @@ class ShutdownCompleted(Event):
     ok: bool = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ResourceChanged(Event):
     """A Pulumi resource operation of a cloud pool's stack."""
 
@@ -205,7 +308,7 @@ class ResourceChanged(Event):
 
 
 # -- work ---------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class BatchStarted(Event):
     """A map or gather began: ``total`` items under one ``batch`` id (for progress bars)."""
 
@@ -215,7 +318,7 @@ class BatchStarted(Event):
     total: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class BatchFinished(Event):
     batch: int
     ok: bool
@@ -224,7 +327,7 @@ class BatchFinished(Event):
     seconds: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class TaskStarted(Event):
     """A task (or a map chunk of ``items`` items) was sent to ``node``."""
 
@@ -235,7 +338,7 @@ class TaskStarted(Event):
     batch: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class TaskCompleted(Event):
     task: int
     name: str
@@ -249,7 +352,7 @@ class TaskCompleted(Event):
 
 
 # -- serving (pool.serve) -----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class EndpointReady(Event):
     """An endpoint's first replica takes traffic at ``url`` (``replicas``: how many do now)."""
 
@@ -257,7 +360,7 @@ class EndpointReady(Event):
     replicas: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class EndpointUpdated(Event):
     """``endpoint.update(app)`` replaced its ``replicas`` one by one with the new app."""
 
@@ -265,12 +368,12 @@ class EndpointUpdated(Event):
     replicas: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class EndpointClosed(Event):
     url: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ReplicaReady(Event):
     """Replica ``key`` ("RANK.SLOT") on ``node`` takes traffic, ``seconds`` after it was started."""
 
@@ -279,7 +382,7 @@ class ReplicaReady(Event):
     seconds: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class ReplicaLost(Event):
     """Replica ``key`` on ``node`` stopped taking traffic (its node was lost, or it failed to
     start: ``reason``); the endpoint starts it again once its node's rank is ready."""
@@ -289,7 +392,7 @@ class ReplicaLost(Event):
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class EndpointStats(Event):
     """What an endpoint's router counted, emitted about once a second while it changes (the
     views' source: Prometheus, the dashboard). Counters are since the endpoint opened:
@@ -309,7 +412,7 @@ class EndpointStats(Event):
 
 
 # -- telemetry ----------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class Metric(Event):
     node: int
     name: str
@@ -317,14 +420,14 @@ class Metric(Event):
     unit: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class Log(Event):
     level: str
     message: str
     node: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
+@_event
 class Error(Event):
     message: str
     node: int | None = None

@@ -204,3 +204,21 @@ def test_an_elastic_group_grows_and_shrinks_on_its_own_work() -> None:
         assert {f.result(timeout=60) for f in futures} == {"burst"}
         wait_for(lambda: pool["burst"].current_nodes() == 1, 30, "the burst group to shrink back")
         assert pool["steady"].current_nodes() == 1
+
+
+def test_events_and_console_lines_name_the_group() -> None:
+    from skyward.observe import events
+    from skyward.observe.console import describe
+
+    seen: list[sky.Event] = []
+    with two_groups() as pool:
+        unsubscribe = pool.subscribe(seen.append)
+        where() @ pool
+        events.bus.flush()
+        unsubscribe()
+    started = [e for e in seen if isinstance(e, sky.TaskStarted)]
+    assert sorted(e.group for e in started) == ["prep", "prep", "train"]
+    line = describe(sky.InstanceBootstrapped(pool="p", node=0, group="train"), "pool p")
+    assert line == "train node 0: ready"
+    assert describe(sky.InstanceBootstrapped(pool="p", node=0), "pool p") == "node 0: ready"
+    assert "group" not in repr(sky.InstanceBootstrapped(pool="p", node=0))

@@ -71,6 +71,16 @@ def _close_leftovers() -> None:
             log.exception("closing pool %s at exit failed", pool.id)
 
 
+def _labelled(emit: Callable[[ev.Event], None], group: str) -> Callable[[ev.Event], None]:
+    """``emit`` for one group's parts: each event names the group."""
+    from dataclasses import replace
+
+    def labelled(event: ev.Event) -> None:
+        emit(event if event.group is not None else replace(event, group=group))
+
+    return labelled
+
+
 def _forget_parents_pools() -> None:
     """In a forked child: the open pools are the parent's, not this process's to close at exit
     (``Pool.close`` refuses them too, for a child that leaves their ``with`` block)."""
@@ -127,12 +137,15 @@ class Pool(DispatchTarget):
         # The groups and their parts, lowest first; each part is handed what it uses. The head
         # group's parts are the pool's own (what skyward's tools read); a pool of one group has
         # no other.
-        self.groups = {g: Group(g, s, self.id, name, options, worker, self._emit) for g, s in specs.items()}
+        # In a pool of several groups each group's events name it (Event.group).
+        self.groups = {g: Group(g, s, self.id, name, options, worker,
+                                self._emit if len(specs) == 1 else _labelled(self._emit, g))
+                       for g, s in specs.items()}
         self.head_group = self.groups[head]
         self.members = members = self.head_group.members
         self.shared = ClientState(options, members.head, self.id, check=members.check_owner)
         for group in self.groups.values():
-            group.wire(self.shared, options, worker, self._emit, self._settle)
+            group.wire(self.shared, options, worker, group.members.emit, self._settle)
             group.members.on_stopped = self._stopped_from_outside
             if group is not self.head_group:  # its nodes reach the collections on the head group's first node
                 group.members.holds_state = False
@@ -659,6 +672,8 @@ class Pool(DispatchTarget):
         channels = self.members.close()
         if channels is None:
             return
+        said = {id(ch): self.head_group for ch in channels}  # whose node each is (its events name the group)
+        said.update({id(ch): g for g, chs in others for ch in chs or ()})
         channels = channels + [ch for _, chs in others for ch in chs or ()]
         _open_pools.discard(self)
         owned = self._owned
@@ -673,7 +688,7 @@ class Pool(DispatchTarget):
         finally:
             if owned:
                 for ch in channels:
-                    self._emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
+                    said[id(ch)].members.emit(ev.InstanceDestroyed(pool=self.id, node=ch.node))
                 self._emit(ev.ShutdownCompleted(pool=self.id, nodes=len(channels),
                                                 seconds=time.monotonic() - began, ok=ok))
                 self._emit(ev.ClusterDestroyed(pool=self.id))

@@ -123,10 +123,11 @@ class Console:
 
     def _apply(self, event: ev.Event) -> None:
         node = getattr(event, "node", None)
-        state = self.nodes.setdefault((event.pool, node), _Node()) if isinstance(node, int) else None
+        where = event.pool if event.group is None else f"{event.pool}/{event.group}"  # a group's nodes: its own rows
+        state = self.nodes.setdefault((where, node), _Node()) if isinstance(node, int) else None
         if isinstance(event, ev.JobQueued):  # the nodes a queued job brings: its state is theirs
             for index in event.nodes:
-                waiting = self.nodes.setdefault((event.pool, index), _Node())
+                waiting = self.nodes.setdefault((where, index), _Node())
                 reason = f" ({event.reason})" if event.reason and event.reason != "None" else ""
                 waiting.state = f"job {event.job} {event.state.lower()}{reason}"
         elif isinstance(event, ev.InstanceProvisioned) and state:
@@ -139,7 +140,7 @@ class Console:
             state.state = "destroyed"
         elif isinstance(event, ev.ShutdownRequested):
             for (pool, _), each in self.nodes.items():
-                if pool == event.pool and each.state != "destroyed":
+                if pool.split("/")[0] == event.pool and each.state != "destroyed":
                     each.state = "stopping"
         elif isinstance(event, ev.Error) and state:
             state.state = "lost"
@@ -225,7 +226,8 @@ class Console:
             for pool, index in sorted(self.nodes):
                 n = self.nodes[(pool, index)]
                 table.add_row(
-                    str(index) if self.pool is not None else f"{pool}:{index}",
+                    (str(index) if "/" not in pool else f"{pool.split('/', 1)[1]} {index}") if self.pool is not None
+                    else f"{pool}:{index}",
                     n.host, n.state, str(n.running), str(n.done + n.failed),
                     "" if n.cpu is None else f"{n.cpu:.0f}%",
                     "" if n.memory is None else f"{n.memory:.0f}%",
@@ -306,7 +308,19 @@ def describe(event: ev.Event, title: str, batches: dict[int, str] | None = None,
              attached: bool = False, back: bool = False) -> str | None:
     """One line for the events worth a line (tasks and metrics are too many); shared by the
     log console and the log file. ``attached``: the pool attaches to nodes that run already;
-    ``back``: a ``ReplicaReady`` is of a replica that was lost (the others get no line)."""
+    ``back``: a ``ReplicaReady`` is of a replica that was lost (the others get no line). In a
+    pool of several groups a node's line names its group ("train node 0: ready")."""
+    line = _describe(event, title, batches, attached, back)
+    if line is not None and event.group is not None:
+        if line.startswith("node "):
+            return f"{event.group} {line}"
+        if line.startswith(f"{title}: "):
+            return f"{title} ({event.group}): {line[len(title) + 2:]}"
+    return line
+
+
+def _describe(event: ev.Event, title: str, batches: dict[int, str] | None,
+              attached: bool, back: bool) -> str | None:
     if isinstance(event, ev.ClusterRequested):
         return f"{title}: requesting {event.nodes} {event.provider} node(s)"
     if isinstance(event, ev.JobQueued):

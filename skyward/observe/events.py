@@ -29,16 +29,20 @@ log = logging.getLogger("skyward.observe.events")
 # as the generated ones do: the fields in order, equal only to the same class.
 @dataclass(frozen=True, slots=True, kw_only=True, repr=False, eq=False)
 class Event:
-    """Base of every event: the pool it belongs to and when it happened (epoch seconds)."""
+    """Base of every event: the pool it belongs to, when it happened (epoch seconds) and, in a
+    pool of several groups (skyward.core.group), the group of the node or part it is about
+    (None in a pool of one group, and for what is the whole pool's)."""
 
     pool: str
     time: float = field(default_factory=time.time)
+    group: str | None = None
 
     def _values(self) -> tuple[object, ...]:
         return tuple([getattr(self, name) for name in self.__dataclass_fields__])
 
     def __repr__(self) -> str:
-        shown = ", ".join([f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__])
+        shown = ", ".join([f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__
+                           if name != "group" or self.group is not None])
         return f"{type(self).__qualname__}({shown})"
 
     def __eq__(self, other: object) -> bool:

@@ -195,8 +195,10 @@ def snapshot(pool: Pool) -> dict[str, Any]:
     except Exception:  # a price lookup must not stop the pool from showing
         cost = None
     members = pool.members
+    grouped = len(pool.groups) > 1  # its nodes' indices repeat across groups: each says its group
     nodes = [{"index": m.channel.node, "hostname": m.endpoint.hostname, "private_ip": m.endpoint.private_ip,
-              "lost": m.channel.lost is not None} for m in members.records()]
+              "lost": m.channel.lost is not None, **({"group": g.name} if grouped else {})}
+             for g in pool.groups.values() for m in g.members.records()]
     return {
         "id": pool.id,
         "name": pool.name,
@@ -207,7 +209,7 @@ def snapshot(pool: Pool) -> dict[str, Any]:
         "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
         "started": time.time() - (time.monotonic() - members.requested),
         "nodes": nodes,
-        "desired": members.nodes.desired,
+        "desired": sum(g.members.nodes.desired for g in pool.groups.values()),
         "max": members.nodes.max,
         "accelerator": None if spec.accelerator is None else str(spec.accelerator),
         "ttl": spec.ttl,

@@ -19,18 +19,29 @@ BATCHES = 50  # maps/gathers kept
 RATE_WINDOW = 10.0  # seconds an endpoint's requests/s is measured over
 
 
+Key = int | str  # a node: its index, or "group:index" in a pool of several groups
+
+
+def node_key(e: dict[str, Any]) -> Key:
+    """The node an event (or a described node) is about: its provider index, which repeats
+    across the groups of a pool of several groups, so there it is ``"group:index"``."""
+    index = int(e["node"] if "node" in e else e["index"])
+    group = e.get("group")
+    return f"{group}:{index}" if group else index
+
+
 class LivePool:
     def __init__(self, info: dict[str, Any]) -> None:
         self.info = info
         self.id = str(info["id"])
         self.name: str | None = info.get("name")
-        self.nodes: dict[int, dict[str, Any]] = {int(n["index"]): dict(n) for n in info.get("nodes", [])}
-        self.metrics: dict[int, dict[str, deque[tuple[float, float]]]] = {}
+        self.nodes: dict[Key, dict[str, Any]] = {node_key(n): {**n, "key": node_key(n)} for n in info.get("nodes", [])}
+        self.metrics: dict[Key, dict[str, deque[tuple[float, float]]]] = {}
         self.units: dict[str, str] = {}
         self.running: dict[int, dict[str, Any]] = {}
         self.finished: deque[dict[str, Any]] = deque(maxlen=FINISHED)
         self.batches: dict[int, dict[str, Any]] = {}
-        self.lines: dict[int, deque[str]] = {}
+        self.lines: dict[Key, deque[str]] = {}
         self.errors: deque[dict[str, Any]] = deque(maxlen=50)
         self.tasks_done = self.tasks_failed = 0
         self.endpoints: dict[str, dict[str, Any]] = {}  # url -> its last EndpointStats (and "closed")
@@ -63,17 +74,17 @@ class LivePool:
             handler(e)
 
     def _on_Metric(self, e: dict[str, Any]) -> None:
-        node = int(e["node"])
+        node = node_key(e)
         series = self.metrics.setdefault(node, {}).setdefault(str(e["name"]), deque(maxlen=SERIES))
         series.append((float(e["time"]), float(e["value"])))
         self.units[str(e["name"])] = str(e.get("unit", ""))
 
     def _on_TaskStarted(self, e: dict[str, Any]) -> None:
-        self.running[int(e["task"])] = {k: e.get(k) for k in ("task", "name", "node", "items", "batch", "time")}
+        self.running[int(e["task"])] = {k: e.get(k) for k in ("task", "name", "node", "group", "items", "batch", "time")}
 
     def _on_TaskCompleted(self, e: dict[str, Any]) -> None:
         self.running.pop(int(e["task"]), None)
-        row = {k: e.get(k) for k in ("task", "name", "node", "items", "batch", "seconds", "ok", "time")}
+        row = {k: e.get(k) for k in ("task", "name", "node", "group", "items", "batch", "seconds", "ok", "time")}
         self.finished.appendleft(row)
         if e.get("ok"):
             self.tasks_done += 1
@@ -102,7 +113,7 @@ class LivePool:
         node = e.get("node")
         if node is None:
             return
-        out = self.lines.setdefault(int(node), deque(maxlen=LINES))
+        out = self.lines.setdefault(node_key(e), deque(maxlen=LINES))
         for line in str(e.get("message", "")).splitlines():
             out.append(line)
 
@@ -121,16 +132,16 @@ class LivePool:
             last.update(closed=True, replicas=[], in_flight=0, queued=0)
 
     def _on_InstanceProvisioned(self, e: dict[str, Any]) -> None:
-        self.nodes[int(e["node"])] = {"index": e["node"], "hostname": e.get("hostname"),
-                                      "private_ip": e.get("private_ip"), "lost": False}
+        self.nodes[node_key(e)] = {"index": e["node"], "hostname": e.get("hostname"), "key": node_key(e),
+                                   "group": e.get("group"), "private_ip": e.get("private_ip"), "lost": False}
 
     def _on_InstanceLost(self, e: dict[str, Any]) -> None:
-        node = self.nodes.get(int(e["node"]))
+        node = self.nodes.get(node_key(e))
         if node is not None:
             node["lost"] = True
 
     def _on_InstanceDestroyed(self, e: dict[str, Any]) -> None:
-        self.nodes.pop(int(e["node"]), None)
+        self.nodes.pop(node_key(e), None)
 
     def _on_ClusterDestroyed(self, e: dict[str, Any]) -> None:
         self.ended = float(e.get("time") or time.time())
@@ -172,14 +183,14 @@ class LivePool:
     def view(self, points: int = SERIES) -> dict[str, Any]:
         return {
             **self.summary(),
-            "hosts": [self.nodes[i] for i in sorted(self.nodes)],
+            "hosts": [self.nodes[i] for i in sorted(self.nodes, key=str)],
             "metrics": {str(node): {name: list(series)[-points:] for name, series in by_name.items()}
-                        for node, by_name in sorted(self.metrics.items())},
+                        for node, by_name in sorted(self.metrics.items(), key=lambda kv: str(kv[0]))},
             "units": dict(self.units),
             "running": sorted(self.running.values(), key=lambda t: t["task"]),
             "finished": list(self.finished),
             "batches": [self.batches[b] for b in sorted(self.batches, reverse=True)],
-            "output": {str(n): list(lines) for n, lines in sorted(self.lines.items())},
+            "output": {str(n): list(lines) for n, lines in sorted(self.lines.items(), key=lambda kv: str(kv[0]))},
             "errors": list(self.errors),
             "endpoints": [self.endpoint_view(url) for url in sorted(self.endpoints)],
         }

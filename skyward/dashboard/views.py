@@ -66,8 +66,9 @@ def named_summary(record: dict[str, Any], st: named.PoolStatus | None = None) ->
     learn_secrets(record.get("config") or {})
     st = st or named.status_of(record)
     now = time.time()
-    cluster = record.get("cluster") or {}
-    hosts = [{k: n.get(k) for k in _NODE_KEYS} for n in cluster.get("nodes", [])]
+    views = named.group_views(record)  # a pool of several groups: every group's nodes, each saying its group
+    hosts = [{**{k: n.get(k) for k in _NODE_KEYS}, **({"group": g} if len(views) > 1 else {})}
+             for g, view in views.items() for n in (view.get("cluster") or {}).get("nodes", [])]
     total = named._total_cost(record)
     created = float(record.get("created", now))
     so_far = None if total is None else round(total * (now - created) / 3600, 6)

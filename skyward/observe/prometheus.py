@@ -74,9 +74,10 @@ class PoolStats:
         self.pool, self.provider = pool, provider
         self.hourly_cost = hourly_cost  # per node, $/h (None: unknown)
         self.lock = threading.Lock()
-        self.nodes: dict[int, str] = {int(n["index"]): "lost" if n.get("lost") else "ready" for n in nodes}
+        self.nodes: dict[int | str, str] = {_node({"node": n["index"], "group": n.get("group")}):
+                                            "lost" if n.get("lost") else "ready" for n in nodes}
         self.functions: dict[str, _Function] = {}
-        self.samples: dict[tuple[int, str], tuple[float, str]] = {}
+        self.samples: dict[tuple[int | str, str], tuple[float, str]] = {}
         self.batches: dict[int, tuple[str, int]] = {}  # open batch -> (function, items not sent yet)
         self.running: dict[int, tuple[str, int]] = {}  # task -> (function, items)
         self.cost = 0.0
@@ -142,12 +143,12 @@ class PoolStats:
                     self.endpoints[endpoint_label(str(e["url"]))] = {**last, "replicas": [], "in_flight": 0,
                                                                       "queued": 0}
             elif kind == "Metric":
-                self.samples[(int(e["node"]), str(e["name"]))] = (float(e["value"]), str(e.get("unit") or ""))
+                self.samples[(_node(e), str(e["name"]))] = (float(e["value"]), str(e.get("unit") or ""))
             elif kind in ("InstanceProvisioned", "BootstrapPhase", "InstanceBootstrapped", "InstanceLost",
                           "InstanceDestroyed"):
-                node = int(e["node"])
-                if node < 0:  # work on this machine for every node (the wheelhouse)
+                if int(e["node"]) < 0:  # work on this machine for every node (the wheelhouse)
                     return
+                node = _node(e)
                 self._bill(when)
                 if kind == "InstanceDestroyed":
                     self.nodes.pop(node, None)
@@ -170,6 +171,12 @@ class PoolStats:
         with self.lock:
             self._bill(time.time() if now is None else now)
             return self.cost
+
+
+def _node(e: dict[str, Any]) -> int | str:
+    """A node's ``node`` label: its index, or ``group:index`` in a pool of several groups (whose
+    indices repeat across groups)."""
+    return f"{e['group']}:{int(e['node'])}" if e.get("group") else int(e["node"])
 
 
 class _Families:
@@ -229,7 +236,7 @@ class _Families:
     def add_stats(self, stats: list[PoolStats], pool: str) -> None:
         """The work of ``stats`` (one pool, maybe from several programs), summed."""
         merged: dict[str, _Function] = {}
-        samples: dict[tuple[int, str], tuple[float, str]] = {}
+        samples: dict[tuple[int | str, str], tuple[float, str]] = {}
         for s in stats:
             with s.lock:
                 for name, fn in s.functions.items():
@@ -251,7 +258,7 @@ class _Families:
                 cumulative += n
                 out.append((bound, cumulative))
             self.duration.add_metric(labels, out, fn.seconds)
-        for (node, name), (value, unit) in sorted(samples.items()):
+        for (node, name), (value, unit) in sorted(samples.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             gauge = self.gauges.get(name)
             if gauge is not None:
                 gauge.add_metric([pool, str(node)], value)

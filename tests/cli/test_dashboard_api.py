@@ -178,6 +178,42 @@ def test_a_programs_pool_is_listed_with_its_progress_and_output(cli: CLI) -> Non
         wait_for(lambda: d.api("GET", f"/api/pools/{ref}").json()["state"] == "ended", 30, "ended")
 
 
+def test_a_pool_of_groups_shows_each_groups_nodes_apart(cli: CLI) -> None:
+    with dashboard(cli) as d:
+        prog = program(cli, """
+            import sys, time, skyward as sky
+
+            @sky.function
+            def work(x):
+                print("item", x)
+                return x
+
+            groups = {"prep": sky.Spec(nodes=2), "train": sky.Spec(nodes=1)}
+            with sky.Compute(groups=groups, options=sky.Options(console="silent")) as pool:
+                time.sleep(2.5)  # the hook looks for a dashboard once a second
+                pool["train"].map(work, range(3))
+                pool["prep"].map(work, range(3, 8))
+                print("mapped", flush=True)
+                sys.stdin.readline()
+        """)
+        listed = wait_for(lambda: [p for p in d.api("GET", "/api/pools").json()
+                                   if p["kind"] == "program" and p["tasks_done"]], 60, "the program's pool")
+        ref = listed[0]["ref"]
+        def both_maps() -> dict[str, Any] | None:
+            v = d.api("GET", f"/api/pools/{ref}").json()
+            out = v["output"]
+            done = len(out.get("train:0", [])) == 3 and sum(len(out.get(k, [])) for k in ("prep:0", "prep:1")) == 5
+            return v if done else None
+
+        detail = wait_for(both_maps, 30, "both maps' output")
+        assert sorted((h["group"], h["index"]) for h in detail["hosts"]) == [("prep", 0), ("prep", 1), ("train", 0)]
+        assert sorted(detail["output"]["train:0"]) == ["item 0", "item 1", "item 2"]
+        assert {t["group"] for t in detail["finished"]} == {"prep", "train"}
+        assert sorted(line for key in ("prep:0", "prep:1") for line in detail["output"].get(key, [])) == [
+            f"item {i}" for i in range(3, 8)]
+        prog.communicate(timeout=60)
+
+
 def test_the_hook_costs_a_pool_nothing_while_no_dashboard_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SKYWARD_HOME", str(tmp_path))
     stale = hook.server_file()

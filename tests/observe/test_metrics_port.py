@@ -93,6 +93,18 @@ def test_cost_so_far_adds_each_nodes_time() -> None:
     assert stats.cost_so_far(now=1020.0) == pytest.approx(3.6 * (2 * 10 + 1 * 10) / 3600)
 
 
+def test_nodes_of_two_groups_are_series_of_their_own() -> None:
+    stats = prometheus.PoolStats("p", "local", started=1000.0)
+    for group in ("prep", "train"):
+        stats.apply({"type": "InstanceBootstrapped", "node": 0, "group": group, "time": 1000.0})
+        stats.apply({"type": "Metric", "node": 0, "group": group, "name": "cpu", "value": 10.0 if group == "prep"
+                     else 90.0, "unit": "%", "time": 1001.0})
+    assert stats.nodes == {"prep:0": "ready", "train:0": "ready"}
+    assert stats.samples[("train:0", "cpu")] == (90.0, "%") and stats.samples[("prep:0", "cpu")] == (10.0, "%")
+    stats.apply({"type": "InstanceDestroyed", "node": 0, "group": "prep", "time": 1002.0})
+    assert list(stats.nodes) == ["train:0"] and [k for k, _ in stats.samples] == ["train:0"]
+
+
 _GET = """
 import sys, urllib.error, urllib.request
 url, token = sys.argv[1], sys.argv[2]

@@ -205,6 +205,9 @@ window.addEventListener("resize", debounce(() => {
   }
 }, 200));
 
+// A node's key: its index, or "group:index" where the pool's groups repeat indices (live.py).
+function nodeKey(group, index) { return group ? `${group}:${index}` : index; }
+
 function addSample(node, name, t, v) {
   const c = charts[node];
   if (!c) return;
@@ -231,14 +234,15 @@ function nodesSection(detail, live) {
   const hosts = detail.hosts || [];
   window.skywardUnits = (live && live.units) || {};
   const rows = hosts.map((n) => {
-    const box = h("div", { class: "chart", id: `chart-${n.index}`, dataset: { node: n.index, points: "0" } });
-    const c = chartFor(n.index, box);
-    if (live && live.metrics && live.metrics[String(n.index)]) {
+    const k = nodeKey(n.group, n.index);  // "group:index" in a pool of several groups
+    const box = h("div", { class: "chart", id: `chart-${k}`, dataset: { node: k, points: "0" } });
+    const c = chartFor(k, box);
+    if (live && live.metrics && live.metrics[String(k)]) {
       c.series = {};
-      for (const [name, pts] of Object.entries(live.metrics[String(n.index)])) c.series[name] = pts.slice();
+      for (const [name, pts] of Object.entries(live.metrics[String(k)])) c.series[name] = pts.slice();
     }
-    return h("tr", { dataset: { node: n.index } },
-      h("td", { class: "num" }, n.index),
+    return h("tr", { dataset: { node: k } },
+      h("td", { class: "num" }, n.group ? `${n.group} ${n.index}` : n.index),
       h("td", {}, n.hostname || "-"),
       h("td", {}, n.private_ip || "-"),
       h("td", {}, n.lost ? badge("lost") : badge("ok")),
@@ -281,11 +285,11 @@ function tasksSection(detail, live) {
     h("div", { id: "batches" }, batches.length ? batches.map(progress) : h("p", { class: "muted" }, "No map or gather yet.")),
     h("h3", {}, `Running (${running.length})`),
     running.length ? table(["task", "function", "node", "items", "since"], running.map((t) =>
-      h("tr", {}, h("td", {}, t.task), h("td", {}, t.name), h("td", {}, t.node), h("td", {}, t.items), h("td", {}, clock(t.time)))), { id: "running" })
+      h("tr", {}, h("td", {}, t.task), h("td", {}, t.name), h("td", {}, t.group ? `${t.group} ${t.node}` : t.node), h("td", {}, t.items), h("td", {}, clock(t.time)))), { id: "running" })
       : h("p", { class: "muted" }, "Nothing running."),
     h("h3", {}, "Finished (latest)"),
     finished.length ? table(["task", "function", "node", "items", "seconds", "result"], finished.map((t) =>
-      h("tr", {}, h("td", {}, t.task), h("td", {}, t.name), h("td", {}, t.node), h("td", {}, t.items),
+      h("tr", {}, h("td", {}, t.task), h("td", {}, t.name), h("td", {}, t.group ? `${t.group} ${t.node}` : t.node), h("td", {}, t.items),
         h("td", {}, Number(t.seconds || 0).toFixed(3)), h("td", {}, t.ok ? "ok" : "failed"))), { id: "finished" })
       : h("p", { class: "muted" }, "None yet."));
 }
@@ -441,8 +445,8 @@ function onPoolMessages(messages) {
       for (const e of m.events) {
         if (e.type === "Metric") {
           if (window.skywardUnits) window.skywardUnits[e.name] = e.unit;
-          addSample(e.node, e.name, e.time, e.value);
-          scheduleRedraw(e.node);
+          addSample(nodeKey(e.group, e.node), e.name, e.time, e.value);
+          scheduleRedraw(nodeKey(e.group, e.node));
         } else {
           reload = true;
         }

@@ -782,6 +782,8 @@ def cmd_preview(args: argparse.Namespace) -> int:
     # Without a name, the pool is described by the flags alone and named by nothing.
     name: str | None = cfg.name if args.name is not None else None
     label = f"pool {name!r}" if name is not None else "a pool of " + " ".join(_flag_words(args))
+    if getattr(cfg, "groups", None):
+        return _preview_groups(args, cfg, name, label, running)
     spec, _ = spec_from(cfg.data)
     provider = spec.provider
     why = provider.check(spec)
@@ -825,6 +827,58 @@ def cmd_preview(args: argparse.Namespace) -> int:
               f"{money(offer['hourly_cost_per_node'])}/h per node; stack {out.get('stack')}")
     for r in out.get("resources", []):
         print(f"  + {r.get('type')}  {r.get('name')}  {r.get('detail', '')}".rstrip())
+    for note in out.get("notes", []):
+        print(f"note: {note}")
+    return EXIT_OK
+
+
+def _preview_groups(args: argparse.Namespace, cfg: Any, name: str | None, label: str,
+                    running: dict[str, Any] | None) -> int:
+    """``skyward preview`` of a pool of several groups: each group's nodes, price and what its
+    provider would create (groups on one cloud share one stack: its network is listed once per
+    group here, made once by ``up``)."""
+    from .pools import spec_from
+
+    groups = []
+    for group, data in cfg.groups.items():
+        spec, _ = spec_from(data)
+        provider = spec.provider
+        why = provider.check(spec)
+        if why is not None:
+            raise ProviderError(f"group {group!r} of {label} cannot be provisioned: {why}.")
+        nodes, per_node = spec.node_spec.desired, provider.hourly_cost(spec)
+        preview = getattr(provider, "preview", None)
+        if preview is not None:
+            plan: dict[str, Any] = preview(spec, name=name)
+        elif provider.kind == "local":
+            plan = {"resources": [{"type": "process", "name": f"agent {group} node-{i}",
+                                   "detail": "agent process on this machine, own working directory"}
+                                  for i in range(nodes)]}
+        else:
+            plan = {"resources": [], "notes": [f"provider {provider.kind!r} has no preview of its resources"]}
+        groups.append({"name": group, "head": group == (cfg.head or next(iter(cfg.groups))),
+                       "provider": provider.kind, "nodes": nodes, "ttl": spec.ttl,
+                       "accelerator": None if spec.accelerator is None else str(spec.accelerator),
+                       "hourly_cost_per_node": per_node,
+                       "hourly_cost": None if per_node is None else round(per_node * nodes, 4), **plan})
+    costs = [g["hourly_cost"] for g in groups]
+    out: dict[str, Any] = {"name": name, "nodes": sum(g["nodes"] for g in groups), "groups": groups,
+                           "hourly_cost": None if None in costs else round(sum(costs), 4),
+                           "sources": list(cfg.sources)}
+    if running is not None:
+        out["notes"] = [_running_note(running)]
+    if args.json:
+        print_json(out)
+        return EXIT_OK
+    print(f"{label} would be {out['nodes']} node(s) in {len(groups)} groups, {money(out['hourly_cost'])}/h "
+          f"(nothing was created)")
+    for g in groups:
+        print(f"group {g['name']!r}{' (head)' if g['head'] else ''}: {g['nodes']} {g['provider']} node(s)"
+              + (f" with {g['accelerator']}" if g["accelerator"] else "") + f", {money(g['hourly_cost'])}/h")
+        for r in g.get("resources", []):
+            print(f"  + {r.get('type')}  {r.get('name')}  {r.get('detail', '')}".rstrip())
+        for note in g.get("notes", []):
+            print(f"  note: {note}")
     for note in out.get("notes", []):
         print(f"note: {note}")
     return EXIT_OK

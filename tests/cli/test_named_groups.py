@@ -132,3 +132,16 @@ def test_nodes_flag_is_refused_for_a_pool_of_groups(cli: CLI) -> None:
     cli.toml(TOML)
     up = cli("up", "pipe", "--nodes", "3")
     assert up.code != 0 and "--nodes does not apply to a pool of several groups" in up.err, up
+
+
+def test_preview_shows_each_group(cli: CLI) -> None:
+    cli.toml(TOML)
+    shown = cli("preview", "pipe", "--json")
+    assert shown.code == 0, shown
+    out = shown.json()
+    assert out["nodes"] == 3 and out["hourly_cost"] == 0
+    assert [(g["name"], g["head"], g["provider"], g["nodes"], len(g["resources"])) for g in out["groups"]] == [
+        ("prep", False, "local", 2, 2), ("train", True, "local", 1, 1)]
+    text = cli("preview", "pipe").out
+    assert "3 node(s) in 2 groups" in text and "group 'train' (head): 1 local node(s)" in text
+    assert cli("ls", "--json").json() == []  # nothing was created

@@ -222,3 +222,13 @@ def test_events_and_console_lines_name_the_group() -> None:
     assert line == "train node 0: ready"
     assert describe(sky.InstanceBootstrapped(pool="p", node=0), "pool p") == "node 0: ready"
     assert "group" not in repr(sky.InstanceBootstrapped(pool="p", node=0))
+
+
+def test_a_pool_of_groups_is_reproduced_with_its_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKYWARD_HOME", str(tmp_path / "home"))
+    with sky.Compute(groups={"prep": sky.Spec(nodes=2), "train": sky.Spec(nodes=1)}, head="train",
+                     options=QUIET) as pool:
+        first = pool.id
+    with sky.Compute(reproduce=first, options=QUIET) as again:
+        assert list(again.groups) == ["prep", "train"] and again.head_group.name == "train"
+        assert [w[:2] for w in where() @ again] == [("prep", 0), ("prep", 1), ("train", 0)]

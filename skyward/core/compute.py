@@ -229,10 +229,13 @@ def _reproduce(pool_id: str, provider: Any, options: Options, strict: bool) -> P
         from ..plugins.compose import validate
 
         validate(spec.plugins)
+    for other in (rep.groups or {}).values():
+        if other is not spec:
+            _checked(other)
     with rep.pinned():
         from .pool import Pool
 
-        return Pool(spec, options, rep.worker)
+        return Pool(spec, options, rep.worker, groups=rep.groups, head=rep.head)
 
 
 def _open_pool(spec: PoolSpec, options: Options, worker: Worker, label: str | None = None) -> Pool:

@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from ..errors import ConfigError, RecordError
+from ..errors import RecordError
 from ..paths import skyward_home
 from ..records import audit, record
 from .cliout import EXIT_FAILED, EXIT_OK, err, format_table, money, print_json, say
@@ -108,19 +108,18 @@ def reproduce(args: argparse.Namespace) -> int:
     from .pools import check_name, provision
 
     rep = record.reproduction(args.pool_id)
-    if rep.record.get("groups"):
-        raise ConfigError(
-            f"pool {args.pool_id} was a pool of several groups ({', '.join(map(repr, rep.record['groups']))}); "
-            f"`skyward reproduce` rebuilds pools of one spec only in this version of skyward. Its record "
-            f"(`skyward history {args.pool_id}`) holds each group's spec: start them again from a "
-            f"skyward.toml with [pools.NAME.groups.GROUP] tables."
-        )
     record.say(rep, args.strict)  # warnings (shown on stderr), or the refusal
     name = check_name(args.name or rep.record.get("name") or f"repro-{args.pool_id}")
-    cfg = PoolConfig(name, record.config_data(rep.spec, rep.worker), (f"the record of pool {args.pool_id}",))
+    source = (f"the record of pool {args.pool_id}",)
     console: Any = args.console or ("silent" if args.json else True)
-    with rep.pinned():
-        pool = provision(cfg, Options(console=console), keep=True, built=(rep.spec, rep.worker))
+    if rep.groups is not None:  # a pool of several groups: each group's table, from its pinned spec
+        data = {"groups": {g: record.config_data(s, rep.worker) for g, s in rep.groups.items()}, "head": rep.head}
+        with rep.pinned():
+            pool = provision(PoolConfig(name, data, source), Options(console=console), keep=True)
+    else:
+        cfg = PoolConfig(name, record.config_data(rep.spec, rep.worker), source)
+        with rep.pinned():
+            pool = provision(cfg, Options(console=console), keep=True, built=(rep.spec, rep.worker))
     new_id = pool.id
     pool.detach()
     if args.json:

@@ -194,6 +194,13 @@ def _rebuild_blob(spec: Spec, worker: Worker) -> str:
     return base64.b64encode(cloudpickle.dumps((_without_secrets(spec), worker))).decode()
 
 
+def _rebuild_groups_blob(specs: dict[str, Spec]) -> str:
+    """Each group's spec pickled (a pool of several groups), without a secret, as _rebuild_blob."""
+    import cloudpickle
+
+    return base64.b64encode(cloudpickle.dumps({name: _without_secrets(s) for name, s in specs.items()})).decode()
+
+
 def _without_secrets(spec: Spec) -> Spec:
     image = spec.image
     changes: dict[str, Any] = {}
@@ -278,6 +285,7 @@ def for_pool(pool: Pool, where: Future[dict[str, Any]] | None = None) -> dict[st
                                  "spec": spec_view(g.spec, pool.worker), "nodes": g.members.current_nodes(),
                                  "hourly_cost": g.spec.provider.hourly_cost(g.spec)}
                           for name, g in groups.items()}
+        more["rebuild_groups"] = _rebuild_groups_blob({name: g.spec for name, g in groups.items()})
     return {
         **more,
         "format": FORMAT,
@@ -491,6 +499,8 @@ class Reproduction:
     packages: tuple[Any, ...]
     differences: tuple[str, ...]
     record: dict[str, Any]
+    groups: dict[str, Spec] | None = None  # a pool of several groups: each group's spec, pinned
+    head: str | None = None
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[None]:
@@ -525,9 +535,12 @@ def reproduction(pool_id: str, provider: Any = None) -> Reproduction:
                 f"kind (got {getattr(provider, 'kind', provider)!r}), or leave provider= out."
             )
         spec = dataclasses.replace(spec, provider=provider)
+    groups = _pinned_groups(record, lock, provider, notes)
     spec = _pin_image(spec, record, lock, notes)
     spec = _ask_secrets(spec, record, notes)
     spec = _pin_cloud(spec, lock.get("cloud") or {}, notes)
+    if groups is not None:
+        spec = groups[record["head"]]
     if lock.get("skyward") and lock["skyward"] != __version__:
         notes.append(f"skyward is {__version__} here and the pool ran {lock['skyward']}: nodes always run "
                      f"the client's skyward")
@@ -542,7 +555,41 @@ def reproduction(pool_id: str, provider: Any = None) -> Reproduction:
         if cost is not None and was is not None and abs(float(cost) - float(was)) > 1e-9:
             notes.append(f"the price changed: ${float(was):.4g}/h per node then, ${float(cost):.4g}/h now")
     notes += _unavailable(spec, record, packages)
-    return Reproduction(pool_id, spec, worker, packages, tuple(notes), record)
+    return Reproduction(pool_id, spec, worker, packages, tuple(notes), record, groups,
+                        record.get("head") if groups is not None else None)
+
+
+def _pinned_groups(record: dict[str, Any], lock: dict[str, Any], provider: Any,
+                   notes: list[str]) -> dict[str, Spec] | None:
+    """A pool of several groups: each group's spec with its image and secrets pinned as the one
+    spec of a pool's are (the cloud pins of the lock, the head group's machines, on the head
+    group only). None for a pool of one spec."""
+    if not record.get("groups"):
+        return None
+    import cloudpickle
+
+    if "rebuild_groups" not in record:
+        raise RecordError(
+            f"pool {record.get('id')} was a pool of several groups, and its record (written before skyward "
+            f"kept each group's spec to rebuild) holds only the head group's; start it again from a "
+            f"skyward.toml with [pools.NAME.groups.GROUP] tables, as `skyward history {record.get('id')}` shows."
+        )
+    if provider is not None:
+        raise RecordError(
+            f"pool {record.get('id')} was a pool of several groups: provider= cannot replace each group's "
+            f"provider; leave it out."
+        )
+    specs: dict[str, Spec] = cloudpickle.loads(base64.b64decode(record["rebuild_groups"]))
+    out = {}
+    for name, spec in specs.items():
+        kept = record["groups"].get(name) or {}
+        view = {**record, "spec": kept.get("spec") or {}, "provider": kept.get("provider")}
+        spec = _pin_image(spec, view, lock, notes)
+        spec = _ask_secrets(spec, view, notes)
+        if name == record.get("head"):
+            spec = _pin_cloud(spec, lock.get("cloud") or {}, notes)
+        out[name] = spec
+    return out
 
 
 def _pin_image(spec: Spec, record: dict[str, Any], lock: dict[str, Any], notes: list[str]) -> Spec:

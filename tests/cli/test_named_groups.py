@@ -49,8 +49,12 @@ def test_a_named_pool_of_two_local_groups_through_the_cli(cli: CLI) -> None:
     assert {g: (v["provider"], v["nodes"]) for g, v in kept["groups"].items()} == {
         "prep": ("local", 2), "train": ("local", 1)}
     assert all(v["spec"] for v in kept["groups"].values())
-    again = cli("reproduce", record["id"])
-    assert again.code != 0 and "several groups ('prep', 'train')" in again.err, again
+    again = cli("reproduce", record["id"], "--name", "pipe2", "--json")
+    assert again.code == 0, again
+    copy = cli.record("pipe2")
+    assert copy["head"] == "train" and {g: len(v["cluster"]["nodes"]) for g, v in copy["groups"].items()} == {
+        "prep": 2, "train": 1}
+    assert cli("down", "pipe2").code == 0
 
     (row,) = cli("ls", "--json").json()
     assert row["nodes"] == 3 and row["state"] == "running"

@@ -232,3 +232,37 @@ def test_a_pool_of_groups_is_reproduced_with_its_groups(tmp_path: Path, monkeypa
     with sky.Compute(reproduce=first, options=QUIET) as again:
         assert list(again.groups) == ["prep", "train"] and again.head_group.name == "train"
         assert [w[:2] for w in where() @ again] == [("prep", 0), ("prep", 1), ("train", 0)]
+
+
+def test_a_failing_health_check_replaces_the_node_within_its_group(tmp_path: Path) -> None:
+    flag = tmp_path / "sick"
+
+    def healthy(info: sky.InstanceInfo) -> bool | str:
+        if info.group == "train" and flag.exists() and os.getpid() == int(flag.read_text()):
+            return "disk full"
+        return True
+
+    seen: list[sky.Event] = []
+    checker = sky.HealthChecker(healthy, interval=0.2, timeout=5, consecutive_failures=2)
+    with sky.Compute(groups={"prep": sky.Spec(nodes=1), "train": sky.Spec(nodes=1)},
+                     options=sky.Options(console=False, health_checker=checker)) as pool:
+        unsubscribe = pool.subscribe(seen.append)
+        train = pool.groups["train"]
+        (agent,) = [n["pid"] for n in train.cluster.describe()["nodes"]]
+        prep_pid = (where() >> pool["prep"])[5]
+        flag.write_text(str(agent))  # the train node's agent turns sick
+        wait_for(lambda: [e for e in seen if isinstance(e, sky.InstanceReplaced)], 60, "the replacement")
+        (replaced,) = [e for e in seen if isinstance(e, sky.InstanceReplaced)]
+        assert replaced.group == "train" and "disk full" in replaced.reason
+        wait_for(lambda: pool["train"].current_nodes() == 1, 60, "the train node back")
+        assert (where() >> pool["train"])[0] == "train"
+        assert (where() >> pool["prep"])[5] == prep_pid  # the other group untouched
+        unsubscribe()
+
+
+def test_a_group_with_min_joins_its_other_nodes_later() -> None:
+    groups = {"prep": sky.Spec(nodes=1), "train": sky.Spec(nodes=sky.Nodes(desired=3, min=1))}
+    with sky.Compute(groups=groups, options=QUIET) as pool:
+        assert pool["train"].current_nodes() >= 1
+        wait_for(lambda: pool["train"].current_nodes() == 3, 60, "the train group's other nodes")
+        assert sorted(w[1] for w in where() @ pool["train"]) == [0, 1, 2]

@@ -125,3 +125,23 @@ def flood_silently(host: str, port: int, sources: list[str], per_source: int, st
     finally:
         for s in socks:
             s.close()
+
+
+class Recorder:
+    """A pool's events as they come (``pool.subscribe(recorder)``); ``of(kind)`` the ones of a kind,
+    once every event sent so far has been delivered."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Any) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind: type) -> list[Any]:
+        from skyward.observe import events
+
+        events.bus.flush()
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]

@@ -7,34 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from typing import Any
 
 import pytest
 from conftest import wait_gone
-from helpers import wait_for
+from helpers import Recorder, wait_for
 
 import skyward as sky
-from skyward.observe import events
 from skyward.providers.base import GROWTH_MARGIN
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[sky.Event] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: sky.Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        events.bus.flush()
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 @sky.function

@@ -266,3 +266,19 @@ def test_a_group_with_min_joins_its_other_nodes_later() -> None:
         assert pool["train"].current_nodes() >= 1
         wait_for(lambda: pool["train"].current_nodes() == 3, 60, "the train group's other nodes")
         assert sorted(w[1] for w in where() @ pool["train"]) == [0, 1, 2]
+
+
+def test_diff_compares_two_pools_of_groups_group_by_group() -> None:
+    from skyward.records import record
+
+    with sky.Compute(groups={"prep": sky.Spec(nodes=1), "train": sky.Spec(nodes=1)}, options=QUIET) as a:
+        pass
+    with sky.Compute(groups={"prep": sky.Spec(nodes=1, ttl=300), "eval": sky.Spec(nodes=1)}, head="eval",
+                     options=QUIET) as b:
+        pass
+    found = record.diff(record.read(a.id), record.read(b.id))
+    rows = {(d["what"], d["key"]) for d in found}
+    assert ("spec of group prep", "ttl") in rows
+    assert ("group removed", "train") in rows and ("group added", "eval") in rows
+    assert ("head group", "head") in rows
+    assert not [d for d in found if d["what"] == "spec"]  # no pool-wide spec row: it is per group

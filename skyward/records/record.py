@@ -477,10 +477,27 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     for key in sorted(ca.keys() | cb.keys()):
         if ca.get(key) != cb.get(key):
             out.append({"what": "cloud", "key": key, "a": ca.get(key), "b": cb.get(key)})
-    fa, fb = _flat(a.get("spec") or {}), _flat(b.get("spec") or {})
-    for key in sorted(fa.keys() | fb.keys()):
-        if fa.get(key) != fb.get(key):
-            out.append({"what": "spec", "key": key, "a": fa.get(key), "b": fb.get(key)})
+    ga, gb = a.get("groups") or {}, b.get("groups") or {}
+    if not ga and not gb:
+        fa, fb = _flat(a.get("spec") or {}), _flat(b.get("spec") or {})
+        for key in sorted(fa.keys() | fb.keys()):
+            if fa.get(key) != fb.get(key):
+                out.append({"what": "spec", "key": key, "a": fa.get(key), "b": fb.get(key)})
+    else:  # pools of several groups: group by group (a pool of one spec is its one group, "default")
+        ga = ga or {"default": {"spec": a.get("spec") or {}, "nodes": a.get("nodes"), "provider": a.get("provider")}}
+        gb = gb or {"default": {"spec": b.get("spec") or {}, "nodes": b.get("nodes"), "provider": b.get("provider")}}
+        for group in [*ga, *(g for g in gb if g not in ga)]:
+            if group not in ga or group not in gb:
+                out.append({"what": "group " + ("added" if group not in ga else "removed"), "key": group,
+                            "a": None if group not in ga else ga[group].get("provider"),
+                            "b": None if group not in gb else gb[group].get("provider")})
+                continue
+            fa, fb = _flat(ga[group].get("spec") or {}), _flat(gb[group].get("spec") or {})
+            for key in sorted(fa.keys() | fb.keys()):
+                if fa.get(key) != fb.get(key):
+                    out.append({"what": f"spec of group {group}", "key": key, "a": fa.get(key), "b": fb.get(key)})
+        if a.get("head") != b.get("head"):
+            out.append({"what": "head group", "key": "head", "a": a.get("head"), "b": b.get("head")})
     for key in ("provider", "offer", "hourly_cost"):
         if a.get(key) != b.get(key):
             out.append({"what": key, "key": key, "a": a.get(key), "b": b.get(key)})

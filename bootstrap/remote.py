@@ -126,7 +126,7 @@ def trusted_known_hosts(ssh_config: Mapping[str, Any], host: str) -> list[Path]:
     import getpass
 
     home = os.path.expanduser("~")
-    tokens = {"%d": home, "%u": getpass.getuser(), "%h": host, "%k": host, "%%": "%"}
+    tokens = {"%d": home, "%u": "", "%h": host, "%k": host, "%%": "%"}
     paths: list[Path] = []
     for key, default in (("userknownhostsfile", _USER_KNOWN_HOSTS), ("globalknownhostsfile", _GLOBAL_KNOWN_HOSTS)):
         value = ssh_config.get(key) or default
@@ -135,6 +135,8 @@ def trusted_known_hosts(ssh_config: Mapping[str, Any], host: str) -> list[Path]:
                 if item.lower() == "none":
                     continue
                 expanded = item
+                if "%u" in expanded and not tokens["%u"]:
+                    tokens["%u"] = getpass.getuser()
                 for token, replacement in tokens.items():
                     expanded = expanded.replace(token, replacement)
                 if "%" not in expanded:
@@ -246,6 +248,34 @@ def _private_key(path: Path) -> paramiko.PKey | None:
     with _known_cache_lock:
         _private_keys[key] = (stamp, loaded)
     return loaded
+
+
+# ~/.ssh/config and /etc/ssh/ssh_config as Fabric parsed them: (the files' stats, when, the
+# parsed paramiko.SSHConfig). Fabric parses them for every Connection (shlex, line by line); a
+# pool of N hosts opens N at once. Parsed again when a file changes, and after SSH_CONFIG_KEEP_S
+# (a file that an Include names is not watched).
+SSH_CONFIG_KEEP_S = 10.0
+_ssh_config: tuple[tuple[tuple[int, ...], ...], float, Any] | None = None
+
+
+def _fabric_config() -> fabric.Config:
+    """A fresh Fabric config for one Connection, whose SSH config is the one parsed lately."""
+    global _ssh_config
+    import fabric
+
+    stamps: list[tuple[int, ...]] = []
+    for name in ("~/.ssh/config", "/etc/ssh/ssh_config"):
+        try:
+            st = os.stat(os.path.expanduser(name))
+            stamps.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            stamps.append(())
+    stamp, now, cached = tuple(stamps), time.monotonic(), _ssh_config
+    if cached is not None and cached[0] == stamp and now - cached[1] < SSH_CONFIG_KEEP_S:
+        return fabric.Config(ssh_config=cached[2])
+    config = fabric.Config()  # reads the files as Fabric would (its runtime ssh_config_path too)
+    _ssh_config = (stamp, now, config.base_ssh_config)
+    return config
 
 
 def _add_keys(table: paramiko.HostKeys, name: str, keys: list[paramiko.PKey]) -> None:
@@ -371,7 +401,7 @@ class Remote:
         def attempt() -> fabric.Connection:
             gateway = self._jump_connection(kwargs) if self.target.jump else None
             conn = fabric.Connection(
-                self.target.host, user=self.target.user, port=self.target.port,
+                self.target.host, user=self.target.user, port=self.target.port, config=_fabric_config(),
                 connect_timeout=self._connect_timeout, connect_kwargs=dict(kwargs),
                 **({"gateway": gateway} if gateway is not None else {}),
             )
@@ -463,7 +493,7 @@ class Remote:
         import fabric
 
         return fabric.Connection(
-            self.target.host, user=self.target.user, port=self.target.port,
+            self.target.host, user=self.target.user, port=self.target.port, config=_fabric_config(),
             connect_timeout=self._connect_timeout, connect_kwargs=self._connect_kwargs(),
             **({"gateway": gateway} if gateway is not None else {}),
         )
@@ -546,7 +576,8 @@ class Remote:
             port = int(p)
         jump_kwargs = {k: v for k, v in kwargs.items() if k != "transport_factory"}
         jump_kwargs.update(allow_agent=True, look_for_keys=True)
-        return fabric.Connection(host, user=user or None, port=port, connect_timeout=self._connect_timeout,
+        return fabric.Connection(host, user=user or None, port=port, config=_fabric_config(),
+                                 connect_timeout=self._connect_timeout,
                                  connect_kwargs=jump_kwargs, gateway=False)
 
     @property

@@ -177,8 +177,8 @@ _known_cache_lock = threading.Lock()
 
 def known_keys(path: Path, name: str) -> list[paramiko.PKey]:
     """The keys ``path`` lists for ``name`` (``host`` or ``[host]:port``, hashed entries
-    included), in the file's order, each once: what paramiko's ``HostKeys(path).lookup(name)``
-    holds. Raises OSError when the file cannot be read."""
+    included): the first of each type, in the file's order, as paramiko's
+    ``HostKeys(path).lookup(name)`` gives them. Raises OSError when the file cannot be read."""
     import paramiko
 
     st = os.stat(path)
@@ -213,11 +213,10 @@ def known_keys(path: Path, name: str) -> list[paramiko.PKey]:
     if hashed and not name.startswith("|1|"):
         found += [(n, k) for n, (h, k) in hashed
                   if hmac.compare_digest(paramiko.HostKeys.hash_host(name, h), h)]
-    keys: list[paramiko.PKey] = []
+    first: dict[str, paramiko.PKey] = {}  # paramiko checks the first key of each type only
     for _, k in sorted(found, key=lambda item: item[0]):
-        if k not in keys:
-            keys.append(k)
-    return keys
+        first.setdefault(k.get_name(), k)
+    return list(first.values())
 
 
 _private_keys: dict[str, tuple[tuple[int, ...], Any]] = {}  # path -> (its stat, its key)
@@ -279,8 +278,8 @@ def _fabric_config() -> fabric.Config:
 
 
 def _add_keys(table: paramiko.HostKeys, name: str, keys: list[paramiko.PKey]) -> None:
-    """``keys`` into a client's table for ``name``: the first of each type wins, as in the file."""
-    for k in reversed(keys):  # (add replaces a key of the same type: the file's first is added last)
+    """``keys`` (one per type) into a client's table for ``name``."""
+    for k in keys:
         table.add(name, k.get_name(), k)
 
 

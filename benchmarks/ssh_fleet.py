@@ -1,18 +1,33 @@
-"""Enter time of an SSH pool on 3 hosts that share one home directory (an NFS-mounted home, as on
-lab clusters) against 3 hosts with a home each, cold and warm (tests/sshhosts.py hosts; root).
+"""SSH pools of many hosts (tests/sshhosts.py netns hosts; root).
 
-    .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH]
+    .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet] [--fleet 4,16,32]
 
-cold: fresh hosts, nothing installed on them (the client's own caches warm, as in ssh.py); warm:
-the same hosts again, every phase skipped. On a shared home one host builds the environment
-while the others wait on its lock, so the cold figure should be close to one host's.
+home: enter time of a pool on 3 hosts that share one home directory (an NFS-mounted home, as on
+lab clusters) against 3 hosts with a home each, cold and warm. cold: fresh hosts, nothing
+installed on them (the client's own caches warm, as in ssh.py); warm: the same hosts again, every
+phase skipped. On a shared home one host builds the environment while the others wait on its
+lock, so the cold figure should be close to one host's.
+
+fleet: on 4, 16 and 32 hosts (a shared home, installed once, not timed), what the client pays
+per node, each figure in a fresh client process as a new program or `skyward exec` would be:
+* warm enter: enter -> first result of a no-op on every node, wall time and the client's CPU
+  (time.process_time: every thread of the process, user + system; imports done before);
+* exec: attach to the running pool by its description (as `skyward exec NAME` does) and run a
+  shell command on every node;
+* map: items/s of a no-op over 100,000 items on the pool, and the client's CPU per 100,000;
+* the floor: a login and one command on each host, in parallel (what any start over SSH costs).
+The client's CPU per node is given as total / hosts and as the slope between the smallest and
+the largest fleet (what one more node costs), and a 1,000-node pool is estimated from the
+slope and the fixed part (the intercept).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,20 +73,148 @@ def measure(shared_home: bool, rounds: int) -> dict[str, float]:
     return {"cold_s": statistics.median(cold), "warm_s": statistics.median(warm)}
 
 
+# -- fleet: the client's CPU per node ---------------------------------------------------------------
+def identity(x: Any) -> Any:
+    return x
+
+
+def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None) -> dict[str, Any]:
+    """In a fresh client process: one warm enter (or one exec), timed and its CPU counted."""
+    import fabric  # noqa: F401  (imports are the program's, once: not a per-node cost)
+    import paramiko  # noqa: F401
+
+    import skyward.bootstrap.remote
+    import skyward.bootstrap.routes  # noqa: F401
+    from skyward.core.pool import Pool
+    from skyward.named.nodeops import run_shell
+
+    ssh = sky.SSH(hosts=[sky.SSHHost(**h) for h in hosts])
+    out: dict[str, Any] = {}
+    if what == "floor":
+        cpu0 = time.process_time()
+        out["floor_s"] = _floor(hosts)
+        out["floor_cpu_s"] = time.process_time() - cpu0
+        return out
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if what == "enter":
+        with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
+            noop() @ pool
+            out["enter_s"], out["enter_cpu_s"] = time.perf_counter() - wall0, time.process_time() - cpu0
+            items = range(100_000)
+            pool.map(identity, range(10_000))
+            cpu1, wall1 = time.process_time(), time.perf_counter()
+            pool.map(identity, items)
+            out["map_items_per_s"] = len(items) / (time.perf_counter() - wall1)
+            out["map_cpu_s"] = time.process_time() - cpu1
+    else:
+        assert description is not None
+        spec = sky.Spec(provider=ssh, nodes=len(hosts))
+        pool = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))
+        try:
+            results = sky.function(run_shell)("hostname", 30) @ pool
+            assert all(r["exit_code"] == 0 for r in results), results
+        finally:
+            pool.close()
+        out["exec_s"], out["exec_cpu_s"] = time.perf_counter() - wall0, time.process_time() - cpu0
+    return out
+
+
+def _floor(hosts: list[dict[str, Any]]) -> float:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from skyward.bootstrap.remote import Remote, Target
+
+    def one(h: dict[str, Any]) -> None:
+        remote = Remote(Target(h["address"], h["port"], h["user"], h["key"])).open()
+        try:
+            remote.run("true")
+        finally:
+            remote.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(hosts)) as ex:
+        list(ex.map(one, hosts))
+    return time.perf_counter() - t0
+
+
+def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None = None) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps([what, hosts, description])],
+                          capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    if done.returncode != 0:
+        raise RuntimeError(f"the client process failed ({what}):\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for n in sizes:
+        with SSHHosts(n, mode="netns", shared_home=True) as hosts:
+            spec = [{"address": h.address, "port": h.port, "user": h.user, "key": str(h.key_path)} for h in hosts]
+            enter(hosts)  # installs (not timed)
+            ssh = provider(hosts)
+            cluster = ssh.create(sky.Spec(provider=ssh, nodes=n), f"fleetbench{n:03d}")
+            cluster.start(n)
+            description = json.loads(json.dumps(cluster.describe()))
+            cluster.detach()
+            runs: list[dict[str, Any]] = []
+            try:
+                for _ in range(rounds):
+                    runs.append({**_in_child("enter", spec), **_in_child("exec", spec, description),
+                                 **_in_child("floor", spec)})
+            finally:
+                ssh.destroy(description)
+        results[str(n)] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(f"  {n} hosts: {results[str(n)]}  (load {os.getloadavg()[0]:.2f})", flush=True)
+    return results
+
+
+def report_fleet(results: dict[str, Any]) -> None:
+    print(f"{'hosts':>6}{'enter s':>9}{'floor s':>9}{'enter ms/host':>15}{'exec s':>8}{'exec ms/host':>14}"
+          f"{'map items/s':>13}{'map CPU s/100k':>16}")
+    for n, r in results.items():
+        print(f"{n:>6}{r['enter_s']:>9.2f}{r['floor_s']:>9.2f}{r['enter_cpu_s'] / int(n) * 1e3:>15.1f}"
+              f"{r['exec_s']:>8.2f}{r['exec_cpu_s'] / int(n) * 1e3:>14.1f}{r['map_items_per_s']:>13,.0f}"
+              f"{r['map_cpu_s']:>16.3f}")
+    sizes = sorted(int(n) for n in results)
+    if len(sizes) >= 2:
+        lo, hi = results[str(sizes[0])], results[str(sizes[-1])]
+        for key in ("enter_cpu_s", "exec_cpu_s"):
+            slope = (hi[key] - lo[key]) / (sizes[-1] - sizes[0])
+            fixed = lo[key] - slope * sizes[0]
+            print(f"{key[:-6]}: {slope * 1e3:.1f} ms of client CPU per added node, {fixed:.2f} s fixed; "
+                  f"1,000 nodes ~ {fixed + 1000 * slope:.1f} s of client CPU")
+            results[f"{key[:-6]}_ms_per_added_node"] = slope * 1e3
+            results[f"{key[:-6]}_cpu_s_1000_nodes_estimate"] = fixed + 1000 * slope
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="fresh host sets per layout (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh host sets per layout, runs per fleet (default 3)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--only", choices=("home", "fleet"), help="one of the two parts")
+    parser.add_argument("--fleet", default="4,16,32", help="fleet sizes (default 4,16,32)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_client(*json.loads(args.child))))
+        return
+    print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
+          f"({os.cpu_count()} CPUs)")
     with SSHHosts(1, mode="netns") as warmup:  # the client's caches (wheelhouse, uv) are built once
         enter(warmup)
-    results: dict[str, Any] = {
-        "separate homes": measure(False, args.rounds),
-        "shared home": measure(True, args.rounds),
-    }
-    print(f"{'3 hosts':<16}{'cold enter (s)':>16}{'warm enter (s)':>16}")
-    for name, r in results.items():
-        print(f"{name:<16}{r['cold_s']:>16.2f}{r['warm_s']:>16.2f}")
+    results: dict[str, Any] = {}
+    if args.only in (None, "home"):
+        results["home"] = {
+            "separate homes": measure(False, args.rounds),
+            "shared home": measure(True, args.rounds),
+        }
+        print(f"{'3 hosts':<16}{'cold enter (s)':>16}{'warm enter (s)':>16}")
+        for name, r in results["home"].items():
+            print(f"{name:<16}{r['cold_s']:>16.2f}{r['warm_s']:>16.2f}")
+    if args.only in (None, "fleet"):
+        results["fleet"] = fleet([int(n) for n in args.fleet.split(",")], args.rounds)
+        report_fleet(results["fleet"])
+    print(f"load average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -126,7 +126,7 @@ def trusted_known_hosts(ssh_config: Mapping[str, Any], host: str) -> list[Path]:
     import getpass
 
     home = os.path.expanduser("~")
-    tokens = {"%d": home, "%u": getpass.getuser(), "%h": host, "%k": host, "%%": "%"}
+    tokens = {"%d": home, "%u": "", "%h": host, "%k": host, "%%": "%"}
     paths: list[Path] = []
     for key, default in (("userknownhostsfile", _USER_KNOWN_HOSTS), ("globalknownhostsfile", _GLOBAL_KNOWN_HOSTS)):
         value = ssh_config.get(key) or default
@@ -135,6 +135,8 @@ def trusted_known_hosts(ssh_config: Mapping[str, Any], host: str) -> list[Path]:
                 if item.lower() == "none":
                     continue
                 expanded = item
+                if "%u" in expanded and not tokens["%u"]:
+                    tokens["%u"] = getpass.getuser()
                 for token, replacement in tokens.items():
                     expanded = expanded.replace(token, replacement)
                 if "%" not in expanded:
@@ -163,6 +165,122 @@ def _lines_naming(name: str, files: Iterable[Path]) -> list[tuple[Path, int]]:
                     found.append((path, number))
                     break
     return found
+
+
+# A known_hosts file parsed once per version of it (path -> (its stat, its entries by name, its
+# hashed entries)): a pool of N hosts reads it N times at once, and paramiko's HostKeys.load
+# checks every line against every line before it, so each login paid O(lines**2) for a file
+# that lists the whole fleet.
+_known_cache: dict[str, tuple[tuple[int, int, int], dict[str, list[tuple[int, Any]]], list[tuple[int, Any]]]] = {}
+_known_cache_lock = threading.Lock()
+
+
+def known_keys(path: Path, name: str) -> list[paramiko.PKey]:
+    """The keys ``path`` lists for ``name`` (``host`` or ``[host]:port``, hashed entries
+    included): the first of each type, in the file's order, as paramiko's
+    ``HostKeys(path).lookup(name)`` gives them. Raises OSError when the file cannot be read."""
+    import paramiko
+
+    st = os.stat(path)
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    key = str(path)
+    with _known_cache_lock:
+        cached = _known_cache.get(key)
+    if cached is None or cached[0] != stamp:
+        by_name: dict[str, list[tuple[int, Any]]] = {}
+        hashed: list[tuple[int, Any]] = []
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                try:
+                    entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+                except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey):
+                    continue  # a line OpenSSH would skip too
+                if entry is None or entry.key is None:
+                    continue
+                for h in entry.hostnames:
+                    if h.startswith("|1|"):
+                        hashed.append((number, (h, entry.key)))
+                    else:
+                        by_name.setdefault(h, []).append((number, entry.key))
+        cached = (stamp, by_name, hashed)
+        with _known_cache_lock:
+            _known_cache[key] = cached
+    _, by_name, hashed = cached
+    found = list(by_name.get(name, ()))
+    if hashed and not name.startswith("|1|"):
+        found += [(n, k) for n, (h, k) in hashed
+                  if hmac.compare_digest(paramiko.HostKeys.hash_host(name, h), h)]
+    first: dict[str, paramiko.PKey] = {}  # paramiko checks the first key of each type only
+    for _, k in sorted(found, key=lambda item: item[0]):
+        first.setdefault(k.get_name(), k)
+    return list(first.values())
+
+
+_private_keys: dict[str, tuple[tuple[int, ...], Any]] = {}  # path -> (its stat, its key)
+
+
+def _private_key(path: Path) -> paramiko.PKey | None:
+    """The private key in ``path`` (its certificate with it, if ``path``-cert.pub exists), loaded
+    once per version of the file; None when it cannot be loaded without a passphrase or at all
+    (paramiko then tries the file itself and says why it fails)."""
+    import paramiko
+
+    try:
+        st = os.stat(path)
+        cert = Path(f"{path}-cert.pub")
+        cst = os.stat(cert) if cert.is_file() else None
+    except OSError:
+        return None
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino, *((cst.st_mtime_ns, cst.st_size) if cst else ()))
+    key = str(path)
+    with _known_cache_lock:
+        cached = _private_keys.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        loaded = paramiko.PKey.from_path(path)
+    except Exception:  # encrypted, unknown type, unreadable: paramiko's own path says why
+        return None
+    with _known_cache_lock:
+        _private_keys[key] = (stamp, loaded)
+    return loaded
+
+
+# ~/.ssh/config and /etc/ssh/ssh_config as Fabric parsed them: (the files' stats, when, the
+# parsed paramiko.SSHConfig). Fabric parses them for every Connection (shlex, line by line); a
+# pool of N hosts opens N at once. Parsed again when a file changes, and after SSH_CONFIG_KEEP_S
+# (a file that an Include names is not watched).
+SSH_CONFIG_KEEP_S = 10.0
+_ssh_config: tuple[tuple[tuple[int, ...], ...], float, Any] | None = None
+
+
+def _fabric_config() -> fabric.Config:
+    """A fresh Fabric config for one Connection, whose SSH config is the one parsed lately."""
+    global _ssh_config
+    import fabric
+
+    stamps: list[tuple[int, ...]] = []
+    for name in ("~/.ssh/config", "/etc/ssh/ssh_config"):
+        try:
+            st = os.stat(os.path.expanduser(name))
+            stamps.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            stamps.append(())
+    stamp, now, cached = tuple(stamps), time.monotonic(), _ssh_config
+    if cached is not None and cached[0] == stamp and now - cached[1] < SSH_CONFIG_KEEP_S:
+        return fabric.Config(ssh_config=cached[2])
+    config = fabric.Config()  # reads the files as Fabric would (its runtime ssh_config_path too)
+    _ssh_config = (stamp, now, config.base_ssh_config)
+    return config
+
+
+def _add_keys(table: paramiko.HostKeys, name: str, keys: list[paramiko.PKey]) -> None:
+    """``keys`` (one per type) into a client's table for ``name``."""
+    for k in keys:
+        table.add(name, k.get_name(), k)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -224,7 +342,7 @@ class Remote:
                 listed: list[paramiko.PKey] = []
                 for f in group:
                     try:
-                        listed += list((paramiko.HostKeys(str(f)).lookup(name) or {}).values())
+                        listed += known_keys(f, name)
                     except (OSError, paramiko.SSHException):
                         continue
                 if listed:
@@ -282,7 +400,7 @@ class Remote:
         def attempt() -> fabric.Connection:
             gateway = self._jump_connection(kwargs) if self.target.jump else None
             conn = fabric.Connection(
-                self.target.host, user=self.target.user, port=self.target.port,
+                self.target.host, user=self.target.user, port=self.target.port, config=_fabric_config(),
                 connect_timeout=self._connect_timeout, connect_kwargs=dict(kwargs),
                 **({"gateway": gateway} if gateway is not None else {}),
             )
@@ -357,8 +475,13 @@ class Remote:
     def _connect_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True}
         if self.target.key:
-            kwargs.update(key_filename=[str(Path(self.target.key).expanduser())], look_for_keys=False,
-                          allow_agent=False)
+            path = Path(self.target.key).expanduser()
+            pkey = _private_key(path)
+            # The key, read once per process (paramiko would read and parse the file for each
+            # login, trying each key type in turn); one it cannot read without help (a
+            # passphrase) goes to paramiko by its name, as before.
+            kwargs.update(look_for_keys=False, allow_agent=False,
+                          **({"pkey": pkey} if pkey is not None else {"key_filename": [str(path)]}))
         kwargs["banner_timeout"] = self._connect_timeout
         kwargs["auth_timeout"] = self._connect_timeout
         kwargs["transport_factory"] = _fast_transport
@@ -369,7 +492,7 @@ class Remote:
         import fabric
 
         return fabric.Connection(
-            self.target.host, user=self.target.user, port=self.target.port,
+            self.target.host, user=self.target.user, port=self.target.port, config=_fabric_config(),
             connect_timeout=self._connect_timeout, connect_kwargs=self._connect_kwargs(),
             **({"gateway": gateway} if gateway is not None else {}),
         )
@@ -428,10 +551,10 @@ class Remote:
             found: list[paramiko.PKey] = []
             for f in group:
                 try:
-                    keys = paramiko.HostKeys(str(f)).lookup(name)
+                    keys = known_keys(f, name)
                 except (OSError, paramiko.SSHException):
                     continue
-                found += [k for k in (keys or {}).values() if k not in found]
+                found += [k for k in keys if k not in found]
             if found:
                 return found
         return []
@@ -452,7 +575,8 @@ class Remote:
             port = int(p)
         jump_kwargs = {k: v for k, v in kwargs.items() if k != "transport_factory"}
         jump_kwargs.update(allow_agent=True, look_for_keys=True)
-        return fabric.Connection(host, user=user or None, port=port, connect_timeout=self._connect_timeout,
+        return fabric.Connection(host, user=user or None, port=port, config=_fabric_config(),
+                                 connect_timeout=self._connect_timeout,
                                  connect_kwargs=jump_kwargs, gateway=False)
 
     @property
@@ -484,15 +608,17 @@ class Remote:
             return
         # The user's files are paramiko's "system" keys: a host they list is checked against
         # them only (skyward's file is not consulted for it), as the user's ssh would.
+        # Only the lines naming this host are loaded (paramiko looks up no other name).
         trusted = [f for f in trusted_known_hosts(conn.ssh_config, conn.host) if f.is_file()]
+        system: paramiko.HostKeys = client._system_host_keys  # (load_system_host_keys' table)
         for f in trusted:
             try:
-                client.load_system_host_keys(str(f))
+                _add_keys(system, name, known_keys(f, name))
             except OSError as exc:  # unreadable (permissions): it cannot vouch for anything
                 log.info("cannot read the known_hosts file %s (%s); not consulted", f, exc)
         self._consulted[name] = trusted
         if path.exists():
-            client.load_host_keys(str(path))
+            _add_keys(client.get_host_keys(), name, known_keys(path, name))
         client.set_missing_host_key_policy(_TrustOnFirstUse(self, path, trusted))
 
     @property

@@ -153,3 +153,34 @@ def test_a_key_that_changed_since_skyward_recorded_it_names_skywards_file_and_li
     message = str(info.value)
     assert f"{ours} line 2" in message, message
     assert f"    ssh-keygen -R '{_name(host)}' -f {ours}\n" in message, message
+
+
+def test_known_keys_reads_what_paramiko_reads_and_sees_a_changed_file(tmp_path: Path) -> None:
+    from skyward.bootstrap.remote import known_keys
+
+    keys = [paramiko.Ed25519Key.from_path(_keygen(tmp_path, f"k{i}")) for i in range(3)]
+    line = [f"{k.get_name()} {k.get_base64()}" for k in keys]
+    path = tmp_path / "known_hosts"
+    lines = [
+        "# a comment",
+        f"10.0.0.1 {line[0]}",
+        _hashed(f"[10.0.0.2]:2222 {line[1]}"),
+        f"10.0.0.4,10.0.0.1 {line[2]}",
+        f"10.0.0.1 {line[0]}",  # the same again: once
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    for name in ("10.0.0.1", "[10.0.0.2]:2222", "10.0.0.4", "10.0.0.9"):
+        found = paramiko.HostKeys(str(path)).lookup(name)
+        assert known_keys(path, name) == list(dict.fromkeys((found or {}).values())), name
+    assert known_keys(path, "10.0.0.1") == [keys[0]]  # paramiko checks the first key of a type
+    # a broken line is skipped, as OpenSSH skips it (paramiko's HostKeys gives up on the file)
+    path.write_text("\n".join([*lines[:3], "10.0.0.3 ssh-ed25519 not-base64!", *lines[3:]]) + "\n")
+    assert known_keys(path, "10.0.0.4") == [keys[2]]
+    path.write_text(f"10.0.0.1 {line[1]}\n")  # the file changed: read again
+    assert known_keys(path, "10.0.0.1") == [keys[1]]
+    assert known_keys(path, "[10.0.0.2]:2222") == []
+
+
+def _keygen(folder: Path, name: str) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / name)], check=True)
+    return folder / name

@@ -89,8 +89,9 @@ def test_a_lost_node_is_replaced_within_its_group() -> None:
         train = pool.groups["train"]
         by_index = {n["index"]: n["pid"] for n in train.cluster.describe()["nodes"]}
         old = where() >> pool["train"]
-        os.kill(by_index[train.members.channels[0].node], signal.SIGKILL)
-        wait_for(lambda: train.members.ready() and train.members.channels[0].lost is None, 60)
+        (gone,) = train.members.channels
+        os.kill(by_index[gone.node], signal.SIGKILL)
+        wait_for(lambda: [ch for ch in train.members.ready() if ch is not gone], 60, "the train node's replacement")
         new = where() >> pool["train"]
         assert new[:5] == old[:5] and new[5] != old[5]
         assert pool["prep"].current_nodes() == 2

@@ -316,19 +316,32 @@ def test_file_backend_under_the_home_tilde(home: Path, monkeypatch: pytest.Monke
     assert (tmp_path / "user" / "state").is_dir() and not Path("~").exists()
 
 
+_READ_PASSPHRASE = """
+from pathlib import Path
+from skyward.stacks import backend
+print(Path(backend.prepare()["PULUMI_CONFIG_PASSPHRASE_FILE"]).read_text(), end="")
+"""
+
+
 def test_the_passphrase_is_never_seen_half_written(home: Path) -> None:
     # Many processes making their first pool at once: each reads a whole passphrase, the same one.
-    import multiprocessing
+    # (Fresh interpreters, not forks of this one: a fork of a process with threads running, as a
+    # test process has, can hang on a lock one of them held.)
+    import subprocess
+    import sys
 
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(6) as workers:
-        seen = workers.map(_read_passphrase, range(12))
+    env = {**os.environ, "SKYWARD_HOME": str(home)}
+    env.pop("PULUMI_CONFIG_PASSPHRASE", None)
+    env.pop("PULUMI_CONFIG_PASSPHRASE_FILE", None)
+    procs = [subprocess.Popen([sys.executable, "-c", _READ_PASSPHRASE], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(12)]
+    seen = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        seen.append(out)
     assert len(set(seen)) == 1 and len(seen[0].strip()) >= 32
     assert [p.name for p in home.iterdir() if p.name.startswith(".passphrase-")] == []
-
-
-def _read_passphrase(_: int) -> str:
-    return Path(backend.prepare()["PULUMI_CONFIG_PASSPHRASE_FILE"]).read_text()
 
 
 def test_a_cli_outside_a_bin_folder_gets_a_root_the_automation_api_accepts(home: Path, tmp_path: Path) -> None:

@@ -558,9 +558,10 @@ class Membership:
         settings = self.worker.agent_settings()
         metrics = to_config(self.spec.image.metrics)  # Image normalized them already
         state = self.state_address(pairs)  # where the head node serves collections
+        wide = self.layout(self) if self.layout is not None else None  # the pool's, once for every node
         for position, (_, ch) in enumerate(pairs):
             ch.configure({
-                "topology": self.topology(position, pairs),
+                "topology": self.topology(position, pairs, wide),
                 "worker": settings,
                 "metrics": metrics,
                 "spill": str(self.cluster.spill_dir) if self.cluster.spill_dir else None,
@@ -570,8 +571,9 @@ class Membership:
         if spread and self.on_configured is not None:
             self.on_configured(self)
 
-    def topology(self, position: int, pairs: Pairs) -> dict[str, Any]:
-        """What ``sky.instance_info()`` says on the node at ``position``."""
+    def topology(self, position: int, pairs: Pairs, pool: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What ``sky.instance_info()`` says on the node at ``position`` (``pool``: the pool-wide
+        part in a pool of several groups, from ``layout``)."""
         acc = self.spec.accelerator
         assert acc is None or not isinstance(acc, str)  # Spec converts strings
         count = float(getattr(acc, "count", 0) or 0)
@@ -582,8 +584,7 @@ class Membership:
                  "group_head_addr": head_addr, "group_head_port": head_port}
         wide = {"node": position, "total_nodes": len(pairs), "peers": peers, "head_addr": head_addr,
                 "head_port": head_port}
-        if self.layout is not None:
-            pool = self.layout(self)
+        if pool is not None:
             wide = {**pool, "node": pool["offset"] + position}
             del wide["offset"]
         return {

@@ -103,7 +103,16 @@ def test_samples_this_machine(caplog: pytest.LogCaptureFixture) -> None:
     collector = Collector(m.normalize(specs), rec)
     assert "gpu" not in collector.names and "gpu_memory" not in collector.names
     started = time.monotonic()
-    stop_took = run_for(collector, 1.5)
+    # At least 1.5 s, and on until four CPU samples came (a loaded CI machine, with the spinning
+    # thread holding the GIL, fits fewer slots into 1.5 s; missed slots are skipped, not queued).
+    collector.start()
+    time.sleep(1.5)
+    deadline = started + 15.0
+    while len(rec.values("cpu")) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    collector.stop()
+    stop_took = time.monotonic() - t0
 
     assert stop_took < 0.5
     assert not collector_threads()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -32,7 +33,7 @@ async def predict(request: Request) -> Response:
     model = STATE["model"]
     y = model.predict([[float(body["x"])]])[0]  # type: ignore[attr-defined]
     return JSONResponse({"x": body["x"], "y": round(float(y), 6), "pid": os.getpid(),
-                         "auth": request.headers.get("authorization")})
+                         "host": socket.gethostname(), "auth": request.headers.get("authorization")})
 
 
 async def whoami(request: Request) -> Response:

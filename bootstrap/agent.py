@@ -113,6 +113,7 @@ class Agent:
         # large results reach the agent the same way.
         self.node_spill: Path | None = None
         self.ttl = ttl
+        self.identity = ""  # who this agent is (agent_start makes it; its WELCOME says it)
         self.orphan_cleanup = orphan_cleanup or []
         self.orphaned = False
         self.lock = threading.RLock()
@@ -260,6 +261,7 @@ class Agent:
             "protocol": PROTOCOL,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            "id": self.identity,  # as the start-up line said (agent_start): which agent this is
             "python": sys.version.split()[0],
             "cwd": os.getcwd(),
             "tasks": running + queued,

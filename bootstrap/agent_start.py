@@ -102,7 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     if not token:
         raise SystemExit("skyward agent: SKYWARD_AGENT_TOKEN is not set; refusing to serve")
 
-    hello: dict[str, Any] = {"pid": os.getpid()}
+    # "id": who this agent is, made here and said in the start-up line, which only whoever
+    # started it reads (a pipe, an SSH session); its WELCOME says it again, so a client that
+    # reaches another agent of the same pool (a relay in between) sees that it is not this one.
+    hello: dict[str, Any] = {"pid": os.getpid(), "id": os.urandom(12).hex()}
     listeners: list[socket.socket] = []
     unix_path = args.unix or args.socket
     # A node reached over SSH (--socket) whose folder's path is too long for Unix sockets (a
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         for gone in sweep(args.sweep, "[!.]*-*"):
             _log(f"removed {gone}: a pool folder whose processes are all gone")
     agent = Agent(token, args.ttl, args.orphan_cleanup + ([short] if short else []))
+    agent.identity = hello["id"]
     if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
     elif args.socket:

@@ -6,6 +6,7 @@ a plain loopback TCP socket (Local) or anything socket-like that a transport han
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -56,6 +57,7 @@ class NodeChannel:
         on_submit: Callable[[NodeChannel, Frame], None] | None = None,
         on_stopping: Callable[[int, str], None] | None = None,
         label: str = "",
+        agent_id: str = "",
     ) -> None:
         self.node = node
         self.label = label or f"node {node}"
@@ -116,6 +118,18 @@ class NodeChannel:
                 f"what answers for {self.label} did not prove that it holds this pool's key: it is "
                 f"not the pool's agent (another process may have taken its address). Nothing was "
                 f"sent to it; the pool treats the node as lost."
+            )
+        if agent_id and self.facts.get("id") != agent_id:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            # Another agent of this pool (it proved the key): a relay between the two sent this
+            # connection to another node. On a sealed link a relay that rewrote the fact instead
+            # would fail the first frame (the WELCOME's body is under the session keys).
+            raise ProtocolError(
+                f"what answers for {self.label} is another agent of this pool (agent "
+                f"{str(self.facts.get('id'))[:24]!r}, not {agent_id!r}, which this node's start-up "
+                f"line named): something between this machine and the node sends the connection "
+                f"elsewhere. Nothing was sent to it; the pool treats the node as lost."
             )
         # A link that no SSH carries is sealed (frames.py): the agent's proof says so for its
         # direct listener (under the key: a relay cannot make it say otherwise), and a client

@@ -28,6 +28,10 @@ class NodeEndpoint:
     public_ip: str | None
     hostname: str
     connect: Callable[[], socket.socket]
+    # Who answers there: the agent's own identity, from its start-up line (a random id it made
+    # at start). The channel refuses an agent whose WELCOME says another one (a relay that
+    # hands the client another node of the same pool); "" where the provider does not know it.
+    agent_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -428,6 +428,7 @@ class _Node:
     address: str = ""
     port: int = 0  # the agent's direct port on the node's private address
     agent_pid: int = 0
+    agent_id: str = ""  # the agent's identity, from its start-up line (NodeEndpoint.agent_id)
     stopped: bool = False
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -850,11 +851,13 @@ class SlurmCluster(Cluster):
         node.address = str(hello["ip"])
         node.port = int(hello["agent"]["direct"])
         node.agent_pid = int(hello["agent"].get("pid") or 0)
+        node.agent_id = str(hello["agent"].get("id") or "")
         node.facts = hello
         if index == min(self._nodes) and hello.get("interface"):
             self.interface = str(hello["interface"])
         node.endpoint = NodeEndpoint(index=index, private_ip=node.address, public_ip=None, hostname=node.hostname,
-                                     connect=functools.partial(_tunnel, self, node.address, node.port))
+                                     connect=functools.partial(_tunnel, self, node.address, node.port),
+                                     agent_id=node.agent_id)
         return node.endpoint
 
     def _node_failed(self, index: int, job: str, lines: list[str], hello: dict[str, Any]) -> BaseException:
@@ -927,14 +930,15 @@ class SlurmCluster(Cluster):
         with self._lock:
             (node,) = self.table.claim_locked(1, lambda i: _Node(
                 i, old.job, hostname=old.hostname, slurm_node=old.slurm_node, address=old.address, port=old.port,
-                agent_pid=old.agent_pid, facts=old.facts))
+                agent_pid=old.agent_pid, agent_id=old.agent_id, facts=old.facts))
             new = node.index
             self._nodes.pop(index, None)
             info = self._jobs.get(old.job)
             if info is not None:
                 info["nodes"] = [new if i == index else i for i in info["nodes"]]
         node.endpoint = NodeEndpoint(index=new, private_ip=node.address, public_ip=None, hostname=node.hostname,
-                                     connect=functools.partial(_tunnel, self, node.address, node.port))
+                                     connect=functools.partial(_tunnel, self, node.address, node.port),
+                                     agent_id=node.agent_id)
         log.warning("Slurm pool %s: node %d's agent still runs in job %s: reconnected to it as node %d",
                     self.pool_id, index, old.job, new)
         return node.endpoint
@@ -1149,6 +1153,7 @@ class SlurmCluster(Cluster):
             "nodes": [
                 {"index": n.index, "private_ip": n.address, "public_ip": None, "hostname": n.hostname,
                  "slurm_node": n.slurm_node, "job": n.job, "port": n.port, "agent_pid": n.agent_pid,
+                 "agent_id": n.agent_id,
                  "log": f"{self.folder}/agent-{n.index}.log",
                  # where skyward ssh finds the pool's virtualenv (the shared home's)
                  "home": self.sky,
@@ -1185,7 +1190,7 @@ class SlurmCluster(Cluster):
         self._ended = [str(j) for j in description.get("ended_jobs") or []]
         self.table.restore([
             _Node(int(n["index"]), str(n["job"]), hostname=n.get("hostname") or "", address=n["private_ip"],
-                  port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0),
+                  port=int(n["port"]), agent_pid=int(n.get("agent_pid") or 0), agent_id=n.get("agent_id") or "",
                   slurm_node=n.get("slurm_node") or n.get("hostname") or "")
             for n in description["nodes"]
         ], int(description.get("next", 0)))
@@ -1212,7 +1217,7 @@ class SlurmCluster(Cluster):
                 self.table.mark_unreachable(n.index, f"its Slurm job {n.job} is {what}")
                 continue
             n.endpoint = NodeEndpoint(index=n.index, private_ip=n.address, public_ip=None, hostname=n.hostname,
-                                      connect=functools.partial(_tunnel, self, n.address, n.port))
+                                      connect=functools.partial(_tunnel, self, n.address, n.port), agent_id=n.agent_id)
             reached.append(n.endpoint)
         if not reached:
             raise ProviderError(f"none of this pool's nodes can be reached: "

@@ -236,6 +236,7 @@ class _Node:
     agent_pid: int | None = None
     agent_port: int | None = None  # on the node's loopback (agents of earlier versions)
     agent_socket: str = ""  # the agent's Unix socket in the node's pool folder (reached through sshd)
+    agent_id: str = ""  # the agent's identity, from its start-up line (NodeEndpoint.agent_id)
     direct_port: int | None = None  # on the node's private address (sky.SSH(direct=True))
     endpoint: NodeEndpoint | None = None
     home: str = ""  # skyward's caches on the node (the login user's home: maybe shared by hosts)
@@ -414,6 +415,7 @@ class SSHCluster(Cluster):
             public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
             hostname=h.hostname or facts.get("hostname") or h.address,
             connect=_agent_connector(remote, node),
+            agent_id=node.agent_id,
         )
         return node.endpoint
 
@@ -589,6 +591,7 @@ echo "@@port $hello"
                 log.info("%s: the agent cannot be reached directly (%s); using the SSH tunnel",
                          remote.label, hello.get("direct_error", "no direct listener"))
             node.agent_socket = str(hello.get("unix") or "")
+            node.agent_id = str(hello.get("id") or "")
             if hello.get("unix_error"):
                 log.warning("%s: the agent listens on a loopback TCP port, which other users of the node "
                             "can reach: %s", remote.label, hello["unix_error"])
@@ -737,6 +740,7 @@ echo "@@port $hello"
                     public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
                     hostname=h.hostname or facts.get("hostname") or h.address,
                     connect=_agent_connector(remote, node),
+                    agent_id=node.agent_id,
                 )
                 return node.endpoint
         node.pool_dir = node.pool_dir or old.pool_dir  # bootstrapped again: the same folder
@@ -832,6 +836,7 @@ echo "@@port $hello"
                     "agent_pid": n.agent_pid,
                     "agent_port": n.agent_port,
                     "agent_socket": n.agent_socket,
+                    "agent_id": n.agent_id,
                     "direct_port": n.direct_port,
                     "agent_python": n.agent_python,
                     "log": f"{n.pool_dir}/agent.log" if n.pool_dir else None,
@@ -876,10 +881,12 @@ echo "@@port $hello"
         self.table.restore([
             _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),
                   agent_port=n.get("agent_port"), agent_socket=n.get("agent_socket") or "",
+                  agent_id=n.get("agent_id") or "",
                   direct_port=n.get("direct_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
                   pool_dir=n.get("pool_dir") or "",
                   endpoint=NodeEndpoint(index=int(n["index"]), private_ip=n["private_ip"], public_ip=n.get("public_ip"),
-                                        hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected))
+                                        hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected,
+                                        agent_id=n.get("agent_id") or ""))
             for n in description["nodes"]
         ], int(description["next"]) if "next" in description else len(description["nodes"]))
         return self

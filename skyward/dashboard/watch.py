@@ -68,6 +68,7 @@ class NodeWatch:
                 self.channels.append(NodeChannel(
                     endpoint.connect, node=endpoint.index, token=cluster.token,
                     ttl=float(record.get("ttl", 600)), on_output=self._output, on_metric=self._metric,
+                    agent_id=endpoint.agent_id,
                 ))
             except (OSError, SkywardError) as exc:
                 log.debug("watching node %d of %s: %s", endpoint.index, self.name, exc)

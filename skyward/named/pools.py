@@ -880,7 +880,8 @@ def _announce_stop(record: dict[str, Any], message: str, wait: float = 10.0) -> 
             for e in endpoints:
                 try:
                     ch = NodeChannel(e.connect, node=e.index, token=cluster.token,
-                                     ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
+                                     ttl=float(record.get("ttl", 600)), on_output=lambda *_: None,
+                                     agent_id=e.agent_id)
                 except (OSError, SkywardError):
                     continue
                 ch.send(Kind.SHUTDOWN, body)

@@ -48,7 +48,8 @@ def probe(record: dict[str, Any]) -> list[dict[str, Any]]:
         b = by_index[endpoint.index]
         try:
             ch = NodeChannel(endpoint.connect, node=endpoint.index, token=cluster.token,
-                             ttl=float(record.get("ttl", 600)), on_output=lambda *_: None)
+                             ttl=float(record.get("ttl", 600)), on_output=lambda *_: None,
+                             agent_id=endpoint.agent_id)
         except (OSError, SkywardError) as exc:
             b["error"] = str(exc)
             return

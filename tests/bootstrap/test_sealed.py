@@ -473,6 +473,69 @@ def test_a_relay_that_changes_the_hello_gets_nothing_through(agent: Any) -> None
         relay.close()
 
 
+# -- which node answered ----------------------------------------------------------------------------
+def test_a_relay_to_another_node_of_the_pool_is_refused(agent: Any, tmp_path: Path) -> None:
+    """Two agents of one pool hold the same key, so either proves it; the client expects node 0's
+    own agent (the identity its start-up line named) and refuses node 1's, which a relay in
+    between handed it, before sending anything. Without an expected identity it would run there."""
+    _, hello0 = agent
+    proc1, hello1 = _agent_with_lease(60, tmp_path / "agent1.log")
+    try:
+        assert hello0["id"] != hello1["id"] and len(hello0["id"]) == 24
+        relay = Relay(("127.0.0.1", hello1["direct"]))  # the connection meant for node 0 reaches node 1
+        try:
+            with pytest.raises(ProtocolError, match="another agent of this pool"):
+                NodeChannel(lambda: socket.create_connection(relay.address), node=0, token=TOKEN, ttl=60,
+                            on_output=lambda *a: None, agent_id=hello0["id"])
+            assert not relay.up  # not a frame reached node 1
+        finally:
+            relay.close()
+        ch = NodeChannel(socket.create_connection(("127.0.0.1", hello0["direct"])), node=0, token=TOKEN, ttl=60,
+                         on_output=lambda *a: None, agent_id=hello0["id"])  # the right one is admitted
+        try:
+            assert ch.facts["id"] == hello0["id"]
+            assert _value(_health(ch, _const(4))) == 4
+        finally:
+            ch.close()
+        plain = NodeChannel(socket.create_connection(("127.0.0.1", hello1["direct"])), node=0, token=TOKEN, ttl=60,
+                            on_output=lambda *a: None)  # no identity to hold it to (what it was before)
+        try:
+            assert _value(_health(plain, _const(6))) == 6
+        finally:
+            plain.close()
+    finally:
+        _stop(proc1)
+
+
+def test_a_relay_that_rewrites_the_identity_gets_nothing_through(agent: Any, tmp_path: Path) -> None:
+    """A relay that sends node 0's connection to node 1 and writes node 0's identity into the
+    WELCOME passes the fact check, but the WELCOME's body is under the session keys: the
+    client's first frame fails at node 1, and node 1 runs nothing."""
+    _, hello0 = agent
+    proc1, hello1 = _agent_with_lease(60, tmp_path / "agent1.log")
+    try:
+        relay = Relay(("127.0.0.1", hello1["direct"]),
+                      edit_welcome=lambda body: body.replace(hello1["id"].encode(), hello0["id"].encode()))
+        try:
+            ch = NodeChannel(socket.create_connection(relay.address), node=0, token=TOKEN, ttl=60,
+                             on_output=lambda *a: None, agent_id=hello0["id"])
+            try:
+                try:
+                    fut: Future[Frame] | None = _health(ch, _const(5))
+                except sky.NodeLostError:
+                    fut = None
+                assert relay.upstream_closed.wait(10)
+                if fut is not None:
+                    with pytest.raises(BaseException):  # noqa: B017
+                        fut.result(10)
+            finally:
+                ch.close()
+        finally:
+            relay.close()
+    finally:
+        _stop(proc1)
+
+
 # -- the HELLO's and WELCOME's facts count only once proven --------------------------------------
 def _agent_with_lease(ttl: float, log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     env = dict(os.environ, SKYWARD_AGENT_TOKEN=TOKEN)

@@ -30,6 +30,8 @@ def test_up_attach_exec_history_down_on_ssh_hosts(cli: CLI) -> None:
         assert up.code == 0, up
         pids = [n["agent_pid"] for n in cli.record("lab")["cluster"]["nodes"]]
         assert all(pids)
+        ids = [n["agent_id"] for n in cli.record("lab")["cluster"]["nodes"]]
+        assert len(set(ids)) == 2 and all(len(i) == 24 for i in ids)  # held to by every attach below
 
         client = cli.python(CLIENT)
         assert client.code == 0, client
@@ -59,6 +61,7 @@ def test_up_attach_exec_history_down_on_ssh_hosts(cli: CLI) -> None:
         assert again.json() == [h.name for h in hosts]
         assert "cannot be reached" not in again.err, again
         assert cli.record("lab")["cluster"]["nodes"][1]["agent_pid"] != pids[1]
+        assert cli.record("lab")["cluster"]["nodes"][1]["agent_id"] not in ("", ids[1])  # the new agent's
         trail = [e["event"] for e in cli("history", "lab", "--json").json()]
         assert "node lost" in trail and "node replaced" in trail, trail
 

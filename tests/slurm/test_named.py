@@ -46,6 +46,9 @@ def test_a_named_pool_up_used_by_two_programs_and_down(site: Site, cli: CLI) -> 
     (job,) = record["jobs"]
     assert record["jobs"][job]["nodes"] == [0, 1] and "#SBATCH --nodes=2" in record["jobs"][job]["script"]
     assert [n["job"] for n in record["nodes"]] == [job, job]
+    # Each agent's identity, as its start-up line said it: the programs below attach holding the
+    # nodes to it (a wrong one would be refused as "another agent of this pool").
+    assert len({n["agent_id"] for n in record["nodes"]}) == 2 and all(len(n["agent_id"]) == 24 for n in record["nodes"])
     assert {j["id"]: j["state"] for j in site.cluster.jobs()}[job] == "RUNNING"
 
     for _ in range(2):  # two programs, one after the other, on the same job

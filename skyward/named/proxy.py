@@ -62,8 +62,17 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 def _remote(record: dict[str, Any], rank: int) -> Any:
     from ..bootstrap.remote import Remote, Target
+    from .nodeaccess import _pool_rank
+    from .pools import group_views
 
     name = record["name"]
+    views = group_views(record)
+    if len(views) > 1:  # NAME-N of a pool of several groups: numbered across the pool (sshconfig.py)
+        try:
+            group, rank = _pool_rank(record, views, rank)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} `skyward ssh-config {name}` writes its entries again.") from None
+        record = views[group]
     cluster = record.get("cluster") or {}
     nodes = cluster.get("nodes") or []
     if not 0 <= rank < len(nodes):

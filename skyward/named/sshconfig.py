@@ -14,6 +14,10 @@ checks the node's key against a known_hosts file holding only the key the pool p
 node (``HostKeyAlias NAME-RANK``, ``StrictHostKeyChecking yes``), so a node showing another key is
 refused, never learned. Local nodes run no sshd: their pools get no entries, and ``skyward
 ssh-config`` says so (``skyward ssh`` is the shell there).
+
+A pool of several groups numbers its nodes across the whole pool, group after group (as
+``instance_info().node`` and ``--node`` without ``--group`` do, in the pool's group order), and
+each entry says its group and its rank there. A group of Local nodes has none.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class Entry:
     keys: tuple[str, ...]  # IdentityFile: the pool's key (none: ssh's own defaults and agent)
     host_keys: tuple[str, ...]  # "type base64": what the pool pinned for the node
     via: str | None  # the jump host, said in a comment (the proxy goes through it)
+    group: str = ""  # the node's group, in a pool of several (rank is then pool-wide)
+    group_rank: int = 0  # its rank within that group
 
 
 def how_to_use(name: str | None = None) -> str:
@@ -81,6 +87,28 @@ def how_to_use(name: str | None = None) -> str:
 def entries(record: dict[str, Any]) -> list[Entry]:
     """The entries of a running pool's nodes (ConfigError for pools whose nodes have no sshd to
     reach, saying what to use instead)."""
+    from .pools import group_views
+
+    views = group_views(record)
+    if len(views) == 1:
+        return _group_entries(record, 0, "")
+    out: list[Entry] = []
+    refusals: list[str] = []
+    offset = 0
+    for group, view in views.items():
+        count = len((view.get("cluster") or {}).get("nodes") or [])
+        try:
+            out += _group_entries(view, offset, group)
+        except ConfigError as exc:  # a group of Local (or otherwise unreachable) nodes: the others' still
+            refusals.append(f"group {group!r}: {exc}")
+        offset += count
+    if not out and refusals:
+        raise ConfigError("; ".join(refusals))
+    return out
+
+
+def _group_entries(record: dict[str, Any], offset: int, group: str) -> list[Entry]:
+    """The entries of one group's nodes (``record``: the group's view), ranked from ``offset``."""
     from ..bootstrap.remote import Remote, Target
 
     name = record["name"]
@@ -107,10 +135,11 @@ def entries(record: dict[str, Any]) -> list[Entry]:
         conn = remote.resolved()  # ~/.ssh/config applied, as the pool's connection sees the host
         files = [h["key"]] if h.get("key") else list(conn.ssh_config.get("identityfile") or [])
         out.append(Entry(
-            alias(name, rank), rank, str(conn.host), int(conn.port), str(conn.user),
+            alias(name, offset + rank), offset + rank, str(conn.host), int(conn.port), str(conn.user),
             tuple(str(Path(f).expanduser()) for f in files),
             tuple(f"{k.get_name()} {k.get_base64()}" for k in remote.pinned_keys()),
-            h.get("jump") or (str(conn.ssh_config.get("proxyjump")) if conn.ssh_config.get("proxyjump") else None)))
+            h.get("jump") or (str(conn.ssh_config.get("proxyjump")) if conn.ssh_config.get("proxyjump") else None),
+            group, rank))
     return out
 
 
@@ -127,6 +156,7 @@ def write(record: dict[str, Any]) -> list[Entry]:
              f"at {when}.", f"# `skyward ssh-config {name}` writes it again; `skyward down {name}` removes it.", ""]
     for e in made:
         lines += [f"Host {e.alias}",
+                  *([f"    # group {e.group!r}, its node {e.group_rank}"] if e.group else []),
                   *([f"    # through the jump host {e.via} (the proxy goes through it)"] if e.via else []),
                   f"    HostName {e.hostname}", f"    Port {e.port}", f"    User {_word(e.user)}",
                   *(f"    IdentityFile {_word(k)}" for k in e.keys),

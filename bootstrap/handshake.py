@@ -53,13 +53,7 @@ try:  # what hmac.compare_digest is, without hmac's OpenSSL import
     from _operator import _compare_digest
 except ImportError:  # pragma: no cover - an interpreter without it
     from hmac import compare_digest as _compare_digest  # type: ignore[no-redef]
-try:
-    from _sha2 import sha256 as _sha256  # Python 3.12+
-except ImportError:
-    try:
-        from _sha256 import sha256 as _sha256  # 3.11
-    except ImportError:  # pragma: no cover - a build without the built-in hashes
-        from hashlib import sha256 as _sha256
+from .digest import sha256 as _sha256
 
 NONCE = 32
 HELLO_MAX = 4096  # a HELLO's body: a few facts, never more

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import getpass
-import hashlib
 import json
 import os
 import socket
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..bootstrap.digest import sha256
 from ..observe.secrets import scrub
 from ..paths import skyward_home
 from ..version import __version__
@@ -78,7 +78,7 @@ def append(name: str, event: str, pool: str, **details: Any) -> dict[str, Any]:
 
 
 def _digest(line: bytes) -> str:
-    return hashlib.sha256(line).hexdigest()
+    return sha256(line).hexdigest()
 
 
 def _last_line(fd: int) -> bytes:

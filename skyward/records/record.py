@@ -38,7 +38,6 @@ import base64
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
 import json
 import os
 import socket
@@ -52,6 +51,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..bootstrap.digest import sha256
 from ..errors import RecordError
 from ..observe.secrets import (
     MASK,
@@ -84,7 +84,7 @@ def records_dir() -> Path:
 
 def digest(record: dict[str, Any]) -> str:
     """The SHA-256 of a record's canonical JSON: what the trail keeps."""
-    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 # -- where a pool came from ----------------------------------------------------------------------

@@ -460,17 +460,23 @@ def test_a_relay_that_changes_the_hello_gets_nothing_through(agent: Any) -> None
     relay = Relay(("127.0.0.1", hello["direct"]), edit_hello=lambda body: body.replace(b'"ttl": 60', b'"ttl": 61'))
     ch = _channel(relay.address)
     try:
-        try:  # the client's first frame (its PING) may have lost the node already
-            fut: Future[Frame] | None = _health(ch, _const(5))
-        except sky.NodeLostError:
-            fut = None
-        assert relay.upstream_closed.wait(10)
-        if fut is not None:
-            with pytest.raises(BaseException):  # noqa: B017
-                fut.result(10)
+        _nothing_gets_through(ch, relay)
     finally:
         ch.close()
         relay.close()
+
+
+def _nothing_gets_through(ch: NodeChannel, relay: Relay) -> None:
+    """A task sent on ``ch`` fails and the agent behind ``relay`` drops the connection: the
+    first sealed frame did not pass (the client's PING may have lost the node already)."""
+    try:
+        fut: Future[Frame] | None = _health(ch, _const(5))
+    except sky.NodeLostError:
+        fut = None
+    assert relay.upstream_closed.wait(10)
+    if fut is not None:
+        with pytest.raises(BaseException):  # noqa: B017
+            fut.result(10)
 
 
 # -- which node answered ----------------------------------------------------------------------------
@@ -520,14 +526,7 @@ def test_a_relay_that_rewrites_the_identity_gets_nothing_through(agent: Any, tmp
             ch = NodeChannel(socket.create_connection(relay.address), node=0, token=TOKEN, ttl=60,
                              on_output=lambda *a: None, agent_id=hello0["id"])
             try:
-                try:
-                    fut: Future[Frame] | None = _health(ch, _const(5))
-                except sky.NodeLostError:
-                    fut = None
-                assert relay.upstream_closed.wait(10)
-                if fut is not None:
-                    with pytest.raises(BaseException):  # noqa: B017
-                        fut.result(10)
+                _nothing_gets_through(ch, relay)
             finally:
                 ch.close()
         finally:

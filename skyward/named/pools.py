@@ -342,22 +342,39 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
             f"`skyward down {cfg.name}` (for a cloud pool, they cost money until you do).",
             stacklevel=3,
         )
+
+    def described(record: dict[str, Any], pool: Pool) -> None:
+        record["cluster"] = pool.cluster.describe()
+        if sleep.is_asleep(record):  # nodes = [0, N]: started asleep, its first task wakes it
+            record["asleep_since"] = record["last_seen"]
+
+    return _register_and_start(
+        cfg, keep, lambda: _record(cfg, spec, "", ephemeral=not keep),
+        lambda: Pool(spec, options, worker, name=cfg.name), described,
+        nodes=spec.node_spec.desired, ttl=spec.ttl)
+
+
+def _register_and_start(cfg: PoolConfig, keep: bool, make_record: Callable[[], dict[str, Any]],
+                        make_pool: Callable[[], Pool], described: Callable[[dict[str, Any], Pool], None],
+                        **facts: Any) -> Pool:
+    """``provision``'s steps for a pool of one spec or of several groups: claim the name, register
+    the pool as provisioning, start it (its events kept for `skyward events`), register its nodes
+    (``described``), write the trail's line (``facts``: nodes, ttl...), then either leave it to
+    run (``keep``: SSH config entries for its nodes) or tie the registry entry to this program."""
     with registry.lock(cfg.name, wait=0):
         _claim(cfg.name)
-        record = _record(cfg, spec, "", ephemeral=not keep)
+        record = make_record()
         registry.write(record)
         try:
             with journal.capture(cfg.name, "provision") as events:  # kept for `skyward events`
-                pool = Pool(spec, options, worker, name=cfg.name)
+                pool = make_pool()
         except BaseException:
             registry.remove(cfg.name)
             raise
         pool.on_close(events.bind(pool.id))
         try:
-            record.update(id=pool.id, state="running", cluster=pool.cluster.describe(),
-                          last_seen=time.time())
-            if sleep.is_asleep(record):  # nodes = [0, N]: started asleep, its first task wakes it
-                record["asleep_since"] = record["last_seen"]
+            record.update(id=pool.id, state="running", last_seen=time.time())
+            described(record, pool)
             if not keep:
                 record["clients"] = [_client(pool.id)]
             registry.write(record)
@@ -365,10 +382,9 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
             pool.close()
             registry.remove(cfg.name)
             raise
-    audit.append(cfg.name, "provisioned", pool.id, provider=record["provider"],
-                 nodes=spec.node_spec.desired, offer=record["offer"],
-                 hourly_cost=_total_cost(record), ttl=spec.ttl,
-                 by="skyward up" if keep else "sky.Compute(name=...)", stack=_stack_name(record))
+    audit.append(cfg.name, "provisioned", pool.id, provider=record["provider"], offer=record["offer"],
+                 hourly_cost=_total_cost(record), by="skyward up" if keep else "sky.Compute(name=...)",
+                 stack=_stack_name(record), **facts)
     if keep:
         from .sshconfig import after_up
 
@@ -421,44 +437,19 @@ def _provision_groups(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
             stacklevel=3,
         )
         ttl = 0
-    with registry.lock(cfg.name, wait=0):
-        _claim(cfg.name)
-        head_cfg = type(cfg)(cfg.name, cfg.groups[head], cfg.sources)
-        record = _record(head_cfg, specs[head], "", ephemeral=not keep)
-        record.update(ttl=ttl, head=head, offer=", ".join(f"{g}: {_offer(s)}" for g, s in specs.items()),
-                      groups={g: {"config": cfg.groups[g], "cluster": None, "provider": s.provider.kind,
-                                  "hourly_cost": s.provider.hourly_cost(s), "offer": _offer(s)}
-                              for g, s in specs.items()})
-        registry.write(record)
-        try:
-            with journal.capture(cfg.name, "provision") as events:
-                pool = Pool(specs[head], options, worker, groups=specs, head=head, name=cfg.name)
-        except BaseException:
-            registry.remove(cfg.name)
-            raise
-        pool.on_close(events.bind(pool.id))
-        try:
-            record.update(id=pool.id, state="running", last_seen=time.time())
-            _describe_groups(record, pool)
-            if not keep:
-                record["clients"] = [_client(pool.id)]
-            registry.write(record)
-        except BaseException:
-            pool.close()
-            registry.remove(cfg.name)
-            raise
-    audit.append(cfg.name, "provisioned", pool.id, provider=record["provider"],
-                 nodes=sum(s.node_spec.desired for s in specs.values()), offer=record["offer"],
-                 hourly_cost=_total_cost(record), ttl=ttl, groups=list(specs), head=head,
-                 by="skyward up" if keep else "sky.Compute(name=...)", stack=_stack_name(record))
-    if keep:
-        from .sshconfig import after_up
 
-        after_up(record)  # SSH config entries for the head group's nodes
-        return pool
-    _Recorder(pool, cfg.name).start()
-    pool.on_close(lambda: _destroyed_by_owner(cfg.name, pool.id))
-    return pool
+    def record() -> dict[str, Any]:
+        made = _record(type(cfg)(cfg.name, cfg.groups[head], cfg.sources), specs[head], "", ephemeral=not keep)
+        made.update(ttl=ttl, head=head, offer=", ".join(f"{g}: {_offer(s)}" for g, s in specs.items()),
+                    groups={g: {"config": cfg.groups[g], "cluster": None, "provider": s.provider.kind,
+                                "hourly_cost": s.provider.hourly_cost(s), "offer": _offer(s)}
+                            for g, s in specs.items()})
+        return made
+
+    return _register_and_start(
+        cfg, keep, record, lambda: Pool(specs[head], options, worker, groups=specs, head=head, name=cfg.name),
+        _describe_groups, nodes=sum(s.node_spec.desired for s in specs.values()), ttl=ttl, groups=list(specs),
+        head=head)
 
 
 def _describe_groups(record: dict[str, Any], pool: Pool) -> None:

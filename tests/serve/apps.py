@@ -38,7 +38,7 @@ async def predict(request: Request) -> Response:
 
 async def whoami(request: Request) -> Response:
     await asyncio.sleep(float(request.query_params.get("sleep", "0")))
-    return JSONResponse({"pid": os.getpid(), "version": STATE.get("version", 1)})
+    return JSONResponse({"pid": os.getpid(), "host": socket.gethostname(), "version": STATE.get("version", 1)})
 
 
 async def health(request: Request) -> Response:

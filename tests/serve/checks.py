@@ -38,7 +38,10 @@ def every_request_is_answered_by_both_nodes(endpoint: Endpoint, requests: int = 
         with ThreadPoolExecutor(16) as ex:
             answers = list(ex.map(ask, range(requests)))
     assert [a["y"] for a in answers] == [2.0 * x + 1 for x in range(requests)]
-    assert len({a["pid"] for a in answers}) == 2, {a["pid"] for a in answers}  # both replicas took some
+    # Both replicas took some. A replica is told by its host and pid: netns SSH hosts and containers
+    # have pid namespaces of their own, where two replicas can have the same pid.
+    replicas = {(a["host"], a["pid"]) for a in answers}
+    assert len(replicas) == 2, replicas
     assert all(a["auth"] is None for a in answers)  # the endpoint's token stops at the router
 
 
@@ -58,12 +61,13 @@ def events_pass_through_as_they_are_produced(pool: sky.Pool, endpoint: Endpoint)
 
 class Load:
     """``clients`` threads sending ``GET /whoami`` (each answer after ``sleep`` s) back to back
-    while the ``with`` block runs: every status, and the pids of the replicas that answered."""
+    while the ``with`` block runs: every status, and the replicas that answered, each as
+    (host name, pid) (two hosts' pid namespaces may give two replicas the same pid)."""
 
     def __init__(self, endpoint: Endpoint, *, clients: int = 8, sleep: float = 0.02, timeout: float = 60) -> None:
         self.endpoint, self.sleep, self.timeout = endpoint, sleep, timeout
         self.statuses: list[int] = []
-        self.pids: set[int] = set()
+        self.pids: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, name=f"load-{i}") for i in range(clients)]
 
@@ -73,7 +77,8 @@ class Load:
                 r = client.get("/whoami", params={"sleep": str(self.sleep)})
                 self.statuses.append(r.status_code)
                 if r.status_code == 200:
-                    self.pids.add(r.json()["pid"])
+                    body = r.json()
+                    self.pids.add((body["host"], body["pid"]))
 
     def __enter__(self) -> Load:
         for t in self._threads:

@@ -121,6 +121,8 @@ def test_a_probe_contacts_the_nodes_32_at_a_time(home: Path, monkeypatch: pytest
             pass
 
     class Endpoint:
+        agent_id = ""  # (NodeEndpoint's: no identity to hold the agent to)
+
         def __init__(self, index: int) -> None:
             self.index = index
 

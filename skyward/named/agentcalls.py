@@ -49,7 +49,8 @@ def attached(name: str, group: str | None = None) -> Iterator[tuple[Pool, list[N
     """The running pool ``name``, attached for a look, and its nodes in rank order: those of
     ``group``, or of every group in group order (a pool of several groups)."""
     from ..spec import Options
-    from .pools import attach, for_a_look, group_view, group_views
+    from .groupviews import group_view, group_views
+    from .pools import attach, for_a_look
 
     record = for_a_look(name)
     # A look replaces nothing: a node lost meanwhile is the programs' to replace (and the

@@ -275,7 +275,8 @@ def _progress(message: str) -> Iterator[None]:
 def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, Any]:
     """What listings show of a record: never the token or how to log in."""
     from . import sleep
-    from .pools import _total_cost, group_views
+    from .groupviews import group_views
+    from .pools import _total_cost
 
     cluster = record.get("cluster") or {}
     nodes = [{k: n.get(k) for k in ("index", "hostname", "private_ip", "public_ip")}
@@ -316,7 +317,8 @@ def _summary(record: dict[str, Any], st: PoolStatus | None = None) -> dict[str, 
 
 def _groups_summary(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Each group of a pool of several groups: its name, provider and nodes ([] for one spec)."""
-    from .pools import _total_cost, group_views
+    from .groupviews import group_views
+    from .pools import _total_cost
 
     if not record.get("groups"):
         return []
@@ -677,7 +679,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _selected_groups(record: dict[str, Any], group: str | None) -> dict[str, dict[str, Any]]:
     """``--group GROUP``'s view of the record, or every group's (pools.group_views)."""
-    from .pools import group_view, group_views
+    from .groupviews import group_view, group_views
 
     if group is None:
         return group_views(record)
@@ -1052,7 +1054,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("exec needs a command after --, e.g. `skyward exec NAME -- hostname`.")
     command = cmd[0] if len(cmd) == 1 else shlex.join(cmd)
-    from .pools import get, group_view
+    from .groupviews import group_view
+    from .pools import get
     from .wake import awake
 
     if args.group is not None:
@@ -1066,7 +1069,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         reached = [(g.name, ch.node) for g in groups if g.members.size() or args.group
                    for ch in g.members.channels]
         missing = {(g.name, i): why for g in groups for i, why in g.cluster.unreachable().items()}
-    from .pools import group_views
+    from .groupviews import group_views
     from .registry import read
 
     record = read(args.name) or {}
@@ -1159,7 +1162,8 @@ def cmd_resize(args: argparse.Namespace) -> int:
     from ..spec import Nodes, Options
     from . import registry
     from .config import parse_nodes
-    from .pools import _describe_groups, attach, for_a_look, get, group_view, status_of
+    from .groupviews import group_view
+    from .pools import _describe_groups, attach, for_a_look, get, status_of
 
     record = get(args.name)
     if not status_of(record).asleep:

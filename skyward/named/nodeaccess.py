@@ -369,7 +369,8 @@ def open_nodes(name: str, node: int | None, group: str | None = None) -> Iterato
     group only, ``node`` being the rank within it: a pool of several groups needs it with
     ``node``). A node that cannot be reached is an error naming it: nothing runs on the others then."""
     from .agentcalls import attached
-    from .pools import get, group_view, group_views
+    from .groupviews import group_view, group_views
+    from .pools import get
 
     first = get(name)
     views = group_views(first)

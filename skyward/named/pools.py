@@ -38,6 +38,7 @@ from ..records import audit
 from ..spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
 from ..version import __version__
 from . import registry, sleep
+from .groupviews import DEFAULT_GROUP, group_views
 from .registry import check_name
 
 if TYPE_CHECKING:
@@ -92,40 +93,7 @@ def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Wor
     return spec, Worker(**(data.get("worker") or {}))
 
 
-# -- groups --------------------------------------------------------------------------------------
-DEFAULT_GROUP = "default"  # skyward.core.group's name for a pool's one group (not imported: it loads the pool)
-
-
-def group_views(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each group of a named pool's record as a record of that group alone (its ``config``,
-    ``cluster`` and ``provider``), in group order. A pool of one spec is the one group
-    ``default``, whose view is the record itself (records written before groups were too)."""
-    groups = record.get("groups")
-    if not groups:
-        return {DEFAULT_GROUP: record}
-    return {name: {**record, "config": g["config"], "cluster": g.get("cluster"), "provider": g.get("provider"),
-                   "hourly_cost": g.get("hourly_cost"), "offer": g.get("offer"), "group": name}
-            for name, g in groups.items()}
-
-
-def group_view(record: dict[str, Any], group: str | None, command: str) -> dict[str, Any]:
-    """The view of ``--group GROUP`` (see ``group_views``); without one, the record itself,
-    unless ``command`` needs one group of a pool that has several."""
-    views = group_views(record)
-    if group is None:
-        if len(views) > 1 and command:
-            raise ConfigError(
-                f"pool {record['name']!r} has several groups ({', '.join(map(repr, views))}): "
-                f"`{command}` needs one, e.g. `{command.replace('NAME', record['name'])} --group "
-                f"{next(iter(views))}`."
-            )
-        return record
-    if group not in views:
-        raise ConfigError(
-            f"--group {group!r}: pool {record['name']!r} has no group called {group!r}; its groups are "
-            f"{', '.join(map(repr, views))}."
-        )
-    return views[group]
+# -- groups: their views of a record are in skyward.named.groupviews ----------------------------
 
 
 # -- state ---------------------------------------------------------------------------------------

@@ -62,8 +62,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 def _remote(record: dict[str, Any], rank: int) -> Any:
     from ..bootstrap.remote import Remote, Target
+    from .groupviews import group_views
     from .nodeaccess import _pool_rank
-    from .pools import group_views
 
     name = record["name"]
     views = group_views(record)

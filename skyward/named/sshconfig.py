@@ -87,7 +87,7 @@ def how_to_use(name: str | None = None) -> str:
 def entries(record: dict[str, Any]) -> list[Entry]:
     """The entries of a running pool's nodes (ConfigError for pools whose nodes have no sshd to
     reach, saying what to use instead)."""
-    from .pools import group_views
+    from .groupviews import group_views
 
     views = group_views(record)
     if len(views) == 1:

@@ -93,9 +93,6 @@ def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Wor
     return spec, Worker(**(data.get("worker") or {}))
 
 
-# -- groups: their views of a record are in skyward.named.groupviews ----------------------------
-
-
 # -- state ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PoolStatus:

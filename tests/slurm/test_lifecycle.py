@@ -11,13 +11,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import Recorder, wait_for
 
 import skyward as sky
 
@@ -25,23 +23,6 @@ from .conftest import Site
 
 pytestmark = pytest.mark.timeout(300)
 QUIET = sky.Options(console=False)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[sky.Event] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: sky.Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        from skyward.observe import events
-
-        events.bus.flush()
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 @sky.function

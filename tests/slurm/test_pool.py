@@ -4,11 +4,11 @@ the login node, agents started by srun inside it and reached through the login n
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Any
 
 import pytest
+from helpers import Recorder
 
 import skyward as sky
 
@@ -16,23 +16,6 @@ from .conftest import Site
 
 pytestmark = pytest.mark.timeout(300)
 QUIET = sky.Options(console=False)
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[sky.Event] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: sky.Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        from skyward.observe import events
-
-        events.bus.flush()
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 @sky.function

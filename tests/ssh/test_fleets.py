@@ -12,18 +12,17 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import Recorder
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
 from skyward.core.pool import Pool
-from skyward.observe import events
 
 pytestmark = pytest.mark.timeout(600)
 QUIET = sky.Options(console=False)
@@ -57,21 +56,6 @@ def provider(hosts: Any, **kw: Any) -> sky.SSH:
 def on_host(host: SSHHost, command: str) -> str:
     argv = [*host.ssh_argv("/dev/null", strict="no"), command]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[sky.Event] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: sky.Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        events.bus.flush()
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 @sky.function
@@ -416,7 +400,6 @@ def test_jump_is_checked_where_it_is_given() -> None:
         sky.SSH(hosts=["10.0.0.1"], jump="")
     with pytest.raises(sky.ConfigError, match="known_hosts"):
         sky.SSH(hosts=["10.0.0.1"], known_hosts="/no/such/folder/known_hosts")
-
 
 
 def test_jump_and_known_hosts_come_from_skyward_toml(tmp_path: Path) -> None:

@@ -10,14 +10,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import Recorder, wait_for
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
-from skyward.observe import events
 
 pytestmark = pytest.mark.timeout(600)
 QUIET = sky.Options(console=False)
@@ -39,21 +37,6 @@ def hosts() -> Iterator[SSHHosts]:
 def provider(hosts: list[SSHHost]) -> sky.SSH:
     return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
                           for h in hosts])
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[sky.Event] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: sky.Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        events.bus.flush()
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 def on_host(host: SSHHost, command: str) -> str:

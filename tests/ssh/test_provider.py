@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import helpers
 import pytest
 from sshhosts import SSHHost, SSHHosts
 
@@ -37,24 +38,7 @@ def open_and_close(**kw: Any) -> None:
         pass
 
 
-class Recorder:
-    """Collects every event while active."""
-
-    def __init__(self) -> None:
-        self.events: list[sky.Event] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: sky.Event) -> None:
-        with self._lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        from skyward.observe import events
-
-        events.bus.flush()
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
-
+class Recorder(helpers.Recorder):
     def pool_ids(self) -> set[str]:
         return {e.pool for e in self.of(sky.ClusterRequested)}
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..errors import ConfigError, PoolNotFoundError, ProviderError, SkywardError
 from ..version import __version__
 from .cliout import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err, format_table, money, print_json, say
+from .groupviews import node_count
 
 if TYPE_CHECKING:
     from ..core.pool import Pool
@@ -322,7 +323,7 @@ def _groups_summary(record: dict[str, Any]) -> list[dict[str, Any]]:
 
     if not record.get("groups"):
         return []
-    return [{"name": g, "provider": v.get("provider"), "nodes": len((v.get("cluster") or {}).get("nodes", [])),
+    return [{"name": g, "provider": v.get("provider"), "nodes": node_count(v),
              "head": g == record.get("head"), "offer": v.get("offer"),
              "hourly_cost": _total_cost({**v, "groups": None})} for g, v in group_views(record).items()]
 
@@ -620,7 +621,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _status_asleep(args, record, st)
     views = _selected_groups(record, args.group)
     running = not st.gone and st.state != "provisioning"
-    count = sum(len((v.get("cluster") or {}).get("nodes", [])) for v in views.values())
+    count = sum(map(node_count, views.values()))
     live = running and (args.probe or (not args.cached and count <= probe.LIVE_NODES))
     at: float | None = None
     grouped = bool(record.get("groups"))
@@ -678,7 +679,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _selected_groups(record: dict[str, Any], group: str | None) -> dict[str, dict[str, Any]]:
-    """``--group GROUP``'s view of the record, or every group's (pools.group_views)."""
+    """``--group GROUP``'s view of the record, or every group's (groupviews.group_views)."""
     from .groupviews import group_view, group_views
 
     if group is None:

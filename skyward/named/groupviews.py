@@ -1,5 +1,5 @@
-"""A named pool's record seen one group at a time: ``group_views`` and ``--group``'s
-``group_view``. Apart from skyward.named.pools so that the modules pools itself uses (the SSH
+"""A named pool's record seen one group at a time: ``group_views``, ``--group``'s
+``group_view``, and ``pool_rank`` for a node numbered across the whole pool. Apart from skyward.named.pools so that the modules pools itself uses (the SSH
 config entries) can read a record's groups without importing it."""
 
 from __future__ import annotations
@@ -41,3 +41,23 @@ def group_view(record: dict[str, Any], group: str | None, command: str) -> dict[
             f"{', '.join(map(repr, views))}."
         )
     return views[group]
+
+
+def node_count(view: dict[str, Any]) -> int:
+    """How many nodes a group's view (or a record) describes now."""
+    return len((view.get("cluster") or {}).get("nodes") or [])
+
+
+def pool_rank(record: dict[str, Any], views: dict[str, dict[str, Any]], node: int) -> tuple[str, int]:
+    """``--node N`` without ``--group`` on a pool of several groups: the node at that place in the
+    whole pool, numbered group after group (as ``instance_info().node``), as (group, its rank)."""
+    rank = node
+    for g, view in views.items():
+        count = node_count(view)
+        if 0 <= rank < count:
+            return g, rank
+        rank -= count
+    total = node - rank
+    raise ConfigError(f"--node {node}: pool {record['name']!r} has {total} node(s) across its groups "
+                      f"({', '.join(map(repr, views))}), numbered 0 to {total - 1} group after group; "
+                      f"--group GROUP --node N picks by the rank within a group.")

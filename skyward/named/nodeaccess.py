@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, ProviderError
 from ..providers.base import Cluster, ExecShell, HereShell, SSHShell
+from .groupviews import node_count
 
 if TYPE_CHECKING:
     import paramiko
@@ -346,7 +347,7 @@ class _ChannelProcess:
 def ranks_of(record: dict[str, Any], node: int | None) -> list[int]:
     """The ranks ``--node`` picks (all without it), checked against the pool's nodes."""
     name = record["name"]
-    count = len((record.get("cluster") or {}).get("nodes", []))
+    count = node_count(record)
     if node is None:
         return list(range(count))
     if 0 <= node < count:
@@ -369,13 +370,13 @@ def open_nodes(name: str, node: int | None, group: str | None = None) -> Iterato
     group only, ``node`` being the rank within it: a pool of several groups needs it with
     ``node``). A node that cannot be reached is an error naming it: nothing runs on the others then."""
     from .agentcalls import attached
-    from .groupviews import group_view, group_views
+    from .groupviews import group_view, group_views, pool_rank
     from .pools import get
 
     first = get(name)
     views = group_views(first)
     if node is not None and group is None and len(views) > 1:  # the pool-wide rank: group after group
-        group, node = _pool_rank(first, views, node)
+        group, node = pool_rank(first, views, node)
     ranks_of(group_view(first, group, ""), node)  # a wrong --node or --group fails before anything connects
     with attached(name, group) as (_pool, described):
         record = get(name)
@@ -394,20 +395,6 @@ def open_nodes(name: str, node: int | None, group: str | None = None) -> Iterato
             nodes.append(_node(view, found.cluster, found.rank, found.description, found.channel.facts))
         yield record, nodes
 
-
-def _pool_rank(record: dict[str, Any], views: dict[str, dict[str, Any]], node: int) -> tuple[str, int]:
-    """``--node N`` without ``--group`` on a pool of several groups: the node at that place in the
-    whole pool, numbered group after group (as ``instance_info().node``), as (group, its rank)."""
-    rank = node
-    for g, view in views.items():
-        count = len((view.get("cluster") or {}).get("nodes", []))
-        if 0 <= rank < count:
-            return g, rank
-        rank -= count
-    total = node - rank
-    raise ConfigError(f"--node {node}: pool {record['name']!r} has {total} node(s) across its groups "
-                      f"({', '.join(map(repr, views))}), numbered 0 to {total - 1} group after group; "
-                      f"--group GROUP --node N picks by the rank within a group.")
 
 
 def pool_nodes(pool: Any, ranks: list[int]) -> list[Node]:

@@ -62,14 +62,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 def _remote(record: dict[str, Any], rank: int) -> Any:
     from ..bootstrap.remote import Remote, Target
-    from .groupviews import group_views
-    from .nodeaccess import _pool_rank
+    from .groupviews import group_views, pool_rank
 
     name = record["name"]
     views = group_views(record)
     if len(views) > 1:  # NAME-N of a pool of several groups: numbered across the pool (sshconfig.py)
         try:
-            group, rank = _pool_rank(record, views, rank)
+            group, rank = pool_rank(record, views, rank)
         except ConfigError as exc:
             raise ConfigError(f"{exc} `skyward ssh-config {name}` writes its entries again.") from None
         record = views[group]

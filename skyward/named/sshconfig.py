@@ -87,7 +87,7 @@ def how_to_use(name: str | None = None) -> str:
 def entries(record: dict[str, Any]) -> list[Entry]:
     """The entries of a running pool's nodes (ConfigError for pools whose nodes have no sshd to
     reach, saying what to use instead)."""
-    from .groupviews import group_views
+    from .groupviews import group_views, node_count
 
     views = group_views(record)
     if len(views) == 1:
@@ -96,12 +96,11 @@ def entries(record: dict[str, Any]) -> list[Entry]:
     refusals: list[str] = []
     offset = 0
     for group, view in views.items():
-        count = len((view.get("cluster") or {}).get("nodes") or [])
         try:
             out += _group_entries(view, offset, group)
         except ConfigError as exc:  # a group of Local (or otherwise unreachable) nodes: the others' still
             refusals.append(f"group {group!r}: {exc}")
-        offset += count
+        offset += node_count(view)
     if not out and refusals:
         raise ConfigError("; ".join(refusals))
     return out

@@ -98,7 +98,7 @@ def lease_ttl(value: object) -> float | None:
 
 
 class Agent:
-    def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None) -> None:
+    def __init__(self, token: str, ttl: float, orphan_cleanup: list[str] | None = None, identity: str = "") -> None:
         # Keys, not the secret: what a worker gets (lane, collections) opens no agent.
         self.key = derive(token, AGENT)
         self.lane_key = derive(token, LANE).hex()
@@ -113,7 +113,7 @@ class Agent:
         # large results reach the agent the same way.
         self.node_spill: Path | None = None
         self.ttl = ttl
-        self.identity = ""  # who this agent is (agent_start makes it; its WELCOME says it)
+        self.identity = identity  # who this agent is (agent_start makes it; its WELCOME says it)
         self.orphan_cleanup = orphan_cleanup or []
         self.orphaned = False
         self.lock = threading.RLock()

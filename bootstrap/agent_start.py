@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.sweep:  # other pools' folders on this node whose processes were all killed (after our hold)
         for gone in sweep(args.sweep, "[!.]*-*"):
             _log(f"removed {gone}: a pool folder whose processes are all gone")
-    agent = Agent(token, args.ttl, args.orphan_cleanup + ([short] if short else []))
-    agent.identity = hello["id"]
+    agent = Agent(token, args.ttl, args.orphan_cleanup + ([short] if short else []), identity=hello["id"])
     if args.unix:
         agent.lane_dir = os.path.dirname(os.path.abspath(args.unix))
     elif args.socket:

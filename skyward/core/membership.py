@@ -463,7 +463,7 @@ class Membership:
             on_metric=self._metric,
             on_submit=lambda origin, frame: self.on_nested(origin, frame),
             on_stopping=self._pool_stopped,
-            agent_id=getattr(endpoint, "agent_id", ""),  # (a test may hand a bare endpoint)
+            agent_id=endpoint.agent_id,
         )
         ch.when_proven(lambda: self._compare_versions(ch))  # the versions a relay cannot have changed
         return ch

@@ -651,7 +651,8 @@ def test_the_welcomes_versions_count_only_once_proven(agent: Any, caplog: pytest
                          lambda event: None)
     members.cluster = SimpleNamespace(token=TOKEN)  # type: ignore[assignment]
     caplog.set_level("WARNING", logger="skyward")
-    ch = members.connect(SimpleNamespace(connect=lambda: socket.create_connection(relay.address), index=0))
+    ch = members.connect(SimpleNamespace(connect=lambda: socket.create_connection(relay.address), index=0,
+                                         agent_id=""))
     try:
         assert ch.facts["packages"]["pytest"] == "0.0.1"  # what the relay made it say...
         assert relay.upstream_closed.wait(10)

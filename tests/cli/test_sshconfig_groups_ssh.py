@@ -10,34 +10,27 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from sshhosts import SSHHosts, SSHHostsUnavailable
+from sshhosts import SSHHosts
 
 from .conftest import CLI
+from .ssh_helpers import netns_hosts
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CLI, SSHHosts]]:
-    hosts = SSHHosts(1, mode="netns", user="auto")
-    try:
-        hosts.start()
-    except SSHHostsUnavailable as exc:
-        pytest.skip(f"netns SSH test hosts unavailable: {exc}")
-    cli = CLI(tmp_path_factory.mktemp("sshconfig-groups"))
-    try:
+def mixed(cli: CLI) -> Iterator[tuple[CLI, SSHHosts]]:
+    with netns_hosts(1) as hosts:
         targets = json.dumps([f"{h.user}@{h.address}:{h.port}" for h in hosts])
         cli.toml(f'[pools.mix]\nttl = 300\nhead = "work"\n\n'
                  f'[pools.mix.groups.prep]\nnodes = 2\n\n'
                  f'[pools.mix.groups.work]\nprovider = "ssh"\nnodes = 1\n'
                  f'[pools.mix.groups.work.ssh]\nhosts = {targets}\nkey = "{hosts[0].key_path}"\n'
                  f'known_hosts = "{cli.cwd / "known_hosts"}"\n')
-        yield cli, hosts
-    finally:
         try:
-            cli("down", "--all", "--force", timeout=120)
+            yield cli, hosts
         finally:
-            hosts.close()
+            cli("down", "--all", "--force", timeout=120)
 
 
 def test_the_ssh_groups_nodes_get_entries_under_their_pool_wide_rank(mixed: tuple[CLI, SSHHosts]) -> None:

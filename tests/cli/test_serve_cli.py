@@ -83,8 +83,9 @@ def test_serve_a_named_pool_update_it_and_stop_it_leaving_the_pool_up(cli: CLI) 
             assert client.get("/whoami").json()["version"] == 1
 
             # `skyward ls` shows the endpoint, its replicas and its rate; never the token.
-            wait_for(lambda: ((cli("ls", "--json").json()[0].get("serving") or {}).get("ready") == 2),
-                     60, "ls showing 2 replicas ready")
+            # (the status file's counts are written about once a second: wait for all 21 requests)
+            wait_for(lambda: ((s := cli("ls", "--json").json()[0].get("serving") or {}).get("ready") == 2
+                              and s.get("requests", 0) >= 21), 60, "ls showing 2 replicas ready and 21 requests")
             (row,) = cli("ls", "--json").json()
             assert row["serving"]["url"] == url and row["serving"]["app"] == "webapp:app"
             assert row["serving"]["pid"] == proc.pid and row["serving"]["requests"] >= 21

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -91,6 +90,8 @@ def sweep(root: str | os.PathLike[str], pattern: str,
             fd = os.open(folder / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             if unowned is not None and unowned(folder):
+                import shutil  # (here: with bz2 and lzma, it costs every agent's start 5 ms)
+
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder)
             continue
@@ -102,6 +103,8 @@ def sweep(root: str | os.PathLike[str], pattern: str,
             os.close(fd)  # held: some owner lives
             continue
         try:
+            import shutil
+
             shutil.rmtree(folder, ignore_errors=True)  # under the lock: nobody takes it meanwhile
             removed.append(folder)
         finally:

@@ -6,7 +6,9 @@ agent used to be a new interpreter that loaded the same modules (half of an agen
 its first task). The provider now starts one process, ``python -m skyward.bootstrap.agent
 --fork-server`` (which loads the agent module and starts no thread), and asks it for each node:
 one JSON line on its stdin, ``{"index": 0, "argv": [...], "cwd": ..., "log": ...}`` (and
-``"env"``: variables of that node's own, such as its GPUs). It forks a
+``"env"``: variables of that node's own, such as its GPUs; a warm server, one started before
+its pool existed, also gets ``"environ"``, the node's whole environment, and ``"path"``, what
+goes first on its import path). The index is the request's number, which the answer repeats. It forks a
 child that becomes that node's agent as if it had been started with ``argv``: its own session,
 stdin on /dev/null, stderr on the node's log, the pool's token in its environment. On stdout the
 server says ``{"forked": index, "pid": pid}`` and the child then prints its usual hello
@@ -31,12 +33,13 @@ from .forked import live_forked
 
 
 def preload() -> None:
-    """Load what every node's first worker loads before its first task (the worker and
-    cloudpickle), so that the agents' forked workers (forked.py) have it too: once per pool
-    instead of once per node."""
+    """Load what every node's agent and first worker load before its first task (the agent,
+    the head's collections and the load sampler; the worker and cloudpickle), so that the
+    agents and their forked workers (forked.py) have it: once per pool instead of once per
+    node, and before the client connects rather than after. Importing them starts no thread."""
     import cloudpickle  # noqa: F401
 
-    from . import worker  # noqa: F401
+    from . import agent, metrics, state, worker  # noqa: F401
 
 
 def serve(run_agent: Callable[[list[str]], None]) -> None:
@@ -99,9 +102,16 @@ def _fork(request: dict[str, object], run_agent: Callable[[list[str]], None], ou
         os.dup2(log, 2)
         os.close(log)
         os.chdir(str(request["cwd"]))
+        environ = request.get("environ")  # (a warm server's node: its whole environment)
+        if isinstance(environ, dict):
+            os.environ.clear()
+            os.environ.update(environ)
         env = request.get("env")  # (this node's own variables: its GPUs)
         if isinstance(env, dict):
             os.environ.update(env)
+        path = request.get("path")
+        if isinstance(path, list):
+            sys.path[0:0] = [str(p) for p in path]
         sys.argv = ["skyward-agent", *argv]
         run_agent(argv)
 

@@ -4,7 +4,8 @@ Each node gets its own working directory under one temporary root per pool. The 
 the client's interpreter with the client's import path, so everything importable here is
 importable there; only Image.pip requirements that are not already met are installed, into a
 cached overlay that goes first on the nodes' PYTHONPATH. The agents are forked from one fork
-server per pool (local_fork.py), or each started as its own interpreter where it cannot run.
+server per pool (local_fork.py: the warm one building its sky.Compute started, where it fits),
+or each started as its own interpreter where none can run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from skyward.bootstrap.procs import wait_gone
 from skyward.errors import ConfigError, ProviderError, SkywardError
 
 from .base import Cluster, HereShell, NodeEndpoint, ProviderConfig, require_kind
-from .local_fork import ForkedAgent, ForkServer
+from .local_fork import ForkedAgent, ForkServer, client_paths, take_warm
 from .local_procs import process_running
 from .local_procs import start_time as _start_time
 from .nodetable import NodeTable
@@ -181,6 +182,10 @@ class LocalCluster(Cluster):
         self._procs: dict[int, Agent] = {}
         self._sockets = sockets  # see _socket_path
         self._forks: ForkServer | Literal[False] | None = None  # started on the first node
+        # A warm server's agents (local_fork.py): what goes first on their import path, and
+        # their whole environment sent with each; None: a server of the pool's own.
+        self._warm_path: list[str] | None = None
+        self._own_packages = False  # Image.pip installed for this pool
         self._launched: list[tuple[int, Agent]] = []  # started, not yet handed out
         # Each node as describe() reports it (the table's, by index): claimed as {"index": i}
         # when its agent is forked, the rest once its agent said hello (``_up``). Those this
@@ -358,11 +363,8 @@ class LocalCluster(Cluster):
             paths.append(str(self._copy_includes(image.includes, image.excludes)))
         # The client's own import path (script folder, cwd, PYTHONPATH), so code importable
         # here is importable on the nodes; the interpreter adds its own site-packages itself.
-        prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-        for entry in sys.path:
-            entry = entry or os.getcwd()
-            if not any(entry.startswith(p) for p in prefixes) and entry not in paths:
-                paths.append(entry)
+        paths += [entry for entry in client_paths() if entry not in paths]
+        self._own_packages = bool(install)  # (its nodes cannot be forked from a warm server)
         # Packages `skyward install` adds while the pool runs: one folder for the pool's nodes
         # (they share this machine), first on their path, there from the start so that workers
         # already running find what lands in it.
@@ -522,8 +524,15 @@ class LocalCluster(Cluster):
         if self._forks is not False:  # forked from the pool's fork server (local_fork.py)...
             try:
                 if self._forks is None:
-                    self._forks = ForkServer(env, self._root)
-                proc = self._forks.fork(index, args, node_dir, log_path, env=own)
+                    warm = None if self._own_packages else take_warm(env)
+                    if warm is not None:
+                        self._forks, extra = warm
+                        self._warm_path = [str(self._root), *extra]  # (as a server of its own has it)
+                    else:
+                        self._forks = ForkServer(env, self._root)
+                warm_path = self._warm_path
+                proc = self._forks.fork(args, node_dir, log_path, env=own,
+                                        environ=env if warm_path is not None else None, path=warm_path)
             except OSError as exc:  # ...or, where it cannot run, a new interpreter as before
                 _log().warning("the Local fork server is not available (%s); each node starts its own interpreter", exc)
                 dead, self._forks = self._forks, False

@@ -145,3 +145,17 @@ class Recorder:
         events.bus.flush()
         with self._lock:
             return [e for e in self.events if isinstance(e, kind)]
+
+
+def without_fork_server(monkeypatch: Any, why: str = "no fork server here") -> None:
+    """Local nodes as their own interpreters, as where no fork server can run: the pool's own
+    server and the warm one (providers/local_fork.py) both fail to start, and a warm one an
+    earlier test left waiting goes first."""
+    from skyward.providers import local, local_fork
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise OSError(why)
+
+    local_fork._close_warm()
+    monkeypatch.setattr(local, "ForkServer", broken)
+    monkeypatch.setattr(local_fork, "ForkServer", broken)

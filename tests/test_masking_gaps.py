@@ -28,6 +28,7 @@ from skyward.observe.secrets import (
     register_env,
     secret,
 )
+from tests.helpers import without_fork_server
 
 
 @pytest.fixture(autouse=True)
@@ -200,13 +201,9 @@ def _environ_holders(token: str) -> dict[str, list[int]]:
 @pytest.mark.parametrize("forked", [True, False], ids=["fork-server", "own-interpreter"])
 def test_tasks_do_not_find_the_pools_secret_in_any_environ(forked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     import skyward as sky
-    from skyward.providers import local
 
     if not forked:  # the path where the fork server cannot run: each agent a new interpreter
-        def no_fork_server(*args: object, **kwargs: object) -> None:
-            raise OSError("not in this test")
-
-        monkeypatch.setattr(local, "ForkServer", no_fork_server)
+        without_fork_server(monkeypatch, "not in this test")
     holders = sky.function(_environ_holders)
     with sky.Compute(nodes=2, options=sky.Options(console=False)) as pool:
         token = pool.cluster.token

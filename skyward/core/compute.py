@@ -61,6 +61,12 @@ def _build_specs(specs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Spe
     return (Spec(**kwargs),)
 
 
+def _local(specs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether the pool described will run on sky.Local() (the default provider)."""
+    providers = [getattr(s, "provider", None) for s in specs] if specs else [kwargs.get("provider")]
+    return all(p is None or getattr(p, "kind", None) == "local" for p in providers)
+
+
 def _check_named(name: str, specs: tuple[Any, ...], kwargs: Mapping[str, Any],
                  worker: Worker | None, options: Options) -> None:
     from ..named.pools import check_name
@@ -103,6 +109,10 @@ class Compute:
         node (skyward.core.group), each group a spec (or a tuple of alternatives) of its own;
         ``pool["train"]`` dispatches to one group. ``head`` names the group whose first node
         holds the pool's collections (the first group by default)."""
+        if name is None and reproduce is None and groups is None and _local(specs, kwargs):
+            from ..providers.local_fork import prestart
+
+            prestart()  # the nodes' fork server loads while this pool is built and opened
         self.name = name
         self.options = options or Options()
         if not isinstance(self.options, Options):

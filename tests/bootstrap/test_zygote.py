@@ -14,6 +14,7 @@ import pytest
 
 import skyward as sky
 from skyward.bootstrap.channel import NodeChannel
+from tests.helpers import without_fork_server
 
 
 @sky.function
@@ -94,13 +95,83 @@ def test_the_fork_server_forks_on_request_and_exits_after_its_last_agent(tmp_pat
 
 def test_nodes_start_as_their_own_interpreters_where_the_fork_server_cannot_run(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from skyward.providers import local
-
-    def broken(*_args: object) -> None:
-        raise OSError("no fork here")
-
-    monkeypatch.setattr(local, "ForkServer", broken)
+    without_fork_server(monkeypatch, "no fork here")
     with sky.Compute(nodes=2, options=sky.Options(console=False)) as pool:
         agents = set(agent_pid() @ pool)
         assert {int(_stat(pid)[1]) for pid in agents} == {os.getpid()}  # this process's children
     assert "the Local fork server is not available (no fork here)" in caplog.text
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+@sky.function
+def node_view() -> dict[str, object]:
+    import sys
+
+    return {"agent": int(os.environ["SKYWARD_AGENT_PID"]), "path": sys.path[:3], "env": dict(os.environ),
+            "hash": hash("skyward")}
+
+
+def test_building_a_local_compute_warms_a_server_that_its_pool_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skyward.providers import local_fork
+
+    local_fork._close_warm()
+    compute = sky.Compute(nodes=2, options=sky.Options(console=False, logging=False))
+    warm = local_fork._warm
+    assert warm is not None and "-P" in warm.proc.args  # nothing of its cwd on its path
+    monkeypatch.setenv("SKYWARD_TEST_LATE", "set after the server started")
+    with compute as pool:
+        assert local_fork._warm is None and pool.cluster._forks is warm  # taken, and owned by the pool
+        views = node_view() @ pool
+        root = str(pool.cluster._root)
+        for view in views:
+            assert int(_stat(int(view["agent"]))[1]) == warm.proc.pid  # its agent, forked from it
+            # As a server of the pool's own has it: the pool's folder, then its site folder first.
+            assert view["path"][:2] == [root, os.path.join(root, "site")]
+            env = view["env"]
+            assert env["SKYWARD_TEST_LATE"] == "set after the server started"  # the node's environment, now
+            assert env["SKYWARD_SITE"] == os.path.join(root, "site")
+            assert "SKYWARD_AGENT_TOKEN" not in env
+    assert _gone(warm.proc.pid)
+
+
+def test_a_pool_whose_interpreter_start_differs_starts_its_own_server() -> None:
+    from skyward.providers import local_fork
+
+    local_fork._close_warm()
+    image = sky.Image(env={"PYTHONHASHSEED": "7"})  # read when an interpreter starts: a fork cannot take it
+    compute = sky.Compute(nodes=1, image=image, options=sky.Options(console=False, logging=False))
+    warm = local_fork._warm
+    assert warm is not None
+    with compute as pool:
+        assert _gone(warm.proc.pid)  # not taken: it went
+        (view,) = node_view() @ pool
+        assert b"-P" not in _cmdline(int(_stat(int(view["agent"]))[1]))  # the pool's own server
+    seeded = subprocess.run([sys.executable, "-c", "print(hash('skyward'))"], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONHASHSEED="7"), check=True)
+    assert view["hash"] == int(seeded.stdout)
+
+
+def test_a_warm_server_no_pool_took_goes_when_its_program_ends(tmp_path: Path) -> None:
+    script = ("import skyward as sky\n"
+              "from skyward.providers import local_fork\n"
+              "sky.Compute(nodes=2)\n"
+              "print(local_fork._warm.proc.pid, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert _gone(int(out.stdout))
+
+
+def test_which_environments_a_warm_server_fits() -> None:
+    from skyward.providers.local_fork import _fits
+
+    started = {"PATH": "/bin", "PYTHONPATH": "/a:/b", "PYTHONUNBUFFERED": "1", "HOME": "/root"}
+    pool = {**started, "PYTHONPATH": "/pool/site:/inc:/a:/b", "SKYWARD_AGENT_TOKEN": "t", "HOME": "/elsewhere"}
+    assert _fits(started, pool) == ["/pool/site", "/inc"]  # what goes first; other variables travel
+    assert _fits(started, {**pool, "PYTHONPATH": "/pool/site:/b:/a"}) is None  # the server's path, changed
+    assert _fits(started, {**pool, "PYTHONHASHSEED": "0"}) is None  # read at start: a server of its own
+    assert _fits(started, {k: v for k, v in pool.items() if k != "PYTHONUNBUFFERED"}) is None
+    assert _fits(started, {**pool, "LD_PRELOAD": "/x.so"}) is None
+    assert _fits({**started, "PYTHONPATH": ""}, {**pool, "PYTHONPATH": "/pool/site"}) == ["/pool/site"]

@@ -19,6 +19,7 @@ import pytest
 
 import skyward as sky
 from skyward.providers import local_gpus
+from tests.helpers import without_fork_server
 
 pytestmark = pytest.mark.timeout(300)
 QUIET = sky.Options(console=False)
@@ -394,12 +395,7 @@ def test_jax_processes_sharing_a_gpu_take_their_share_of_its_memory(monkeypatch:
 
 def test_nodes_started_without_the_fork_server_get_their_gpus_too(
         four_gpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from skyward.providers import local as provider
-
-    def no_fork_server(*args: Any) -> Any:
-        raise OSError("no fork server here")
-
-    monkeypatch.setattr(provider, "ForkServer", no_fork_server)  # each agent its own interpreter
+    without_fork_server(monkeypatch)  # each agent its own interpreter
     with local(2) as pool:
         assert len(set(flat(visible(pool)))) == 2
 

@@ -580,12 +580,13 @@ class LocalCluster(Cluster):
             return (int(hello["port"]) if "port" in hello else None), hello.get("unix")
         except (ValueError, KeyError):
             logs = [self._root / f"node-{index}" / "agent.log"]
-            if isinstance(proc, ForkedAgent):
-                logs.append(proc.server.log)
             tails = []
             for log_file in logs:
                 tail = log_file.read_text(errors="replace").strip().splitlines()[-20:] if log_file.exists() else []
                 tails.append(f"its log ({log_file}) ends with:\n" + "\n".join(tail))
+            if isinstance(proc, ForkedAgent):
+                said = proc.server.errors().strip().splitlines()[-20:]
+                tails.append(f"the fork server's log ({proc.server.log or 'unnamed'}) ends with:\n" + "\n".join(said))
             code = proc.poll()
             raise ProviderError(
                 f"the agent for Local node {index} did not start"

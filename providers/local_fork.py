@@ -63,15 +63,19 @@ class ForkServer:
         self.env = env
         self.log: Path | None = None
         command = [sys.executable, "-m", "skyward.bootstrap.agent_start", "--fork-server"]
+        self._log_fd: int | None = None  # a warm server's unnamed log, read by errors()
         if root is None:
             command.insert(1, "-P")
             log_fd = _unnamed_file()
             try:
                 self.proc = subprocess.Popen(command, cwd="/", env=env, stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True)
-            finally:
+            except BaseException:
                 if log_fd != subprocess.DEVNULL:
                     os.close(log_fd)
+                raise
+            if log_fd != subprocess.DEVNULL:
+                self._log_fd = log_fd
         else:
             self.log = root / "fork-server.log"
             with open(self.log, "ab") as log_file:
@@ -141,6 +145,17 @@ class ForkServer:
                 self._hellos[int(said["pid"])] = line
         return True
 
+    def errors(self) -> str:
+        """What the server itself wrote on stderr (its agents write to their nodes' logs)."""
+        try:
+            if self._log_fd is not None:
+                return os.pread(self._log_fd, 1 << 16, 0).decode(errors="replace")
+            if self.log is not None and self.log.exists():
+                return self.log.read_text(errors="replace")
+        except OSError:
+            pass
+        return ""
+
     def close(self, timeout: float = 5.0) -> None:
         """No more agents: the server exits once the ones it forked have (they are stopped by
         pid); waits up to ``timeout`` s for that, then kills it."""
@@ -158,6 +173,9 @@ class ForkServer:
                 self.proc.stdin.close()
         except OSError:
             pass
+        fd, self._log_fd = self._log_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class ForkedAgent:

@@ -175,3 +175,15 @@ def test_which_environments_a_warm_server_fits() -> None:
     assert _fits(started, {k: v for k, v in pool.items() if k != "PYTHONUNBUFFERED"}) is None
     assert _fits(started, {**pool, "LD_PRELOAD": "/x.so"}) is None
     assert _fits({**started, "PYTHONPATH": ""}, {**pool, "PYTHONPATH": "/pool/site"}) == ["/pool/site"]
+
+
+def test_a_warm_server_that_fails_says_why(tmp_path: Path) -> None:
+    from skyward.providers.local_fork import ForkServer
+
+    (tmp_path / "cloudpickle.py").write_text("raise ImportError('a broken cloudpickle on the path')\n")
+    server = ForkServer(dict(os.environ, PYTHONPATH=str(tmp_path)), None)
+    try:
+        assert server.proc.wait(timeout=30) != 0
+        assert "a broken cloudpickle on the path" in server.errors()  # kept in its unnamed log
+    finally:
+        server.close(timeout=1)

@@ -131,6 +131,9 @@ class Pool(DispatchTarget):
         self.label = label
         self._owned = cluster is None and clusters is None
         self._on_close: list[Callable[[], None]] = []  # named pools: registry and audit trail
+        self._record: dict[str, Any] | None = None
+        self._record_due = False  # an owned pool, up, whose record is not written yet
+        self._record_lock = threading.Lock()
         self._before_close: list[Callable[[Pool], None]] = []  # named pools: sleep when the last client leaves
         self._tokens: list[contextvars.Token[Any]] = []
         self._emit = ev.emit  # Error messages redacted
@@ -227,8 +230,8 @@ class Pool(DispatchTarget):
             self._emit(ev.Error(pool=self.id, message=str(exc), raised=True))
             self.close()
             raise
-        if self._owned:
-            self._write_record()
+        self._record_due = self._owned  # written beside the first task (_start_threads), or when read
+        self._record_context = contextvars.copy_context()  # (as opened: a reproduction says what it reproduces)
         for group, done in complete.items():
             if done:
                 group.members.ready_at_last()
@@ -358,6 +361,7 @@ class Pool(DispatchTarget):
                 group.members.configure_all(spread=False)
 
     def _start_threads(self) -> None:
+        self._write_record()
         try:
             for group in self.groups.values():
                 group.members.start_heartbeat(group.spec.ttl)
@@ -368,17 +372,30 @@ class Pool(DispatchTarget):
         except Exception:
             log.exception("pool %s: starting its background threads failed", self.name or self.id)
 
-    def _write_record(self) -> None:
-        """The pool's record (skyward.records.record): who, where from, the spec, the offer, the lock."""
-        from ..records import record
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The pool's record as written (skyward.records.record); None for a pool that attached
+        to running nodes, or whose record could not be written."""
+        self._write_record()
+        return self._record
 
-        try:
-            self.record: dict[str, Any] | None = record.write(record.for_pool(self, self._origin))
-        except Exception:  # the pool works without it; say so loudly
-            log.exception("pool %s: writing its record failed; it cannot be reproduced", self.id)
-            self.record = None
-            return
-        self._on_close.append(lambda: record.closed(self.id) if self._owned else None)
+    def _write_record(self) -> None:
+        """The pool's record (skyward.records.record): who, where from, the spec, the offer, the
+        lock. Once, after the nodes are up: on the pool's own thread beside its first task (its
+        files and the audit trail cost the start 5-10 ms), or first by whoever reads it or
+        closes the pool."""
+        with self._record_lock:
+            if not self._record_due:
+                return
+            self._record_due = False
+            from ..records import record
+
+            try:
+                self._record = record.write(self._record_context.run(record.for_pool, self, self._origin))
+            except Exception:  # the pool works without it; say so loudly
+                log.exception("pool %s: writing its record failed; it cannot be reproduced", self.id)
+                return
+            self._on_close.append(lambda: record.closed(self.id) if self._owned else None)
 
     # -- what skyward's own tools read (named pools, records, the dashboard, plugins) ----------
     @property
@@ -659,6 +676,7 @@ class Pool(DispatchTarget):
         pool's ``with`` block, or ending with the pool open, must not take them from it)."""
         if self.members.foreign():
             return
+        self._write_record()  # (not written yet: the pool closes right after it came up)
         hooks, self._before_close = self._before_close, []
         if not self.members.closed and self.members.stopped is None:
             for before in hooks:

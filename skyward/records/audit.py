@@ -18,10 +18,10 @@ names the first line that was changed, removed or reordered (``skyward history -
 from __future__ import annotations
 
 import fcntl
-import getpass
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,17 @@ POOLS = "_pools"  # the trail of every pool's record, named or not
 
 
 def who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
+    """user@host. The user as ``getpass.getuser`` finds it (LOGNAME, USER, LNAME, USERNAME,
+    then the password database), without loading getpass and termios for it (5 ms of a pool's
+    start)."""
+    user = next((os.environ[n] for n in ("LOGNAME", "USER", "LNAME", "USERNAME") if os.environ.get(n)), None)
+    if user is None:
+        try:
+            import pwd
+
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (KeyError, OSError, ImportError):
+            user = str(os.getuid())
     return f"{user}@{socket.gethostname()}"
 
 
@@ -63,18 +70,28 @@ def append(name: str, event: str, pool: str, **details: Any) -> dict[str, Any]:
         **{k: scrub(v) for k, v in details.items() if v is not None},
     }
     path = _path(name)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # the chain needs the last line as it is when we append
-        last = _last_line(fd)
-        n, prev = (0, "") if not last else (_position(fd, last) + 1, _digest(last))
-        entry = {**entry, "n": n, "prev": prev}
-        body = json.dumps(entry, sort_keys=True, default=str).encode()
-        os.write(fd, body + b"\n")
-        _write_head(path, n, _digest(body))
-    finally:
-        os.close(fd)  # releases the lock
+    with _APPENDING:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the chain needs the last line as it is when we append
+            last = _last_line(fd)
+            n, prev = (0, "") if not last else (_position(fd, last) + 1, _digest(last))
+            entry = {**entry, "n": n, "prev": prev}
+            body = json.dumps(entry, sort_keys=True, default=str).encode()
+            os.write(fd, body + b"\n")
+            _write_head(path, n, _digest(body))
+        finally:
+            os.close(fd)  # releases the lock
     return entry
+
+
+# Held while a trail's flock is: a fork waits for the append another thread is making (the pool
+# writes its record on a thread of its own), so that no child inherits a held flock, which would
+# hold up every later append of its parent's (a pool's close) for as long as the child lives.
+_APPENDING = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_APPENDING.acquire, after_in_parent=_APPENDING.release,
+                        after_in_child=_APPENDING.release)
 
 
 def _digest(line: bytes) -> str:

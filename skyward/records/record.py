@@ -104,6 +104,11 @@ def origin() -> dict[str, Any]:
 
 
 def _git(folder: Path) -> dict[str, Any] | None:
+    """The repository around ``folder``: its root, commit, branch and whether tracked files
+    changed. Where it is a plain repository (a ``.git`` folder, HEAD on a branch that has a
+    commit, or detached), the root, commit and branch are read from its files and only ``git
+    status`` runs git; no ``.git`` above ``folder`` means no git process at all. (Each git
+    process costs a pool's start several ms of the CPU its nodes start on.)"""
     def git(*args: str) -> str | None:
         try:
             proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
@@ -111,12 +116,72 @@ def _git(folder: Path) -> dict[str, Any] | None:
             return None
         return proc.stdout.strip() if proc.returncode == 0 else None
 
-    root = git("rev-parse", "--show-toplevel")
-    if root is None:
+    read = _read_repo(folder)
+    if read is None:
         return None
+    if read is _ASK_GIT:  # a worktree, a submodule, GIT_DIR, an unborn branch: git knows
+        root = git("rev-parse", "--show-toplevel")
+        if root is None:
+            return None
+        commit, branch = git("rev-parse", "HEAD"), git("rev-parse", "--abbrev-ref", "HEAD")
+    else:
+        root, commit, branch = read
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"root": root, "commit": git("rev-parse", "HEAD"), "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
-            "dirty": bool(status) if status is not None else None}
+    return {"root": root, "commit": commit, "branch": branch, "dirty": bool(status) if status is not None else None}
+
+
+_ASK_GIT = ("", "", "")
+
+
+def _read_repo(folder: Path) -> tuple[str, str, str] | None:
+    """(root, commit, branch) from the files of the repository around ``folder``; None when
+    there is none; ``_ASK_GIT`` when it is not a plain one (git is asked instead)."""
+    if any(name in os.environ for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES")):
+        return _ASK_GIT
+    try:
+        here = folder.resolve()
+    except OSError:
+        return _ASK_GIT
+    for root in (here, *here.parents):
+        dot = root / ".git"
+        if not os.path.lexists(dot):
+            continue
+        if not dot.is_dir():
+            return _ASK_GIT
+        try:
+            head = (dot / "HEAD").read_text().strip()
+        except OSError:
+            return _ASK_GIT
+        if not head.startswith("ref: "):  # detached: HEAD is the commit
+            return (str(root), head, "HEAD") if _is_sha(head) else _ASK_GIT
+        ref = head[5:].strip()
+        commit = _ref(dot, ref)
+        if commit is None or not ref.startswith("refs/heads/"):
+            return _ASK_GIT
+        return str(root), commit, ref.removeprefix("refs/heads/")
+    return None
+
+
+def _ref(dot: Path, ref: str) -> str | None:
+    """The commit ``ref`` names: its loose file, or its line of packed-refs."""
+    try:
+        value = (dot / ref).read_text().strip()
+        return value if _is_sha(value) else None
+    except OSError:
+        pass
+    try:
+        packed = (dot / "packed-refs").read_text()
+    except OSError:
+        return None
+    for line in packed.splitlines():
+        sha, _, name = line.partition(" ")
+        if name == ref and _is_sha(sha):
+            return sha
+    return None
+
+
+def _is_sha(value: str) -> bool:
+    return len(value) in (40, 64) and all(c in "0123456789abcdef" for c in value)
 
 
 # -- the spec as plain data ----------------------------------------------------------------------

@@ -96,16 +96,25 @@ def secret(value: str) -> Secret:
 class _Snapshot:
     """The registry's immutable state; replaced whole so that redact() needs no lock."""
 
-    __slots__ = ("edges", "pattern", "values")
+    __slots__ = ("_pattern", "edges", "values")
 
     def __init__(self, values: frozenset[str], edges: dict[str, tuple[int, int]] | None = None) -> None:
         # Longest first: where two values overlap at one position, the longer one matches.
         self.values: tuple[str, ...] = tuple(sorted(values, key=lambda v: (-len(v), v)))
         # Characters masked too before and after a form (a base64 run's shared characters).
         self.edges: dict[str, tuple[int, int]] = edges or {}
-        self.pattern: re.Pattern[str] | None = (
-            re.compile("|".join(re.escape(v) for v in self.values)) if self.values else None
-        )
+        self._pattern: re.Pattern[str] | None | bool = False  # False: not compiled yet
+
+    @property
+    def pattern(self) -> re.Pattern[str] | None:
+        """One regex of every value, compiled when a text is first checked against this
+        snapshot: a pool's start registers its secret's forms in turn (each a new snapshot),
+        and compiling each alternation cost the start 2 ms apiece. (Two threads may compile it
+        at once; either result is the same pattern.)"""
+        if self._pattern is False:
+            self._pattern = re.compile("|".join(re.escape(v) for v in self.values)) if self.values else None
+        assert not isinstance(self._pattern, bool)
+        return self._pattern
 
 
 class _Registry:

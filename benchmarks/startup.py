@@ -1,6 +1,6 @@
 """Start-up: a fresh interpreter to its first result, and `import skyward`, beside the peers.
 
-    .venv/bin/python benchmarks/startup.py [--rounds N] [--json PATH]
+    .venv/bin/python benchmarks/startup.py [--rounds N] [--json PATH] [--systems NAMES] [--against REV]
 
 Each measurement runs in a new interpreter, as a user's script would: it imports the system,
 opens 2 workers (sky.Compute(nodes=2) on sky.Local(), ProcessPoolExecutor(2), loky, Ray with
@@ -15,7 +15,9 @@ The interpreters run with compiled bytecode, as an installed package has it: the
 read .pyc files in a cache folder of this run's (PYTHONPYCACHEPREFIX, even where
 PYTHONDONTWRITEBYTECODE is set), filled by one untimed run of each program first. Without it
 every interpreter compiles skyward's sources again (about 0.1 s more here); --no-bytecode-cache
-measures that.
+measures that. ``--against REV`` also runs skyward's program with the code of git revision REV
+(its tree on PYTHONPATH) as the system ``skyward@REV``, in the same interleaved rounds: a
+change's effect beside this VM's drift.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -125,9 +129,14 @@ def installed(module: str) -> bool:
                           env=ENV).returncode == 0
 
 
-def run_program(body: str) -> dict[str, float]:
+def run_program(body: str, tree: str | None = None) -> dict[str, float]:
+    """``body``'s marks, run in a fresh interpreter (``tree``: another revision's code first on
+    its path)."""
     code = PRELUDE.format(here=str(HERE)) + textwrap.dedent(body) + EPILOGUE
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=ENV)
+    env = dict(ENV if ENV is not None else os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = tree
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("MARKS "):
             marks: dict[str, float] = json.loads(line[6:])
@@ -142,6 +151,18 @@ def time_import(statement: str) -> float:
     return float(out.stdout.strip())
 
 
+def revision_tree(rev: str) -> tuple[str, str]:
+    """(short name, a temporary folder holding skyward's code as of git revision ``rev``)."""
+    repo = HERE.parent
+    short = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", rev], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    tree = tempfile.mkdtemp(prefix="skyward-startup-before-")
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "skyward", "bootstrap", "providers", "stacks"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return short, tree
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -150,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated systems to run (default: all installed), e.g. skyward,PPE")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="run the interpreters with this environment as it is (no .pyc cache of the run's)")
+    parser.add_argument("--against", metavar="REV", help="also run skyward's program with the code of this git revision")
     args = parser.parse_args(argv)
     global ENV
     cache = None
@@ -162,40 +184,47 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or "skyward" not in wanted:
         parser.error(f"--systems={args.systems}: name skyward and any of {', '.join(PROGRAMS)}")
     systems = [s for s in wanted if s not in NEEDS or installed(NEEDS[s])]
+    trees: dict[str, str | None] = {s: None for s in systems}  # system -> another revision's code
+    programs = {s: PROGRAMS[s] for s in systems}
+    if args.against:
+        short, tree = revision_tree(args.against)
+        trees[f"skyward@{short}"] = tree
+        programs[f"skyward@{short}"] = PROGRAMS["skyward"]
+        systems.insert(1, f"skyward@{short}")
     if cache is not None:  # compile once, untimed, what the timed runs then load
         for s in systems:
-            run_program(PROGRAMS[s])
+            run_program(programs[s], trees[s])
         for stmt in IMPORTS.values():
             time_import(stmt)
     load_before = os.getloadavg()  # others' work on the machine slows every system, not alike
     first: dict[str, list[float]] = {s: [] for s in systems}
-    entered: list[float] = []  # skyward: sky.Compute(...) entered -> first result
-    woke: list[float] = []  # skyward: an asleep pool's first task -> its result
+    entered: dict[str, list[float]] = {}  # skyward: sky.Compute(...) entered -> first result
+    woke: dict[str, list[float]] = {}  # skyward: an asleep pool's first task -> its result
     imports: dict[str, list[float]] = {k: [] for k in IMPORTS}
     for r in range(args.rounds):
         order = systems[r % len(systems):] + systems[: r % len(systems)]
         for s in order:
-            marks = run_program(PROGRAMS[s])
+            marks = run_program(programs[s], trees[s])
             first[s].append(marks["first"])
             if "open" in marks:
-                entered.append(marks["first"] - marks["open"])
+                entered.setdefault(s, []).append(marks["first"] - marks["open"])
             if "woke" in marks:
-                woke.append(marks["woke"] - marks["wake"])
+                woke.setdefault(s, []).append(marks["woke"] - marks["wake"])
         for k, stmt in IMPORTS.items():
             imports[k].append(time_import(stmt))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    rows = [{"case": "fresh interpreter -> first result (2 workers)", "system": s,
+    rows: list[dict[str, Any]] = [{"case": "fresh interpreter -> first result (2 workers)", "system": s,
              "median_s": statistics.median(v), "min_s": min(v)} for s, v in first.items()]
-    rows.append({"case": "sky.Compute(nodes=2) entered -> first result", "system": "skyward",
-                 "median_s": statistics.median(entered), "min_s": min(entered)})
-    rows.append({"case": "nodes=(0, 2) asleep: first task -> result (wake)", "system": "skyward",
-                 "median_s": statistics.median(woke), "min_s": min(woke)})
+    rows += [{"case": "sky.Compute(nodes=2) entered -> first result", "system": s,
+              "median_s": statistics.median(v), "min_s": min(v)} for s, v in entered.items()]
+    rows += [{"case": "nodes=(0, 2) asleep: first task -> result (wake)", "system": s,
+              "median_s": statistics.median(v), "min_s": min(v)} for s, v in woke.items()]
     rows += [{"case": "import", "system": k, "median_s": statistics.median(v), "min_s": min(v)}
              for k, v in imports.items()]
-    width = max(len(r["system"]) for r in rows)
-    for r in rows:
-        print(f"{r['case']:<46} {r['system']:<{width}}  median {r['median_s'] * 1000:8.1f} ms"
-              f"  min {r['min_s'] * 1000:8.1f} ms")
+    width = max(len(row["system"]) for row in rows)
+    for row in rows:
+        print(f"{row['case']:<46} {row['system']:<{width}}  median {row['median_s'] * 1000:8.1f} ms"
+              f"  min {row['min_s'] * 1000:8.1f} ms")
     ppe = statistics.median(first["PPE"]) if "PPE" in first else None
     if ppe:
         print(f"skyward / PPE, fresh interpreter -> first result: "
@@ -211,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                                                "bytecode_cache": cache is not None}, indent=2) + "\n")
     if cache is not None:
         cache.cleanup()
+    for folder in trees.values():
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

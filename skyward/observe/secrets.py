@@ -103,7 +103,7 @@ class _Snapshot:
         self.values: tuple[str, ...] = tuple(sorted(values, key=lambda v: (-len(v), v)))
         # Characters masked too before and after a form (a base64 run's shared characters).
         self.edges: dict[str, tuple[int, int]] = edges or {}
-        self._pattern: re.Pattern[str] | None | bool = False  # False: not compiled yet
+        self._pattern: re.Pattern[str] | bool | None = False  # False: not compiled yet
 
     @property
     def pattern(self) -> re.Pattern[str] | None:

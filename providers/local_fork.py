@@ -258,6 +258,8 @@ def prestart() -> None:
     with _warm_lock:
         if _warm is not None and _warm.proc.poll() is None:
             return
+        if _warm is not None:  # one that ended before any pool took it: its pipes go
+            _warm.close(timeout=0)
         env = {k: v for k, v in os.environ.items() if k not in _NODE_ONLY}
         env["PYTHONPATH"] = os.pathsep.join(client_paths())
         try:

@@ -187,3 +187,20 @@ def test_a_warm_server_that_fails_says_why(tmp_path: Path) -> None:
         assert "a broken cloudpickle on the path" in server.errors()  # kept in its unnamed log
     finally:
         server.close(timeout=1)
+
+
+def test_a_warm_server_that_ended_is_replaced_and_let_go() -> None:
+    from skyward.providers import local_fork
+
+    local_fork._close_warm()
+    local_fork.prestart()
+    first = local_fork._warm
+    assert first is not None
+    first.proc.kill()
+    first.proc.wait()
+    local_fork.prestart()  # the next sky.Compute(...)
+    try:
+        assert local_fork._warm is not None and local_fork._warm is not first
+        assert first.proc.stdout is not None and first.proc.stdout.closed and first.proc.stdin.closed
+    finally:
+        local_fork._close_warm()

@@ -86,7 +86,9 @@ def test_warming_gates_readiness() -> None:
         t_warming = time.monotonic() - t0
         assert healthy.current_nodes() == 1 and warm.current_nodes() == 1  # ready when handed over
         assert noop() >> warm == 42
-    assert t_warming >= t_healthy + 1.5, (t_healthy, t_warming)
+    # Its check passes on the third tick, 1 s apart: at least two intervals before it is handed
+    # over, whatever the machine's load made of the healthy pool's start (1.35 s once in CI).
+    assert t_warming >= 1.9 and t_warming > t_healthy, (t_healthy, t_warming)
 
 
 def test_a_failure_after_warming_replaces_the_node_with_a_health_check_reason() -> None:

@@ -18,7 +18,6 @@ it would its own; a pool whose nodes need another interpreter start (its own pac
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import select
 import subprocess
@@ -26,10 +25,16 @@ import sys
 import threading
 import time
 import weakref
-from pathlib import Path
-from typing import Any
 
 from skyward.bootstrap.procs import alive, wait_gone
+
+# Building a sky.Compute of Local nodes imports this module to start the warm server, so it
+# loads nothing the server's start does not need: json (whose regexes compile on import),
+# pathlib and typing load later, with the pool (about 13 ms earlier a start; see prestart).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 
 def _let_go_in_child() -> None:
@@ -98,6 +103,8 @@ class ForkServer:
         assert self.proc.stdin is not None
         with self._writing:
             key = next(self._keys)
+            import json
+
             request: dict[str, Any] = {"index": key, "argv": argv, "cwd": str(cwd), "log": str(log)}
             if env:
                 request["env"] = env
@@ -123,6 +130,8 @@ class ForkServer:
                     return pid, line
 
     def _read(self, timeout: float) -> bool:
+        import json
+
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         ready, _, _ = select.select([fd], [], [], timeout)

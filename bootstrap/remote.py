@@ -387,7 +387,6 @@ class Remote:
     def _login(self) -> Remote:
         import fabric
         import paramiko
-        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
         _quiet_wire_loggers()
         kwargs = self._connect_kwargs()
@@ -418,23 +417,41 @@ class Remote:
                 raise
             return conn
 
-        def waiting(state: Any) -> None:  # before the first retry only: say why we wait
-            if state.attempt_number == 1 and state.outcome is not None:
-                exc = state.outcome.exception()
+        def retryable(exc: BaseException) -> bool:
+            return _transient(exc) or (self._booting and _not_ready(exc))
+
+        def connect() -> None:
+            """One attempt; when it fails in a way that may pass (the host still booting), more
+            until ``retry_for`` s have passed, 0.2 s apart and doubling up to 5 s. tenacity is
+            loaded only then: most logins succeed at once, and its import (about 17 ms, tornado's
+            with it) was a tenth of the client's CPU for a warm SSH pool's start."""
+            started = time.monotonic()
+            try:
+                self.conn = attempt()
+                return
+            except BaseException as exc:
+                if not retryable(exc):
+                    raise
                 log.warning("%s: %s; retrying for up to %g s (the host may still be booting; "
                             "Options(ssh_timeout=...) sets how long)", self.label,
                             _why(exc, where["host"], where["port"]), self._retry_for)
+                left = self._retry_for - (time.monotonic() - started)
+                if left <= 0:
+                    raise
+            from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-        try:
+            time.sleep(min(0.2, left))
             for try_ in Retrying(
-                stop=stop_after_delay(self._retry_for),
-                wait=wait_exponential(multiplier=0.2, max=5),
-                retry=retry_if_exception(lambda exc: _transient(exc) or (self._booting and _not_ready(exc))),
-                before_sleep=waiting,
+                stop=stop_after_delay(max(0.0, left - 0.2)),
+                wait=wait_exponential(multiplier=0.4, max=5),  # (0.2 s went before the first)
+                retry=retry_if_exception(retryable),
                 reraise=True,
             ):
                 with try_:
                     self.conn = attempt()
+
+        try:
+            connect()
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:

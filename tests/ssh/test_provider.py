@@ -569,3 +569,23 @@ def test_a_host_cut_off_the_network_is_noticed_and_its_task_moves(ssh_hosts: Any
         while pool.current_nodes() != 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.current_nodes() == 2
+
+
+def test_a_login_that_succeeds_at_once_does_not_load_the_retry_library(three_hosts: SSHHosts, tmp_path: Any) -> None:
+    """tenacity (and tornado, which it imports) loads only when a first attempt fails in a way
+    that may pass: about 17 ms of every SSH pool's and `skyward exec`'s start otherwise. The
+    retries themselves are tested above (a host that boots meanwhile)."""
+    import sys
+
+    h = three_hosts[0]
+    code = ("import sys\n"
+            "from skyward.bootstrap.remote import Remote, Target\n"
+            f"r = Remote(Target({h.address!r}, {h.port}, {h.user!r}, {str(h.key_path)!r}, "
+            f"known_hosts={str(tmp_path / 'known_hosts')!r})).open()\n"
+            "try:\n"
+            "    print(r.run('echo up')[1].strip(), 'tenacity' in sys.modules)\n"
+            "finally:\n"
+            "    r.close()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["up", "False"], done.stdout + done.stderr

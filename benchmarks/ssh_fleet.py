@@ -1,6 +1,7 @@
 """SSH pools of many hosts (tests/sshhosts.py netns hosts; root).
 
     .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet] [--fleet 4,16,32]
+                                             [--no-bytecode-cache]
 
 home: enter time of a pool on 3 hosts that share one home directory (an NFS-mounted home, as on
 lab clusters) against 3 hosts with a home each, cold and warm. cold: fresh hosts, nothing
@@ -65,7 +66,8 @@ def enter(hosts: SSHHosts) -> float:
 
 
 def measure(shared_home: bool, rounds: int) -> dict[str, float]:
-    cold, warm = [], []
+    cold: list[float] = []
+    warm: list[float] = []
     for _ in range(rounds):
         with SSHHosts(3, mode="netns", shared_home=shared_home) as hosts:
             cold.append(enter(hosts))
@@ -137,9 +139,28 @@ def _floor(hosts: list[dict[str, Any]]) -> float:
     return time.perf_counter() - t0
 
 
+# The client processes run with compiled bytecode, as an installed package has it: a .pyc cache
+# of this run's (PYTHONPYCACHEPREFIX, even where PYTHONDONTWRITEBYTECODE is set), filled by the
+# first (untimed) client of each kind. Without it, the modules a pool loads while it enters are
+# compiled in every client, and that compiling was counted as the enter's CPU (--no-bytecode-cache
+# measures it so).
+CHILD_ENV: dict[str, str] = {}
+
+
+def _bytecode_cache() -> None:
+    import atexit
+    import shutil
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="skyward-fleet-pyc-")
+    atexit.register(shutil.rmtree, cache, True)
+    CHILD_ENV.update({k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+    CHILD_ENV["PYTHONPYCACHEPREFIX"] = cache
+
+
 def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None = None) -> dict[str, Any]:
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps([what, hosts, description])],
-                          capture_output=True, text=True, timeout=600, env=os.environ.copy())
+                          capture_output=True, text=True, timeout=600, env=CHILD_ENV or os.environ.copy())
     if done.returncode != 0:
         raise RuntimeError(f"the client process failed ({what}):\n{done.stderr[-4000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -147,6 +168,7 @@ def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any
 
 def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
+    warmed: list[int] = []
     for n in sizes:
         with SSHHosts(n, mode="netns", shared_home=True) as hosts:
             spec = [{"address": h.address, "port": h.port, "user": h.user, "key": str(h.key_path)} for h in hosts]
@@ -158,6 +180,9 @@ def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
             cluster.detach()
             runs: list[dict[str, Any]] = []
             try:
+                if CHILD_ENV and not warmed:  # (fills the bytecode cache; not counted)
+                    _in_child("enter", spec), _in_child("exec", spec, description), _in_child("floor", spec)
+                    warmed.append(n)
                 for _ in range(rounds):
                     runs.append({**_in_child("enter", spec), **_in_child("exec", spec, description),
                                  **_in_child("floor", spec)})
@@ -193,11 +218,15 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--only", choices=("home", "fleet"), help="one of the two parts")
     parser.add_argument("--fleet", default="4,16,32", help="fleet sizes (default 4,16,32)")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="clients compile what they import (as before 2026-12-03's runs)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_client(*json.loads(args.child))))
         return
+    if not args.no_bytecode_cache:
+        _bytecode_cache()
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
           f"({os.cpu_count()} CPUs)")
     with SSHHosts(1, mode="netns") as warmup:  # the client's caches (wheelhouse, uv) are built once

@@ -28,6 +28,20 @@ def test_import_is_light() -> None:
     assert min(r["ms"] for r in runs) < 150, runs
 
 
+def test_marking_a_function_loads_no_logging_or_futures() -> None:
+    """A script marks its functions before it builds its pool, and the pool's fork server starts
+    only then: @sky.function loads neither concurrent.futures nor logging (15 ms), which load
+    with the pool, beside the server's start."""
+    code = ("import sys, skyward as sky\n"
+            "@sky.function\n"
+            "def one() -> int:\n"
+            "    return 1\n"
+            "print(sorted(m for m in ('concurrent.futures', 'logging') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_accelerator_factories_are_public() -> None:
     assert sky.accelerators.A100().name == "A100"
     assert sky.accelerators.H100(count=8).count == 8

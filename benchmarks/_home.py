@@ -15,3 +15,15 @@ def scratch_home() -> None:
     home = tempfile.mkdtemp(prefix="skyward-bench-home-")
     os.environ["SKYWARD_HOME"] = home
     atexit.register(shutil.rmtree, home, True)
+
+
+def bytecode_env(prefix: str) -> dict[str, str]:
+    """This environment for the interpreters a benchmark starts, with compiled bytecode as an
+    installed package has it: a .pyc cache folder of the run's (PYTHONPYCACHEPREFIX, written even
+    where PYTHONDONTWRITEBYTECODE is set here), removed when the run ends. The first interpreter
+    of each program fills it; run one untimed."""
+    cache = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, cache, True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = cache
+    return env

@@ -37,7 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
-from _home import scratch_home  # noqa: E402
+from _home import bytecode_env, scratch_home  # noqa: E402
 
 scratch_home()
 
@@ -139,23 +139,11 @@ def _floor(hosts: list[dict[str, Any]]) -> float:
     return time.perf_counter() - t0
 
 
-# The client processes run with compiled bytecode, as an installed package has it: a .pyc cache
-# of this run's (PYTHONPYCACHEPREFIX, even where PYTHONDONTWRITEBYTECODE is set), filled by the
-# first (untimed) client of each kind. Without it, the modules a pool loads while it enters are
-# compiled in every client, and that compiling was counted as the enter's CPU (--no-bytecode-cache
-# measures it so).
+# The client processes run with compiled bytecode, as an installed package has it (_home's
+# bytecode_env, set in main): without it, the modules a pool loads while it enters are compiled in
+# every client, and that compiling was counted as the enter's CPU (--no-bytecode-cache measures
+# it so).
 CHILD_ENV: dict[str, str] = {}
-
-
-def _bytecode_cache() -> None:
-    import atexit
-    import shutil
-    import tempfile
-
-    cache = tempfile.mkdtemp(prefix="skyward-fleet-pyc-")
-    atexit.register(shutil.rmtree, cache, True)
-    CHILD_ENV.update({k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
-    CHILD_ENV["PYTHONPYCACHEPREFIX"] = cache
 
 
 def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -168,7 +156,7 @@ def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any
 
 def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    warmed: list[int] = []
+    cache_empty = bool(CHILD_ENV)
     for n in sizes:
         with SSHHosts(n, mode="netns", shared_home=True) as hosts:
             spec = [{"address": h.address, "port": h.port, "user": h.user, "key": str(h.key_path)} for h in hosts]
@@ -180,9 +168,11 @@ def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
             cluster.detach()
             runs: list[dict[str, Any]] = []
             try:
-                if CHILD_ENV and not warmed:  # (fills the bytecode cache; not counted)
-                    _in_child("enter", spec), _in_child("exec", spec, description), _in_child("floor", spec)
-                    warmed.append(n)
+                if cache_empty:  # one client of each kind fills the bytecode cache, not counted
+                    _in_child("enter", spec)
+                    _in_child("exec", spec, description)
+                    _in_child("floor", spec)
+                    cache_empty = False
                 for _ in range(rounds):
                     runs.append({**_in_child("enter", spec), **_in_child("exec", spec, description),
                                  **_in_child("floor", spec)})
@@ -226,7 +216,7 @@ def main() -> None:
         print(json.dumps(_client(*json.loads(args.child))))
         return
     if not args.no_bytecode_cache:
-        _bytecode_cache()
+        CHILD_ENV.update(bytecode_env("skyward-fleet-pyc-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
           f"({os.cpu_count()} CPUs)")
     with SSHHosts(1, mode="netns") as warmup:  # the client's caches (wheelhouse, uv) are built once

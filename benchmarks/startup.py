@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _home import bytecode_env  # noqa: E402
 
 PROGRAMS = {
     "skyward": """
@@ -174,11 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="REV", help="also run skyward's program with the code of this git revision")
     args = parser.parse_args(argv)
     global ENV
-    cache = None
     if not args.no_bytecode_cache:
-        cache = tempfile.TemporaryDirectory(prefix="skyward-startup-pyc-")
-        ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        ENV["PYTHONPYCACHEPREFIX"] = cache.name
+        ENV = bytecode_env("skyward-startup-pyc-")
     wanted = args.systems.split(",") if args.systems else list(PROGRAMS)
     unknown = [s for s in wanted if s not in PROGRAMS]
     if unknown or "skyward" not in wanted:
@@ -191,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         trees[f"skyward@{short}"] = tree
         programs[f"skyward@{short}"] = PROGRAMS["skyward"]
         systems.insert(1, f"skyward@{short}")
-    if cache is not None:  # compile once, untimed, what the timed runs then load
+    cached = ENV is not None
+    if cached:  # compile once, untimed, what the timed runs then load
         for s in systems:
             run_program(programs[s], trees[s])
         for stmt in IMPORTS.values():
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if ppe:
         print(f"skyward / PPE, fresh interpreter -> first result: "
               f"{statistics.median(first['skyward']) / ppe:.2f}x (target <= {TARGET_VS_PPE:.2f}x)")
-    print("bytecode: " + ("compiled once, cached (PYTHONPYCACHEPREFIX)" if cache is not None
+    print("bytecode: " + ("compiled once, cached (PYTHONPYCACHEPREFIX)" if cached
                           else "as this environment has it"))
     load = {"before": load_before, "after": os.getloadavg()}
     print(f"machine load (1, 5, 15 min averages): before {_load(load['before'])}, after {_load(load['after'])}"
@@ -237,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "rounds": args.rounds, "load": load,
                                                "cores": os.cpu_count(),
-                                               "bytecode_cache": cache is not None}, indent=2) + "\n")
-    if cache is not None:
-        cache.cleanup()
+                                               "bytecode_cache": cached}, indent=2) + "\n")
     for folder in trees.values():
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)

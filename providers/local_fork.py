@@ -100,11 +100,11 @@ class ForkServer:
         """Ask for an agent started as ``argv`` in ``cwd``, with ``env`` added to the pool's environment (the
         node's own GPUs); a warm server gets the node's whole environment (``environ``) and
         what goes first on its import path (``path``) too. Raises OSError when the server is gone."""
+        import json
+
         assert self.proc.stdin is not None
         with self._writing:
             key = next(self._keys)
-            import json
-
             request: dict[str, Any] = {"index": key, "argv": argv, "cwd": str(cwd), "log": str(log)}
             if env:
                 request["env"] = env

@@ -1,6 +1,6 @@
 """SSH pools of many hosts (tests/sshhosts.py netns hosts; root).
 
-    .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet] [--fleet 4,16,32]
+    .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet] [--fleet 4,16,32] [--direct]
                                              [--no-bytecode-cache]
 
 home: enter time of a pool on 3 hosts that share one home directory (an NFS-mounted home, as on
@@ -14,7 +14,8 @@ per node, each figure in a fresh client process as a new program or `skyward exe
 * warm enter: enter -> first result of a no-op on every node, wall time and the client's CPU
   (time.process_time: every thread of the process, user + system; imports done before);
 * exec: attach to the running pool by its description (as `skyward exec NAME` does) and run a
-  shell command on every node;
+  shell command on every node (with --direct, the pools are sky.SSH(direct=True): the agents
+  answer on their direct ports and the attach logs into no host);
 * map: items/s of a no-op over 100,000 items on the pool, and the client's CPU per 100,000;
 * the floor: a login and one command on each host, in parallel (what any start over SSH costs).
 The client's CPU per node is given as total / hosts and as the slope between the smallest and
@@ -53,9 +54,14 @@ def noop() -> None:
     return None
 
 
+# sky.SSH(direct=True) for the fleet's pools (--direct): the client reaches the agents over TCP on
+# the hosts' private addresses, and an attach (exec) logs into no host.
+DIRECT = {"direct": False}
+
+
 def provider(hosts: SSHHosts) -> sky.SSH:
     return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
-                          for h in hosts])
+                          for h in hosts], **DIRECT)
 
 
 def enter(hosts: SSHHosts) -> float:
@@ -80,7 +86,8 @@ def identity(x: Any) -> Any:
     return x
 
 
-def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None) -> dict[str, Any]:
+def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None,
+            direct: bool = False) -> dict[str, Any]:
     """In a fresh client process: one warm enter (or one exec), timed and its CPU counted."""
     import fabric  # noqa: F401  (imports are the program's, once: not a per-node cost)
     import paramiko  # noqa: F401
@@ -90,7 +97,7 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
     from skyward.core.pool import Pool
     from skyward.named.nodeops import run_shell
 
-    ssh = sky.SSH(hosts=[sky.SSHHost(**h) for h in hosts])
+    ssh = sky.SSH(hosts=[sky.SSHHost(**h) for h in hosts], direct=direct)
     out: dict[str, Any] = {}
     if what == "floor":
         cpu0 = time.process_time()
@@ -147,7 +154,7 @@ CHILD_ENV: dict[str, str] = {}
 
 
 def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None = None) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps([what, hosts, description])],
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps([what, hosts, description, DIRECT["direct"]])],
                           capture_output=True, text=True, timeout=600, env=CHILD_ENV or os.environ.copy())
     if done.returncode != 0:
         raise RuntimeError(f"the client process failed ({what}):\n{done.stderr[-4000:]}")
@@ -210,11 +217,14 @@ def main() -> None:
     parser.add_argument("--fleet", default="4,16,32", help="fleet sizes (default 4,16,32)")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="clients compile what they import (as before 2026-12-03's runs)")
+    parser.add_argument("--direct", action="store_true",
+                        help="the fleet's pools with sky.SSH(direct=True): an exec attaches without logins")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_client(*json.loads(args.child))))
         return
+    DIRECT["direct"] = args.direct
     if not args.no_bytecode_cache:
         CHILD_ENV.update(bytecode_env("skyward-fleet-pyc-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "

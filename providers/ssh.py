@@ -242,6 +242,8 @@ class _Node:
     home: str = ""  # skyward's caches on the node (the login user's home: maybe shared by hosts)
     agent_python: str = ""  # the agent's interpreter, relative to home (for the relay fallback)
     pool_dir: str = ""  # this node's folder of the pool, on node-local disk (script.NODE_DIRS)
+    lazy: bool = False  # handed out on its direct port, not logged into yet (SSHCluster._reconnect)
+    opening: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class SSHCluster(Cluster):
@@ -905,16 +907,26 @@ echo "@@port $hello"
         return remote
 
     def _reconnect(self, nodes: list[_Node]) -> list[NodeEndpoint]:
-        """Hand out described nodes: one SSH connection each, tunnels to their running agents."""
+        """Hand out described nodes: one SSH connection each, tunnels to their running agents;
+        a node whose agent answers on its direct port (sky.SSH(direct=True)) is handed out on
+        that connection and logged into only when something needs its SSH (``skyward ssh``,
+        ``cp``, a fallback, its release): attaching costs it no login, so ``skyward exec`` and
+        ``status`` of a large pool spend a TCP connection per node instead of a login and a
+        command (issue 65)."""
 
         def one(node: _Node) -> NodeEndpoint | Exception:
+            assert node.endpoint is not None and (node.agent_port is not None or node.agent_socket)
+            first = self._direct_first(node)
+            if first is not None:  # the agent listens: it runs (its handshake proves whose it is)
+                self.table.add(node)
+                node.endpoint = dataclasses.replace(node.endpoint, connect=_lazy_connector(self, node, first))
+                return node.endpoint
             try:
                 remote = self._open(node)
             except Exception as exc:  # each node on its own: the others are still worth having
                 if node.remote is not None:
                     node.remote.close()
                 return exc
-            assert node.endpoint is not None and (node.agent_port is not None or node.agent_socket)
             self.table.add(node)  # a dead agent's too: its replacement restarts it there
             if node.agent_pid:  # the host answers; does its agent still run? (one command)
                 code, _ = remote.run(f"kill -0 {int(node.agent_pid)} 2>/dev/null", check=False, timeout=10)
@@ -934,6 +946,29 @@ echo "@@port $hello"
             raise failed[0][1]
         return reached
 
+    def _direct_first(self, node: _Node) -> socket.socket | None:
+        """A described node's agent reached on its direct port, without SSH: the connection
+        (the agent's listener speaks first: it waits for the pool's channel to take it), or
+        None where there is no direct port or nothing answers there (the SSH way then)."""
+        address = direct_address(node.host, node.host.address) if self._direct and node.direct_port else None
+        if address is None or node.direct_port is None:
+            return None
+        try:
+            return socket.create_connection((address, node.direct_port), timeout=min(5.0, self._ssh_timeout))
+        except OSError as exc:
+            log.info("node %d (%s): no answer on the agent's direct port %d (%s); through SSH",
+                     node.index, node.host.address, node.direct_port, exc)
+            return None
+
+    def _logged_in(self, node: _Node) -> Remote:
+        """The node's SSH connection, logged into now if it was handed out without one (a
+        described node whose agent answered on its direct port)."""
+        with node.opening:
+            remote = node.remote
+            if remote is None or remote.conn is None or not remote.conn.is_connected:
+                remote = self._open(node)
+            return remote
+
     def remote(self, index: int) -> Remote:
         """The SSH connection node ``index``'s agent tunnel rides on (its pinned host key, its
         jump host): ``skyward ssh`` and ``skyward cp`` open their sessions on it."""
@@ -944,6 +979,8 @@ echo "@@port $hello"
     def _connected(self, index: int) -> _Node:
         with self._lock:
             node = self._nodes.get(index)
+        if node is not None and node.lazy:
+            self._logged_in(node)
         if node is None or node.remote is None or node.remote.conn is None:
             raise ProviderError(f"node {index} of this pool is not connected")
         return node
@@ -955,8 +992,7 @@ echo "@@port $hello"
 
         node = self._connected(index)
         assert node.remote is not None
-        python = f"{node.home}/{node.agent_python}" if node.home and node.agent_python else "python3"
-        return through_ssh(node.remote, target, python=python)
+        return through_ssh(node.remote, target, python=node_python(node) or "python3")
 
     def shell(self, index: int) -> SSHShell:
         """Sessions on the node's own SSH connection (its pinned host key, its jump host)."""
@@ -968,16 +1004,24 @@ echo "@@port $hello"
                 n.remote.close()
 
     def alive(self) -> bool | None:
-        """Whether any described agent still runs (None: no host could be asked)."""
-        answers: list[bool] = []
+        """Whether any described agent still runs (None: no host could be asked). The first
+        that does answers it: a running pool of a thousand nodes costs one node's question (on
+        its direct port where it has one: no login), a pool that ended one per node."""
+        asked = False
         for node in self.table.all():
+            first = self._direct_first(node)
+            if first is not None:
+                first.close()
+                return True
             try:
                 remote = node.remote or self._open(node, retry_for=3.0)
                 code, _ = remote.run(f"kill -0 {int(node.agent_pid or 0)} 2>/dev/null", check=False, timeout=10)
-                answers.append(code == 0)
             except Exception:  # unreachable: cannot tell
                 continue
-        return any(answers) if answers else None
+            if code == 0:
+                return True
+            asked = True
+        return False if asked else None
 
     def _phase(self, node: int, phase: str, status: Any, seconds: float | None = None) -> None:
         ev.bus.emit(ev.BootstrapPhase(pool=self.pool_id, node=node, phase=phase, status=status, seconds=seconds))
@@ -1005,10 +1049,47 @@ def _unconnected() -> Any:
 
 def _agent_connector(remote: Remote, node: _Node) -> Callable[[], Any]:
     assert node.agent_port is not None or node.agent_socket
-    python = f"{node.home}/{node.agent_python}" if node.home and node.agent_python else ""
+    python = node_python(node)
     address = direct_address(node.host, remote.host) if node.direct_port else None
     direct = (address, node.direct_port) if address and node.direct_port else None
     return functools.partial(_connect_agent, remote, node.agent_socket or node.agent_port, python, direct)
+
+
+def _lazy_connector(cluster: SSHCluster, node: _Node, first: socket.socket) -> Callable[[], Any]:
+    """Streams to a described node's agent that answered on its direct port: ``first`` (that
+    connection) for the first, while the agent still waits for its HELLO (a pool of many nodes
+    may come to it later); others direct again, and through SSH (a login now) when the direct
+    port no longer answers."""
+    from skyward.bootstrap.handshake import FIRST_BYTE
+
+    node.lazy = True
+    taken = [(first, time.monotonic() + FIRST_BYTE * 0.75)]
+
+    def connect() -> Any:
+        try:
+            sock, fresh_until = taken.pop()
+        except IndexError:  # (taken already)
+            pass
+        else:
+            if time.monotonic() < fresh_until:
+                return sock
+            sock.close()
+        address = direct_address(node.host, node.host.address)
+        if address is not None and node.direct_port is not None:
+            try:
+                return socket.create_connection((address, node.direct_port), timeout=5)
+            except OSError as exc:
+                log.info("node %d (%s): no answer on the agent's direct port (%s); through SSH",
+                         node.index, node.host.address, exc)
+        remote = cluster._logged_in(node)
+        return _connect_agent(remote, node.agent_socket or node.agent_port, node_python(node))
+
+    return connect
+
+
+def node_python(node: _Node) -> str:
+    """The agent's interpreter on the node (the relay's fallback), or "" when not known."""
+    return f"{node.home}/{node.agent_python}" if node.home and node.agent_python else ""
 
 
 def direct_address(host: SSHHost, address: str) -> str | None:

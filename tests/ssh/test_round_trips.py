@@ -13,6 +13,7 @@ upload), and then one command with an answer every time."""
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from sshhosts import SSHHosts
 
 import skyward as sky
 
+from .test_provider import on_host
 from .wire import Wire
 
 pytestmark = pytest.mark.timeout(300)
@@ -131,3 +133,60 @@ def test_a_pinned_resolution_is_reused_for_a_while_and_a_loose_one_never(
     loose = [*pinned, "cloudpickle"]  # no exact version: its newest is what it asks for
     shipment.resolve(loose, reuse=True, **kw)
     assert len(list((cache_root() / "locks").iterdir())) == 1
+
+
+@sky.function
+def hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def test_attaching_to_a_direct_pool_logs_into_no_host_until_its_ssh_is_needed(three_hosts: SSHHosts) -> None:
+    """A named pool with sky.SSH(direct=True) (what `skyward exec` and `status` attach to): the
+    agents answer on their direct ports, so attaching and running a task cost no login, no
+    command and no tunnel; `skyward ssh` (the node's SSH connection) logs in then. A node whose
+    agent is gone is judged the SSH way (a login and a command) and reported, the others used."""
+    from skyward.core.pool import Pool
+
+    hosts = three_hosts[:2]
+    ssh = provider(hosts, direct=True)
+    spec = sky.Spec(provider=ssh, nodes=2)
+    cluster = ssh.create(spec, "direct01")
+    cluster.start(2)
+    description = json.loads(json.dumps(cluster.describe()))
+    cluster.detach()
+    try:
+        assert all(n["direct_port"] for n in description["nodes"])
+        with Wire() as wire:
+            with wire.phase("attach"):
+                attached = ssh.attach(description)
+                pool = Pool(spec, QUIET, sky.Worker(), cluster=attached)
+            try:
+                with wire.phase("tasks"):
+                    assert len(set(hostname() @ pool)) == 2
+                with wire.phase("ssh"):
+                    code, _ = attached.remote(0).run("true", check=False)
+                    assert code == 0
+            finally:
+                pool.close()
+        for h in hosts:
+            assert wire.of(h.address, "attach") == NOTHING, wire.table()
+            assert wire.of(h.address, "tasks") == NOTHING, wire.table()
+        assert wire.of(hosts[0].address, "ssh") == {**NOTHING, "connections": 1, "sessions": 1, "commands": 1}
+        assert wire.of(hosts[1].address, "ssh") == NOTHING
+
+        # Node 1's agent stopped: its direct port refuses, so it is asked the SSH way.
+        pid = int(description["nodes"][1]["agent_pid"])
+        on_host(hosts[1], f"kill -KILL -- -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true")
+        attached = ssh.attach(description)
+        with Wire() as wire, wire.phase("attach"):
+            endpoints = attached.start(2)
+        attached.detach()
+        assert [e.index for e in endpoints] == [0]
+        assert "no longer runs" in attached.unreachable()[1]
+        assert wire.of(hosts[0].address, "attach") == NOTHING, wire.table()
+        assert wire.of(hosts[1].address, "attach") == {**NOTHING, "connections": 1, "sessions": 1,
+                                                       "commands": 1}, wire.table()
+    finally:
+        ssh.destroy(description)

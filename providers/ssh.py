@@ -238,6 +238,7 @@ class _Node:
     agent_socket: str = ""  # the agent's Unix socket in the node's pool folder (reached through sshd)
     agent_id: str = ""  # the agent's identity, from its start-up line (NodeEndpoint.agent_id)
     direct_port: int | None = None  # on the node's private address (sky.SSH(direct=True))
+    direct_host: str = ""  # that address, as the client reached it (its ~/.ssh/config applied)
     endpoint: NodeEndpoint | None = None
     home: str = ""  # skyward's caches on the node (the login user's home: maybe shared by hosts)
     agent_python: str = ""  # the agent's interpreter, relative to home (for the relay fallback)
@@ -840,6 +841,7 @@ echo "@@port $hello"
                     "agent_socket": n.agent_socket,
                     "agent_id": n.agent_id,
                     "direct_port": n.direct_port,
+                    "direct_host": n.direct_host,
                     "agent_python": n.agent_python,
                     "log": f"{n.pool_dir}/agent.log" if n.pool_dir else None,
                     "home": n.home,
@@ -884,7 +886,8 @@ echo "@@port $hello"
             _Node(int(n["index"]), SSHHost(**n["host"]), agent_pid=n.get("agent_pid"),
                   agent_port=n.get("agent_port"), agent_socket=n.get("agent_socket") or "",
                   agent_id=n.get("agent_id") or "",
-                  direct_port=n.get("direct_port"), home=n.get("home") or "", agent_python=n.get("agent_python") or "",
+                  direct_port=n.get("direct_port"), direct_host=n.get("direct_host") or "",
+                  home=n.get("home") or "", agent_python=n.get("agent_python") or "",
                   pool_dir=n.get("pool_dir") or "",
                   endpoint=NodeEndpoint(index=int(n["index"]), private_ip=n["private_ip"], public_ip=n.get("public_ip"),
                                         hostname=n.get("hostname") or n["host"]["address"], connect=_unconnected,
@@ -950,11 +953,11 @@ echo "@@port $hello"
         """A described node's agent reached on its direct port, without SSH: the connection
         (the agent's listener speaks first: it waits for the pool's channel to take it), or
         None where there is no direct port or nothing answers there (the SSH way then)."""
-        address = direct_address(node.host, node.host.address) if self._direct and node.direct_port else None
-        if address is None or node.direct_port is None:
-            return None
+        if not (self._direct and node.direct_host and node.direct_port):
+            return None  # (a description of an older version has no direct_host: the SSH way)
         try:
-            return socket.create_connection((address, node.direct_port), timeout=min(5.0, self._ssh_timeout))
+            return socket.create_connection((node.direct_host, node.direct_port),
+                                            timeout=min(5.0, self._ssh_timeout))
         except OSError as exc:
             log.info("node %d (%s): no answer on the agent's direct port %d (%s); through SSH",
                      node.index, node.host.address, node.direct_port, exc)
@@ -1051,6 +1054,7 @@ def _agent_connector(remote: Remote, node: _Node) -> Callable[[], Any]:
     assert node.agent_port is not None or node.agent_socket
     python = node_python(node)
     address = direct_address(node.host, remote.host) if node.direct_port else None
+    node.direct_host = address or ""  # (described: an attach reaches the agent there without a login)
     direct = (address, node.direct_port) if address and node.direct_port else None
     return functools.partial(_connect_agent, remote, node.agent_socket or node.agent_port, python, direct)
 
@@ -1074,10 +1078,9 @@ def _lazy_connector(cluster: SSHCluster, node: _Node, first: socket.socket) -> C
             if time.monotonic() < fresh_until:
                 return sock
             sock.close()
-        address = direct_address(node.host, node.host.address)
-        if address is not None and node.direct_port is not None:
+        if node.direct_host and node.direct_port is not None:
             try:
-                return socket.create_connection((address, node.direct_port), timeout=5)
+                return socket.create_connection((node.direct_host, node.direct_port), timeout=5)
             except OSError as exc:
                 log.info("node %d (%s): no answer on the agent's direct port (%s); through SSH",
                          node.index, node.host.address, exc)

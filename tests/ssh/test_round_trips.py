@@ -157,6 +157,7 @@ def test_attaching_to_a_direct_pool_logs_into_no_host_until_its_ssh_is_needed(th
     description = json.loads(json.dumps(cluster.describe()))
     cluster.detach()
     try:
+        assert [n["direct_host"] for n in description["nodes"]] == [h.address for h in hosts]
         assert all(n["direct_port"] for n in description["nodes"])
         with Wire() as wire:
             with wire.phase("attach"):
@@ -175,6 +176,18 @@ def test_attaching_to_a_direct_pool_logs_into_no_host_until_its_ssh_is_needed(th
             assert wire.of(h.address, "tasks") == NOTHING, wire.table()
         assert wire.of(hosts[0].address, "ssh") == {**NOTHING, "connections": 1, "sessions": 1, "commands": 1}
         assert wire.of(hosts[1].address, "ssh") == NOTHING
+
+        # A description written before the direct address was kept: the SSH way, as it was.
+        older = json.loads(json.dumps(description))
+        for n in older["nodes"]:
+            del n["direct_host"]
+        attached = ssh.attach(older)
+        with Wire() as wire, wire.phase("attach"):
+            assert len(attached.start(2)) == 2
+        attached.detach()
+        for h in hosts:
+            assert wire.of(h.address, "attach") == {**NOTHING, "connections": 1, "sessions": 1,
+                                                    "commands": 1}, wire.table()
 
         # Node 1's agent stopped: its direct port refuses, so it is asked the SSH way.
         pid = int(description["nodes"][1]["agent_pid"])

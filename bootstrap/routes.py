@@ -22,6 +22,7 @@ import shlex
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from skyward.errors import ProviderError
@@ -68,12 +69,14 @@ def prohibited(exc: paramiko.ChannelException) -> bool:
     return bool(exc.code == paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED)
 
 
-def through_ssh(remote: Remote, target: Target, *, python: str, direct: tuple[str, int] | None = None,
-                who: str = "") -> Stream:
+def through_ssh(remote: Remote | Callable[[], Remote], target: Target, *, python: str,
+                direct: tuple[str, int] | None = None, who: str = "") -> Stream:
     """Steps 1 to 3 for a node reached on its own SSH connection: ``direct`` first when given,
     then a channel, then a relay run by ``python`` on the node ("": none, the refusal is the
     error). Each stream tries again from the top: a relay is only as costly as a channel.
-    ``who`` listens there, for the messages ("agent": "the agent's socket ...")."""
+    ``who`` listens there, for the messages ("agent": "the agent's socket ..."). ``remote``
+    may be what logs into the node, called only when the direct way does not answer (an
+    attached pool's node reached directly is not logged into)."""
     import paramiko
 
     what = f"socket {target}" if isinstance(target, str) else f"port {target}"
@@ -82,8 +85,10 @@ def through_ssh(remote: Remote, target: Target, *, python: str, direct: tuple[st
         try:
             return socket.create_connection(direct, timeout=5)
         except OSError as exc:
-            log.info("%s: no direct connection to the %s at %s:%d (%s); using the SSH tunnel",
-                     remote.label, who or "node", *direct, exc)
+            log.info("%s:%d: no direct connection to the %s there (%s); using the SSH tunnel",
+                     *direct, who or "node", exc)
+    if callable(remote):
+        remote = remote()
     try:
         return channel(remote, target)
     except paramiko.ChannelException as exc:

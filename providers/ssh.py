@@ -243,7 +243,6 @@ class _Node:
     home: str = ""  # skyward's caches on the node (the login user's home: maybe shared by hosts)
     agent_python: str = ""  # the agent's interpreter, relative to home (for the relay fallback)
     pool_dir: str = ""  # this node's folder of the pool, on node-local disk (script.NODE_DIRS)
-    lazy: bool = False  # handed out on its direct port, not logged into yet (SSHCluster._reconnect)
     opening: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -967,10 +966,7 @@ echo "@@port $hello"
         """The node's SSH connection, logged into now if it was handed out without one (a
         described node whose agent answered on its direct port)."""
         with node.opening:
-            remote = node.remote
-            if remote is None or remote.conn is None or not remote.conn.is_connected:
-                remote = self._open(node)
-            return remote
+            return node.remote or self._open(node)
 
     def remote(self, index: int) -> Remote:
         """The SSH connection node ``index``'s agent tunnel rides on (its pinned host key, its
@@ -982,8 +978,8 @@ echo "@@port $hello"
     def _connected(self, index: int) -> _Node:
         with self._lock:
             node = self._nodes.get(index)
-        if node is not None and node.lazy:
-            self._logged_in(node)
+        if node is not None and node.remote is None and node.agent_pid is not None:
+            self._logged_in(node)  # a described node handed out on its direct port (_reconnect)
         if node is None or node.remote is None or node.remote.conn is None:
             raise ProviderError(f"node {index} of this pool is not connected")
         return node
@@ -1062,11 +1058,10 @@ def _agent_connector(remote: Remote, node: _Node) -> Callable[[], Any]:
 def _lazy_connector(cluster: SSHCluster, node: _Node, first: socket.socket) -> Callable[[], Any]:
     """Streams to a described node's agent that answered on its direct port: ``first`` (that
     connection) for the first, while the agent still waits for its HELLO (a pool of many nodes
-    may come to it later); others direct again, and through SSH (a login now) when the direct
+    may come to it later); others direct again, and through SSH (a login then) when the direct
     port no longer answers."""
     from skyward.bootstrap.handshake import FIRST_BYTE
 
-    node.lazy = True
     taken = [(first, time.monotonic() + FIRST_BYTE * 0.75)]
 
     def connect() -> Any:
@@ -1078,14 +1073,9 @@ def _lazy_connector(cluster: SSHCluster, node: _Node, first: socket.socket) -> C
             if time.monotonic() < fresh_until:
                 return sock
             sock.close()
-        if node.direct_host and node.direct_port is not None:
-            try:
-                return socket.create_connection((node.direct_host, node.direct_port), timeout=5)
-            except OSError as exc:
-                log.info("node %d (%s): no answer on the agent's direct port (%s); through SSH",
-                         node.index, node.host.address, exc)
-        remote = cluster._logged_in(node)
-        return _connect_agent(remote, node.agent_socket or node.agent_port, node_python(node))
+        assert node.direct_port is not None
+        return _connect_agent(lambda: cluster._logged_in(node), node.agent_socket or node.agent_port,
+                              node_python(node), (node.direct_host, node.direct_port))
 
     return connect
 
@@ -1113,7 +1103,7 @@ def direct_address(host: SSHHost, address: str) -> str | None:
     return str(ip)
 
 
-def _connect_agent(remote: Remote, port: int | str | None, python: str,
+def _connect_agent(remote: Remote | Callable[[], Remote], port: int | str | None, python: str,
                    direct: tuple[str, int] | None = None) -> Any:
     """A stream to the agent (skyward.bootstrap.routes): straight over TCP on the node's private
     address when the agent listens there (sky.SSH(direct=True)); else through the SSH connection

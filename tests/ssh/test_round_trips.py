@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 from typing import Any
 
 import pytest
+from helpers import running_description
 from sshhosts import SSHHosts
 
 import skyward as sky
@@ -152,10 +154,7 @@ def test_attaching_to_a_direct_pool_logs_into_no_host_until_its_ssh_is_needed(th
     hosts = three_hosts[:2]
     ssh = provider(hosts, direct=True)
     spec = sky.Spec(provider=ssh, nodes=2)
-    cluster = ssh.create(spec, "direct01")
-    cluster.start(2)
-    description = json.loads(json.dumps(cluster.describe()))
-    cluster.detach()
+    description = running_description(ssh, spec, "direct01")
     try:
         assert [n["direct_host"] for n in description["nodes"]] == [h.address for h in hosts]
         assert all(n["direct_port"] for n in description["nodes"])
@@ -166,6 +165,9 @@ def test_attaching_to_a_direct_pool_logs_into_no_host_until_its_ssh_is_needed(th
             try:
                 with wire.phase("tasks"):
                     assert len(set(hostname() @ pool)) == 2
+                    stream = attached.table.nodes[1].endpoint.connect()  # a second stream: direct again
+                    assert isinstance(stream, socket.socket), stream
+                    stream.close()
                 with wire.phase("ssh"):
                     code, _ = attached.remote(0).run("true", check=False)
                     assert code == 0

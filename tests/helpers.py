@@ -159,3 +159,15 @@ def without_fork_server(monkeypatch: Any, why: str = "no fork server here") -> N
     local_fork._close_warm()
     monkeypatch.setattr(local, "ForkServer", broken)
     monkeypatch.setattr(local_fork, "ForkServer", broken)
+
+
+def running_description(provider: Any, spec: Any, name: str, options: Any = None) -> dict[str, Any]:
+    """Start ``spec``'s nodes on ``provider`` as pool ``name`` and let them run, as `skyward up`
+    does: the description the registry stores (through JSON), the client detached."""
+    import json
+
+    cluster = provider.create(spec, name, *([options] if options is not None else []))
+    cluster.start(spec.nodes.desired)
+    description: dict[str, Any] = json.loads(json.dumps(cluster.describe()))
+    cluster.detach()
+    return description

@@ -74,17 +74,14 @@ def test_a_refused_port_is_retried_and_says_so_while_waiting(caplog: pytest.LogC
 
 def test_attaching_to_a_described_pool_with_one_host_down_uses_the_others(ssh_hosts: Any) -> None:
     """On SSH: each node of a named pool is judged on its own."""
-    import json
+    from helpers import running_description
 
     from skyward.core.pool import Pool
 
     hosts = ssh_hosts(2)
     ssh = _provider(hosts)
     spec = sky.Spec(provider=ssh, nodes=2)
-    cluster = ssh.create(spec, "half01", sky.Options(ssh_timeout=3))
-    cluster.start(2)
-    description = json.loads(json.dumps(cluster.describe()))  # what the registry stores
-    cluster.detach()
+    description = running_description(ssh, spec, "half01", sky.Options(ssh_timeout=3))
     try:
         hosts[1].stop()
         attached = ssh.attach(description)

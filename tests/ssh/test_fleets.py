@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Recorder
+from helpers import Recorder, running_description
 from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
@@ -145,10 +145,7 @@ def test_the_core_works_on_a_shared_home_collections_healing_and_a_named_pool(sh
     # a named pool: started by one client, attached by another (twice), then destroyed
     ssh = provider(shared)
     spec = sky.Spec(provider=ssh, nodes=3)
-    cluster = ssh.create(spec, "fleetnamed01")
-    cluster.start(3)
-    description = json.loads(json.dumps(cluster.describe()))  # what the registry stores
-    cluster.detach()
+    description = running_description(ssh, spec, "fleetnamed01")  # what the registry stores
     for _ in range(2):
         again = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))
         try:

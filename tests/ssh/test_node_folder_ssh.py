@@ -5,11 +5,11 @@ too long for one, and the agent took a loopback port that user could flood)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any
 
 import pytest
+from helpers import running_description
 from sshhosts import SSHHost
 
 import skyward as sky
@@ -37,10 +37,7 @@ def test_a_folder_another_user_made_first_moves_neither_the_folder_nor_the_socke
                   "mkdir -m 777 /var/tmp/skyward-$(id -u)")
     ssh = sky.SSH(hosts=[sky.SSHHost(address=host.address, port=host.port, user=host.user, key=str(host.key_path))])
     spec = sky.Spec(provider=ssh, nodes=1)
-    cluster = ssh.create(spec, "moved61")
-    cluster.start(1)
-    description = json.loads(json.dumps(cluster.describe()))
-    cluster.detach()
+    description = running_description(ssh, spec, "moved61")
     try:
         node = description["nodes"][0]
         pool = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))

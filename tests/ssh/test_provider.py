@@ -415,10 +415,7 @@ def test_describe_attach_and_destroy_a_running_ssh_pool(three_hosts: SSHHosts) -
 
     ssh = provider(three_hosts[:2])
     spec = sky.Spec(provider=ssh, nodes=2)
-    cluster = ssh.create(spec, "named01")
-    cluster.start(2)
-    description = json.loads(json.dumps(cluster.describe()))  # what the registry stores
-    cluster.detach()
+    description = helpers.running_description(ssh, spec, "named01")  # what the registry stores
     assert ssh.probe(description) is True
 
     for _ in range(2):  # attach twice: the first client leaves the nodes running

@@ -187,7 +187,7 @@ def render(image: Image, plan: NodePlan) -> str:
     if image.apt:  # the versions apt installed, for the pool's record (every run: a phase may skip)
         names = " ".join(q(p.split("=", 1)[0]) for p in image.apt)
         out.append(f"dpkg-query -W -f '{MARKER} apt ${{Package}} ${{Version}}\\n' {names} 2>/dev/null || true\n")
-    out.append(f"echo {MARKER} ready\n")
+    out.append(f"printf '%s{MARKER} ready\\n' \"$_sky_held\"; _sky_held=''\n")
     return "".join(out)
 
 
@@ -325,7 +325,8 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
            '  case "$skip" in *" $name "*) continue;; esac\n'
            '  [ "${have[$name]:-}" = "$size" ] || need="$need $name"\n'
            "done\n" if files else "local need=''\n")
-        + 'echo "@@need$need"\n'
+        # Held (the prelude's _sky_held) when nothing is needed: the client answers only a need.
+        + 'if [ -n "$need" ]; then echo "@@need$need"; else _sky_held="@@need"$\'\\n\'; fi\n'
         "unset SKYWARD_AGENT_TOKEN; local mine\n"
         'IFS= read -r SKYWARD_AGENT_TOKEN && IFS=" " read -r mine '
         '|| { echo "the client sent nothing after the script" >&2; return 2; }\n'
@@ -335,14 +336,15 @@ def node_up(pool_id: str, node: int, *, sudo: bool | Iterable[str], files: dict[
         '  IFS=" " read -r shared || { echo "the client sent nothing after @@need" >&2; return 2; }\n'
         '  if [ "$shared" -gt 0 ]; then _skyward_receive "$shared" "$SKY" || return 3; fi\n'
         'fi\n'
-        'echo "@@received"\n'
+        '_sky_held="${_sky_held:-}@@received"$\'\\n\'\n'
         'export SKYWARD_SKY="$SKY" SKYWARD_RUN="$RUN" SKYWARD_POOL="$POOL"\n'
         + script.rstrip("\n") + "\n"
         + then.rstrip("\n") + "\n"
         "}\n"
         + _RECEIVE
         # On the same line: bash runs it before reading further (there is nothing more to read).
-        + "skyward_node_up; exit $?\n"
+        # What is still held goes out when it returns early (a failed upload: its @@need).
+        + 'skyward_node_up; rc=$?; printf "%s" "${_sky_held:-}"; exit $rc\n'
     )
 
 
@@ -518,7 +520,11 @@ UV="$SKY/bin/uv"
 export UV_NO_PROGRESS=1 UV_PYTHON_DOWNLOADS=manual
 mkdir -p "$SKY/done" "$SKY/envs" "$SKY/locks" "$RUN/done" "$POOL"
 chmod 700 "$SKY" "$RUN" "$POOL"
-echo "@@skyward pid $$"
+# Lines that need not reach the client at once (this pid, a phase skipped or done; node_up's
+# @@received) wait in _sky_held and go out with the next line that must (a phase starting or
+# failing, a wait, ready): a warm node's progress in two writes, two SSH packets where each line
+# was one (the client's CPU per packet is what a warm start of many nodes spends).
+_sky_held="${{_sky_held:-}}@@skyward pid $$"$'\n'
 
 # env_lock KEY / env_unlock: hold $SKY/locks/env-KEY while building a shared environment. flock
 # holds across the hosts of an NFS home (Linux maps it to NFS byte-range locks); the lock goes
@@ -527,7 +533,7 @@ env_lock() {{
   exec 9>"$SKY/locks/env-$1"
   if command -v flock >/dev/null 2>&1; then
     if ! flock -n 9; then
-      echo "@@skyward wait env"
+      printf '%s@@skyward wait env\n' "$_sky_held"; _sky_held=""
       flock 9
     fi
   fi
@@ -541,18 +547,18 @@ env_unlock() {{
 phase() {{
   local marker="$4/$1-$2"
   if [ -n "$2" ] && [ -e "$marker" ] && eval "$3"; then
-    echo "@@skyward phase $1 skipped"
+    _sky_held+="@@skyward phase $1 skipped"$'\n'
     return 0
   fi
-  echo "@@skyward phase $1 started"
+  printf '%s@@skyward phase %s started\n' "$_sky_held" "$1"; _sky_held=""
   ( set -e; "_p_$1" ) </dev/null 2>&1
   local rc=$?
   if [ "$rc" -ne 0 ]; then
-    echo "@@skyward phase $1 failed $rc"
+    printf '%s@@skyward phase %s failed %s\n' "$_sky_held" "$1" "$rc"; _sky_held=""
     exit "$rc"
   fi
   if [ -n "$2" ]; then touch "$marker"; fi
-  echo "@@skyward phase $1 done"
+  _sky_held+="@@skyward phase $1 done"$'\n'
 }}
 
 """

@@ -294,3 +294,63 @@ def test_a_starting_pools_folder_is_locked_before_anything_is_in_it_and_swept_af
     assert kept.returncode == 0
     assert sweep(pools, "[!.]*-*") == [pools / "p1-0"]
     assert (pools / "n1-0" / ".kept").exists()
+
+
+def _timed_lines(text: str, env: dict[str, str], stdin: str = "") -> list[tuple[float, str]]:
+    """Each line the script prints, with when it came out (seconds from the start)."""
+    import time
+
+    started = time.monotonic()
+    proc = subprocess.Popen(["bash", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(text + stdin)
+        proc.stdin.close()
+        lines = [(time.monotonic() - started, line.rstrip("\n")) for line in proc.stdout]
+    finally:
+        proc.kill()
+        proc.wait()
+    return lines
+
+
+def test_progress_lines_that_need_no_hurry_go_out_with_the_next_that_does(tmp_path: Path) -> None:
+    """A phase skipped (or done) and the script's pid wait for the next line the client must see
+    at once (a phase starting or failing, ready): a warm node's progress in a write or two, one SSH
+    packet each, where every line was a packet of its own. Nothing is lost or reordered."""
+    sky_dir = tmp_path / "sky"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SKYWARD_SKY": str(sky_dir),
+           "SKYWARD_RUN": str(tmp_path / "run"), "SKYWARD_POOL": str(tmp_path / "run" / "pools" / "p1-0")}
+    slow_check = shlex.quote("sleep 0.5; true")
+    text = (script._PRELUDE.format(pool="p1", env="envs/x")
+            + '_p_a() { :; }\n_p_b() { echo working; }\n_p_c() { :; }\n_p_d() { exit 4; }\n'
+            + 'touch "$SKY/done/a-k" "$SKY/done/c-k"\n'
+            + 'phase a k true "$SKY/done"\n'            # skipped at once: held
+            + f'phase c k {slow_check} "$SKY/done"\n'   # skipped 0.5 s later: held
+            + "phase b '' true \"$SKY/done\"\n"         # starts: what is held goes with it
+            + 'phase d "" true "$SKY/done"\n')          # fails: b's done goes with it
+    lines = _timed_lines(text, env)
+    said = [line for _, line in lines]
+    assert said[0].startswith("@@skyward pid ")
+    assert said[1:] == ["@@skyward phase a skipped", "@@skyward phase c skipped", "@@skyward phase b started",
+                        "working", "@@skyward phase b done", "@@skyward phase d started",
+                        "@@skyward phase d failed 4"]
+    at = dict((line, t) for t, line in lines)
+    # a's line waited for b's start (after c's slow check), not sent at once
+    assert at["@@skyward phase a skipped"] >= 0.45
+    assert at["@@skyward phase b started"] - at[said[0]] < 0.2
+    # ready flushes too: a script whose phases all skip says it all at the end
+    ready = (script._PRELUDE.format(pool="p1", env="envs/x") + '_p_a() { :; }\ntouch "$SKY/done/a-k"\n'
+             + 'phase a k true "$SKY/done"\n' + script.render(sky.Image(), plan()).splitlines()[-1] + "\n")
+    assert [line for _, line in _timed_lines(ready, env)][1:] == ["@@skyward phase a skipped", "@@skyward ready"]
+
+
+def test_a_node_up_that_stops_early_still_says_what_it_held(tmp_path: Path) -> None:
+    """node_up holds ``@@need`` when the node lacks nothing; when it stops before anything else
+    goes out (here: no secret after the script), the held line still reaches the client, which
+    tells an upload's failure from a failed connection by it."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SKYWARD_NODE_HOME": str(tmp_path / "sky"),
+           "SKYWARD_NODE_RUN": str(tmp_path / "run")}
+    text = script.node_up("p1", 0, sudo=False, files={}, script="true", then="echo @@then")
+    done = subprocess.run(["bash", "-s"], input=text, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "@@need" in done.stdout.splitlines() and "@@then" not in done.stdout

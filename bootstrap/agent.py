@@ -128,6 +128,7 @@ class Agent:
         self.config: dict[str, Any] | None = None
         self.settings: dict[str, Any] = {}
         self.collector: Any = None
+        self._metric_batch: list[dict[str, Any]] = []  # (the collector thread's)
         self.metric_specs: list[dict[str, Any]] = []  # sampled once the first CONFIGURE is answered
         # agent id -> (worker, the worker's id, the submitting task's route) for nested SUBMITs
         self.nested: dict[int, tuple[WorkerProc, int, Route | None]] = {}
@@ -355,7 +356,7 @@ class Agent:
     def _sample(self, specs: list[dict[str, Any]]) -> None:
         from .metrics import Collector, node_specs
 
-        collector = Collector(node_specs(specs), self._emit_metric)
+        collector = Collector(node_specs(specs), self._emit_metric, self._send_metrics)
         with self.lock:  # serve() reads it under the lock once stopping is set
             if self.stopping.is_set():
                 return
@@ -363,8 +364,15 @@ class Agent:
             self.collector = collector
 
     def _emit_metric(self, name: str, value: float, unit: str) -> None:
-        body = json.dumps({"name": name, "value": value, "unit": unit}).encode()
-        self._broadcast(Frame(Kind.METRIC, 0, body))
+        """One sample, kept until the collector's tick is over (on its thread: no lock)."""
+        self._metric_batch.append({"name": name, "value": value, "unit": unit})
+
+    def _send_metrics(self) -> None:
+        """The samples of one tick in one frame, a JSON list (one frame per sample was the
+        client's CPU per node per second: four frames a second on a GPU node)."""
+        batch, self._metric_batch = self._metric_batch, []
+        if batch:
+            self._broadcast(Frame(Kind.METRIC, 0, json.dumps(batch).encode()))
 
     def _topology_for(self, index: int) -> dict[str, Any]:
         assert self.config is not None

@@ -53,7 +53,7 @@ class NodeChannel:
         ttl: float,
         on_output: OnOutput,
         on_lost: Callable[[int, BaseException], None] | None = None,
-        on_metric: Callable[[int, dict[str, Any]], None] | None = None,
+        on_metric: Callable[[int, list[dict[str, Any]]], None] | None = None,
         on_submit: Callable[[NodeChannel, Frame], None] | None = None,
         on_stopping: Callable[[int, str], None] | None = None,
         label: str = "",
@@ -402,7 +402,9 @@ class NodeChannel:
                 elif frame.kind == Kind.OUTPUT:
                     self._on_output(self.node, frame.task_id, frame.flags, bytes(frame.body))
                 elif frame.kind == Kind.METRIC and self._on_metric is not None:
-                    self._on_metric(self.node, json.loads(bytes(frame.body)))
+                    # A list: the samples of one tick (an agent of an older skyward: one sample)
+                    samples = json.loads(bytes(frame.body))
+                    self._on_metric(self.node, samples if isinstance(samples, list) else [samples])
                 elif frame.kind == Kind.SUBMIT and self._on_submit is not None:
                     self._on_submit(self, frame)
                 elif frame.kind == Kind.PONG:

@@ -398,7 +398,9 @@ class _CustomSampler:
 
 
 class Collector:
-    """Samples ``specs`` on one daemon thread and calls ``emit(name, value, unit)`` per sample.
+    """Samples ``specs`` on one daemon thread and calls ``emit(name, value, unit)`` per sample,
+    then ``after_tick()`` (when given) once the samples due together are all taken: the agent
+    sends them in one frame.
 
     The thread sleeps until the next metric is due, samples every metric due then (metrics on
     the same interval are sampled together) and goes back to sleep. Each metric keeps its own
@@ -412,8 +414,9 @@ class Collector:
     over one interval. A Collector runs once: start() it, stop() it, make a new one to restart.
     """
 
-    def __init__(self, specs: Sequence[Spec], emit: Emit) -> None:
+    def __init__(self, specs: Sequence[Spec], emit: Emit, after_tick: Callable[[], None] | None = None) -> None:
         self._emit = emit
+        self._after_tick = after_tick
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
@@ -498,6 +501,11 @@ class Collector:
                 # next slot strictly in the future: an overrun skips slots, it does not burst.
                 after = time.monotonic()
                 slots[i] = max(slots[i] + 1, math.floor((after - start) / spec.interval) + 1)
+            if self._after_tick is not None and not self._stopping.is_set():
+                try:
+                    self._after_tick()
+                except Exception:
+                    _debug("metrics: sending a tick's samples failed", exc_info=True)
 
     def _sample(self, spec: Spec, sampler: _Sampler, tick: _Tick) -> None:
         try:

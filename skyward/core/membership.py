@@ -499,12 +499,13 @@ class Membership:
         log.warning("%s", message)
         self.on_stopped()
 
-    def _metric(self, node: int, sample: dict[str, Any]) -> None:
+    def _metric(self, node: int, samples: list[dict[str, Any]]) -> None:
         if ev.bus.wants(self.pool_id, ev.Metric):
-            self.emit(ev.Metric(
-                pool=self.pool_id, node=node, name=sample["name"], value=float(sample["value"]),
-                unit=sample.get("unit", ""),
-            ))
+            for sample in samples:
+                self.emit(ev.Metric(
+                    pool=self.pool_id, node=node, name=sample["name"], value=float(sample["value"]),
+                    unit=sample.get("unit", ""),
+                ))
 
     def _node_lost(self, node: int, why: BaseException) -> None:
         if self.closed:

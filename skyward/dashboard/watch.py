@@ -75,9 +75,11 @@ class NodeWatch:
         if self._closed.is_set():
             self._disconnect()
 
-    def _metric(self, node: int, sample: dict[str, Any]) -> None:
-        self.on_event({"type": "Metric", "pool": self.pool_id, "time": time.time(), "node": node,
-                       "name": sample["name"], "value": float(sample["value"]), "unit": sample.get("unit", "")})
+    def _metric(self, node: int, samples: list[dict[str, Any]]) -> None:
+        now = time.time()
+        for sample in samples:
+            self.on_event({"type": "Metric", "pool": self.pool_id, "time": now, "node": node,
+                           "name": sample["name"], "value": float(sample["value"]), "unit": sample.get("unit", "")})
 
     def _output(self, node: int, task: int, stream: int, data: bytes) -> None:
         from skyward.observe import secrets

@@ -339,3 +339,25 @@ def test_the_nodes_metrics_start_imports_no_more_than_it_needs() -> None:
     assert out["names"] == ["cpu", "disk"], out["names"]  # (it did sample)
     heavy = {"skyward.metrics", "dataclasses", "inspect", "subprocess", "logging", "shutil", "tempfile"}
     assert not heavy & set(out["all"]), sorted(heavy & set(out["all"]))
+
+
+@pytest.mark.usefixtures("no_nvidia_smi")
+def test_the_samples_due_together_end_with_one_after_tick() -> None:
+    """The agent sends a tick's samples in one frame: ``after_tick`` comes once per tick, after
+    every sample due then (CPU and memory on the same interval: both, then the call)."""
+    events: list[str] = []
+    lock = threading.Lock()
+
+    def emit(name: str, value: float, unit: str) -> None:
+        with lock:
+            events.append(name)
+
+    def after_tick() -> None:
+        with lock:
+            events.append("|")
+
+    collector = Collector([m.CPU(0.1), m.Memory(0.1)], emit, after_tick)
+    run_for(collector, 0.65)
+    with lock:
+        ticks = "".join(e if e == "|" else e[0] for e in events).split("|")  # (the last: a tick cut short)
+    assert len(ticks) >= 4 and all(sorted(t) == ["c", "m"] for t in ticks[:-1]), events

@@ -495,7 +495,9 @@ class Pool(DispatchTarget):
             dispatch.check_open()
             if not members.size():
                 members.wait_ready()
-            futures += [dispatch.submit(members.wait_rank(rank), pending) for rank in range(members.size())]
+            encoded = dispatch.shared_payload(pending) if members.size() > 1 else None
+            futures += [dispatch.submit(members.wait_rank(rank), pending, encoded=encoded)
+                        for rank in range(members.size())]
         return results(futures)
 
     def run_parallel(self, group: PendingFunctionGroup) -> tuple[Any, ...] | Iterator[Any]:

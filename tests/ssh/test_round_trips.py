@@ -228,3 +228,30 @@ def test_an_idle_connection_sleeps_on_its_socket_and_ends_at_once_when_closed(ss
     assert not transport.is_alive()
     assert time.monotonic() - started < 1.0
 
+
+def test_a_task_for_every_node_is_pickled_once(three_hosts: SSHHosts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``@`` sends the same task to every node: its function and arguments are pickled (and
+    compressed) once, not once per node; each node still gets its own call."""
+    from skyward.bootstrap import serialize
+
+    calls: list[int] = []
+    real = serialize.dumps
+
+    def counting(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(obj, tuple) and len(obj) == 4 and callable(obj[0]):  # a task's (fn, args, kwargs, timeout)
+            calls.append(1)
+        return real(obj, *args, **kwargs)
+
+    @sky.function
+    def length(data: bytes) -> tuple[int, str]:
+        import socket
+
+        return len(data), socket.gethostname()
+
+    with sky.Compute(provider=provider(three_hosts), nodes=3, options=QUIET) as pool:
+        monkeypatch.setattr(serialize, "dumps", counting)
+        answers = length(b"x" * 2_000_000) @ pool
+        assert [n for n, _ in answers] == [2_000_000] * 3 and len({h for _, h in answers}) == 3
+        assert len(calls) == 1
+        calls.clear()
+        assert (length(b"y") >> pool)[0] == 1 and len(calls) == 1  # (one node: as before)

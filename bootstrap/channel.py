@@ -311,9 +311,10 @@ class NodeChannel:
         except OSError as exc:
             self._mark_lost(exc)
 
-    def configure(self, config: dict[str, Any]) -> None:
+    def configure(self, config: dict[str, Any] | bytes) -> None:
+        """Send the node its configuration: a dict, or its JSON already encoded."""
         self._lane_held = True
-        self.send(Kind.CONFIGURE, json.dumps(config).encode())
+        self.send(Kind.CONFIGURE, config if isinstance(config, bytes) else json.dumps(config).encode())
 
     def reply(self, agent_tid: int, flags: int, body: Any, buffers: list[Any]) -> None:
         """Answer a nested SUBMIT from this node (see frames.Kind.SUBMIT)."""

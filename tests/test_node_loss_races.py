@@ -130,21 +130,21 @@ def test_a_call_whose_node_dies_before_its_send_runs_once_elsewhere(tmp_path: Pa
 
 
 class ForgetfulWriter:
-    """Sends the first frame of ``kind`` and then drops its task from the channel's pending set
-    without an outcome: a stand-in for any bug that loses a task's outcome, which the waiting
-    call must notice by itself (the second line of defence)."""
+    """Drops the first task of ``kind`` from the channel's pending set, without an outcome, and
+    sends it: a stand-in for any bug that loses a task's outcome, which the waiting call must
+    notice by itself (the second line of defence). Dropped before the send: a quick task's
+    result could otherwise come back (and complete the call) before the drop."""
 
     def __init__(self, real: Any, channel: Any, kind: int) -> None:
         self.real, self.channel, self.kind = real, channel, kind
         self.fired = threading.Event()
 
     def send_parts(self, kind: int, tid: int, *args: Any, **kwargs: Any) -> Any:
-        sent = self.real.send_parts(kind, tid, *args, **kwargs)
         if kind == self.kind and not self.fired.is_set():
             self.fired.set()
             with self.channel._lock:
                 self.channel._pending.pop(tid, None)
-        return sent
+        return self.real.send_parts(kind, tid, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)

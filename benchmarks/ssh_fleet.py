@@ -17,6 +17,8 @@ per node, each figure in a fresh client process as a new program or `skyward exe
   shell command on every node (with --direct, the pools are sky.SSH(direct=True): the agents
   answer on their direct ports and the attach logs into no host);
 * map: items/s of a no-op over 100,000 items on the pool, and the client's CPU per 100,000;
+* idle: the client's CPU per second while the open pool does nothing (3 s), per node: what
+  keeping a large pool open costs (the connections, the nodes' metrics);
 * the floor: a login and one command on each host, in parallel (what any start over SSH costs).
 The client's CPU per node is given as total / hosts and as the slope between the smallest and
 the largest fleet (what one more node costs), and a 1,000-node pool is estimated from the
@@ -82,6 +84,7 @@ def measure(shared_home: bool, rounds: int) -> dict[str, float]:
 
 
 # -- fleet: the client's CPU per node ---------------------------------------------------------------
+IDLE_S = 3.0  # how long an open pool is left idle to measure what it costs the client meanwhile
 def identity(x: Any) -> Any:
     return x
 
@@ -115,6 +118,10 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
             pool.map(identity, items)
             out["map_items_per_s"] = len(items) / (time.perf_counter() - wall1)
             out["map_cpu_s"] = time.process_time() - cpu1
+            time.sleep(0.5)  # (the map's last events delivered)
+            cpu2, wall2 = time.process_time(), time.perf_counter()
+            time.sleep(IDLE_S)
+            out["idle_cpu_per_s"] = (time.process_time() - cpu2) / (time.perf_counter() - wall2)
     else:
         assert description is not None
         spec = sky.Spec(provider=ssh, nodes=len(hosts))
@@ -192,11 +199,11 @@ def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
 
 def report_fleet(results: dict[str, Any]) -> None:
     print(f"{'hosts':>6}{'enter s':>9}{'floor s':>9}{'enter ms/host':>15}{'exec s':>8}{'exec ms/host':>14}"
-          f"{'map items/s':>13}{'map CPU s/100k':>16}")
+          f"{'map items/s':>13}{'map CPU s/100k':>16}{'idle ms/s/host':>16}")
     for n, r in results.items():
         print(f"{n:>6}{r['enter_s']:>9.2f}{r['floor_s']:>9.2f}{r['enter_cpu_s'] / int(n) * 1e3:>15.1f}"
               f"{r['exec_s']:>8.2f}{r['exec_cpu_s'] / int(n) * 1e3:>14.1f}{r['map_items_per_s']:>13,.0f}"
-              f"{r['map_cpu_s']:>16.3f}")
+              f"{r['map_cpu_s']:>16.3f}{r['idle_cpu_per_s'] / int(n) * 1e3:>16.2f}")
     sizes = sorted(int(n) for n in results)
     if len(sizes) >= 2:
         lo, hi = results[str(sizes[0])], results[str(sizes[-1])]

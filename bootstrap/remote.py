@@ -982,13 +982,11 @@ def _close(conn: fabric.Connection) -> None:
     Each socket is shut down first, which ends its transport thread at once (it waits
     IDLE_POLL_S on the socket): only where that thread runs in this process (a forked child's
     copy of the parent's socket is the parent's connection)."""
-    conns = [conn, *_hops(conn)]
-    for c in conns:
+    for c in (conn, *_hops(conn)):  # the node's first: its socket is a channel of the next hop's
         transport = c.transport
         if transport is not None and transport.is_alive() and isinstance(transport.sock, socket.socket):
             with contextlib.suppress(OSError):
                 transport.sock.shutdown(socket.SHUT_RDWR)
-    for c in conns:
         c.close()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from helpers import running_description
-from sshhosts import SSHHosts
+from sshhosts import SSHHosts, SSHHostsUnavailable
 
 import skyward as sky
 
@@ -255,3 +255,54 @@ def test_a_task_for_every_node_is_pickled_once(three_hosts: SSHHosts, monkeypatc
         assert len(calls) == 1
         calls.clear()
         assert (length(b"y") >> pool)[0] == 1 and len(calls) == 1  # (one node: as before)
+
+
+def test_a_connection_through_a_jump_host_closes_cleanly_and_ends_both_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a node's connection that goes through a jump host: the node's goes first (its
+    socket is a channel of the jump host's connection, whose close message needs that connection
+    still open), then the jump host's socket is shut down and closed, each thread ending at once.
+    (The other way round, `skyward up` of a pool behind a bastion failed with EOFError.)"""
+    import os
+    import time
+
+    import fabric
+
+    from skyward.bootstrap.remote import Remote, Target, _hops, close_parked
+
+    close_parked()
+    hosts = SSHHosts(1, mode="netns", bastion=True, user="auto")
+    try:
+        hosts.start()
+    except SSHHostsUnavailable as exc:
+        pytest.skip(f"netns SSH test hosts unavailable: {exc}")
+    try:
+        h = hosts[0]
+        remote = Remote(Target(h.address, h.port, h.user, str(h.key_path), jump=hosts.jump)).open()
+        assert remote.run("echo hi")[1].strip() == "hi"
+        assert remote.conn is not None
+        hop = _hops(remote.conn)[0]
+        transports = [remote.conn.transport, hop.transport]
+        order: list[str] = []
+
+        class Watched(socket.socket):  # the jump host's socket (a second descriptor of it)
+            def shutdown(self, how: int) -> None:
+                order.append("jump host shut down")
+                super().shutdown(how)
+
+        hop.transport.sock = Watched(fileno=os.dup(hop.transport.sock.fileno()))
+        real_close = fabric.Connection.close
+
+        def close(self: Any) -> Any:
+            order.append(f"closed {self.host}")
+            return real_close(self)
+
+        monkeypatch.setattr(fabric.Connection, "close", close)
+        started = time.monotonic()
+        remote.close()
+        assert order == [f"closed {h.address}", "jump host shut down", f"closed {hop.host}"]
+        for t in transports:
+            t.join(5)
+            assert not t.is_alive()
+        assert time.monotonic() - started < 2.0
+    finally:
+        hosts.close()

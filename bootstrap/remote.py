@@ -978,10 +978,10 @@ def _hops(conn: fabric.Connection) -> list[fabric.Connection]:
 
 
 def _close(conn: fabric.Connection) -> None:
-    """Close a connection and the jump hosts' connections under it (Fabric leaves those open).
-    Each socket is shut down first, which ends its transport thread at once (it waits
-    IDLE_POLL_S on the socket): only where that thread runs in this process (a forked child's
-    copy of the parent's socket is the parent's connection)."""
+    """Close a connection and the jump hosts' connections under it (Fabric leaves those open),
+    the node's first. Each real socket is shut down just before its connection closes, which
+    ends its transport thread at once (it waits IDLE_POLL_S on the socket): only where that
+    thread runs in this process (a forked child's copy is the parent's connection)."""
     for c in (conn, *_hops(conn)):  # the node's first: its socket is a channel of the next hop's
         transport = c.transport
         if transport is not None and transport.is_alive() and isinstance(transport.sock, socket.socket):

@@ -199,14 +199,7 @@ class Dispatcher:
             return submit_streaming(self, ch, pending, out, split, batch)
         name = pending.name
         span = self.span(ch, name, batch, attempt)
-        if encoded is not None and span is None:
-            flags, body, buffers = encoded
-        else:
-            flags, body, buffers = self.encode(
-                (pending.fn, pending.args, pending.kwargs, self.timeout_of(pending),
-                 *(() if span is None else (span.traceparent,))),
-                lambda: serialize.describe_unpicklable(pending.fn, pending.args, pending.kwargs),
-            )
+        flags, body, buffers = encoded if encoded is not None and span is None else self._task(pending, span)
         future: Future[T] = Future()
         future.set_running_or_notify_cancel()
         finish = self.track(ch, name, 1, batch, (body, buffers), span)
@@ -291,8 +284,13 @@ class Dispatcher:
             return None
         if streams_out(pending.fn) or split_stream_args(pending.fn, pending.args, pending.kwargs) is not None:
             return None
+        return self._task(pending, None)
+
+    def _task(self, pending: PendingFunction[Any], span: TaskSpan | None) -> tuple[int, Any, Any]:
+        """A call pickled for the wire: function, arguments, timeout (and the span's traceparent)."""
         return self.encode(
-            (pending.fn, pending.args, pending.kwargs, self.timeout_of(pending)),
+            (pending.fn, pending.args, pending.kwargs, self.timeout_of(pending),
+             *(() if span is None else (span.traceparent,))),
             lambda: serialize.describe_unpicklable(pending.fn, pending.args, pending.kwargs),
         )
 

@@ -160,6 +160,41 @@ def test_time_rotation_builds_timed_handler(
     assert handler.backupCount == 5
 
 
+def test_a_size_rotated_file_formats_each_record_once_and_counts_what_others_wrote(
+    make: Callable[..., LogHandle], logger: logging.Logger
+) -> None:
+    handle = make(rotation="1 KB", retention=2)
+    (handler,) = handle.handlers
+    assert handle.file is not None
+    formatted: list[str] = []
+    inner = handler.formatter or logging.Formatter()
+
+    class Counting(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            formatted.append(record.getMessage())
+            return inner.format(record)
+
+    handler.setFormatter(Counting())
+    logger.info("first")
+    assert formatted == ["first"]  # the size check's text is the one written
+    # Another program appending to the same file: its bytes count toward the limit.
+    with open(handle.file, "ab") as other:
+        other.write(b"y" * 1000 + b"\n")
+    logger.info("second")
+    _flush()
+    assert formatted == ["first", "second"]
+    assert "second" not in (handle.file.parent / "skyward.log.1").read_text()
+    assert "y" * 1000 in (handle.file.parent / "skyward.log.1").read_text()
+    assert "second" in handle.file.read_text()
+
+
+def test_a_size_rotated_log_on_a_device_is_never_rolled_over(make: Callable[..., LogHandle]) -> None:
+    handle = make(file="/dev/null", rotation="1 KB", retention=2)
+    (handler,) = handle.handlers
+    record = logging.LogRecord("skyward.x", logging.INFO, __file__, 1, "z" * 5000, (), None)
+    assert not handler.shouldRollover(record)  # type: ignore[attr-defined]
+
+
 def test_size_rotation_keeps_exactly_retention_files(
     make: Callable[..., LogHandle], logger: logging.Logger, tmp_path: Path
 ) -> None:

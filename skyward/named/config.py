@@ -83,6 +83,8 @@ class ServeTable(_Table):
     ready: str | None = None  # a path that answers 200 once a replica is ready ('/health')
     timeout: float | None = Field(default=None, gt=0)
     idle_timeout: float | None = Field(default=None, gt=0)  # an elastic pool shrinks (or sleeps) after
+    on: Literal["client", "head"] | None = None  # where the router runs (pool.serve(on=...))
+    allow_from: list[str] | None = None  # CIDRs the head's port is opened to (on = "head", a fixed port)
 
 
 class _SpecTable(_Table):

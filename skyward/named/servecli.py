@@ -55,7 +55,15 @@ def add_serve(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--update", action="store_true",
                    help="roll the `skyward serve NAME` that runs now to APP, replica by replica, and "
                         "wait until it is done")
-    p.add_argument("--host", help="the address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--on", choices=("client", "head"),
+                   help="where the router runs: this machine (client, the default) or the pool's head "
+                        "node, listening on its private address (head: the pool's other machines and "
+                        "--allow-from reach it; requests do not pass through this machine)")
+    p.add_argument("--allow-from", action="append", metavar="CIDR",
+                   help="with --on head and a fixed --port: open that port of the head node to these "
+                        "addresses (repeat for more; a cloud pool's firewall only)")
+    p.add_argument("--host", help="the address this machine's router listens on (default 127.0.0.1: this "
+                                  "machine only; not with --on head)")
     p.add_argument("--port", type=int, help="the port to listen on (default 8000; 0: any free port)")
     p.add_argument("--replicas-per-node", type=int, metavar="N",
                    help="replicas of the app on each node (default 1; each holds a task slot)")
@@ -81,13 +89,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     table = dict(load(args.name, require=False).data.get("serve") or {})
     flags = {"app": args.app, "factory": args.factory, "host": args.host, "port": args.port,
              "replicas_per_node": args.replicas_per_node, "ready": args.ready, "timeout": args.timeout,
-             "idle_timeout": args.idle_timeout}
-    out: dict[str, Any] = {"factory": False, "host": "127.0.0.1", "port": 8000, "replicas_per_node": 1,
-                           "ready": None, "timeout": 60.0, "idle_timeout": Options().autoscale_idle_timeout}
+             "idle_timeout": args.idle_timeout, "on": args.on, "allow_from": args.allow_from}
+    out: dict[str, Any] = {"factory": False, "host": None, "port": 8000, "replicas_per_node": 1,
+                           "ready": None, "timeout": 60.0, "idle_timeout": Options().autoscale_idle_timeout,
+                           "on": "client", "allow_from": None}
     out.update({k: v for k, v in table.items() if v is not None})
     if args.app is not None and args.factory is None:
         out["factory"] = False  # the table's factory goes with the table's app
     out.update({k: v for k, v in flags.items() if v is not None})
+    if out["on"] == "head" and out["host"] not in (None, "127.0.0.1"):
+        raise ConfigError(f"--host {out['host']} with --on head: the head node's router listens on that node's "
+                          f"private address, so there is no address of this machine to choose. Drop --host "
+                          f"(and `host` of [pools.{args.name}.serve]), or serve with --on client.")
+    if out["allow_from"] and out["on"] != "head":
+        raise ConfigError(f"--allow-from {' '.join(out['allow_from'])}: it opens the port of a router on the "
+                          f"head node to those addresses; this machine's router (--on client) listens where "
+                          f"--host says. Add --on head and a fixed --port, or drop --allow-from.")
+    out["host"] = out["host"] or "127.0.0.1"
     if float(out["idle_timeout"]) <= 0:
         raise ConfigError(f"--idle-timeout {out['idle_timeout']}: the seconds with no request before an "
                           f"elastic pool shrinks must be > 0 (e.g. --idle-timeout 300).")
@@ -154,10 +172,12 @@ def _serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             pool = attach(record, options, why="skyward serve")
             unsubscribe = pool.subscribe(_say_wakes(args.name))
             try:
+                _check_slots(args.name, pool, settings)
                 endpoint = pool.serve(app, factory=bool(settings["factory"]), host=settings["host"],
                                       port=settings["port"], replicas_per_node=settings["replicas_per_node"],
                                       ready=settings["ready"], timeout=float(settings["timeout"]),
-                                      auth=not args.no_auth)
+                                      auth=not args.no_auth, on=settings["on"],
+                                      allow_from=settings["allow_from"] or None)
                 current = {"app": app}  # the app served now (updates change it)
                 try:
                     audit.append(args.name, "served", record.get("id", ""), url=endpoint.url, app=app)
@@ -173,6 +193,19 @@ def _serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                 pool.close()  # detaches: the pool stays up
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _check_slots(name: str, pool: Pool, settings: dict[str, Any]) -> None:
+    """Each replica holds a task slot of its node, and the head's router one more: said in the
+    command's terms (pool.serve says it in a program's)."""
+    need = int(settings["replicas_per_node"]) + (settings["on"] == "head")
+    if need > pool.worker.slots:
+        router = " and the head node's router (--on head) one more" if settings["on"] == "head" else ""
+        raise ConfigError(
+            f"skyward serve {name}: each replica holds one task slot of its node{router}, so a node needs "
+            f"{need}, and pool {name!r} runs {pool.worker.slots} task(s) at once per node. Make the pool with "
+            f"more: `concurrency = {need}` in [pools.{name}.worker] of skyward.toml, then `skyward down {name}` "
+            f"and `skyward up {name}`; or serve with fewer --replicas-per-node.")
 
 
 def _say_wakes(name: str) -> Callable[[Any], None]:

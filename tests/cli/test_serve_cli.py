@@ -199,3 +199,52 @@ def test_serving_an_asleep_pool_wakes_it_on_a_request_and_lets_it_sleep_when_idl
     assert len(wakes) == 2 and all(e["by"] == attached["client"] for e in wakes), trail
     assert [e["event"] for e in trail if e["event"] in ("woke", "asleep")] == ["woke", "asleep"] * 2
     assert (down := cli("down", "nap")).code == 0, down
+
+
+def _listener_pid(port: int) -> int | None:
+    """The pid of the process listening on this TCP port (ss -ltnp), or None."""
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=False).stdout
+    found = [int(part.split("=")[1].rstrip(",)")) for part in out.replace(",", " ").split() if part.startswith("pid=")]
+    return found[0] if found else None
+
+
+def test_serve_on_the_head_node_and_the_flags_that_do_not_go_with_it(cli: CLI) -> None:
+    cli.toml(TOML)
+    shutil.copy(APPS, cli.cwd / "webapp.py")
+    # What cannot go together is refused before the pool is touched.
+    loose = cli("serve", "demo", "webapp:app", "--allow-from", "10.0.0.0/8")
+    assert loose.code == 2 and "Add --on head and a fixed --port" in loose.err, loose
+    here = cli("serve", "demo", "webapp:app", "--on", "head", "--host", "0.0.0.0")
+    assert here.code == 2 and "Drop --host" in here.err, here
+    cli.toml(TOML + '\n[pools.demo.serve]\napp = "webapp:app"\non = "head"\nhost = "0.0.0.0"\n')
+    tabled = cli("serve", "demo")  # the same rules for skyward.toml's [pools.NAME.serve]
+    assert tabled.code == 2 and "Drop --host" in tabled.err, tabled
+    cli.toml(TOML + '\n[pools.demo.serve]\napp = "webapp:app"\non = "sideways"\n')
+    assert cli("serve", "demo").code == 2
+    cli.toml(TOML)
+
+    assert (up := cli("up", "demo")).code == 0, up
+    # The head's router holds a task slot of its own: a node of one slot cannot also run a replica.
+    tight = cli("serve", "demo", "webapp:app", "--on", "head", "--port", "0")
+    assert tight.code == 2 and "concurrency = 2` in [pools.demo.worker]" in tight.err, tight
+    assert (down := cli("down", "demo")).code == 0, down
+    cli.toml(TOML + "\n[pools.demo.worker]\nconcurrency = 2\n")
+    assert (up := cli("up", "demo")).code == 0, up
+    with serving(cli, "demo", "webapp:app", "--on", "head", "--port", "0", "--ready", "/health") as (proc, said, log):
+        url = said["url"]
+        port = int(url.rsplit(":", 1)[1])
+        owner = _listener_pid(port)
+        assert owner is not None and owner != proc.pid, f"the router must run on the head node, not in {proc.pid}"
+        name, _, value = said["header"].partition(": ")
+        with httpx.Client(base_url=url, headers={name: value}, timeout=120) as client:
+            answers = [client.post("/predict", json={"x": x}) for x in range(5)]
+            assert [r.status_code for r in answers] == [200] * 5, answers[-1].text
+        assert httpx.get(url + "/whoami", timeout=30).status_code == 401  # the token is still required
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+    assert _listener_pid(port) is None  # the head's router stopped with the command
+
+    # A Local pool has no firewall to open: said, not promised.
+    walled = cli("serve", "demo", "webapp:app", "--on", "head", "--port", "8000", "--allow-from", "10.0.0.0/8")
+    assert walled.code == 2 and "manages no firewall" in walled.err, walled
+    assert (down := cli("down", "demo")).code == 0, down

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -188,11 +189,19 @@ def test_a_size_rotated_file_formats_each_record_once_and_counts_what_others_wro
     assert "second" in handle.file.read_text()
 
 
-def test_a_size_rotated_log_on_a_device_is_never_rolled_over(make: Callable[..., LogHandle]) -> None:
-    handle = make(file="/dev/null", rotation="1 KB", retention=2)
-    (handler,) = handle.handlers
-    record = logging.LogRecord("skyward.x", logging.INFO, __file__, 1, "z" * 5000, (), None)
-    assert not handler.shouldRollover(record)  # type: ignore[attr-defined]
+def test_a_log_on_a_device_keeps_the_devices_mode_and_is_never_rolled_over(make: Callable[..., LogHandle]) -> None:
+    before = stat.S_IMODE(os.stat("/dev/null").st_mode)
+    try:
+        handle = make(file="/dev/null", rotation="1 KB", retention=2)
+        (handler,) = handle.handlers
+        record = logging.LogRecord("skyward.x", logging.INFO, __file__, 1, "z" * 5000, (), None)
+        assert not handler.shouldRollover(record)  # type: ignore[attr-defined]
+        logging.getLogger("skyward.test_logs").info("to the device")
+        # (0600 on /dev/null, as root, broke every other user's shell redirections)
+        assert stat.S_IMODE(os.stat("/dev/null").st_mode) == before
+    finally:
+        if stat.S_IMODE(os.stat("/dev/null").st_mode) != before:
+            os.chmod("/dev/null", before)
 
 
 def test_size_rotation_keeps_exactly_retention_files(

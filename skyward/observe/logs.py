@@ -204,8 +204,11 @@ class _PrivateFileMixin:
     def _open(self) -> Any:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            # An existing file keeps its mode through os.open; tighten it too.
-            os.fchmod(fd, 0o600)
+            # An existing file keeps its mode through os.open; tighten it too. A file only: a
+            # log sent to a device (file="/dev/null", "/dev/stderr") must not change the
+            # device's mode, which as root would lock every other user out of it.
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0o600)
         except OSError:
             pass  # not ours to chmod (e.g. a file owned by someone else we may append to)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)

@@ -34,13 +34,13 @@ from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame, Kind
 
 from ..errors import ConfigError, NodeLostError, ProviderError
-from ..health import HealthChecker, NodeCheck, verdict
 from ..observe import events as ev
 from ..spec import Options
 from .dispatch import decode_result
 from .membership import Membership, NodeState
 
 if TYPE_CHECKING:
+    from ..health import HealthChecker
     from ..runtime.collections import ClientState
 
 log = logging.getLogger("skyward")
@@ -72,10 +72,13 @@ class Healing:
     def __init__(self, members: Membership, options: Options, shared: ClientState,
                  emit: Callable[[ev.Event], None]) -> None:
         checker = options.health_checker
-        if checker is not None and not isinstance(checker, HealthChecker):
-            raise ConfigError(
-                f"Options(health_checker={checker!r}) is not valid: pass sky.HealthChecker(fn, ...)."
-            )
+        if checker is not None:  # (a pool without one never loads skyward.health: 1 ms of its start)
+            from ..health import HealthChecker
+
+            if not isinstance(checker, HealthChecker):
+                raise ConfigError(
+                    f"Options(health_checker={checker!r}) is not valid: pass sky.HealthChecker(fn, ...)."
+                )
         self.members, self.options, self.shared, self.emit = members, options, shared, emit
         self.pool_id = members.pool_id
         self.attempts: dict[int, int] = {}  # rank -> failed replacement attempts in a row
@@ -278,6 +281,8 @@ class Healing:
                 raise members.no_node_error()
 
     def _health_loop(self) -> None:
+        from ..health import HealthChecker, NodeCheck
+
         hc = self.options.health_checker
         assert isinstance(hc, HealthChecker)
         members = self.members
@@ -319,6 +324,8 @@ class Healing:
                         continue
 
     def _judge(self, rank: int, ch: NodeChannel, check: _Check, hc: HealthChecker, now: float) -> None:
+        from ..health import verdict
+
         answer, check.answer, check.sent = check.answer, None, None
         check.round += 1
         assert answer is not None

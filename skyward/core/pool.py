@@ -39,7 +39,6 @@ from ..observe.console import Console
 from ..runtime.collections import Barrier, ClientState, Consistency, Counter, Dict, Lock, Queue, Set
 from ..spec import Nodes, NodeSpec, Options, PoolSpec, Worker
 from . import target
-from .autoscale import Autoscaler
 from .batches import Batches
 from .dispatch import Dispatcher, decode_result, results
 from .function import PendingFunction, PendingFunctionGroup, RemoteFunction
@@ -51,6 +50,7 @@ from .target import DispatchTarget, active_pool
 if TYPE_CHECKING:
     from ..providers.base import Cluster
     from ..serve.endpoint import Endpoint
+    from .autoscale import Autoscaler
 
 __all__ = ["Pool", "active_pool", "decode_result"]
 
@@ -99,7 +99,6 @@ class Pool(DispatchTarget):
     dispatcher: Dispatcher
     batches: Batches
     healing: Healing
-    autoscaler: Autoscaler
     shared: ClientState
 
     def __init__(
@@ -157,7 +156,7 @@ class Pool(DispatchTarget):
                 group.members.layout = self._layout
                 group.members.on_configured = self._spread
         self.healing, self.dispatcher = self.head_group.healing, self.head_group.dispatcher  # checks health_checker=
-        self.batches, self.autoscaler = self.head_group.batches, self.head_group.autoscaler
+        self.batches = self.head_group.batches
         members.state_address = self.shared.address
         members.ask_state = self.shared.ask
         members.on_head_gone = self.shared.head_gone
@@ -367,7 +366,7 @@ class Pool(DispatchTarget):
                 group.members.start_heartbeat(group.spec.ttl)
             dashboard_hook.opened(self)  # on `skyward dashboard` while one runs; else a stat a second
             for group in self.groups.values():
-                group.autoscaler.start()
+                group.start_autoscaler()
                 group.healing.start_health_checks()
         except Exception:
             log.exception("pool %s: starting its background threads failed", self.name or self.id)
@@ -398,6 +397,11 @@ class Pool(DispatchTarget):
             self._on_close.append(lambda: record.closed(self.id) if self._owned else None)
 
     # -- what skyward's own tools read (named pools, records, the dashboard, plugins) ----------
+    @property
+    def autoscaler(self) -> Autoscaler:
+        """The head group's autoscaler (made on first use: see ``Group.autoscaler``)."""
+        return self.head_group.autoscaler
+
     @property
     def cluster(self) -> Cluster:
         """The provider's handle on the nodes (``describe``, ``unreachable``, ``spill_dir``...)."""

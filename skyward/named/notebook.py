@@ -149,8 +149,12 @@ def _launch_script(node: Node, flavor: Flavor, record: dict[str, Any]) -> str:
     mine: dict[str, Any] = next((n for n in described if int(n.get("index", -1)) == node.index), {})
     agent = mine.get("agent_pid") if isinstance(node, SSHNode) else mine.get("pid")
     watch = f" --watch-pid {int(agent)}" if agent else ""
+    # A Slurm node is reached through the login node, which reaches ports on the node's private
+    # address only (never its loopback): the server listens there, behind its token.
+    address = mine.get("private_ip") if record.get("provider") == "slurm" else None
+    host = f" --host {q(str(address))}" if address else ""
     return (f"{node.activate()}exec python -m skyward.named.notebookserver {flavor.kind} "
-            f'--root "$PWD"{watch}')
+            f'--root "$PWD"{watch}{host}')
 
 
 class _Server:

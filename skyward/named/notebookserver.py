@@ -4,7 +4,8 @@
 the pool's environment on the node (the client activates it first, as ``skyward ssh`` does). It
 reads the server's token from the first line of stdin (a secret: never on a command line, which
 every user of the node can read with ``ps``), starts JupyterLab or marimo on a free port of the
-node's loopback, in DIR, and prints one JSON line once the server answers: ``{"port", "pid",
+node's loopback (or of ``--host``: a Slurm node's private address, the only one the login node's
+tunnel reaches), in DIR, and prints one JSON line once the server answers: ``{"port", "pid",
 "log"}`` (or ``{"error", "log"}`` when it did not start).
 
 It then watches, and stops the server (its whole process group: the kernels too) when:
@@ -31,30 +32,30 @@ _START_TIMEOUT = 180.0  # seconds a server may take to answer (a cold node impor
 _POLL = 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def _answers(port: int) -> bool:
+def _answers(host: str, port: int) -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        socket.create_connection((host, port), timeout=1).close()
     except OSError:
         return False
     return True
 
 
-def _command(kind: str, port: int, root: str) -> list[str]:
+def _command(kind: str, host: str, port: int, root: str) -> list[str]:
     if kind == "marimo":
         # The token comes on the server's stdin (`-`), which this process writes and closes.
-        return [sys.executable, "-m", "marimo", "-q", "-y", "edit", "--headless", "--host", "127.0.0.1",
+        return [sys.executable, "-m", "marimo", "-q", "-y", "edit", "--headless", "--host", host,
                 "--port", str(port), "--token-password-file", "-", "--skip-update-check", root]
     # JUPYTER_TOKEN (the environment, see main) is the server's token. The node has no route to
     # the internet here as often as not: no update checks, no news.
     # (A node logged into as root is common on rented GPU boxes: allowed, the server is on the
     # node's loopback behind a token.)
-    return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+    return [sys.executable, "-m", "jupyterlab", "--no-browser", f"--ip={host}", f"--port={port}",
             "--port-retries=0", f"--ServerApp.root_dir={root}",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             "--LabApp.news_url=None", "--LabApp.extension_manager=readonly",
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("kind", choices=["jupyter", "marimo"])
     p.add_argument("--root", required=True)
     p.add_argument("--watch-pid", type=int)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address the server listens on (default: the node's loopback)")
     args = p.parse_args(argv)
 
     token = sys.stdin.buffer.readline().decode().strip()
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     folder = os.path.join(args.root, ".skyward-notebook")
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    port = _free_port()
+    port = _free_port(args.host)
     log = os.path.join(folder, f"{args.kind}-{port}.log")
     env = dict(os.environ)
     if args.kind == "jupyter":
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         env.update(_jupyter_paths(env))
     with open(log, "ab") as out:
         # A session of its own: the server and its kernels stop as one group.
-        proc = subprocess.Popen(_command(args.kind, port, args.root), cwd=args.root, env=env,
+        proc = subprocess.Popen(_command(args.kind, args.host, port, args.root), cwd=args.root, env=env,
                                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     assert proc.stdin is not None
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         deadline = time.monotonic() + _START_TIMEOUT
-        while not _answers(port):
+        while not _answers(args.host, port):
             if proc.poll() is not None or time.monotonic() > deadline:
                 why = (f"it exited with code {proc.returncode}" if proc.returncode is not None
                        else f"it did not answer within {_START_TIMEOUT:g} s")

@@ -164,3 +164,42 @@ def test_offers_on_the_command_line_list_the_partitions_from_sinfo(site: Site, l
     none = lab("offers", "--provider", "slurm", "--login", login, "--key", str(site.hosts.client_key),
                "--accelerator", "A100")
     assert none.code == 1 and "no partition" in none.out, none
+
+
+def test_notebook_serves_jupyterlab_from_the_node_inside_the_pools_job(site: Site, lab: CLI) -> None:
+    pytest.importorskip("jupyterlab")
+    import signal
+
+    import httpx
+
+    node = _record(lab)["nodes"][1]
+    assert lab("ssh", "lab", "--node", "1", "--", "echo from-the-node > probe.txt").code == 0
+    proc = lab.start("notebook", "lab", "--node", "1", "--json")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # (the first start installs JupyterLab on the pool)
+        assert line, proc.stderr.read() if proc.stderr else ""
+        shown = json.loads(line)
+        base, token = shown["url"].split("/lab?token=")
+        assert base.startswith("http://127.0.0.1:") and shown["hostname"] == node["hostname"], shown
+        # Served from the node (through the login node's tunnel), its folder the pool's.
+        got = httpx.get(f"{base}/api/contents/probe.txt", params={"token": token, "content": "1"}, timeout=60)
+        assert got.status_code == 200 and got.json()["content"].strip() == "from-the-node", got.text
+        assert httpx.get(f"{base}/api/contents/probe.txt", timeout=60).status_code in (401, 403)
+        # On the node, inside the pool's job, listening on its private address; no token in argv.
+        ran = lab("ssh", "lab", "--node", "1", "--", "pgrep -af '[j]upyterlab'")
+        assert f"--ip={node['private_ip']}" in ran.out and token not in ran.out, ran
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert proc.returncode == 0
+    gone = lab("ssh", "lab", "--node", "1", "--", "pgrep -af '[j]upyterlab' || echo none")
+    assert gone.out.strip().splitlines()[-1] == "none", gone

@@ -411,9 +411,14 @@ def _provision_groups(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
                             for g, s in specs.items()})
         return made
 
+    def described(made: dict[str, Any], pool: Pool) -> None:
+        _describe_groups(made, pool)
+        if sleep.is_asleep(made):  # every group [0, N]: started asleep, a task wakes its group
+            made["asleep_since"] = made["last_seen"]
+
     return _register_and_start(
         cfg, keep, record, lambda: Pool(specs[head], options, worker, groups=specs, head=head, name=cfg.name),
-        _describe_groups, nodes=sum(s.node_spec.desired for s in specs.values()), ttl=ttl, groups=list(specs),
+        described, nodes=sum(s.node_spec.desired for s in specs.values()), ttl=ttl, groups=list(specs),
         head=head)
 
 
@@ -474,18 +479,20 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
 
     name = record["name"]
     grouped = bool(record.get("groups"))
-    sleepy = sleep.may_sleep(record) and not grouped
+    sleepy = sleep.may_sleep(record)  # (a pool of groups: each of them may sleep)
     # A pool that sleeps at zero starts the nodes its tasks need: a node found dead is dropped
     # from it, never replaced (a program's attach replaces dead nodes of other pools; `exec`
     # and the other looks replace nothing).
-    cluster_desc, dropped = _without_dead_nodes(record) if sleepy else (record["cluster"], [])
+    views = group_views(record)
+    kept = {g: _without_dead_nodes(v) if sleepy else (v["cluster"], []) for g, v in views.items()}
+    cluster_desc = kept[next(iter(kept))][0] if not grouped else record["cluster"]
+    dropped = [(g, index, why) for g, (_, gone) in kept.items() for index, why in gone]
     if grouped:  # each group's nodes, from its own provider; one Pool of the groups
-        views = group_views(record)
         specs, head, worker = _group_specs({g: v["config"] for g, v in views.items()}, record.get("head"),
-                                           nodes={g: len(v["cluster"]["nodes"]) for g, v in views.items()})
-        clusters = {g: specs[g].provider.attach(v["cluster"]) for g, v in views.items()}
+                                           nodes={g: len(kept[g][0]["nodes"]) for g in views})
+        clusters = {g: specs[g].provider.attach(kept[g][0]) for g in views}
         for each in clusters.values():
-            each.heal_at_attach = audited
+            each.heal_at_attach = audited and not sleepy
         spec, cluster = specs[head], clusters[head]
     else:
         spec, worker = spec_from(record["config"], nodes=len(cluster_desc["nodes"]))
@@ -497,7 +504,12 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
     def add(r: dict[str, Any]) -> None:
         r["clients"] = [*_live_clients(r), _client(client_id)]
         if dropped and r.get("id") == record.get("id"):
-            r["cluster"] = cluster_desc
+            if grouped:
+                for g, (description, _) in kept.items():
+                    r["groups"][g]["cluster"] = description
+                r["cluster"] = r["groups"][head]["cluster"]
+            else:
+                r["cluster"] = cluster_desc
 
     registry.update(name, add)
     try:  # a program's attach is kept for `skyward events`; the CLI's own looks are not
@@ -525,8 +537,9 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
         for (group, index), reason in sorted(missing.items()):
             audit.append(name, "node unreachable", record["id"], node=index, reason=reason, by=pool.id,
                          **({"group": group} if grouped else {}))
-        for index, reason in dropped:
-            audit.append(name, "node dropped", record["id"], node=index, reason=reason, by=pool.id)
+        for group, index, reason in dropped:
+            audit.append(name, "node dropped", record["id"], node=index, reason=reason, by=pool.id,
+                         **({"group": group} if grouped else {}))
         recorder = _Recorder(pool, name)
         for event in pool.attach_events:  # dead nodes replaced before the recorder listened
             recorder._on_event(event)
@@ -566,7 +579,9 @@ def _sleep_when_idle(pool: Pool, record: dict[str, Any], client_id: str) -> None
     """An attached pool of ``nodes = [0, N]``: its autoscaler may shrink it to zero when idle
     (unless another program is attached: it may be using the nodes this one sees idle), and
     when this program is the last to leave, the pool goes to sleep at once."""
-    name, top = record["name"], sleep.ceiling(record)
+    name = record["name"]
+    # Each group's own ceiling: a pool of groups sleeps as a whole, each group to zero.
+    tops = {g: sleep.node_range(view.get("config") or {})[1] for g, view in group_views(record).items()}
 
     def others() -> bool:
         current = registry.read(name)
@@ -574,15 +589,20 @@ def _sleep_when_idle(pool: Pool, record: dict[str, Any], client_id: str) -> None
             return True  # not the pool this program attached to any more: leave it alone
         return any(c.get("id") != client_id for c in _live_clients(current))
 
-    pool.autoscaler.may_shrink = lambda: not others()
-    if pool.members.nodes.desired > 0:
-        pool.set_range(Nodes(desired=0, max=top))
+    for g, group in pool.groups.items():
+        group.autoscaler.may_shrink = lambda: not others()
+        if group.members.nodes.desired > 0:
+            group.dispatcher.check_open()
+            group.members.nodes = Nodes(desired=0, max=tops[g])
+            group.start_autoscaler()
 
     def last_one_out(p: Pool) -> None:
-        if p.members.size() == 0 or others():
+        awake = [(g, group) for g, group in p.groups.items() if group.members.size() > 0]
+        if not awake or others():
             return
         log.info("pool %s: the last program attached leaves; putting it to sleep", name)
-        p.resize(Nodes(desired=0, max=top))
+        for g, group in awake:
+            group.resize(Nodes(desired=0, max=tops[g]))
         ev.bus.flush(10.0)  # the recorder writes the sleep before this program detaches
 
     pool.before_close(last_one_out)
@@ -685,6 +705,17 @@ class _Recorder:
         pool was awake and what that cost (node-seconds at the record's price per node-hour)."""
         now = time.time()
         store = self.nodes_into()
+        if len(self.pool.groups) > 1:
+            # A pool of groups sleeps as a whole: one group falling asleep while another still
+            # runs, or waking while another runs, is a resize of an awake pool (its nodes stored);
+            # the first group to wake wakes the pool, the last to sleep puts it to sleep.
+            still = sum(g.members.size() for g in self.pool.groups.values())
+            asleep = bool(record.get("asleep_since"))
+            if (isinstance(event, ev.ClusterAsleep) and (still or asleep)) or (
+                    isinstance(event, ev.ClusterWoke) and not asleep):
+                with contextlib.suppress(SkywardError):
+                    registry.update(self.name, store)
+                return
 
         def mark(r: dict[str, Any]) -> None:
             store(r)

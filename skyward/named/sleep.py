@@ -32,21 +32,40 @@ def node_range(config: dict[str, Any]) -> tuple[int, int | None]:
     return int(raw), None
 
 
+def _parts(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's groups (each with its ``config`` and ``cluster``), or the record itself for a
+    pool of one spec."""
+    groups = record.get("groups")
+    return list(groups.values()) if groups else [record]
+
+
 def may_sleep(record: dict[str, Any]) -> bool:
-    """Whether the pool sleeps with no node when idle (``desired`` 0, a ``max``)."""
-    desired, ceiling = node_range(record.get("config") or {})
-    return desired == 0 and bool(ceiling)
+    """Whether the pool sleeps with no node when idle (``desired`` 0, a ``max``): a pool of
+    groups sleeps as a whole when each of its groups does."""
+    for part in _parts(record):
+        desired, top = node_range(part.get("config") or {})
+        if desired != 0 or not top:
+            return False
+    return True
 
 
 def ceiling(record: dict[str, Any]) -> int | None:
-    """How many nodes the pool may grow to (None: not elastic)."""
-    return node_range(record.get("config") or {})[1]
+    """How many nodes the pool may grow to, all its groups together (None: one is not elastic)."""
+    tops = [node_range(part.get("config") or {})[1] for part in _parts(record)]
+    return None if any(t is None for t in tops) else sum(t for t in tops if t is not None)
 
 
 def is_asleep(record: dict[str, Any]) -> bool:
-    """A pool that may sleep, started, with no node now."""
-    cluster = record.get("cluster")
-    return may_sleep(record) and isinstance(cluster, dict) and not cluster.get("nodes")
+    """A pool that may sleep, started, with no node now (in none of its groups)."""
+    if not may_sleep(record):
+        return False
+    clusters = [part.get("cluster") for part in _parts(record)]
+    return all(isinstance(c, dict) and not c.get("nodes") for c in clusters)
+
+
+def node_total(record: dict[str, Any]) -> int:
+    """The nodes the record describes now, all its groups together."""
+    return sum(len((part.get("cluster") or {}).get("nodes") or []) for part in _parts(record))
 
 
 def cost(record: dict[str, Any], node_seconds: float) -> float | None:
@@ -100,7 +119,7 @@ def spent(record: dict[str, Any], now: float) -> float | None:
         return None
     total = sum(float(w["cost"] or 0.0) for w in wakes(record["name"]))
     woke = record.get("woke")
-    nodes = len((record.get("cluster") or {}).get("nodes") or [])
+    nodes = node_total(record)
     if nodes and isinstance(woke, int | float) and not record.get("asleep_since"):
         total += float(price) * nodes * max(0.0, now - float(woke)) / 3600
     return round(total, 6)

@@ -210,3 +210,83 @@ def test_a_node_found_dead_is_dropped_not_replaced_and_an_asleep_pool_expires_wi
     assert gone.code == 0 and "removed brief (expired)" in gone.out and "demo" not in gone.out, gone
     assert not brief_root.exists()
     assert [r["name"] for r in cli("ls", "--json").json()] == ["demo"]
+
+
+GROUPS_TOML = """
+    [pools.pipe]
+    ttl = 120
+
+    [pools.pipe.groups.prep]
+    provider = "local"
+    nodes = [0, 1]
+
+    [pools.pipe.groups.train]
+    provider = "local"
+    nodes = [0, 2]
+"""
+
+GROUPS_CLIENT = """
+    import json, os, time
+    import skyward as sky
+
+    def registry():
+        return json.load(open(f"{os.environ['SKYWARD_HOME']}/registry/pipe.json"))
+
+    def nodes(group):
+        return len(registry()["groups"][group]["cluster"]["nodes"])
+
+    def wait(predicate, timeout=30):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+
+    @sky.function
+    def where():
+        return sky.instance_info().node
+
+    options = sky.Options(console="silent", autoscale_idle_timeout=1.0, reconcile_tick_interval=0.2)
+    seen = {}
+    with sky.Compute(name="pipe", options=options) as pool:
+        seen["attached"] = pool.current_nodes()
+        seen["train"] = where() >> pool["train"]             # wakes the train group alone
+        wait(lambda: nodes("train") == 1)
+        seen["prep_while_train"] = nodes("prep")
+        seen["asleep_while_train"] = bool(registry().get("asleep_since"))
+        seen["prep"] = where() >> pool["prep"]               # the other group wakes in an awake pool
+        wait(lambda: nodes("prep") == 1)
+    print(json.dumps(seen))
+"""
+
+
+def test_a_pool_of_groups_sleeps_and_wakes_as_a_whole(cli: CLI) -> None:
+    cli.toml(GROUPS_TOML)
+    up = cli("up", "pipe")
+    assert up.code == 0 and "is up and asleep: 0/3 local node(s)" in up.out, up
+    record = cli.record("pipe")
+    assert record["asleep_since"] and all(not g["cluster"]["nodes"] for g in record["groups"].values())
+    (row,) = cli("ls", "--json").json()
+    assert (row["state"], row["nodes"], row["max_nodes"]) == ("asleep", 0, 3), row
+
+    client = cli.python(GROUPS_CLIENT)
+    assert client.code == 0, client
+    seen = client.json()
+    assert seen["attached"] == 0 and seen["prep_while_train"] == 0 and not seen["asleep_while_train"], seen
+
+    # The last program out put every group to sleep: no node runs, the registry says asleep.
+    record = cli.record("pipe")
+    assert all(not g["cluster"]["nodes"] for g in record["groups"].values()) and record["asleep_since"], record
+    assert cli.wait_no_processes(10) == []
+    events = [e["event"] for e in cli("history", "pipe", "--json").json()]
+    # One wake (the first group's) and one sleep (the last group's): the groups in between are resizes.
+    assert events.count("woke") == 1 and events.count("asleep") == 1, events
+    assert events.index("woke") < events.index("asleep") < events.index("detached"), events
+    (row,) = cli("ls", "--json").json()
+    assert row["state"] == "asleep"
+
+    # A terminal command wakes the head group for itself and puts the pool back to sleep.
+    ran = cli("exec", "pipe", "--", "true")
+    assert ran.code == 0, ran
+    assert all(not g["cluster"]["nodes"] for g in cli.record("pipe")["groups"].values())
+    assert cli("ls", "--json").json()[0]["state"] == "asleep"
+    assert (down := cli("down", "pipe")).code == 0, down

@@ -249,12 +249,11 @@ class Agent:
         sealed = sock.family != socket.AF_UNIX and sock.getsockname()[:2] in self.sealed_at
         conn = Conn(sock, writer)
         with self.lock:
-            self.conns.append(conn)
             self.renewed = time.monotonic()
             # What this node is doing for every client (`skyward status` shows it).
             running = sum(len(w.inflight) + (w.lane_count.get() if w.lane_count else 0) for w in self.workers)
             queued = len(self.pending)
-            clients = len(self.conns)
+            clients = len(self.conns) + 1  # (this one joins them once its WELCOME is sent)
         welcome = {
             # this agent holds the pool's key too: the client may send it tasks (and, on a
             # sealed link, it says so under the key: see handshake.Proof.sealing)
@@ -274,13 +273,17 @@ class Agent:
             "sealed": sealed,  # every later frame carries MACs under the session's keys
         }
         body = json.dumps(welcome).encode()
-        if sealed:
-            send, receive = proof.keys(body)
-            writer.seal(send, Frame(Kind.WELCOME, 0, body))
-            reader.seal(receive)
-        else:
-            writer.send_parts(Kind.WELCOME, 0, 0, body)
         try:
+            if sealed:
+                send, receive = proof.keys(body)
+                writer.seal(send, Frame(Kind.WELCOME, 0, body))
+                reader.seal(receive)
+            else:
+                writer.send_parts(Kind.WELCOME, 0, 0, body)
+            # Only now do the frames to every client (METRIC, STOPPING) reach this one: one sent
+            # before its WELCOME would be taken for a stranger's answer to the handshake.
+            with self.lock:
+                self.conns.append(conn)
             while True:
                 frame = reader.read()
                 if lease is not None:

@@ -194,7 +194,10 @@ class FrameWriter:
             # The common case (a small task or result): one allocation, one syscall.
             packet = HEADER.pack(kind, flags, 0, task_id, len(body)) + body
             with self._lock:
-                self._sock.sendall(packet)
+                if self._seal is None:  # (sealed while this waited for the lock: see below)
+                    self._sock.sendall(packet)
+                    return
+            self._send_sealed(kind, task_id, flags, body, buffers)
             return
         if len(buffers) > MAX_PARTS:
             raise ValueError(f"a frame carries at most {MAX_PARTS} buffers, got {len(buffers)}")
@@ -205,10 +208,16 @@ class FrameWriter:
         parts.extend(data for _, data in buffers)
         total = sum(memoryview(p).nbytes for p in parts)
         with self._lock:
-            if total <= _JOIN_LIMIT:
-                self._sock.sendall(b"".join(parts))
-            else:
-                _sendmsg_all(self._sock, parts)
+            # A frame that found the link plain but waited for the lock while ``seal`` held it
+            # goes sealed: sent plain after the WELCOME, the peer would take its bytes for a
+            # sealed frame and drop the link as tampered with.
+            if self._seal is None:
+                if total <= _JOIN_LIMIT:
+                    self._sock.sendall(b"".join(parts))
+                else:
+                    _sendmsg_all(self._sock, parts)
+                return
+        self._send_sealed(kind, task_id, flags, body, buffers)
 
     def _send_sealed(self, kind: int, task_id: int, flags: int, body: bytes | bytearray | memoryview,
                      buffers: list[tuple[int, bytes | bytearray | memoryview]]) -> None:

@@ -43,6 +43,7 @@ from skyward.bootstrap.frames import (
     FrameWriter,
     Kind,
     Tampered,
+    _Seal,
 )
 from skyward.bootstrap.handshake import AGENT, COLLECTIONS, Refused, admit, derive, prove
 from skyward.bootstrap.lane import ClientLane
@@ -93,6 +94,30 @@ def test_sealed_frames_round_trip() -> None:
         t.join()
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("buffers", [[], [(0, b"y" * 100)]], ids=["small", "with a buffer"])
+def test_a_frame_that_waited_while_the_link_was_sealed_goes_sealed(buffers: list[tuple[int, bytes]]) -> None:
+    """A thread that found the link plain (the agent's METRIC to every client) and waited for the
+    writer's lock while ``seal`` sent the WELCOME must not send its frame plain after it: the peer
+    reads sealed frames from there on, and took its bytes for a tampered frame."""
+    a, b = socket.socketpair()
+    writer, reader = FrameWriter(a), FrameReader(b)
+    key = b"k" * 32
+    with a, b:
+        with writer._lock:  # what seal() does under the lock, with a sender waiting for it
+            t = threading.Thread(target=writer.send_parts, args=(Kind.METRIC, 0, 0, b"[]", buffers))
+            t.start()
+            time.sleep(0.2)  # it saw no seal and waits for the lock
+            a.sendall(HEADER.pack(Kind.WELCOME, 0, 0, 0, 2) + b"{}")
+            writer._seal = _Seal(key)
+        t.join(10)
+        b.settimeout(5)  # (a plain frame read as a sealed one waits for a MAC that never comes)
+        welcome = reader.read()  # plain: the handshake covers it
+        reader.seal(key)
+        got = reader.read()  # sealed, or Tampered
+    assert welcome.kind == Kind.WELCOME and (got.kind, bytes(got.body)) == (Kind.METRIC, b"[]")
+    assert [bytes(d) for _, d in got.buffers] == [d for _, d in buffers]
 
 
 def _wire(frames: list[Frame], key: bytes = b"k" * 32) -> list[bytes]:

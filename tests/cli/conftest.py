@@ -110,6 +110,21 @@ class CLI:
         return self.processes()
 
 
+def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, grace: float = 60.0) -> None:
+    """A command started in the background, ended as its user would (``sig``: SIGINT is Ctrl-C),
+    killed if it is still there after ``grace`` seconds, waited for, and its pipes closed."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"

@@ -16,7 +16,7 @@ from typing import Any
 import helpers
 import httpx
 
-from .conftest import CLI
+from .conftest import CLI, stop
 
 SECRET = "hf_dashboardsecret4242"
 TOML = f"""
@@ -56,15 +56,7 @@ def dashboard(cli: CLI, *args: str) -> Iterator[Dashboard]:
         with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
             yield Dashboard(proc, url, base, token, client)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        stop(proc, grace=15)
 
 
 def logged_in(d: Dashboard, answer: httpx.Response) -> tuple[str, str, str]:

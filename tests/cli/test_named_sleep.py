@@ -22,14 +22,14 @@ from .conftest import CLI
 
 pytestmark = pytest.mark.timeout(120)
 
-CLIENT = """
+PRELUDE = """
     import json, os, time
     import skyward as sky
 
     def registry():
-        return json.load(open(f"{os.environ['SKYWARD_HOME']}/registry/demo.json"))
+        return json.load(open(f"{os.environ['SKYWARD_HOME']}/registry/NAME.json"))
 
-    def wait(predicate, timeout=20):
+    def wait(predicate, timeout=30):
         deadline = time.monotonic() + timeout
         while not predicate():
             assert time.monotonic() < deadline, "timed out"
@@ -41,6 +41,9 @@ CLIENT = """
 
     options = sky.Options(console="silent", autoscale_idle_timeout=1.0, reconcile_tick_interval=0.2)
     seen = {}
+"""
+
+CLIENT = PRELUDE.replace("NAME", "demo") + """
     with sky.Compute(name="demo", options=options) as pool:
         seen["attached_nodes"] = pool.current_nodes()
         seen["first"] = where() >> pool                      # wakes it
@@ -225,28 +228,10 @@ GROUPS_TOML = """
     nodes = [0, 2]
 """
 
-GROUPS_CLIENT = """
-    import json, os, time
-    import skyward as sky
-
-    def registry():
-        return json.load(open(f"{os.environ['SKYWARD_HOME']}/registry/pipe.json"))
-
+GROUPS_CLIENT = PRELUDE.replace("NAME", "pipe") + """
     def nodes(group):
         return len(registry()["groups"][group]["cluster"]["nodes"])
 
-    def wait(predicate, timeout=30):
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, "timed out"
-            time.sleep(0.05)
-
-    @sky.function
-    def where():
-        return sky.instance_info().node
-
-    options = sky.Options(console="silent", autoscale_idle_timeout=1.0, reconcile_tick_interval=0.2)
-    seen = {}
     with sky.Compute(name="pipe", options=options) as pool:
         seen["attached"] = pool.current_nodes()
         seen["train"] = where() >> pool["train"]             # wakes the train group alone

@@ -9,12 +9,8 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 
 from .conftest import CLI  # noqa: E402
 from .dashboard_helpers import wait_for  # noqa: E402
+from .notebook_helpers import notebook  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 TOML = """
@@ -36,28 +33,6 @@ env = { GREETING = "hello from the pool" }
 """
 
 
-@contextmanager
-def notebook(cli: CLI, *args: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
-    """`skyward notebook ... --json` running; its announcement. Stopped (SIGINT) and waited for."""
-    proc = cli.start("notebook", *args, "--json")
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait(30)
-            raise AssertionError(f"skyward notebook did not start: {proc.stderr.read() if proc.stderr else ''}")
-        yield proc, json.loads(line)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def answers(url: str) -> bool:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from sshhosts import SSHHosts, SSHHostsUnavailable
 
 from .conftest import CLI
 from .dashboard_helpers import artifacts, wait_for
+from .notebook_helpers import notebook
 from .ssh_helpers import on_host
 from .wheelindex import WheelIndex
 
@@ -77,29 +76,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             hosts.close()
 
 
-@contextmanager
-def notebook(cli: CLI, *args: str, start_timeout: float = 600) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
-    """`skyward notebook ... --json` running (the first start installs the server on the node);
-    stopped with SIGINT (Ctrl-C) and waited for at the end."""
-    proc = cli.start("notebook", *args, "--json")
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the test's timeout bounds the wait
-        if not line:
-            proc.wait(30)
-            raise AssertionError(f"skyward notebook did not start: {proc.stderr.read() if proc.stderr else ''}")
-        yield proc, json.loads(line)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 @pytest.fixture

@@ -168,18 +168,12 @@ def test_offers_on_the_command_line_list_the_partitions_from_sinfo(site: Site, l
 
 def test_notebook_serves_jupyterlab_from_the_node_inside_the_pools_job(site: Site, lab: CLI) -> None:
     pytest.importorskip("jupyterlab")
-    import signal
-
     import httpx
+    from cli.notebook_helpers import notebook
 
     node = _record(lab)["nodes"][1]
     assert lab("ssh", "lab", "--node", "1", "--", "echo from-the-node > probe.txt").code == 0
-    proc = lab.start("notebook", "lab", "--node", "1", "--json")
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # (the first start installs JupyterLab on the pool)
-        assert line, proc.stderr.read() if proc.stderr else ""
-        shown = json.loads(line)
+    with notebook(lab, "lab", "--node", "1") as (proc, shown):  # (the first start installs JupyterLab)
         base, token = shown["url"].split("/lab?token=")
         assert base.startswith("http://127.0.0.1:") and shown["hostname"] == node["hostname"], shown
         # Served from the node (through the login node's tunnel), its folder the pool's.
@@ -189,17 +183,6 @@ def test_notebook_serves_jupyterlab_from_the_node_inside_the_pools_job(site: Sit
         # On the node, inside the pool's job, listening on its private address; no token in argv.
         ran = lab("ssh", "lab", "--node", "1", "--", "pgrep -af '[j]upyterlab'")
         assert f"--ip={node['private_ip']}" in ran.out and token not in ran.out, ran
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
     assert proc.returncode == 0
     gone = lab("ssh", "lab", "--node", "1", "--", "pgrep -af '[j]upyterlab' || echo none")
     assert gone.out.strip().splitlines()[-1] == "none", gone

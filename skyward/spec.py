@@ -94,6 +94,12 @@ class Nodes:
         else ``desired``."""
         return self.desired if self.min is None else self.min
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the size can move between ``floor`` and ``max`` (the autoscaler runs):
+        ``Nodes(desired=5, min=0, max=5)`` does (5 to 0)."""
+        return self.max is not None and self.max > self.floor
+
 
 # How many nodes: a count, a (start, max) elastic range, or sky.Nodes(...).
 NodeSpec: TypeAlias = int | tuple[int, int] | Nodes

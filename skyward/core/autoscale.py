@@ -70,9 +70,8 @@ class Autoscaler:
     def start(self) -> None:
         """Start the loop if the pool is elastic now and it does not run yet."""
         members = self.members
-        nodes = members.nodes
-        if nodes.max is None or nodes.max <= nodes.floor:
-            return  # nothing to move between: Nodes(desired=5, min=0, max=5) does move (5 to 0)
+        if not members.nodes.elastic:
+            return  # nothing to move between
         with members.lock:
             if self._thread is not None or members.closed:
                 return

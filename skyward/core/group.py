@@ -108,8 +108,7 @@ class Group:
     def start_autoscaler(self) -> None:
         """Start the autoscaler's loop if the group is elastic now. A group that is not does not
         make one (its ``Autoscaler.start`` would return at once)."""
-        nodes = self.members.nodes
-        if nodes.max is not None and nodes.max > nodes.floor:
+        if self.members.nodes.elastic:
             self.autoscaler.start()
 
     @property

@@ -198,7 +198,9 @@ def _serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 def _check_slots(name: str, pool: Pool, settings: dict[str, Any]) -> None:
     """Each replica holds a task slot of its node, and the head's router one more: said in the
     command's terms (pool.serve says it in a program's)."""
-    need = int(settings["replicas_per_node"]) + (settings["on"] == "head")
+    from ..serve.endpoint import slots_needed
+
+    need = slots_needed(int(settings["replicas_per_node"]), settings["on"])
     if need > pool.worker.slots:
         router = " and the head node's router (--on head) one more" if settings["on"] == "head" else ""
         raise ConfigError(

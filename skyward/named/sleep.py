@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..records import audit
+from .groupviews import group_views
 
 
 def node_range(config: dict[str, Any]) -> tuple[int, int | None]:
@@ -33,10 +34,9 @@ def node_range(config: dict[str, Any]) -> tuple[int, int | None]:
 
 
 def _parts(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's groups (each with its ``config`` and ``cluster``), or the record itself for a
+    """Each group's view of the record (its ``config`` and ``cluster``): the record itself for a
     pool of one spec."""
-    groups = record.get("groups")
-    return list(groups.values()) if groups else [record]
+    return list(group_views(record).values())
 
 
 def may_sleep(record: dict[str, Any]) -> bool:

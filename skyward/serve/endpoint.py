@@ -97,6 +97,11 @@ def _resolved(app: Any, factory: bool | None) -> tuple[Any, bool]:
     return app, (is_factory(app) if factory is None and not isinstance(app, str) else bool(factory))
 
 
+def slots_needed(replicas_per_node: int, on: str) -> int:
+    """The task slots each node needs: one per replica, and the head's router one more."""
+    return replicas_per_node + (on == "head")
+
+
 def _check(app: Any, replicas_per_node: int, slots: int, timeout: float, ready: str | None,
            on: str, port: int) -> int:
     """Checks the options; the task slots a node must have for them."""
@@ -108,7 +113,7 @@ def _check(app: Any, replicas_per_node: int, slots: int, timeout: float, ready: 
     if on not in ON:
         raise ConfigError(f"pool.serve(on={on!r}): the router runs on 'client' (this machine, the default) "
                           f"or 'head' (the pool's head node, for clients in the pool's network).")
-    need = replicas_per_node + (on == "head")
+    need = slots_needed(replicas_per_node, on)
     if need > slots:
         router = " and the head node's router one more" if on == "head" else ""
         raise ConfigError(

@@ -235,6 +235,7 @@ def test_time_partition_and_options_reach_sbatch(site: Site) -> None:
 
 
 def test_offers_list_the_partitions_from_sinfo_and_a_spec_picks_one_that_fits(site: Site) -> None:
+    site.cluster.wait_idle()  # the last test's job may still be completing: its node is not idle yet
     (offer,) = sky.offers(provider=site.provider())
     assert offer.provider == "slurm" and offer.instance_type == "debug" and offer.extra["default"]
     assert offer.extra["nodes"] == 3 and offer.extra["idle"] == 3 and offer.vcpus == site.cluster.cpus

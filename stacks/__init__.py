@@ -15,7 +15,24 @@ Nothing here imports pulumi until an operation runs.
 
 from __future__ import annotations
 
-from .cli import install
-from .engine import PoolStack, clear_pending, open_stack, unlock
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cli import install
+    from .engine import PoolStack, clear_pending, open_stack, unlock
 
 __all__ = ["PoolStack", "clear_pending", "install", "open_stack", "unlock"]
+
+
+def __getattr__(name: str) -> Any:
+    """The names above, imported on first use: the CLI's `skyward ls` looks for orphaned stacks
+    (``orphans``) and needs neither the engine nor the CLI finder."""
+    if name == "install":
+        from .cli import install
+
+        return install
+    if name in __all__:
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

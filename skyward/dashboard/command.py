@@ -8,9 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def add_dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("dashboard", "Serve a web dashboard and HTTP API of this machine's pools "
-                             "(needs the dashboard extra: pip install 'skyward[dashboard]').")
+def add_dashboard(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("dashboard")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")

@@ -28,7 +28,7 @@ import shlex
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -48,7 +48,77 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"skyward: error: {message}\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+# The commands whose code lives in a module of its own, in the order `skyward --help` lists them,
+# with their one-line help (the parser's help and description: the module's adder calls
+# ``command(NAME)`` and gets it from here). A module is imported only to run its command
+# (_add_module_command): importing them all cost more than the rest of a start.
+_MODULE_COMMANDS = {
+    "dashboard": "Serve a web dashboard and HTTP API of this machine's pools "
+                 "(needs the dashboard extra: pip install 'skyward[dashboard]').",
+    "run": "Run a Python script with a named pool active (`f(x) >> sky` needs no "
+           "`with`); a pool that does not run is started from skyward.toml for the run.",
+    "events": "A named pool's event history for a post-mortem: its events (nodes, bootstrap "
+              "phases, losses, errors) and its audit trail, oldest first; also after `down`.",
+    "install": "Add Python packages to a running named pool: resolved once here, the same "
+               "versions installed on every node, kept in the pool's lock and record.",
+    "ssh": "A shell on a node of a running pool, in the node's working directory with "
+           "the pool's environment (what its tasks see); with -- CMD, that one command, "
+           "exiting with its exit status.",
+    "cp": "Copy files or folders to or from the nodes of a running pool: LOCAL NAME:PATH "
+          "uploads to every node (or --node N); NAME:PATH LOCAL downloads, from every "
+          "node into LOCAL/node-<N>/ or from --node N into LOCAL. Relative node paths "
+          "start in the node's working directory.",
+    "notebook": "JupyterLab (or marimo) on a node of a running pool, in the pool's environment, "
+                "served on a local port through the pool's connection; Ctrl-C stops it.",
+    "ssh-config": "Write the SSH config entries (NAME-0, NAME-1, ...) of a running pool's nodes, "
+                  "so that ssh, scp, rsync and VS Code reach them by name; print the Include line "
+                  "for ~/.ssh/config.",
+    "proxy": "Carry ssh's stdin and stdout to a node's sshd the way the pool reaches it: the "
+             "ProxyCommand of the entries `skyward ssh-config` writes (not for use by hand).",
+    "serve": "Serve an ASGI app ('module:attr') from a named pool's nodes behind an endpoint "
+             "on this machine, until Ctrl-C; with --update, roll the running `skyward serve "
+             "NAME` to another app.",
+}
+
+
+def _add_module_command(name: str, command: Callable[[str], argparse.ArgumentParser]) -> None:
+    """Import the module of one of _MODULE_COMMANDS and let it add its parser (its arguments and
+    ``handler=``)."""
+    if name == "dashboard":
+        from ..dashboard.command import add_dashboard as add
+    elif name == "run":
+        from .runscript import add_run as add
+    elif name == "events":
+        from .eventlog import add_events as add
+    elif name == "install":
+        from .install import add_install as add
+    elif name == "ssh":
+        from .shell import add_ssh as add
+    elif name == "cp":
+        from .copy import add_cp as add
+    elif name == "notebook":
+        from .notebook import add_notebook as add
+    elif name == "ssh-config":
+        from .sshconfigcli import add_ssh_config as add
+    elif name == "proxy":
+        from .proxy import add_proxy as add
+    elif name == "serve":
+        from .servecli import add_serve as add
+    else:
+        raise KeyError(name)
+    add(command)
+
+
+def _command_word(words: Sequence[str]) -> str | None:
+    """The command a command line runs: its first word that is not a flag (the top level's
+    flags, --help and --version, take no value); None when there is none."""
+    return next((word for word in words if not word.startswith("-")), None)
+
+
+def _parser(running: str | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The whole parser. With ``every=False``, only the module command ``running`` (if it is
+    one) is added in full; the others are added by name and help alone, which is all that
+    ``skyward --help`` and the error for an unknown command show of them."""
     parser = _Parser(
         prog="skyward",
         description="Run Python functions on pools of machines. These commands manage named "
@@ -58,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"skyward {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
+    def command(name: str, help: str | None = None) -> argparse.ArgumentParser:
+        help = _MODULE_COMMANDS[name] if help is None else help
         p = sub.add_parser(name, help=help, description=help)
         p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         return p
@@ -161,38 +232,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="the group to resize (required when the pool has several)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the new size (default 120)")
 
-    # Commands that live in their own modules register themselves (handler= on the parser).
-    from ..dashboard.command import add_dashboard
-    from .copy import add_cp
-    from .eventlog import add_events
-    from .install import add_install
-    from .notebook import add_notebook
-    from .proxy import add_proxy
-    from .runscript import add_run
-    from .servecli import add_serve
-    from .shell import add_ssh
-    from .sshconfigcli import add_ssh_config
-
-    add_dashboard(command)
-    add_run(command)
-    add_events(command)
-    add_install(command)
-    add_ssh(command)
-    add_cp(command)
-    add_notebook(command)
-    add_ssh_config(command)
-    add_proxy(command)
-    add_serve(command)
+    for name in _MODULE_COMMANDS:  # in their own modules; each adds handler= to its parser
+        if every or name == running:
+            _add_module_command(name, command)
+        else:
+            command(name)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
     words = sys.argv[1:] if argv is None else list(argv)
     command: list[str] = []
     if "--" in words:  # everything after -- is the command of `exec`, flags included
         at = words.index("--")
         words, command = words[:at], words[at + 1:]
+    parser = _parser(_command_word(words), every=False)
     args = parser.parse_args(words)
     if command:
         if args.command not in ("exec", "run", "ssh"):

@@ -47,11 +47,8 @@ _STAGE = ".skyward-cp-"
 _REMOTE = re.compile(r"(?P<name>[a-z0-9][a-z0-9_-]{0,62}):(?P<path>.*)", re.S)  # registry.NAME_RULE
 
 
-def add_cp(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("cp", "Copy files or folders to or from the nodes of a running pool: LOCAL NAME:PATH "
-                      "uploads to every node (or --node N); NAME:PATH LOCAL downloads, from every "
-                      "node into LOCAL/node-<N>/ or from --node N into LOCAL. Relative node paths "
-                      "start in the node's working directory.")
+def add_cp(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("cp")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("source", metavar="SRC", help="LOCAL path or NAME:PATH")
     p.add_argument("dest", metavar="DEST", help="NAME:PATH or LOCAL path")
     p.add_argument("--node", type=int, help="only this node (rank 0 to nodes-1; with --group: its rank "

@@ -19,9 +19,8 @@ _MIRRORED = {"resized", "node lost", "node replaced"}
 _AUDIT_SKIP = {"time", "who", "event", "name", "pid", "skyward", "n", "prev", "pool", "stack_updates"}
 
 
-def add_events(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("events", "A named pool's event history for a post-mortem: its events (nodes, bootstrap "
-                          "phases, losses, errors) and its audit trail, oldest first; also after `down`.")
+def add_events(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("events")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the pool's name")
     p.add_argument("--tail", type=int, metavar="N", help="only the last N entries")
     p.set_defaults(handler=cmd_events)

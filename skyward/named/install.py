@@ -34,9 +34,8 @@ from ..records.pkglock import Package
 from .cliout import EXIT_FAILED, EXIT_OK, err, print_json
 
 
-def add_install(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("install", "Add Python packages to a running named pool: resolved once here, the same "
-                           "versions installed on every node, kept in the pool's lock and record.")
+def add_install(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("install")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the running pool")
     p.add_argument("packages", nargs="+", metavar="PKG",
                    help="requirements as pip takes them: tabulate, 'pandas>=2', 'torch==2.4.*'")

@@ -77,9 +77,8 @@ JUPYTER = Flavor("jupyter", "JupyterLab", "jupyterlab", "jupyterlab", "/lab", "t
 MARIMO = Flavor("marimo", "marimo", "marimo", "marimo", "/", "access_token")
 
 
-def add_notebook(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("notebook", "JupyterLab (or marimo) on a node of a running pool, in the pool's environment, "
-                            "served on a local port through the pool's connection; Ctrl-C stops it.")
+def add_notebook(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("notebook")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the pool's name")
     p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0; with "
                    "--group: its rank within the group)")

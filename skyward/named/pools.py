@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,15 +34,17 @@ from ..observe import events as ev
 from ..observe import journal
 from ..providers import provider_class
 from ..records import audit
-from ..spec import Image, Nodes, Options, PipIndex, Spec, Worker, select_spec
 from ..version import __version__
 from . import registry, sleep
 from .groupviews import DEFAULT_GROUP, group_views
 from .registry import check_name
 
+# skyward.spec (and uuid) are imported by the functions that use them: `skyward ls`, `status` and
+# the other looks at records never build a spec.
 if TYPE_CHECKING:
     from ..core.pool import Pool
     from ..providers.base import ProviderConfig
+    from ..spec import Options, Spec, Worker
     from .config import PoolConfig
 
 log = logging.getLogger("skyward")
@@ -64,6 +65,8 @@ def provider_from(data: dict[str, Any]) -> ProviderConfig:
 
 def spec_from(data: dict[str, Any], nodes: int | None = None) -> tuple[Spec, Worker]:
     """The Spec and Worker of validated pool settings (``config.PoolTable`` data)."""
+    from ..spec import Image, Nodes, PipIndex, Spec, Worker
+
     image = dict(data.get("image") or {})
     indexes = tuple(PipIndex(url=i["url"], packages=tuple(i.get("packages", ())))
                     for i in image.pop("pip_indexes", ()))
@@ -295,6 +298,7 @@ def provision(cfg: PoolConfig, options: Options, *, keep: bool,
     program's and is destroyed when it closes. ``built``: the spec and worker already made
     (`skyward reproduce`), ``cfg.data`` then only describes them for later attaches."""
     from ..core.pool import Pool
+    from ..spec import select_spec
 
     if cfg.groups and built is None:
         return _provision_groups(cfg, options, keep=keep)
@@ -389,6 +393,7 @@ def _provision_groups(cfg: PoolConfig, options: Options, *, keep: bool) -> Pool:
     groups, whose record keeps each group's settings and nodes under ``groups``; its
     ``config`` and ``cluster`` are the head group's, for the tools that look at one group."""
     from ..core.pool import Pool
+    from ..spec import select_spec
 
     specs, head, worker = _group_specs(cfg.groups, cfg.head)
     for spec in specs.values():
@@ -475,6 +480,8 @@ def attach(record: dict[str, Any], options: Options, *, why: str = "sky.Compute(
     A pool of ``nodes = [0, N]`` may be asleep (no node): its first task wakes it. ``sleeps``
     (default: ``audited``, a program's attach): this program's autoscaler may put it back to
     sleep when idle, and puts it to sleep when this program is the last to leave."""
+    import uuid
+
     from ..core.pool import Pool
 
     name = record["name"]
@@ -579,6 +586,8 @@ def _sleep_when_idle(pool: Pool, record: dict[str, Any], client_id: str) -> None
     """An attached pool of ``nodes = [0, N]``: its autoscaler may shrink it to zero when idle
     (unless another program is attached: it may be using the nodes this one sees idle), and
     when this program is the last to leave, the pool goes to sleep at once."""
+    from ..spec import Nodes
+
     name = record["name"]
     # Each group's own ceiling: a pool of groups sleeps as a whole, each group to zero.
     tops = {g: sleep.node_range(view.get("config") or {})[1] for g, view in group_views(record).items()}

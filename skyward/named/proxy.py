@@ -25,9 +25,8 @@ from ..errors import ConfigError, ProviderError
 _CHUNK = 1 << 16
 
 
-def add_proxy(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("proxy", "Carry ssh's stdin and stdout to a node's sshd the way the pool reaches it: the "
-                         "ProxyCommand of the entries `skyward ssh-config` writes (not for use by hand).")
+def add_proxy(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("proxy")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the pool's name")
     p.add_argument("rank", type=int, help="the node's rank")
     p.set_defaults(handler=cmd_proxy)

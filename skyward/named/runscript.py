@@ -125,9 +125,8 @@ def _print_traceback() -> None:
 
 
 # -- the command ---------------------------------------------------------------------------
-def add_run(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("run", "Run a Python script with a named pool active (`f(x) >> sky` needs no "
-                       "`with`); a pool that does not run is started from skyward.toml for the run.")
+def add_run(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("run")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the pool ([pools.NAME] in skyward.toml, or one `skyward up` started)")
     p.add_argument("script", type=Path, help="the Python script to run")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script (after --)")

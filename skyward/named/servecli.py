@@ -42,10 +42,8 @@ _TICK = 0.5  # how often the loop looks for update requests and a stop
 _STATUS_EVERY = 1.0  # how often the status file is rewritten
 
 
-def add_serve(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("serve", "Serve an ASGI app ('module:attr') from a named pool's nodes behind an endpoint "
-                         "on this machine, until Ctrl-C; with --update, roll the running `skyward serve "
-                         "NAME` to another app.")
+def add_serve(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("serve")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the running pool's name")
     p.add_argument("app", nargs="?", metavar="APP",
                    help="'module:attribute' (the current directory is importable); default: "

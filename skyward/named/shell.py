@@ -25,10 +25,8 @@ from .wake import awake
 q = shlex.quote
 
 
-def add_ssh(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("ssh", "A shell on a node of a running pool, in the node's working directory with "
-                       "the pool's environment (what its tasks see); with -- CMD, that one command, "
-                       "exiting with its exit status.")
+def add_ssh(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("ssh")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", help="the pool's name")
     p.add_argument("--node", type=int, default=0, help="the node's rank, 0 to nodes-1 (default 0; with "
                    "--group: its rank within the group)")

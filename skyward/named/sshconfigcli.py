@@ -12,10 +12,8 @@ from .cliout import EXIT_OK, err, print_json
 from .sshconfig import how_to_use, include_line, main_file, pool_file, write
 
 
-def add_ssh_config(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    p = command("ssh-config", "Write the SSH config entries (NAME-0, NAME-1, ...) of a running pool's nodes, "
-                              "so that ssh, scp, rsync and VS Code reach them by name; print the Include line "
-                              "for ~/.ssh/config.")
+def add_ssh_config(command: Callable[[str], argparse.ArgumentParser]) -> None:
+    p = command("ssh-config")  # its help: _MODULE_COMMANDS of named/cli.py
     p.add_argument("name", nargs="?", help="the pool (default: every running pool)")
     p.set_defaults(handler=cmd_ssh_config)
 

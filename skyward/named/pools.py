@@ -660,10 +660,11 @@ class _Recorder:
     def __init__(self, pool: Pool, name: str) -> None:
         self.pool, self.name = pool, name
         self._unsubscribe: Callable[[], None] | None = None
-        nodes = pool.members.size()
-        woke = (registry.read(name) or {}).get("woke")
-        self.meter = sleep.Meter(nodes=nodes, at=time.time(),
-                                 woke_at=float(woke) if nodes and isinstance(woke, int | float) else None)
+        nodes = {g: group.members.size() for g, group in pool.groups.items()}
+        record = registry.read(name) or {}
+        woke = record.get("woke")
+        self.meter = sleep.Meter(nodes=nodes, at=time.time(), price=sleep.prices(record),
+                                 woke_at=float(woke) if any(nodes.values()) and isinstance(woke, int | float) else None)
 
     def start(self) -> None:
         kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced,
@@ -682,11 +683,11 @@ class _Recorder:
         pool_id = record.get("id", self.pool.id)
         if isinstance(event, ev.ClusterProvisioned | ev.InstanceDestroyed):
             store = self.nodes_into()
-            nodes = sum(len(g.cluster.describe()["nodes"]) for g in self.pool.groups.values())
+            nodes = {g: len(group.cluster.describe()["nodes"]) for g, group in self.pool.groups.items()}
             self.meter.count(nodes, time.time())
             with contextlib.suppress(SkywardError):
                 registry.update(self.name, store)
-            audit.append(self.name, "resized", pool_id, nodes=nodes, by=self.pool.id)
+            audit.append(self.name, "resized", pool_id, nodes=sum(nodes.values()), by=self.pool.id)
         elif isinstance(event, ev.ClusterWoke | ev.ClusterAsleep):
             self._slept_or_woke(event, record, pool_id)
         elif isinstance(event, ev.InstanceLost):
@@ -736,15 +737,14 @@ class _Recorder:
 
         with contextlib.suppress(SkywardError):
             registry.update(self.name, mark)
-        if isinstance(event, ev.ClusterWoke):
-            rate = sleep.cost(record, event.nodes * 3600.0)
+        if isinstance(event, ev.ClusterWoke):  # (the group that woke, at its own price)
+            rate = sleep.rate(sleep.prices(record), {event.group or DEFAULT_GROUP: event.nodes})
             audit.append(self.name, "woke", pool_id, nodes=event.nodes, seconds=round(event.seconds, 3),
                          hourly_cost=None if rate is None else round(rate, 4), by=self.pool.id)
             return
-        awake, used = self.meter.slept(now)
+        awake, used, cost = self.meter.slept(now)
         audit.append(self.name, "asleep", pool_id, idle_seconds=round(event.idle_seconds, 1),
-                     awake_seconds=round(awake, 3), node_seconds=round(used, 3), cost=sleep.cost(record, used),
-                     by=self.pool.id)
+                     awake_seconds=round(awake, 3), node_seconds=round(used, 3), cost=cost, by=self.pool.id)
 
 
 def _keep_pins(record: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:

@@ -68,34 +68,58 @@ def node_total(record: dict[str, Any]) -> int:
     return sum(len((part.get("cluster") or {}).get("nodes") or []) for part in _parts(record))
 
 
-def cost(record: dict[str, Any], node_seconds: float) -> float | None:
-    """USD for ``node_seconds`` at the record's price per node-hour (None: price unknown)."""
-    price = record.get("hourly_cost")
-    return None if price is None else round(float(price) * node_seconds / 3600, 6)
+def prices(record: dict[str, Any]) -> dict[str, float | None]:
+    """Each group's price per node-hour in USD (None: unknown), by group name: a pool of one
+    spec is the one group ``default``, at the record's price."""
+    return {g: None if view.get("hourly_cost") is None else float(view["hourly_cost"])
+            for g, view in group_views(record).items()}
+
+
+def rate(price: dict[str, float | None], nodes: dict[str, int]) -> float | None:
+    """USD per hour of ``nodes`` (each group's count) at each group's ``price`` per node-hour;
+    None when a group that has nodes has no known price."""
+    total = 0.0
+    for group, n in nodes.items():
+        if not n:
+            continue
+        each = price.get(group)
+        if each is None:
+            return None
+        total += each * n
+    return round(total, 6)
 
 
 @dataclass
 class Meter:
-    """Node-seconds while the pool is awake, counted from the node counts the recorder sees."""
+    """What an awake pool uses, counted from each group's node count as the recorder sees it:
+    node-seconds, and their cost at each group's price (``price``, by group; None once a group
+    with nodes has no known price)."""
 
-    nodes: int
+    nodes: dict[str, int]
     at: float
+    price: dict[str, float | None]
     node_seconds: float = 0.0
+    cost: float | None = 0.0
     woke_at: float | None = None
 
-    def count(self, nodes: int, now: float) -> None:
-        """The pool has ``nodes`` nodes from ``now`` on."""
-        self.node_seconds += self.nodes * max(0.0, now - self.at)
-        if self.nodes == 0 and nodes > 0:
+    def count(self, nodes: dict[str, int], now: float) -> None:
+        """The pool has ``nodes`` (by group) from ``now`` on."""
+        held = max(0.0, now - self.at)
+        self.node_seconds += sum(self.nodes.values()) * held
+        hourly = rate(self.price, self.nodes)
+        self.cost = None if self.cost is None or hourly is None else self.cost + hourly * held / 3600
+        if not any(self.nodes.values()) and any(nodes.values()):
             self.woke_at = now
-        self.nodes, self.at = nodes, now
+        self.nodes, self.at = dict(nodes), now
 
-    def slept(self, now: float) -> tuple[float, float]:
-        """The pool fell asleep at ``now``: (seconds awake, node-seconds) since it woke; resets."""
-        self.count(0, now)
+    def slept(self, now: float) -> tuple[float, float, float | None]:
+        """The pool fell asleep at ``now``: (seconds awake, node-seconds, their cost in USD)
+        since it woke; resets."""
+        self.count({g: 0 for g in self.nodes}, now)
         awake = 0.0 if self.woke_at is None else now - self.woke_at
-        used, self.node_seconds, self.woke_at = self.node_seconds, 0.0, None
-        return awake, used
+        used = (self.node_seconds, None if self.cost is None else round(self.cost, 6))
+        self.node_seconds, self.cost, self.woke_at = 0.0, 0.0, None
+        return awake, *used
 
 
 def wakes(name: str) -> list[dict[str, Any]]:
@@ -113,13 +137,14 @@ def wakes(name: str) -> list[dict[str, Any]]:
 
 def spent(record: dict[str, Any], now: float) -> float | None:
     """What a pool that sleeps at zero cost so far: its finished wakes, and the one going on at
-    its present size (None: price unknown)."""
-    price = record.get("hourly_cost")
-    if price is None:
+    its present size, each group at its own price (None: a price unknown)."""
+    price = prices(record)
+    if any(p is None for p in price.values()):
         return None
     total = sum(float(w["cost"] or 0.0) for w in wakes(record["name"]))
     woke = record.get("woke")
-    nodes = node_total(record)
-    if nodes and isinstance(woke, int | float) and not record.get("asleep_since"):
-        total += float(price) * nodes * max(0.0, now - float(woke)) / 3600
+    hourly = rate(price, {g: len((view.get("cluster") or {}).get("nodes") or [])
+                          for g, view in group_views(record).items()})
+    if hourly and isinstance(woke, int | float) and not record.get("asleep_since"):
+        total += hourly * max(0.0, now - float(woke)) / 3600
     return round(total, 6)

@@ -80,11 +80,12 @@ def awake(name: str, *, wake: bool, command: str, node: int | None = None,
     try:
         pool.members.wait_ready()  # the wake: the pool starts its head node for this wait
         seconds = time.monotonic() - started
-        nodes = pool.current_nodes()
+        woken = {g: group.members.current_nodes() for g, group in pool.groups.items()}
+        nodes = sum(woken.values())
         # The recorder writes the woken nodes to the registry from the event thread: the look
         # that follows reads them there.
         ev.bus.flush(10.0)
-        rate = sleep.cost(record, nodes * 3600.0)
+        rate = sleep.rate(sleep.prices(record), woken)
         say(f"pool {name!r} woke in {seconds:.1f} s ({nodes} node(s), {money(rate)}/h); it sleeps again "
             f"once idle")
         yield Wake(seconds=seconds, nodes=nodes, hourly_cost=rate)

@@ -115,6 +115,21 @@ def sweep(root: str | os.PathLike[str], pattern: str,
 SHM = "/dev/shm"
 
 
+def local_pools(workdir: str | None = None, shm: str | os.PathLike[str] = "/dev/shm") -> list[Path]:
+    """Remove the folders of Local pools whose processes are all gone (``skyward-<id>-*`` in the
+    temp folder, or ``workdir``, and in shared memory ``shm``): those whose lock nobody holds.
+    (Here rather than in the Local provider, so that `skyward ls` sweeps without loading it.)"""
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    removed = sweep(tmp, "skyward-*-*")
+    if workdir is not None and os.path.abspath(workdir) != os.path.abspath(tmp):
+        removed += sweep(workdir, "skyward-*-*")
+    if os.path.isdir(shm):
+        removed += sweep(shm, "skyward-*-*")
+    return removed
+
+
 def pid_namespace() -> str:
     """This process's pid namespace (its inode number), or "0" where /proc does not say."""
     try:

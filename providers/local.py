@@ -753,12 +753,7 @@ def sweep_folders(workdir: str | None = None) -> list[Path]:
     """Remove the folders of Local pools whose processes are all gone, killed before they
     could (``skyward-<id>-*`` in the temp folder, or ``workdir``, and in shared memory):
     those whose lock no client or agent holds (bootstrap/sweep.py), this user's only."""
-    removed = sweep.sweep(tempfile.gettempdir(), "skyward-*-*")
-    if workdir is not None and os.path.abspath(workdir) != os.path.abspath(tempfile.gettempdir()):
-        removed += sweep.sweep(workdir, "skyward-*-*")
-    if SHM.is_dir():
-        removed += sweep.sweep(SHM, "skyward-*-*")
-    return removed
+    return sweep.local_pools(workdir, SHM)
 
 
 def _spill_dir(pool_id: str, fallback: Path) -> Path:

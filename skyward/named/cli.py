@@ -597,10 +597,10 @@ def _may_stop(record: dict[str, Any], force: bool) -> bool:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from ..providers.local import sweep_folders
+    from ..bootstrap import sweep
     from .pools import statuses
 
-    sweep_folders()  # Local pools' folders whose processes were all killed
+    sweep.local_pools()  # Local pools' folders whose processes were all killed
     listed = statuses()
     rows = [_summary(st.record, st) for st in listed]
     gone = {st.name for st in listed if st.gone}

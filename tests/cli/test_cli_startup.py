@@ -27,6 +27,7 @@ NOT_FOR_LS = [
     "skyward.named.sshconfigcli",
     "skyward.spec",
     "skyward.stacks.engine",
+    "skyward.providers.local",  # (its sweep of dead Local pools' folders is bootstrap/sweep.py's)
 ]
 
 

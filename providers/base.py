@@ -236,6 +236,10 @@ class ProviderConfig:
 
     is_skyward_provider: ClassVar[bool] = True
     kind: ClassVar[str] = "?"
+    # Whether a server on a node that only the pool's own streams should reach (a notebook)
+    # listens on the node's private address: where the streams come from another machine
+    # (Slurm's, from the login node) and never reach the node's loopback. Else on the loopback.
+    serve_on_private_ip: ClassVar[bool] = False
 
     def check(self, spec: Spec) -> str | None:
         """Why this provider cannot serve ``spec`` (None when it can)."""

@@ -108,6 +108,7 @@ class Slurm(ProviderConfig):
     known_hosts: str | None = None
     submit: Literal["sbatch", "srun"] = "sbatch"
     kind: ClassVar[str] = "slurm"
+    serve_on_private_ip: ClassVar[bool] = True  # (streams come through the login node)
     _host: tuple[str | None, str, int | None] = field(init=False, repr=False, compare=False, default=(None, "", None))
 
     def __post_init__(self) -> None:

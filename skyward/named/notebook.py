@@ -148,12 +148,21 @@ def _launch_script(node: Node, flavor: Flavor, record: dict[str, Any]) -> str:
     mine: dict[str, Any] = next((n for n in described if int(n.get("index", -1)) == node.index), {})
     agent = mine.get("agent_pid") if isinstance(node, SSHNode) else mine.get("pid")
     watch = f" --watch-pid {int(agent)}" if agent else ""
-    # A Slurm node is reached through the login node, which reaches ports on the node's private
-    # address only (never its loopback): the server listens there, behind its token.
-    address = mine.get("private_ip") if record.get("provider") == "slurm" else None
+    # A node whose streams come from another machine (Slurm's login node) is reached on its
+    # private address only, never its loopback: the server listens there, behind its token.
+    address = mine.get("private_ip") if _serves_on_private_ip(record) else None
     host = f" --host {q(str(address))}" if address else ""
     return (f"{node.activate()}exec python -m skyward.named.notebookserver {flavor.kind} "
             f'--root "$PWD"{watch}{host}')
+
+
+def _serves_on_private_ip(record: dict[str, Any]) -> bool:
+    from ..providers import provider_class
+
+    try:
+        return provider_class(str(record.get("provider"))).serve_on_private_ip
+    except (KeyError, ConfigError):  # (a record of a provider this version does not have)
+        return False
 
 
 class _Server:

@@ -121,3 +121,13 @@ def test_ssh_config_says_a_local_node_has_no_sshd(cli: CLI) -> None:
     said = cli("ssh-config", "demo")
     assert said.code == 2 and "no sshd" in said.err and "skyward ssh demo" in said.err, said
     assert not (cli.home / "ssh" / "pools" / "demo.conf").exists()
+
+
+def test_the_server_listens_on_the_private_address_only_where_the_provider_says_so() -> None:
+    from skyward.named.notebook import _serves_on_private_ip
+
+    # Slurm's streams come through the login node, which never reaches a node's loopback.
+    assert [_serves_on_private_ip({"provider": kind}) for kind in ("slurm", "local", "ssh", "container", "aws")] \
+        == [True, False, False, False, False]
+    assert _serves_on_private_ip({"provider": "a-provider-of-another-version"}) is False
+    assert _serves_on_private_ip({}) is False

@@ -63,11 +63,6 @@ def is_asleep(record: dict[str, Any]) -> bool:
     return all(isinstance(c, dict) and not c.get("nodes") for c in clusters)
 
 
-def node_total(record: dict[str, Any]) -> int:
-    """The nodes the record describes now, all its groups together."""
-    return sum(len((part.get("cluster") or {}).get("nodes") or []) for part in _parts(record))
-
-
 def prices(record: dict[str, Any]) -> dict[str, float | None]:
     """Each group's price per node-hour in USD (None: unknown), by group name: a pool of one
     spec is the one group ``default``, at the record's price."""

@@ -115,7 +115,7 @@ def sweep(root: str | os.PathLike[str], pattern: str,
 SHM = "/dev/shm"
 
 
-def local_pools(workdir: str | None = None, shm: str | os.PathLike[str] = "/dev/shm") -> list[Path]:
+def local_pools(workdir: str | None = None, shm: str | os.PathLike[str] = SHM) -> list[Path]:
     """Remove the folders of Local pools whose processes are all gone (``skyward-<id>-*`` in the
     temp folder, or ``workdir``, and in shared memory ``shm``): those whose lock nobody holds.
     (Here rather than in the Local provider, so that `skyward ls` sweeps without loading it.)"""

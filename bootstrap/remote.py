@@ -679,6 +679,7 @@ class Remote:
         check: bool = True,
         answer: Callable[[str], Iterable[bytes] | None] | None = None,
         deadline: Callable[[], float] | None = None,
+        forward_agent: Callable[[paramiko.Channel], None] | None = None,
     ) -> tuple[int, str]:
         """Run ``command``; stdout and stderr together. Returns (exit code, output).
 
@@ -687,7 +688,9 @@ class Remote:
         (no second command, so no second round trip): stdin stays open after ``stdin`` and each
         output line goes to ``answer`` until it returns the bytes to send back; they are sent,
         then stdin is closed. ``deadline``: instead of ``timeout``, a time (``time.monotonic``) that
-        may move while the command runs (one command doing several steps, each with its own limit)."""
+        may move while the command runs (one command doing several steps, each with its own limit).
+        ``forward_agent``: the command's session gets an ssh-agent whose requests this answers
+        (bootstrap/agentfwd.py)."""
         if deadline is None:
             end = None if timeout is None else time.monotonic() + timeout
 
@@ -697,6 +700,8 @@ class Remote:
         chan = self._session()
         try:
             chan.set_combine_stderr(True)
+            if forward_agent is not None:
+                chan.request_forward_agent(forward_agent)
             chan.exec_command(command)
             if stdin is not None:
                 try:

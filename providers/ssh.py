@@ -137,7 +137,11 @@ class SSH(ProviderConfig):
     host, the client talks to the agents over plain TCP on that address instead of through
     the SSH tunnel (about 4x the payload throughput); the connection is checked with the
     pool's token but not encrypted, so use it on networks you trust. A host where the direct
-    connection fails keeps the tunnel.
+    connection fails keeps the tunnel. ``fanout=True`` (with ``direct=True``): the client logs
+    into the first host only, and that host starts the others with OpenSSH, signing with the
+    client's key through a forwarded ssh-agent (the key itself never leaves the client): a
+    large fleet costs the client one login instead of one per host (see providers/ssh_fanout.py
+    for which hosts qualify; the others get the client's own login).
     """
 
     hosts: Sequence[str | SSHHost] = ()
@@ -148,6 +152,7 @@ class SSH(ProviderConfig):
     jump: str | None = None
     known_hosts: str | None = None
     direct: bool = False
+    fanout: bool = False
     kind: ClassVar[str] = "ssh"
     _parsed: tuple[SSHHost, ...] = field(init=False, repr=False, compare=False, default=())
 
@@ -160,6 +165,12 @@ class SSH(ProviderConfig):
             raise ConfigError(f"sky.SSH(install={self.install!r}) is not valid: use 'wheelhouse' or 'index'.")
         if not isinstance(self.direct, bool):
             raise ConfigError(f"sky.SSH(direct={self.direct!r}) is not valid: use True or False.")
+        if not isinstance(self.fanout, bool):
+            raise ConfigError(f"sky.SSH(fanout={self.fanout!r}) is not valid: use True or False.")
+        if self.fanout and not self.direct:
+            raise ConfigError("sky.SSH(fanout=True) needs direct=True: the client reaches the agents the first "
+                              "host started on their private addresses, as it logs into none of those hosts; "
+                              "add direct=True (on a network you trust), or leave fanout out.")
         _check_port(self.port, f"sky.SSH(port={self.port!r})")
         if self.key is not None and not Path(self.key).expanduser().is_file():
             raise ConfigError(f"sky.SSH(key={self.key!r}): no such file; give the path of a private key.")
@@ -204,7 +215,7 @@ class SSH(ProviderConfig):
     def create(self, spec: Spec, pool_id: str, options: Options | None = None, name: str | None = None,
                pin: tuple[pkglock.Package, ...] | None = None) -> SSHCluster:
         cluster = SSHCluster(spec, pool_id, self._parsed, options=options, install=self.install,
-                             known_hosts=self.known_hosts, direct=self.direct, pin=pin)
+                             known_hosts=self.known_hosts, direct=self.direct, pin=pin, fanout=self.fanout)
         cluster.named = name is not None
         return cluster
 
@@ -246,6 +257,116 @@ class _Node:
     opening: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
+class _UpReader:
+    """What a node's start (script.node_up) prints, read as it comes: its phases (events), its
+    folders, its facts, what it lacks of the shipment (``answer``: sent back on the same channel,
+    read as it is sent: 20 MB a fresh node), and at the end whether it started (``check``). The
+    client's own login reads one; a start made by the pool's first node (fan-out) another."""
+
+    def __init__(self, cluster: SSHCluster, node: _Node, ship: _Shipment) -> None:
+        from skyward.bootstrap.progress import PhaseReader
+
+        self.cluster, self.node, self.ship = cluster, node, ship
+        self.facts: dict[str, str] = {}
+        self.started: dict[str, float] = {}
+        self.current = ""  # the phase running: "connect", "upload", a script phase, "agent"
+        self.seen: set[str] = set()
+        # Each step its own limit: the uploads none (as large as the wheelhouse), the script
+        # bootstrap_timeout, the agent's start _AGENT_START_TIMEOUT (the node waits that long).
+        self.limit = time.monotonic() + cluster._ssh_timeout + _AGENT_START_TIMEOUT
+        self.progress = PhaseReader(node.index, cluster._phase, apt=cluster.apt_versions,
+                                    lock=lambda: cluster.package_lock)
+        self.current = "connect"
+
+    def on_line(self, line: str) -> None:
+        node, cluster = self.node, self.cluster
+        before = self.progress.current
+        if self.progress.feed(line):
+            if self.progress.current != before:  # a phase started: a failure now is reported in it
+                self.current = self.progress.current
+            return
+        if line.startswith(("@@sky ", "@@pool ")):  # known at once: a failure later cleans this folder up
+            key, _, value = line[2:].partition(" ")
+            if key == "sky":
+                node.home = value.strip()
+            else:
+                node.pool_dir = node.pool_dir or value.strip()  # a node restarted in place keeps its folder
+            return
+        if line.startswith("@@need"):
+            self.seen.add("need")
+            self.limit = math.inf
+            cluster._phase(node.index, "upload", "started")
+            self.started["upload"], self.current = time.monotonic(), "upload"
+            return
+        if line == "@@received":
+            self.seen.add("received")
+            self.limit = time.monotonic() + cluster._bootstrap_timeout
+            cluster._phase(node.index, "upload", "done", time.monotonic() - self.started.get("upload", time.monotonic()))
+            self.current = ""
+            return
+        if line == "@@skyward ready":
+            self.seen.add("ready")
+            self.limit = time.monotonic() + _AGENT_START_TIMEOUT + 10
+            self.current = "agent"
+            return
+        if line.startswith("@@skyward pid "):
+            self.facts["script"] = line  # (what stops the script when it runs out of time)
+            return
+        if line.startswith("@@") and not line.startswith("@@skyward"):
+            self.facts.update(_facts(line))  # (kept here: the output's head is not kept)
+        elif line.strip():
+            log.debug("node %d: %s", node.index, line)
+
+    def answer(self, line: str) -> Iterable[bytes] | None:
+        """What the node lacks (``@@need``), sent on the same channel as it is read (the files
+        are not all read into memory first); nothing (and no wait on the node) when it lacks nothing."""
+        from skyward.bootstrap.remote import tar_archive
+
+        if not line.startswith("@@need"):
+            return None
+        ship = self.ship
+        shared = [(p, *ship.files[p]) for p in line[len("@@need"):].split() if p in ship.files]
+        if not shared:
+            return []
+        size_shared, shared_parts = tar_archive(shared)
+        return itertools.chain([f"{size_shared}\n".encode()], shared_parts)
+
+    def timed_out(self, exc: BootstrapError) -> BootstrapError:
+        phase = self.current or "bootstrap"
+        cluster = self.cluster
+        why = (f"did not report its port within {_AGENT_START_TIMEOUT} s" if phase == "agent" else
+               "did not answer (timed out)" if phase == "connect" else
+               f"did not finish within bootstrap_timeout={cluster._bootstrap_timeout:g} s")
+        return BootstrapError(
+            host=exc.host, phase=phase, command=_phase_command(self.ship.script, phase), exit_code=None,
+            output=[line for line in exc.output if not line.startswith("@@")], why=why,
+        )
+
+    def check(self, code: int, lines: list[str], label: str, user: str | None) -> None:
+        """Raise what went wrong, if the node did not start its agent."""
+        from skyward.bootstrap.script import sudo_advice
+
+        ship = self.ship
+        refused = self.facts.get("sudo")
+        if refused is not None and refused != "ok":
+            user = user or "the login user"
+            raise ProviderError(
+                f"{label}: Image(apt={list(ship.apt)!r}) installs system packages, which needs root; "
+                f"{user} is not root and sudo -n will not run `apt-get install` of them for {user} there "
+                f"({refused.strip()}). {sudo_advice(user, ship.apt)}"
+            )
+        if code != 0 or "ready" not in self.seen:
+            seen, current = self.seen, self.current
+            phase = ("connect" if "need" not in seen else "upload" if "received" not in seen
+                     else current if current not in ("", "agent") else "bootstrap")
+            raise BootstrapError(
+                host=label, phase=phase,
+                command=(_phase_command(ship.script, phase) if phase not in ("connect", "upload")
+                         else "tar -x" if phase == "upload" else "bash -s (the node's folders)"),
+                exit_code=code, output=[line for line in lines if not line.startswith("@@")][-30:],
+            )
+
+
 class SSHCluster(Cluster):
     """Nodes reached over SSH. ``grow``/``shrink``/``on_close`` let a cloud provider add hosts
     beyond ``hosts``, release them, and destroy its stack at the end."""
@@ -266,8 +387,10 @@ class SSHCluster(Cluster):
         known_hosts: str | None = None,
         direct: bool = False,
         pin: tuple[pkglock.Package, ...] | None = None,
+        fanout: bool = False,
     ) -> None:
         self.spec = spec
+        self._fanout = fanout and direct
         self._known_hosts = known_hosts
         self._direct = direct
         self.pool_id = pool_id
@@ -321,7 +444,61 @@ class SSHCluster(Cluster):
         shipment is built."""
         nodes = self._claim(count)
         ready = self._prepare_meanwhile()
-        return nodes, lambda n: self._bring_up(n, None, ready)
+        fan = self._fan_out(nodes, ready)
+        if fan is None:
+            return nodes, lambda n: self._bring_up(n, None, ready)
+
+        def up(node: _Node) -> NodeEndpoint:
+            from .ssh_fanout import Fallback
+
+            if node.index not in fan.futures:
+                return self._bring_up(node, None, ready)
+            try:
+                return fan.endpoint(node)
+            except Fallback as why:
+                if node is fan.first:
+                    raise
+                log.info("node %d (%s): logging in from the client (%s)", node.index, node.host.address, why)
+                return self._bring_up(node, None, ready)
+
+        return nodes, up
+
+    def _fan_out(self, nodes: list[_Node], ready: Future[None]) -> Any:
+        """sky.SSH(fanout=True): the first of ``nodes`` starts those it can (ssh_fanout.FanOut),
+        or None where it would start none."""
+        if not self._fanout or len(nodes) < 2:
+            return None
+        from .ssh_fanout import Dest, FanOut, destination
+
+        first, rest = nodes[0], {}
+        for node in nodes[1:]:
+            dest = destination(self, node)
+            if isinstance(dest, Dest):
+                rest[node.index] = (node, dest)
+            else:
+                log.info("node %d (%s): the client logs in itself: %s", node.index, node.host.address, dest)
+        if not rest:
+            return None
+        return FanOut(self, first, rest, self._bring_up, ready)
+
+    def _fanned_endpoint(self, node: _Node, address: str, port: int | None, pid: int,
+                         facts: dict[str, str]) -> NodeEndpoint:
+        """A node the first node started: reached on its direct port, logged into when needed."""
+        h = node.host
+        node.agent_pid, node.agent_port = pid, port
+        node.direct_port = int(facts["direct_port"]) if facts.get("direct_port") else None
+        node.direct_host = address if node.direct_port else ""
+        node.endpoint = NodeEndpoint(
+            index=node.index,
+            private_ip=h.private_ip or facts.get("ip") or address,
+            public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
+            hostname=h.hostname or facts.get("hostname") or h.address,
+            connect=functools.partial(_connect_agent, lambda: self._logged_in(node),
+                                      node.agent_socket or node.agent_port, node_python(node),
+                                      (address, node.direct_port) if node.direct_port else None),
+            agent_id=node.agent_id,
+        )
+        return node.endpoint
 
     def stop(self, endpoints: list[NodeEndpoint]) -> None:
         """Release these nodes (a pool shrinking, or asleep at zero). Their hosts become unused
@@ -422,9 +599,23 @@ class SSHCluster(Cluster):
         return node.endpoint
 
     def _node_up(self, node: _Node, remote: Remote, ship: _Shipment) -> tuple[int | None, int, dict[str, str]]:
-        from skyward.bootstrap.progress import PhaseReader
+        command, stdin = self._up_command(node, remote.host, ship)
+        up = _UpReader(self, node, ship)
+        try:
+            code, out = remote.run(command, stdin=stdin, check=False, on_line=up.on_line, answer=up.answer,
+                                   deadline=lambda: up.limit, phase="bootstrap")
+        except BootstrapError as exc:  # timed out
+            self._kill_script(remote, [up.facts.get("script", ""), *exc.output])
+            raise up.timed_out(exc) from None
+        up.check(code, out.splitlines(), remote.label, remote.target.user)
+        return self._agent_hello(node, remote, up.facts)
+
+    def _up_command(self, node: _Node, address: str, ship: _Shipment) -> tuple[str, bytes]:
+        """The command that starts ``node`` (reached at ``address``) and what goes on its stdin
+        with the script at once: the pool's secret (a line the agent's start takes: never on a
+        command line or in an environment block) and this node's own files."""
         from skyward.bootstrap.remote import tar_archive
-        from skyward.bootstrap.script import bash_on_stdin, node_up, sudo_advice
+        from skyward.bootstrap.script import bash_on_stdin, node_up
         from skyward.bootstrap.shipment import UV_GZ, UV_LZ4
 
         # Caches into the (maybe shared) home; this node's own files into its pool folder.
@@ -435,102 +626,11 @@ class SSHCluster(Cluster):
             mine.append(("rclone.conf", ship.volumes_conf, 0o600))
         lz4_or_gz = (UV_LZ4, UV_GZ) if UV_LZ4 in ship.files else None  # (wheelhouse mode)
         text = node_up(self.pool_id, node.index, sudo=ship.apt, files=ship.sizes, script=ship.script,
-                       then=self._agent_start(node, remote), lz4_or_gz=lz4_or_gz, kept=self.named)
-        facts: dict[str, str] = {}
-        started: dict[str, float] = {}
-        current = [""]  # the phase running: "connect", "upload", a script phase, "agent"
-        seen: set[str] = set()
-        # Each step its own limit: the uploads none (as large as the wheelhouse), the script
-        # bootstrap_timeout, the agent's start _AGENT_START_TIMEOUT (the node waits that long).
-        limit = [time.monotonic() + self._ssh_timeout + _AGENT_START_TIMEOUT]
-
-        progress = PhaseReader(node.index, self._phase, apt=self.apt_versions, lock=lambda: self.package_lock)
-
-        def on_line(line: str) -> None:
-            before = progress.current
-            if progress.feed(line):
-                if progress.current != before:  # a phase started: a failure now is reported in it
-                    current[0] = progress.current
-                return
-            if line.startswith(("@@sky ", "@@pool ")):  # known at once: a failure later cleans this folder up
-                key, _, value = line[2:].partition(" ")
-                if key == "sky":
-                    node.home = value.strip()
-                else:
-                    node.pool_dir = node.pool_dir or value.strip()  # a node restarted in place keeps its folder
-                return
-            if line == "@@received":
-                seen.add("received")
-                limit[0] = time.monotonic() + self._bootstrap_timeout
-                self._phase(node.index, "upload", "done", time.monotonic() - started["upload"])
-                current[0] = ""
-                return
-            if line == "@@skyward ready":
-                seen.add("ready")
-                limit[0] = time.monotonic() + _AGENT_START_TIMEOUT + 10
-                current[0] = "agent"
-                return
-            if line.startswith("@@skyward pid "):
-                facts["script"] = line  # (what stops the script when it runs out of time)
-                return
-            if line.startswith("@@") and not line.startswith("@@skyward"):
-                facts.update(_facts(line))  # (kept here: the output's head is not kept)
-            elif line.strip():
-                log.debug("node %d: %s", node.index, line)
-
-        def answer(line: str) -> Iterable[bytes] | None:
-            """What the node lacks (``@@need``), sent on the same channel as it is read (the
-            files are not all read into memory first: 20 MB a fresh node); nothing (and no wait
-            on the node) when it lacks nothing."""
-            if not line.startswith("@@need"):
-                return None
-            seen.add("need")
-            limit[0] = math.inf
-            shared = [(p, *ship.files[p]) for p in line[len("@@need"):].split() if p in ship.files]
-            self._phase(node.index, "upload", "started")
-            started["upload"], current[0] = time.monotonic(), "upload"
-            if not shared:
-                return []
-            size_shared, shared_parts = tar_archive(shared)
-            return itertools.chain([f"{size_shared}\n".encode()], shared_parts)
-
+                       then=self._agent_start(node, address), lz4_or_gz=lz4_or_gz, kept=self.named)
         keep = f"SKYWARD_KEEP_POOL={shlex.quote(node.pool_dir)}" if node.pool_dir else ""
-        current[0] = "connect"
-        # With the script, at once: the pool's secret (a line the agent's start takes: never on a
-        # command line or in an environment block) and this node's own files.
         size_mine, mine_parts = tar_archive(mine) if mine else (0, iter(()))
         stdin = b"".join([text.encode(), (self.token + "\n").encode(), f"{size_mine}\n".encode(), *mine_parts])
-        try:
-            code, out = remote.run(bash_on_stdin(text, keep), stdin=stdin, check=False,
-                                   on_line=on_line, answer=answer, deadline=lambda: limit[0], phase="bootstrap")
-        except BootstrapError as exc:  # timed out
-            phase = current[0] or "bootstrap"
-            self._kill_script(remote, [facts.get("script", ""), *exc.output])
-            why = (f"did not report its port within {_AGENT_START_TIMEOUT} s" if phase == "agent" else
-                   "did not answer (timed out)" if phase == "connect" else
-                   f"did not finish within bootstrap_timeout={self._bootstrap_timeout:g} s")
-            raise BootstrapError(
-                host=exc.host, phase=phase, command=_phase_command(ship.script, phase), exit_code=None,
-                output=[line for line in exc.output if not line.startswith("@@")], why=why,
-            ) from None
-        refused = facts.get("sudo")
-        if refused is not None and refused != "ok":
-            user = remote.target.user or "the login user"
-            raise ProviderError(
-                f"{remote.label}: Image(apt={list(ship.apt)!r}) installs system packages, which needs root; "
-                f"{user} is not root and sudo -n will not run `apt-get install` of them for {user} there "
-                f"({refused.strip()}). {sudo_advice(user, ship.apt)}"
-            )
-        if code != 0 or "ready" not in seen:
-            phase = ("connect" if "need" not in seen else "upload" if "received" not in seen
-                     else current[0] if current[0] not in ("", "agent") else "bootstrap")
-            raise BootstrapError(
-                host=remote.label, phase=phase,
-                command=(_phase_command(ship.script, phase) if phase not in ("connect", "upload")
-                         else "tar -x" if phase == "upload" else "bash -s (the node's folders)"),
-                exit_code=code, output=[line for line in out.splitlines() if not line.startswith("@@")][-30:],
-            )
-        return self._agent_hello(node, remote, facts)
+        return bash_on_stdin(text, keep), stdin
 
     def _kill_script(self, remote: Remote, output: list[str]) -> None:
         for line in output:
@@ -542,19 +642,19 @@ class SSHCluster(Cluster):
     def _start_agent(self, node: _Node, remote: Remote) -> tuple[int | None, int, dict[str, str]]:
         """Start the agent in the folder a bootstrap left (a node restarted in place): one command."""
         where = f"SKY={shlex.quote(node.home)}; POOL={shlex.quote(node.pool_dir)}\n"
-        _, out = remote.run(f"bash -c {shlex.quote(where + self._agent_start(node, remote))}",
+        _, out = remote.run(f"bash -c {shlex.quote(where + self._agent_start(node, remote.host))}",
                             stdin=(self.token + "\n").encode(), timeout=_AGENT_START_TIMEOUT + 10, phase="agent")
         return self._agent_hello(node, remote, _facts(out))
 
-    def _agent_start(self, node: _Node, remote: Remote) -> str:
+    def _agent_start(self, node: _Node, address: str) -> str:
         """Bash that starts the agent (SKY and POOL set, the token in the shell variable
         SKYWARD_AGENT_TOKEN, where node_up read it, or else the next line of stdin) and
         prints its start-up line and the node's facts (``@@port``, ``@@hostname``, ``@@interface``,
         ``@@ip``). The start-up line is read off a pipe (the agent's stdout: a process substitution)
         as soon as the agent writes it (no polling, no FIFO to make and remove), and the facts are
         gathered while the agent starts."""
-        peer = shlex.quote(node.host.private_ip or remote.host)
-        direct = direct_address(node.host, remote.host) if self._direct else None
+        peer = shlex.quote(node.host.private_ip or address)
+        direct = direct_address(node.host, address) if self._direct else None
         direct_arg = f"--direct {shlex.quote(direct)} " if direct else ""
         # PYTHONPATH: the includes when they were shipped (the folder says so, also to a pool
         # attached from its description), and the node's folder of packages `skyward install`
@@ -582,27 +682,34 @@ exec {{hello_fd}}<&-
 echo "@@port $hello"
 """
 
-    def _agent_hello(self, node: _Node, remote: Remote, facts: dict[str, str]) -> tuple[int | None, int, dict[str, str]]:
-        """The agent's start-up line (``@@port``): its socket or port, its pid, its direct port."""
-        direct = direct_address(node.host, remote.host) if self._direct else None
+    def _agent_hello(self, node: _Node, remote: Remote | None, facts: dict[str, str]) -> tuple[int | None, int, dict[str, str]]:
+        """The agent's start-up line (``@@port``): its socket or port, its pid, its direct port.
+        ``remote``: the node's login (None: started by the first node, sky.SSH(fanout=True))."""
+        address = remote.host if remote is not None else node.host.address
+        label = remote.label if remote is not None else f"node {node.index} ({node.host.address})"
+        direct = direct_address(node.host, address) if self._direct else None
         try:
             hello = json.loads(facts.get("port", ""))
             if hello.get("direct"):
                 facts["direct_port"] = str(int(hello["direct"]))
             elif direct:
                 log.info("%s: the agent cannot be reached directly (%s); using the SSH tunnel",
-                         remote.label, hello.get("direct_error", "no direct listener"))
+                         label, hello.get("direct_error", "no direct listener"))
             node.agent_socket = str(hello.get("unix") or "")
             node.agent_id = str(hello.get("id") or "")
             if hello.get("unix_error"):
                 log.warning("%s: the agent listens on a loopback TCP port, which other users of the node "
-                            "can reach: %s", remote.label, hello["unix_error"])
+                            "can reach: %s", label, hello["unix_error"])
             port = None if node.agent_socket else int(hello["port"])
             return port, int(hello["pid"]), facts
         except (ValueError, KeyError, TypeError):
             log_file = f"{node.pool_dir}/agent.log"
-            _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
-            raise BootstrapError(host=remote.label, phase="agent", command="python -m skyward.bootstrap.agent_start",
+            tail = ""
+            if remote is not None:
+                _, tail = remote.run(f"tail -n 20 {shlex.quote(log_file)} 2>/dev/null; true", check=False)
+            else:
+                tail = f"(its log: {log_file} on {node.host.address})"
+            raise BootstrapError(host=label, phase="agent", command="python -m skyward.bootstrap.agent_start",
                                  exit_code=None, output=tail.splitlines(),
                                  why=f"did not report its port within {_AGENT_START_TIMEOUT} s") from None
 
@@ -621,19 +728,8 @@ echo "@@port $hello"
             remote = node.remote
             if remote is None or remote.conn is None or not remote.conn.is_connected:
                 return
-            pid = node.agent_pid
-            kill = (f"kill -TERM -- -{pid} 2>/dev/null; for _ in $(seq 1 50); do kill -0 {pid} 2>/dev/null "
-                    f"|| break; sleep 0.1; done; kill -KILL -- -{pid} 2>/dev/null; ") if pid else ""
-            # This node's folder only: another node's (a shared home, a shared /var/tmp) or
-            # another pool's is never touched. A node described by an older skyward had its
-            # folder at HOME/pools/<pool id>.
-            folder = (shlex.quote(node.pool_dir) if node.pool_dir else
-                      f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"')
-            # sky.Volume: wait for the uploads of read-write volumes, then unmount (mounts.py).
-            unmount = f'if [ -f {folder}/unmount.sh ]; then bash {folder}/unmount.sh; fi; '
             try:
-                remote.run(f'{kill}{unmount}rm -rf {folder}; true', check=False,
-                           timeout=20 if not self.spec.volumes else 3600)
+                remote.run(self._release_command(node), check=False, timeout=20 if not self.spec.volumes else 3600)
             except Exception as exc:
                 log.warning("could not clean up %s: %s (its agent stops by itself after ttl)", remote.label, exc)
                 remote.close()
@@ -648,12 +744,55 @@ echo "@@port $hello"
                 else:
                     remote.close()
 
+        nodes = self._release_through_first(nodes)
         self.table.forget(nodes)
         if nodes:
             with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
                 list(pool.map(one, nodes))
         if shrink and self._shrink is not None:
             self._shrink([n.host for n in nodes])
+
+    def _release_command(self, node: _Node) -> str:
+        pid = node.agent_pid
+        kill = (f"kill -TERM -- -{pid} 2>/dev/null; for _ in $(seq 1 50); do kill -0 {pid} 2>/dev/null "
+                f"|| break; sleep 0.1; done; kill -KILL -- -{pid} 2>/dev/null; ") if pid else ""
+        # This node's folder only: another node's (a shared home, a shared /var/tmp) or
+        # another pool's is never touched. A node described by an older skyward had its
+        # folder at HOME/pools/<pool id>.
+        folder = (shlex.quote(node.pool_dir) if node.pool_dir else
+                  f'"${{SKYWARD_NODE_HOME:-$HOME/.skyward}}/pools/{self.pool_id}"')
+        # sky.Volume: wait for the uploads of read-write volumes, then unmount (mounts.py).
+        unmount = f'if [ -f {folder}/unmount.sh ]; then bash {folder}/unmount.sh; fi; '
+        return f'{kill}{unmount}rm -rf {folder}; true'
+
+    def _release_through_first(self, nodes: list[_Node]) -> list[_Node]:
+        """sky.SSH(fanout=True): the nodes the client never logged into are released by a node
+        it did log into (ssh_fanout.run_on_rest), as they were started; returns those left to
+        release the usual way (a login each): the rest, and any that node could not reach."""
+        fanned = [n for n in nodes if n.remote is None and n.agent_pid is not None and n.pool_dir]
+        if not self._fanout or not fanned:
+            return nodes
+        from .ssh_fanout import Dest, destination, run_on_rest
+
+        via = next((n for n in [*nodes, *self.table.all()] if n not in fanned and n.remote is not None
+                    and n.remote.conn is not None and n.remote.conn.is_connected and n.home and n.agent_python),
+                   None)
+        if via is None or via.remote is None:
+            return nodes
+        jobs = []
+        for node in fanned:
+            dest = destination(self, node)
+            if isinstance(dest, Dest):
+                jobs.append((node, dest, self._release_command(node)))
+        try:
+            codes = run_on_rest(via.remote, via, jobs, timeout=60 if not self.spec.volumes else 3600)
+        except Exception as exc:
+            log.info("node %d could not release the others (%s); the client logs into each", via.index, exc)
+            return nodes
+        done = {n.index for n, _, _ in jobs if codes.get(n.index) == 0}
+        if done:
+            self.table.forget([n for n in nodes if n.index in done])
+        return [n for n in nodes if n.index not in done]
 
     def node_lost(self, index: int) -> None:
         """Drop the SSH connection of a node the pool lost: cleaning up over a connection to a
@@ -821,6 +960,7 @@ echo "@@port $hello"
             "ssh_timeout": self._ssh_timeout,
             "known_hosts": self._known_hosts,
             "direct": self._direct,
+            "fanout": self._fanout,
             "next": self.table.next,
             # New nodes of an attached pool (a resize) are bootstrapped from the same spec.
             "spec": base64.b64encode(cloudpickle.dumps(self.spec)).decode(),
@@ -871,7 +1011,8 @@ echo "@@port $hello"
         self = cls(spec, description["pool_id"], [SSHHost(**h) for h in description.get("free", [])],
                    install=description.get("install", "wheelhouse"), grow=grow, shrink=shrink, on_close=on_close,
                    kind=kind, describe_extra=describe_extra, known_hosts=description.get("known_hosts"),
-                   direct=bool(description.get("direct", False)))
+                   direct=bool(description.get("direct", False)),
+                   fanout=bool(description.get("fanout", False)))
         self.token = description["token"]
         self.named = True  # (a description is a named pool's)
         self.head_port = int(description["head_port"])

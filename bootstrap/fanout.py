@@ -1,0 +1,190 @@
+"""One node starts the others: run a command on each of many hosts through OpenSSH, on a node.
+
+A pool of ``sky.SSH(fanout=True)`` logs into its first node only; the client then runs
+``python -m skyward.bootstrap.fanout`` there (an SSH session with the client's ssh-agent
+forwarded: providers/ssh_fanout.py answers its signing requests), and this program logs into
+the other hosts with the ``ssh`` command and runs what the client would have run on each (the
+node's start, ``script.node_up``, or a release). The logins and their key exchanges are the
+node's CPU, not the client's: a node costs the client one forwarded signature and the lines it
+reads, where a login of its own costs it a key exchange in its interpreter (issue 65).
+
+Its standard input: one line of JSON, the plan, then each job's input bytes in turn::
+
+    {"ssh": [ARG...], "known_hosts": "TEXT", "parallel": N, "sky": "DIR",
+     "jobs": [{"i": INDEX, "dest": [ARG...], "command": "TEXT", "stdin": SIZE}, ...]}
+
+``ssh`` and ``dest`` are the ssh command's options (``dest`` ends with the host); the host keys
+in ``known_hosts`` are the only ones accepted (the client's, written to a 0600 file of this run's,
+removed at exit). Each job's output lines come back as ``@@fan INDEX LINE``, and its end as
+``@@fan INDEX @@exit CODE``; lines are sent in batches, not one packet each. A job's
+``@@need PATH...`` (node_up asking for shared files it lacks) is answered from ``sky``, this
+node's copy of them (it was started with them), so a host that lacks them costs the client
+nothing either. At most ``parallel`` logins run at once. Standard library and skyward only:
+it runs in the node's environment, which has no SSH library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+_FLUSH_S = 0.02  # lines gathered this long go out together
+
+
+class _Out:
+    """Lines to the client, several per write (each write of the session is a packet there)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream, self._lock = stream, threading.Condition()
+        self._lines: list[str] = []
+        self._done = False
+        self._thread = threading.Thread(target=self._pump, name="fanout-out", daemon=True)
+        self._thread.start()
+
+    def line(self, index: int, text: str) -> None:
+        with self._lock:
+            self._lines.append(f"@@fan {index} {text}\n")
+            self._lock.notify()
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                while not self._lines and not self._done:
+                    self._lock.wait()
+                if not self._lines and self._done:
+                    return
+            threading.Event().wait(_FLUSH_S)
+            with self._lock:
+                batch, self._lines = self._lines, []
+            try:
+                self._stream.write("".join(batch).encode())
+                self._stream.flush()
+            except OSError:  # the client went away: the jobs still end (their ssh is killed below)
+                return
+
+    def close(self) -> None:
+        with self._lock:
+            self._done = True
+            self._lock.notify()
+        self._thread.join()
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+    data = stream.read(size) if size else b""
+    if len(data) != size:
+        raise SystemExit(f"fanout: the plan ended early ({len(data)} of {size} bytes)")
+    return data
+
+
+def _answer_need(line: str, sky: str) -> bytes | None:
+    """node_up's ``@@need PATH...`` answered from this node's SKY: a size line and a tar of them
+    (the same bytes the client sends), or None when this node lacks one (the job fails)."""
+    from skyward.bootstrap.remote import tar_archive
+
+    names = line[len("@@need"):].split()
+    items: list[tuple[str, Path | bytes, int]] = []
+    for name in names:
+        path = Path(sky) / name
+        if ".." in name.split("/") or not path.is_file():
+            return None
+        items.append((name, path, 0o644))
+    if not items:
+        return b"0\n"
+    size, parts = tar_archive(items)
+    return b"".join([f"{size}\n".encode(), *parts])
+
+
+def _job(job: dict[str, Any], data: bytes, plan: dict[str, Any], known: str, out: _Out,
+         gate: threading.Semaphore, running: set[subprocess.Popen[bytes]], lock: threading.Lock) -> None:
+    index = int(job["i"])
+    with gate:
+        argv = [*plan.get("ssh_command", ["ssh"]), *plan["ssh"], "-o", f"UserKnownHostsFile={known}",
+                *job["dest"], "--", job["command"]]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            out.line(index, f"fanout: cannot run {argv[0]}: {exc}")
+            out.line(index, "@@exit 127")
+            return
+        with lock:
+            running.add(proc)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin: IO[bytes] | None = proc.stdin
+        try:
+            try:
+                proc.stdin.write(data)
+                proc.stdin.flush()
+            except OSError:  # it ended before reading it all: its output says why
+                stdin = None
+            if not job.get("answer"):
+                if stdin is not None:
+                    stdin.close()
+                stdin = None
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                out.line(index, line)
+                if stdin is not None and line.startswith("@@need"):
+                    reply = _answer_need(line, plan.get("sky", ""))
+                    if reply is None:
+                        out.line(index, "fanout: this node lacks a file the host needs")
+                        reply = b""
+                    try:
+                        stdin.write(reply)
+                        stdin.close()
+                    except OSError:
+                        pass
+                    stdin = None
+            if stdin is not None:
+                try:
+                    stdin.close()
+                except OSError:
+                    pass
+            code = proc.wait()
+        finally:
+            with lock:
+                running.discard(proc)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out.line(index, f"@@exit {code}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    stdin = sys.stdin.buffer
+    plan = json.loads(stdin.readline())
+    jobs = [(job, _read_exactly(stdin, int(job.get("stdin", 0)))) for job in plan["jobs"]]
+    out = _Out(sys.stdout.buffer)
+    folder = tempfile.mkdtemp(prefix="skyward-fanout-")  # 0700
+    known = os.path.join(folder, "known_hosts")
+    fd = os.open(known, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(plan.get("known_hosts", ""))
+    gate = threading.Semaphore(max(1, int(plan.get("parallel", 32))))
+    running: set[subprocess.Popen[bytes]] = set()
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_job, args=(job, data, plan, known, out, gate, running, lock),
+                                name=f"fanout-{job['i']}", daemon=True) for job, data in jobs]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        with lock:
+            for proc in running:
+                if proc.poll() is None:
+                    proc.kill()
+        out.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

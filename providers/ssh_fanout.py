@@ -1,0 +1,266 @@
+"""``sky.SSH(fanout=True)``: the pool's first node starts the others, so the client logs into one.
+
+The client brings the first node up as any other (its own login), then runs
+``skyward.bootstrap.fanout`` there with its ssh-agent forwarded (bootstrap/agentfwd.py: the
+client's keys sign, they are never sent). That program logs into the other hosts with OpenSSH
+and runs on each the command the client would have run; each host's lines come back tagged with
+its node's index and are read exactly as a login of the client's own is read
+(ssh._UpReader). The client then reaches each agent directly on its private address (the
+reason fan-out needs ``direct=True``), and logs into a node later only when something needs its
+SSH (a stream the direct port refuses, ``skyward ssh``, a replacement). Releasing the pool
+goes through the first node the same way.
+
+A host is started by the first node when the client could have: an IP address the agent can
+listen on directly, no jump host, a user, and a host key the client already trusts (given, or
+in a known_hosts file it reads: the first node accepts only those keys). The others, and any
+host the first node could not log into (``ssh`` exits 255 before the host printed anything),
+are started by the client's own login, as without fan-out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from skyward.errors import ProviderError
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from skyward.bootstrap.remote import Remote
+
+    from .base import NodeEndpoint
+    from .ssh import SSHCluster, _Node, _UpReader
+
+log = logging.getLogger("skyward.ssh")
+
+PARALLEL = 32  # logins the first node makes at once
+_SSH_OPTIONS = [
+    "-F", "/dev/null", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+    "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
+    # OpenSSH 9's default (sntrup761x25519 first) costs the first node about 100 ms of CPU per
+    # login against about 17 for curve25519 (benchmarks.md): curve25519 first, then what any
+    # sshd of the last ten years offers (names an older ssh does not know would fail the login).
+    "-o", "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org,ecdh-sha2-nistp256,"
+          "diffie-hellman-group16-sha512,diffie-hellman-group14-sha256",
+]
+
+
+class Fallback(Exception):
+    """This host is started by the client's own login after all (why: the message)."""
+
+
+@dataclass
+class Dest:
+    """How the first node reaches a host: ssh's options up to the host, and its known_hosts lines."""
+
+    argv: list[str]
+    known: list[str]
+
+
+def destination(cluster: SSHCluster, node: _Node) -> Dest | str:
+    """Where the first node logs into ``node``'s host, or why it cannot (the client logs in)."""
+    from skyward.bootstrap.remote import Remote, Target, host_key_name
+
+    from .ssh import direct_address
+
+    h = node.host
+    if h.jump:
+        return "it is reached through a jump host"
+    remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key, jump=h.jump,
+                           known_hosts=cluster._known_hosts), label=f"node {node.index} ({h.address})")
+    try:
+        conn = remote.resolved()
+    except Exception as exc:  # a broken ~/.ssh/config entry: the client's login says what
+        return f"its ssh configuration cannot be read ({exc})"
+    if conn.gateway is not None:
+        return "~/.ssh/config reaches it through a proxy"
+    if direct_address(h, conn.host) is None:
+        return "its address is not private (the agent cannot be reached directly)"
+    try:
+        keys = remote.pinned_keys()
+    except Exception as exc:
+        return f"its host keys cannot be read ({exc})"
+    if not keys:
+        return "its host key is not known yet (the client logs in once and records it)"
+    port = int(conn.port)
+    name = host_key_name(conn.host, port)
+    known = [f"{name} {k.get_name()} {k.get_base64()}" for k in keys]
+    return Dest(["-p", str(port), "-l", str(conn.user), conn.host], known)
+
+
+def client_keys(nodes: list[_Node]) -> list[paramiko.PKey]:
+    """The keys the client logs into these hosts with: each host's key file, else the keys of
+    the client's own ssh-agent (which signs for them there)."""
+    from pathlib import Path
+
+    from skyward.bootstrap.remote import _private_key
+
+    keys: list[Any] = []
+    files = {h.key for h in (n.host for n in nodes)}
+    for path in files:
+        if path is None:
+            continue
+        key = _private_key(Path(path).expanduser())
+        if key is not None and all(key.asbytes() != k.asbytes() for k in keys):
+            keys.append(key)
+    if None in files:
+        try:
+            import paramiko
+
+            keys += [k for k in paramiko.Agent().get_keys() if all(k.asbytes() != x.asbytes() for x in keys)]
+        except Exception as exc:
+            log.debug("no ssh-agent keys to forward: %s", exc)
+    return keys
+
+
+class FanOut:
+    """Starts ``rest`` through ``first``: ``endpoint(node)`` waits for a node's start (raising
+    Fallback when the client must start it itself)."""
+
+    def __init__(self, cluster: SSHCluster, first: _Node, rest: dict[int, tuple[_Node, Dest]],
+                 bring_up: Any, ready: Future[None]) -> None:
+        self.cluster, self.first = cluster, first
+        self.nodes = {i: n for i, (n, _) in rest.items()}
+        self.rest = {i: d for i, (_, d) in rest.items()}
+        self._bring_up, self._ready = bring_up, ready
+        self.futures: dict[int, Future[NodeEndpoint]] = {first.index: Future()}
+        self.futures.update({i: Future() for i in rest})
+        self._thread = threading.Thread(target=self._run, name="skyward-ssh-fanout", daemon=True)
+        self._thread.start()
+
+    def endpoint(self, node: _Node) -> NodeEndpoint:
+        return self.futures[node.index].result()
+
+    def _run(self) -> None:
+        first = self.futures[self.first.index]
+        try:
+            endpoint = self._bring_up(self.first, None, self._ready)
+        except BaseException as exc:
+            first.set_exception(exc)
+            self._fall_back(f"the first node did not start ({exc})")
+            return
+        first.set_result(endpoint)
+        try:
+            self._start_rest()
+        except BaseException as exc:  # the helper could not run at all: the client starts the rest
+            log.warning("the first node could not start the other hosts (%s); the client logs into each", exc)
+            self._fall_back(str(exc))
+
+    def _fall_back(self, why: str) -> None:
+        for future in self.futures.values():
+            if not future.done():
+                future.set_exception(Fallback(why))
+
+    def _start_rest(self) -> None:
+        from skyward.bootstrap.agentfwd import KeyAgent
+
+        from .ssh import _AGENT_START_TIMEOUT, _UpReader
+
+        cluster, first = self.cluster, self.first
+        remote = first.remote
+        assert remote is not None and cluster._ship is not None
+        nodes = self.nodes
+        keys = client_keys([first, *nodes.values()])
+        if not keys:
+            raise ProviderError("no key of the client's to forward (no key file, no ssh-agent)")
+        readers: dict[int, _UpReader] = {}
+        lines: dict[int, list[str]] = {}
+        jobs, blobs = [], []
+        for i, node in nodes.items():
+            dest = self.rest[i]
+            node.agent_python = cluster._ship.agent_python
+            command, stdin = cluster._up_command(node, dest.argv[-1], cluster._ship)
+            readers[i] = _UpReader(cluster, node, cluster._ship)
+            lines[i] = []
+            jobs.append({"i": i, "dest": dest.argv, "command": command, "stdin": len(stdin), "answer": True})
+            blobs.append(stdin)
+        plan = {"ssh": _SSH_OPTIONS, "parallel": PARALLEL, "sky": first.home, "jobs": jobs,
+                "known_hosts": "".join(line + "\n" for d in self.rest.values() for line in d.known)}
+        agent = KeyAgent(keys)
+
+        def on_line(raw: str) -> None:
+            if not raw.startswith("@@fan "):
+                if raw.strip():
+                    log.debug("fan-out on node %d: %s", first.index, raw)
+                return
+            _, index, line = (raw + " ").split(" ", 2)
+            i = int(index)
+            line = line[:-1]
+            if i not in readers:
+                return
+            if line.startswith("@@exit "):
+                self._finish(nodes[i], readers.pop(i), int(line.split()[1]), lines.pop(i), self.rest[i])
+                return
+            lines[i].append(line)
+            if len(lines[i]) > 200:
+                del lines[i][:-100]
+            readers[i].on_line(line)
+
+        limit = time.monotonic() + cluster._ssh_timeout + cluster._bootstrap_timeout + _AGENT_START_TIMEOUT + 60
+        command = f"exec {shlex_quote(first.home + '/' + first.agent_python)} -m skyward.bootstrap.fanout"
+        stdin = b"".join([json.dumps(plan).encode(), b"\n", *blobs])
+        try:
+            code, out = remote.run(command, stdin=stdin, check=False, on_line=on_line, forward_agent=agent,
+                                   deadline=lambda: limit, phase="fan-out")
+        finally:
+            agent.close()
+        log.debug("fan-out through node %d: %d signatures, exit %d", first.index, agent.signed, code)
+        for i in list(readers):  # never reported: the helper died
+            lines_i = lines.pop(i)
+            readers.pop(i)
+            self.futures[i].set_exception(Fallback(f"the first node's helper ended (exit {code}) before "
+                                                   f"host {nodes[i].host.address} did: {lines_i[-1:] or out[-200:]}"))
+
+    def _finish(self, node: _Node, reader: _UpReader, code: int, output: list[str], dest: Dest) -> None:
+        future = self.futures[node.index]
+        if code == 255 and not reader.seen and "home" not in reader.facts and not node.home:
+            # ssh itself failed (no login): the client tries its own, which says why if it fails too
+            future.set_exception(Fallback(f"the first node could not log in: {' '.join(output[-2:])}"))
+            return
+        try:
+            reader.check(code, output, f"node {node.index} ({node.host.address})", node.host.user)
+            port, pid, facts = self.cluster._agent_hello(node, None, reader.facts)
+            future.set_result(self.cluster._fanned_endpoint(node, dest.argv[-1], port, pid, facts))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+
+def shlex_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def run_on_rest(remote: Remote, first: _Node, jobs: list[tuple[_Node, Dest, str]], timeout: float) -> dict[int, int]:
+    """Run a command on each host through the first node (a release): exit code per node index
+    (255: not reached; the caller logs in itself)."""
+    from skyward.bootstrap.agentfwd import KeyAgent
+
+    keys = client_keys([first, *(n for n, _, _ in jobs)])
+    if not keys:
+        return {}
+    plan = {"ssh": _SSH_OPTIONS, "parallel": PARALLEL, "sky": first.home,
+            "jobs": [{"i": n.index, "dest": d.argv, "command": c, "stdin": 0} for n, d, c in jobs],
+            "known_hosts": "".join(line + "\n" for _, d, _ in jobs for line in d.known)}
+    codes: dict[int, int] = {}
+
+    def on_line(raw: str) -> None:
+        if raw.startswith("@@fan "):
+            _, index, line = (raw + " ").split(" ", 2)
+            if line.startswith("@@exit "):
+                codes[int(index)] = int(line.split()[1])
+
+    agent = KeyAgent(keys)
+    try:
+        remote.run(f"exec {shlex_quote(first.home + '/' + first.agent_python)} -m skyward.bootstrap.fanout",
+                   stdin=json.dumps(plan).encode() + b"\n", check=False, on_line=on_line, forward_agent=agent,
+                   timeout=timeout, phase="release")
+    finally:
+        agent.close()
+    return codes

@@ -1,0 +1,114 @@
+"""sky.SSH(fanout=True): the client logs into the first host; that host starts the others with
+OpenSSH, signing with the client's key through a forwarded agent. Real sshd hosts in their own
+network namespaces (tests/sshhosts.py), which reach each other over their bridge."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sshhosts import SSHHost, SSHHosts, SSHHostsUnavailable
+
+import skyward as sky
+from skyward.bootstrap import remote as remote_mod
+from skyward.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(600)
+QUIET = sky.Options(console=False)
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[SSHHosts]:
+    hosts = SSHHosts(4, mode="netns")
+    try:
+        hosts.start()
+    except SSHHostsUnavailable as e:
+        pytest.skip(f"netns SSH test hosts unavailable: {e}")
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+
+
+def provider(hosts: Any, known: Path, **kw: Any) -> sky.SSH:
+    return sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                          for h in hosts], known_hosts=str(known), **kw)
+
+
+def on_host(host: SSHHost, command: str) -> str:
+    argv = [*host.ssh_argv("/dev/null", strict="no"), command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+class Logins:
+    """Counts the client's own SSH logins, by host address."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.hosts: list[str] = []
+        login = remote_mod.Remote._login
+
+        def counted(remote: remote_mod.Remote) -> remote_mod.Remote:
+            self.hosts.append(remote.target.host)
+            return login(remote)
+
+        monkeypatch.setattr(remote_mod.Remote, "_login", counted)
+
+
+@sky.function
+def where() -> str:
+    return socket.gethostname()
+
+
+def test_fanout_needs_direct() -> None:
+    with pytest.raises(ConfigError, match=r"fanout=True\) needs direct=True"):
+        sky.SSH(hosts=["10.0.0.1"], fanout=True)
+    with pytest.raises(ConfigError, match="fanout="):
+        sky.SSH(hosts=["10.0.0.1"], direct=True, fanout="yes")  # type: ignore[arg-type]
+
+
+def test_the_first_host_starts_the_others_and_releases_them(hosts: SSHHosts, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")  # every host key known: all fan out
+    logins = Logins(monkeypatch)
+    ssh = provider(hosts, known, direct=True, fanout=True)
+    with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
+        names = where() @ pool
+        pool_id = pool.id
+    assert sorted(names) == sorted(h.name for h in hosts)
+    # One login of the client's own: the first host's (its release reuses it).
+    assert logins.hosts == [hosts[0].address], logins.hosts
+    for h in hosts:  # every node released: no agent of the pool, no folder of it
+        left = on_host(h, f"pgrep -f '[s]kyward[.]bootstrap[.]agent' || true; "
+                          f"find /tmp /var/tmp /run $HOME -name '*{pool_id}*' 2>/dev/null || true").strip()
+        assert left == "", (h.name, left)
+
+
+def test_a_host_whose_key_the_client_does_not_know_gets_the_clients_own_login(
+        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(h.known_hosts_line + "\n" for h in list(hosts)[:3]))  # the last one: unknown
+    logins = Logins(monkeypatch)
+    ssh = provider(hosts, known, direct=True, fanout=True)
+    with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
+        assert sorted(where() @ pool) == sorted(h.name for h in hosts)
+    assert sorted(logins.hosts) == sorted([hosts[0].address, hosts[-1].address]), logins.hosts
+    assert hosts[-1].known_hosts_line.split()[-1] in known.read_text()  # recorded on first contact
+
+
+def test_a_host_the_first_cannot_log_into_falls_back_to_the_client(
+        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")
+    # The first host forgets its way to host 1: its ssh fails, the client's own login works.
+    on_host(hosts[0], f"ip route add blackhole {hosts[1].address}/32")
+    try:
+        logins = Logins(monkeypatch)
+        ssh = provider(list(hosts)[:2], known, direct=True, fanout=True, )
+        with sky.Compute(provider=ssh, nodes=2, options=sky.Options(console=False, ssh_timeout=20)) as pool:
+            assert sorted(where() @ pool) == sorted(h.name for h in list(hosts)[:2])
+        assert hosts[1].address in logins.hosts
+    finally:
+        on_host(hosts[0], f"ip route del blackhole {hosts[1].address}/32")

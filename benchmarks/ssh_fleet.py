@@ -1,6 +1,7 @@
 """SSH pools of many hosts (tests/sshhosts.py netns hosts; root).
 
     .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet] [--fleet 4,16,32] [--direct]
+                                             [--fanout]
                                              [--no-bytecode-cache]
 
 home: enter time of a pool on 3 hosts that share one home directory (an NFS-mounted home, as on
@@ -15,7 +16,9 @@ per node, each figure in a fresh client process as a new program or `skyward exe
   (time.process_time: every thread of the process, user + system; imports done before);
 * exec: attach to the running pool by its description (as `skyward exec NAME` does) and run a
   shell command on every node (with --direct, the pools are sky.SSH(direct=True): the agents
-  answer on their direct ports and the attach logs into no host);
+  answer on their direct ports and the attach logs into no host; with --fanout,
+  sky.SSH(direct=True, fanout=True): the enter logs into the first host only, which starts the
+  others);
 * map: items/s of a no-op over 100,000 items on the pool, and the client's CPU per 100,000;
 * idle: the client's CPU per second while the open pool does nothing (3 s), per node: what
   keeping a large pool open costs (the connections, the nodes' metrics);
@@ -58,7 +61,8 @@ def noop() -> None:
 
 # sky.SSH(direct=True) for the fleet's pools (--direct): the client reaches the agents over TCP on
 # the hosts' private addresses, and an attach (exec) logs into no host.
-DIRECT = {"direct": False}
+# With --fanout also fanout=True: the enter logs into the first host, which starts the others.
+DIRECT = {"direct": False, "fanout": False}
 
 
 def provider(hosts: SSHHosts) -> sky.SSH:
@@ -90,7 +94,7 @@ def identity(x: Any) -> Any:
 
 
 def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None,
-            direct: bool = False) -> dict[str, Any]:
+            direct: bool = False, fanout: bool = False) -> dict[str, Any]:
     """In a fresh client process: one warm enter (or one exec), timed and its CPU counted."""
     import fabric  # noqa: F401  (imports are the program's, once: not a per-node cost)
     import paramiko  # noqa: F401
@@ -100,7 +104,7 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
     from skyward.core.pool import Pool
     from skyward.named.nodeops import run_shell
 
-    ssh = sky.SSH(hosts=[sky.SSHHost(**h) for h in hosts], direct=direct)
+    ssh = sky.SSH(hosts=[sky.SSHHost(**h) for h in hosts], direct=direct, fanout=fanout)
     out: dict[str, Any] = {}
     if what == "floor":
         cpu0 = time.process_time()
@@ -161,7 +165,7 @@ CHILD_ENV: dict[str, str] = {}
 
 
 def _in_child(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] | None = None) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps([what, hosts, description, DIRECT["direct"]])],
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps([what, hosts, description, DIRECT["direct"], DIRECT["fanout"]])],
                           capture_output=True, text=True, timeout=600, env=CHILD_ENV or os.environ.copy())
     if done.returncode != 0:
         raise RuntimeError(f"the client process failed ({what}):\n{done.stderr[-4000:]}")
@@ -226,12 +230,16 @@ def main() -> None:
                         help="clients compile what they import (as before 2026-12-03's runs)")
     parser.add_argument("--direct", action="store_true",
                         help="the fleet's pools with sky.SSH(direct=True): an exec attaches without logins")
+    parser.add_argument("--fanout", action="store_true",
+                        help="with --direct: sky.SSH(fanout=True), the first host starts the others")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_client(*json.loads(args.child))))
         return
-    DIRECT["direct"] = args.direct
+    if args.fanout and not args.direct:
+        parser.error("--fanout needs --direct (sky.SSH(fanout=True) needs direct=True)")
+    DIRECT["direct"], DIRECT["fanout"] = args.direct, args.fanout
     if not args.no_bytecode_cache:
         CHILD_ENV.update(bytecode_env("skyward-fleet-pyc-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "

@@ -255,6 +255,7 @@ class _Node:
     agent_python: str = ""  # the agent's interpreter, relative to home (for the relay fallback)
     pool_dir: str = ""  # this node's folder of the pool, on node-local disk (script.NODE_DIRS)
     opening: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    fan: Any = None  # how the first node logs into this one (ssh_fanout.Dest), once worked out
 
 
 class _UpReader:

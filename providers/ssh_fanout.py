@@ -64,34 +64,54 @@ class Dest:
 
 
 def destination(cluster: SSHCluster, node: _Node) -> Dest | str:
-    """Where the first node logs into ``node``'s host, or why it cannot (the client logs in)."""
-    from skyward.bootstrap.remote import Remote, Target, host_key_name
+    """Where the first node logs into ``node``'s host, or why it cannot (the client logs in).
+    Read from ``~/.ssh/config`` as the client's login reads it (its parsed copy: no Fabric
+    connection is built per host) and from the known_hosts files it trusts."""
+    import base64
+    import getpass
+    from pathlib import Path
+
+    import paramiko
+
+    from skyward.bootstrap.remote import (
+        host_key_name,
+        known_hosts_path,
+        ssh_config_for,
+        trusted_keys,
+    )
 
     from .ssh import direct_address
 
+    if node.fan is not None:
+        return node.fan
     h = node.host
     if h.jump:
         return "it is reached through a jump host"
-    remote = Remote(Target(h.address, h.port, h.user, h.key, h.host_key, jump=h.jump,
-                           known_hosts=cluster._known_hosts), label=f"node {node.index} ({h.address})")
     try:
-        conn = remote.resolved()
-    except Exception as exc:  # a broken ~/.ssh/config entry: the client's login says what
+        config = ssh_config_for(h.address)
+    except Exception as exc:  # a broken ~/.ssh/config: the client's login says what
         return f"its ssh configuration cannot be read ({exc})"
-    if conn.gateway is not None:
+    if config.get("proxyjump") or config.get("proxycommand"):
         return "~/.ssh/config reaches it through a proxy"
-    if direct_address(h, conn.host) is None:
+    host = str(config.get("hostname") or h.address)
+    if direct_address(h, host) is None:
         return "its address is not private (the agent cannot be reached directly)"
+    port = int(h.port or config.get("port") or 22)
+    user = h.user or config.get("user") or getpass.getuser()
     try:
-        keys = remote.pinned_keys()
+        if h.host_key:
+            kind, blob = h.host_key.split()[:2]
+            keys = [paramiko.PKey.from_type_string(kind, base64.b64decode(blob))]
+        else:
+            ours = Path(cluster._known_hosts).expanduser() if cluster._known_hosts else known_hosts_path()
+            keys = trusted_keys(host, port, config, ours)
     except Exception as exc:
         return f"its host keys cannot be read ({exc})"
     if not keys:
         return "its host key is not known yet (the client logs in once and records it)"
-    port = int(conn.port)
-    name = host_key_name(conn.host, port)
-    known = [f"{name} {k.get_name()} {k.get_base64()}" for k in keys]
-    return Dest(["-p", str(port), "-l", str(conn.user), conn.host], known)
+    name = host_key_name(host, port)
+    node.fan = Dest(["-p", str(port), "-l", str(user), host], [f"{name} {k.get_name()} {k.get_base64()}" for k in keys])
+    return node.fan
 
 
 def client_keys(nodes: list[_Node]) -> list[paramiko.PKey]:

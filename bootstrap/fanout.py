@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,90 @@ class _Out:
         self._thread.join()
 
 
+class _AgentMux:
+    """One connection to the forwarded agent for every login this program makes: each ``ssh``
+    child connects to this socket instead of sshd's, whose every connection is a new channel
+    to the client (a channel's opening, its requests and its close are packets the client's
+    interpreter reads and writes). Requests go up one at a time, in order (the protocol answers
+    in order); the list of identities is asked once and answered from memory after."""
+
+    def __init__(self, upstream: str, path: str) -> None:
+        self.upstream, self.path = upstream, path
+        self._up: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._identities: bytes | None = None
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(path)  # in this run's 0700 folder
+        self._server.listen(64)
+        threading.Thread(target=self._accept, name="fanout-agent", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="fanout-agent-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                request = _message(conn)
+                if request is None:
+                    return
+                try:
+                    conn.sendall(self._ask(request))
+                except OSError:
+                    return
+
+    def _ask(self, request: bytes) -> bytes:
+        is_list = request[4:5] == bytes([11])  # SSH_AGENTC_REQUEST_IDENTITIES
+        with self._lock:
+            if is_list and self._identities is not None:
+                return self._identities
+            try:
+                if self._up is None:
+                    self._up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    self._up.connect(self.upstream)
+                self._up.sendall(request)
+                answer = _message(self._up)
+            except OSError:
+                answer = None
+            if answer is None:  # the client's side went away: every later request fails
+                if self._up is not None:
+                    self._up.close()
+                self._up = None
+                return b"\x00\x00\x00\x01\x05"  # SSH_AGENT_FAILURE
+            if is_list:
+                self._identities = answer
+            return answer
+
+    def close(self) -> None:
+        self._server.close()
+        with self._lock:
+            if self._up is not None:
+                self._up.close()
+
+
+def _message(sock: socket.socket) -> bytes | None:
+    """One agent message (its length and body), or None at the end of the stream."""
+    data = b""
+    while len(data) < 4:
+        chunk = sock.recv(4 - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    size = int.from_bytes(data, "big")
+    if size > 256 * 1024:
+        return None
+    while len(data) < 4 + size:
+        chunk = sock.recv(4 + size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
 def _read_exactly(stream: BinaryIO, size: int) -> bytes:
     data = stream.read(size) if size else b""
     if len(data) != size:
@@ -102,13 +187,15 @@ def _answer_need(line: str, sky: str) -> bytes | None:
 
 
 def _job(job: dict[str, Any], data: bytes, plan: dict[str, Any], known: str, out: _Out,
-         gate: threading.Semaphore, running: set[subprocess.Popen[bytes]], lock: threading.Lock) -> None:
+         gate: threading.Semaphore, running: set[subprocess.Popen[bytes]], lock: threading.Lock,
+         env: dict[str, str]) -> None:
     index = int(job["i"])
     with gate:
         argv = [*plan.get("ssh_command", ["ssh"]), *plan["ssh"], "-o", f"UserKnownHostsFile={known}",
                 *job["dest"], "--", job["command"]]
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env=env)
         except OSError as exc:
             out.line(index, f"fanout: cannot run {argv[0]}: {exc}")
             out.line(index, "@@exit 127")
@@ -166,10 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.open(known, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(plan.get("known_hosts", ""))
+    env = dict(os.environ)
+    mux = None
+    if env.get("SSH_AUTH_SOCK"):
+        mux = _AgentMux(env["SSH_AUTH_SOCK"], os.path.join(folder, "agent.sock"))
+        env["SSH_AUTH_SOCK"] = mux.path
     gate = threading.Semaphore(max(1, int(plan.get("parallel", 32))))
     running: set[subprocess.Popen[bytes]] = set()
     lock = threading.Lock()
-    threads = [threading.Thread(target=_job, args=(job, data, plan, known, out, gate, running, lock),
+    threads = [threading.Thread(target=_job, args=(job, data, plan, known, out, gate, running, lock, env),
                                 name=f"fanout-{job['i']}", daemon=True) for job, data in jobs]
     try:
         for t in threads:
@@ -182,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 if proc.poll() is None:
                     proc.kill()
         out.close()
+        if mux is not None:
+            mux.close()
         shutil.rmtree(folder, ignore_errors=True)
     return 0
 

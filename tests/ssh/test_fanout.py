@@ -112,3 +112,30 @@ def test_a_host_the_first_cannot_log_into_falls_back_to_the_client(
         assert hosts[1].address in logins.hosts
     finally:
         on_host(hosts[0], f"ip route del blackhole {hosts[1].address}/32")
+
+
+def test_a_named_pool_started_by_fanout_is_attached_and_destroyed(hosts: SSHHosts, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import running_description
+
+    from skyward.core.pool import Pool
+
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")
+    ssh = provider(hosts, known, direct=True, fanout=True)
+    spec = sky.Spec(provider=ssh, nodes=len(hosts))
+    logins = Logins(monkeypatch)
+    description = running_description(ssh, spec, "fanned")  # as `skyward up` starts it
+    assert logins.hosts == [hosts[0].address]
+    assert description["fanout"] is True
+    try:
+        # `skyward exec`: each agent answers on its direct port, nobody logs in
+        pool = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))
+        try:
+            assert sorted(where() @ pool) == sorted(h.name for h in hosts)
+        finally:
+            pool.close()
+        assert logins.hosts == [hosts[0].address]
+    finally:
+        ssh.destroy(description)  # `skyward down`: no connection left to go through, a login each
+    for h in hosts:
+        assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name

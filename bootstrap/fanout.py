@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 _FLUSH_S = 0.02  # lines gathered this long go out together
+LACKS = "@@fanout-lacks"  # a job's line: this node could not give the host what it asked for
 
 
 class _Out:
     """Lines to the client, several per write (each write of the session is a packet there)."""
 
-    def __init__(self, stream: BinaryIO) -> None:
-        self._stream, self._lock = stream, threading.Condition()
+    def __init__(self, stream: BinaryIO, on_broken: Any = None) -> None:
+        self._stream, self._lock, self._on_broken = stream, threading.Condition(), on_broken
         self._lines: list[str] = []
         self._done = False
         self._thread = threading.Thread(target=self._pump, name="fanout-out", daemon=True)
@@ -67,7 +68,9 @@ class _Out:
             try:
                 self._stream.write("".join(batch).encode())
                 self._stream.flush()
-            except OSError:  # the client went away: the jobs still end (their ssh is killed below)
+            except OSError:  # the client went away (it gave up waiting): nobody reads the hosts' lines
+                if self._on_broken is not None:
+                    self._on_broken()
                 return
 
     def close(self) -> None:
@@ -219,8 +222,8 @@ def _job(job: dict[str, Any], data: bytes, plan: dict[str, Any], known: str, out
                 out.line(index, line)
                 if stdin is not None and line.startswith("@@need"):
                     reply = _answer_need(line, plan.get("sky", ""))
-                    if reply is None:
-                        out.line(index, "fanout: this node lacks a file the host needs")
+                    if reply is None:  # (the client starts this host itself: LACKS tells it so)
+                        out.line(index, f"{LACKS} this node lacks a file the host needs")
                         reply = b""
                     try:
                         stdin.write(reply)
@@ -247,7 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     stdin = sys.stdin.buffer
     plan = json.loads(stdin.readline())
     jobs = [(job, _read_exactly(stdin, int(job.get("stdin", 0)))) for job in plan["jobs"]]
-    out = _Out(sys.stdout.buffer)
+    running: set[subprocess.Popen[bytes]] = set()
+    lock = threading.Lock()
+
+    def kill_all() -> None:
+        with lock:
+            for proc in running:
+                if proc.poll() is None:
+                    proc.kill()
+
+    out = _Out(sys.stdout.buffer, kill_all)
     folder = tempfile.mkdtemp(prefix="skyward-fanout-")  # 0700
     known = os.path.join(folder, "known_hosts")
     fd = os.open(known, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -259,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
         mux = _AgentMux(env["SSH_AUTH_SOCK"], os.path.join(folder, "agent.sock"))
         env["SSH_AUTH_SOCK"] = mux.path
     gate = threading.Semaphore(max(1, int(plan.get("parallel", 32))))
-    running: set[subprocess.Popen[bytes]] = set()
-    lock = threading.Lock()
     threads = [threading.Thread(target=_job, args=(job, data, plan, known, out, gate, running, lock, env),
                                 name=f"fanout-{job['i']}", daemon=True) for job, data in jobs]
     try:
@@ -269,10 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in threads:
             t.join()
     finally:
-        with lock:
-            for proc in running:
-                if proc.poll() is None:
-                    proc.kill()
+        kill_all()
         out.close()
         if mux is not None:
             mux.close()

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from skyward.bootstrap.fanout import LACKS
 from skyward.errors import ProviderError
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ class FanOut:
         return self.futures[node.index].result()
 
     def _run(self) -> None:
+        self._heard = False  # a line from the first node's program: it runs, the hosts are being started
         first = self.futures[self.first.index]
         try:
             endpoint = self._bring_up(self.first, None, self._ready)
@@ -168,7 +170,13 @@ class FanOut:
         first.set_result(endpoint)
         try:
             self._start_rest()
-        except BaseException as exc:  # the helper could not run at all: the client starts the rest
+        except BaseException as exc:
+            if self._heard:  # timed out or cut off while the hosts start: a login now would race them
+                for future in self.futures.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                return
+            # the program could not run at all: the client starts the rest
             log.warning("the first node could not start the other hosts (%s); the client logs into each", exc)
             self._fall_back(str(exc))
 
@@ -212,6 +220,7 @@ class FanOut:
             _, index, line = (raw + " ").split(" ", 2)
             i = int(index)
             line = line[:-1]
+            self._heard = True
             if i not in readers:
                 return
             if line.startswith("@@exit "):
@@ -242,6 +251,9 @@ class FanOut:
         if code == 255 and not reader.seen and "home" not in reader.facts and not node.home:
             # ssh itself failed (no login): the client tries its own, which says why if it fails too
             future.set_exception(Fallback(f"the first node could not log in: {' '.join(output[-2:])}"))
+            return
+        if any(line.startswith(LACKS) for line in output):  # (a file of the shipment the first node lacks)
+            future.set_exception(Fallback("the first node lacks a file this host needs"))
             return
         try:
             reader.check(code, output, f"node {node.index} ({node.host.address})", node.host.user)

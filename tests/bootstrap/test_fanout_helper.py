@@ -89,7 +89,7 @@ def test_a_need_is_answered_from_the_first_hosts_own_copy(tmp_path: Path) -> Non
     jobs = [{"i": 2, "dest": ["h"], "command": 'echo "@@need ../etc/passwd"; IFS=" " read -r size || exit 9',
              "stdin": 0, "answer": True}]
     got = by_job(run_fanout(tmp_path, jobs, [], sky=str(sky))[0])[2]
-    assert "fanout: this node lacks a file the host needs" in got and got[-1] == "@@exit 9"
+    assert "@@fanout-lacks this node lacks a file the host needs" in got and got[-1] == "@@exit 9"
 
 
 class Agent:

@@ -482,6 +482,17 @@ class SSHCluster(Cluster):
             return None
         return FanOut(self, first, rest, self._bring_up, ready)
 
+    # What ssh_fanout uses of this module, through the cluster (it does not import this module).
+    agent_start_timeout = _AGENT_START_TIMEOUT
+
+    def up_reader(self, node: _Node) -> _UpReader:
+        assert self._ship is not None
+        return _UpReader(self, node, self._ship)
+
+    @staticmethod
+    def direct_address(host: SSHHost, address: str) -> str | None:
+        return direct_address(host, address)
+
     def _fanned_endpoint(self, node: _Node, address: str, port: int | None, pid: int,
                          facts: dict[str, str]) -> NodeEndpoint:
         """A node the first node started: reached on its direct port, logged into when needed."""

@@ -81,8 +81,6 @@ def destination(cluster: SSHCluster, node: _Node) -> Dest | str:
         trusted_keys,
     )
 
-    from .ssh import direct_address
-
     if node.fan is not None:
         return node.fan
     h = node.host
@@ -95,7 +93,7 @@ def destination(cluster: SSHCluster, node: _Node) -> Dest | str:
     if config.get("proxyjump") or config.get("proxycommand"):
         return "~/.ssh/config reaches it through a proxy"
     host = str(config.get("hostname") or h.address)
-    if direct_address(h, host) is None:
+    if cluster.direct_address(h, host) is None:
         return "its address is not private (the agent cannot be reached directly)"
     port = int(h.port or config.get("port") or 22)
     user = h.user or config.get("user") or getpass.getuser()
@@ -188,8 +186,6 @@ class FanOut:
     def _start_rest(self) -> None:
         from skyward.bootstrap.agentfwd import KeyAgent
 
-        from .ssh import _AGENT_START_TIMEOUT, _UpReader
-
         cluster, first = self.cluster, self.first
         remote = first.remote
         assert remote is not None and cluster._ship is not None
@@ -204,7 +200,7 @@ class FanOut:
             dest = self.rest[i]
             node.agent_python = cluster._ship.agent_python
             command, stdin = cluster._up_command(node, dest.argv[-1], cluster._ship)
-            readers[i] = _UpReader(cluster, node, cluster._ship)
+            readers[i] = cluster.up_reader(node)
             lines[i] = []
             jobs.append({"i": i, "dest": dest.argv, "command": command, "stdin": len(stdin), "answer": True})
             blobs.append(stdin)
@@ -231,7 +227,7 @@ class FanOut:
                 del lines[i][:-100]
             readers[i].on_line(line)
 
-        limit = time.monotonic() + cluster._ssh_timeout + cluster._bootstrap_timeout + _AGENT_START_TIMEOUT + 60
+        limit = time.monotonic() + cluster._ssh_timeout + cluster._bootstrap_timeout + cluster.agent_start_timeout + 60
         command = f"exec {shlex_quote(first.home + '/' + first.agent_python)} -m skyward.bootstrap.fanout"
         stdin = b"".join([json.dumps(plan).encode(), b"\n", *blobs])
         try:

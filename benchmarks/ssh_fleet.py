@@ -17,8 +17,8 @@ per node, each figure in a fresh client process as a new program or `skyward exe
 * exec: attach to the running pool by its description (as `skyward exec NAME` does) and run a
   shell command on every node (with --direct, the pools are sky.SSH(direct=True): the agents
   answer on their direct ports and the attach logs into no host; with --fanout,
-  sky.SSH(direct=True, fanout=True): the enter logs into the first host only, which starts the
-  others);
+  sky.SSH(fanout=True): the enter logs into the first host only, which starts the others, and
+  without --direct carries the client's links to their agents);
 * map: items/s of a no-op over 100,000 items on the pool, and the client's CPU per 100,000;
 * idle: the client's CPU per second while the open pool does nothing (3 s), per node: what
   keeping a large pool open costs (the connections, the nodes' metrics);
@@ -61,7 +61,8 @@ def noop() -> None:
 
 # sky.SSH(direct=True) for the fleet's pools (--direct): the client reaches the agents over TCP on
 # the hosts' private addresses, and an attach (exec) logs into no host.
-# With --fanout also fanout=True: the enter logs into the first host, which starts the others.
+# With --fanout also fanout=True: the enter logs into the first host, which starts the others
+# (and, without --direct, carries the client's links to their agents).
 DIRECT = {"direct": False, "fanout": False}
 
 
@@ -231,14 +232,13 @@ def main() -> None:
     parser.add_argument("--direct", action="store_true",
                         help="the fleet's pools with sky.SSH(direct=True): an exec attaches without logins")
     parser.add_argument("--fanout", action="store_true",
-                        help="with --direct: sky.SSH(fanout=True), the first host starts the others")
+                        help="sky.SSH(fanout=True): the first host starts the others (without --direct it "
+                             "also carries the client's links to their agents)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_client(*json.loads(args.child))))
         return
-    if args.fanout and not args.direct:
-        parser.error("--fanout needs --direct (sky.SSH(fanout=True) needs direct=True)")
     DIRECT["direct"], DIRECT["fanout"] = args.direct, args.fanout
     if not args.no_bytecode_cache:
         CHILD_ENV.update(bytecode_env("skyward-fleet-pyc-"))

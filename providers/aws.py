@@ -61,7 +61,9 @@ class AWS(CloudProvider):
     ``allow_ssh_from``: CIDRs allowed to reach port 22 besides this machine's address
     (``detect_address=False`` to not add it). ``max_duration``: seconds after which nodes power
     off whatever happens. ``workspace``: how stacks are run (default: the Pulumi CLI via the
-    automation API; tests pass a fake).
+    automation API; tests pass a fake). ``fanout=True``: the client logs into the first node
+    only, which starts the others over the pool's network and carries the client's links to
+    their agents (as ``sky.SSH(fanout=True)``): for large pools, one login instead of one per node.
     """
 
     region: str | None = None
@@ -78,6 +80,7 @@ class AWS(CloudProvider):
     # "wheelhouse" ships wheels the client built (same platform as the client only).
     install: str = "index"
     workspace: Any = field(default=None, repr=False, compare=False)
+    fanout: bool = False
     kind: ClassVar[str] = "aws"
     label: ClassVar[str] = "sky.AWS"
     extra: ClassVar[str] = "aws"

@@ -129,7 +129,8 @@ def _lock_hooks(cluster: Any, cloud: CloudPool | CloudGroup) -> Any:
 
 
 def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | None = None,
-                install: str = "index", kind: str = "aws", pin: tuple[Package, ...] | None = None) -> Cluster:
+                install: str = "index", kind: str = "aws", pin: tuple[Package, ...] | None = None,
+                fanout: bool = False) -> Cluster:
     """Bring the stack up and hand its nodes to the SSH bootstrap: stack outputs -> hosts ->
     bootstrap -> agents, the same path as sky.SSH. Closing the cluster destroys the stack."""
     ssh: Any = importlib.import_module("skyward.providers.ssh")
@@ -139,7 +140,7 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
     try:
         cluster: Cluster = ssh.SSHCluster(
             spec, pool_id, [host(**n.host_fields()) for n in nodes], options=options, install=install, pin=pin,
-            **_hooks(ssh, cloud, kind),
+            fanout=fanout, **_hooks(ssh, cloud, kind),
         )
         _lock_hooks(cluster, cloud)
         _heal_hook(cluster, ssh, cloud)
@@ -151,7 +152,7 @@ def ssh_cluster(spec: Spec, pool_id: str, cloud: CloudPool, options: Options | N
 
 def ssh_clusters(specs: dict[str, Spec], pool_id: str, cloud: CloudPool, options: Options | None = None,
                  install: str = "index", kind: str = "aws",
-                 pin: tuple[Package, ...] | None = None) -> dict[str, Cluster]:
+                 pin: tuple[Package, ...] | None = None, fanout: bool = False) -> dict[str, Cluster]:
     """A pool of several groups in one stack: one update brings every group's nodes up, then
     each group's nodes go through the SSH bootstrap as that group's own cluster (all at once),
     which grows, shrinks, heals and closes through its view of the stack (CloudGroup). When any
@@ -169,7 +170,7 @@ def ssh_clusters(specs: dict[str, Spec], pool_id: str, cloud: CloudPool, options
             view = cloud.group(name)
             cluster: Cluster = ssh.SSHCluster(
                 specs[name], f"{pool_id}-{name}", [host(**n.host_fields()) for n in nodes[name]], options=options,
-                install=install, pin=pin, **_hooks(ssh, view, kind),
+                install=install, pin=pin, fanout=fanout, **_hooks(ssh, view, kind),
             )
             _lock_hooks(cluster, view)
             _heal_hook(cluster, ssh, view)
@@ -246,12 +247,15 @@ class CloudProvider(ProviderConfig):
     volume_kind: ClassVar[str] = "block volumes"
     workspace: Any
     install: str
+    fanout: bool
 
     def _check_common(self) -> None:
         from skyward.errors import ConfigError
 
         if self.install not in ("index", "wheelhouse"):
             raise ConfigError(f"{type(self).__name__}(install={self.install!r}) is not valid: use 'index' or 'wheelhouse'.")
+        if not isinstance(self.fanout, bool):
+            raise ConfigError(f"{type(self).__name__}(fanout={self.fanout!r}) is not valid: use True or False.")
 
     # The workspace is this process's way of running stacks (tests pass a fake holding threads
     # and hosts): a pickled spec -- in a named pool's description -- goes without it.
@@ -259,7 +263,13 @@ class CloudProvider(ProviderConfig):
         return [None if f.name == "workspace" else getattr(self, f.name) for f in dataclasses.fields(self)]  # type: ignore[arg-type]
 
     def __setstate__(self, state: list[Any]) -> None:
-        for f, value in zip(dataclasses.fields(self), state, strict=True):  # type: ignore[arg-type]
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        if len(state) > len(fields):
+            raise TypeError(f"a {type(self).__name__} pickled by a newer skyward ({len(state)} fields, "
+                            f"this one has {len(fields)}): upgrade skyward here")
+        for f in fields[len(state):]:  # fields added since the state was written: their defaults
+            object.__setattr__(self, f.name, f.default if f.default is not dataclasses.MISSING else None)
+        for f, value in zip(fields, state, strict=False):
             object.__setattr__(self, f.name, value)
 
     def offer(self, spec: Spec) -> Offer:
@@ -312,7 +322,8 @@ class CloudProvider(ProviderConfig):
             self.kind, spec, pool_id, offer, self._program(), provider=self, **self._stack_args(spec, offer),
             plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace, pool_name=name,
         )
-        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin)
+        return ssh_cluster(spec, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin,
+                           fanout=self.fanout)
 
     def create_together(self, specs: dict[str, Spec], pool_id: str, options: Options | None = None,
                         name: str | None = None, pin: tuple[Package, ...] | None = None) -> dict[str, Cluster] | None:
@@ -333,7 +344,8 @@ class CloudProvider(ProviderConfig):
             self.kind, specs, pool_id, offers, self._program(), provider=self, stack_args=args, settings=settings,
             plugins=plugin_version(self.kind, self.plugin_package), connect=self.workspace, pool_name=name,
         )
-        return ssh_clusters(specs, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin)
+        return ssh_clusters(specs, pool_id, cloud, options, install=self.install, kind=self.kind, pin=pin,
+                            fanout=self.fanout)
 
     def _pool_settings(self, specs: dict[str, Spec], offers: dict[str, Offer],
                        args: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

@@ -47,6 +47,8 @@ class GCP(CloudProvider):
     after which Compute Engine deletes the nodes (an absolute ``termination_time``, the same
     for nodes added later). ``image``: must run cloud-init (Ubuntu does; Debian and COS do not). ``workspace``: how
     stacks are run (default: the Pulumi CLI via the automation API; tests pass a fake).
+    ``fanout=True``: the client logs into the first node only, which starts the others over the
+    pool's network and carries the client's links to their agents (as ``sky.SSH(fanout=True)``).
     """
 
     project: str | None = None
@@ -64,6 +66,7 @@ class GCP(CloudProvider):
     # "wheelhouse" ships wheels the client built (same platform as the client only).
     install: str = "index"
     workspace: Any = field(default=None, repr=False, compare=False)
+    fanout: bool = False
     kind: ClassVar[str] = "gcp"
     label: ClassVar[str] = "sky.GCP"
     extra: ClassVar[str] = "gcp"

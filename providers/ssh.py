@@ -137,11 +137,14 @@ class SSH(ProviderConfig):
     host, the client talks to the agents over plain TCP on that address instead of through
     the SSH tunnel (about 4x the payload throughput); the connection is checked with the
     pool's token but not encrypted, so use it on networks you trust. A host where the direct
-    connection fails keeps the tunnel. ``fanout=True`` (with ``direct=True``): the client logs
-    into the first host only, and that host starts the others with OpenSSH, signing with the
-    client's key through a forwarded ssh-agent (the key itself never leaves the client): a
-    large fleet costs the client one login instead of one per host (see providers/ssh_fanout.py
-    for which hosts qualify; the others get the client's own login).
+    connection fails keeps the tunnel. ``fanout=True``: the client logs into the first host
+    only, and that host starts the others with OpenSSH, signing with the client's key through a
+    forwarded ssh-agent (the key itself never leaves the client): a large fleet costs the client
+    one login instead of one per host (see providers/ssh_fanout.py for which hosts qualify; the
+    others get the client's own login). The agents it starts listen on their hosts' private
+    addresses (links checked with the pool's token, not encrypted: the network between the
+    hosts is trusted, as it is for the nodes' collections); the client reaches them there with
+    ``direct=True``, else through the first host's SSH connection.
     """
 
     hosts: Sequence[str | SSHHost] = ()
@@ -167,10 +170,6 @@ class SSH(ProviderConfig):
             raise ConfigError(f"sky.SSH(direct={self.direct!r}) is not valid: use True or False.")
         if not isinstance(self.fanout, bool):
             raise ConfigError(f"sky.SSH(fanout={self.fanout!r}) is not valid: use True or False.")
-        if self.fanout and not self.direct:
-            raise ConfigError("sky.SSH(fanout=True) needs direct=True: the client reaches the agents the first "
-                              "host started on their private addresses, as it logs into none of those hosts; "
-                              "add direct=True (on a network you trust), or leave fanout out.")
         _check_port(self.port, f"sky.SSH(port={self.port!r})")
         if self.key is not None and not Path(self.key).expanduser().is_file():
             raise ConfigError(f"sky.SSH(key={self.key!r}): no such file; give the path of a private key.")
@@ -256,6 +255,9 @@ class _Node:
     pool_dir: str = ""  # this node's folder of the pool, on node-local disk (script.NODE_DIRS)
     opening: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     fan: Any = None  # how the first node logs into this one (ssh_fanout.Dest), once worked out
+    # The node whose login started this one (fan-out): its agent listens on the private address
+    # too, and without direct=True the client reaches it through that node's SSH connection.
+    fanned_by: _Node | None = None
 
 
 class _UpReader:
@@ -391,7 +393,7 @@ class SSHCluster(Cluster):
         fanout: bool = False,
     ) -> None:
         self.spec = spec
-        self._fanout = fanout and direct
+        self._fanout = fanout
         self._known_hosts = known_hosts
         self._direct = direct
         self.pool_id = pool_id
@@ -460,6 +462,7 @@ class SSHCluster(Cluster):
                 if node is fan.first:
                     raise
                 log.info("node %d (%s): logging in from the client (%s)", node.index, node.host.address, why)
+                node.fanned_by = None  # (its agent is reached as the client's own logins' are)
                 return self._bring_up(node, None, ready)
 
         return nodes, up
@@ -495,19 +498,24 @@ class SSHCluster(Cluster):
 
     def _fanned_endpoint(self, node: _Node, address: str, port: int | None, pid: int,
                          facts: dict[str, str]) -> NodeEndpoint:
-        """A node the first node started: reached on its direct port, logged into when needed."""
+        """A node the first node started: reached on its direct port (with direct=True
+        straight, else through the first node's connection), logged into when needed."""
         h = node.host
         node.agent_pid, node.agent_port = pid, port
         node.direct_port = int(facts["direct_port"]) if facts.get("direct_port") else None
-        node.direct_host = address if node.direct_port else ""
+        node.direct_host = address if node.direct_port and self._direct else ""
+        login = functools.partial(self._logged_in, node)
+        if self._direct or not node.direct_port:
+            connect = functools.partial(_connect_agent, login, node.agent_socket or node.agent_port, node_python(node),
+                                        (address, node.direct_port) if node.direct_port else None)
+        else:
+            connect = functools.partial(_relayed_agent, node, address, login)
         node.endpoint = NodeEndpoint(
             index=node.index,
             private_ip=h.private_ip or facts.get("ip") or address,
             public_ip=h.address if h.private_ip and h.private_ip != h.address else None,
             hostname=h.hostname or facts.get("hostname") or h.address,
-            connect=functools.partial(_connect_agent, lambda: self._logged_in(node),
-                                      node.agent_socket or node.agent_port, node_python(node),
-                                      (address, node.direct_port) if node.direct_port else None),
+            connect=connect,
             agent_id=node.agent_id,
         )
         return node.endpoint
@@ -666,7 +674,7 @@ class SSHCluster(Cluster):
         as soon as the agent writes it (no polling, no FIFO to make and remove), and the facts are
         gathered while the agent starts."""
         peer = shlex.quote(node.host.private_ip or address)
-        direct = direct_address(node.host, address) if self._direct else None
+        direct = direct_address(node.host, address) if self._direct or node.fanned_by else None
         direct_arg = f"--direct {shlex.quote(direct)} " if direct else ""
         # PYTHONPATH: the includes when they were shipped (the folder says so, also to a pool
         # attached from its description), and the node's folder of packages `skyward install`
@@ -699,7 +707,7 @@ echo "@@port $hello"
         ``remote``: the node's login (None: started by the first node, sky.SSH(fanout=True))."""
         address = remote.host if remote is not None else node.host.address
         label = remote.label if remote is not None else f"node {node.index} ({node.host.address})"
-        direct = direct_address(node.host, address) if self._direct else None
+        direct = direct_address(node.host, address) if self._direct or node.fanned_by else None
         try:
             hello = json.loads(facts.get("port", ""))
             if hello.get("direct"):
@@ -1266,6 +1274,26 @@ def _connect_agent(remote: Remote | Callable[[], Remote], port: int | str | None
 
     assert port is not None
     return through_ssh(remote, port, python=python, direct=direct, who="agent")
+
+
+def _relayed_agent(node: _Node, address: str, login: Callable[[], Remote]) -> Any:
+    """A stream to the agent of a node the first node started (sky.SSH(fanout=True) without
+    direct=True): a direct-tcpip channel of the first node's SSH connection to the agent's
+    listener on ``address`` (sealed: no SSH carries the hop between the two hosts); the node's
+    own login (its Unix socket) when that connection is gone or the channel is refused."""
+    from skyward.bootstrap.routes import through_ssh
+
+    via = node.fanned_by
+    remote = via.remote if via is not None else None
+    if remote is not None and remote.conn is not None and remote.conn.is_connected and node.direct_port:
+        try:
+            return remote.tunnel(node.direct_port, host=address)
+        except Exception as exc:  # (paramiko.ChannelException, a transport that just closed)
+            log.info("node %d: the agent cannot be reached through node %d's connection (%s); logging in",
+                     node.index, via.index if via is not None else -1, exc)
+    target = node.agent_socket or node.agent_port
+    assert target is not None
+    return through_ssh(login, target, python=node_python(node), who="agent")
 
 
 def _run_dir(pool_dir: str) -> str:

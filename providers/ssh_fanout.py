@@ -5,16 +5,19 @@ The client brings the first node up as any other (its own login), then runs
 client's keys sign, they are never sent). That program logs into the other hosts with OpenSSH
 and runs on each the command the client would have run; each host's lines come back tagged with
 its node's index and are read exactly as a login of the client's own is read
-(ssh._UpReader). The client then reaches each agent directly on its private address (the
-reason fan-out needs ``direct=True``), and logs into a node later only when something needs its
-SSH (a stream the direct port refuses, ``skyward ssh``, a replacement). Releasing the pool
-goes through the first node the same way.
+(ssh._UpReader). Each agent it starts listens on its host's private address (sealed links,
+bootstrap/frames.py), where the client reaches it: straight with ``direct=True``, else through
+a direct-tcpip channel of the first node's SSH connection (one login carries every node's
+link: a cloud pool seen from outside its network). The client logs into a node later only
+when something needs its SSH (a stream the direct port refuses, ``skyward ssh``, a
+replacement). Releasing the pool goes through the first node the same way.
 
-A host is started by the first node when the client could have: an IP address the agent can
-listen on directly, no jump host, a user, and a host key the client already trusts (given, or
-in a known_hosts file it reads: the first node accepts only those keys). The others, and any
-host the first node could not log into (``ssh`` exits 255 before the host printed anything),
-are started by the client's own login, as without fan-out.
+A host is started by the first node when the client could have: a private IP address the
+first node logs into and the agent listens on (``SSHHost.private_ip``, a cloud node's address
+in its network, else the address the client uses), no jump host, a user, and a host key the
+client already trusts (given, or in a known_hosts file it reads: the first node accepts only
+those keys). The others, and any host the first node could not log into (``ssh`` exits 255
+before the host printed anything), are started by the client's own login, as without fan-out.
 """
 
 from __future__ import annotations
@@ -92,9 +95,10 @@ def destination(cluster: SSHCluster, node: _Node) -> Dest | str:
         return f"its ssh configuration cannot be read ({exc})"
     if config.get("proxyjump") or config.get("proxycommand"):
         return "~/.ssh/config reaches it through a proxy"
-    host = str(config.get("hostname") or h.address)
+    known_as = str(config.get("hostname") or h.address)  # (the name its known_hosts lines carry)
+    host = h.private_ip or known_as  # where the first node logs in and the agent listens
     if cluster.direct_address(h, host) is None:
-        return "its address is not private (the agent cannot be reached directly)"
+        return "its address is not private (give SSHHost(private_ip=...): the address other hosts reach it at)"
     port = int(h.port or config.get("port") or 22)
     user = h.user or config.get("user") or getpass.getuser()
     try:
@@ -103,7 +107,7 @@ def destination(cluster: SSHCluster, node: _Node) -> Dest | str:
             keys = [paramiko.PKey.from_type_string(kind, base64.b64decode(blob))]
         else:
             ours = Path(cluster._known_hosts).expanduser() if cluster._known_hosts else known_hosts_path()
-            keys = trusted_keys(host, port, config, ours)
+            keys = trusted_keys(known_as, port, config, ours)
     except Exception as exc:
         return f"its host keys cannot be read ({exc})"
     if not keys:
@@ -199,6 +203,7 @@ class FanOut:
         for i, node in nodes.items():
             dest = self.rest[i]
             node.agent_python = cluster._ship.agent_python
+            node.fanned_by = first  # (its agent listens on the private address: _agent_start)
             command, stdin = cluster._up_command(node, dest.argv[-1], cluster._ship)
             readers[i] = cluster.up_reader(node)
             lines[i] = []

@@ -120,3 +120,18 @@ def test_gcp_images_without_cloud_init_are_refused(image: str) -> None:
 
 def test_gcp_ubuntu_images_are_accepted() -> None:
     sky.GCP(image="projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64")
+
+
+def test_a_cloud_provider_pickled_before_a_field_was_added_loads_with_its_default() -> None:
+    """A named pool's description holds its pickled spec: one written by a skyward without
+    ``fanout`` (the newest field) still loads, and one from a newer skyward says so."""
+    import pickle
+
+    provider = sky.AWS(region="eu-west-1", fanout=True)
+    state = provider.__getstate__()
+    older = sky.AWS.__new__(sky.AWS)
+    older.__setstate__(state[:-1])
+    assert older.region == "eu-west-1" and older.fanout is False
+    assert pickle.loads(pickle.dumps(provider)).fanout is True
+    with pytest.raises(TypeError, match="newer skyward"):
+        sky.AWS.__new__(sky.AWS).__setstate__([*state, "extra"])

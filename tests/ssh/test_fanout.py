@@ -63,11 +63,47 @@ def where() -> str:
     return socket.gethostname()
 
 
-def test_fanout_needs_direct() -> None:
-    with pytest.raises(ConfigError, match=r"fanout=True\) needs direct=True"):
-        sky.SSH(hosts=["10.0.0.1"], fanout=True)
-    with pytest.raises(ConfigError, match="fanout="):
+def test_fanout_is_a_bool() -> None:
+    with pytest.raises(ConfigError, match=r"fanout='yes'\) is not valid"):
         sky.SSH(hosts=["10.0.0.1"], direct=True, fanout="yes")  # type: ignore[arg-type]
+    assert sky.SSH(hosts=["10.0.0.1"], fanout=True).fanout  # (direct is not needed)
+    with pytest.raises(ConfigError, match=r"AWS\(fanout=1\) is not valid"):
+        sky.AWS(fanout=1)  # type: ignore[arg-type]
+
+
+@sky.function
+def echo(blob: bytes) -> bytes:
+    return blob
+
+
+def test_without_direct_the_client_reaches_the_others_only_through_the_first(
+        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloud pool seen from outside its network: the client can reach the first host and no
+    other (routes to them blackholed here), so everything else goes through the first host's
+    login: the starts, every agent's link (sealed, on a channel of that login), the release."""
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")
+    cut = [h.address for h in list(hosts)[1:]]
+    added = []
+    try:
+        for address in cut:
+            subprocess.run(["ip", "route", "add", "blackhole", f"{address}/32"], check=True)
+            added.append(address)
+        logins = Logins(monkeypatch)
+        ssh = provider(hosts, known, fanout=True)
+        with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
+            names = where() @ pool
+            blob = bytes(range(256)) * 8192  # 2 MiB each way through the first host
+            assert echo(blob) @ pool == [blob] * len(hosts)
+            pool_id = pool.id
+        assert sorted(names) == sorted(h.name for h in hosts)
+        assert logins.hosts == [hosts[0].address], logins.hosts
+    finally:
+        for address in added:
+            subprocess.run(["ip", "route", "del", "blackhole", f"{address}/32"], check=False)
+    for h in hosts:  # released through the first host: nothing of the pool is left
+        left = on_host(h, f"pgrep -f '[s]kyward[.]bootstrap[.]agent' || true; "
+                          f"find /tmp /var/tmp /run $HOME -name '*{pool_id}*' 2>/dev/null || true").strip()
+        assert left == "", (h.name, left)
 
 
 def test_the_first_host_starts_the_others_and_releases_them(hosts: SSHHosts, tmp_path: Path,
@@ -139,3 +175,25 @@ def test_a_named_pool_started_by_fanout_is_attached_and_destroyed(hosts: SSHHost
         ssh.destroy(description)  # `skyward down`: no connection left to go through, a login each
     for h in hosts:
         assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name
+
+
+def test_the_first_host_logs_into_a_cloud_node_at_its_private_address() -> None:
+    """A cloud node: the client knows it by a public address, the other nodes by its private
+    one, where the first node logs in (its pinned key named so) and its agent listens."""
+    import types
+
+    import paramiko
+
+    from skyward.providers.ssh import SSHCluster, SSHHost, _Node
+    from skyward.providers.ssh_fanout import Dest, destination
+
+    key = paramiko.ECDSAKey.generate()
+    pinned = f"{key.get_name()} {key.get_base64()}"
+    cluster: Any = types.SimpleNamespace(_known_hosts=None, direct_address=SSHCluster.direct_address)
+    cloud = _Node(1, SSHHost(address="34.120.0.7", user="ubuntu", private_ip="10.1.2.3", host_key=pinned))
+    dest = destination(cluster, cloud)  # (nothing is contacted: destination only reads configuration)
+    assert isinstance(dest, Dest)
+    assert dest.argv == ["-p", "22", "-l", "ubuntu", "10.1.2.3"]
+    assert dest.known == [f"10.1.2.3 {pinned}"]
+    public_only = _Node(2, SSHHost(address="34.120.0.8", user="ubuntu", host_key=pinned))
+    assert "private_ip" in str(destination(cluster, public_only))

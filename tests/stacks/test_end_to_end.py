@@ -77,6 +77,31 @@ def test_stack_outputs_become_hosts_that_bootstrap_and_run_tasks(two_hosts: SSHH
     assert ops.count("update") == 1  # closing is one destroy, not an update that empties the pool first
 
 
+def test_a_fanned_out_cloud_pool_costs_the_client_one_login(two_hosts: SSHHosts,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """sky.AWS(fanout=True): the first node logs into the other at its private address (the key
+    pinned in the plan is the only one it accepts) and carries the client's link to its agent."""
+    from skyward.bootstrap import remote as remote_mod
+
+    logins: list[str] = []
+    login = remote_mod.Remote._login
+
+    def counted(remote: remote_mod.Remote) -> remote_mod.Remote:
+        logins.append(remote.target.host)
+        return login(remote)
+
+    monkeypatch.setattr(remote_mod.Remote, "_login", counted)
+    ws = FakeWorkspace(node_outputs=boot(two_hosts))
+    provider = sky.AWS(workspace=ws, user=two_hosts.user, detect_address=False, allow_ssh_from=["10.0.0.0/8"],
+                       install="wheelhouse", fanout=True)
+    with sky.Compute(provider=provider, nodes=2, options=sky.Options(console=False)) as pool:
+        answers = where() @ pool
+        assert pool.map(lambda x: x * x, range(6)) == [0, 1, 4, 9, 16, 25]
+    assert [a["node"] for a in answers] == [0, 1]
+    assert len(logins) == 1, logins  # the first node's; the other's start and release went through it
+    assert [kind for kind, _ in ws.calls][-3:] == ["refresh", "destroy", "remove"]
+
+
 def test_a_node_that_shows_another_host_key_is_refused_and_the_stack_destroyed(two_hosts: SSHHosts) -> None:
     """No trust on first use for cloud nodes: the key the client generated is the only one accepted."""
     ws = FakeWorkspace(node_outputs=boot(two_hosts, install_host_key=False))

@@ -55,7 +55,10 @@ class KeyAgent:
             self._open = False
             channels, self._channels = self._channels, []
         for chan in channels:
-            chan.close()
+            try:
+                chan.close()
+            except Exception as exc:  # (the connection under it closed first)
+                log.debug("closing a forwarded agent channel: %s", exc)
 
     def _serve(self, chan: paramiko.Channel) -> None:
         try:
@@ -76,7 +79,10 @@ class KeyAgent:
             with self._lock:
                 if chan in self._channels:
                     self._channels.remove(chan)
-            chan.close()
+            try:
+                chan.close()
+            except Exception as exc:  # (EOFError: the connection under it closed first)
+                log.debug("closing a forwarded agent channel: %s", exc)
 
     def _answer(self, body: bytes) -> bytes:
         kind = body[0]

@@ -503,7 +503,7 @@ class SSHCluster(Cluster):
         h = node.host
         node.agent_pid, node.agent_port = pid, port
         node.direct_port = int(facts["direct_port"]) if facts.get("direct_port") else None
-        node.direct_host = address if node.direct_port and self._direct else ""
+        node.direct_host = address if node.direct_port else ""
         login = functools.partial(self._logged_in, node)
         if self._direct or not node.direct_port:
             connect = functools.partial(_connect_agent, login, node.agent_socket or node.agent_port, node_python(node),
@@ -789,15 +789,26 @@ echo "@@port $hello"
         """sky.SSH(fanout=True): the nodes the client never logged into are released by a node
         it did log into (ssh_fanout.run_on_rest), as they were started; returns those left to
         release the usual way (a login each): the rest, and any that node could not reach."""
-        fanned = [n for n in nodes if n.remote is None and n.agent_pid is not None and n.pool_dir]
+        fanned = [n for n in nodes if n.remote is None and n.agent_pid is not None and n.pool_dir
+                  and n.fanned_by is not None]
         if not self._fanout or not fanned:
             return nodes
         from .ssh_fanout import Dest, destination, run_on_rest
 
-        via = next((n for n in [*nodes, *self.table.all()] if n not in fanned and n.remote is not None
-                    and n.remote.conn is not None and n.remote.conn.is_connected and n.home and n.agent_python),
-                   None)
-        if via is None or via.remote is None:
+        via = fanned[0].fanned_by
+        assert via is not None
+        fanned = [n for n in fanned if n.fanned_by is via]
+        if not (via.home and via.agent_python):
+            return nodes
+        with via.opening:
+            if via.remote is None:  # a described pool (`skyward down`): one login, not one per node
+                try:
+                    self._open(via, retry_for=min(10.0, self._ssh_timeout))
+                except Exception as exc:
+                    log.info("node %d cannot be reached to release the others (%s); logging into each",
+                             via.index, exc)
+                    return nodes
+        if via.remote is None or via.remote.conn is None or not via.remote.conn.is_connected:
             return nodes
         jobs = []
         for node in fanned:
@@ -1001,6 +1012,8 @@ echo "@@port $hello"
                     "agent_id": n.agent_id,
                     "direct_port": n.direct_port,
                     "direct_host": n.direct_host,
+                    # fan-out: the node that started it, through which it is reached and released
+                    "relay_via": n.fanned_by.index if n.fanned_by is not None else None,
                     "agent_python": n.agent_python,
                     "log": f"{n.pool_dir}/agent.log" if n.pool_dir else None,
                     "home": n.home,
@@ -1054,6 +1067,11 @@ echo "@@port $hello"
                                         agent_id=n.get("agent_id") or ""))
             for n in description["nodes"]
         ], int(description["next"]) if "next" in description else len(description["nodes"]))
+        by_index = {n.index: n for n in self.table.all()}
+        for n in description["nodes"]:
+            via = n.get("relay_via")
+            if via is not None and int(via) in by_index and int(via) != int(n["index"]):
+                by_index[int(n["index"])].fanned_by = by_index[int(via)]
         return self
 
     def _open(self, node: _Node, retry_for: float | None = None, connect_timeout: float | None = None) -> Remote:
@@ -1079,13 +1097,13 @@ echo "@@port $hello"
 
         def one(node: _Node) -> NodeEndpoint | Exception:
             assert node.endpoint is not None and (node.agent_port is not None or node.agent_socket)
-            first = self._direct_first(node)
+            first = self._direct_first(node) or self._relayed_first(node)
             if first is not None:  # the agent listens: it runs (its handshake proves whose it is)
                 self.table.add(node)
                 node.endpoint = dataclasses.replace(node.endpoint, connect=_lazy_connector(self, node, first))
                 return node.endpoint
             try:
-                remote = self._open(node)
+                remote = self._logged_in(node)  # (maybe made already: the node others are reached through)
             except Exception as exc:  # each node on its own: the others are still worth having
                 if node.remote is not None:
                     node.remote.close()
@@ -1121,6 +1139,20 @@ echo "@@port $hello"
         except OSError as exc:
             log.info("node %d (%s): no answer on the agent's direct port %d (%s); through SSH",
                      node.index, node.host.address, node.direct_port, exc)
+            return None
+
+    def _relayed_first(self, node: _Node) -> Any:
+        """A described node that the pool's first node started (fan-out, without direct=True):
+        a channel to its agent through that node's login, made once for all of them; None
+        where that node cannot be logged into or nothing answers (the node's own login then)."""
+        via = node.fanned_by
+        if self._direct or via is None or not (node.direct_host and node.direct_port):
+            return None
+        try:
+            return self._logged_in(via).tunnel(node.direct_port, host=node.direct_host)
+        except Exception as exc:
+            log.info("node %d (%s): its agent cannot be reached through node %d (%s); logging in",
+                     node.index, node.host.address, via.index, exc)
             return None
 
     def _logged_in(self, node: _Node) -> Remote:
@@ -1235,8 +1267,11 @@ def _lazy_connector(cluster: SSHCluster, node: _Node, first: socket.socket) -> C
                 return sock
             sock.close()
         assert node.direct_port is not None
-        return _connect_agent(lambda: cluster._logged_in(node), node.agent_socket or node.agent_port,
-                              node_python(node), (node.direct_host, node.direct_port))
+        login = functools.partial(cluster._logged_in, node)
+        if node.fanned_by is not None and not cluster._direct:
+            return _relayed_agent(node, node.direct_host, login)
+        return _connect_agent(login, node.agent_socket or node.agent_port, node_python(node),
+                              (node.direct_host, node.direct_port))
 
     return connect
 

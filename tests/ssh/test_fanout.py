@@ -172,7 +172,44 @@ def test_a_named_pool_started_by_fanout_is_attached_and_destroyed(hosts: SSHHost
             pool.close()
         assert logins.hosts == [hosts[0].address]
     finally:
-        ssh.destroy(description)  # `skyward down`: no connection left to go through, a login each
+        ssh.destroy(description)  # `skyward down`: one login, the first host releases the others
+    assert logins.hosts == [hosts[0].address] * 2, logins.hosts
+    for h in hosts:
+        assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name
+
+
+def test_a_named_pool_without_direct_is_attached_and_destroyed_through_its_first_host(
+        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`skyward up`, `exec`, `down` of a fanned-out pool the client reaches only through its first
+    host: each is one login (the first host's), whatever the pool's size."""
+    from helpers import running_description
+
+    from skyward.core.pool import Pool
+
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")
+    ssh = provider(hosts, known, fanout=True)
+    spec = sky.Spec(provider=ssh, nodes=len(hosts))
+    cut = [h.address for h in list(hosts)[1:]]
+    added = []
+    try:
+        for address in cut:
+            subprocess.run(["ip", "route", "add", "blackhole", f"{address}/32"], check=True)
+            added.append(address)
+        logins = Logins(monkeypatch)
+        description = running_description(ssh, spec, "relayed")
+        assert [n["relay_via"] for n in description["nodes"]] == [None, 0, 0, 0]
+        try:
+            pool = Pool(spec, QUIET, sky.Worker(), cluster=ssh.attach(description))  # `skyward exec`
+            try:
+                assert sorted(where() @ pool) == sorted(h.name for h in hosts)
+            finally:
+                pool.close()
+        finally:
+            ssh.destroy(description)  # `skyward down`
+        assert logins.hosts == [hosts[0].address] * 3, logins.hosts  # up, exec, down
+    finally:
+        for address in added:
+            subprocess.run(["ip", "route", "del", "blackhole", f"{address}/32"], check=False)
     for h in hosts:
         assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name
 

@@ -178,6 +178,40 @@ def test_a_named_pool_started_by_fanout_is_attached_and_destroyed(hosts: SSHHost
         assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name
 
 
+def test_when_the_first_hosts_connection_goes_the_others_are_restarted_in_place(
+        hosts: SSHHosts, tmp_path: Path) -> None:
+    """Without direct=True the first host's login carries every link: when it breaks, each node
+    is lost and comes back on its own host (a restart in place through its own login), and the
+    pool goes on with all of them."""
+    import time
+
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")
+    three = list(hosts)[:3]
+    ssh = provider(three, known, fanout=True)
+    with sky.Compute(provider=ssh, nodes=3, options=QUIET) as pool:
+        assert sorted(where() @ pool) == sorted(h.name for h in three)
+        first = pool.cluster.table.nodes[0]  # type: ignore[attr-defined]
+        before = {n.host.address: n.agent_pid for n in pool.cluster.table.nodes.values()}  # type: ignore[attr-defined]
+        assert first.remote is not None
+        first.remote.close()
+        deadline = time.monotonic() + 120
+        while True:
+            nodes = pool.cluster.table.nodes  # type: ignore[attr-defined]
+            restarted = len(nodes) == 3 and all(n.remote is not None for n in nodes.values())
+            if restarted:
+                try:
+                    names = where() @ pool
+                except Exception:  # (a node lost while it ran: the next try)
+                    names = []
+                if sorted(names) == sorted(h.name for h in three):
+                    break
+            assert time.monotonic() < deadline, f"not restarted in 120 s: {nodes}"
+            time.sleep(0.5)
+        hosts_now = sorted(n.host.address for n in nodes.values())
+        assert hosts_now == sorted(h.address for h in three)  # the same hosts, no others
+        assert all(n.agent_pid != before[n.host.address] for n in nodes.values())  # new agents
+
+
 def test_a_named_pool_without_direct_is_attached_and_destroyed_through_its_first_host(
         hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`skyward up`, `exec`, `down` of a fanned-out pool the client reaches only through its first

@@ -4,6 +4,7 @@ network namespaces (tests/sshhosts.py), which reach each other over their bridge
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -58,6 +59,21 @@ class Logins:
         monkeypatch.setattr(remote_mod.Remote, "_login", counted)
 
 
+@contextlib.contextmanager
+def unreachable_from_here(hosts: list[SSHHost]) -> Iterator[None]:
+    """The client (this namespace) loses its routes to ``hosts`` (blackholed); the hosts still
+    reach each other over their bridge. The routes are removed whatever happens."""
+    added: list[str] = []
+    try:
+        for h in hosts:
+            subprocess.run(["ip", "route", "add", "blackhole", f"{h.address}/32"], check=True)
+            added.append(h.address)
+        yield
+    finally:
+        for address in added:
+            subprocess.run(["ip", "route", "del", "blackhole", f"{address}/32"], check=False)
+
+
 @sky.function
 def where() -> str:
     return socket.gethostname()
@@ -82,12 +98,7 @@ def test_without_direct_the_client_reaches_the_others_only_through_the_first(
     other (routes to them blackholed here), so everything else goes through the first host's
     login: the starts, every agent's link (sealed, on a channel of that login), the release."""
     known = hosts.write_known_hosts(tmp_path / "known_hosts")
-    cut = [h.address for h in list(hosts)[1:]]
-    added = []
-    try:
-        for address in cut:
-            subprocess.run(["ip", "route", "add", "blackhole", f"{address}/32"], check=True)
-            added.append(address)
+    with unreachable_from_here(list(hosts)[1:]):
         logins = Logins(monkeypatch)
         ssh = provider(hosts, known, fanout=True)
         with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
@@ -97,9 +108,6 @@ def test_without_direct_the_client_reaches_the_others_only_through_the_first(
             pool_id = pool.id
         assert sorted(names) == sorted(h.name for h in hosts)
         assert logins.hosts == [hosts[0].address], logins.hosts
-    finally:
-        for address in added:
-            subprocess.run(["ip", "route", "del", "blackhole", f"{address}/32"], check=False)
     for h in hosts:  # released through the first host: nothing of the pool is left
         left = on_host(h, f"pgrep -f '[s]kyward[.]bootstrap[.]agent' || true; "
                           f"find /tmp /var/tmp /run $HOME -name '*{pool_id}*' 2>/dev/null || true").strip()
@@ -223,12 +231,7 @@ def test_a_named_pool_without_direct_is_attached_and_destroyed_through_its_first
     known = hosts.write_known_hosts(tmp_path / "known_hosts")
     ssh = provider(hosts, known, fanout=True)
     spec = sky.Spec(provider=ssh, nodes=len(hosts))
-    cut = [h.address for h in list(hosts)[1:]]
-    added = []
-    try:
-        for address in cut:
-            subprocess.run(["ip", "route", "add", "blackhole", f"{address}/32"], check=True)
-            added.append(address)
+    with unreachable_from_here(list(hosts)[1:]):
         logins = Logins(monkeypatch)
         description = running_description(ssh, spec, "relayed")
         assert [n["relay_via"] for n in description["nodes"]] == [None, 0, 0, 0]
@@ -241,9 +244,6 @@ def test_a_named_pool_without_direct_is_attached_and_destroyed_through_its_first
         finally:
             ssh.destroy(description)  # `skyward down`
         assert logins.hosts == [hosts[0].address] * 3, logins.hosts  # up, exec, down
-    finally:
-        for address in added:
-            subprocess.run(["ip", "route", "del", "blackhole", f"{address}/32"], check=False)
     for h in hosts:
         assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name
 

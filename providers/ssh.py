@@ -1105,8 +1105,6 @@ echo "@@port $hello"
             try:
                 remote = self._logged_in(node)  # (maybe made already: the node others are reached through)
             except Exception as exc:  # each node on its own: the others are still worth having
-                if node.remote is not None:
-                    node.remote.close()
                 return exc
             self.table.add(node)  # a dead agent's too: its replacement restarts it there
             if node.agent_pid:  # the host answers; does its agent still run? (one command)
@@ -1159,7 +1157,15 @@ echo "@@port $hello"
         """The node's SSH connection, logged into now if it was handed out without one (a
         described node whose agent answered on its direct port)."""
         with node.opening:
-            return node.remote or self._open(node)
+            if node.remote is not None:
+                return node.remote
+            try:
+                return self._open(node)
+            except BaseException:
+                if node.remote is not None:  # (a failed login: the next caller tries again)
+                    node.remote.close()
+                    node.remote = None
+                raise
 
     def remote(self, index: int) -> Remote:
         """The SSH connection node ``index``'s agent tunnel rides on (its pinned host key, its

@@ -55,10 +55,7 @@ class KeyAgent:
             self._open = False
             channels, self._channels = self._channels, []
         for chan in channels:
-            try:
-                chan.close()
-            except Exception as exc:  # (the connection under it closed first)
-                log.debug("closing a forwarded agent channel: %s", exc)
+            _close(chan)
 
     def _serve(self, chan: paramiko.Channel) -> None:
         try:
@@ -79,10 +76,7 @@ class KeyAgent:
             with self._lock:
                 if chan in self._channels:
                     self._channels.remove(chan)
-            try:
-                chan.close()
-            except Exception as exc:  # (EOFError: the connection under it closed first)
-                log.debug("closing a forwarded agent channel: %s", exc)
+            _close(chan)
 
     def _answer(self, body: bytes) -> bytes:
         kind = body[0]
@@ -144,3 +138,11 @@ def _take(body: bytes, at: int) -> tuple[bytes, int]:
 
 def _message(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
+
+
+def _close(chan: paramiko.Channel) -> None:
+    """Close a forwarded agent's channel; its connection may have closed first (EOFError)."""
+    try:
+        chan.close()
+    except Exception as exc:
+        log.debug("closing a forwarded agent channel: %s", exc)

@@ -258,6 +258,7 @@ class _Node:
     # The node whose login started this one (fan-out): its agent listens on the private address
     # too, and without direct=True the client reaches it through that node's SSH connection.
     fanned_by: _Node | None = None
+    rejoined: bool = False  # the same agent as a lost node's, reached again (SSHCluster._rejoin)
 
 
 class _UpReader:
@@ -862,6 +863,14 @@ echo "@@port $hello"
                 raise ProviderError(f"node {lost.index} is not one of this pool's nodes any more")
             (node,) = self.table.claim_locked(1, lambda index: _Node(index, old.host))
             elsewhere = bool(self._free) or self.replace_host is not None
+        try:
+            rejoined = self._rejoin(node, old)
+        except BaseException:
+            self.table.forget([node])
+            raise
+        if rejoined is not None:
+            self._swap(old, node)
+            return rejoined
         try:  # (a node that does not come up leaves the table again)
             self._prepare()
         except BaseException:
@@ -890,6 +899,57 @@ echo "@@port $hello"
             raise
         self._swap(old, node)
         return endpoint
+
+    def _rejoin(self, node: _Node, old: _Node) -> NodeEndpoint | None:
+        """``old``'s agent again, as ``node``, where only the link to it was lost: a node the
+        first node started (fan-out without direct=True), whose link rode that node's SSH
+        connection. When that connection breaks, every such link goes with it while the agents
+        run on; each is reached again through a connection the client holds to a node of the
+        pool (the first node's, once its own replacement has logged in again), with no login to
+        its host and no new agent. None when that is not the case or the agent does not answer
+        there (the node is restarted or replaced as any lost node is)."""
+        if (self._direct or old.fanned_by is None or old.rejoined or old.remote is not None
+                or not (old.direct_host and old.direct_port)):
+            return None
+        deadline = time.monotonic() + min(60.0, self._ssh_timeout + _AGENT_START_TIMEOUT)
+        while (via := self._carrier(old)) is None:
+            if time.monotonic() >= deadline or old.index not in self._nodes:
+                log.info("node %d: no connection of the pool's to reach its agent through; restarting it",
+                         old.index)
+                return None
+            time.sleep(0.2)
+        assert via.remote is not None
+        try:
+            first = via.remote.tunnel(old.direct_port, host=old.direct_host)
+        except Exception as exc:  # (paramiko.ChannelException: nothing listens there any more)
+            log.info("node %d: its agent does not answer through node %d (%s); restarting it",
+                     old.index, via.index, exc)
+            return None
+        for name in ("home", "agent_python", "pool_dir", "agent_pid", "agent_port", "agent_socket",
+                     "agent_id", "direct_port", "direct_host", "fan"):
+            setattr(node, name, getattr(old, name))
+        node.fanned_by, node.rejoined = via, True
+        relayed = functools.partial(_relayed_agent, node, old.direct_host, functools.partial(self._logged_in, node))
+        opened = [first]
+
+        def connect() -> Any:  # the channel that found the agent, then new ones
+            return opened.pop() if opened else relayed()
+
+        h = node.host
+        node.endpoint = (dataclasses.replace(old.endpoint, index=node.index, connect=connect) if old.endpoint else
+                         NodeEndpoint(index=node.index, private_ip=h.private_ip or old.direct_host, public_ip=None,
+                                      hostname=h.hostname or h.address, connect=connect, agent_id=old.agent_id))
+        log.info("node %d: its agent is reached again through node %d, as node %d", old.index, via.index, node.index)
+        return node.endpoint
+
+    def _carrier(self, old: _Node) -> _Node | None:
+        """A node of the pool whose SSH connection the client holds (the host that started
+        ``old`` first, then the lowest index), to carry a link to ``old``'s agent."""
+        with self._lock:
+            live = [n for n in self._nodes.values() if n is not old and n.remote is not None
+                    and n.remote.conn is not None and n.remote.conn.is_connected]
+        start = old.fanned_by.host if old.fanned_by is not None else None
+        return min(live, key=lambda n: (n.host is not start, n.index), default=None)
 
     def _restart(self, node: _Node, old: _Node, remote: Remote) -> NodeEndpoint:
         """The same host: stop what is left of the old agent, then start a new one -- straight

@@ -186,11 +186,11 @@ def test_a_named_pool_started_by_fanout_is_attached_and_destroyed(hosts: SSHHost
         assert on_host(h, "pgrep -f '[s]kyward[.]bootstrap[.]agent' || true").strip() == "", h.name
 
 
-def test_when_the_first_hosts_connection_goes_the_others_are_restarted_in_place(
-        hosts: SSHHosts, tmp_path: Path) -> None:
-    """Without direct=True the first host's login carries every link: when it breaks, each node
-    is lost and comes back on its own host (a restart in place through its own login), and the
-    pool goes on with all of them."""
+def test_when_the_first_hosts_connection_goes_the_others_are_reached_again_through_its_new_one(
+        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without direct=True the first host's login carries every link: when it breaks, the first
+    node is restarted in place (a login, a new agent), and the others, whose agents ran on, are
+    reached again through that new login: no login to their hosts, the same agents."""
     import time
 
     known = hosts.write_known_hosts(tmp_path / "known_hosts")
@@ -201,23 +201,53 @@ def test_when_the_first_hosts_connection_goes_the_others_are_restarted_in_place(
         first = pool.cluster.table.nodes[0]  # type: ignore[attr-defined]
         before = {n.host.address: n.agent_pid for n in pool.cluster.table.nodes.values()}  # type: ignore[attr-defined]
         assert first.remote is not None
+        logins = Logins(monkeypatch)
         first.remote.close()
         deadline = time.monotonic() + 120
         while True:
             nodes = pool.cluster.table.nodes  # type: ignore[attr-defined]
-            restarted = len(nodes) == 3 and all(n.remote is not None for n in nodes.values())
-            if restarted:
+            if len(nodes) == 3 and 0 not in nodes and all(n.endpoint is not None for n in nodes.values()):
                 try:
                     names = where() @ pool
                 except Exception:  # (a node lost while it ran: the next try)
                     names = []
                 if sorted(names) == sorted(h.name for h in three):
                     break
-            assert time.monotonic() < deadline, f"not restarted in 120 s: {nodes}"
+            assert time.monotonic() < deadline, f"not back in 120 s: {nodes}"
             time.sleep(0.5)
-        hosts_now = sorted(n.host.address for n in nodes.values())
-        assert hosts_now == sorted(h.address for h in three)  # the same hosts, no others
-        assert all(n.agent_pid != before[n.host.address] for n in nodes.values())  # new agents
+        assert sorted(n.host.address for n in nodes.values()) == sorted(h.address for h in three)
+        pids = {n.host.address: n.agent_pid for n in nodes.values()}
+        assert pids[three[0].address] != before[three[0].address]  # the first: a new agent
+        assert [pids[h.address] for h in three[1:]] == [before[h.address] for h in three[1:]]  # the same
+        assert all(n.rejoined and n.remote is None for n in nodes.values() if n.host.address != three[0].address)
+        assert logins.hosts == [three[0].address], logins.hosts  # one login, to the first host
+        assert sorted(where() @ pool) == sorted(h.name for h in three)
+
+
+def test_a_relayed_node_whose_agent_died_is_restarted_not_rejoined(hosts: SSHHosts, tmp_path: Path) -> None:
+    """A link lost because the agent died (the first host's connection fine): nothing answers
+    on its port, so the node is restarted in place as any lost node is, at once."""
+    import time
+
+    known = hosts.write_known_hosts(tmp_path / "known_hosts")
+    three = list(hosts)[:3]
+    with sky.Compute(provider=provider(three, known, fanout=True), nodes=3, options=QUIET) as pool:
+        assert sorted(where() @ pool) == sorted(h.name for h in three)
+        victim = pool.cluster.table.nodes[1]  # type: ignore[attr-defined]
+        on_host(next(h for h in three if h.address == victim.host.address), f"kill -9 {victim.agent_pid}")
+        t0 = time.monotonic()
+        while True:
+            nodes = pool.cluster.table.nodes  # type: ignore[attr-defined]
+            if len(nodes) == 3 and 1 not in nodes:
+                try:
+                    if sorted(where() @ pool) == sorted(h.name for h in three):
+                        break
+                except Exception:
+                    pass
+            assert time.monotonic() - t0 < 60, f"not back in 60 s: {nodes}"
+            time.sleep(0.3)
+        back = next(n for n in nodes.values() if n.host.address == victim.host.address)
+        assert back.agent_pid != victim.agent_pid and not back.rejoined
 
 
 def test_a_named_pool_without_direct_is_attached_and_destroyed_through_its_first_host(

@@ -10,6 +10,7 @@ tests/ssh/test_fork_safety.py.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -97,7 +98,11 @@ def test_a_living_forked_child_does_not_hold_up_the_parents_close() -> None:
             finally:
                 os._exit(0)
         start = time.monotonic()
+        # (Seen once in CI, not reproduced since: a close that took the child's 30 s. Should it
+        # come back, the stacks of what the close waits on are in the failure's output.)
+        faulthandler.dump_traceback_later(10, exit=False)
     took = time.monotonic() - start
+    faulthandler.cancel_dump_traceback_later()
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     assert took < 3, f"the pool took {took:.1f} s to close while a forked child lived"

@@ -171,6 +171,38 @@ def test_a_pool_left_open_at_exit_is_closed_by_its_opener_not_by_a_child(tmp_pat
         kill_all([int(p) for p in pids])
 
 
+def test_a_child_forked_while_the_pool_writes_its_log_exits(tmp_path: Path) -> None:
+    """A thread writing the pool's log file when another forks held the file's buffer: the
+    child hung for good at its exit, which flushes that buffer. Our handlers are held over
+    the fork, so no child inherits a write in progress."""
+    script = tmp_path / "logging_fork.py"
+    script.write_text(textwrap.dedent("""
+        import logging, os, sys, threading, time
+        import skyward as sky
+
+        session = sky.Session(options=sky.Options(console=False))
+        pool = session.compute(nodes=1)
+        log = logging.getLogger("skyward.observe.events")  # (the pool's log file's handler)
+        threading.Thread(target=lambda: [log.info("x" * 3000) for _ in iter(int, 1)], daemon=True).start()
+        for i in range(100):
+            child = os.fork()
+            if child == 0:
+                sys.exit(0)  # the exit flushes what the child has of the parent's files
+            end = time.monotonic() + 10
+            while not os.waitpid(child, os.WNOHANG)[0]:
+                if time.monotonic() > end:
+                    os.kill(child, 9)
+                    os.waitpid(child, 0)
+                    print("hung", i, flush=True)
+                    os._exit(1)
+                time.sleep(0.005)
+        print("ok", flush=True)
+        session.close()
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
+
+
 # -- the event bus --------------------------------------------------------------------------------
 def test_a_forked_childs_events_reach_its_subscribers_and_not_the_parents_views() -> None:
     got: list[str] = []

@@ -1,7 +1,7 @@
 """SSH pools of many hosts (tests/sshhosts.py netns hosts; root).
 
-    .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet] [--fleet 4,16,32] [--direct]
-                                             [--fanout]
+    .venv/bin/python benchmarks/ssh_fleet.py [--rounds N] [--json PATH] [--only home|fleet|relay] [--fleet 4,16,32]
+                                             [--direct] [--fanout] [--relay-hosts N]
                                              [--no-bytecode-cache]
 
 home: enter time of a pool on 3 hosts that share one home directory (an NFS-mounted home, as on
@@ -26,6 +26,11 @@ per node, each figure in a fresh client process as a new program or `skyward exe
 The client's CPU per node is given as total / hosts and as the slope between the smallest and
 the largest fleet (what one more node costs), and a 1,000-node pool is estimated from the
 slope and the fixed part (the intercept).
+
+relay: a sky.SSH(fanout=True) pool (no direct) on --relay-hosts hosts whose first host's SSH
+connection breaks (closed by the client): the time until every node answers again, the client's
+logins meanwhile and its CPU, with the other agents reached again through the new connection
+(rejoined) and, in turns, with each restarted in place through a login of its own (as before).
 """
 
 from __future__ import annotations
@@ -202,6 +207,70 @@ def fleet(sizes: list[int], rounds: int) -> dict[str, Any]:
     return results
 
 
+def _relay_loss(hosts: SSHHosts, rejoin: bool) -> dict[str, float]:
+    """One break of the first host's connection in a fan-out pool: until all answer again."""
+    from skyward.bootstrap import remote as remote_mod
+    from skyward.providers.ssh import SSHCluster
+
+    logins: list[str] = []
+    login, rejoined = remote_mod.Remote._login, SSHCluster._rejoin
+
+    def counted(remote: Any) -> Any:
+        logins.append(remote.target.host)
+        return login(remote)
+
+    remote_mod.Remote._login = counted  # type: ignore[method-assign]
+    if not rejoin:
+        SSHCluster._rejoin = lambda self, node, old: None  # type: ignore[method-assign]
+    try:
+        ssh = sky.SSH(hosts=[sky.SSHHost(address=h.address, port=h.port, user=h.user, key=str(h.key_path))
+                             for h in hosts], fanout=True)
+        with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
+            names = sorted(where() @ pool)
+            nodes = pool.cluster.table.nodes  # type: ignore[attr-defined]
+            remote_mod.close_parked()  # (connections earlier pools left: a restart would take them)
+            logins.clear()
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            nodes[0].remote.close()
+            while True:
+                time.sleep(0.05)
+                if len(nodes) == len(hosts) and 0 not in nodes and all(n.endpoint for n in nodes.values()):
+                    try:
+                        if sorted(where() @ pool) == names:
+                            break
+                    except Exception:
+                        pass
+                if time.perf_counter() - wall0 > 300:
+                    raise RuntimeError("the pool did not come back in 300 s")
+            return {"back_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
+                    "logins": float(len(logins))}
+    finally:
+        remote_mod.Remote._login = login  # type: ignore[method-assign]
+        SSHCluster._rejoin = rejoined  # type: ignore[method-assign]
+
+
+@sky.function
+def where() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def relay(n: int, rounds: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, float]]] = {"rejoined": [], "restarted": []}
+    with SSHHosts(n, mode="netns", shared_home=True) as hosts:
+        enter(hosts)  # installs (not timed)
+        for _ in range(rounds):
+            for name in runs:
+                runs[name].append(_relay_loss(hosts, rejoin=name == "rejoined"))
+    out = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    print(f"{n} hosts, the first host's connection broken ({rounds} rounds, medians):")
+    print(f"{'':>11}{'back in s':>11}{'logins':>8}{'client CPU s':>14}")
+    for name, r in out.items():
+        print(f"{name:>11}{r['back_s']:>11.2f}{r['logins']:>8.0f}{r['cpu_s']:>14.3f}")
+    return out
+
+
 def report_fleet(results: dict[str, Any]) -> None:
     print(f"{'hosts':>6}{'enter s':>9}{'floor s':>9}{'enter ms/host':>15}{'exec s':>8}{'exec ms/host':>14}"
           f"{'map items/s':>13}{'map CPU s/100k':>16}{'idle ms/s/host':>16}")
@@ -225,7 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="fresh host sets per layout, runs per fleet (default 3)")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--only", choices=("home", "fleet"), help="one of the two parts")
+    parser.add_argument("--only", choices=("home", "fleet", "relay"), help="one of the parts")
     parser.add_argument("--fleet", default="4,16,32", help="fleet sizes (default 4,16,32)")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="clients compile what they import (as before 2026-12-03's runs)")
@@ -234,6 +303,7 @@ def main() -> None:
     parser.add_argument("--fanout", action="store_true",
                         help="sky.SSH(fanout=True): the first host starts the others (without --direct it "
                              "also carries the client's links to their agents)")
+    parser.add_argument("--relay-hosts", type=int, default=16, help="hosts of the relay part (default 16)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -258,6 +328,8 @@ def main() -> None:
     if args.only in (None, "fleet"):
         results["fleet"] = fleet([int(n) for n in args.fleet.split(",")], args.rounds)
         report_fleet(results["fleet"])
+    if args.only in (None, "relay"):
+        results["relay"] = relay(args.relay_hosts, args.rounds)
     print(f"load average at end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

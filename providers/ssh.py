@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyward.ssh")
 Install = Literal["wheelhouse", "index"]
 _AGENT_START_TIMEOUT = 30
+_REJOIN_WAIT = 20.0  # for a connection to a pool host, to reach a lost link's agent again (_rejoin)
 
 
 # Seconds a cloud node may take from "running" to accepting the pool's key over SSH.
@@ -911,7 +912,9 @@ echo "@@port $hello"
         if (self._direct or old.fanned_by is None or old.rejoined or old.remote is not None
                 or not (old.direct_host and old.direct_port)):
             return None
-        deadline = time.monotonic() + min(60.0, self._ssh_timeout + _AGENT_START_TIMEOUT)
+        # The first node's own replacement logs in again meanwhile (about a second). A host that
+        # is gone is not waited for long: the old way (a login each) is the fallback.
+        deadline = time.monotonic() + min(_REJOIN_WAIT, self._ssh_timeout)
         while (via := self._carrier(old)) is None:
             if time.monotonic() >= deadline or old.index not in self._nodes:
                 log.info("node %d: no connection of the pool's to reach its agent through; restarting it",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 def alive(pid: int) -> bool:
@@ -45,3 +47,28 @@ def wait_gone(pid: int, timeout: float | None) -> bool:
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def hold_over_fork(held: Callable[[], list[Any]]) -> None:
+    """From now on, each fork of this process first takes what ``held()`` returns (locks, or
+    logging handlers: anything with ``acquire`` and ``release``) and lets go just after, in the
+    parent and in the child. Whatever a thread does while holding one of them (a write to a
+    buffered file) is then never half done in a child, where nothing would finish it: a file's
+    buffer inherited locked hangs the child for good when it flushes that file at its exit."""
+    taken: list[Any] = []
+
+    def before() -> None:
+        items = held()
+        for item in items:
+            item.acquire()
+        taken[:] = items
+
+    def after() -> None:
+        items, taken[:] = list(taken), []
+        for item in items:
+            try:
+                item.release()
+            except RuntimeError:  # (in the child, a lock its owner's module made anew already)
+                pass
+
+    os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)

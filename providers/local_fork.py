@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 
-from skyward.bootstrap.procs import alive, wait_gone
+from skyward.bootstrap.procs import alive, hold_over_fork, wait_gone
 
 # Building a sky.Compute of Local nodes imports this module to start the warm server, so it
 # loads nothing the server's start does not need: json (whose regexes compile on import),
@@ -319,30 +319,15 @@ import atexit  # noqa: E402
 
 atexit.register(_close_warm)
 
-_held_at_fork: list[threading.Lock] = []
-
-
-def _hold_writers_for_fork() -> None:
-    """Before a fork: no request is being written to a server's stdin (its buffer's lock,
-    inherited held, would hang the child at its exit, where the file is flushed)."""
+def _writers() -> list[threading.Lock]:
+    """The locks under which requests are written to the servers' stdin (held over a fork)."""
     while True:
         try:
-            held = [server._writing for server in list(ForkServer.running)]
-            break
+            return [server._writing for server in list(ForkServer.running)]
         except RuntimeError:  # (a server started meanwhile, on another thread)
             continue
-    for lock in held:
-        lock.acquire()
-    _held_at_fork[:] = held
-
-
-def _release_writers_after_fork() -> None:
-    held, _held_at_fork[:] = list(_held_at_fork), []
-    for lock in held:
-        lock.release()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_hold_writers_for_fork, after_in_parent=_release_writers_after_fork,
-                        after_in_child=_release_writers_after_fork)
+    hold_over_fork(_writers)
     os.register_at_fork(after_in_child=_let_go_in_child)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from skyward.bootstrap.procs import hold_over_fork
 from skyward.errors import ConfigError
 from skyward.observe.secrets import RedactingFilter
 from skyward.paths import skyward_home
@@ -468,31 +469,9 @@ def _forget_parents_handlers() -> None:
         _saved = None
 
 
-# Held from just before a fork to just after it (in both processes): our handlers' locks, under
-# which they write and flush. A thread inside a handler's write when another forks would leave
-# the file's buffer locked in the child for good, and the child would hang at its exit, where
-# the buffer is flushed (logging's exit hook, or the file object's collection).
-_held_at_fork: list[logging.Handler] = []
-
-
-def _hold_handlers_for_fork() -> None:
-    held = [*_files.values(), *([_console] if _console is not None else [])]
-    for handler in held:
-        handler.acquire()
-    _held_at_fork[:] = held
-
-
-def _release_handlers_after_fork() -> None:
-    held, _held_at_fork[:] = list(_held_at_fork), []
-    for handler in held:
-        try:
-            handler.release()
-        except RuntimeError:  # (in the child: logging made the lock anew already)
-            pass
-
-
-os.register_at_fork(before=_hold_handlers_for_fork, after_in_parent=_release_handlers_after_fork,
-                    after_in_child=_release_handlers_after_fork)
+# Our handlers write and flush under their locks: a fork waits for a write in progress (a thread
+# inside one when another forks would leave the file's buffer locked in the child for good).
+hold_over_fork(lambda: [*_files.values(), *([_console] if _console is not None else [])])
 os.register_at_fork(after_in_child=_forget_parents_handlers)
 
 

@@ -1,13 +1,16 @@
 """Whether a process runs, and waiting until it does not, as the node side and the client's
-sweeps need to know it."""
+sweeps need to know it; and what a fork must wait for (``hold_over_fork``)."""
 
 from __future__ import annotations
 
 import os
 import select
 import time
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # (a Local pool's fork server loads this module: no typing at run time)
+    from collections.abc import Callable
+    from typing import Any
 
 
 def alive(pid: int) -> bool:

@@ -10,6 +10,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +29,9 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from .conftest import CLI  # noqa: E402
 from .dashboard_helpers import SECRET, TOML, artifacts, dashboard, program, wait_for  # noqa: E402
 
+# The nodes table's own rows: a chart's legend (uPlot draws it as a table) sits in a row's cell,
+# and its rows would match a looser selector once the chart has points.
+NODE_ROWS = "#nodes-table > tbody > tr"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -114,7 +118,7 @@ def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) ->
         """)
         try:
             browser.get(d.base + "/pools/demo")
-            wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr")) == 2, 30,
+            wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, NODE_ROWS)) == 2, 30,
                      "two nodes")
             chart = "#chart-0"
             first = wait_for(lambda: int(browser.find_element(By.CSS_SELECTOR, chart).get_attribute("data-points")
@@ -168,7 +172,7 @@ def test_the_dashboard_shows_a_pool_live_and_stops_it(cli: CLI, browser: Any) ->
         _click(browser, "#resize")
         assert "from 2 to 1" in _confirm(browser)
         wait_for(lambda: len(cli.record("demo")["cluster"]["nodes"]) == 1, 60, "the pool to shrink")
-        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr")) == 1, 30,
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, NODE_ROWS)) == 1, 30,
                  "the page to show one node")
         pages.append(browser.page_source)
 
@@ -222,6 +226,44 @@ def _check_facts_and_shoot(driver: Any, name: str) -> None:
     driver.set_window_size(1280, 1000)
 
 
+# The page's fetch, wrapped: the next answer about pool demo is held back 1.5 s and made to say
+# one node (an answer from before a resize), so that a later load's answer overtakes it.
+STALE_ANSWER = """
+const real = window.fetch;
+let held = false;
+window.staleAnswerSent = false;
+window.fetch = async (url, opts) => {
+  const response = await real(url, opts);
+  if (held || !String(url).endsWith("/api/pools/demo")) return response;
+  held = true;
+  const d = await response.json();
+  d.hosts = d.hosts.slice(0, 1);
+  d.nodes = 1;
+  await new Promise((done) => setTimeout(done, 1500));
+  window.staleAnswerSent = true;
+  return new Response(JSON.stringify(d), { status: 200, headers: { "Content-Type": "application/json" } });
+};
+loadPool();
+loadPool();
+"""
+
+
+def test_an_answer_overtaken_by_a_later_one_does_not_repaint_the_pool_page(cli: CLI, browser: Any) -> None:
+    """The pool page loads again on every change (live events, its own buttons): a load begun
+    before a resize may answer after the one begun after it. The newest load's answer is shown,
+    whatever order the answers come in."""
+    cli.toml(TOML)
+    assert cli("up", "demo").code == 0
+    with dashboard(cli) as d:
+        browser.get(d.url)
+        browser.get(d.base + "/pools/demo")
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, NODE_ROWS)) == 2, 30, "two nodes")
+        browser.execute_script(STALE_ANSWER)
+        wait_for(lambda: browser.execute_script("return window.staleAnswerSent"), 30, "the held answer")
+        time.sleep(0.5)  # what the page does with it, it has done
+        assert len(browser.find_elements(By.CSS_SELECTOR, NODE_ROWS)) == 2
+
+
 def test_the_pool_page_keeps_facts_whole_reads_its_time_axis_and_explains_empty_charts(
         cli: CLI, browser: Any) -> None:
     import re
@@ -232,7 +274,7 @@ def test_the_pool_page_keeps_facts_whole_reads_its_time_axis_and_explains_empty_
     with dashboard(cli) as d:
         browser.get(d.url)
         browser.get(d.base + "/pools/quiet")
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#nodes-table tbody tr"), 30, "the node")
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, NODE_ROWS), 30, "the node")
         note = wait_for(lambda: [e for e in browser.find_elements(By.XPATH, NOTE) if e.is_displayed()], 10,
                         "the sentence that says why there are no charts")
         assert "samples no metrics" in note[0].text

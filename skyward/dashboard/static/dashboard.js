@@ -29,6 +29,14 @@ function h(tag, attrs, ...children) {
 // opens no API call: a browser sends it to every port of the host.
 const SESSION = localStorage.getItem("skyward-session") || "";
 
+// A page's loader may be called again before its last answer came (live updates, a button):
+// each call takes a ticket, and an answer whose ticket is no longer the newest is dropped, so a
+// slow answer overtaken by a later one never paints the older state last.
+function tickets() {
+  let last = 0;
+  return () => { const mine = ++last; return () => mine === last; };
+}
+
 async function api(path, options) {
   const opts = Object.assign({ credentials: "same-origin" }, options || {});
   opts.headers = Object.assign({ "X-Skyward-Session": SESSION, "Content-Type": "application/json" }, opts.headers || {});
@@ -114,9 +122,12 @@ function connect(pool, onMessages) {
 }
 
 // -- pools list -----------------------------------------------------------------------------
+const poolsTicket = tickets();
 async function renderPools() {
+  const current = poolsTicket();
   let pools;
-  try { pools = await api("/api/pools"); } catch (e) { setMain(h("p", { class: "error" }, e.message)); return; }
+  try { pools = await api("/api/pools"); } catch (e) { if (current()) setMain(h("p", { class: "error" }, e.message)); return; }
+  if (!current()) return;
   const rows = pools.map((p) => h("tr", { dataset: { ref: p.ref, state: p.state } },
     h("td", {}, h("a", { href: `/pools/${encodeURIComponent(p.ref)}` }, p.name || p.ref)),
     h("td", {}, p.kind === "named" ? "named" : `program ${p.program || ""} (pid ${p.pid})`),
@@ -395,15 +406,19 @@ function actions(detail) {
 }
 
 let detail = null;
+const poolTicket = tickets();
 async function loadPool() {
+  const current = poolTicket();
   let d;
   try { d = await api(`/api/pools/${encodeURIComponent(REF)}`); }
   catch (e) {
+    if (!current()) return;
     detail = null;
     setMain(h("h1", {}, REF), h("p", { class: "error", id: "pool-error" }, e.message), h("p", {}, h("a", { href: "/" }, "all pools")));
     document.body.dataset.state = "gone";
     return;
   }
+  if (!current()) return;
   detail = d;
   document.body.dataset.state = d.state;
   const live = d.kind === "program" ? d : d.live;
@@ -422,9 +437,14 @@ async function loadPool() {
   if (d.kind === "named") { loadHistory(); loadStack(); }
 }
 
+const historyTicket = tickets();
 async function loadHistory() {
-  try { document.getElementById("audit").replaceWith(historySection(await api(`/api/pools/${encodeURIComponent(REF)}/history`))); }
-  catch (e) { console.error(e); }
+  const current = historyTicket();
+  try {
+    const rows = await api(`/api/pools/${encodeURIComponent(REF)}/history`);
+    const here = document.getElementById("audit");
+    if (current() && here) here.replaceWith(historySection(rows));
+  } catch (e) { console.error(e); }
 }
 
 let stackLoaded = null;
@@ -460,9 +480,12 @@ const reloadPool = debounce(loadPool, 700);
 const reloadHistory = debounce(loadHistory, 500);
 
 // -- skyward.toml -----------------------------------------------------------------------------
+const configTicket = tickets();
 async function renderConfig() {
+  const current = configTicket();
   let cfg;
-  try { cfg = await api("/api/config"); } catch (e) { setMain(h("p", { class: "error" }, e.message)); return; }
+  try { cfg = await api("/api/config"); } catch (e) { if (current()) setMain(h("p", { class: "error" }, e.message)); return; }
+  if (!current()) return;
   const rows = [];
   for (const p of cfg.pools) {
     const out = h("td", { colspan: 7, class: "preview" });

@@ -45,6 +45,10 @@ LENGTH_MASK = (1 << FLAG_SHIFT) - 1
 MAX_PARTS = 0xFFFF
 # Frames below this size are joined and written with one sendall: one syscall, one packet.
 _JOIN_LIMIT = 64 * 1024
+# A reader's buffer starts at _FIRST_CHUNK and grows, up to _READ_CHUNK, each time a read fills it
+# (the peer sends faster than frames are taken out): a link that carries little (a node of a
+# large pool between tasks) holds 16 KiB, not 256, and a busy one soon reads 256 KiB at a time.
+_FIRST_CHUNK = 16 * 1024
 _READ_CHUNK = 256 * 1024
 TAG = 16  # bytes of each MAC of a sealed frame (HMAC-SHA256, truncated as RFC 4868 does)
 # A sealed frame whose body and buffers exceed this has a MAC after its header too; its large
@@ -284,7 +288,7 @@ class FrameReader:
                  abort: Callable[[bytes], None] | None = None) -> None:
         self._sock = sock
         self._reserve, self._abort = reserve, abort
-        self._buf = bytearray(_READ_CHUNK)
+        self._buf = bytearray(_FIRST_CHUNK)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
@@ -417,7 +421,7 @@ class FrameReader:
             )
             self._start += n
             return out
-        if n > len(self._buf) // 2 and not small:
+        if n > _READ_CHUNK // 2 and not small:
             # Large part: receive straight into its own bytearray, no intermediate copy.
             out = bytearray(n)
             mv = memoryview(out)
@@ -435,9 +439,7 @@ class FrameReader:
             self._view[: avail] = self._view[self._start : self._end]
             self._start, self._end = 0, avail
         if n > len(self._buf):
-            self._view.release()
-            self._buf.extend(bytes(n - len(self._buf)))
-            self._view = memoryview(self._buf)
+            self._grow(n)
         while self._end < n:
             r = self._sock.recv_into(self._view[self._end :])
             if not r:
@@ -445,7 +447,14 @@ class FrameReader:
                     raise EOFError("connection closed")
                 raise EOFError("connection closed in the middle of a frame")
             self._end += r
+        if self._end == len(self._buf) < _READ_CHUNK:  # the read filled it: more is coming
+            self._grow(min(4 * len(self._buf), _READ_CHUNK))
         return self._take(n, small, writable)
+
+    def _grow(self, size: int) -> None:
+        self._view.release()
+        self._buf.extend(bytes(size - len(self._buf)))
+        self._view = memoryview(self._buf)
 
 
 def tune(sock: socket.socket) -> None:

@@ -47,6 +47,29 @@ def test_small_and_large_frames_round_trip(pair) -> None:
         assert [(c, bytes(d)) for c, d in recv.buffers] == [(c, bytes(d)) for c, d in sent.buffers]
 
 
+def test_a_quiet_link_keeps_a_small_read_buffer_and_a_busy_one_grows_it(pair) -> None:
+    """A link that carries a frame now and then (a node of a large pool between tasks) holds
+    16 KiB; a burst that fills the buffer grows it, up to 256 KiB; every frame arrives whole."""
+    from skyward.bootstrap.frames import _FIRST_CHUNK, _READ_CHUNK
+
+    a, b = pair
+    writer, reader = FrameWriter(a), FrameReader(b)
+    for i in range(50):  # one at a time: each is read before the next is sent
+        writer.send(Frame(Kind.PING, i, b"p" * 100))
+        assert reader.read().task_id == i
+    assert len(reader._buf) == _FIRST_CHUNK
+    medium = os.urandom(100 * 1024)  # larger than the first buffer, read through it
+    t = _send_async(writer, [Frame(Kind.OUTPUT, 1, medium)])
+    assert reader.read().body == medium
+    t.join()
+    burst = [Frame(Kind.RESULT, i, bytes([i % 256]) * (i % 3000)) for i in range(2000)]
+    t = _send_async(writer, burst)
+    got = [reader.read() for _ in burst]
+    t.join()
+    assert [(f.task_id, f.body) for f in got] == [(f.task_id, f.body) for f in burst]
+    assert len(reader._buf) == _READ_CHUNK
+
+
 def test_eof_is_reported(pair) -> None:
     a, b = pair
     a.close()

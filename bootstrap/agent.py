@@ -214,10 +214,12 @@ class Agent:
             threading.Thread(target=self._serve_conn, args=(sock, gate), daemon=True).start()
 
     def _refused(self, sock: socket.socket, why: str, gate: Gate | None = None) -> None:
-        _close(sock)
+        # The reason is in the log before the peer sees the close (CI read the log once the
+        # client had its EOF and found nothing yet).
         line = (gate or self.gate).refused(why)
         if line is not None:
             _log(line)
+        _close(sock)
 
     def _remote_spill(self) -> Path | None:
         """The node's shared-memory folder when the client is on another host (no pool-wide

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import sys
 import threading
 import time
@@ -18,12 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
+from browser import chrome
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 webdriver = pytest.importorskip("selenium.webdriver")
 
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 from .conftest import CLI  # noqa: E402
@@ -32,25 +31,12 @@ from .dashboard_helpers import SECRET, TOML, artifacts, dashboard, program, wait
 # The nodes table's own rows: a chart's legend (uPlot draws it as a table) sits in a row's cell,
 # and its rows would match a looser selector once the chart has points.
 NODE_ROWS = "#nodes-table > tbody > tr"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with chrome((1280, 1000), page_load_timeout=60) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _text(driver: Any, css: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from browser import chrome
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -95,8 +96,6 @@ def test_an_unhandled_error_forbids_framing_too() -> None:
 
 
 # -- in a real browser ----------------------------------------------------------------------------
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 NOBODY = 65534
 FRAMER = """
 import http.server, sys
@@ -120,22 +119,8 @@ server.serve_forever()
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with chrome((1280, 1000), page_load_timeout=60) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _framer(target: str) -> subprocess.Popen[str]:

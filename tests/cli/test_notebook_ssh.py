@@ -8,13 +8,13 @@ of the notebook goes to the test artifacts (docs/images/notebook.png is one of t
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import chrome
 from sshhosts import SSHHosts, SSHHostsUnavailable
 
 from .conftest import CLI
@@ -28,8 +28,6 @@ pytest.importorskip("marimo")
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.timeout(900)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 PROBE = {
     "cells": [{"cell_type": "code", "execution_count": None, "id": "probe", "metadata": {}, "outputs": [],
                "source": ["import os, socket, skyimg\n",
@@ -80,21 +78,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,800"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(120)
-    try:
+    with chrome((1280, 800), page_load_timeout=120) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_jupyterlab_in_a_browser_runs_a_cell_on_the_node_with_the_pools_image(lab: Lab, browser: Any,

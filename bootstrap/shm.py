@@ -36,6 +36,7 @@ import time
 import weakref
 from pathlib import Path
 
+from . import ntcopy
 from .procs import alive
 
 TYPE_CHECKING = False
@@ -190,15 +191,23 @@ def _drop(seg: _Segment) -> None:
 
 
 def _copy(mm: mmap.mmap, offset: int, data: memoryview) -> None:
-    """memcpy, with the GIL released when NumPy is loaded (it is, when arrays are sent)."""
+    """Copy ``data`` into the mapping, with the GIL released when NumPy is loaded (it is,
+    when arrays are sent): streaming stores from ``ntcopy.MIN`` bytes on (the reader is
+    another process: this one's cache gains nothing), memcpy below or where they cannot be."""
     n = data.nbytes
     np = sys.modules.get("numpy")
     if np is not None and n >= 1 << 20:
         dst = np.frombuffer(mm, np.uint8, n, offset)
-        np.copyto(dst, np.frombuffer(data, np.uint8))
-        del dst
+        src = np.frombuffer(data, np.uint8)
+        if n < ntcopy.MIN or not ntcopy.copy(_address(dst), _address(src), n):
+            np.copyto(dst, src)
+        del dst, src
     else:
         mm[offset : offset + n] = data
+
+
+def _address(array: Any) -> int:
+    return int(array.__array_interface__["data"][0])
 
 
 class _Janitor:

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
 MIN = 4 << 20  # smaller buffers may still be in the cache when the reader looks: memcpy them
 _PAGE = 4096
@@ -88,21 +90,144 @@ def available() -> bool:
 def copy(dst: int, src: int, n: int) -> bool:
     """Copy ``n`` bytes from address ``src`` to address ``dst`` (not overlapping) with
     streaming stores; False, copying nothing, where this process cannot."""
+    return copy_many([(dst, src, n)])
+
+
+def copy_many(copies: list[tuple[int, int, int]]) -> bool:
+    """Make each (dst, src, n) copy, as ``copy`` does, the bytes of all of them shared among
+    the threads at once (see ``ways``); False, copying nothing, where this process cannot."""
     loop = _get()
     if loop is None:
         return False
     import ctypes
 
-    head = min(-dst % 64, n)  # memmove up to a cache line, so that the stores are aligned
-    body = (n - head) // _BLOCK * _BLOCK
-    if head:
-        ctypes.memmove(dst, src, head)
-    if body:
-        loop(dst + head, src + head, body)
-    tail = n - head - body
-    if tail:
-        ctypes.memmove(dst + head + body, src + head + body, tail)
+    bodies = []
+    for dst, src, n in copies:
+        head = min(-dst % 64, n)  # memmove up to a cache line, so that the stores are aligned
+        body = (n - head) // _BLOCK * _BLOCK
+        tail = n - head - body
+        if head:
+            ctypes.memmove(dst, src, head)
+        if tail:
+            ctypes.memmove(dst + head + body, src + head + body, tail)
+        if body:
+            bodies.append((dst + head, src + head, body))
+    _run_shared(loop, bodies)
     return True
+
+
+# -- several threads on one copy ---------------------------------------------------------------
+# One core streams at 10-12 GB/s; a machine's memory takes several times that. From
+# PARALLEL_MIN bytes on, the bodies of a value's copies are shared out in whole blocks among up
+# to ``ways()`` threads: the calling thread copies the first share, helper threads (kept for
+# the process, started on first use, started again in a forked child) the others. Cut by
+# bytes, not by buffer, so ten 20 MB arrays split as one 200 MB array does, with one hand-off
+# per value. Measured on the 2-core VM (1-node Local pool, 200 MB echoed): one thread 8.0-9.3
+# GB/s, two 12.5-14.0. Ray's object store copies large objects on several threads too.
+PARALLEL_MIN = 16 << 20
+_MAX_WAYS = 4
+
+
+def ways() -> int:
+    """Among how many threads a large copy is shared here: the CPUs this process may run on,
+    at most 4."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(_MAX_WAYS, cpus))
+
+
+def _shares(bodies: list[tuple[int, int, int]], k: int) -> list[list[tuple[int, int, int]]]:
+    """``bodies`` cut into ``k`` lists of about equal bytes, cut only at whole blocks."""
+    total = sum(n for _, _, n in bodies)
+    size = -(-total // k // _BLOCK) * _BLOCK
+    shares: list[list[tuple[int, int, int]]] = [[]]
+    room = size
+    for dst, src, n in bodies:
+        while n:
+            if room == 0:
+                shares.append([])
+                room = size
+            take = min(n, room)
+            shares[-1].append((dst, src, take))
+            dst, src, n, room = dst + take, src + take, n - take, room - take
+    return shares
+
+
+def _run_shared(loop: Callable[[int, int, int], None], bodies: list[tuple[int, int, int]]) -> None:
+    total = sum(n for _, _, n in bodies)
+    k = ways() if total >= PARALLEL_MIN else 1
+    shares = _shares(bodies, k) if k > 1 else [bodies]
+    if len(shares) == 1:
+        for dst, src, n in bodies:
+            loop(dst, src, n)
+        return
+    helpers = _helpers(len(shares) - 1)
+    done: Any = helpers.done()
+    for share in shares[1:]:
+        helpers.jobs.put((loop, share, done))
+    failed: BaseException | None = None
+    try:
+        for dst, src, n in shares[0]:
+            loop(dst, src, n)
+    finally:
+        # Every share is waited for, even when this thread is interrupted: no helper may
+        # write into a segment after the copy said it is over.
+        for _ in shares[1:]:
+            while True:
+                try:
+                    error = done.get()
+                    break
+                except BaseException as exc:  # KeyboardInterrupt while waiting: wait on, then raise
+                    failed = failed or exc
+            failed = failed or error
+    if failed is not None:
+        raise failed
+
+
+class _Helpers:
+    """The helper threads of this process (one set per pid: a forked child starts its own)."""
+
+    def __init__(self) -> None:
+        from _queue import SimpleQueue  # queue.SimpleQueue, without loading the queue module
+
+        self.pid = os.getpid()
+        self.jobs: Any = SimpleQueue()
+        self.done = SimpleQueue  # a fresh one for each copy's answers
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def grow(self, count: int) -> None:
+        with self.lock:
+            while self.count < count:
+                self.count += 1
+                threading.Thread(target=self._run, name=f"skyward-copy-{self.count}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            loop, share, done = self.jobs.get()
+            try:
+                for dst, src, n in share:
+                    loop(dst, src, n)
+            except BaseException as exc:  # handed to the copying thread
+                done.put(exc)
+            else:
+                done.put(None)
+
+
+_helpers_now: _Helpers | None = None
+_helpers_lock = threading.Lock()
+
+
+def _helpers(count: int) -> _Helpers:
+    global _helpers_now
+    with _helpers_lock:
+        helpers = _helpers_now
+        if helpers is None or helpers.pid != os.getpid():
+            helpers = _helpers_now = _Helpers()
+    helpers.grow(count)
+    return helpers
 
 
 def _get() -> Callable[[int, int, int], None] | None:

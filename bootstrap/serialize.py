@@ -524,24 +524,28 @@ def dumps(obj: Any, spill: Path | None = None, compress: bool | None = None) -> 
     compressed, body = maybe_compress(body) if compress else (0, body)
     if compressed:
         flags |= FLAG_BODY_LZ4
-    buffers: Buffers = []
+    views: list[Any] = []  # each buffer: a ref already in its segment, or a view of its bytes
     for pb in raw:
         done = spilled.pop(id(pb), None) if spilled else None
         if done is not None:  # already in its segment
-            buffers.append((BUF_SPILLED, done[0]))
+            views.append(done[0])
             continue
         try:
-            view = pb.raw()
+            views.append(pb.raw())
         except BufferError:  # not contiguous: ship a contiguous copy
-            view = memoryview(bytes(pb))
-        if spill is not None and view.nbytes >= SPILL_MIN:
-            ref = shm.put(spill, view)
-            if ref is not None:
-                buffers.append((BUF_SPILLED, ref))
-                continue
-        buffers.append(maybe_compress(view) if compress else (0, view))
+            views.append(memoryview(bytes(pb)))
     for unused, _ in spilled.values():  # made by a first pass that was pickled again
         shm.release(unused)
+    # The large ones into segments, all of a value's copies at once (shared among threads).
+    large = [i for i, v in enumerate(views) if type(v) is memoryview and v.nbytes >= SPILL_MIN]
+    refs = dict(zip(large, shm.put_many(spill, [views[i] for i in large]), strict=True)) if spill and large else {}
+    buffers: Buffers = []
+    for i, view in enumerate(views):
+        ref = refs.get(i) if type(view) is memoryview else view
+        if ref is not None:
+            buffers.append((BUF_SPILLED, ref))
+        else:
+            buffers.append(maybe_compress(view) if compress else (0, view))
     return flags, body, buffers
 
 

@@ -78,14 +78,18 @@ class Owner:
         st = os.statvfs(directory)
         self.keep_bytes = min(KEEP, st.f_blocks * st.f_frsize // KEEP_FRACTION)
 
-    def put(self, data: memoryview) -> bytes | None:
-        """Copy ``data`` into a free segment and return its reference; None: no room."""
-        got = self.reserve(data.nbytes)
-        if got is None:
-            return None
-        seg, ref = got
-        _copy(seg.mm, HEADER, data)
-        return ref
+    def put(self, buffers: list[memoryview]) -> list[bytes | None]:
+        """Copy each buffer into a free segment of its own, all the copies at once; their
+        references, None for each that found no room."""
+        refs: list[bytes | None] = []
+        copies = []
+        for data in buffers:
+            got = self.reserve(data.nbytes)
+            refs.append(None if got is None else got[1])
+            if got is not None:
+                copies.append((got[0].mm, data))
+        _copy(copies)
+        return refs
 
     def reserve(self, n: int) -> tuple[_Segment, bytes] | None:
         """A free segment of ``n`` bytes or more, marked lent, and its reference (the caller
@@ -190,20 +194,27 @@ def _drop(seg: _Segment) -> None:
         pass  # cannot happen for an owner's mapping; the pages go with the last reference
 
 
-def _copy(mm: mmap.mmap, offset: int, data: memoryview) -> None:
-    """Copy ``data`` into the mapping, with the GIL released when NumPy is loaded (it is,
-    when arrays are sent): streaming stores from ``ntcopy.MIN`` bytes on (the reader is
-    another process: this one's cache gains nothing), memcpy below or where they cannot be."""
-    n = data.nbytes
-    np = sys.modules.get("numpy")
-    if np is not None and n >= 1 << 20:
-        dst = np.frombuffer(mm, np.uint8, n, offset)
-        src = np.frombuffer(data, np.uint8)
-        if n < ntcopy.MIN or not ntcopy.copy(_address(dst), _address(src), n):
+def _copy(copies: list[tuple[mmap.mmap, memoryview]]) -> None:
+    """Copy each buffer into its segment's mapping (after the header), with the GIL released
+    when NumPy is loaded (it is, when arrays are sent): with streaming stores from
+    ``ntcopy.MIN`` bytes on, all of a value's at once, shared among threads (the reader is
+    another process: this one's cache gains nothing); memcpy below, or where they cannot be."""
+    np: Any = sys.modules.get("numpy")
+    streamed: list[tuple[Any, Any]] = []
+    for mm, data in copies:
+        n = data.nbytes
+        if np is None or n < 1 << 20:
+            mm[HEADER : HEADER + n] = data
+            continue
+        dst, src = np.frombuffer(mm, np.uint8, n, HEADER), np.frombuffer(data, np.uint8)
+        if n < ntcopy.MIN:
             np.copyto(dst, src)
-        del dst, src
-    else:
-        mm[offset : offset + n] = data
+        else:
+            streamed.append((dst, src))
+    if streamed and not ntcopy.copy_many([(_address(d), _address(s), d.nbytes) for d, s in streamed]):
+        for dst, src in streamed:
+            np.copyto(dst, src)
+    del streamed  # the arrays on the mappings, which must not outlive them
 
 
 def _address(array: Any) -> int:
@@ -267,11 +278,20 @@ def _owner(directory: Path, n: int) -> Owner | None:
 def put(directory: Path, data: memoryview) -> bytes | None:
     """Place ``data`` in a segment of ``directory``; its reference, or None when there is no
     room (send the bytes through the stream)."""
-    owner = _owner(directory, data.nbytes)
-    ref = owner.put(data) if owner is not None else None
-    if ref is None and owner is not None:
-        _full(directory, data.nbytes, None)
-    return ref
+    return put_many(directory, [data])[0]
+
+
+def put_many(directory: Path, buffers: list[memoryview]) -> list[bytes | None]:
+    """Place each buffer in a segment of ``directory``, copied all at once (one value's
+    arrays); their references, None for each that found no room (send it through the stream)."""
+    owner = _owner(directory, sum(b.nbytes for b in buffers))
+    if owner is None:
+        return [None for _ in buffers]
+    refs = owner.put(buffers)
+    for data, ref in zip(buffers, refs, strict=True):
+        if ref is None:
+            _full(directory, data.nbytes, None)
+    return refs
 
 
 def reserve(directory: Path, n: int) -> tuple[memoryview, bytes] | None:

@@ -3,6 +3,7 @@ the way shm.py uses them, the switch that turns them off, and the code page's pe
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -55,6 +56,46 @@ def test_every_byte_lands_and_nothing_around_it(n: int) -> None:
 
 
 @pytest.mark.skipif(not X86_64_LINUX, reason="streaming copies are built for x86-64 Linux only")
+@pytest.mark.parametrize("ways", [2, 3, 4])
+def test_a_copy_cut_among_threads_lands_whole(ways: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ntcopy, "ways", lambda: ways)
+    used: set[str] = set()
+    real = ntcopy._Helpers._run
+
+    def run(self: ntcopy._Helpers) -> None:
+        import threading
+
+        used.add(threading.current_thread().name)
+        real(self)
+
+    monkeypatch.setattr(ntcopy, "_helpers_now", None)  # helpers of this test's own
+    monkeypatch.setattr(ntcopy._Helpers, "_run", run)
+    n = ntcopy.PARALLEL_MIN + 3 * ntcopy._BLOCK + 4096 + 5
+    src = np.random.default_rng(ways).integers(0, 256, n + 7, dtype=np.uint8)
+    dst = np.zeros(n + 64, np.uint8)
+    assert ntcopy.copy(_address(dst) + 1, _address(src) + 7, n)
+    assert np.array_equal(dst[1 : 1 + n], src[7 : 7 + n]) and dst[0] == 0 and not dst[1 + n :].any()
+    assert len(used) == ways - 1  # the calling thread copied a part itself
+
+
+@pytest.mark.parametrize("ways", [1, 2, 3, 4])
+def test_shares_are_even_whole_blocks_and_cover_every_byte(ways: int) -> None:
+    block = ntcopy._BLOCK
+    bodies = [(1 << 40, 1 << 41, 5 * block), (2 << 40, 2 << 41, 7 * block), (3 << 40, 3 << 41, block)]
+    shares = ntcopy._shares(bodies, ways)
+    assert 1 <= len(shares) <= ways
+    sizes = [sum(n for _, _, n in share) for share in shares]
+    each = -(-13 * block // ways // block) * block  # 13 blocks in all, as evenly as whole blocks go
+    assert sizes[:-1] == [each] * (len(sizes) - 1) and 0 < sizes[-1] <= each and sum(sizes) == 13 * block
+    covered = sorted((d, s, n) for share in shares for d, s, n in share)
+    for (dst, src, n) in bodies:  # each body's pieces follow one another, dst and src alike
+        pieces = [p for p in covered if dst <= p[0] < dst + n]
+        assert pieces[0][:2] == (dst, src) and sum(p[2] for p in pieces) == n
+        for a, b in itertools.pairwise(pieces):
+            assert b[0] == a[0] + a[2] and b[1] == a[1] + a[2]
+
+
+@pytest.mark.skipif(not X86_64_LINUX, reason="streaming copies are built for x86-64 Linux only")
 def test_the_code_page_is_never_writable_and_executable() -> None:
     assert ntcopy.available()
     page = ntcopy._keep[0]
@@ -74,20 +115,23 @@ def test_the_code_page_is_never_writable_and_executable() -> None:
 def test_shm_copies_large_buffers_with_it_and_small_ones_with_memcpy(
     spill: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[int] = []
-    real = ntcopy.copy
+    calls: list[list[int]] = []
+    real = ntcopy.copy_many
 
-    def counted(dst: int, src: int, n: int) -> bool:
-        calls.append(n)
-        return real(dst, src, n)
+    def counted(copies: list[tuple[int, int, int]]) -> bool:
+        calls.append([n for _, _, n in copies])
+        return real(copies)
 
-    monkeypatch.setattr(ntcopy, "copy", counted)
-    big = np.random.default_rng(1).integers(0, 256, ntcopy.MIN + 12_345, dtype=np.uint8)
-    small = np.random.default_rng(2).integers(0, 256, ntcopy.MIN - 1, dtype=np.uint8)
-    flags, body, buffers = serialize.dumps({"big": big, "small": small}, spill=spill)
-    assert calls == [big.nbytes]
+    monkeypatch.setattr(ntcopy, "copy_many", counted)
+    rng = np.random.default_rng(1)
+    big = rng.integers(0, 256, ntcopy.MIN + 12_345, dtype=np.uint8)
+    bigger = rng.random(ntcopy.PARALLEL_MIN // 8 + 3)
+    small = rng.integers(0, 256, ntcopy.MIN - 1, dtype=np.uint8)
+    flags, body, buffers = serialize.dumps({"big": big, "small": small, "bigger": bigger}, spill=spill)
+    assert calls == [[big.nbytes, bigger.nbytes]]  # one value's large copies: all at once
     out = serialize.loads(flags, body, buffers)
     assert np.array_equal(out["big"], big) and np.array_equal(out["small"], small)
+    assert np.array_equal(out["bigger"], bigger)
 
 
 def test_where_it_cannot_be_shm_copies_as_before(spill: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,8 +150,10 @@ def test_the_switch_turns_it_off_and_a_forked_child_can_use_it(tmp_path: Path) -
         import numpy as np
         from skyward.bootstrap import ntcopy
         print(ntcopy.available())
-        src = np.arange(1 << 20, dtype=np.uint8)
+        src = np.arange((ntcopy.PARALLEL_MIN * 2 + 12345) // 8, dtype=np.uint64).view(np.uint8)
         dst = np.zeros_like(src)
+        ntcopy.copy(dst.__array_interface__["data"][0], src.__array_interface__["data"][0], src.nbytes)
+        dst[:] = 0  # the parent's helpers (if any) started: the child must start its own
         pid = os.fork()
         if pid == 0:  # the child copies with the page it inherited
             ok = ntcopy.copy(dst.__array_interface__["data"][0], src.__array_interface__["data"][0], src.nbytes)

@@ -40,6 +40,23 @@ def make_cuda(n: int) -> Any:
     return _CACHE[key]
 
 
+def make_cuda_parts(n: int) -> Any:
+    """Ten CUDA tensors of n/10 bytes each, each on a storage of its own (as a state_dict's
+    are; ``chunk`` alone would give views of one storage, which travels once)."""
+    import torch
+
+    key = ("cuda parts", n)
+    if key not in _CACHE:
+        whole = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+        _CACHE[key] = {f"layer{i}.weight": t.clone() for i, t in enumerate(whole.chunk(10))}
+    return _CACHE[key]
+
+
+def size_of_all(parts: dict[str, Any]) -> int:
+    """The bytes of every tensor of a dict: the client -> node direction of a state_dict."""
+    return sum(size_of(t) for t in parts.values())
+
+
 def _process_group() -> None:
     """A one-rank NCCL process group in this process (the same set-up in the client and on the node)."""
     import torch.distributed as dist

@@ -163,10 +163,11 @@ def summary(parts: dict[str, dict[str, Any] | None]) -> list[Line]:
     for r in gpu.get("rows", []):
         if "median" not in r:
             lines.append((r["case"], r["system"], "", ""))
-        elif r["system"] in ("numpy", "torch"):
+        elif r.get("reference") or r["system"] in ("numpy", "torch"):
             reference = f"{r['system']} {r['median']:,.2f} {r['unit']}"
         else:
-            figure = f"{r['median']:,.2f} {r['unit']}" + (f" ({r['vs_numpy']:.2f}x)" if "vs_numpy" in r else "")
+            ratio = r.get("vs", r.get("vs_numpy"))
+            figure = f"{r['median']:,.2f} {r['unit']}" + (f" ({ratio:.2f}x)" if ratio is not None else "")
             target = f"{r['target']} {_verdict(r['ok'])}" if "ok" in r else ""
             lines.append((r["case"], figure, reference, target))
     served = (parts.get("serve") or {}).get("rows", {})

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-MIN = 4 << 20  # smaller buffers may still be in the cache when the reader looks: memcpy them
+MIN = 4 << 20  # a value's large buffers under this in all may still be in a cache the reader shares: memcpy
 _PAGE = 4096
 _BLOCK = 4 * _PAGE  # the loop copies whole blocks of four pages
 _TURN = 128  # bytes of each page a turn of the inner loop copies

@@ -196,25 +196,24 @@ def _drop(seg: _Segment) -> None:
 
 def _copy(copies: list[tuple[mmap.mmap, memoryview]]) -> None:
     """Copy each buffer into its segment's mapping (after the header), with the GIL released
-    when NumPy is loaded (it is, when arrays are sent): with streaming stores from
-    ``ntcopy.MIN`` bytes on, all of a value's at once, shared among threads (the reader is
-    another process: this one's cache gains nothing); memcpy below, or where they cannot be."""
+    when NumPy is loaded (it is, when arrays are sent). When a value's buffers of 1 MB or more
+    come to ``ntcopy.MIN`` bytes in all, they are copied with streaming stores, all at once and
+    shared among threads (the reader is another process: this one's cache gains nothing from
+    them, and a state_dict of many 2 MB tensors is as large as one big array); memcpy below
+    that, or where streaming stores cannot be."""
     np: Any = sys.modules.get("numpy")
-    streamed: list[tuple[Any, Any]] = []
+    large: list[tuple[Any, Any]] = []
     for mm, data in copies:
         n = data.nbytes
         if np is None or n < 1 << 20:
             mm[HEADER : HEADER + n] = data
-            continue
-        dst, src = np.frombuffer(mm, np.uint8, n, HEADER), np.frombuffer(data, np.uint8)
-        if n < ntcopy.MIN:
-            np.copyto(dst, src)
         else:
-            streamed.append((dst, src))
-    if streamed and not ntcopy.copy_many([(_address(d), _address(s), d.nbytes) for d, s in streamed]):
-        for dst, src in streamed:
+            large.append((np.frombuffer(mm, np.uint8, n, HEADER), np.frombuffer(data, np.uint8)))
+    total = sum(dst.nbytes for dst, _ in large)
+    if total < ntcopy.MIN or not ntcopy.copy_many([(_address(d), _address(s), d.nbytes) for d, s in large]):
+        for dst, src in large:
             np.copyto(dst, src)
-    del streamed  # the arrays on the mappings, which must not outlive them
+    del large  # the arrays on the mappings, which must not outlive them
 
 
 def _address(array: Any) -> int:

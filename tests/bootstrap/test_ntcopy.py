@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,7 +113,7 @@ def test_the_code_page_is_never_writable_and_executable() -> None:
     raise AssertionError(f"no mapping holds the code page at {address:#x}")
 
 
-def test_shm_copies_large_buffers_with_it_and_small_ones_with_memcpy(
+def test_shm_streams_a_values_large_buffers_at_once_and_memcpys_small_values(
     spill: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[list[int]] = []
@@ -126,12 +127,22 @@ def test_shm_copies_large_buffers_with_it_and_small_ones_with_memcpy(
     rng = np.random.default_rng(1)
     big = rng.integers(0, 256, ntcopy.MIN + 12_345, dtype=np.uint8)
     bigger = rng.random(ntcopy.PARALLEL_MIN // 8 + 3)
-    small = rng.integers(0, 256, ntcopy.MIN - 1, dtype=np.uint8)
-    flags, body, buffers = serialize.dumps({"big": big, "small": small, "bigger": bigger}, spill=spill)
-    assert calls == [[big.nbytes, bigger.nbytes]]  # one value's large copies: all at once
-    out = serialize.loads(flags, body, buffers)
-    assert np.array_equal(out["big"], big) and np.array_equal(out["small"], small)
-    assert np.array_equal(out["bigger"], bigger)
+    tiny = rng.integers(0, 256, 100_000, dtype=np.uint8)  # in the frame, not in a segment
+    layers = [rng.integers(0, 256, 2_000_000, dtype=np.uint8) for _ in range(3)]
+    cases: list[tuple[Any, list[int]]] = [
+        ({"big": big, "bigger": bigger, "tiny": tiny}, [big.nbytes, bigger.nbytes]),
+        (layers[:2], []),  # 4 MB in all: under MIN, memcpy
+        (layers, [2_000_000] * 3),  # 6 MB in all: as one large value
+    ]
+    for value, streamed in cases:
+        calls.clear()
+        flags, body, buffers = serialize.dumps(value, spill=spill)
+        assert calls == ([streamed] if streamed else []), value  # one value's copies: all at once
+        out = serialize.loads(flags, body, buffers)
+        if isinstance(value, dict):
+            assert all(np.array_equal(out[k], value[k]) for k in value)
+        else:
+            assert all(np.array_equal(a, b) for a, b in zip(out, value, strict=True))
 
 
 def test_where_it_cannot_be_shm_copies_as_before(spill: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -578,10 +578,10 @@ def loads_frame(frame: Frame) -> Any:
 
 
 def discard(buffers: Buffers) -> None:
-    """Give back the shared-memory segments of a payload that will never be read."""
-    for bflags, data in buffers:
-        if bflags & BUF_SPILLED:
-            shm.release(data)
+    """Give back the shared-memory segments of a payload that will never be read (once
+    each: the buffers of one value share a segment)."""
+    for ref in dict.fromkeys(shm.lending(data) for bflags, data in buffers if bflags & BUF_SPILLED):
+        shm.release(ref)
 
 
 # -- results and errors ---------------------------------------------------------------------

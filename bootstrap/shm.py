@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 HEADER = mmap.ALLOCATIONGRANULARITY  # the buffer starts on a page boundary (aligned arrays)
 _GENS = struct.Struct("=QQ")  # sent, released
 _RELEASED = 8  # offset of the released generation
-REF = struct.Struct("!QQ")  # generation, length; the path follows
+REF = struct.Struct("!QQQI")  # generation, offset, length, parts in the segment; the path follows
 IDLE = 30.0  # seconds a free segment is kept for reuse
 KEEP = 2 << 30  # at most this many bytes of free segments kept per process and folder...
 KEEP_FRACTION = 8  # ...and at most 1/8 of the filesystem
@@ -79,17 +79,22 @@ class Owner:
         self.keep_bytes = min(KEEP, st.f_blocks * st.f_frsize // KEEP_FRACTION)
 
     def put(self, buffers: list[memoryview]) -> list[bytes | None]:
-        """Copy each buffer into a free segment of its own, all the copies at once; their
-        references, None for each that found no room."""
-        refs: list[bytes | None] = []
-        copies = []
+        """Copy the buffers (one value's) into one free segment, each at a page boundary, all
+        the copies at once; their references, None for each that found no room. One segment a
+        value: a state_dict of hundreds of tensors is one reservation and one mapping, lent
+        until the receiver lets go of its last view."""
+        offsets, end = [], 0
         for data in buffers:
-            got = self.reserve(data.nbytes)
-            refs.append(None if got is None else got[1])
-            if got is not None:
-                copies.append((got[0].mm, data))
-        _copy(copies)
-        return refs
+            offsets.append(end)
+            end += -(-data.nbytes // HEADER) * HEADER
+        got = self.reserve(end) if buffers else None
+        if got is None:  # no room for them all: each on its own, as room allows
+            return [self.put([data])[0] for data in buffers] if len(buffers) > 1 else [None] * len(buffers)
+        seg = got[0]
+        path = os.fsencode(seg.path)
+        parts = len(buffers)
+        _copy([(seg.mm, HEADER + offset, data) for offset, data in zip(offsets, buffers, strict=True)])
+        return [REF.pack(seg.gen, offset, data.nbytes, parts) + path for offset, data in zip(offsets, buffers, strict=True)]
 
     def reserve(self, n: int) -> tuple[_Segment, bytes] | None:
         """A free segment of ``n`` bytes or more, marked lent, and its reference (the caller
@@ -105,7 +110,7 @@ class Owner:
             _GENS.pack_into(seg.mm, 0, seg.gen, seg.gen - 1)  # busy from here on
             seg.used = time.monotonic()
         _janitor.watch(self)
-        return seg, REF.pack(seg.gen, n) + os.fsencode(seg.path)
+        return seg, REF.pack(seg.gen, 0, n, 1) + os.fsencode(seg.path)
 
     def _take(self, n: int) -> _Segment | None:
         best = None
@@ -194,8 +199,8 @@ def _drop(seg: _Segment) -> None:
         pass  # cannot happen for an owner's mapping; the pages go with the last reference
 
 
-def _copy(copies: list[tuple[mmap.mmap, memoryview]]) -> None:
-    """Copy each buffer into its segment's mapping (after the header), with the GIL released
+def _copy(copies: list[tuple[mmap.mmap, int, memoryview]]) -> None:
+    """Copy each buffer into a mapping at its offset, with the GIL released
     when NumPy is loaded (it is, when arrays are sent). When a value's buffers of 1 MB or more
     come to ``ntcopy.MIN`` bytes in all, they are copied with streaming stores, all at once and
     shared among threads (the reader is another process: this one's cache gains nothing from
@@ -203,12 +208,12 @@ def _copy(copies: list[tuple[mmap.mmap, memoryview]]) -> None:
     that, or where streaming stores cannot be."""
     np: Any = sys.modules.get("numpy")
     large: list[tuple[Any, Any]] = []
-    for mm, data in copies:
+    for mm, offset, data in copies:
         n = data.nbytes
         if np is None or n < 1 << 20:
-            mm[HEADER : HEADER + n] = data
+            mm[offset : offset + n] = data
         else:
-            large.append((np.frombuffer(mm, np.uint8, n, HEADER), np.frombuffer(data, np.uint8)))
+            large.append((np.frombuffer(mm, np.uint8, n, offset), np.frombuffer(data, np.uint8)))
     total = sum(dst.nbytes for dst, _ in large)
     if total < ntcopy.MIN or not ntcopy.copy_many([(_address(d), _address(s), d.nbytes) for d, s in large]):
         for dst, src in large:
@@ -380,19 +385,38 @@ def _unmap(mm: mmap.mmap) -> None:
         pass  # views on it are alive: it is unmapped with the last of them
 
 
+# Segments lent with several parts (one value's buffers): (path, generation) -> the parts'
+# views still alive here. The segment is released when the last of them goes.
+_lent: dict[tuple[bytes, int], int] = {}
+_lent_lock = threading.RLock()  # a view's finalizer may run while this thread holds it
+
+
 def get(ref: bytes | bytearray | memoryview) -> Any:
     """The buffer a reference names: a writable view on the segment, which stays lent to this
-    process until the view and everything made from it are gone."""
+    process until the view and everything made from it are gone (and, for a segment that
+    holds several buffers, those of every other buffer in it)."""
     ref = bytes(ref)
-    gen, n = REF.unpack_from(ref, 0)
+    gen, offset, n, parts = REF.unpack_from(ref, 0)
     path = ref[REF.size :]
     mm = _mapping(path)
-    view = memoryview(mm)[HEADER : HEADER + n]
+    view = memoryview(mm)[HEADER + offset : HEADER + offset + n]
+    if parts > 1:
+        with _lent_lock:
+            _lent.setdefault((path, gen), parts)
     # NumPy keeps the object whose buffer it uses: a PickleBuffer hands out ``view`` itself,
     # so ``view`` lives exactly as long as arrays rebuilt on it.
-    done = weakref.finalize(view, _release_mapped, mm, gen, path)
+    done = weakref.finalize(view, _release_part if parts > 1 else _release_mapped, mm, gen, path)
     done.atexit = False
     return pickle.PickleBuffer(view)
+
+
+def _release_part(mm: mmap.mmap, gen: int, path: bytes) -> None:
+    with _lent_lock:
+        left = _lent.pop((path, gen), 1) - 1
+        if left:
+            _lent[(path, gen)] = left
+            return
+    _release_mapped(mm, gen, path)
 
 
 def _release_mapped(mm: mmap.mmap, gen: int, path: bytes) -> None:
@@ -403,10 +427,18 @@ def _release_mapped(mm: mmap.mmap, gen: int, path: bytes) -> None:
     _unlink_if_orphaned(path)
 
 
+def lending(ref: bytes | bytearray | memoryview) -> bytes:
+    """The part of a reference that names the segment's lending (its generation and path):
+    the same for every buffer of one value."""
+    ref = bytes(ref)
+    gen, _, _, parts = REF.unpack_from(ref, 0)
+    return REF.pack(gen, 0, 0, parts) + ref[REF.size :]
+
+
 def release(ref: bytes | bytearray | memoryview) -> None:
     """Give back a segment whose payload will never be read (any process may)."""
     ref = bytes(ref)
-    gen, _ = REF.unpack_from(ref, 0)
+    gen = REF.unpack_from(ref, 0)[0]  # once per segment is enough; again is harmless
     path = ref[REF.size :]
     try:
         fd = os.open(path, os.O_WRONLY)

@@ -80,6 +80,38 @@ def test_the_segment_is_lent_while_any_view_lives_then_reused(spill: Path) -> No
     np.testing.assert_array_equal(other, arr * 3)
 
 
+def test_a_values_buffers_share_one_segment_lent_until_its_last_view_goes(spill: Path) -> None:
+    rng = np.random.default_rng(11)
+    state = {f"layer{i}": rng.random(200_000 + 7 * i) for i in range(5)}  # 1.6 MB each, odd sizes
+    flags, body, buffers = serialize.dumps(state, spill=spill)
+    assert [b[0] for b in buffers] == [serialize.BUF_SPILLED] * 5
+    assert len(list(spill.iterdir())) == 1  # one reservation, one file, one mapping to receive
+    (seg,) = _segments(spill)
+    out = serialize.loads(flags, body, buffers)
+    for key, arr in state.items():
+        np.testing.assert_array_equal(out[key], arr)
+        assert out[key].ctypes.data % mmap.ALLOCATIONGRANULARITY == 0  # each on a page boundary
+    assert len({id(_root(a)) for a in out.values()}) == 1
+    keep = out["layer3"][5:9]
+    del out
+    gc.collect()
+    assert not seg.free()  # one part's view still lives: the whole segment stays lent
+    del keep
+    assert seg.free()
+    again = serialize.loads(*serialize.dumps(state, spill=spill))
+    assert _segments(spill) == [seg]  # reused
+    np.testing.assert_array_equal(again["layer4"], state["layer4"])
+
+
+def test_a_values_segment_never_read_is_given_back(spill: Path) -> None:
+    parts = [np.random.default_rng(i).random(150_000) for i in range(3)]
+    _, _, buffers = serialize.dumps(parts, spill=spill)
+    (seg,) = _segments(spill)
+    assert not seg.free()
+    serialize.discard(buffers)
+    assert seg.free()
+
+
 def test_a_payload_never_read_is_given_back(spill: Path) -> None:
     arr = np.random.default_rng(3).random(500_000)
     _, _, buffers = serialize.dumps(arr, spill=spill)

@@ -220,6 +220,15 @@ _helpers_now: _Helpers | None = None
 _helpers_lock = threading.Lock()
 
 
+def _forked() -> None:
+    """In a forked child: no helper threads came along, and the lock may have been held."""
+    global _helpers_now, _helpers_lock
+    _helpers_now, _helpers_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _helpers(count: int) -> _Helpers:
     global _helpers_now
     with _helpers_lock:

@@ -391,6 +391,14 @@ _lent: dict[tuple[bytes, int], int] = {}
 _lent_lock = threading.RLock()  # a view's finalizer may run while this thread holds it
 
 
+def _forked() -> None:
+    global _lent_lock
+    _lent_lock = threading.RLock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def get(ref: bytes | bytearray | memoryview) -> Any:
     """The buffer a reference names: a writable view on the segment, which stays lent to this
     process until the view and everything made from it are gone (and, for a segment that

@@ -102,3 +102,19 @@ def small_tmpfs(size: str) -> Iterator[Path]:
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
         folder.rmdir()
+
+
+@pytest.fixture
+def spill() -> Iterator[Path]:
+    """A pool's shared-memory folder in /dev/shm: this process's segments there are forgotten
+    and every file removed after the test."""
+    from skyward.bootstrap import shm
+
+    folder = Path(tempfile.mkdtemp(prefix="skyward-test-", dir="/dev/shm"))
+    try:
+        yield folder
+    finally:
+        shm.forget(folder)
+        for p in folder.iterdir():
+            p.unlink()
+        folder.rmdir()

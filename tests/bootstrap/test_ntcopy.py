@@ -7,34 +7,20 @@ import itertools
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from skyward.bootstrap import ntcopy, serialize, shm
+from skyward.bootstrap import ntcopy, serialize
 
 X86_64_LINUX = sys.platform == "linux" and os.uname().machine in ("x86_64", "amd64")
 
 
 def _address(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
-
-
-@pytest.fixture
-def spill() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="skyward-test-", dir="/dev/shm"))
-    try:
-        yield folder
-    finally:
-        shm.forget(folder)
-        for p in folder.iterdir():
-            p.unlink()
-        folder.rmdir()
 
 
 def test_it_is_there_on_x86_64_linux() -> None:

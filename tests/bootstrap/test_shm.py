@@ -10,9 +10,7 @@ import mmap
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,18 +18,6 @@ import pytest
 from conftest import small_tmpfs
 
 from skyward.bootstrap import serialize, shm
-
-
-@pytest.fixture
-def spill() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="skyward-test-", dir="/dev/shm"))
-    try:
-        yield folder
-    finally:
-        shm.forget(folder)
-        for p in folder.iterdir():
-            p.unlink()
-        folder.rmdir()
 
 
 def _segments(folder: Path) -> list[shm._Segment]:

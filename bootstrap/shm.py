@@ -413,17 +413,23 @@ def get(ref: bytes | bytearray | memoryview) -> Any:
             _lent.setdefault((path, gen), parts)
     # NumPy keeps the object whose buffer it uses: a PickleBuffer hands out ``view`` itself,
     # so ``view`` lives exactly as long as arrays rebuilt on it.
-    done = weakref.finalize(view, _release_part if parts > 1 else _release_mapped, mm, gen, path)
+    done = weakref.finalize(view, _let_go, mm, gen, path, parts, os.getpid())
     done.atexit = False
     return pickle.PickleBuffer(view)
 
 
-def _release_part(mm: mmap.mmap, gen: int, path: bytes) -> None:
-    with _lent_lock:
-        left = _lent.pop((path, gen), 1) - 1
-        if left:
-            _lent[(path, gen)] = left
-            return
+def _let_go(mm: mmap.mmap, gen: int, path: bytes, parts: int, pid: int) -> None:
+    """A view of a lent segment is gone: the last of them (of every part) gives it back. Only
+    in the process it was lent to: a forked child's copy of a view going away is not the
+    receiver letting go (it would free the segment under the parent's arrays)."""
+    if os.getpid() != pid:
+        return
+    if parts > 1:
+        with _lent_lock:
+            left = _lent.pop((path, gen), 1) - 1
+            if left:
+                _lent[(path, gen)] = left
+                return
     _release_mapped(mm, gen, path)
 
 

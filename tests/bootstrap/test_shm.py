@@ -89,6 +89,24 @@ def test_a_values_buffers_share_one_segment_lent_until_its_last_view_goes(spill:
     np.testing.assert_array_equal(again["layer4"], state["layer4"])
 
 
+def test_a_forked_child_dropping_its_copy_of_a_view_gives_nothing_back(spill: Path) -> None:
+    arr = np.random.default_rng(12).random(500_000)
+    out = serialize.loads(*serialize.dumps(arr, spill=spill))
+    (seg,) = _segments(spill)
+    pid = os.fork()
+    if pid == 0:  # the child's copy of the view goes: its finalizer runs here, in the child
+        try:
+            del out
+            gc.collect()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert not seg.free()  # still lent: the parent's array lives on it
+    np.testing.assert_array_equal(out, arr)
+    del out
+    assert seg.free()
+
+
 def test_a_values_segment_never_read_is_given_back(spill: Path) -> None:
     parts = [np.random.default_rng(i).random(150_000) for i in range(3)]
     _, _, buffers = serialize.dumps(parts, spill=spill)

@@ -392,8 +392,14 @@ _lent_lock = threading.RLock()  # a view's finalizer may run while this thread h
 
 
 def _forked() -> None:
-    global _lent_lock
-    _lent_lock = threading.RLock()  # another thread may have held it at the fork
+    """In a forked child: fresh locks (another thread may have held one at the fork, and the
+    child's copy would stay held for good) and no janitor thread (none came along)."""
+    global _lent_lock, _maps_lock, _owners_lock
+    _lent_lock, _maps_lock, _owners_lock = threading.RLock(), threading.Lock(), threading.Lock()
+    for owner in _owners.values():
+        owner.lock = threading.Lock()
+    _janitor.lock = threading.Lock()
+    _janitor.running = False
 
 
 os.register_at_fork(after_in_child=_forked)

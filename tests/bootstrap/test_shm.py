@@ -8,10 +8,12 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,6 +107,30 @@ def test_a_forked_child_dropping_its_copy_of_a_view_gives_nothing_back(spill: Pa
     np.testing.assert_array_equal(out, arr)
     del out
     assert seg.free()
+
+
+def test_a_child_forked_while_the_locks_were_held_still_moves_arrays(spill: Path) -> None:
+    out = serialize.loads(*serialize.dumps(np.arange(300_000.0), spill=spill))  # an owner, a mapping
+    held: list[Any] = [shm._maps_lock, shm._owners_lock, shm._owners[spill].lock, shm._janitor.lock, shm._lent_lock]
+    for lock in held:  # as if other threads were inside them at the fork
+        lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(20)  # a child that hangs dies, and the parent says so
+                arr = np.random.default_rng(13).random(400_000)
+                back = serialize.loads(*serialize.dumps({"a": arr, "b": arr * 2}, spill=spill))
+                code = 0 if np.array_equal(back["b"], arr * 2) else 2
+            finally:
+                os._exit(code)
+    finally:
+        for lock in held:
+            lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    del out
 
 
 def test_a_values_segment_never_read_is_given_back(spill: Path) -> None:

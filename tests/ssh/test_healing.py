@@ -121,6 +121,9 @@ def test_partial_readiness_starts_work_before_a_slow_host_is_there(hosts: SSHHos
             first_at = time.time()
             assert pool.current_nodes() < 3
             wait_for(lambda: pool.current_nodes() == 3, 240)
+            # The join thread says ClusterReady once its stream of nodes has ended, a moment
+            # after the third node takes tasks (CI once read the events in between: none yet).
+            wait_for(lambda: any(e.pool == pool.id for e in recorder.of(sky.ClusterReady)), 30, "ClusterReady")
             ready = [e for e in recorder.of(sky.ClusterReady) if e.pool == pool.id]
             booted = [e for e in recorder.of(sky.InstanceBootstrapped) if e.pool == pool.id]
             assert first != hosts[2].name

@@ -87,15 +87,10 @@ def available() -> bool:
     return _get() is not None
 
 
-def copy(dst: int, src: int, n: int) -> bool:
-    """Copy ``n`` bytes from address ``src`` to address ``dst`` (not overlapping) with
-    streaming stores; False, copying nothing, where this process cannot."""
-    return copy_many([(dst, src, n)])
-
-
 def copy_many(copies: list[tuple[int, int, int]]) -> bool:
-    """Make each (dst, src, n) copy, as ``copy`` does, the bytes of all of them shared among
-    the threads at once (see ``ways``); False, copying nothing, where this process cannot."""
+    """Copy ``n`` bytes from address ``src`` to address ``dst`` (not overlapping) for each
+    (dst, src, n), with streaming stores, the bytes of all of them shared among the threads at
+    once (see ``ways``); False, copying nothing, where this process cannot."""
     loop = _get()
     if loop is None:
         return False
@@ -187,12 +182,11 @@ def _run_shared(loop: Callable[[int, int, int], None], bodies: list[tuple[int, i
 
 
 class _Helpers:
-    """The helper threads of this process (one set per pid: a forked child starts its own)."""
+    """The helper threads of this process (a forked child starts its own: ``_forked``)."""
 
     def __init__(self) -> None:
         from _queue import SimpleQueue  # queue.SimpleQueue, without loading the queue module
 
-        self.pid = os.getpid()
         self.jobs: Any = SimpleQueue()
         self.done = SimpleQueue  # a fresh one for each copy's answers
         self.count = 0
@@ -233,7 +227,7 @@ def _helpers(count: int) -> _Helpers:
     global _helpers_now
     with _helpers_lock:
         helpers = _helpers_now
-        if helpers is None or helpers.pid != os.getpid():
+        if helpers is None:
             helpers = _helpers_now = _Helpers()
     helpers.grow(count)
     return helpers

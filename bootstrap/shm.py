@@ -279,12 +279,6 @@ def _owner(directory: Path, n: int) -> Owner | None:
     return owner
 
 
-def put(directory: Path, data: memoryview) -> bytes | None:
-    """Place ``data`` in a segment of ``directory``; its reference, or None when there is no
-    room (send the bytes through the stream)."""
-    return put_many(directory, [data])[0]
-
-
 def put_many(directory: Path, buffers: list[memoryview]) -> list[bytes | None]:
     """Place each buffer in a segment of ``directory``, copied all at once (one value's
     arrays); their references, None for each that found no room (send it through the stream)."""

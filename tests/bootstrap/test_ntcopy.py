@@ -37,7 +37,7 @@ def test_every_byte_lands_and_nothing_around_it(n: int) -> None:
         for dst_off in (0, 1, 15, 48, 63):
             src = rng.integers(0, 256, n + src_off + 64, dtype=np.uint8)
             dst = np.zeros(n + dst_off + 128, np.uint8)
-            assert ntcopy.copy(_address(dst) + dst_off, _address(src) + src_off, n)
+            assert ntcopy.copy_many([(_address(dst) + dst_off, _address(src) + src_off, n)])
             assert np.array_equal(dst[dst_off : dst_off + n], src[src_off : src_off + n]), (n, src_off, dst_off)
             assert not dst[:dst_off].any() and not dst[dst_off + n :].any(), (n, src_off, dst_off)
 
@@ -60,7 +60,7 @@ def test_a_copy_cut_among_threads_lands_whole(ways: int, monkeypatch: pytest.Mon
     n = ntcopy.PARALLEL_MIN + 3 * ntcopy._BLOCK + 4096 + 5
     src = np.random.default_rng(ways).integers(0, 256, n + 7, dtype=np.uint8)
     dst = np.zeros(n + 64, np.uint8)
-    assert ntcopy.copy(_address(dst) + 1, _address(src) + 7, n)
+    assert ntcopy.copy_many([(_address(dst) + 1, _address(src) + 7, n)])
     assert np.array_equal(dst[1 : 1 + n], src[7 : 7 + n]) and dst[0] == 0 and not dst[1 + n :].any()
     assert len(used) == ways - 1  # the calling thread copied a part itself
 
@@ -149,14 +149,14 @@ def test_the_switch_turns_it_off_and_a_forked_child_can_use_it_whatever_the_pare
         print(ntcopy.available())
         src = np.arange((ntcopy.PARALLEL_MIN * 2 + 12345) // 8, dtype=np.uint64).view(np.uint8)
         dst = np.zeros_like(src)
-        ntcopy.copy(dst.__array_interface__["data"][0], src.__array_interface__["data"][0], src.nbytes)
+        ntcopy.copy_many([(dst.__array_interface__["data"][0], src.__array_interface__["data"][0], src.nbytes)])
         dst[:] = 0  # the parent's helpers (if any) started: the child must start its own
         ntcopy._helpers_lock.acquire()  # as if another thread was handing out work at the fork
         pid = os.fork()
         if pid == 0:  # the child copies with the page it inherited
             import signal
             signal.alarm(20)  # a child that hangs dies, and the parent says so
-            ok = ntcopy.copy(dst.__array_interface__["data"][0], src.__array_interface__["data"][0], src.nbytes)
+            ok = ntcopy.copy_many([(dst.__array_interface__["data"][0], src.__array_interface__["data"][0], src.nbytes)])
             os._exit(0 if (not ok or (dst == src).all()) else 1)
         ntcopy._helpers_lock.release()
         print(os.waitpid(pid, 0)[1])

@@ -345,6 +345,9 @@ class Remote:
         self._booting = booting
         self.conn: fabric.Connection | None = None
         self._unchecked = False  # a parked connection, not used since it was taken
+        self._mux: Any = None  # the node's multiplexer (bootstrap/mux.py), once a link needs it
+        self._mux_lock = threading.Lock()
+        self._mux_failed = False
         # Each hop's known_hosts name -> the user's known_hosts files consulted for it.
         self._consulted: dict[str, list[Path]] = {}
 
@@ -398,6 +401,7 @@ class Remote:
         """Keep this connection for the next ``Remote`` of this process to the same target, for
         ``seconds`` (default PARK_SECONDS), instead of closing it: OpenSSH's ControlPersist, in
         this process only. Closed when nobody took it by then, and at exit."""
+        self._close_mux()
         conn, self.conn = self.conn, None
         if conn is None:
             return
@@ -847,6 +851,36 @@ class Remote:
         )
         return ChannelSocket(chan)
 
+    def reach(self, port: int, host: str, python: str, log_file: str = "") -> Any:
+        """A socket-like stream to host:port as the node sees it, for a link the node carries
+        (sky.SSH(fanout=True): another node's agent): through the node's multiplexer
+        (bootstrap/mux.py, ``python -m skyward.bootstrap.mux``, started on the first such link
+        of this connection; its errors go to ``log_file``), which carries every link in one
+        channel; a direct-tcpip channel of its own where the multiplexer cannot run here (an older
+        skyward on the node), or with SKYWARD_SSH_MUX=0."""
+        from skyward.bootstrap.muxlink import Mux, MuxUnavailable
+
+        if python and not self._mux_failed and os.environ.get("SKYWARD_SSH_MUX", "1") != "0":
+            with self._mux_lock:
+                mux = self._mux
+                if mux is None or (not mux.alive and not self._mux_failed):
+                    errors = f"2>>{shlex.quote(log_file)}" if log_file else "2>/dev/null"
+                    mux = self._mux = Mux(self.relay(f"exec {shlex.quote(python)} -m skyward.bootstrap.mux {errors}"),
+                                          self.label)
+            try:
+                return mux.open(host, port)
+            except MuxUnavailable as exc:
+                if not self._mux_failed:
+                    log.info("%s: %s; each link takes an SSH channel of its own", self.label, exc)
+                self._mux_failed = True
+        return self.tunnel(port, host=host)
+
+    def _close_mux(self) -> None:
+        with self._mux_lock:
+            mux, self._mux = self._mux, None
+        if mux is not None:
+            mux.close()
+
     def streamlocal(self, path: str) -> ChannelSocket:
         """A socket-like stream to the Unix socket at ``path`` on the node (OpenSSH's
         direct-streamlocal@openssh.com channel; sshd connects as the login user, so a socket in
@@ -863,8 +897,11 @@ class Remote:
         return ChannelSocket(chan)
 
     def close(self) -> None:
+        # The connection first: its links (the multiplexer's too) end together, and nobody sees
+        # the links gone while the connection still looks alive (a rejoin would try it).
         if self.conn is not None:
             _close(self.conn)
+        self._close_mux()
 
 
 def tar_archive(items: Iterable[tuple[str, Path | bytes, int]]) -> tuple[int, Iterator[bytes]]:

@@ -923,7 +923,8 @@ echo "@@port $hello"
             time.sleep(0.2)
         assert via.remote is not None
         try:
-            first = via.remote.tunnel(old.direct_port, host=old.direct_host)
+            first = via.remote.reach(old.direct_port, old.direct_host, node_python(via),
+                                     f"{via.pool_dir}/mux.log" if via.pool_dir else "")
         except Exception as exc:  # (paramiko.ChannelException: nothing listens there any more)
             log.info("node %d: its agent does not answer through node %d (%s); restarting it",
                      old.index, via.index, exc)
@@ -1382,16 +1383,19 @@ def _connect_agent(remote: Remote | Callable[[], Remote], port: int | str | None
 
 def _relayed_agent(node: _Node, address: str, login: Callable[[], Remote]) -> Any:
     """A stream to the agent of a node the first node started (sky.SSH(fanout=True) without
-    direct=True): a direct-tcpip channel of the first node's SSH connection to the agent's
-    listener on ``address`` (sealed: no SSH carries the hop between the two hosts); the node's
-    own login (its Unix socket) when that connection is gone or the channel is refused."""
+    direct=True): a link of the first node's multiplexer (one channel of its SSH connection
+    carries every node's link: Remote.reach), else a direct-tcpip channel of that connection, to
+    the agent's listener on ``address`` (sealed: no SSH carries the hop between the two hosts);
+    the node's own login (its Unix socket) when that connection is gone or the link is refused."""
     from skyward.bootstrap.routes import through_ssh
 
     via = node.fanned_by
     remote = via.remote if via is not None else None
-    if remote is not None and remote.conn is not None and remote.conn.is_connected and node.direct_port:
+    if (via is not None and remote is not None and remote.conn is not None and remote.conn.is_connected
+            and node.direct_port):
         try:
-            return remote.tunnel(node.direct_port, host=address)
+            return remote.reach(node.direct_port, address, node_python(via),
+                                f"{via.pool_dir}/mux.log" if via.pool_dir else "")
         except Exception as exc:  # (paramiko.ChannelException, a transport that just closed)
             log.info("node %d: the agent cannot be reached through node %d's connection (%s); logging in",
                      node.index, via.index if via is not None else -1, exc)

@@ -7,8 +7,9 @@ and runs on each the command the client would have run; each host's lines come b
 its node's index and are read exactly as a login of the client's own is read
 (ssh._UpReader). Each agent it starts listens on its host's private address (sealed links,
 bootstrap/frames.py), where the client reaches it: straight with ``direct=True``, else through
-a direct-tcpip channel of the first node's SSH connection (one login carries every node's
-link: a cloud pool seen from outside its network). The client logs into a node later only
+the first node's SSH connection (one login carries every node's link: a cloud pool seen from
+outside its network), all the links in one channel of it through the multiplexer the client
+starts there (bootstrap/mux.py; a direct-tcpip channel each where it cannot run). The client logs into a node later only
 when something needs its SSH (a stream the direct port refuses, ``skyward ssh``, a
 replacement). Releasing the pool goes through the first node the same way.
 

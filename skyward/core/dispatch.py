@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import NESTED, Frame, Kind
+from skyward.bootstrap.muxlink import batch as together
 
 from ..errors import (
     ConfigError,
@@ -270,8 +271,9 @@ class Dispatcher:
         if not self.members.size():
             self.members.wait_ready()  # an asleep pool wakes: "every node" is then its node
         encoded = self.shared_payload(pending) if self.members.size() > 1 else None
-        futures = [self.submit(self.members.wait_rank(rank), pending, encoded=encoded)
-                   for rank in range(self.members.size())]
+        nodes = [self.members.wait_rank(rank) for rank in range(self.members.size())]
+        with together():  # (links that share a connection: one write for all of them)
+            futures = [self.submit(ch, pending, encoded=encoded) for ch in nodes]
         return results(futures)
 
     def shared_payload(self, pending: PendingFunction[Any]) -> tuple[int, Any, Any] | None:

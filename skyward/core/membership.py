@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame
+from skyward.bootstrap.muxlink import batch as together
 
 from ..errors import InheritedPoolError, NodeLostError, PoolClosedError, ProviderError
 from ..metrics import to_config
@@ -565,11 +566,13 @@ class Membership:
             "plugins": self._node_plugins(),
             "state": self.state_address(pairs),  # where the head node serves collections
         }
+        made = {key: _Encoded(json.dumps(value)) for key, value in common.items()}
         wide = self.layout(self) if self.layout is not None else None  # the pool's, once for every node
         peers = self._peers(pairs)
         encoded = _SharedJSON()
-        for position, (_, ch) in enumerate(pairs):
-            ch.configure(encoded.dumps({"topology": self.topology(position, pairs, wide, peers), **common}))
+        with together():  # (links that share a connection: one write for all of them)
+            for position, (_, ch) in enumerate(pairs):
+                ch.configure(encoded.dumps({"topology": self.topology(position, pairs, wide, peers), **made}))
         if spread and self.on_configured is not None:
             self.on_configured(self)
 
@@ -764,6 +767,15 @@ class Membership:
             return [(m.rank, m.channel) for m in self.table if m.channel.node == node]
 
 
+class _Encoded:
+    """A value's JSON, made once and put as it is into every node's (``_SharedJSON``)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 class _SharedJSON:
     """JSON of many dicts that share large lists (every node's configuration holds the peer
     lists of its group and of the pool): each list object is encoded once and its text put
@@ -779,6 +791,8 @@ class _SharedJSON:
         return self._text(value).encode()
 
     def _text(self, value: Any) -> str:
+        if isinstance(value, _Encoded):
+            return value.text
         if isinstance(value, dict):
             return "{" + ", ".join(f"{json.dumps(str(k))}: {self._text(v)}" for k, v in value.items()) + "}"
         if isinstance(value, list) and len(value) >= self._LARGE:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,19 @@ def echo(blob: bytes) -> bytes:
     return blob
 
 
+def _muxes(host: SSHHost) -> list[str]:
+    return on_host(host, "pgrep -f '[s]kyward[.]bootstrap[.]mux' || true").split()
+
+
+@pytest.mark.parametrize("mux", ["one multiplexer", "a channel per link"])
 def test_without_direct_the_client_reaches_the_others_only_through_the_first(
-        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        hosts: SSHHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mux: str) -> None:
     """A cloud pool seen from outside its network: the client can reach the first host and no
     other (routes to them blackholed here), so everything else goes through the first host's
-    login: the starts, every agent's link (sealed, on a channel of that login), the release."""
+    login: the starts, every agent's link (sealed; all in one channel, through the first host's
+    multiplexer, or with SKYWARD_SSH_MUX=0 a direct-tcpip channel each), the release."""
+    if mux != "one multiplexer":
+        monkeypatch.setenv("SKYWARD_SSH_MUX", "0")
     known = hosts.write_known_hosts(tmp_path / "known_hosts")
     with unreachable_from_here(list(hosts)[1:]):
         logins = Logins(monkeypatch)
@@ -106,8 +115,14 @@ def test_without_direct_the_client_reaches_the_others_only_through_the_first(
             blob = bytes(range(256)) * 8192  # 2 MiB each way through the first host
             assert echo(blob) @ pool == [blob] * len(hosts)
             pool_id = pool.id
+            running = _muxes(hosts[0])
+            assert len(running) == (1 if mux == "one multiplexer" else 0), running
         assert sorted(names) == sorted(h.name for h in hosts)
         assert logins.hosts == [hosts[0].address], logins.hosts
+        deadline = time.monotonic() + 10  # the multiplexer ends with the pool (its channel closed)
+        while _muxes(hosts[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _muxes(hosts[0])
     for h in hosts:  # released through the first host: nothing of the pool is left
         left = on_host(h, f"pgrep -f '[s]kyward[.]bootstrap[.]agent' || true; "
                           f"find /tmp /var/tmp /run $HOME -name '*{pool_id}*' 2>/dev/null || true").strip()

@@ -12,8 +12,10 @@ lock, so the cold figure should be close to one host's.
 
 fleet: on 4, 16 and 32 hosts (a shared home, installed once, not timed), what the client pays
 per node, each figure in a fresh client process as a new program or `skyward exec` would be:
-* warm enter: enter -> first result of a no-op on every node, wall time and the client's CPU
-  (time.process_time: every thread of the process, user + system; imports done before);
+* warm enter: enter -> first result of a no-op on every node, wall time, the client's CPU
+  (time.process_time: every thread of the process, user + system; imports done before) and the
+  SSH packets it sent and read (pkts/host; with --fanout and no --direct the relayed links go
+  through the first host's multiplexer, or with SKYWARD_SSH_MUX=0 a channel each);
 * exec: attach to the running pool by its description (as `skyward exec NAME` does) and run a
   shell command on every node (with --direct, the pools are sky.SSH(direct=True): the agents
   answer on their direct ports and the attach logs into no host; with --fanout,
@@ -117,11 +119,13 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
         out["floor_s"] = _floor(hosts)
         out["floor_cpu_s"] = time.process_time() - cpu0
         return out
+    packets = _count_packets()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if what == "enter":
         with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
             noop() @ pool
             out["enter_s"], out["enter_cpu_s"] = time.perf_counter() - wall0, time.process_time() - cpu0
+            out["enter_packets"] = float(packets[0])
             items = range(100_000)
             pool.map(identity, range(10_000))
             cpu1, wall1 = time.process_time(), time.perf_counter()
@@ -143,6 +147,26 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
             pool.close()
         out["exec_s"], out["exec_cpu_s"] = time.perf_counter() - wall0, time.process_time() - cpu0
     return out
+
+
+def _count_packets() -> list[int]:
+    """[SSH packets the client has sent and read since]: each one costs the client's interpreter
+    its encryption or decryption and handling (paramiko's Packetizer, counted from here on)."""
+    from paramiko.packet import Packetizer
+
+    counter = [0]
+    send, read = Packetizer.send_message, Packetizer.read_message
+
+    def sent(self: Any, *args: Any) -> Any:
+        counter[0] += 1
+        return send(self, *args)
+
+    def got(self: Any) -> Any:
+        counter[0] += 1
+        return read(self)
+
+    Packetizer.send_message, Packetizer.read_message = sent, got
+    return counter
 
 
 def _floor(hosts: list[dict[str, Any]]) -> float:
@@ -272,12 +296,12 @@ def relay(n: int, rounds: int) -> dict[str, Any]:
 
 
 def report_fleet(results: dict[str, Any]) -> None:
-    print(f"{'hosts':>6}{'enter s':>9}{'floor s':>9}{'enter ms/host':>15}{'exec s':>8}{'exec ms/host':>14}"
-          f"{'map items/s':>13}{'map CPU s/100k':>16}{'idle ms/s/host':>16}")
+    print(f"{'hosts':>6}{'enter s':>9}{'floor s':>9}{'enter ms/host':>15}{'pkts/host':>11}{'exec s':>8}"
+          f"{'exec ms/host':>14}{'map items/s':>13}{'map CPU s/100k':>16}{'idle ms/s/host':>16}")
     for n, r in results.items():
         print(f"{n:>6}{r['enter_s']:>9.2f}{r['floor_s']:>9.2f}{r['enter_cpu_s'] / int(n) * 1e3:>15.1f}"
-              f"{r['exec_s']:>8.2f}{r['exec_cpu_s'] / int(n) * 1e3:>14.1f}{r['map_items_per_s']:>13,.0f}"
-              f"{r['map_cpu_s']:>16.3f}{r['idle_cpu_per_s'] / int(n) * 1e3:>16.2f}")
+              f"{r['enter_packets'] / int(n):>11.1f}{r['exec_s']:>8.2f}{r['exec_cpu_s'] / int(n) * 1e3:>14.1f}"
+              f"{r['map_items_per_s']:>13,.0f}{r['map_cpu_s']:>16.3f}{r['idle_cpu_per_s'] / int(n) * 1e3:>16.2f}")
     sizes = sorted(int(n) for n in results)
     if len(sizes) >= 2:
         lo, hi = results[str(sizes[0])], results[str(sizes[-1])]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -223,6 +224,9 @@ def test_a_local_node_is_reached_here_a_stream_to_its_port_or_socket_and_a_shell
 
     with sky.Compute(nodes=1) as pool:
         where = serve_upper() >> pool
-        assert _ask(pool.cluster.open_stream(0, int(where["port"])), b"to the port") == b"TO THE PORT"  # type: ignore[call-overload]
-        assert _ask(pool.cluster.open_stream(0, str(where["socket"])), b"to the socket") == b"TO THE SOCKET"
-        assert isinstance(pool.cluster.shell(0), HereShell)
+        try:
+            assert _ask(pool.cluster.open_stream(0, int(where["port"])), b"to the port") == b"TO THE PORT"  # type: ignore[call-overload]
+            assert _ask(pool.cluster.open_stream(0, str(where["socket"])), b"to the socket") == b"TO THE SOCKET"
+            assert isinstance(pool.cluster.shell(0), HereShell)
+        finally:  # (the node made the socket's folder on this machine)
+            shutil.rmtree(os.path.dirname(str(where["socket"])), ignore_errors=True)

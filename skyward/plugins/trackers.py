@@ -433,6 +433,22 @@ def _wandb_finish(failed: bool) -> list[str]:
     return folders
 
 
+def _wandb_staging_removed() -> None:
+    """Remove the two staging folders W&B makes in the temporary folder when it is imported
+    (``tmp*wandb-media``, ``tmp*wandb-artifacts``). It removes them at interpreter exit, which a
+    worker never reaches (it ends with os._exit), so each worker process that used W&B left two
+    in /tmp. Called as the worker's app ends (its last use of W&B)."""
+    import sys
+
+    for module, names in (("wandb.sdk.data_types._private", ("MEDIA_TMP",)),
+                          ("wandb.sdk.artifacts.artifact", ("Artifact", "_TMP_DIR"))):
+        folder: Any = sys.modules.get(module)
+        for name in names:
+            folder = getattr(folder, name, None)
+        with contextlib.suppress(Exception):  # (another W&B version: its own way, or none)
+            folder.cleanup()
+
+
 def wandb_close(failed: bool, processes: int = 1) -> dict[str, Any]:
     """On each node as the pool's block ends (the client sends it): finish the node's run, and
     name the node's offline run folders. Where runs are written in the node's own folder, that
@@ -626,7 +642,10 @@ def wandb(project: str, group: str | None = None, mode: str | None = None, entit
             yield
             failed = False
         finally:
-            _wandb_finish(failed)  # unless the client finished it as the pool's block ended
+            try:
+                _wandb_finish(failed)  # unless the client finished it as the pool's block ended
+            finally:
+                _wandb_staging_removed()
 
     return (Plugin.create("wandb").with_image_transform(transform).with_around_client(around_client)
             .with_around_app(around_app))

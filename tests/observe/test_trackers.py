@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,8 +141,9 @@ def _check_store(uri: str, exit_status: str = "FINISHED") -> list[Any]:
         history = client.get_metric_history(child.info.run_id, "loss")
         assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [
             (st, 1.0 / (st + 1 + node)) for st in range(2)]
-        assert client.download_artifacts(child.info.run_id, "notes/node.txt") and \
-            Path(client.download_artifacts(child.info.run_id, "notes/node.txt")).read_text() == f"node {node}"
+        with tempfile.TemporaryDirectory() as into:  # (without a folder, MLflow makes one in /tmp)
+            got = client.download_artifacts(child.info.run_id, "notes/node.txt", into)
+            assert Path(got).read_text() == f"node {node}"
     return children
 
 
@@ -232,9 +234,16 @@ def test_wandb_offline_writes_a_run_per_node_in_the_pools_group(tmp_path: Path,
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_BASE_URL", raising=False)
     plugin = sky.plugins.wandb(project="skyward-test", mode="offline", dir=str(tmp_path / "runs"))
+    staging = set(Path(tempfile.gettempdir()).glob("tmp*wandb-*"))  # (this process's own are there)
     with sky.Compute(nodes=2, plugins=[plugin], options=sky.Options(console="silent")) as pool:
         assert sorted(fit(3) @ pool) == [0, 1]
         pool_id = pool.id
+    # The workers' W&B staging folders went with them (W&B removes them only at interpreter exit,
+    # which a worker does not reach).
+    deadline = time.monotonic() + 10
+    while (left := set(Path(tempfile.gettempdir()).glob("tmp*wandb-*")) - staging) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, sorted(left)
     # Both nodes' runs where W&B puts them for dir= (<dir>/wandb/), no node-N folders.
     found = sorted((tmp_path / "runs" / "wandb").glob("offline-run-*"))
     assert len(found) == 2, found

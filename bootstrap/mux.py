@@ -39,6 +39,7 @@ import os
 import socket
 import struct
 import sys
+from typing import Any
 
 HEADER = struct.Struct("!IBI")  # link, op, payload length
 OPEN, DATA, EOF, CLOSE, OPENED, REFUSED, ACK = 1, 2, 3, 4, 5, 6, 7
@@ -102,20 +103,19 @@ class _Server:
 
     # standard input and output
     def _watch_io(self) -> None:
-        want_in = _READ if self.in_open else 0
-        if want_in != self.in_mask:
-            if want_in:
-                self.sel.register(self.fin, want_in, "in")
+        self.in_mask = self._want(self.fin, "in", self.in_mask, _READ if self.in_open else 0)
+        self.out_mask = self._want(self.fout, "out", self.out_mask, _WRITE if self.out else 0)
+
+    def _want(self, target: Any, data: Any, mask: int, want: int) -> int:
+        """Watch ``target`` for ``want`` (0: not at all) where it was watched for ``mask``."""
+        if want != mask:
+            if not mask:
+                self.sel.register(target, want, data)
+            elif not want:
+                self.sel.unregister(target)
             else:
-                self.sel.unregister(self.fin)
-            self.in_mask = want_in
-        want_out = _WRITE if self.out else 0
-        if want_out != self.out_mask:
-            if want_out:
-                self.sel.register(self.fout, want_out, "out")
-            else:
-                self.sel.unregister(self.fout)
-            self.out_mask = want_out
+                self.sel.modify(target, want, data)
+        return want
 
     def _read_in(self) -> None:
         try:
@@ -130,13 +130,14 @@ class _Server:
         buf = self.inbuf
         buf += data
         at, size = 0, len(buf)
-        while size - at >= HEADER.size:
-            link_id, op, n = HEADER.unpack_from(buf, at)
-            if size - at - HEADER.size < n:
-                break
-            start = at + HEADER.size
-            self._op(link_id, op, bytes(buf[start : start + n]))
-            at = start + n
+        with memoryview(buf) as view:
+            while size - at >= HEADER.size:
+                link_id, op, n = HEADER.unpack_from(buf, at)
+                if size - at - HEADER.size < n:
+                    break
+                start = at + HEADER.size
+                self._op(link_id, op, bytes(view[start : start + n]))
+                at = start + n
         del buf[:at]
         self._watch_io()
 
@@ -270,20 +271,9 @@ class _Server:
             _shut(link.sock, socket.SHUT_WR)
 
     def _watch(self, link: _Link) -> None:
-        mask = 0
-        if not link.read_done and not link.connecting and not self.full:
-            mask |= _READ
-        if link.connecting or link.pending:
-            mask |= _WRITE
-        if mask == link.mask:
-            return
-        if not link.mask:
-            self.sel.register(link.sock, mask, link)
-        elif not mask:
-            self.sel.unregister(link.sock)
-        else:
-            self.sel.modify(link.sock, mask, link)
-        link.mask = mask
+        want = (_READ if not link.read_done and not link.connecting and not self.full else 0) | \
+            (_WRITE if link.connecting or link.pending else 0)
+        link.mask = self._want(link.sock, link, link.mask, want)
 
     def _drop(self, link: _Link) -> None:
         self.links.pop(link.id, None)

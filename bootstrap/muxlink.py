@@ -77,7 +77,7 @@ class Mux:
     straight after its header, before the sender goes on."""
 
     def __init__(self, stream: Any, label: str = "") -> None:
-        self._stream, self.label = stream, label
+        self._stream, self.label = stream, label or "the first host"
         self._links: dict[int, MuxLink] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -107,13 +107,13 @@ class Mux:
             pass  # (the reader sees the stream end and answers the open)
         if not link._opened.wait(timeout):
             link.close()
-            raise TimeoutError(f"{host}:{port} did not answer {self.label or 'the first host'} within {timeout:g} s")
+            raise TimeoutError(f"{host}:{port} did not answer {self.label} within {timeout:g} s")
         if link._refused is not None:
             with self._lock:
                 self._links.pop(link.id, None)
             if self.ended is not None:
                 raise self._why_ended()
-            raise ConnectionRefusedError(f"{self.label or 'the first host'} could not connect to {host}:{port}: "
+            raise ConnectionRefusedError(f"{self.label} could not connect to {host}:{port}: "
                                          f"{link._refused}")
         return link
 
@@ -128,14 +128,14 @@ class Mux:
 
     def _why_ended(self) -> OSError:
         if not self._hello.is_set():
-            return MuxUnavailable(f"the multiplexer did not start on {self.label or 'the first host'}")
-        return ConnectionResetError(f"the connection through {self.label or 'the first host'} ended")
+            return MuxUnavailable(f"the multiplexer did not start on {self.label}")
+        return ConnectionResetError(f"the connection through {self.label} ended")
 
     def _send(self, frame: bytes, large: memoryview | None = None, born: float | None = None) -> None:
         """Send ``frame`` (and straight after it ``large``, the sender's own buffer). ``born``:
         when the frame's link was opened (its frames may wait for the end of a ``batch()``)."""
         if self.ended is not None:
-            raise BrokenPipeError(32, f"the connection through {self.label or 'the first host'} ended")
+            raise BrokenPipeError(32, f"the connection through {self.label} ended")
         if large is not None:
             with self._write_lock:  # (the queue first, then this frame: nothing between its parts)
                 self._write_queued()

@@ -863,7 +863,7 @@ class Remote:
         if python and not self._mux_failed and os.environ.get("SKYWARD_SSH_MUX", "1") != "0":
             with self._mux_lock:
                 mux = self._mux
-                if mux is None or (not mux.alive and not self._mux_failed):
+                if mux is None or not mux.alive:
                     errors = f"2>>{shlex.quote(log_file)}" if log_file else "2>/dev/null"
                     mux = self._mux = Mux(self.relay(f"exec {shlex.quote(python)} -m skyward.bootstrap.mux {errors}"),
                                           self.label)

@@ -923,8 +923,7 @@ echo "@@port $hello"
             time.sleep(0.2)
         assert via.remote is not None
         try:
-            first = via.remote.reach(old.direct_port, old.direct_host, node_python(via),
-                                     f"{via.pool_dir}/mux.log" if via.pool_dir else "")
+            first = _through(via, old.direct_host, old.direct_port)
         except Exception as exc:  # (paramiko.ChannelException: nothing listens there any more)
             log.info("node %d: its agent does not answer through node %d (%s); restarting it",
                      old.index, via.index, exc)
@@ -1381,6 +1380,13 @@ def _connect_agent(remote: Remote | Callable[[], Remote], port: int | str | None
     return through_ssh(remote, port, python=python, direct=direct, who="agent")
 
 
+def _through(via: _Node, host: str, port: int) -> Any:
+    """A stream to host:port through ``via``'s SSH connection (Remote.reach: its multiplexer,
+    whose errors go to mux.log in ``via``'s pool folder)."""
+    assert via.remote is not None
+    return via.remote.reach(port, host, node_python(via), f"{via.pool_dir}/mux.log" if via.pool_dir else "")
+
+
 def _relayed_agent(node: _Node, address: str, login: Callable[[], Remote]) -> Any:
     """A stream to the agent of a node the first node started (sky.SSH(fanout=True) without
     direct=True): a link of the first node's multiplexer (one channel of its SSH connection
@@ -1394,8 +1400,7 @@ def _relayed_agent(node: _Node, address: str, login: Callable[[], Remote]) -> An
     if (via is not None and remote is not None and remote.conn is not None and remote.conn.is_connected
             and node.direct_port):
         try:
-            return remote.reach(node.direct_port, address, node_python(via),
-                                f"{via.pool_dir}/mux.log" if via.pool_dir else "")
+            return _through(via, address, node.direct_port)
         except Exception as exc:  # (paramiko.ChannelException, a transport that just closed)
             log.info("node %d: the agent cannot be reached through node %d's connection (%s); logging in",
                      node.index, via.index if via is not None else -1, exc)

@@ -9,9 +9,9 @@ its node's index and are read exactly as a login of the client's own is read
 bootstrap/frames.py), where the client reaches it: straight with ``direct=True``, else through
 the first node's SSH connection (one login carries every node's link: a cloud pool seen from
 outside its network), all the links in one channel of it through the multiplexer the client
-starts there (bootstrap/mux.py; a direct-tcpip channel each where it cannot run). The client logs into a node later only
-when something needs its SSH (a stream the direct port refuses, ``skyward ssh``, a
-replacement). Releasing the pool goes through the first node the same way.
+starts there (bootstrap/mux.py; a direct-tcpip channel each where it cannot run). The client
+logs into a node later only when something needs its SSH (a stream the direct port refuses,
+``skyward ssh``, a replacement). Releasing the pool goes through the first node the same way.
 
 A host is started by the first node when the client could have: a private IP address the
 first node logs into and the agent listens on (``SSHHost.private_ip``, a cloud node's address

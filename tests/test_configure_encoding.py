@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from skyward.core import membership
-from skyward.core.membership import _Encoded, _SharedJSON
+from skyward.core.membership import _SharedJSON
 
 
 def config(node: int, peers: list[dict[str, Any]], wide: list[dict[str, Any]]) -> dict[str, Any]:
@@ -49,13 +49,3 @@ def test_a_large_peer_list_is_encoded_once_for_all_the_nodes(monkeypatch: pytest
         shared.dumps(config(node, peers, peers))
     assert len(encoded) == 1
 
-
-def test_the_settings_every_node_shares_are_encoded_once_to_the_same_bytes() -> None:
-    """configure_all encodes the worker, metrics and plugin settings once (_Encoded) and puts
-    that text into each node's: the bytes are what encoding each node's whole dict gives."""
-    peers = [{"node": i, "private_ip": f"10.0.0.{i}", "public_ip": None} for i in range(20)]
-    shared = _SharedJSON()
-    for node in range(3):
-        plain = config(node, peers, peers)
-        made = {k: (_Encoded(json.dumps(v)) if k != "topology" else v) for k, v in plain.items()}
-        assert shared.dumps(made) == json.dumps(plain).encode()

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from skyward.bootstrap import serialize
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import NESTED, Frame, Kind
-from skyward.bootstrap.muxlink import batch as together
 
 from ..errors import (
     ConfigError,
@@ -34,7 +33,7 @@ from ..errors import (
 from ..observe import events as ev
 from ..spec import Options
 from .function import PendingFunction
-from .membership import Membership
+from .membership import Membership, together
 from .streaming import split_stream_args, streams_out, submit_streaming
 
 if TYPE_CHECKING:

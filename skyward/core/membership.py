@@ -12,6 +12,7 @@ what happens on a loss, to a nested task or to the collections is wired in by th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.bootstrap.channel import NodeChannel
 from skyward.bootstrap.frames import Frame
-from skyward.bootstrap.muxlink import batch as together
 
 from ..errors import InheritedPoolError, NodeLostError, PoolClosedError, ProviderError
 from ..metrics import to_config
@@ -566,13 +566,12 @@ class Membership:
             "plugins": self._node_plugins(),
             "state": self.state_address(pairs),  # where the head node serves collections
         }
-        made = {key: _Encoded(json.dumps(value)) for key, value in common.items()}
         wide = self.layout(self) if self.layout is not None else None  # the pool's, once for every node
         peers = self._peers(pairs)
         encoded = _SharedJSON()
         with together():  # (links that share a connection: one write for all of them)
             for position, (_, ch) in enumerate(pairs):
-                ch.configure(encoded.dumps({"topology": self.topology(position, pairs, wide, peers), **made}))
+                ch.configure(encoded.dumps({"topology": self.topology(position, pairs, wide, peers), **common}))
         if spread and self.on_configured is not None:
             self.on_configured(self)
 
@@ -767,13 +766,13 @@ class Membership:
             return [(m.rank, m.channel) for m in self.table if m.channel.node == node]
 
 
-class _Encoded:
-    """A value's JSON, made once and put as it is into every node's (``_SharedJSON``)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+def together() -> contextlib.AbstractContextManager[None]:
+    """Frames this thread sends to many nodes in the block leave in one write where the links
+    share a connection (bootstrap/muxlink.batch); nothing where no multiplexer exists in this
+    process, which needs muxlink imported first (Remote.reach does): a Local pool's start does
+    not load it."""
+    muxlink = sys.modules.get("skyward.bootstrap.muxlink")
+    return contextlib.nullcontext() if muxlink is None else muxlink.batch()
 
 
 class _SharedJSON:
@@ -791,8 +790,6 @@ class _SharedJSON:
         return self._text(value).encode()
 
     def _text(self, value: Any) -> str:
-        if isinstance(value, _Encoded):
-            return value.text
         if isinstance(value, dict):
             return "{" + ", ".join(f"{json.dumps(str(k))}: {self._text(v)}" for k, v in value.items()) + "}"
         if isinstance(value, list) and len(value) >= self._LARGE:

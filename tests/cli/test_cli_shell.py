@@ -71,7 +71,8 @@ def test_ssh_is_a_shell_in_the_nodes_folder_with_the_pools_environment(demo: CLI
         assert row["state"] == "in use", row
 
         # Ctrl-C stops what runs in the shell, not the shell (nor skyward).
-        term.type("sleep 60")
+        term.type('echo "@@sleep""ing"; sleep 60')
+        term.wait_for(r"@@sleeping")  # the line runs (C-c before it would interrupt nothing)
         term.keys("C-c")
         term.type('echo "@@after=$?"')
         assert term.wait_for(r"@@after=(\d+)")[1] == "130"

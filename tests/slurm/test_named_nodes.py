@@ -137,7 +137,8 @@ def test_ssh_is_a_terminal_on_the_node_inside_the_job(lab: CLI, tmp_path: Path) 
         term.type('echo "@@host=$(hostname) @@job=$SLURM_JOB_ID @@tty=$(tty) @@size=$(stty size)"')
         m = term.wait_for(r"@@host=(\S+) @@job=(\S+) @@tty=(\S+) @@size=(\d+ \d+)")
         assert (m[1], m[2]) == (node1, _job(lab)) and m[3].startswith("/dev/pts/"), m.group(0)
-        term.type("sleep 60")
+        term.type('echo "@@sleep""ing"; sleep 60')
+        term.wait_for(r"@@sleeping")  # the line runs (C-c before it would interrupt nothing)
         term.keys("C-c")  # to the node's shell: the sleep stops, the shell stays
         term.type('echo "@@after=$?"')
         assert term.wait_for(r"@@after=(\d+)")[1] == "130"

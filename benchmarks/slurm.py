@@ -19,6 +19,14 @@ Debian's slurm-wlm and munge).
 * leaving each pool (Slurm: scancel of the job, not waiting for it to leave the queue).
 
 The runs alternate, so all see the same machine load.
+
+``--links`` measures only how the client reaches the agents on a site whose login node forbids
+TCP forwarding (sshd's AllowTcpForwarding no), in turns: the login node's multiplexer (one exec
+channel and one process there for every node's link) against a relay per link
+(SKYWARD_SSH_MUX=0: an exec channel and a Python process on the login node each). Per pool
+(srun, the queue empty, ``--nodes`` compute nodes): the enter, the client's CPU and SSH packets
+from ``sky.Compute`` to the first result on every node, the median `@` round trip over all
+nodes, and an 8 MB value to one node and back (MB/s both ways).
 """
 
 from __future__ import annotations
@@ -63,6 +71,62 @@ def timed(provider: Any, nodes: int) -> dict[str, float]:
     return {"enter_s": entered, "first_result_s": first, "exit_s": left}
 
 
+@sky.function
+def echo(value: bytes) -> bytes:
+    return value
+
+
+def linked(provider: Any, nodes: int, mux: bool) -> dict[str, float]:
+    """One pool, its nodes reached through the login node's multiplexer or a relay each."""
+    import os
+
+    from ssh_fleet import _count_packets
+
+    os.environ["SKYWARD_SSH_MUX"] = "1" if mux else "0"
+    packets = _count_packets()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with sky.Compute(provider=provider, nodes=nodes, options=QUIET) as pool:
+        entered = time.perf_counter() - t0
+        assert len(noop() @ pool) == nodes
+        out = {"enter_s": entered, "first_result_s": time.perf_counter() - t0,
+               "first_result_cpu_s": time.process_time() - cpu0, "first_result_packets": float(packets[0])}
+        calls = []
+        for _ in range(50):
+            t1 = time.perf_counter()
+            noop() @ pool
+            calls.append(time.perf_counter() - t1)
+        out["broadcast_ms"] = statistics.median(calls) * 1e3
+        value = os.urandom(8_000_000)
+        echo(b"") >> pool
+        t2 = time.perf_counter()
+        for _ in range(3):
+            assert echo(value) >> pool == value
+        out["echo_8mb_mb_per_s"] = 3 * 2 * len(value) / (time.perf_counter() - t2) / 1e6
+    return out
+
+
+def links(args: argparse.Namespace) -> dict[str, Any]:
+    hosts = SSHHosts(args.nodes + 1, shared_home=True, user="auto", sshd_options={"AllowTcpForwarding": "no"})
+    hosts.start()
+    try:
+        with SlurmCluster(hosts) as cluster:
+            login = hosts[0]
+            known = Path(hosts.client_key).parent / "bench_known_hosts"
+            srun = sky.Slurm(f"{login.user}@{login.address}", key=str(hosts.client_key), known_hosts=str(known),
+                             submit="srun")
+            n = len(cluster.compute)
+            linked(srun, n, True)  # the shared home's environment built
+            runs: dict[str, list[dict[str, float]]] = {"multiplexer": [], "relay_per_link": []}
+            for _ in range(args.runs):
+                for name in ("multiplexer", "relay_per_link"):
+                    cluster.wait_idle()
+                    runs[name].append(linked(srun, n, name == "multiplexer"))
+            cluster.wait_no_jobs()
+    finally:
+        hosts.close()
+    return {"nodes": n, "runs": args.runs, **{k: summary(v) for k, v in runs.items()}}
+
+
 def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     return {k: {"median": statistics.median(r[k] for r in runs), "min": min(r[k] for r in runs),
                 "max": max(r[k] for r in runs)} for k in runs[0]}
@@ -74,10 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--quiet", type=float, default=3.5,
                         help="seconds with no job event before the quiet-cluster batch runs")
+    parser.add_argument("--links", action="store_true",
+                        help="only the login node's multiplexer against a relay per link (forwarding forbidden)")
+    parser.add_argument("--nodes", type=int, default=3, help="with --links: compute nodes (netns hosts)")
     args = parser.parse_args(argv)
     why = unavailable_reason()
     if why is not None:
         print(f"skipped: {why}")
+        return 0
+    if args.links:
+        results = links(args)
+        print(json.dumps(results, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
         return 0
     hosts = SSHHosts(4, shared_home=True, user="auto")
     hosts.start()

@@ -853,27 +853,34 @@ class Remote:
 
     def reach(self, port: int, host: str, python: str, log_file: str = "") -> Any:
         """A socket-like stream to host:port as the node sees it, for a link the node carries
-        (sky.SSH(fanout=True): another node's agent): through the node's multiplexer
-        (bootstrap/mux.py, ``python -m skyward.bootstrap.mux``, started on the first such link
-        of this connection; its errors go to ``log_file``), which carries every link in one
-        channel; a direct-tcpip channel of its own where the multiplexer cannot run here (an older
-        skyward on the node), or with SKYWARD_SSH_MUX=0."""
+        (sky.SSH(fanout=True): another node's agent): through the node's multiplexer (``muxed``),
+        else a direct-tcpip channel of its own."""
+        link = self.muxed(port, host, python, log_file)
+        return link if link is not None else self.tunnel(port, host=host)
+
+    def muxed(self, port: int, host: str, python: str, log_file: str = "") -> Any | None:
+        """A link to host:port through the node's multiplexer (bootstrap/mux.py, ``python -m
+        skyward.bootstrap.mux`` run by ``python``, started on the first such link of this
+        connection; its errors go to ``log_file``), which carries every link in one channel.
+        None where the multiplexer cannot run there (an older skyward on the node, no ``python``)
+        or SKYWARD_SSH_MUX=0: the caller opens a channel of its own."""
+        if not python or self._mux_failed or os.environ.get("SKYWARD_SSH_MUX", "1") == "0":
+            return None
         from skyward.bootstrap.muxlink import Mux, MuxUnavailable
 
-        if python and not self._mux_failed and os.environ.get("SKYWARD_SSH_MUX", "1") != "0":
-            with self._mux_lock:
-                mux = self._mux
-                if mux is None or not mux.alive:
-                    errors = f"2>>{shlex.quote(log_file)}" if log_file else "2>/dev/null"
-                    mux = self._mux = Mux(self.relay(f"exec {shlex.quote(python)} -m skyward.bootstrap.mux {errors}"),
-                                          self.label)
-            try:
-                return mux.open(host, port)
-            except MuxUnavailable as exc:
-                if not self._mux_failed:
-                    log.info("%s: %s; each link takes an SSH channel of its own", self.label, exc)
-                self._mux_failed = True
-        return self.tunnel(port, host=host)
+        with self._mux_lock:
+            mux = self._mux
+            if mux is None or not mux.alive:
+                errors = f"2>>{shlex.quote(log_file)}" if log_file else "2>/dev/null"
+                mux = self._mux = Mux(self.relay(f"exec {shlex.quote(python)} -m skyward.bootstrap.mux {errors}"),
+                                      self.label)
+        try:
+            return mux.open(host, port)
+        except MuxUnavailable as exc:
+            if not self._mux_failed:
+                log.info("%s: %s; each link takes an SSH channel of its own", self.label, exc)
+            self._mux_failed = True
+            return None
 
     def _close_mux(self) -> None:
         with self._mux_lock:

@@ -1286,8 +1286,14 @@ def _connected(remote: Remote) -> bool:
 def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
     """A stream to a node's agent: a direct-tcpip channel from the login node to its private
     address; where the login node's sshd forbids that (``AllowTcpForwarding no``,
-    ``DisableForwarding``), a relay over an exec channel, run by the pool's own Python on the login
-    node (the environment on the shared home), copying frames to the agent."""
+    ``DisableForwarding``), a link of the login node's multiplexer (``Remote.muxed``: one exec
+    channel running the pool's own Python there, from the environment on the shared home, which
+    connects to the agents and carries every link), else (a login node whose skyward has no
+    multiplexer) a relay over an exec channel per link, copying frames to the agent.
+
+    Where forwarding is allowed sshd carries the links: no process of the pool's runs on the
+    login node, and at 3 nodes a channel per link was as fast to enter, and faster per call and
+    per byte, than the multiplexer (docs/guides/benchmarks.md, Slurm's links)."""
     remote = cluster._login()
     if cluster._forwarding:
         return _direct(cluster, remote, address, port)
@@ -1299,13 +1305,15 @@ def _tunnel(cluster: SlurmCluster, address: str, port: int) -> Any:
             try:
                 sock = _direct(cluster, remote, address, port)
             except _Prohibited as exc:
-                log.info("%s forbids TCP forwarding (%s): the pool reaches its agents through a relay over an "
-                         "exec channel instead", remote.label, exc)
+                log.info("%s forbids TCP forwarding (%s): the pool reaches its agents through a relay there "
+                         "instead (its own Python on the login node, over an exec channel)", remote.label, exc)
                 cluster._relay = True
             else:
                 cluster._forwarding = True
                 return sock
-    return remote.relay(relay_command(f"{cluster.sky}/{cluster._python()}", port, host=address))
+    python = f"{cluster.sky}/{cluster._python()}"
+    link = remote.muxed(port, address, python, f"{cluster.folder}/mux.log")
+    return link if link is not None else remote.relay(relay_command(python, port, host=address))
 
 
 class _Prohibited(Exception):

@@ -35,6 +35,10 @@ class Site:
         argv = [*self.login.ssh_argv("/dev/null", strict="no"), command]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
 
+    def muxes(self) -> list[str]:
+        """The pids of the multiplexers running on the login node (bootstrap/mux.py)."""
+        return self.on_login("pgrep -f '[s]kyward[.]bootstrap[.]mux' || true").split()
+
 
 @contextlib.contextmanager
 def open_site(tmp_path_factory: pytest.TempPathFactory, hosts: int = 4, **options: Any) -> Iterator[Site]:

@@ -1,10 +1,13 @@
 """sky.Slurm on a site whose login node forbids TCP forwarding (sshd's AllowTcpForwarding no, as
-some sites set): the pool reaches its agents through a relay over an exec channel on the login
-node instead of a direct-tcpip channel, and says so in the log."""
+some sites set): the pool reaches its agents through the multiplexer it runs on the login node
+(one exec channel for every link, no forwarding asked of sshd), or without it (SKYWARD_SSH_MUX=0,
+an older skyward there) through a relay over an exec channel per link, instead of a direct-tcpip
+channel, and says so in the log."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -43,8 +46,12 @@ class Said(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_a_login_node_that_forbids_tcp_forwarding_is_relayed_through(no_forwarding: Site) -> None:
+@pytest.mark.parametrize("mux", ["one multiplexer", "a relay per link"])
+def test_a_login_node_that_forbids_tcp_forwarding_is_relayed_through(
+        no_forwarding: Site, monkeypatch: pytest.MonkeyPatch, mux: str) -> None:
     site = no_forwarding
+    if mux != "one multiplexer":
+        monkeypatch.setenv("SKYWARD_SSH_MUX", "0")
     said = Said()
     logger = logging.getLogger("skyward.slurm")  # (skyward's logger does not propagate while a pool is open)
     level = logger.level
@@ -54,6 +61,8 @@ def test_a_login_node_that_forbids_tcp_forwarding_is_relayed_through(no_forwardi
         with sky.Compute(provider=site.provider(), nodes=2, options=sky.Options(console=False)) as pool:
             hosts = host() @ pool
             squares = pool.map(square, range(20))
+            muxes = site.muxes()
+            relays = site.on_login("pgrep -f '[s]kyward[.]bootstrap[.]relay' || true").split()
     finally:
         logger.removeHandler(said)
         logger.setLevel(level)
@@ -61,6 +70,14 @@ def test_a_login_node_that_forbids_tcp_forwarding_is_relayed_through(no_forwardi
     assert list(squares) == [i * i for i in range(20)]
     text = " ".join(said.lines)
     assert "forbids TCP forwarding" in text and "relay" in text, text
+    if mux == "one multiplexer":  # it connects to the agents itself: one exec channel, one process
+        assert (len(muxes), relays) == (1, []), (muxes, relays)
+        deadline = time.monotonic() + 10
+        while site.muxes() and time.monotonic() < deadline:  # its input ended with the connection
+            time.sleep(0.1)
+        assert not site.muxes()
+    else:  # a process and an exec channel per link
+        assert (muxes, len(relays)) == ([], 2), (muxes, relays)
 
 
 def test_the_first_channels_are_tried_one_at_a_time_until_forwarding_is_known() -> None:
@@ -99,8 +116,12 @@ def test_the_first_channels_are_tried_one_at_a_time_until_forwarding_is_known() 
         def relay(self, command: str) -> str:
             return "relay"
 
+        def muxed(self, port: int, host: str, python: str, log_file: str) -> None:
+            return None  # no multiplexer there (an older skyward on the login node)
+
     class Cluster:
         sky = "/home/u/.skyward"
+        folder = "/home/u/.skyward/slurm/p"
 
         def __init__(self, answer: str) -> None:
             self.login = Login(answer)

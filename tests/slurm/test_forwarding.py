@@ -148,3 +148,32 @@ def test_the_first_channels_are_tried_one_at_a_time_until_forwarding_is_known() 
     assert both(forwarding) == ["direct 10.0.0.1", "direct 10.0.0.2"] and most[0] == 1
     most[0] = 0
     assert both(forwarding) == ["direct 10.0.0.1", "direct 10.0.0.2"] and most[0] == 2  # known: at once
+
+
+@sky.function
+def agent_of() -> tuple[str, str, int]:
+    import os
+    import socket
+
+    return os.environ.get("SLURM_JOB_ID", ""), socket.gethostname(), os.getppid()
+
+
+def test_a_dropped_login_session_reaches_the_same_agents_through_a_new_multiplexer(no_forwarding: Site) -> None:
+    from helpers import wait_for
+
+    from .test_citizen import drop_login_sessions
+
+    site = no_forwarding
+    replaced: list[sky.Event] = []
+    with sky.Compute(provider=site.provider(), nodes=2, options=sky.Options(console=False)) as pool:
+        pool.subscribe(lambda e: replaced.append(e) if isinstance(e, sky.InstanceReplaced) else None)
+        before = agent_of() @ pool
+        (old,) = site.muxes()
+        assert drop_login_sessions(site) >= 1  # the multiplexer goes with its session
+        wait_for(lambda: len(replaced) >= 2 and pool.current_nodes() == 2, 120, "for the pool to reconnect")
+        after = agent_of() @ pool
+        assert sorted(after) == sorted(before)  # the same job, hosts and agents
+        (new,) = site.muxes()
+        assert new != old
+    wait_for(lambda: not site.muxes(), 10, "for the multiplexer to end")
+    site.cluster.wait_idle()

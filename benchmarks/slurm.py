@@ -76,20 +76,19 @@ def echo(value: bytes) -> bytes:
     return value
 
 
-def linked(provider: Any, nodes: int, mux: bool) -> dict[str, float]:
-    """One pool, its nodes reached through the login node's multiplexer or a relay each."""
+def linked(provider: Any, nodes: int, mux: bool, packets: list[int]) -> dict[str, float]:
+    """One pool, its nodes reached through the login node's multiplexer or a relay each
+    (``packets``: the client's SSH packets so far, counted by ssh_fleet's counter)."""
     import os
 
-    from ssh_fleet import _count_packets
-
     os.environ["SKYWARD_SSH_MUX"] = "1" if mux else "0"
-    packets = _count_packets()
+    before = packets[0]
     cpu0, t0 = time.process_time(), time.perf_counter()
     with sky.Compute(provider=provider, nodes=nodes, options=QUIET) as pool:
         entered = time.perf_counter() - t0
         assert len(noop() @ pool) == nodes
         out = {"enter_s": entered, "first_result_s": time.perf_counter() - t0,
-               "first_result_cpu_s": time.process_time() - cpu0, "first_result_packets": float(packets[0])}
+               "first_result_cpu_s": time.process_time() - cpu0, "first_result_packets": float(packets[0] - before)}
         calls = []
         for _ in range(50):
             t1 = time.perf_counter()
@@ -115,12 +114,15 @@ def links(args: argparse.Namespace) -> dict[str, Any]:
             srun = sky.Slurm(f"{login.user}@{login.address}", key=str(hosts.client_key), known_hosts=str(known),
                              submit="srun")
             n = len(cluster.compute)
-            linked(srun, n, True)  # the shared home's environment built
+            from ssh_fleet import _count_packets
+
+            packets = _count_packets()
+            linked(srun, n, True, packets)  # the shared home's environment built
             runs: dict[str, list[dict[str, float]]] = {"multiplexer": [], "relay_per_link": []}
             for _ in range(args.runs):
                 for name in ("multiplexer", "relay_per_link"):
                     cluster.wait_idle()
-                    runs[name].append(linked(srun, n, name == "multiplexer"))
+                    runs[name].append(linked(srun, n, name == "multiplexer", packets))
             cluster.wait_no_jobs()
     finally:
         hosts.close()

@@ -670,7 +670,16 @@ class _Recorder:
         kinds = (ev.ClusterProvisioned, ev.InstanceDestroyed, ev.InstanceLost, ev.InstanceReplaced,
                  ev.ClusterWoke, ev.ClusterAsleep)
         self._unsubscribe = ev.bus.subscribe(self._on_event, self.pool.id, kinds)
+        self.pool.before_close(self._settle)
         self.pool.on_close(self.stop, first=True)
+
+    def _settle(self, pool: Pool) -> None:
+        """As the pool starts closing, its nodes still held: write them to the registry as the
+        clusters know them, whatever events the bus has not delivered yet. A program that leaves
+        right after a node was replaced must not leave the new node out of the record (`skyward
+        down` would not know it, and it would run on until its lease ran out)."""
+        with contextlib.suppress(SkywardError):
+            registry.update(self.name, self.nodes_into())
 
     def stop(self) -> None:
         if self._unsubscribe is not None:

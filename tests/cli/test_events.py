@@ -49,6 +49,9 @@ def test_events_of_a_pool_from_up_to_down(cli: CLI) -> None:
     assert "InstanceLost" in kinds and "InstanceReplaced" in kinds and kinds[-1] == "ClusterDetached", kinds
     lost = next(i for i in attached if i["event"] == "InstanceLost")
     assert lost["node"] == 1 and lost["reason"]
+    # The registry knows the new node, however soon after it the program left: `down` stops it.
+    new = next(i for i in attached if i["event"] == "InstanceReplaced")["new_node"]
+    assert new in [n["index"] for n in cli.record("ev")["cluster"]["nodes"]], cli.record("ev")
 
     text = cli("events", "ev")
     assert text.code == 0, text

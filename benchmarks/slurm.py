@@ -42,7 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
-from _home import scratch_home  # noqa: E402
+from _home import count_packets, scratch_home  # noqa: E402
 
 scratch_home()
 
@@ -114,9 +114,7 @@ def links(args: argparse.Namespace) -> dict[str, Any]:
             srun = sky.Slurm(f"{login.user}@{login.address}", key=str(hosts.client_key), known_hosts=str(known),
                              submit="srun")
             n = len(cluster.compute)
-            from ssh_fleet import _count_packets
-
-            packets = _count_packets()
+            packets = count_packets()
             linked(srun, n, True, packets)  # the shared home's environment built
             runs: dict[str, list[dict[str, float]]] = {"multiplexer": [], "relay_per_link": []}
             for _ in range(args.runs):

@@ -50,7 +50,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
-from _home import bytecode_env, scratch_home  # noqa: E402
+from _home import bytecode_env, count_packets, scratch_home  # noqa: E402
 
 scratch_home()
 
@@ -119,7 +119,7 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
         out["floor_s"] = _floor(hosts)
         out["floor_cpu_s"] = time.process_time() - cpu0
         return out
-    packets = _count_packets()
+    packets = count_packets()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if what == "enter":
         with sky.Compute(provider=ssh, nodes=len(hosts), options=QUIET) as pool:
@@ -147,26 +147,6 @@ def _client(what: str, hosts: list[dict[str, Any]], description: dict[str, Any] 
             pool.close()
         out["exec_s"], out["exec_cpu_s"] = time.perf_counter() - wall0, time.process_time() - cpu0
     return out
-
-
-def _count_packets() -> list[int]:
-    """[SSH packets the client has sent and read since]: each one costs the client's interpreter
-    its encryption or decryption and handling (paramiko's Packetizer, counted from here on)."""
-    from paramiko.packet import Packetizer
-
-    counter = [0]
-    send, read = Packetizer.send_message, Packetizer.read_message
-
-    def sent(self: Any, *args: Any) -> Any:
-        counter[0] += 1
-        return send(self, *args)
-
-    def got(self: Any) -> Any:
-        counter[0] += 1
-        return read(self)
-
-    Packetizer.send_message, Packetizer.read_message = sent, got
-    return counter
 
 
 def _floor(hosts: list[dict[str, Any]]) -> float:

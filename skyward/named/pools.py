@@ -677,7 +677,11 @@ class _Recorder:
         """As the pool starts closing, its nodes still held: write them to the registry as the
         clusters know them, whatever events the bus has not delivered yet. A program that leaves
         right after a node was replaced must not leave the new node out of the record (`skyward
-        down` would not know it, and it would run on until its lease ran out)."""
+        down` would not know it, and it would run on until its lease ran out). The events already
+        emitted are delivered first, while the pool still counts as open, so that the trail keeps
+        their lines ("node replaced"); a bus that takes longer than 2 s leaves them out, not the
+        nodes."""
+        ev.bus.flush(2.0)
         with contextlib.suppress(SkywardError):
             registry.update(self.name, self.nodes_into())
 

@@ -9,7 +9,9 @@ time from the start of the script (after the interpreter itself started) to that
 Peers that are not installed are left out. Rounds interleave the systems; the table shows
 medians, skyward's against PPE's (target: at most 1.5x), and the machine's load average
 before and after: on a shared machine the others' work slows every system. `import skyward`
-is timed the same way, beside a bare interpreter.
+is timed the same way, beside a bare interpreter, and so are the floors under any client that
+sends a script's functions: `import cloudpickle`, and every module a client loads before it can
+start a Local pool (beside PPE's own import).
 
 The interpreters run with compiled bytecode, as an installed package has it: they write and
 read .pyc files in a cache folder of this run's (PYTHONPYCACHEPREFIX, even where
@@ -114,6 +116,13 @@ IMPORTS = {
     "python": "pass",
     "import skyward": "import skyward",
     "import skyward; sky.Compute": "import skyward as sky; sky.Compute",
+    # The floor under any client that sends functions defined in a script: cloudpickle's own
+    # import (with what it loads: dataclasses, inspect, typing, logging, platform, uuid), beside
+    # PPE's (``concurrent.futures.process``).
+    "import cloudpickle": "import cloudpickle",
+    # everything a client loads before it can start a Local pool (cloudpickle included)
+    "the pool's modules": "import skyward as sky; sky.Compute; import skyward.core.pool, skyward.providers.local",
+    "import concurrent.futures.process": "import concurrent.futures.process",
 }
 
 
@@ -229,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     if ppe:
         print(f"skyward / PPE, fresh interpreter -> first result: "
               f"{statistics.median(first['skyward']) / ppe:.2f}x (target <= {TARGET_VS_PPE:.2f}x)")
+        floor = statistics.median(imports["import cloudpickle"])
+        modules = statistics.median(imports["the pool's modules"])
+        print(f"the target's budget: {TARGET_VS_PPE * ppe * 1000:.1f} ms, of which importing cloudpickle alone "
+              f"takes {floor * 1000:.1f} ms ({floor / (TARGET_VS_PPE * ppe):.0%}), the modules a client loads before "
+              f"it can start a pool {modules * 1000:.1f} ms")
     print("bytecode: " + ("compiled once, cached (PYTHONPYCACHEPREFIX)" if cached
                           else "as this environment has it"))
     load = {"before": load_before, "after": os.getloadavg()}

@@ -114,6 +114,32 @@ def test_a_raising_subscriber_does_not_break_the_pool() -> None:
         unsubscribe()
 
 
+def test_flush_waits_for_delivery_and_not_for_itself_on_the_event_thread() -> None:
+    """A pool closed from a subscriber (on the event thread) flushes the bus as it closes: that
+    flush cannot wait for the events behind the one being delivered, so it returns at once."""
+    seen: list[str] = []
+    waited: list[float] = []
+
+    def on(event: sky.Event) -> None:
+        if isinstance(event, ev.Log) and event.message == "first":
+            began = time.monotonic()
+            ev.bus.flush(3.0)
+            waited.append(time.monotonic() - began)
+            time.sleep(0.3)  # the next event waits behind this one
+        if isinstance(event, ev.Log):
+            seen.append(event.message)
+
+    unsubscribe = ev.bus.subscribe(on, "flush-test")
+    try:
+        ev.bus.emit(ev.Log(pool="flush-test", level="INFO", message="first"))
+        ev.bus.emit(ev.Log(pool="flush-test", level="INFO", message="second"))
+        ev.bus.flush(5.0)  # from another thread: waits for both
+        assert seen == ["first", "second"]
+        assert waited and waited[0] < 1.0, waited
+    finally:
+        unsubscribe()
+
+
 def test_events_are_frozen() -> None:
     event = sky.TaskCompleted(pool="p", task=1, name="f", node=0, seconds=0.1, ok=True)
     with pytest.raises(AttributeError):

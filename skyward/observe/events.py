@@ -493,8 +493,10 @@ class _Bus:
                 self._wake.set()
 
     def flush(self, timeout: float = 5.0) -> None:
-        """Wait until everything emitted so far has been delivered."""
-        if self._thread is None:
+        """Wait until everything emitted so far has been delivered (at most ``timeout`` s). On
+        the event thread itself (a callback that closes a pool) it returns at once: the events
+        behind the one being delivered cannot be delivered before it returns."""
+        if self._thread is None or self._thread is threading.current_thread():
             return
         done = threading.Event()
         self._pending.append((Log(pool="", level="DEBUG", message="flush"), [lambda _e: done.set()]))

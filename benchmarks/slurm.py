@@ -78,7 +78,7 @@ def echo(value: bytes) -> bytes:
 
 def linked(provider: Any, nodes: int, mux: bool, packets: list[int]) -> dict[str, float]:
     """One pool, its nodes reached through the login node's multiplexer or a relay each
-    (``packets``: the client's SSH packets so far, counted by ssh_fleet's counter)."""
+    (``packets``: the client's SSH packets so far, from ``_home.count_packets``)."""
     import os
 
     os.environ["SKYWARD_SSH_MUX"] = "1" if mux else "0"

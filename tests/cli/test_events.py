@@ -52,7 +52,7 @@ def test_events_of_a_pool_from_up_to_down(cli: CLI) -> None:
     # The registry knows the new node, however soon after it the program left: `down` stops it.
     new = next(i for i in attached if i["event"] == "InstanceReplaced")["new_node"]
     assert new in [n["index"] for n in cli.record("ev")["cluster"]["nodes"]], cli.record("ev")
-    trail = [json.loads(line) for line in (cli.home / "audit" / "ev.jsonl").read_text().splitlines()]
+    trail = cli("history", "ev", "--json").json()
     assert [(e["node"], e["new_node"]) for e in trail if e["event"] == "node replaced"] == [(1, new)], trail
 
     text = cli("events", "ev")

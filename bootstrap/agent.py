@@ -49,13 +49,16 @@ from .frames import (
 from .handshake import AGENT, COLLECTIONS, LANE, LEASE_MAX, LEASE_MIN, Gate, Refused, admit, derive
 from .listeners import close as _close
 from .listeners import unlink as _unlink
-from .supervisor import Supervisor, WorkerProc, exit_reason
+from .supervisor import Supervisor, WorkerProc, exit_causes, exit_reason, terminated
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 PROTOCOL = 2  # 2: the challenge-response handshake (handshake.py)
+# How long a worker stopped by a SIGTERM from outside waits for the agent's own (the whole node
+# stopping) before its tasks are told it crashed: signals to a job's processes land together.
+_NODE_STOP_GRACE = 1.0
 
 
 def _log(msg: str) -> None:
@@ -614,7 +617,15 @@ class Agent:
 
     def worker_exited(self, w: WorkerProc, rc: int) -> None:
         """Worker ``w`` has exited (supervisor.py): its tasks end with WorkerDiedError, and
-        its lane's clients hear of it."""
+        its lane's clients hear of it.
+
+        A SIGTERM the agent did not send most likely stops the whole node (scancel signals
+        every process of the job, a container stop every process in it), and the agent's own
+        may land a moment after the worker's: it waits that moment. When the node is stopping,
+        the tasks end with it (their client sees the node lost, with its provider's reason)
+        rather than as a crash on a node that "keeps serving"."""
+        if terminated(rc) and not w.retiring and not w.launched:
+            self.stopping.wait(_NODE_STOP_GRACE)
         with self.lock:
             lost = list(w.inflight.items())
             w.inflight.clear()
@@ -623,6 +634,10 @@ class Agent:
             for aid in [a for a, (nw, _, _) in self.nested.items() if nw is w]:
                 del self.nested[aid]
             replace = self.supervisor.exited(w)  # a fresh one in its place, unless it was meant to go
+            if self.stopping.is_set():  # the connections close next: no crash to report
+                for _, route in lost:
+                    serialize.discard(route.spilled)
+                lost = []
             sends = self._assign()
             spill = self.config.get("spill") if self.config is not None else None
             # Its lane's clients hear of it unless the agent is stopping it (they are leaving too).
@@ -640,8 +655,7 @@ class Agent:
             how = exit_reason(rc)
             err = WorkerDiedError(
                 f"the worker process running this task on {socket.gethostname()} {how} before "
-                f"returning a result (os._exit, a crash in native code, or the out-of-memory "
-                f"killer). A fresh worker process replaced it and the node keeps serving; "
+                f"returning a result ({exit_causes(rc)}). A fresh worker process replaced it and the node keeps serving; "
                 f"retry the task, or look for what ends the process."
             )
             flags, body, buffers = serialize.dumps_error(err, tb_text="")

@@ -7,6 +7,10 @@ import os
 import select
 import time
 
+# A worker's exit status after a SIGTERM (as a shell reports one): its handler exits with it, so
+# the agent can tell a worker stopped from outside from one that crashed (agent.worker_exited).
+TERMINATED = 128 + 15
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # (a Local pool's fork server loads this module: no typing at run time)
     from collections.abc import Callable

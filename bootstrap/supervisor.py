@@ -32,6 +32,7 @@ from .frames import HEADER, FrameReader, FrameWriter, Kind, tune
 from .handshake import Gate, Refused, admit
 from .lane import LaneCount
 from .listeners import close, unix_listener, unlink
+from .procs import TERMINATED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -382,14 +383,31 @@ class Supervisor:
         pipe.close()
 
 
+def terminated(rc: int) -> bool:
+    """Whether a worker with exit status ``rc`` ended on a SIGTERM (its handler's status, or the
+    signal itself when it came before the handler was set)."""
+    return rc in (TERMINATED, -signal.SIGTERM)
+
+
 def exit_reason(rc: int) -> str:
     """How a process with exit status ``rc`` ended, in words ("was killed by SIGKILL")."""
+    if terminated(rc):
+        return "was stopped by a SIGTERM"
     if rc < 0:
         try:
             return f"was killed by {signal.Signals(-rc).name}"
         except ValueError:
             return f"was killed by signal {-rc}"
     return f"exited with exit code {rc}"
+
+
+def exit_causes(rc: int) -> str:
+    """What usually ends a worker the way exit status ``rc`` says, for the task's error."""
+    if terminated(rc):
+        return "kill, or a scheduler or container runtime stopping the node's processes"
+    if rc == -signal.SIGKILL:
+        return "the out-of-memory killer, or kill -9"
+    return "os._exit, a crash in native code, or the out-of-memory killer"
 
 
 def launch_command(launchers: list[Any], topology: dict[str, Any], settings: dict[str, Any]) -> str | None:

@@ -37,6 +37,7 @@ from . import otel as _otel
 from . import serialize
 from .frames import FLAG_STREAM_OUT, NESTED, Frame, FrameReader, FrameWriter, Kind, tune
 from .lane import LANE_BIT, LaneCount, WorkerLanes
+from .procs import TERMINATED
 from .procs import alive as _alive
 
 STDOUT, STDERR = 1, 2
@@ -225,14 +226,17 @@ class Worker:
         threading.Thread(target=self._watchdog, name="skyward-watchdog", daemon=True).start()
         # The agent stops a busy worker with SIGTERM (its slots may all be inside tasks, so
         # nobody would read a SHUTDOWN frame); the main thread waits here to handle it.
-        signal.signal(signal.SIGTERM, lambda *_: self.exit())
+        # Its status says it was a SIGTERM (143, as a shell would): when the agent did not send
+        # it, someone stopping the whole node did (scancel, a container stop), and the agent
+        # tells that apart from a crash (agent.worker_exited).
+        signal.signal(signal.SIGTERM, lambda *_: self.exit(TERMINATED))
         context.hub = self
         self.start_plugins()
         for _ in range(self.threads):
             self._start_slot()
         threading.Event().wait()  # the slots do the work; exit() ends the process
 
-    def exit(self) -> None:
+    def exit(self, status: int = 0) -> None:
         if not self._exiting.acquire(blocking=False):
             threading.Event().wait()  # another thread is already ending the process
         if self.plugins is not None:
@@ -243,7 +247,7 @@ class Worker:
             t.join(2.0)
         for s in self.streams:
             s.flush_task(0)
-        os._exit(0)
+        os._exit(status)
 
     def _start_slot(self) -> None:
         threading.Thread(target=self._slot, name="skyward-slot", daemon=True).start()

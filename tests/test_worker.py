@@ -80,6 +80,45 @@ def test_worker_that_exits_is_reported_and_replaced(pool: sky.Pool) -> None:
     assert pool.current_nodes() == 2
 
 
+@sky.function
+def terminated() -> None:
+    """SIGTERM to this worker alone, as `kill <pid>` does."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+
+
+@sky.function
+def processes() -> tuple[int, int]:
+    return os.getpid(), int(os.environ["SKYWARD_AGENT_PID"])
+
+
+def test_a_worker_stopped_by_a_sigterm_from_outside_says_so_and_is_replaced() -> None:
+    with sky.Compute(nodes=1) as pool:
+        with pytest.raises(sky.WorkerDiedError, match="was stopped by a SIGTERM") as raised:
+            terminated() >> pool
+        assert "scheduler" in str(raised.value) and "crash" not in str(raised.value), raised.value
+        assert pid() >> pool > 0  # the node keeps serving
+
+
+def test_a_worker_stopped_with_its_agent_ends_as_a_lost_node_not_a_crash() -> None:
+    # What scancel does to a Slurm job's processes. The worker's SIGTERM lands first: the agent
+    # waits a moment for its own before it calls the worker crashed. With the node stopping, the
+    # client sees the node lost, and its task moves to the node that replaces it.
+    import signal
+
+    with sky.Compute(nodes=1) as pool:
+        worker, agent = processes() >> pool
+        running = sleepy(1) > pool
+        time.sleep(0.5)
+        os.kill(worker, signal.SIGTERM)
+        time.sleep(0.3)
+        os.kill(agent, signal.SIGTERM)
+        assert running.result(timeout=60) == "done"  # not WorkerDiedError
+        assert (processes() >> pool)[1] != agent
+
+
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_timeout_raises_and_node_stays_usable(executor: str) -> None:
     with sky.Compute(nodes=1, worker=sky.Worker(executor=executor)) as pool:

@@ -141,6 +141,12 @@ def job_id() -> str:
     return os.environ.get("SLURM_JOB_ID", "")
 
 
+@sky.function
+def job_id_later(seconds: float) -> str:
+    time.sleep(seconds)
+    return job_id()
+
+
 def test_a_pool_whose_squeue_fails_while_its_job_starts_waits_for_an_answer(site: Site) -> None:
     with BrokenSqueue(site) as broken:
         threading.Timer(4.0, broken.restore).start()
@@ -165,8 +171,14 @@ def test_a_scancelled_job_ends_the_pool_with_its_reason_and_is_not_resubmitted(s
     with sky.Compute(provider=site.provider(), nodes=2, options=QUIET) as pool:
         (job,) = pool.cluster.jobs()  # type: ignore[attr-defined]
         assert (job_id() >> pool) == job
+        running = job_id_later(30) > pool
+        time.sleep(0.5)  # it runs when the job is cancelled
         site.cluster.run(["scancel", job])  # an admin (or the user, from another shell)
         started = time.monotonic()
+        # scancel stops the task's worker process with its agent: the task still ends with the
+        # job's reason, not as a worker that crashed on a node that "keeps serving".
+        with pytest.raises(Exception, match=f"Slurm job {job} was cancelled"):
+            running.result(timeout=60)
         with pytest.raises(Exception, match=f"Slurm job {job} was cancelled"):
             while time.monotonic() - started < 60:
                 job_id() >> pool

@@ -620,7 +620,7 @@ class Agent:
         its lane's clients hear of it.
 
         A SIGTERM the agent did not send most likely stops the whole node (scancel signals
-        every process of the job, a container stop every process in it), and the agent's own
+        every process of the job, systemd every process of its unit), and the agent's own
         may land a moment after the worker's: it waits that moment. When the node is stopping,
         the tasks end with it (their client sees the node lost, with its provider's reason)
         rather than as a crash on a node that "keeps serving"."""

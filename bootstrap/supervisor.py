@@ -404,7 +404,7 @@ def exit_reason(rc: int) -> str:
 def exit_causes(rc: int) -> str:
     """What usually ends a worker the way exit status ``rc`` says, for the task's error."""
     if terminated(rc):
-        return "kill, or a scheduler or container runtime stopping the node's processes"
+        return "kill, or a scheduler or service manager stopping the node's processes"
     if rc == -signal.SIGKILL:
         return "the out-of-memory killer, or kill -9"
     return "os._exit, a crash in native code, or the out-of-memory killer"

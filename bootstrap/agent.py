@@ -634,10 +634,7 @@ class Agent:
             for aid in [a for a, (nw, _, _) in self.nested.items() if nw is w]:
                 del self.nested[aid]
             replace = self.supervisor.exited(w)  # a fresh one in its place, unless it was meant to go
-            if self.stopping.is_set():  # the connections close next: no crash to report
-                for _, route in lost:
-                    serialize.discard(route.spilled)
-                lost = []
+            stopping = self.stopping.is_set()
             sends = self._assign()
             spill = self.config.get("spill") if self.config is not None else None
             # Its lane's clients hear of it unless the agent is stopping it (they are leaving too).
@@ -649,18 +646,21 @@ class Agent:
             count.close()
         if spill and not w.launched:  # its shared-memory segments nobody holds
             shm.sweep(Path(spill), w.proc.pid)
+        for _, route in lost:
+            serialize.discard(route.spilled)  # the dead worker's views of them are gone
+        if stopping:  # the connections close next: their clients see the node lost, not a crash
+            lost = []
         if lost or told:
             from skyward.errors import WorkerDiedError
 
             how = exit_reason(rc)
             err = WorkerDiedError(
                 f"the worker process running this task on {socket.gethostname()} {how} before "
-                f"returning a result ({exit_causes(rc)}). A fresh worker process replaced it and the node keeps serving; "
-                f"retry the task, or look for what ends the process."
+                f"returning a result ({exit_causes(rc)}). A fresh worker process replaced it and "
+                f"the node keeps serving; retry the task, or look for what ends the process."
             )
             flags, body, buffers = serialize.dumps_error(err, tb_text="")
             for _, route in lost:
-                serialize.discard(route.spilled)  # the dead worker's views of them are gone
                 self._reply(route, Frame(Kind.RESULT, 0, body, flags, buffers))
             if told:  # the tasks the clients sent it directly end the same way
                 self._broadcast(Frame(Kind.LANE_LOST, 0, body, flags))

@@ -227,7 +227,7 @@ class Worker:
         # The agent stops a busy worker with SIGTERM (its slots may all be inside tasks, so
         # nobody would read a SHUTDOWN frame); the main thread waits here to handle it.
         # Its status says it was a SIGTERM (143, as a shell would): when the agent did not send
-        # it, someone stopping the whole node did (scancel, a container stop), and the agent
+        # it, someone stopping the whole node did (scancel, systemd), and the agent
         # tells that apart from a crash (agent.worker_exited).
         signal.signal(signal.SIGTERM, lambda *_: self.exit(TERMINATED))
         context.hub = self
